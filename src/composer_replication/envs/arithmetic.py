@@ -1,0 +1,125 @@
+"""Procedural arithmetic with difficulty levels and disjoint train / held-out splits.
+
+Every problem of a level is enumerated; a fixed hash of the problem (not a seed) decides its
+split, so the held-out problems never appear in training whatever the seed or sample size.
+
+Grading reads the model's answer: the number after the first ``=`` when the reply echoes the
+equation ("2 + 9 = 11" answers 11: small instruct models often do that), otherwise the first
+number in the reply. Pass@1 is that answer being right; the training reward is shaped:
+
+    1.0  the reply is exactly the number
+    0.5  the first number in the reply is right, with extra text
+    0.1  the reply is a bare number, but wrong (format right, arithmetic wrong)
+    0.0  anything else
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from composer_replication.envs.base import Environment, StepResult, Task
+
+_NUMBER = re.compile(r"-?\d+")
+_BARE_NUMBER = re.compile(r"^\s*-?\d+\s*\.?\s*$")
+
+
+@dataclass(frozen=True)
+class Level:
+    """A family of problems: operand ranges, the operator and how to phrase it."""
+
+    description: str
+    a_range: range
+    b_range: range
+    op: str
+    func: Callable[[int, int], int]
+    valid: Callable[[int, int], bool] = lambda a, b: True
+
+    def problems(self) -> list[tuple[int, int]]:
+        return [(a, b) for a in self.a_range for b in self.b_range if self.valid(a, b)]
+
+
+LEVELS: dict[int, Level] = {
+    1: Level("1-digit + 1-digit", range(10), range(10), "+", lambda a, b: a + b),
+    2: Level("2-digit + 1-digit", range(10, 100), range(10), "+", lambda a, b: a + b),
+    3: Level("2-digit + 2-digit", range(10, 100), range(10, 100), "+", lambda a, b: a + b),
+    4: Level(
+        "1-digit - 1-digit (non-negative)",
+        range(10),
+        range(10),
+        "-",
+        lambda a, b: a - b,
+        lambda a, b: a >= b,
+    ),
+    5: Level("1-digit * 1-digit", range(10), range(10), "*", lambda a, b: a * b),
+}
+
+PROMPT = "What is {a} {op} {b}? Reply with only the number."
+
+
+def _unit_hash(key: str) -> float:
+    digest = hashlib.sha256(key.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def extract_answer(text: str) -> int | None:
+    """The number after the first ``=`` if there is one, else the first integer, else None."""
+    tail = text.split("=", 1)[1] if "=" in text else text
+    m = _NUMBER.search(tail) or (None if tail is text else _NUMBER.search(text))
+    return int(m.group()) if m else None
+
+
+def grade_answer(completion: str, expected: int) -> StepResult:
+    """Shaped reward and feedback for an arithmetic reply (see module docstring)."""
+    got = extract_answer(completion)
+    bare = bool(_BARE_NUMBER.match(completion))
+    if got == expected:
+        reward = 1.0 if bare else 0.5
+        feedback = "correct" if bare else f"{expected} is right, but reply with only the number"
+        return StepResult(completion, reward, True, True, feedback, {"expected": expected})
+    if got is None:
+        feedback = f"expected {expected}, but the reply has no number"
+    else:
+        feedback = f"expected {expected}, got {got}"
+    reward = 0.1 if bare else 0.0
+    return StepResult(completion, reward, True, False, feedback, {"expected": expected, "got": got})
+
+
+class ArithmeticEnv(Environment):
+    """Arithmetic word-free problems mixed over ``levels``."""
+
+    name = "arithmetic"
+
+    def __init__(self, levels: list[int] | tuple[int, ...] = (1, 2), heldout_fraction: float = 0.2):
+        super().__init__()
+        bad = [lv for lv in levels if lv not in LEVELS]
+        if bad:
+            raise ValueError(f"unknown arithmetic levels {bad}; known: {sorted(LEVELS)}")
+        self.levels = list(levels)
+        self.heldout_fraction = heldout_fraction
+        self._splits: dict[str, list[Task]] = {"train": [], "heldout": []}
+        for lv in self.levels:
+            level = LEVELS[lv]
+            for a, b in level.problems():
+                key = f"L{lv}:{a}{level.op}{b}"
+                split = "heldout" if _unit_hash(key) < heldout_fraction else "train"
+                task = Task(
+                    task_id=key,
+                    prompt=PROMPT.format(a=a, op=level.op, b=b),
+                    split=split,
+                    data={"answer": level.func(a, b), "level": lv},
+                )
+                self._splits[split].append(task)
+        # a fixed, level-interleaved order: sorting by hash mixes levels evenly
+        for tasks in self._splits.values():
+            tasks.sort(key=lambda t: _unit_hash("order:" + t.task_id))
+
+    def tasks(self, split: str) -> list[Task]:
+        if split not in self._splits:
+            raise ValueError(f"unknown split {split!r}; use 'train' or 'heldout'")
+        return self._splits[split]
+
+    def grade(self, task: Task, completion: str) -> StepResult:
+        return grade_answer(completion, int(task.data["answer"]))

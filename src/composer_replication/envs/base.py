@@ -1,0 +1,81 @@
+"""The environment interface: OpenEnv-shaped ``reset() -> observation`` and
+``step(action) -> StepResult`` with a reward and a textual ``feedback`` that explains a failure.
+
+The feedback string is what the hint channel (channel 2) shows the self-teacher, so it should
+say *what* was wrong ("expected 19, got 8", the failing assertion), not just that it was.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem: the prompt shown to the model and what the verifier needs to grade it."""
+
+    task_id: str
+    prompt: str
+    split: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What ``step`` returns: reward, a pass flag, and feedback explaining the verdict."""
+
+    observation: str
+    reward: float
+    done: bool
+    passed: bool
+    feedback: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Environment(ABC):
+    """A verifiable single-turn task family with disjoint train and held-out splits."""
+
+    name: str = "env"
+
+    def __init__(self) -> None:
+        self._task: Task | None = None
+
+    @abstractmethod
+    def tasks(self, split: str) -> list[Task]:
+        """All tasks of a split (``train`` or ``heldout``), in a fixed order."""
+
+    @abstractmethod
+    def grade(self, task: Task, completion: str) -> StepResult:
+        """Score a completion for a task."""
+
+    def user_message(self, task: Task) -> str:
+        """The text of the user turn that poses ``task`` to a chat model (default: the prompt)."""
+        return task.prompt
+
+    def reset(self, task: Task) -> str:
+        """Start an episode on ``task``; returns the observation (the prompt)."""
+        self._task = task
+        return task.prompt
+
+    def step(self, action: str) -> StepResult:
+        """Grade ``action`` against the current task; single-turn, so the episode ends."""
+        if self._task is None:
+            raise RuntimeError(f"{self.name}: step() called before reset()")
+        result = self.grade(self._task, action)
+        self._task = None
+        return result
+
+
+def get_env(name: str, **kwargs: Any) -> Environment:
+    """Build an embedded environment by name (``arithmetic`` or ``humaneval``)."""
+    if name == "arithmetic":
+        from composer_replication.envs.arithmetic import ArithmeticEnv
+
+        return ArithmeticEnv(**kwargs)
+    if name == "humaneval":
+        from composer_replication.envs.humaneval import HumanEvalEnv
+
+        return HumanEvalEnv(**kwargs)
+    raise ValueError(f"unknown environment {name!r}; known: arithmetic, humaneval")

@@ -1,0 +1,147 @@
+"""Held-out evaluation: greedy decoding on a fixed set of problems, pass rate and mean reward
+with 95% confidence intervals, and a paired comparison of two models on the same problems.
+
+Intervals: Wilson score interval for a pass rate; normal interval for a mean reward; for the
+difference of two models on the same problems, the paired normal interval on per-problem
+differences (equivalent to McNemar's setting for 0/1 outcomes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from composer_replication.envs.base import Environment, Task
+
+Z95 = 1.959963984540054
+
+
+@dataclass
+class EvalResult:
+    """Per-problem outcomes and their summary."""
+
+    env: str
+    split: str
+    task_ids: list[str]
+    passed: list[bool]
+    rewards: list[float]
+    completions: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.passed)
+
+    @property
+    def pass_rate(self) -> float:
+        return sum(self.passed) / max(self.n, 1)
+
+    @property
+    def mean_reward(self) -> float:
+        return sum(self.rewards) / max(self.n, 1)
+
+    def pass_ci(self) -> tuple[float, float]:
+        return wilson_interval(sum(self.passed), self.n)
+
+    def reward_ci(self) -> tuple[float, float]:
+        return mean_interval(self.rewards)
+
+    def summary(self) -> dict[str, float | int | str]:
+        lo, hi = self.pass_ci()
+        rlo, rhi = self.reward_ci()
+        return {
+            "env": self.env,
+            "split": self.split,
+            "n": self.n,
+            "pass_rate": self.pass_rate,
+            "pass_ci95_low": lo,
+            "pass_ci95_high": hi,
+            "mean_reward": self.mean_reward,
+            "reward_ci95_low": rlo,
+            "reward_ci95_high": rhi,
+        }
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def mean_interval(values: list[float], z: float = Z95) -> tuple[float, float]:
+    """Normal-approximation interval for a mean."""
+    n = len(values)
+    if n < 2:
+        m = values[0] if values else 0.0
+        return (m, m)
+    m = sum(values) / n
+    var = sum((v - m) ** 2 for v in values) / (n - 1)
+    half = z * math.sqrt(var / n)
+    return (m - half, m + half)
+
+
+def paired_difference(base: EvalResult, trained: EvalResult) -> dict[str, float]:
+    """Pass-rate difference (trained - base) on the same problems, with a paired 95% CI."""
+    if base.task_ids != trained.task_ids:
+        raise ValueError("paired comparison needs both results on the same problems, in order")
+    diffs = [float(b) - float(a) for a, b in zip(base.passed, trained.passed, strict=True)]
+    lo, hi = mean_interval(diffs)
+    return {"delta_pass_rate": sum(diffs) / max(len(diffs), 1), "ci95_low": lo, "ci95_high": hi}
+
+
+def select_tasks(env: Environment, split: str, n: int) -> list[Task]:
+    """The first ``n`` tasks of a split in its fixed order (all of them if fewer)."""
+    return env.tasks(split)[:n]
+
+
+def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
+                    progress=None) -> list[str]:
+    """Greedy completions for chat prompts, batched with left padding."""
+    import torch
+
+    from composer_replication.trainer.data import render_prompt
+
+    completions: list[str] = []
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    model.eval()
+    try:
+        for start in range(0, len(prompts), batch_size):
+            texts = [render_prompt(tokenizer, p) for p in prompts[start : start + batch_size]]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            with torch.no_grad():
+                out = model.generate(
+                    **enc,
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+            new = out[:, enc["input_ids"].shape[1] :]
+            completions.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+            if progress is not None:
+                progress(len(texts))
+    finally:
+        tokenizer.padding_side = old_side
+    return completions
+
+
+def evaluate(model, tokenizer, env: Environment, split: str = "heldout", n: int = 200,
+             max_new_tokens: int = 16, batch_size: int = 32, progress=None) -> EvalResult:
+    """Greedy pass@1 and mean reward of ``model`` on the first ``n`` tasks of ``split``."""
+    tasks = select_tasks(env, split, n)
+    completions = generate_greedy(
+        model, tokenizer, [t.prompt for t in tasks], max_new_tokens, batch_size, progress
+    )
+    results = [env.grade(t, c) for t, c in zip(tasks, completions, strict=True)]
+    return EvalResult(
+        env=env.name,
+        split=split,
+        task_ids=[t.task_id for t in tasks],
+        passed=[r.passed for r in results],
+        rewards=[r.reward for r in results],
+        completions=completions,
+    )

@@ -1,0 +1,134 @@
+"""Trainer callbacks: per-step metrics to ``metrics.jsonl``, a PNG of the curves, and a rich
+progress bar."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from transformers import TrainerCallback
+
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "training_curves.png"
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a metrics.jsonl file (one dict per logged step)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+class MetricsJsonlCallback(TrainerCallback):
+    """Append every training log (one per step with ``logging_steps=1``) to metrics.jsonl.
+
+    On resume, rows logged after the checkpoint's step are dropped first, so the file always
+    describes one consistent history.
+    """
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / METRICS_FILE
+        self._t0 = time.monotonic()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        rows = [r for r in read_metrics(self.path) if r.get("step", 0) <= state.global_step]
+        self.path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "train_runtime" in logs:  # skip the end-of-training summary record
+            return
+        row = {"step": state.global_step, "time/elapsed_s": time.monotonic() - self._t0}
+        row.update({k: v for k, v in logs.items() if isinstance(v, int | float)})
+        with self.path.open("ab") as fh:
+            fh.write(orjson.dumps(row) + b"\n")
+
+
+def plot_metrics(metrics_path: str | Path, out_path: str | Path | None = None) -> Path | None:
+    """Plot reward and loss against step from metrics.jsonl into a PNG; returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_path)
+    if not rows:
+        return None
+    out = Path(out_path) if out_path else Path(metrics_path).with_name(PLOT_FILE)
+    panels = [
+        ("reward", [k for k in rows[-1] if k == "reward" or k.startswith("rewards/")]),
+        ("loss", [k for k in rows[-1] if k == "loss" or k.endswith("/loss")]),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(11, 4))
+    for ax, (title, keys) in zip(axes, panels, strict=True):
+        for key in keys:
+            pts = [(r["step"], r[key]) for r in rows if key in r]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), label=key, marker=".")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if keys:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+class PlotCallback(TrainerCallback):
+    """Redraw the PNG at every checkpoint and at the end of training."""
+
+    def __init__(self, run_dir: str | Path):
+        self.metrics = Path(run_dir) / METRICS_FILE
+
+    def on_save(self, args, state, control, **kwargs):
+        plot_metrics(self.metrics)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        plot_metrics(self.metrics)
+
+
+class RichProgressCallback(TrainerCallback):
+    """A rich progress bar over optimizer steps showing the latest reward and loss."""
+
+    def __init__(self, console=None):
+        self.console = console
+        self.progress = None
+        self.task = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import TimeElapsedColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=self.console,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task(
+            "train", total=state.max_steps, completed=state.global_step, info=""
+        )
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.progress is None or not logs or "reward" not in logs:
+            return
+        info = f"reward {logs['reward']:.3f}  loss {logs.get('loss', float('nan')):.4f}"
+        self.progress.update(self.task, completed=state.global_step, info=info)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.update(self.task, completed=state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

@@ -1,0 +1,44 @@
+"""The bridge from an Environment to TRL's reward-function protocol.
+
+TRL calls ``reward(prompts, completions, completion_ids, **columns)`` and expects one float per
+completion. We grade with the environment and keep every verdict (passed, feedback) of the last
+batch, so later stages (hints for channel 2, metrics) can read *why* a completion failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from composer_replication.envs.base import Environment, StepResult
+
+
+def completion_text(completion: Any) -> str:
+    """Plain text of a TRL completion (a string, or a list of chat messages)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(
+            m.get("content", "") for m in completion if isinstance(m.get("content", ""), str)
+        )
+    raise TypeError(f"unexpected completion type {type(completion).__name__}")
+
+
+class EnvReward:
+    """A TRL reward function that grades completions with an Environment."""
+
+    def __init__(self, env: Environment):
+        self.env = env
+        self.__name__ = f"{env.name}_reward"  # TRL names metrics after the function
+        self._tasks = {t.task_id: t for split in ("train", "heldout") for t in env.tasks(split)}
+        self.last_results: list[StepResult] = []
+
+    def __call__(self, prompts, completions, task_id, log_metric=None, **_: Any) -> list[float]:
+        results = []
+        for completion, tid in zip(completions, task_id, strict=True):
+            if tid not in self._tasks:
+                raise KeyError(f"reward: unknown task_id {tid!r} for env {self.env.name!r}")
+            results.append(self.env.grade(self._tasks[tid], completion_text(completion)))
+        self.last_results = results
+        if log_metric is not None and results:
+            log_metric("env/pass_rate", sum(r.passed for r in results) / len(results))
+        return [r.reward for r in results]

@@ -1,0 +1,243 @@
+"""Build the parts of a run from a RunConfig and run it: load, evaluate base, train, evaluate
+trained, report. The CLI's ``train`` is a thin wrapper around :func:`run_training`."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from composer_replication.config import RunConfig, dump_config
+
+
+@dataclass
+class RunSummary:
+    """What a training run produced."""
+
+    run_dir: Path
+    base: dict[str, Any] | None
+    trained: dict[str, Any] | None
+    delta: dict[str, float] | None
+    train_seconds: float
+    total_seconds: float
+    final_checkpoint: Path
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_grpo_args(cfg: RunConfig):
+    """Map our RunConfig onto TRL's GRPOConfig."""
+    import torch
+    from trl import GRPOConfig
+
+    g, p, o = cfg.generation, cfg.grpo, cfg.optim
+    save_steps = cfg.save_steps or cfg.max_steps
+    return GRPOConfig(
+        output_dir=cfg.output_dir,
+        max_steps=cfg.max_steps,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        per_device_train_batch_size=g.prompts_per_step * g.num_generations,
+        gradient_accumulation_steps=o.gradient_accumulation_steps,
+        num_generations=g.num_generations,
+        max_completion_length=g.max_completion_length,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        loss_type=p.loss_type,
+        epsilon=p.epsilon,
+        epsilon_high=p.epsilon_high,
+        beta=p.beta,
+        scale_rewards=p.scale_rewards,
+        mask_truncated_completions=p.mask_truncated_completions,
+        num_iterations=p.num_iterations,
+        learning_rate=o.learning_rate,
+        lr_scheduler_type=o.lr_scheduler,
+        warmup_steps=o.warmup_steps,
+        weight_decay=o.weight_decay,
+        max_grad_norm=o.max_grad_norm,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=save_steps,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=cfg.model.dtype == "bfloat16" and torch.cuda.is_available(),
+        dataloader_num_workers=0,
+    )
+
+
+def build_reward_funcs(cfg: RunConfig, env) -> list:
+    from composer_replication.trainer.rewards import EnvReward
+
+    funcs: list = [EnvReward(env)]
+    if cfg.grpo.overlong.enabled:
+        from trl.rewards import get_soft_overlong_punishment
+
+        funcs.append(
+            get_soft_overlong_punishment(
+                max_completion_len=cfg.generation.max_completion_length,
+                soft_punish_cache=cfg.grpo.overlong.cache,
+            )
+        )
+    return funcs
+
+
+def build_env(cfg: RunConfig):
+    from composer_replication.envs.base import get_env
+
+    e = cfg.env
+    if e.name == "arithmetic":
+        return get_env("arithmetic", levels=e.levels, heldout_fraction=e.heldout_fraction)
+    return get_env(
+        "humaneval", heldout_fraction=e.heldout_fraction, timeout_s=e.timeout_s, memory_mb=e.memory_mb
+    )
+
+
+def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None):
+    """A ComposerReplicationTrainer wired with our reward, dataset and callbacks."""
+    from composer_replication.trainer.callbacks import (
+        MetricsJsonlCallback,
+        PlotCallback,
+        RichProgressCallback,
+    )
+    from composer_replication.trainer.data import build_prompt_dataset
+    from composer_replication.trainer.trainer import ComposerReplicationTrainer
+
+    dataset = build_prompt_dataset(
+        env,
+        "train",
+        cfg.env.num_train,
+        cfg.env.seed,
+        conversational=bool(getattr(tokenizer, "chat_template", None)),
+    )
+    callbacks = [MetricsJsonlCallback(cfg.output_dir), PlotCallback(cfg.output_dir)]
+    if console is not None:
+        callbacks.append(RichProgressCallback(console))
+    trainer = ComposerReplicationTrainer(
+        model=model,
+        reward_funcs=build_reward_funcs(cfg, env),
+        args=build_grpo_args(cfg),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        alpha_sdpo=cfg.alpha_sdpo,
+        beta_replay=cfg.beta_replay,
+        dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
+        max_refills=cfg.grpo.dynamic_sampling.max_refills,
+    )
+    if console is not None:  # the rich bar replaces transformers' raw dict printer
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def resolve_resume(cfg: RunConfig) -> str | None:
+    """``resume_from: latest`` -> newest checkpoint in output_dir; a path is checked to exist."""
+    if cfg.resume_from is None:
+        return None
+    if cfg.resume_from == "latest":
+        ckpts = sorted(
+            Path(cfg.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])
+        )
+        if not ckpts:
+            raise FileNotFoundError(f"resume_from=latest: no checkpoint-* in {cfg.output_dir}")
+        return str(ckpts[-1])
+    if not Path(cfg.resume_from).is_dir():
+        raise FileNotFoundError(f"resume_from: {cfg.resume_from} is not a directory")
+    return cfg.resume_from
+
+
+def run_training(cfg: RunConfig, console=None) -> RunSummary:
+    """Evaluate the base model, train, evaluate the trained model, write results."""
+    import torch
+
+    from composer_replication.evaluation import evaluate, paired_difference
+    from composer_replication.models import load_model, load_tokenizer
+
+    t_start = time.monotonic()
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    seed_everything(cfg.seed)
+    run_dir = Path(cfg.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    tokenizer = load_tokenizer(cfg.model.name)
+    model = load_model(cfg.model.name, dtype=cfg.model.dtype, peft=cfg.peft)
+    env = build_env(cfg)
+    resume = resolve_resume(cfg)
+
+    def _eval(tag: str):
+        with _progress(console, f"eval {tag}", min(cfg.eval.n, len(env.tasks(cfg.eval.split)))) as adv:
+            return evaluate(
+                model, tokenizer, env, cfg.eval.split, cfg.eval.n,
+                cfg.eval.max_new_tokens, cfg.eval.batch_size, progress=adv,
+            )
+
+    base = _eval("base") if cfg.eval.before_and_after and resume is None else None
+    trainer = build_trainer(cfg, model, tokenizer, env, console)
+    t_train = time.monotonic()
+    trainer.train(resume_from_checkpoint=resume)
+    train_seconds = time.monotonic() - t_train
+    final = run_dir / "final"
+    trainer.save_model(str(final))
+    tokenizer.save_pretrained(str(final))
+    trained = _eval("trained") if cfg.eval.before_and_after else None
+    delta = paired_difference(base, trained) if base is not None and trained is not None else None
+    summary = RunSummary(
+        run_dir=run_dir,
+        base=base.summary() if base else None,
+        trained=trained.summary() if trained else None,
+        delta=delta,
+        train_seconds=train_seconds,
+        total_seconds=time.monotonic() - t_start,
+        final_checkpoint=final,
+    )
+    (run_dir / "eval.json").write_text(json.dumps(_summary_json(summary), indent=2))
+    return summary
+
+
+def _summary_json(s: RunSummary) -> dict[str, Any]:
+    return {
+        "base": s.base,
+        "trained": s.trained,
+        "delta": s.delta,
+        "train_seconds": s.train_seconds,
+        "total_seconds": s.total_seconds,
+        "final_checkpoint": str(s.final_checkpoint),
+    }
+
+
+class _progress:
+    """Context manager yielding an ``advance(n)`` callback backed by a rich progress bar."""
+
+    def __init__(self, console, label: str, total: int):
+        self.console, self.label, self.total = console, label, total
+        self.bar = None
+
+    def __enter__(self):
+        if self.console is None:
+            return None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.bar = Progress(
+            TextColumn(f"[bold]{self.label}"), BarColumn(), MofNCompleteColumn(), console=self.console
+        )
+        self.bar.start()
+        task = self.bar.add_task(self.label, total=self.total)
+        return lambda n: self.bar.advance(task, n)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
