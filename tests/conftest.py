@@ -1,0 +1,54 @@
+"""Shared fixtures: the embedded tokenizer, tiny random models built from a config, and the real
+embedded model for integration tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO.parent / "shared" / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def embedded_path() -> str:
+    """Directory of the embedded SmolLM2-135M-Instruct (converted from its GGUF once)."""
+    from composer_replication.models import DEFAULT_MODEL, resolve_model_path
+
+    return resolve_model_path(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(embedded_path):
+    from composer_replication.models import load_tokenizer
+
+    return load_tokenizer(embedded_path)
+
+
+def make_tiny_model(vocab_size: int, seed: int = 0, layers: int = 2):
+    """A random 2-layer Llama with the real tokenizer's vocabulary (fast on CPU)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+@pytest.fixture
+def tiny_model(tokenizer):
+    return make_tiny_model(len(tokenizer))

@@ -1,0 +1,76 @@
+import pytest
+
+from composer_replication.envs.arithmetic import LEVELS, ArithmeticEnv, extract_answer, grade_answer
+from composer_replication.envs.base import get_env
+
+
+def test_splits_are_disjoint_and_cover_every_problem():
+    env = ArithmeticEnv(levels=[1, 2, 3])
+    train = {t.task_id for t in env.tasks("train")}
+    held = {t.task_id for t in env.tasks("heldout")}
+    assert not train & held
+    assert len(train) + len(held) == sum(len(LEVELS[lv].problems()) for lv in (1, 2, 3))
+    # roughly the requested fraction (8,100 + 900 + 100 problems)
+    assert 0.15 < len(held) / (len(train) + len(held)) < 0.25
+
+
+def test_split_does_not_depend_on_which_levels_are_mixed():
+    a = {t.task_id for t in ArithmeticEnv(levels=[1]).tasks("heldout")}
+    b = {t.task_id for t in ArithmeticEnv(levels=[1, 2]).tasks("heldout") if t.task_id.startswith("L1")}
+    assert a == b
+
+
+def test_answers_are_right():
+    import operator
+    import re
+
+    ops = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+    env = ArithmeticEnv(levels=[1, 2, 3, 4, 5])
+    for task in env.tasks("train")[:500]:
+        a, op, b = re.match(r"What is (\d+) ([-+*]) (\d+)\?", task.prompt).groups()
+        assert task.data["answer"] == ops[op](int(a), int(b))
+        assert task.data["answer"] >= 0
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("19", 19), ("12 + 7 = 19", 19), ("12 + 7 = 9\n\n3 + 4 = 7", 9), ("The answer is 19.", 19),
+     ("no digits", None), ("-3", -3), ("2+3=", 2)],
+)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "reply, reward, passed",
+    [("19", 1.0, True), (" 19. ", 1.0, True), ("12 + 7 = 19", 0.5, True), ("8", 0.1, False),
+     ("12 + 7 = 8", 0.0, False), ("I don't know", 0.0, False)],
+)
+def test_shaped_reward(reply, reward, passed):
+    r = grade_answer(reply, 19)
+    assert (r.reward, r.passed) == (reward, passed)
+
+
+def test_feedback_says_what_was_wrong():
+    assert grade_answer("12 + 7 = 8", 19).feedback == "expected 19, got 8"
+    assert "no number" in grade_answer("hmm", 19).feedback
+    assert "only the number" in grade_answer("it is 19", 19).feedback
+
+
+def test_openenv_shaped_episode():
+    env = get_env("arithmetic", levels=[1])
+    task = env.tasks("heldout")[0]
+    assert env.reset(task) == task.prompt
+    result = env.step(str(task.data["answer"]))
+    assert result.done and result.passed and result.reward == 1.0
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step("1")
+
+
+def test_unknown_level_and_split():
+    with pytest.raises(ValueError, match="levels"):
+        ArithmeticEnv(levels=[42])
+    with pytest.raises(ValueError, match="split"):
+        ArithmeticEnv().tasks("test")
+    with pytest.raises(ValueError, match="unknown environment"):
+        get_env("chess")

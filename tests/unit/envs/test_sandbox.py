@@ -1,0 +1,78 @@
+"""The sandbox must contain hostile code: none of these may hang, escape or write outside."""
+
+import os
+import time
+import uuid
+
+import pytest
+
+from composer_replication.envs.sandbox import run_python
+
+
+def test_normal_code_runs_and_can_use_its_workdir():
+    r = run_python("open('f.txt','w').write('ok'); print(open('f.txt').read())")
+    assert r.ok and r.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("code", ["while True: pass", "import time; time.sleep(60)"])
+def test_infinite_loop_is_killed_at_the_timeout(code):
+    t0 = time.monotonic()
+    r = run_python(code, timeout_s=1.0)
+    assert r.timed_out and not r.ok
+    assert time.monotonic() - t0 < 10
+
+
+def test_fork_bomb_does_not_spread():
+    before = len(os.listdir("/proc"))
+    r = run_python("import os\nwhile True:\n    os.fork()", timeout_s=2.0)
+    assert not r.ok
+    time.sleep(0.2)
+    assert len(os.listdir("/proc")) < before + 20  # no lingering children
+
+
+def test_write_outside_the_workdir_is_refused(tmp_path):
+    target = tmp_path / f"escape-{uuid.uuid4().hex}.txt"
+    r = run_python(f"open({str(target)!r}, 'w').write('x')")
+    assert not r.ok
+    assert not target.exists()
+    assert "outside the work dir" in r.stderr
+
+
+def test_os_level_escapes_are_refused(tmp_path):
+    target = tmp_path / "victim.txt"
+    target.write_text("keep me")
+    for code in [
+        f"import os; os.remove({str(target)!r})",
+        f"import shutil; shutil.rmtree({str(tmp_path)!r})",
+        f"import os; os.rename({str(target)!r}, 'stolen')",
+        f"import subprocess; subprocess.run(['rm', {str(target)!r}])",
+        f"import os; os.system('rm {target}')",
+        f"import ctypes; ctypes.CDLL(None).unlink({str(target).encode()!r})",
+    ]:
+        r = run_python(code)
+        assert not r.ok, code
+        assert target.read_text() == "keep me", code
+
+
+def test_network_is_refused():
+    r = run_python("import socket; socket.create_connection(('127.0.0.1', 9), timeout=1)")
+    assert not r.ok
+    assert "not allowed" in r.stderr or "unreachable" in r.stderr.lower()
+
+
+def test_memory_limit():
+    r = run_python("x = bytearray(4 * 1024**3)", memory_mb=256)
+    assert not r.ok and "MemoryError" in r.stderr
+
+
+def test_output_is_capped():
+    r = run_python("while True: print('x' * 1000)", timeout_s=3.0, max_output_bytes=10_000)
+    assert not r.ok
+    assert r.output_truncated
+    assert len(r.stdout) <= 10_000
+
+
+def test_workdir_is_removed():
+    r = run_python("import os; print(os.getcwd())")
+    assert r.ok
+    assert not os.path.exists(r.stdout.strip())

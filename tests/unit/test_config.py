@@ -1,0 +1,110 @@
+"""Config parsing: every shipped YAML validates; unknown keys and bad values name the key."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from composer_replication.cli import app
+from composer_replication.config import (
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    default_config_path,
+    load_config,
+)
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def test_configs_dir_is_not_empty():
+    assert CONFIGS, "configs/ has no YAML files"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_parses(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, RunConfig)
+
+
+def test_default_config_is_quickstart():
+    assert default_config_path().name == "quickstart.yaml"
+    assert load_config().model.name == "embedded:smollm2-135m-instruct"
+
+
+def test_overrides_top_level_and_nested():
+    cfg = load_config(None, ["max_steps=2", "optim.learning_rate=3e-6", "env.levels=[1]"])
+    assert cfg.max_steps == 2
+    assert cfg.optim.learning_rate == pytest.approx(3e-6)
+    assert cfg.env.levels == [1]
+
+
+def test_unknown_top_level_key_is_named():
+    with pytest.raises(ConfigError, match="no_such_key: unknown key"):
+        load_config(None, ["no_such_key=1"])
+
+
+def test_unknown_nested_key_is_named():
+    with pytest.raises(ConfigError, match=r"grpo\.epsilon_hi: unknown key"):
+        load_config(None, ["grpo.epsilon_hi=0.3"])
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("max_steps=0", "max_steps"),
+        ("generation.num_generations=1", "generation.num_generations"),
+        ("grpo.loss_type=ppo", "grpo.loss_type"),
+        ("optim.learning_rate=-1", "optim.learning_rate"),
+        ("env.levels=[9]", "env"),
+    ],
+)
+def test_out_of_range_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert key in str(info.value)
+
+
+def test_override_must_be_key_value():
+    with pytest.raises(ConfigError, match="key=value"):
+        apply_overrides({}, ["max_steps"])
+
+
+def test_override_into_scalar_is_an_error():
+    with pytest.raises(ConfigError, match="not a section"):
+        apply_overrides({"max_steps": 3}, ["max_steps.x=1"])
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("max_steps: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(listy)
+
+
+def test_channel_weights_are_refused_until_wired():
+    with pytest.raises(ConfigError, match="alpha_sdpo"):
+        load_config(None, ["alpha_sdpo=0.1"])
+
+
+def test_config_module_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, composer_replication.config; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_cli_unknown_key_exits_nonzero_naming_it():
+    result = CliRunner().invoke(
+        app, ["train", "--config", str(default_config_path()), "no_such_key=1"]
+    )
+    assert result.exit_code != 0
+    assert "no_such_key" in result.output

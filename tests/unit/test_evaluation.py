@@ -1,0 +1,38 @@
+import pytest
+
+from composer_replication.evaluation import (
+    EvalResult,
+    mean_interval,
+    paired_difference,
+    wilson_interval,
+)
+
+
+def test_wilson_interval_hand_worked():
+    """p = 20/100, z = 1.96: centre = (0.2 + 1.96^2/200) / (1 + 1.96^2/100) = 0.2192/1.0384
+    = 0.2111; half = 1.96 * sqrt(0.0016 + 0.000096) / 1.0384 = 0.0777 -> [0.1334, 0.2888]."""
+    lo, hi = wilson_interval(20, 100)
+    assert lo == pytest.approx(0.1334, abs=1e-3)
+    assert hi == pytest.approx(0.2888, abs=1e-3)
+    assert wilson_interval(0, 10)[0] == 0.0
+    assert wilson_interval(10, 10)[1] == pytest.approx(1.0)
+
+
+def test_mean_interval_hand_worked():
+    """values 0,1,0,1: mean .5, sample sd .5774, se .2887, half 1.96*.2887 = .5658."""
+    lo, hi = mean_interval([0, 1, 0, 1])
+    assert (lo, hi) == pytest.approx((0.5 - 0.5658, 0.5 + 0.5658), abs=1e-3)
+
+
+def _result(passed):
+    return EvalResult("e", "heldout", [str(i) for i in range(len(passed))], passed, [float(p) for p in passed])
+
+
+def test_paired_difference():
+    base = _result([False, False, True, False])
+    trained = _result([True, True, True, False])
+    d = paired_difference(base, trained)
+    assert d["delta_pass_rate"] == pytest.approx(0.5)
+    assert d["ci95_low"] < 0.5 < d["ci95_high"]
+    with pytest.raises(ValueError, match="same problems"):
+        paired_difference(base, _result([True]))

@@ -1,0 +1,165 @@
+"""ComposerReplicationTrainer on a tiny random model: bit-exactness with GRPOTrainer when the
+extra channels are off, dynamic sampling's group bookkeeping, metrics and resume plumbing."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from trl import GRPOTrainer
+
+from composer_replication.config import load_config
+from composer_replication.envs.base import get_env
+from composer_replication.trainer.callbacks import MetricsJsonlCallback, plot_metrics, read_metrics
+from composer_replication.trainer.data import build_prompt_dataset
+from composer_replication.trainer.rewards import EnvReward
+from composer_replication.trainer.run import build_grpo_args, build_trainer
+from composer_replication.trainer.trainer import (
+    ComposerReplicationTrainer,
+    informative_groups,
+    merge_groups,
+)
+
+
+def _cfg(tmp_path, *extra):
+    return load_config(
+        None,
+        [
+            f"output_dir={tmp_path}",
+            "max_steps=1",
+            "generation.num_generations=4",
+            "generation.prompts_per_step=2",
+            "generation.max_completion_length=6",
+            "env.num_train=16",
+            *extra,
+        ],
+    )
+
+
+def _batch(vocab: int, seed: int = 0):
+    """A hand-built scored batch: 2 groups x 4 completions, ragged masks, mixed advantages."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(0, vocab, (8, 5), generator=g)
+    prompt_mask = torch.ones(8, 5, dtype=torch.long)
+    prompt_mask[:4, :2] = 0  # left padding on the first group
+    completion_ids = torch.randint(0, vocab, (8, 6), generator=g)
+    completion_mask = torch.ones(8, 6, dtype=torch.long)
+    completion_mask[1, 3:] = 0
+    completion_mask[6, 1:] = 0
+    advantages = torch.tensor([1.2, -0.4, -0.4, -0.4, 0.9, 0.9, -0.9, -0.9])
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": advantages,
+        "num_items_in_batch": completion_mask.sum(),
+    }
+
+
+def _loss_and_grads(trainer, model, inputs):
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop in real training
+    model.train()
+    model.zero_grad()
+    loss = trainer._compute_loss(model, inputs)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def test_weights_zero_is_bit_identical_to_grpo(tmp_path, tokenizer, tiny_model):
+    cfg = _cfg(tmp_path)
+    env = get_env("arithmetic", levels=[1])
+    ds = build_prompt_dataset(env, "train", 16, 0, conversational=True)
+    args = build_grpo_args(cfg)
+    ours_model = tiny_model
+    peer_model = copy.deepcopy(tiny_model)
+    ours = ComposerReplicationTrainer(
+        model=ours_model, reward_funcs=[EnvReward(env)], args=args, train_dataset=ds,
+        processing_class=tokenizer,
+    )
+    peer = GRPOTrainer(
+        model=peer_model, reward_funcs=[EnvReward(env)], args=args, train_dataset=ds,
+        processing_class=tokenizer,
+    )
+    inputs = _batch(len(tokenizer))
+    loss_a, grads_a = _loss_and_grads(ours, ours_model, inputs)
+    loss_b, grads_b = _loss_and_grads(peer, peer_model, inputs)
+    assert loss_a.item() != 0.0  # a real loss, not a degenerate zero
+    assert torch.equal(loss_a, loss_b)
+    assert len(grads_a) == len(grads_b) > 0
+    assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
+
+
+def test_channels_refuse_nonzero_weights_until_wired(tmp_path, tokenizer, tiny_model):
+    env = get_env("arithmetic", levels=[1])
+    ds = build_prompt_dataset(env, "train", 8, 0, conversational=True)
+    with pytest.raises(NotImplementedError, match="alpha_sdpo"):
+        ComposerReplicationTrainer(
+            model=tiny_model, reward_funcs=[EnvReward(env)], args=build_grpo_args(_cfg(tmp_path)),
+            train_dataset=ds, processing_class=tokenizer, alpha_sdpo=0.1,
+        )
+
+
+def test_informative_groups():
+    adv = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, -1.0, 0.0, 0.0, 1e-9, -1e-9, 0.0, 0.0])
+    assert informative_groups(adv, 4) == [1]
+
+
+def test_merge_groups_repads_and_recounts():
+    a = _batch(100, seed=0)
+    b = _batch(100, seed=1)
+    b["completion_ids"] = torch.cat([b["completion_ids"], torch.ones(8, 2, dtype=torch.long)], 1)
+    b["completion_mask"] = torch.cat([b["completion_mask"], torch.ones(8, 2, dtype=torch.long)], 1)
+    merged = merge_groups([a, b], [(0, 1), (1, 0)], group_size=4)
+    assert merged["completion_ids"].shape == (8, 8)
+    assert torch.equal(merged["completion_ids"][:4, :6], a["completion_ids"][4:])
+    assert merged["completion_mask"][:4, 6:].sum() == 0  # right padding for a's shorter rows
+    assert torch.equal(merged["completion_ids"][4:], b["completion_ids"][:4])
+    assert torch.equal(merged["advantages"], torch.cat([a["advantages"][4:], b["advantages"][:4]]))
+    assert merged["num_items_in_batch"] == merged["completion_mask"].sum()
+
+
+def test_dynamic_sampling_refills_tied_groups(tmp_path, tokenizer, tiny_model):
+    """A scripted reward makes every group of the first round tie (all 0) and alternates 0/1 in
+    the refill round: the step must refill once and keep only informative groups."""
+    cfg = _cfg(tmp_path, "grpo.dynamic_sampling.enabled=true", "grpo.dynamic_sampling.max_refills=2")
+    env = get_env("arithmetic", levels=[1])
+    trainer = build_trainer(cfg, tiny_model, tokenizer, env)
+    calls = []
+
+    def tied_then_mixed(prompts, completions, **kw):
+        calls.append(len(completions))
+        if len(calls) == 1:
+            return [0.0] * len(completions)  # every group ties
+        return [float(i % 2) for i in range(len(completions))]
+
+    tied_then_mixed.__name__ = "scripted"
+    trainer.reward_funcs = [tied_then_mixed]
+    trainer.reward_func_names = ["scripted"]
+    rows = [trainer.train_dataset[i] for i in range(2)]
+    inputs = [r for r in rows for _ in range(4)]
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions(inputs)
+    assert len(calls) == 2  # one refill round was enough
+    assert batch["advantages"].shape == (8,)
+    assert informative_groups(batch["advantages"], 4) == [0, 1]
+    assert trainer._metrics["train"]["dynamic_sampling/refills"] == [1.0]
+
+
+def test_metrics_callback_truncates_on_resume(tmp_path):
+    import orjson
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"step": s, "reward": s / 10}) + b"\n" for s in (1, 2, 3)))
+    cb = MetricsJsonlCallback(tmp_path)
+
+    class State:
+        global_step = 2
+
+    cb.on_train_begin(None, State(), None)
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    cb.on_log(None, type("S", (), {"global_step": 3})(), None, logs={"reward": 0.5, "loss": 0.1})
+    assert read_metrics(path)[-1]["reward"] == 0.5
+    png = plot_metrics(path)
+    assert png is not None and png.stat().st_size > 1000
