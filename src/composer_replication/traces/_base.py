@@ -250,7 +250,7 @@ class SessionBuilder:
             act.thinking = f"{act.thinking}\n{red(thinking)}" if act.thinking else red(thinking)
         for tc in tool_calls:
             fn = tc["function"]
-            fn["arguments"] = red(fn["arguments"])
+            fn["arguments"] = self._redact_arguments(fn["arguments"])
             act.tool_calls.append(tc)
         if model and not self._pending_model:
             self._pending_model = model
@@ -288,6 +288,21 @@ class SessionBuilder:
         return len(self.messages) + (1 if self._pending is not None else 0)
 
     # -- internals
+    def _redact_arguments(self, arguments: str) -> str:
+        """Redact decoded string values (so line-anchored patterns see real newlines), then
+        re-encode; non-JSON arguments are redacted as text."""
+        red = self.ctx.redact
+        if len(arguments) < 8:
+            return arguments
+        try:
+            value = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return red(arguments)
+        if isinstance(value, str):
+            return red(arguments)
+        new = _redact_tree(value, red)
+        return arguments if new is value else orjson.dumps(new).decode()
+
     def flush(self) -> None:
         act = self._pending
         if act is None:
@@ -340,3 +355,20 @@ class SessionBuilder:
     def _append(self, msg: Message) -> None:
         self.messages.append(msg)
         self._digests.append(message_digest(self._digests[-1], msg))
+
+
+def _redact_tree(value: Any, red: Callable[[str], str]) -> Any:
+    """Redact every string in a decoded JSON value; returns ``value`` itself when unchanged."""
+    if isinstance(value, str):
+        return red(value)
+    if isinstance(value, dict):
+        out, changed = {}, False
+        for k, v in value.items():
+            nv = _redact_tree(v, red)
+            changed |= nv is not v
+            out[k] = nv
+        return out if changed else value
+    if isinstance(value, list):
+        items = [_redact_tree(v, red) for v in value]
+        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
+    return value

@@ -119,7 +119,8 @@ PATTERNS: tuple[Pattern, ...] = (
     ),
     _p(
         "env_secret",
-        r"(?m)^[ \t]*(?:export[ \t]+)?"
+        # line start, after a literal "\n" (JSON-escaped text), or after a shell separator
+        r"(?m)(?:^|(?<=\\n)|(?<=[\s;&(]))(?:export[ \t]+)?"
         + _ENV_NAME
         + r"[ \t]*=[ \t]*[\"']?("
         + _VALUE_CHARS
