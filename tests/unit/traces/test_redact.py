@@ -92,7 +92,12 @@ def _claude_lines(texts: list[str]) -> list[bytes]:
                         "content": [
                             {"type": "thinking", "thinking": f"I see {text}"},
                             {"type": "text", "text": f"Saving {text}"},
-                            {"type": "tool_use", "id": f"t{i}", "name": "Write", "input": tool_input},
+                            {
+                                "type": "tool_use",
+                                "id": f"t{i}",
+                                "name": "Write",
+                                "input": tool_input,
+                            },
                         ],
                     },
                 }
@@ -101,7 +106,11 @@ def _claude_lines(texts: list[str]) -> list[bytes]:
         result = [{"type": "tool_result", "tool_use_id": f"t{i}", "content": f"wrote {text}"}]
         lines.append(
             orjson.dumps(
-                {"sessionId": "planted", "type": "user", "message": {"role": "user", "content": result}}
+                {
+                    "sessionId": "planted",
+                    "type": "user",
+                    "message": {"role": "user", "content": result},
+                }
             )
         )
     return lines
@@ -110,7 +119,11 @@ def _claude_lines(texts: list[str]) -> list[bytes]:
 def _codex_lines(texts: list[str]) -> list[bytes]:
     lines = [orjson.dumps({"type": "session_meta", "payload": {"id": "planted-codex"}})]
     for i, text in enumerate(texts):
-        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+        item = {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": text}],
+        }
         args = orjson.dumps({"cmd": text}).decode()
         for payload in (
             item,
