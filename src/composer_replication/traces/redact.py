@@ -130,9 +130,14 @@ PATTERNS: tuple[Pattern, ...] = (
     ),
     _p(
         "secret_assignment",
-        r"[\"']?[A-Za-z0-9_\-]*(?:api[_\-]?key|secret[_\-]?key|client[_\-]?secret|password|passwd|"
+        # starts at the keyword (no leading [\w]* scan): linear, fast on ordinary prose
+        r"(?:api[_\-]?key|secret[_\-]?key|client[_\-]?secret|password|passwd|"
         r"access[_\-]?token|auth[_\-]?token)[\"']?\s*[:=]\s*[\"'](" + _VALUE_CHARS + r"{8,})[\"']",
-        ("key", "secret", "passw", "token"),
+        (
+            "api_key", "api-key", "apikey", "secret_key", "secret-key", "secretkey",
+            "client_secret", "client-secret", "clientsecret", "password", "passwd",
+            "access_token", "access-token", "accesstoken", "auth_token", "auth-token", "authtoken",
+        ),  # fmt: skip
         group=1,
         flags=re.IGNORECASE,
         lower=True,
@@ -181,27 +186,46 @@ class Redactor:
         self.counts: Counter[str] = Counter()
         self._library = _load_library_detectors() if use_library else []
         self.uses_library = bool(self._library)
+        self._index_triggers()
 
     def redact(self, text: str) -> str:
         if len(text) < 8:
             return text
-        lowered: str | None = None
-        for pat in PATTERNS:
-            hay = text
-            if pat.lower:
-                if lowered is None:
-                    lowered = text.lower()
-                hay = lowered
-            if not any(t in hay for t in pat.triggers):
-                continue
-            new = self._sub(pat, text)
-            if new is not text:
-                text = new
-                lowered = None
-        for kind, triggers, analyze in self._library:
-            if any(t in text for t in triggers):
+        todo = self._triggered(text)
+        if not todo:
+            return text
+        for i in sorted(todo):
+            if i < len(PATTERNS):
+                text = self._sub(PATTERNS[i], text)
+            else:
+                kind, _triggers, analyze = self._library[i - len(PATTERNS)]
                 text = self._replace_found(kind, text, analyze)
         return text
+
+    def _triggered(self, text: str) -> set[int]:
+        """Indexes of detectors (patterns, then library plugins) whose trigger occurs."""
+        todo: set[int] = set()
+        for trigger, idx in self._case_triggers:
+            if trigger in text:
+                todo.update(idx)
+        if self._lower_triggers:
+            low = text.lower()
+            for trigger, idx in self._lower_triggers:
+                if trigger in low:
+                    todo.update(idx)
+        return todo
+
+    def _index_triggers(self) -> None:
+        case: dict[str, list[int]] = {}
+        lower: dict[str, list[int]] = {}
+        for i, pat in enumerate(PATTERNS):
+            for t in pat.triggers:
+                (lower if pat.lower else case).setdefault(t, []).append(i)
+        for j, (_kind, triggers, _fn) in enumerate(self._library):
+            for t in triggers:
+                case.setdefault(t, []).append(len(PATTERNS) + j)
+        self._case_triggers = tuple((t, tuple(v)) for t, v in case.items())
+        self._lower_triggers = tuple((t, tuple(v)) for t, v in lower.items())
 
     def _sub(self, pat: Pattern, text: str) -> str:
         placeholder = PLACEHOLDER.format(pat.kind)
