@@ -1,0 +1,374 @@
+"""Shared machinery for readers: line iteration with accounting, and the session builder that
+turns a stream of (user / assistant / tool) events into TraceStates."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .redact import Redactor
+from .report import FileReport
+from .schema import Action, Message, StateMeta, TraceState, compute_state_id, message_digest
+
+NO_RESULT = "[no tool result recorded]"
+MAX_PATH_ENTRIES = 50_000  # bound for per-session uuid bookkeeping (Claude Code rewinds)
+
+# A record handler returns None when the line was used, or a skip reason.
+Handler = Callable[[int, dict[str, Any]], str | None]
+
+
+class ReaderContext:
+    """What a reader needs: the file, its report, the redactor, and an output buffer."""
+
+    def __init__(self, path: Path, fmt: str, report: FileReport, redactor: Redactor) -> None:
+        self.path = path
+        self.file = str(path)
+        self.format = fmt
+        self.report = report
+        self.redactor = redactor
+        self.out: list[TraceState] = []
+        self.item_index = False  # True for whole-document formats: meta.line is an item index
+
+    def drain(self) -> list[TraceState]:
+        out, self.out = self.out, []
+        self.report.states += len(out)
+        return out
+
+    def redact(self, text: str) -> str:
+        return self.redactor.redact(text) if text else text
+
+
+def iter_jsonl(ctx: ReaderContext) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (1-based line, object) for each JSON-object line; count and skip all others.
+
+    Reads line by line (memory bounded by the longest line). The caller must account each
+    yielded line exactly once (``run_records`` does).
+    """
+    rep = ctx.report
+    with open(ctx.path, "rb") as fh:
+        lineno = 0
+        for raw in fh:
+            lineno += 1
+            rep.total_lines += 1
+            rep.bytes += len(raw)
+            if not raw.strip():
+                rep.skip(lineno, "blank_line")
+                continue
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                truncated = not raw.endswith(b"\n")
+                rep.skip(lineno, "truncated_json" if truncated else "invalid_json")
+                continue
+            if not isinstance(obj, dict):
+                rep.skip(lineno, "not_an_object")
+                continue
+            yield lineno, obj
+
+
+def run_records(
+    ctx: ReaderContext, records: Iterable[tuple[int, dict[str, Any]]], handle: Handler
+) -> Iterator[TraceState]:
+    """Drive a handler over records with exact per-line accounting; a handler bug on one record
+    is skipped as ``reader_error:<Exception>`` instead of ending the file."""
+    rep = ctx.report
+    for lineno, obj in records:
+        try:
+            reason = handle(lineno, obj)
+        except Exception as exc:  # noqa: BLE001 - reported per line, never swallowed silently
+            reason = f"reader_error:{type(exc).__name__}"
+        if reason is None:
+            rep.parsed += 1
+        elif reason == "unknown_record_type":
+            rep.unknown(lineno, _type_name(obj))
+        else:
+            rep.skip(lineno, reason)
+        if ctx.out:
+            yield from ctx.drain()
+
+
+def _type_name(obj: dict[str, Any]) -> str:
+    t = obj.get("type")
+    if isinstance(t, str):
+        p = obj.get("payload")
+        if isinstance(p, dict) and isinstance(p.get("type"), str):
+            return f"{t}:{p['type']}"
+        return t
+    return "<no type>"
+
+
+def load_document(ctx: ReaderContext) -> Any:
+    """Read a whole-file JSON document; all its lines count as parsed, or all as skipped."""
+    rep = ctx.report
+    data = ctx.path.read_bytes()
+    rep.bytes += len(data)
+    n = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    rep.total_lines += n
+    if not data.strip():
+        if n:
+            rep.skip(1, "blank_line", n)
+        return None
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        rep.skip(getattr(exc, "lineno", 1) or 1, "invalid_json", n)
+        return None
+    rep.parsed += n
+    return obj
+
+
+# ---------------------------------------------------------------- small type-safe getters
+
+
+def as_str(x: Any) -> str:
+    return x if isinstance(x, str) else ""
+
+
+def as_dict(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def as_list(x: Any) -> list[Any]:
+    return x if isinstance(x, list) else []
+
+
+def dumps_str(x: Any) -> str:
+    """JSON text of any decoded value (tool arguments); strings pass through unchanged."""
+    if isinstance(x, str):
+        return x
+    try:
+        return orjson.dumps(x, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        return str(x)
+
+
+def make_tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+# ---------------------------------------------------------------- session builder
+
+
+class SessionBuilder:
+    """Accumulates one session's conversation and emits a TraceState per assistant action.
+
+    Rules (shared by all readers):
+    - consecutive assistant output (same response, or no response id) forms one action; the state
+      is emitted when something else arrives, with the prefix as it was before the action;
+    - the action's assistant message (text + tool_calls, never thinking) then joins the prefix;
+    - a tool result whose call is unknown is reported orphaned and kept as a user message, so the
+      prefix stays valid OpenAI chat; calls left without a result when the conversation moves on
+      are reported orphaned and get a ``[no tool result recorded]`` tool message;
+    - all text is redacted here, the single entry point for content.
+    """
+
+    def __init__(
+        self,
+        ctx: ReaderContext,
+        session_id: str,
+        *,
+        subagent_id: str | None = None,
+        is_sidechain: bool = False,
+    ) -> None:
+        self.ctx = ctx
+        self.session_id = session_id
+        self.subagent_id = subagent_id
+        self.is_sidechain = is_sidechain
+        self.messages: list[Message] = []
+        self._digests: list[bytes] = [b""]
+        self._pending: Action | None = None
+        self._pending_line = 0
+        self._pending_model: str | None = None
+        self._pending_ts: str | None = None
+        self._pending_rid: str | None = None
+        self._open_calls: dict[str, int] = {}  # call id -> line of the call
+        self._open_order: list[str] = []
+        self.step = 0
+        self.segment = 0
+        self.after_compaction = False
+        ctx.report.sessions.add(session_id)
+
+    # -- conversation events
+    def system(self, text: str) -> None:
+        self._close_turn()
+        self._append({"role": "system", "content": self.ctx.redact(text)})
+
+    def user(self, text: str) -> None:
+        self._close_turn()
+        self._append({"role": "user", "content": self.ctx.redact(text)})
+
+    def tool_result(self, call_id: str, text: str, line: int) -> None:
+        """Add a tool message. An empty ``call_id`` (formats that do not record it) links to the
+        oldest call still waiting for its result."""
+        self.flush()
+        text = self.ctx.redact(text)
+        if not call_id and self._open_order:
+            call_id = self._open_order[0]
+        if call_id and call_id in self._open_calls:
+            del self._open_calls[call_id]
+            self._open_order.remove(call_id)
+            self._append({"role": "tool", "tool_call_id": call_id, "content": text})
+            return
+        self.ctx.report.orphan("tool_result_without_call", line, call_id or "<no id>")
+        self._close_open_calls()
+        label = f"[tool result for unknown call {call_id or '<no id>'}]"
+        self._append({"role": "user", "content": f"{label}\n{text}"})
+
+    def assistant(
+        self,
+        line: int,
+        text: str = "",
+        tool_calls: Iterable[dict[str, Any]] = (),
+        thinking: str = "",
+        *,
+        model: str | None = None,
+        timestamp: str | None = None,
+        response_id: str | None = None,
+    ) -> None:
+        red = self.ctx.redact
+        if (
+            self._pending is not None
+            and response_id
+            and self._pending_rid
+            and response_id != self._pending_rid
+        ):
+            self.flush()
+        if self._pending is None:
+            self._close_open_calls()
+            self._pending = Action()
+            self._pending_line = line
+            self._pending_model = model
+            self._pending_ts = timestamp
+            self._pending_rid = response_id
+        act = self._pending
+        if text:
+            act.text = f"{act.text}\n{red(text)}" if act.text else red(text)
+        if thinking:
+            act.thinking = f"{act.thinking}\n{red(thinking)}" if act.thinking else red(thinking)
+        for tc in tool_calls:
+            fn = tc["function"]
+            fn["arguments"] = self._redact_arguments(fn["arguments"])
+            act.tool_calls.append(tc)
+        if model and not self._pending_model:
+            self._pending_model = model
+
+    def compact(self, replacement: Iterable[Message] = ()) -> None:
+        """Context was compacted: the prefix restarts from ``replacement`` (e.g. a summary)."""
+        self.flush()
+        self._close_open_calls(append=False)
+        self.messages = []
+        self._digests = [b""]
+        self.segment += 1
+        self.after_compaction = True
+        for msg in replacement:
+            content = msg.get("content")
+            if isinstance(content, str):
+                msg = {**msg, "content": self.ctx.redact(content)}
+            self._append(msg)
+
+    def truncate(self, n: int) -> None:
+        """Rewind: the conversation continues from its first ``n`` messages."""
+        self.flush()
+        if n >= len(self.messages):
+            return
+        self._close_open_calls(append=False)
+        del self.messages[n:]
+        del self._digests[n + 1 :]
+        self.segment += 1
+
+    def finish(self) -> None:
+        self.flush()
+        self._close_open_calls(append=False)
+
+    def length_after_pending(self) -> int:
+        """Prefix length once the pending action (if any) has joined it."""
+        return len(self.messages) + (1 if self._pending is not None else 0)
+
+    # -- internals
+    def _redact_arguments(self, arguments: str) -> str:
+        """Redact decoded string values (so line-anchored patterns see real newlines), then
+        re-encode; non-JSON arguments are redacted as text."""
+        red = self.ctx.redact
+        if len(arguments) < 8:
+            return arguments
+        try:
+            value = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return red(arguments)
+        if isinstance(value, str):
+            return red(arguments)
+        new = _redact_tree(value, red)
+        return arguments if new is value else orjson.dumps(new).decode()
+
+    def flush(self) -> None:
+        act = self._pending
+        if act is None:
+            return
+        self._pending = None
+        if act.is_empty():
+            return
+        state = TraceState(
+            state_id=compute_state_id(self.session_id, self.step, self._digests[-1], act),
+            session_id=self.session_id,
+            step=self.step,
+            prefix=list(self.messages),
+            action=act,
+            meta=StateMeta(
+                source_format=self.ctx.format,
+                file=self.ctx.file,
+                line=self._pending_line,
+                model=self._pending_model,
+                timestamp=self._pending_ts,
+                subagent_id=self.subagent_id,
+                is_sidechain=self.is_sidechain,
+                after_compaction=self.after_compaction,
+                segment=self.segment,
+                line_is_item_index=self.ctx.item_index,
+            ),
+        )
+        self.ctx.out.append(state)
+        self.step += 1
+        if act.text or act.tool_calls:
+            self._append(act.as_message())
+            for tc in act.tool_calls:
+                cid = tc["id"]
+                if cid in self._open_calls:
+                    continue
+                self._open_calls[cid] = self._pending_line
+                self._open_order.append(cid)
+
+    def _close_turn(self) -> None:
+        self.flush()
+        self._close_open_calls()
+
+    def _close_open_calls(self, append: bool = True) -> None:
+        for cid in self._open_order:
+            self.ctx.report.orphan("tool_call_without_result", self._open_calls[cid], cid)
+            if append:
+                self._append({"role": "tool", "tool_call_id": cid, "content": NO_RESULT})
+        self._open_calls.clear()
+        self._open_order.clear()
+
+    def _append(self, msg: Message) -> None:
+        self.messages.append(msg)
+        self._digests.append(message_digest(self._digests[-1], msg))
+
+
+def _redact_tree(value: Any, red: Callable[[str], str]) -> Any:
+    """Redact every string in a decoded JSON value; returns ``value`` itself when unchanged."""
+    if isinstance(value, str):
+        return red(value)
+    if isinstance(value, dict):
+        out, changed = {}, False
+        for k, v in value.items():
+            nv = _redact_tree(v, red)
+            changed |= nv is not v
+            out[k] = nv
+        return out if changed else value
+    if isinstance(value, list):
+        items = [_redact_tree(v, red) for v in value]
+        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
+    return value

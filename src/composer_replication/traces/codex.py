@@ -1,0 +1,273 @@
+"""OpenAI Codex CLI rollouts (``~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl``).
+
+Current envelope format: ``{"timestamp", "type", "payload"}`` with ``type`` one of
+``session_meta`` (session id, sub-agent source), ``turn_context`` (model), ``response_item``
+(the model conversation in Responses-API items: ``message``, ``reasoning``, ``function_call``,
+``custom_tool_call``, ``local_shell_call``, ``tool_search_call``, ``web_search_call`` and their
+``*_output`` items), ``event_msg`` (UI events), ``compacted`` (``replacement_history`` becomes the
+new prefix). Legacy rollouts have a bare ``{"id", "timestamp"}`` header followed by raw items
+without the envelope.
+
+``response_item`` records are the source of truth. Sessions whose rollout has no message items
+(older CLIs, replayed sub-agent threads) fall back to ``event_msg`` ``user_message`` /
+``agent_message`` / ``agent_reasoning`` events. MCP tools appear as ``function_call`` items whose
+name is ``mcp__server__tool``. Reasoning summaries go to ``Action.thinking``;
+``encrypted_content`` is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ._base import (
+    ReaderContext,
+    SessionBuilder,
+    as_dict,
+    as_list,
+    as_str,
+    dumps_str,
+    iter_jsonl,
+    make_tool_call,
+    run_records,
+)
+from .schema import Message, TraceState
+
+FORMAT = "codex"
+
+KNOWN_TOP = frozenset(
+    {"session_meta", "turn_context", "response_item", "event_msg", "compacted", "world_state"}
+)
+KNOWN_TOP_META = frozenset({"inter_agent_communication_metadata"})
+CALL_ITEMS = {
+    "function_call": "arguments",
+    "custom_tool_call": "input",
+    "local_shell_call": "action",
+    "tool_search_call": "arguments",
+}
+OUTPUT_ITEMS = frozenset(
+    {
+        "function_call_output",
+        "custom_tool_call_output",
+        "local_shell_call_output",
+        "tool_search_output",
+        "mcp_tool_call_output",
+    }
+)
+SILENT_ITEMS = frozenset({"ghost_snapshot", "image_generation_call", "compaction"})
+EVENT_BUFFER_MAX = 64
+
+
+def read(ctx: ReaderContext) -> Iterator[TraceState]:
+    r = _CodexReader(ctx)
+    yield from run_records(ctx, iter_jsonl(ctx), r.handle)
+    r.end_session()
+    yield from ctx.drain()
+
+
+def content_text(content: Any) -> str:
+    """Text of a Responses-API content list / output value (images become placeholders)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        if "text" in content:
+            return as_str(content.get("text"))
+        if "content" in content:
+            return content_text(content.get("content"))
+        return dumps_str(content)
+    parts = []
+    for c in as_list(content):
+        if isinstance(c, str):
+            parts.append(c)
+            continue
+        c = as_dict(c)
+        ctype = as_str(c.get("type"))
+        if ctype in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+            parts.append(as_str(c.get("text")))
+        elif "image" in ctype:
+            parts.append("[image]")
+        elif ctype == "encrypted_content":
+            continue
+        else:
+            parts.append(f"[{ctype or 'unknown'} content]")
+    return "\n".join(parts)
+
+
+def item_to_message(item: dict[str, Any]) -> Message | None:
+    """A ``message`` item as an OpenAI chat message (developer -> system)."""
+    if item.get("type", "message" if "role" in item else None) != "message":
+        return None
+    role = as_str(item.get("role"))
+    role = {"developer": "system"}.get(role, role)
+    if role not in ("system", "user", "assistant"):
+        return None
+    return {"role": role, "content": content_text(item.get("content"))}
+
+
+class _CodexReader:
+    def __init__(self, ctx: ReaderContext) -> None:
+        self.ctx = ctx
+        self.b: SessionBuilder | None = None
+        self.session_id: str | None = None
+        self.subagent: str | None = None
+        self.model: str | None = None
+        self.mode: str | None = None  # None (undecided) | "items" | "events"
+        self.events: list[tuple[int, str, str, str | None]] = []
+
+    # -- sessions
+    def builder(self) -> SessionBuilder:
+        if self.b is None:
+            sid = self.session_id or self.ctx.path.stem
+            self.b = SessionBuilder(
+                self.ctx, sid, subagent_id=self.subagent, is_sidechain=self.subagent is not None
+            )
+        return self.b
+
+    def end_session(self) -> None:
+        if self.mode is None and self.events:
+            self._replay_events()
+        if self.b is not None:
+            self.b.finish()
+        self.b = None
+        self.mode = None
+        self.events = []
+
+    def _session_meta(self, payload: dict[str, Any]) -> None:
+        sid = as_str(payload.get("id")) or as_str(payload.get("session_id"))
+        if sid and sid == self.session_id:
+            return
+        self.end_session()
+        self.session_id = sid or None
+        source = payload.get("source")
+        sub = as_dict(as_dict(source).get("subagent")) if isinstance(source, dict) else {}
+        if sub or payload.get("parent_thread_id"):
+            self.subagent = sid or "subagent"
+        else:
+            self.subagent = None
+
+    # -- records
+    def handle(self, line: int, rec: dict[str, Any]) -> str | None:
+        payload = rec.get("payload")
+        rtype = rec.get("type")
+        if not isinstance(payload, dict):
+            return self._legacy(line, rec)
+        ts = as_str(rec.get("timestamp")) or None
+        if rtype == "session_meta":
+            self._session_meta(payload)
+        elif rtype == "turn_context":
+            self.model = as_str(payload.get("model")) or self.model
+        elif rtype == "response_item":
+            return self._item(line, payload, ts)
+        elif rtype == "event_msg":
+            self._event(line, payload, ts)
+        elif rtype == "compacted":
+            self._compacted(payload)
+        elif rtype in KNOWN_TOP or rtype in KNOWN_TOP_META:
+            return None
+        else:
+            return "unknown_record_type"
+        return None
+
+    def _legacy(self, line: int, rec: dict[str, Any]) -> str | None:
+        if rec.get("record_type") == "state":
+            return None
+        if isinstance(rec.get("type"), str):
+            return self._item(line, rec, as_str(rec.get("timestamp")) or None)
+        if "id" in rec and "timestamp" in rec:
+            self._session_meta(rec)
+            return None
+        return "missing_type"
+
+    def _item(self, line: int, item: dict[str, Any], ts: str | None) -> str | None:
+        itype = as_str(item.get("type")) or ("message" if "role" in item else "")
+        b = self.builder()
+        if itype in ("message", "agent_message"):
+            self._use_items()
+        elif self.mode is None and self.events:
+            self._replay_events()  # events so far were real content, not item duplicates
+        if itype == "message":
+            msg = item_to_message(item)
+            if msg is None:
+                return "unknown_role"
+            if msg["role"] == "assistant":
+                b.assistant(line, msg["content"], model=self.model, timestamp=ts)
+            elif msg["role"] == "system":
+                b.system(msg["content"])
+            else:
+                b.user(msg["content"])
+        elif itype == "reasoning":
+            text = content_text(item.get("summary"))
+            extra = content_text(item.get("content")) if item.get("content") else ""
+            thinking = "\n".join(t for t in (text, extra) if t)
+            b.assistant(line, thinking=thinking, model=self.model, timestamp=ts)
+        elif itype in CALL_ITEMS:
+            call_id = as_str(item.get("call_id")) or as_str(item.get("id")) or f"call_synth_{line}"
+            name = as_str(item.get("name")) or itype.removesuffix("_call")
+            args = dumps_str(item.get(CALL_ITEMS[itype], ""))
+            b.assistant(
+                line,
+                tool_calls=[make_tool_call(call_id, name, args)],
+                model=self.model,
+                timestamp=ts,
+            )
+        elif itype == "web_search_call":
+            call_id = as_str(item.get("id")) or f"ws_synth_{line}"
+            args = dumps_str(item.get("action", {}))
+            b.assistant(
+                line,
+                tool_calls=[make_tool_call(call_id, "web_search", args)],
+                model=self.model,
+                timestamp=ts,
+            )
+        elif itype in OUTPUT_ITEMS:
+            call_id = as_str(item.get("call_id"))
+            out = item.get("output")
+            if itype == "tool_search_output" and out is None:
+                out = item.get("tools")
+            b.tool_result(call_id, content_text(out), line)
+        elif itype == "agent_message":  # message from another agent thread: input to this one
+            author = as_str(item.get("author")) or "agent"
+            b.user(f"[message from {author}]\n{content_text(item.get('content'))}")
+        elif itype in SILENT_ITEMS:
+            return None
+        else:
+            return "unknown_record_type"
+        return None
+
+    def _use_items(self) -> None:
+        if self.mode is None:
+            self.mode = "items"
+            self.events = []  # event copies of item messages: duplicates
+
+    def _event(self, line: int, payload: dict[str, Any], ts: str | None) -> None:
+        etype = payload.get("type")
+        if etype not in ("user_message", "agent_message", "agent_reasoning"):
+            return
+        text = as_str(payload.get("message")) or as_str(payload.get("text"))
+        if self.mode == "items" or not text:
+            return
+        self.events.append((line, etype, text, ts))
+        if self.mode == "events" or len(self.events) > EVENT_BUFFER_MAX:
+            self.mode = "events"
+            self._replay_events()
+
+    def _replay_events(self) -> None:
+        b = self.builder()
+        for line, etype, text, ts in self.events:
+            if etype == "user_message":
+                b.user(text)
+            elif etype == "agent_message":
+                b.assistant(line, text, model=self.model, timestamp=ts)
+            else:
+                b.assistant(line, thinking=text, model=self.model, timestamp=ts)
+        self.events = []
+
+    def _compacted(self, payload: dict[str, Any]) -> None:
+        history = as_list(payload.get("replacement_history"))
+        msgs = [m for m in (item_to_message(as_dict(i)) for i in history) if m is not None]
+        summary = as_str(payload.get("message"))
+        if summary:
+            msgs.append({"role": "user", "content": summary})
+        if self.mode is None and self.events:
+            self._replay_events()
+        self.builder().compact(msgs)

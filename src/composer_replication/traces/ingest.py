@@ -1,0 +1,103 @@
+"""`ingest(paths)`: agent log files/directories -> redacted `TraceState`s, with a full report.
+
+run = ingest(["~/.claude/projects"])
+for state in run:           # streaming: one file open at a time, states as they are ready
+    ...
+run.report                  # IngestReport: complete once iteration has finished
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from . import aider, claude_code, codex, gemini_cli, openai_messages, openhands, swe_agent
+from ._base import ReaderContext
+from .detect import FORMATS, UnknownFormatError, detect_format, sniff
+from .redact import Redactor
+from .report import FileReport, IngestReport
+from .schema import TraceState
+
+READERS: dict[str, Callable[[ReaderContext], Iterator[TraceState]]] = {
+    "claude_code": claude_code.read,
+    "codex": codex.read,
+    "swe_agent": swe_agent.read,
+    "openhands": openhands.read,
+    "gemini_cli": gemini_cli.read,
+    "openai_messages": openai_messages.read,
+    "aider": aider.read,
+}
+assert set(READERS) == set(FORMATS)
+
+LOG_SUFFIXES = (".jsonl", ".json", ".traj", ".md", ".ndjson")
+
+
+class IngestRun:
+    """Iterator of TraceStates plus the `IngestReport` it fills while iterating."""
+
+    def __init__(self, paths: Iterable[str | os.PathLike[str]], fmt: str, redactor: Redactor):
+        if fmt != "auto" and fmt not in READERS:
+            raise ValueError(f"unknown format {fmt!r}; choose auto or one of {', '.join(FORMATS)}")
+        self.paths = [Path(p).expanduser() for p in paths]
+        self.format = fmt
+        self.redactor = redactor
+        self.report = IngestReport()
+        self._it = self._run()
+
+    def __iter__(self) -> IngestRun:
+        return self
+
+    def __next__(self) -> TraceState:
+        return next(self._it)
+
+    def _run(self) -> Iterator[TraceState]:
+        for path, explicit in _iter_files(self.paths):
+            fmt = self.format
+            if fmt == "auto":
+                if explicit:
+                    fmt = detect_format(path)
+                else:
+                    found = sniff(path)
+                    if found is None:
+                        self.report.not_traces.append(str(path))
+                        continue
+                    fmt = found
+            rep = FileReport(path=str(path), format=fmt)
+            self.report.files.append(rep)
+            ctx = ReaderContext(path, fmt, rep, self.redactor)
+            yield from READERS[fmt](ctx)
+        self.report.redactions = self.redactor.counts
+
+
+def ingest(
+    paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str],
+    format: str = "auto",
+    *,
+    redactor: Redactor | None = None,
+) -> IngestRun:
+    """Read agent logs into TraceStates (secrets redacted). ``paths`` may be files or directories
+    (searched recursively for ``*.jsonl``, ``*.json``, ``*.traj``, ``*.md``). With
+    ``format="auto"`` each file's format is detected; a file named explicitly whose format is
+    unknown raises `UnknownFormatError`, one found under a directory is listed in
+    ``report.not_traces``."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    return IngestRun(paths, format, redactor or Redactor())
+
+
+def _iter_files(paths: list[Path]) -> Iterator[tuple[Path, bool]]:
+    for p in paths:
+        if p.is_dir():
+            for root, dirs, files in os.walk(p):
+                dirs.sort()
+                for name in sorted(files):
+                    if name.endswith(LOG_SUFFIXES):
+                        yield Path(root) / name, False
+        elif p.is_file():
+            yield p, True
+        else:
+            raise FileNotFoundError(f"{p}: no such file or directory")
+
+
+__all__ = ["IngestRun", "UnknownFormatError", "ingest", "READERS"]

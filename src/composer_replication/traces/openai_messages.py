@@ -1,0 +1,143 @@
+"""Generic OpenAI chat-messages logs.
+
+Accepted shapes:
+
+- JSONL, one conversation per line: ``{"messages": [...], "id"?: ...}``;
+- JSONL, one message per line: ``{"role": ..., "content": ...}`` (the file is one conversation);
+- a JSON document: a list of messages, or ``{"messages": [...]}``.
+
+Messages use OpenAI chat format (``tool_calls``, ``role: tool`` + ``tool_call_id``). Assistant
+``reasoning_content`` / ``reasoning`` / ``thinking`` fields go to ``Action.thinking``. Content may be
+a string or a list of parts (``text``; images become placeholders).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ._base import (
+    ReaderContext,
+    SessionBuilder,
+    as_dict,
+    as_list,
+    as_str,
+    dumps_str,
+    iter_jsonl,
+    load_document,
+    make_tool_call,
+    run_records,
+)
+from .schema import TraceState
+
+FORMAT = "openai_messages"
+
+
+def read(ctx: ReaderContext) -> Iterator[TraceState]:
+    if ctx.path.suffix == ".jsonl":
+        yield from _read_jsonl(ctx)
+        return
+    doc = load_document(ctx)
+    msgs = doc if isinstance(doc, list) else as_list(as_dict(doc).get("messages"))
+    if doc is not None and not msgs:
+        ctx.report.skip_item(0, "no_messages")
+    yield from read_message_list(ctx, ctx.path.stem, msgs)
+
+
+def _read_jsonl(ctx: ReaderContext) -> Iterator[TraceState]:
+    single: SessionBuilder | None = None
+
+    def handle(line: int, rec: dict[str, Any]) -> str | None:
+        nonlocal single
+        if isinstance(rec.get("messages"), list):
+            sid = as_str(rec.get("id")) or f"{ctx.path.stem}:{line}"
+            b = SessionBuilder(ctx, sid)
+            for i, msg in enumerate(rec["messages"]):
+                reason = add_message(b, line, msg, i)
+                if reason:
+                    ctx.report.skip_item(i, reason)
+            b.finish()
+            return None
+        if "role" in rec:
+            if single is None:
+                single = SessionBuilder(ctx, ctx.path.stem)
+            return add_message(single, line, rec, line)
+        return "not_a_message"
+
+    yield from run_records(ctx, iter_jsonl(ctx), handle)
+    if single is not None:
+        single.finish()
+    yield from ctx.drain()
+
+
+def read_message_list(ctx: ReaderContext, session_id: str, msgs: list[Any]) -> Iterator[TraceState]:
+    """Feed an in-memory list of OpenAI messages (items numbered from 1) to one session."""
+    if not msgs:
+        return
+    ctx.item_index = True
+    b = SessionBuilder(ctx, session_id)
+    for i, msg in enumerate(msgs, start=1):
+        try:
+            reason = add_message(b, i, msg, i)
+        except Exception as exc:  # noqa: BLE001
+            reason = f"reader_error:{type(exc).__name__}"
+        if reason:
+            ctx.report.skip_item(i, reason)
+        if ctx.out:
+            yield from ctx.drain()
+    b.finish()
+    yield from ctx.drain()
+
+
+def parts_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    parts = []
+    for p in as_list(content):
+        if isinstance(p, str):
+            parts.append(p)
+            continue
+        p = as_dict(p)
+        ptype = as_str(p.get("type"))
+        if ptype in ("text", "input_text", "output_text"):
+            parts.append(as_str(p.get("text")))
+        elif "image" in ptype:
+            parts.append("[image]")
+        elif ptype:
+            parts.append(f"[{ptype} part]")
+    return "\n".join(parts)
+
+
+def add_message(b: SessionBuilder, line: int, msg: Any, index: int) -> str | None:
+    """Add one OpenAI-format message to a session; returns a skip reason or None."""
+    if not isinstance(msg, dict):
+        return "message_not_an_object"
+    role = msg.get("role")
+    text = parts_text(msg.get("content"))
+    if role in ("system", "developer"):
+        b.system(text)
+    elif role == "user":
+        b.user(text)
+    elif role == "assistant":
+        calls = []
+        for j, tc in enumerate(as_list(msg.get("tool_calls"))):
+            tc = as_dict(tc)
+            fn = as_dict(tc.get("function"))
+            call_id = as_str(tc.get("id")) or f"call_synth_{index}_{j}"
+            name = as_str(fn.get("name")) or as_str(tc.get("name")) or "<unnamed>"
+            calls.append(make_tool_call(call_id, name, dumps_str(fn.get("arguments", ""))))
+        thinking = ""
+        for key in ("reasoning_content", "reasoning", "thinking"):
+            if isinstance(msg.get(key), str):
+                thinking = msg[key]
+                break
+        b.assistant(line, text, calls, thinking, model=as_str(msg.get("model")) or None)
+    elif role in ("tool", "function"):
+        ids = as_list(msg.get("tool_call_ids"))
+        call_id = as_str(msg.get("tool_call_id")) or (as_str(ids[0]) if ids else "")
+        b.tool_result(call_id, text, line)
+    else:
+        return "unknown_role"
+    return None

@@ -1,0 +1,278 @@
+"""Secret redaction applied to every string before a TraceState exists.
+
+Two layers:
+
+1. Our own typed patterns (``PATTERNS``) for what the detector library lacks or under-matches:
+   current OpenAI / Anthropic / OpenRouter / Hugging Face / Google API keys, AWS secret keys next
+   to an ``aws`` name, whole PEM private-key blocks, full three-part JWTs, passwords in URLs,
+   ``.env``-style ``NAME=value`` lines whose name looks secret, and quoted ``"api_key": "..."``
+   assignments.
+2. Yelp's detect-secrets plugins (https://github.com/Yelp/detect-secrets) via their
+   ``analyze_string`` (regex denylists only; no network verification) for AWS access keys,
+   GitHub, GitLab, Slack, OpenAI legacy, Stripe, SendGrid, PyPI and basic-auth URLs. Whatever
+   they find that layer 1 left is replaced too.
+
+Each detector has cheap literal triggers; its regex only runs on strings containing a trigger,
+which keeps redaction near memchr speed on ordinary text. Replacements are typed placeholders:
+``<REDACTED:aws_access_key>``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+PLACEHOLDER = "<REDACTED:{}>"
+
+_ENV_NAME = (
+    r"[A-Z0-9_]*(?:SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|"
+    r"CREDENTIALS?|AUTH_?KEY|CLIENT_?SECRET)[A-Z0-9_]*"
+)
+_VALUE_CHARS = r"[A-Za-z0-9_\-./+=:@!$%^&*~,]"
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A typed secret regex. ``group`` is the capture group to replace (0 = whole match);
+    ``triggers`` are substrings one of which must occur (``lower`` = checked on lowercased text)."""
+
+    kind: str
+    regex: re.Pattern[str]
+    triggers: tuple[str, ...]
+    group: int = 0
+    lower: bool = False
+
+
+def _p(kind: str, rx: str, triggers: tuple[str, ...], group: int = 0, flags: int = 0, lower=False):
+    return Pattern(kind, re.compile(rx, flags), triggers, group, lower)
+
+
+# Order matters: specific provider keys before the generic OpenAI ``sk-`` shape.
+PATTERNS: tuple[Pattern, ...] = (
+    _p(
+        "private_key",
+        r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?(?:-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)",
+        ("PRIVATE KEY",),
+    ),
+    _p("anthropic_api_key", r"sk-ant-[A-Za-z0-9]{2,8}\d{0,2}-[A-Za-z0-9_\-]{20,}", ("sk-ant-",)),
+    _p("openrouter_api_key", r"sk-or-v1-[0-9a-fA-F]{32,}", ("sk-or-",)),
+    _p(
+        "openai_api_key",
+        r"(?<![A-Za-z0-9_\-])sk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{20,}",
+        ("sk-",),
+    ),
+    _p("huggingface_token", r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}", ("hf_",)),
+    _p("google_api_key", r"AIza[0-9A-Za-z_\-]{35}", ("AIza",)),
+    _p(
+        "aws_access_key",
+        r"(?<![A-Z0-9])(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z0-9]{16}(?![A-Z0-9])",
+        ("AKIA", "ASIA", "ABIA", "ACCA", "A3T"),
+    ),
+    _p(
+        "aws_secret_key",
+        r"aws.{0,24}?(?:secret|key|token).{0,24}?[=:]\s*[\"']?([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])",
+        ("aws",),
+        group=1,
+        flags=re.IGNORECASE,
+        lower=True,
+    ),
+    _p(
+        "github_token",
+        r"(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}",
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+    ),
+    _p("github_token", r"github_pat_[A-Za-z0-9_]{40,}", ("github_pat_",)),
+    _p(
+        "gitlab_token",
+        r"(?:glpat|gldt|glft|glsoat|glrt|glcbt|glptt|gloas|glimt|glagent)-[A-Za-z0-9_\-]{20,}",
+        (
+            "glpat-",
+            "gldt-",
+            "glft-",
+            "glsoat-",
+            "glrt-",
+            "glcbt-",
+            "glptt-",
+            "gloas-",
+            "glimt-",
+            "glagent-",
+        ),
+    ),
+    _p("slack_token", r"xox[abposre]-[A-Za-z0-9\-]{10,}", ("xox",)),
+    _p(
+        "slack_webhook",
+        r"https://hooks\.slack\.com/services/[A-Za-z0-9_/]+",
+        ("hooks.slack.com",),
+    ),
+    _p(
+        "jwt",
+        r"eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
+        ("eyJ",),
+    ),
+    _p(
+        "url_password",
+        r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@\"'<>]+:([^\s@/\"'<>]+)@",
+        ("://",),
+        group=1,
+    ),
+    _p(
+        "env_secret",
+        # line start, after a literal "\n" (JSON-escaped text), or after a shell separator
+        r"(?m)(?:^|(?<=\\n)|(?<=[\s;&(]))(?:export[ \t]+)?"
+        + _ENV_NAME
+        + r"[ \t]*=[ \t]*[\"']?("
+        + _VALUE_CHARS
+        + r"{6,})",
+        ("SECRET", "TOKEN", "PASSW", "KEY", "CREDENTIAL"),
+        group=1,
+    ),
+    _p(
+        "secret_assignment",
+        # starts at the keyword (no leading [\w]* scan): linear, fast on ordinary prose
+        r"(?:api[_\-]?key|secret[_\-]?key|client[_\-]?secret|password|passwd|"
+        r"access[_\-]?token|auth[_\-]?token)[\"']?\s*[:=]\s*[\"'](" + _VALUE_CHARS + r"{8,})[\"']",
+        (
+            "api_key",
+            "api-key",
+            "apikey",
+            "secret_key",
+            "secret-key",
+            "secretkey",
+            "client_secret",
+            "client-secret",
+            "clientsecret",
+            "password",
+            "passwd",
+            "access_token",
+            "access-token",
+            "accesstoken",
+            "auth_token",
+            "auth-token",
+            "authtoken",
+        ),  # fmt: skip
+        group=1,
+        flags=re.IGNORECASE,
+        lower=True,
+    ),
+)
+
+# detect-secrets plugin class name -> (our kind, triggers)
+_DETECT_SECRETS_PLUGINS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "AWSKeyDetector": ("aws", "aws_access_key", ("AKIA", "ASIA", "ABIA", "ACCA", "A3T")),
+    "GitHubTokenDetector": (
+        "github_token",
+        "github_token",
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+    ),
+    "GitLabTokenDetector": ("gitlab_token", "gitlab_token", ("gl", "GR1348941")),
+    "SlackDetector": ("slack", "slack_token", ("xox", "hooks.slack.com")),
+    "OpenAIDetector": ("openai", "openai_api_key", ("T3BlbkFJ",)),
+    "StripeDetector": ("stripe", "stripe_key", ("k_live_",)),
+    "SendGridDetector": ("sendgrid", "sendgrid_key", ("SG.",)),
+    "PypiTokenDetector": ("pypi_token", "pypi_token", ("pypi-",)),
+    "BasicAuthDetector": ("basic_auth", "url_password", ("://",)),
+}
+
+
+def _load_library_detectors() -> list[tuple[str, tuple[str, ...], Callable]]:
+    """(kind, triggers, analyze_string) for each detect-secrets plugin we use; [] if absent."""
+    try:
+        import importlib
+
+        out = []
+        for cls_name, (module, kind, triggers) in _DETECT_SECRETS_PLUGINS.items():
+            mod = importlib.import_module(f"detect_secrets.plugins.{module}")
+            out.append((kind, triggers, getattr(mod, cls_name)().analyze_string))
+        return out
+    except ImportError:  # pragma: no cover - detect-secrets is a core dependency
+        return []
+
+
+class Redactor:
+    """Replaces secrets in strings by typed placeholders and counts them by type.
+
+    ``redact(text)`` is pure in its output; ``counts`` accumulates over calls.
+    """
+
+    def __init__(self, use_library: bool = True) -> None:
+        self.counts: Counter[str] = Counter()
+        self._library = _load_library_detectors() if use_library else []
+        self.uses_library = bool(self._library)
+        self._index_triggers()
+
+    def redact(self, text: str) -> str:
+        if len(text) < 8:
+            return text
+        todo = self._triggered(text)
+        if not todo:
+            return text
+        for i in sorted(todo):
+            if i < len(PATTERNS):
+                text = self._sub(PATTERNS[i], text)
+            else:
+                kind, _triggers, analyze = self._library[i - len(PATTERNS)]
+                text = self._replace_found(kind, text, analyze)
+        return text
+
+    def _triggered(self, text: str) -> set[int]:
+        """Indexes of detectors (patterns, then library plugins) whose trigger occurs."""
+        todo: set[int] = set()
+        for trigger, idx in self._case_triggers:
+            if trigger in text:
+                todo.update(idx)
+        if self._lower_triggers:
+            low = text.lower()
+            for trigger, idx in self._lower_triggers:
+                if trigger in low:
+                    todo.update(idx)
+        return todo
+
+    def _index_triggers(self) -> None:
+        case: dict[str, list[int]] = {}
+        lower: dict[str, list[int]] = {}
+        for i, pat in enumerate(PATTERNS):
+            for t in pat.triggers:
+                (lower if pat.lower else case).setdefault(t, []).append(i)
+        for j, (_kind, triggers, _fn) in enumerate(self._library):
+            for t in triggers:
+                case.setdefault(t, []).append(len(PATTERNS) + j)
+        self._case_triggers = tuple((t, tuple(v)) for t, v in case.items())
+        self._lower_triggers = tuple((t, tuple(v)) for t, v in lower.items())
+
+    def _sub(self, pat: Pattern, text: str) -> str:
+        placeholder = PLACEHOLDER.format(pat.kind)
+        hits = 0
+
+        def repl(m: re.Match[str]) -> str:
+            nonlocal hits
+            if pat.group == 0:
+                hits += 1
+                return placeholder
+            val = m.group(pat.group)
+            if val.startswith("<REDACTED:"):
+                return m.group(0)
+            hits += 1
+            start, end = m.span(pat.group)
+            base = m.start(0)
+            whole = m.group(0)
+            return whole[: start - base] + placeholder + whole[end - base :]
+
+        new = pat.regex.sub(repl, text)
+        if not hits:
+            return text
+        self.counts[pat.kind] += hits
+        return new
+
+    def _replace_found(self, kind: str, text: str, analyze: Callable) -> str:
+        try:
+            found = {s for s in analyze(text) if isinstance(s, str) and len(s) >= 8}
+        except Exception:  # a library bug must not crash ingestion; our patterns still ran
+            return text
+        for secret in sorted(found, key=len, reverse=True):
+            if "<REDACTED:" in secret or secret not in text:
+                continue
+            self.counts[kind] += text.count(secret)
+            text = text.replace(secret, PLACEHOLDER.format(kind))
+        return text

@@ -1,0 +1,130 @@
+"""`TraceState`: one decision point of a recorded agent session, ready for teacher replay.
+
+A state is "everything the agent had seen" (``prefix``, OpenAI chat-completions messages) plus
+"what the agent did next" (``action``). Teacher replay sends ``prefix`` as-is to a teacher and
+compares the teacher's answer with ``action``.
+
+Message shapes in ``prefix`` (OpenAI chat format, https://platform.openai.com/docs/api-reference/chat):
+
+- ``{"role": "system" | "user", "content": str}``
+- ``{"role": "assistant", "content": str, "tool_calls": [ToolCall, ...]}`` (``tool_calls`` only
+  when non-empty); a ToolCall is ``{"id": str, "type": "function",
+  "function": {"name": str, "arguments": str}}`` with ``arguments`` a JSON string
+- ``{"role": "tool", "tool_call_id": str, "content": str}``
+
+Thinking / reasoning text is never part of ``prefix``; it stays on ``Action.thinking`` of the
+step that produced it. All text has been through redaction before a state is created.
+
+The schema is versioned (``SCHEMA_VERSION``); field names are stable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+SCHEMA_VERSION = 1
+
+Message = dict[str, Any]
+
+
+@dataclass(slots=True)
+class Action:
+    """What the agent produced at one step: visible text, tool calls, and hidden thinking."""
+
+    text: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    thinking: str = ""
+
+    def as_message(self) -> Message:
+        """The assistant message this action adds to the conversation (thinking excluded)."""
+        msg: Message = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            msg["tool_calls"] = self.tool_calls
+        return msg
+
+    def is_empty(self) -> bool:
+        return not (self.text or self.tool_calls or self.thinking)
+
+
+@dataclass(slots=True)
+class StateMeta:
+    """Where a state came from.
+
+    ``line`` is the 1-based line in ``file`` of the record that started the action (for whole-file
+    JSON formats, the 1-based index of the item inside the document, flagged by
+    ``line_is_item_index``). ``segment`` increments whenever the live context is rebuilt inside a
+    session (compaction, or a rewind to an earlier message); within one segment the prefix only
+    grows. ``subagent_id`` is set for sidechain / sub-agent sessions.
+    """
+
+    source_format: str
+    file: str
+    line: int
+    model: str | None = None
+    timestamp: str | None = None
+    subagent_id: str | None = None
+    is_sidechain: bool = False
+    after_compaction: bool = False
+    segment: int = 0
+    line_is_item_index: bool = False
+
+
+@dataclass(slots=True)
+class TraceState:
+    """One replayable step of an agent session. See the module docstring for message shapes."""
+
+    state_id: str
+    session_id: str
+    step: int
+    prefix: list[Message]
+    action: Action
+    meta: StateMeta
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> bytes:
+        """Serialize to one JSON document (bytes, no trailing newline)."""
+        return orjson.dumps(self)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> TraceState:
+        """Inverse of `to_json`. Raises ValueError naming the missing/invalid field."""
+        obj = orjson.loads(data)
+        if not isinstance(obj, dict):
+            raise ValueError("TraceState JSON must be an object")
+        try:
+            return cls(
+                state_id=obj["state_id"],
+                session_id=obj["session_id"],
+                step=obj["step"],
+                prefix=obj["prefix"],
+                action=Action(**obj["action"]),
+                meta=StateMeta(**obj["meta"]),
+                schema_version=obj.get("schema_version", SCHEMA_VERSION),
+            )
+        except KeyError as exc:
+            raise ValueError(f"TraceState JSON is missing field {exc.args[0]!r}") from exc
+        except TypeError as exc:
+            raise ValueError(f"TraceState JSON has an invalid field: {exc}") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def message_digest(prev: bytes, message: Message) -> bytes:
+    """Chain hash: digest of (previous digest, this message). A prefix's digest is the fold over
+    its messages, so it is computed once per message, not once per state."""
+    return hashlib.blake2b(prev + orjson.dumps(message), digest_size=16).digest()
+
+
+def compute_state_id(session_id: str, step: int, prefix_digest: bytes, action: Action) -> str:
+    """Stable content hash of (session, step, prefix, action): same input bytes, same id."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(session_id.encode("utf-8", "surrogatepass"))
+    h.update(b"\x00%d\x00" % step)
+    h.update(prefix_digest)
+    h.update(orjson.dumps(action))
+    return h.hexdigest()

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from composer_replication.traces.schema import (
+    Action,
+    StateMeta,
+    TraceState,
+    compute_state_id,
+    message_digest,
+)
+
+
+def _state() -> TraceState:
+    prefix = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
+    ]
+    digest = b""
+    for m in prefix:
+        digest = message_digest(digest, m)
+    action = Action(text="done", thinking="secret plan")
+    return TraceState(
+        state_id=compute_state_id("s", 1, digest, action),
+        session_id="s",
+        step=1,
+        prefix=prefix,
+        action=action,
+        meta=StateMeta(source_format="claude_code", file="f.jsonl", line=3, model="m"),
+    )
+
+
+def test_round_trip_is_exact() -> None:
+    s = _state()
+    back = TraceState.from_json(s.to_json())
+    assert back == s
+    assert back.to_json() == s.to_json()
+
+
+def test_action_message_excludes_thinking() -> None:
+    msg = _state().action.as_message()
+    assert msg == {"role": "assistant", "content": "done"}
+
+
+def test_state_id_depends_on_content() -> None:
+    a = Action(text="x")
+    base = compute_state_id("s", 0, b"", a)
+    assert base == compute_state_id("s", 0, b"", Action(text="x"))
+    assert base != compute_state_id("s", 0, b"", Action(text="y"))
+    assert base != compute_state_id("s", 1, b"", a)
+    assert base != compute_state_id("t", 0, b"", a)
+    assert base != compute_state_id("s", 0, message_digest(b"", {"role": "user"}), a)
+
+
+def test_from_json_names_missing_field() -> None:
+    d = orjson.loads(_state().to_json())
+    del d["prefix"]
+    with pytest.raises(ValueError, match="prefix"):
+        TraceState.from_json(orjson.dumps(d))
+    with pytest.raises(ValueError, match="object"):
+        TraceState.from_json(b"[1]")
