@@ -32,10 +32,12 @@ def _fail(message: str, code: int = 2) -> None:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def train(
     overrides: Annotated[
-        list[str] | None, typer.Argument(help="key=value overrides, e.g. max_steps=2 optim.learning_rate=1e-5")
+        list[str] | None,
+        typer.Argument(help="key=value overrides, e.g. max_steps=2 optim.learning_rate=1e-5"),
     ] = None,
     config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="YAML run config (default: configs/quickstart.yaml)")
+        Path | None,
+        typer.Option("--config", "-c", help="YAML run config (default: configs/quickstart.yaml)"),
     ] = None,
 ) -> None:
     """Train with GRPO (+ channels) on an embedded task; evaluate base and trained model."""
@@ -97,11 +99,15 @@ def _print_train_summary(summary) -> None:
 
 @app.command("eval")
 def eval_cmd(
-    model: Annotated[str, typer.Option("--model", help="hub id, local dir, .gguf, or embedded:NAME")],
+    model: Annotated[
+        str, typer.Option("--model", help="hub id, local dir, .gguf, or embedded:NAME")
+    ],
     env: Annotated[str, typer.Option("--env", help="arithmetic or humaneval")] = "arithmetic",
     split: Annotated[str, typer.Option("--split", help="train or heldout")] = "heldout",
     n: Annotated[int, typer.Option("--n", min=1, help="number of problems")] = 200,
-    levels: Annotated[str, typer.Option("--levels", help="arithmetic levels, comma-separated")] = "1,2",
+    levels: Annotated[
+        str, typer.Option("--levels", help="arithmetic levels, comma-separated")
+    ] = "1,2",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 16,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
     show: Annotated[int, typer.Option("--show", min=0, help="print this many completions")] = 5,
@@ -127,6 +133,15 @@ def eval_cmd(
         console.print(f"[{'green' if ok else 'red'}]{tid}[/] {comp!r}")
     s = res.summary()
     console.print(f"{model} on {env}/{split}: n={s['n']}  pass@1 {_fmt_eval(s)}")
+
+
+def _register_subcommands() -> None:
+    from composer_replication.cli_ingest import ingest_command
+
+    app.command("ingest")(ingest_command)
+
+
+_register_subcommands()
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -98,8 +98,9 @@ def select_tasks(env: Environment, split: str, n: int) -> list[Task]:
     return env.tasks(split)[:n]
 
 
-def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
-                    progress=None) -> list[str]:
+def generate_greedy(
+    model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int, progress=None
+) -> list[str]:
     """Greedy completions for chat prompts, batched with left padding."""
     import torch
 
@@ -129,8 +130,16 @@ def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, b
     return completions
 
 
-def evaluate(model, tokenizer, env: Environment, split: str = "heldout", n: int = 200,
-             max_new_tokens: int = 16, batch_size: int = 32, progress=None) -> EvalResult:
+def evaluate(
+    model,
+    tokenizer,
+    env: Environment,
+    split: str = "heldout",
+    n: int = 200,
+    max_new_tokens: int = 16,
+    batch_size: int = 32,
+    progress=None,
+) -> EvalResult:
     """Greedy pass@1 and mean reward of ``model`` on the first ``n`` tasks of ``split``."""
     tasks = select_tasks(env, split, n)
     completions = generate_greedy(

@@ -57,9 +57,7 @@ def cache_dir() -> Path:
 def embedded_gguf_path(name: str) -> Path:
     """Path of the GGUF file of an embedded model, or a ModelLoadError saying how to install it."""
     if name not in EMBEDDED_MODELS:
-        raise ModelLoadError(
-            f"unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}"
-        )
+        raise ModelLoadError(f"unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}")
     spec = EMBEDDED_MODELS[name]
     found = importlib.util.find_spec(spec.package)
     if found is None or not found.submodule_search_locations:

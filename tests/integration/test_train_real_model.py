@@ -31,8 +31,15 @@ def test_cli_quickstart_two_steps(tmp_path):
     """`composer-replication train --config configs/quickstart.yaml max_steps=2` end to end."""
     out = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "composer_replication.cli", "train",
-        "--config", str(REPO / "configs" / "quickstart.yaml"), "max_steps=2", f"output_dir={out}", "eval.n=24",
+        sys.executable,
+        "-m",
+        "composer_replication.cli",
+        "train",
+        "--config",
+        str(REPO / "configs" / "quickstart.yaml"),
+        "max_steps=2",
+        f"output_dir={out}",
+        "eval.n=24",
         *SMALL,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -53,8 +60,12 @@ def test_resume_continues_like_an_uninterrupted_run(tmp_path):
     run_training(full)
     resumed = load_config(
         None,
-        [*common, "max_steps=3", f"output_dir={tmp_path / 'resumed'}",
-         f"resume_from={tmp_path / 'full' / 'checkpoint-2'}"],
+        [
+            *common,
+            "max_steps=3",
+            f"output_dir={tmp_path / 'resumed'}",
+            f"resume_from={tmp_path / 'full' / 'checkpoint-2'}",
+        ],
     )
     run_training(resumed)
     a = read_metrics(tmp_path / "full" / "metrics.jsonl")

@@ -25,7 +25,9 @@ def test_mean_interval_hand_worked():
 
 
 def _result(passed):
-    return EvalResult("e", "heldout", [str(i) for i in range(len(passed))], passed, [float(p) for p in passed])
+    return EvalResult(
+        "e", "heldout", [str(i) for i in range(len(passed))], passed, [float(p) for p in passed]
+    )
 
 
 def test_paired_difference():

@@ -38,9 +38,7 @@ def build_program(prompt: str, completion: str, test: str, entry_point: str) -> 
     body = fenced.group(1) if fenced else completion
     if re.search(rf"^\s*def {re.escape(entry_point)}\s*\(", body, re.MULTILINE):
         # the reply restates the function: keep the prompt's imports, then the reply
-        imports = "\n".join(
-            ln for ln in prompt.splitlines() if ln.startswith(("import ", "from "))
-        )
+        imports = "\n".join(ln for ln in prompt.splitlines() if ln.startswith(("import ", "from ")))
         code = imports + "\n" + body
     else:
         code = prompt + body
@@ -58,7 +56,9 @@ def failure_feedback(stderr: str, timed_out: bool, timeout_s: float) -> str:
     if last.startswith("AssertionError"):
         asserts = [ln.strip() for ln in lines if ln.strip().startswith("assert ")]
         if asserts:
-            return f"failing test: {asserts[-1]}" + (f" ({last})" if last != "AssertionError" else "")
+            return f"failing test: {asserts[-1]}" + (
+                f" ({last})" if last != "AssertionError" else ""
+            )
     return last
 
 

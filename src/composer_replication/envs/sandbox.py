@@ -32,7 +32,7 @@ from pathlib import Path
 CLONE_NEWNET = 0x40000000
 NOBODY = 65534
 
-_GUARD = r'''
+_GUARD = r"""
 import os, sys
 _ROOT = os.path.realpath(sys.argv[1])
 def _inside(p):
@@ -67,7 +67,7 @@ _code_path = os.path.join(_ROOT, "main.py")
 sys.argv = [_code_path]
 _src = open(_code_path).read()
 exec(compile(_src, _code_path, "exec"), {"__name__": "__main__", "__file__": _code_path})
-'''
+"""
 
 
 @dataclass(frozen=True)

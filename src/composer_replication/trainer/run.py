@@ -99,7 +99,10 @@ def build_env(cfg: RunConfig):
     if e.name == "arithmetic":
         return get_env("arithmetic", levels=e.levels, heldout_fraction=e.heldout_fraction)
     return get_env(
-        "humaneval", heldout_fraction=e.heldout_fraction, timeout_s=e.timeout_s, memory_mb=e.memory_mb
+        "humaneval",
+        heldout_fraction=e.heldout_fraction,
+        timeout_s=e.timeout_s,
+        memory_mb=e.memory_mb,
     )
 
 
@@ -178,10 +181,18 @@ def run_training(cfg: RunConfig, console=None) -> RunSummary:
     resume = resolve_resume(cfg)
 
     def _eval(tag: str):
-        with _progress(console, f"eval {tag}", min(cfg.eval.n, len(env.tasks(cfg.eval.split)))) as adv:
+        with _progress(
+            console, f"eval {tag}", min(cfg.eval.n, len(env.tasks(cfg.eval.split)))
+        ) as adv:
             return evaluate(
-                model, tokenizer, env, cfg.eval.split, cfg.eval.n,
-                cfg.eval.max_new_tokens, cfg.eval.batch_size, progress=adv,
+                model,
+                tokenizer,
+                env,
+                cfg.eval.split,
+                cfg.eval.n,
+                cfg.eval.max_new_tokens,
+                cfg.eval.batch_size,
+                progress=adv,
             )
 
     base = _eval("base") if cfg.eval.before_and_after and resume is None else None
@@ -231,7 +242,10 @@ class _progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         self.bar = Progress(
-            TextColumn(f"[bold]{self.label}"), BarColumn(), MofNCompleteColumn(), console=self.console
+            TextColumn(f"[bold]{self.label}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=self.console,
         )
         self.bar.start()
         task = self.bar.add_task(self.label, total=self.total)

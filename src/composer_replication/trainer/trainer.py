@@ -116,8 +116,7 @@ def informative_groups(advantages_B: torch.Tensor, group_size: int, tol: float =
 def _cycle_shuffled(dataset, seed: int) -> Iterator[dict[str, Any]]:
     epoch = 0
     while True:
-        for row in dataset.shuffle(seed=seed + epoch):
-            yield row
+        yield from dataset.shuffle(seed=seed + epoch)
         epoch += 1
 
 

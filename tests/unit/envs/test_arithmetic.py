@@ -16,7 +16,11 @@ def test_splits_are_disjoint_and_cover_every_problem():
 
 def test_split_does_not_depend_on_which_levels_are_mixed():
     a = {t.task_id for t in ArithmeticEnv(levels=[1]).tasks("heldout")}
-    b = {t.task_id for t in ArithmeticEnv(levels=[1, 2]).tasks("heldout") if t.task_id.startswith("L1")}
+    b = {
+        t.task_id
+        for t in ArithmeticEnv(levels=[1, 2]).tasks("heldout")
+        if t.task_id.startswith("L1")
+    }
     assert a == b
 
 
@@ -34,8 +38,15 @@ def test_answers_are_right():
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("19", 19), ("12 + 7 = 19", 19), ("12 + 7 = 9\n\n3 + 4 = 7", 9), ("The answer is 19.", 19),
-     ("no digits", None), ("-3", -3), ("2+3=", 2)],
+    [
+        ("19", 19),
+        ("12 + 7 = 19", 19),
+        ("12 + 7 = 9\n\n3 + 4 = 7", 9),
+        ("The answer is 19.", 19),
+        ("no digits", None),
+        ("-3", -3),
+        ("2+3=", 2),
+    ],
 )
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
@@ -43,8 +54,14 @@ def test_extract_answer(text, expected):
 
 @pytest.mark.parametrize(
     "reply, reward, passed",
-    [("19", 1.0, True), (" 19. ", 1.0, True), ("12 + 7 = 19", 0.5, True), ("8", 0.1, False),
-     ("12 + 7 = 8", 0.0, False), ("I don't know", 0.0, False)],
+    [
+        ("19", 1.0, True),
+        (" 19. ", 1.0, True),
+        ("12 + 7 = 19", 0.5, True),
+        ("8", 0.1, False),
+        ("12 + 7 = 8", 0.0, False),
+        ("I don't know", 0.0, False),
+    ],
 )
 def test_shaped_reward(reply, reward, passed):
     r = grade_answer(reply, 19)

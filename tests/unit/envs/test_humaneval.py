@@ -59,7 +59,9 @@ def test_infinite_loop_completion_times_out():
 
 
 def test_program_assembly_and_feedback():
-    prog = build_program("def f(x):\n", "    return x\n", "def check(c):\n    assert c(1) == 1\n", "f")
+    prog = build_program(
+        "def f(x):\n", "    return x\n", "def check(c):\n    assert c(1) == 1\n", "f"
+    )
     assert prog.endswith("check(f)\n") and "return x" in prog
     assert failure_feedback("", True, 2.0).startswith("timed out")
     assert failure_feedback("Traceback\nNameError: name 'y' is not defined\n", False, 1) == (

@@ -75,11 +75,17 @@ def test_weights_zero_is_bit_identical_to_grpo(tmp_path, tokenizer, tiny_model):
     ours_model = tiny_model
     peer_model = copy.deepcopy(tiny_model)
     ours = ComposerReplicationTrainer(
-        model=ours_model, reward_funcs=[EnvReward(env)], args=args, train_dataset=ds,
+        model=ours_model,
+        reward_funcs=[EnvReward(env)],
+        args=args,
+        train_dataset=ds,
         processing_class=tokenizer,
     )
     peer = GRPOTrainer(
-        model=peer_model, reward_funcs=[EnvReward(env)], args=args, train_dataset=ds,
+        model=peer_model,
+        reward_funcs=[EnvReward(env)],
+        args=args,
+        train_dataset=ds,
         processing_class=tokenizer,
     )
     inputs = _batch(len(tokenizer))
@@ -96,8 +102,12 @@ def test_channels_refuse_nonzero_weights_until_wired(tmp_path, tokenizer, tiny_m
     ds = build_prompt_dataset(env, "train", 8, 0, conversational=True)
     with pytest.raises(NotImplementedError, match="alpha_sdpo"):
         ComposerReplicationTrainer(
-            model=tiny_model, reward_funcs=[EnvReward(env)], args=build_grpo_args(_cfg(tmp_path)),
-            train_dataset=ds, processing_class=tokenizer, alpha_sdpo=0.1,
+            model=tiny_model,
+            reward_funcs=[EnvReward(env)],
+            args=build_grpo_args(_cfg(tmp_path)),
+            train_dataset=ds,
+            processing_class=tokenizer,
+            alpha_sdpo=0.1,
         )
 
 
@@ -123,7 +133,9 @@ def test_merge_groups_repads_and_recounts():
 def test_dynamic_sampling_refills_tied_groups(tmp_path, tokenizer, tiny_model):
     """A scripted reward makes every group of the first round tie (all 0) and alternates 0/1 in
     the refill round: the step must refill once and keep only informative groups."""
-    cfg = _cfg(tmp_path, "grpo.dynamic_sampling.enabled=true", "grpo.dynamic_sampling.max_refills=2")
+    cfg = _cfg(
+        tmp_path, "grpo.dynamic_sampling.enabled=true", "grpo.dynamic_sampling.max_refills=2"
+    )
     env = get_env("arithmetic", levels=[1])
     trainer = build_trainer(cfg, tiny_model, tokenizer, env)
     calls = []
@@ -151,7 +163,9 @@ def test_metrics_callback_truncates_on_resume(tmp_path):
     import orjson
 
     path = tmp_path / "metrics.jsonl"
-    path.write_bytes(b"".join(orjson.dumps({"step": s, "reward": s / 10}) + b"\n" for s in (1, 2, 3)))
+    path.write_bytes(
+        b"".join(orjson.dumps({"step": s, "reward": s / 10}) + b"\n" for s in (1, 2, 3))
+    )
     cb = MetricsJsonlCallback(tmp_path)
 
     class State:
