@@ -45,13 +45,16 @@ TeacherLogitsFn = Callable[[Tensor], Tensor]
 """Maps a LongTensor of row ids (into the flattened ``[N, ...]`` inputs) to teacher logits
 ``[len(ids), V]``. Called under ``torch.no_grad``."""
 
-_BUFFER_ELEMENTS = 4 * 1024 * 1024  # target size of one [chunk, V] fp32 buffer (16 MB)
+_MAX_BUFFER_ELEMENTS = 32 * 1024 * 1024  # cap of one [chunk, V] fp32 buffer (128 MB)
+_CACHE_ELEMENTS = 256 * 1024  # rows per elementwise sub-block: 4 buffers x 1 MB stay in cache
 
 
-def default_chunk_size(vocab_size: int) -> int:
-    """Rows per chunk so one ``[chunk, V]`` fp32 buffer holds about 4M elements (16 MB)."""
-    rows = _BUFFER_ELEMENTS // max(vocab_size, 1)
-    return int(min(1024, max(8, rows // 8 * 8)))
+def default_chunk_size(vocab_size: int, n_rows: int = 2048) -> int:
+    """Rows per chunk: ``n_rows / 8`` (so the four ``[chunk, V]`` buffers stay ~1/10 of the
+    naive path's ``[T, V]`` tensors), at least 32 (small-M matmuls are slow), at most 1024 and
+    at most a 128 MB buffer; a multiple of 8."""
+    rows = min(1024, max(32, n_rows // 8), _MAX_BUFFER_ELEMENTS // max(vocab_size, 1))
+    return int(max(8, rows // 8 * 8))
 
 
 def _rowdot(a: Tensor, b: Tensor) -> Tensor:
@@ -117,6 +120,24 @@ def _chunk_grad(a: Tensor, b: Tensor, x: Tensor, y: Tensor | None, beta: float):
     return tok, a.sub_(sp_mean.unsqueeze(1)).mul_(x)
 
 
+def _elementwise(a: Tensor, b: Tensor, x: Tensor, y: Tensor | None, beta: float, rows: int):
+    """Logits -> per-token loss and gradient buffer, ``rows`` rows at a time.
+
+    The ~20 elementwise passes then run on cache-resident sub-blocks instead of streaming the
+    whole ``[chunk, V]`` buffers through memory each time (about 3-4x faster on CPU).
+    """
+    toks, g = [], None
+    for i in range(0, a.shape[0], rows):
+        j = i + rows
+        ai, bi, xi = a[i:j], b[i:j], x[i:j]
+        _log_softmax_(bi, xi, want_probs=False)
+        _log_softmax_(ai, xi, want_probs=True)
+        tok, gi = _chunk_grad(ai, bi, xi, y[i:j] if y is not None else None, beta)
+        toks.append(tok)
+        g = a if gi.data_ptr() == ai.data_ptr() else x
+    return torch.cat(toks), g
+
+
 class _FusedLinearGJSD(torch.autograd.Function):
     """Forward computes the loss *and* the gradients chunk by chunk; backward rescales them."""
 
@@ -146,6 +167,7 @@ class _FusedLinearGJSD(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float64, device=h.device)
         rows = min(chunk_size, max(n, 1))
         buf = _Buffers(rows, vocab, h, need_y=0.0 < beta < 1.0)
+        sub_rows = max(1, _CACHE_ELEMENTS // vocab)
         coef = scale / temperature * (-(1.0 - beta) if 0.0 < beta < 1.0 else 1.0)
         for start in range(0, n, rows):
             stop = min(start + rows, n)
@@ -156,9 +178,7 @@ class _FusedLinearGJSD(torch.autograd.Function):
             if temperature != 1.0:
                 a.div_(temperature)
                 b.div_(temperature)
-            _log_softmax_(b, x, want_probs=False)
-            _log_softmax_(a, x, want_probs=True)
-            tok, g = _chunk_grad(a, b, x, y, beta)
+            tok, g = _elementwise(a, b, x, y, beta, sub_rows)
             if token_clip is not None:
                 keep = tok <= token_clip
                 g.mul_(keep.unsqueeze(1).to(g.dtype))
@@ -233,7 +253,7 @@ def chunked_generalized_jsd_loss(
         reduction: ``batchmean`` (sum / kept tokens; with no mask, / ``hidden.shape[0]`` like
             TRL) or ``sum``. ``divisor`` overrides it.
         token_clip: per-token clip of each token's divergence (``token_clip_mode="token"``).
-        chunk_size: rows per chunk; default keeps each ``[chunk, V]`` buffer near 16 MB.
+        chunk_size: rows per chunk; default :func:`default_chunk_size` (kept tokens / 8, 32..1024).
 
     Returns:
         ``(loss, metrics)``: ``jsd_per_token``, ``num_tokens``.
@@ -265,7 +285,7 @@ def chunked_generalized_jsd_loss(
         n_tok = row_ids.numel()
         h = flat if n_tok == flat.shape[0] else flat.index_select(0, row_ids)
     denom = _denominator(reduction, divisor, keep, n_tok, lead)
-    chunk = chunk_size or default_chunk_size(weight_VH.shape[0])
+    chunk = chunk_size or default_chunk_size(weight_VH.shape[0], n_tok)
     if n_tok == 0:
         loss = (flat.sum() + weight_VH.sum()) * 0.0
     else:
