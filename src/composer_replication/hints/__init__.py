@@ -10,8 +10,10 @@ puts less probability than the student on a token, the student learns to avoid i
 from composer_replication.hints.build import (
     Hint,
     HintModel,
+    HintTemplates,
+    OpenAIHintModel,
     build_hints,
     insert_hint,
 )
 
-__all__ = ["Hint", "HintModel", "build_hints", "insert_hint"]
+__all__ = ["Hint", "HintModel", "HintTemplates", "OpenAIHintModel", "build_hints", "insert_hint"]

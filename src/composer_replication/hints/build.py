@@ -71,14 +71,26 @@ def build_hints(
             continue
         group = range(i - i % group_size, i - i % group_size + group_size)
         hints.append(
-            _first_hint(i, group, completion, result, completions, results, sources, tpl,
-                        prompts, hint_model, max_chars)
+            _first_hint(
+                i,
+                group,
+                completion,
+                result,
+                completions,
+                results,
+                sources,
+                tpl,
+                prompts,
+                hint_model,
+                max_chars,
+            )
         )
     return hints
 
 
-def _first_hint(i, group, completion, result, completions, results, sources, tpl, prompts,
-                hint_model, max_chars) -> Hint | None:
+def _first_hint(
+    i, group, completion, result, completions, results, sources, tpl, prompts, hint_model, max_chars
+) -> Hint | None:
     for source in sources:
         if source == "feedback" and result.feedback.strip():
             return Hint(tpl.feedback.format(feedback=result.feedback.strip())[:max_chars], source)
@@ -86,7 +98,9 @@ def _first_hint(i, group, completion, result, completions, results, sources, tpl
             winners = [j for j in group if results[j].passed]
             if winners:
                 best = max(winners, key=lambda j: results[j].reward)
-                return Hint(tpl.sibling.format(sibling=completions[best].strip())[:max_chars], source)
+                return Hint(
+                    tpl.sibling.format(sibling=completions[best].strip())[:max_chars], source
+                )
         if source == "model":
             text = hint_model(prompts[i], completion, result.feedback).strip()
             if text:
@@ -109,3 +123,52 @@ def insert_hint(messages: list[dict], hint: str) -> list[dict]:
         raise TypeError("insert_hint supports text content only")
     out[idx]["content"] = f"{content}\n\n{hint}"
     return out
+
+
+class OpenAIHintModel:
+    """A hint model behind any OpenAI-compatible endpoint (a teacher from the pool, a local
+    ``composer-replication serve``): asked for one short hint that does not give the answer.
+    The openai client's own retries (``max_retries``) are the network edge's retries."""
+
+    SYSTEM = (
+        "You help a student fix a failed attempt. Reply with one short hint (one or two "
+        "sentences) that points at the mistake. Do not give the final answer."
+    )
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str | None = None,
+        timeout_s: float = 30.0,
+        max_tokens: int = 96,
+        max_retries: int = 3,
+    ):
+        import os
+
+        from openai import OpenAI
+
+        key = os.environ.get(api_key_env, "") if api_key_env else "not-needed"
+        if api_key_env and not key:
+            raise ValueError(f"hint model: environment variable {api_key_env} is not set")
+        self.client = OpenAI(
+            base_url=base_url, api_key=key, timeout=timeout_s, max_retries=max_retries
+        )
+        self.model = model
+        self.max_tokens = max_tokens
+
+    def __call__(self, prompt: str, completion: str, feedback: str) -> str:
+        user = (
+            f"Problem:\n{prompt}\n\nFailed attempt:\n{completion}\n\n"
+            f"Verifier feedback: {feedback or '(none)'}\n\nHint:"
+        )
+        resp = self.client.chat.completions.create(
+            model=self.model,
+            messages=[
+                {"role": "system", "content": self.SYSTEM},
+                {"role": "user", "content": user},
+            ],
+            max_tokens=self.max_tokens,
+            temperature=0.0,
+        )
+        return (resp.choices[0].message.content or "").strip()

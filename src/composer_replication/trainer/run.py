@@ -106,6 +106,15 @@ def build_env(cfg: RunConfig):
     )
 
 
+def build_hint_model(cfg: RunConfig):
+    """The OpenAI-compatible hint model when hint source ``model`` is configured, else None."""
+    if cfg.alpha_sdpo <= 0 or "model" not in cfg.sdpo.hint_sources:
+        return None
+    from composer_replication.hints import OpenAIHintModel
+
+    return OpenAIHintModel(cfg.sdpo.hint_model_url, cfg.sdpo.hint_model_name)
+
+
 def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None):
     """A ComposerReplicationTrainer wired with our reward, dataset and callbacks."""
     from composer_replication.trainer.callbacks import (
@@ -135,6 +144,9 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None):
         callbacks=callbacks,
         alpha_sdpo=cfg.alpha_sdpo,
         beta_replay=cfg.beta_replay,
+        sdpo=cfg.sdpo,
+        replay=cfg.replay,
+        hint_model=build_hint_model(cfg),
         dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
         max_refills=cfg.grpo.dynamic_sampling.max_refills,
     )
