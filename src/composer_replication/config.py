@@ -233,6 +233,37 @@ class RunConfig(_Strict):
         return self
 
 
+class AblationArm(_Strict):
+    name: str = Field(min_length=1)
+    """Label of the arm in tables and plots."""
+    overrides: list[str] = Field(default_factory=list)
+    """``key=value`` overrides applied on top of the base config for this arm."""
+    trainer: Literal["composer", "trl_sdpo"] = "composer"
+    """``composer``: ComposerReplicationTrainer; ``trl_sdpo``: TRL's experimental SDPOTrainer
+    (the peer), configured from the same run config."""
+
+
+class AblationConfig(_Strict):
+    """``composer-replication ablate``: arms x seeds on one base config, held-out eval curves."""
+
+    base_config: str = "quickstart.yaml"
+    """Run config every arm starts from (a path, or a file name under configs/)."""
+    base_overrides: list[str] = Field(default_factory=list)
+    """Overrides applied to every arm (e.g. a shorter max_steps)."""
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    """Seeds; every arm runs once per seed."""
+    arms: list[AblationArm] = Field(min_length=1)
+    """The arms to compare."""
+    eval_every: int = Field(5, ge=1)
+    """Held-out evaluation every N optimizer steps (for the score-vs-step curves)."""
+    eval_n_during: int = Field(64, ge=1)
+    """Held-out problems in the periodic evaluations (the final one uses eval.n)."""
+    output_dir: str = "runs/ablation"
+    """Where each arm/seed run directory, the summary JSON and the plot go."""
+    results_md: str | None = "docs/results.md"
+    """Markdown file whose ablation section is (re)written with the table; None = skip."""
+
+
 class ConfigError(ValueError):
     """A config file or override that does not validate; the message names the key."""
 
@@ -291,6 +322,31 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_validation_error(err, str(path))) from None
+
+
+def load_ablation_config(path: str | Path, overrides: list[str] | None = None) -> AblationConfig:
+    """Load an AblationConfig from YAML plus ``key=value`` overrides."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError as err:
+        raise ConfigError(f"config file not found: {path}") from err
+    data = apply_overrides(data, overrides or [])
+    try:
+        return AblationConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, str(path))) from None
+
+
+def resolve_config_path(name: str) -> Path:
+    """A config path as given, or the file of that name under the shipped configs/."""
+    p = Path(name)
+    if p.is_file():
+        return p
+    candidate = default_config_path().parent / name
+    if candidate.is_file():
+        return candidate
+    raise ConfigError(f"config not found: {name}")
 
 
 def default_config_path() -> Path:
