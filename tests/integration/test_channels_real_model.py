@@ -14,12 +14,21 @@ pytestmark = pytest.mark.integration
 
 
 def test_sdpo_fires_on_the_real_model(tmp_path):
-    cfg = load_config(None, [
-        f"output_dir={tmp_path}", "max_steps=1", "alpha_sdpo=1.0", "env.levels=[3]",
-        "generation.num_generations=4", "generation.prompts_per_step=2",
-        "generation.max_completion_length=8", "eval.before_and_after=false", "num_threads=2",
-        "sdpo.hint_sources=[feedback]",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"output_dir={tmp_path}",
+            "max_steps=1",
+            "alpha_sdpo=1.0",
+            "env.levels=[3]",
+            "generation.num_generations=4",
+            "generation.prompts_per_step=2",
+            "generation.max_completion_length=8",
+            "eval.before_and_after=false",
+            "num_threads=2",
+            "sdpo.hint_sources=[feedback]",
+        ],
+    )
     model, tokenizer, env = prepare(cfg)
     trainer = build_trainer(cfg, model, tokenizer, env)
     trainer.train()

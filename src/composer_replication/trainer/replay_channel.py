@@ -194,6 +194,16 @@ class ReplayChannel:
             model.train(was_training)
         return torch.cat(out).cpu()
 
+    STATE_FILE = "replay_channel.json"
+
+    def save(self, checkpoint_dir: str) -> None:
+        """The pair sampler's RNG state, so a resumed run draws the same pairs."""
+        Path(checkpoint_dir, self.STATE_FILE).write_text(json.dumps(self.rng.getstate()))
+
+    def load(self, checkpoint_dir: str) -> None:
+        version, internal, gauss = json.loads(Path(checkpoint_dir, self.STATE_FILE).read_text())
+        self.rng.setstate((version, tuple(internal), gauss))
+
     def sample(self) -> list[int]:
         return [self.rng.randrange(len(self.pairs)) for _ in range(self.cfg.pairs_per_step)]
 

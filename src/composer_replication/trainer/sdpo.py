@@ -201,6 +201,25 @@ class SelfTeacher:
             divisor=divisor,
         )
 
+    STATE_FILE = "sdpo_teacher.pt"
+
+    def save(self, checkpoint_dir: str) -> None:
+        """EMA teacher weights and TAID schedule, next to the trainer's checkpoint."""
+        state = {
+            "taid": self.taid.state_dict() if self.taid else None,
+            "ema": self.frozen.state_dict() if self.cfg.teacher == "ema" else None,
+        }
+        torch.save(state, f"{checkpoint_dir}/{self.STATE_FILE}")
+
+    def load(self, checkpoint_dir: str) -> None:
+        """Restore what :meth:`save` wrote (a missing file is an error: the run would diverge)."""
+        path = f"{checkpoint_dir}/{self.STATE_FILE}"
+        state = torch.load(path, weights_only=False)
+        if self.taid is not None and state["taid"] is not None:
+            self.taid.load_state_dict(state["taid"])
+        if self.cfg.teacher == "ema":
+            self.frozen.load_state_dict(state["ema"])
+
     def after_step(self, model, sdpo_loss: float | None, global_step: int) -> None:
         """EMA update of the teacher copy, and the TAID schedule."""
         if self.cfg.teacher == "ema":

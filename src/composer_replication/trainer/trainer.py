@@ -104,6 +104,22 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.max_refills = max_refills
         self._refill_rows: Iterator[dict[str, Any]] | None = None
 
+    # ---- checkpoints carry the channels' own state ---------------------------------------
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if resume_from_checkpoint and self.self_teacher is not None:
+            self.self_teacher.load(str(resume_from_checkpoint))
+        if resume_from_checkpoint and self.replay is not None:
+            self.replay.load(str(resume_from_checkpoint))
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        ckpt = f"{self._get_output_dir(trial)}/checkpoint-{self.state.global_step}"
+        if self.self_teacher is not None:
+            self.self_teacher.save(ckpt)
+        if self.replay is not None:
+            self.replay.save(ckpt)
+
     # ---- channel composition -------------------------------------------------------------
     def _compute_loss(self, model, inputs):
         if self.self_teacher is None and self.replay is None:

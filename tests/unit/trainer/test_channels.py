@@ -163,6 +163,17 @@ def test_ema_teacher_tracks_the_policy(tmp_path, tokenizer, tiny_model):
     assert changed
     i = changed[0]
     assert torch.allclose(after[i], 0.5 * before[i] + 0.5 * live[i].detach(), atol=1e-6)
+    # the checkpoint carries the EMA teacher, and a resumed trainer gets it back
+    ckpt = tmp_path / "run" / "checkpoint-1"
+    assert (ckpt / "sdpo_teacher.pt").is_file()
+    from conftest import make_tiny_model
+
+    fresh = build_trainer(cfg, make_tiny_model(len(tokenizer), seed=5), tokenizer, build_env(cfg))
+    fresh.self_teacher.load(str(ckpt))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(fresh.self_teacher.frozen.parameters(), after, strict=True)
+    )
 
 
 def test_replay_needs_a_dataset_and_bad_lines_are_named(tmp_path):
