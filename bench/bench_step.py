@@ -30,11 +30,21 @@ def _pairs_file(tmp: Path) -> Path:
     path = tmp / "pairs.jsonl"
     with path.open("w") as fh:
         for a in range(10):
-            fh.write(json.dumps({
-                "prompt": [{"role": "user", "content": f"What is {a} + 7? Reply with only the number."}],
-                "chosen": [{"role": "assistant", "content": str(a + 7)}],
-                "rejected": [{"role": "assistant", "content": f"{a} + 7 = {a + 6}"}],
-            }) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "prompt": [
+                            {
+                                "role": "user",
+                                "content": f"What is {a} + 7? Reply with only the number.",
+                            }
+                        ],
+                        "chosen": [{"role": "assistant", "content": str(a + 7)}],
+                        "rejected": [{"role": "assistant", "content": f"{a} + 7 = {a + 6}"}],
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -44,6 +54,7 @@ def worker(variant: str, steps: int, threads: int) -> dict:
     from trl import GRPOTrainer
 
     from composer_replication.config import load_config
+    from composer_replication.trainer.data import build_prompt_dataset
     from composer_replication.trainer.run import (
         build_env,
         build_grpo_args,
@@ -51,12 +62,16 @@ def worker(variant: str, steps: int, threads: int) -> dict:
         build_trainer,
         prepare,
     )
-    from composer_replication.trainer.data import build_prompt_dataset
 
     torch.set_num_threads(threads)
     tmp = Path(tempfile.mkdtemp(prefix="bench-step-"))
-    overrides = [f"output_dir={tmp / 'run'}", f"max_steps={steps}", "eval.before_and_after=false",
-                 "save_steps=100000", f"num_threads={threads}"]
+    overrides = [
+        f"output_dir={tmp / 'run'}",
+        f"max_steps={steps}",
+        "eval.before_and_after=false",
+        "save_steps=100000",
+        f"num_threads={threads}",
+    ]
     if variant == "composer":
         overrides += ["alpha_sdpo=0.1", "beta_replay=0.05", f"replay.dataset={_pairs_file(tmp)}"]
     cfg = load_config(None, overrides)
@@ -64,9 +79,16 @@ def worker(variant: str, steps: int, threads: int) -> dict:
     if variant == "composer":
         trainer = build_trainer(cfg, model, tokenizer, env)
     else:
-        ds = build_prompt_dataset(env, "train", cfg.env.num_train, cfg.env.seed, conversational=True)
-        trainer = GRPOTrainer(model=model, reward_funcs=build_reward_funcs(cfg, build_env(cfg)),
-                              args=build_grpo_args(cfg), train_dataset=ds, processing_class=tokenizer)
+        ds = build_prompt_dataset(
+            env, "train", cfg.env.num_train, cfg.env.seed, conversational=True
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=build_reward_funcs(cfg, build_env(cfg)),
+            args=build_grpo_args(cfg),
+            train_dataset=ds,
+            processing_class=tokenizer,
+        )
 
     times: list[float] = []
 
@@ -85,7 +107,9 @@ def worker(variant: str, steps: int, threads: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
@@ -98,15 +122,26 @@ def main() -> None:
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TRL_EXPERIMENTAL_SILENCE": "1"}
     for r in range(args.rounds):
         for variant in ("grpo", "composer"):
-            cmd = [sys.executable, __file__, "--worker", variant, "--steps", str(args.steps),
-                   "--threads", str(args.threads)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                variant,
+                "--steps",
+                str(args.steps),
+                "--threads",
+                str(args.threads),
+            ]
             out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if line is None:
                 sys.exit(f"{variant} worker failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
             results[variant].append(json.loads(line[7:]))
-            print(f"round {r + 1}/{args.rounds} {variant}: "
-                  f"median step {statistics.median(results[variant][-1]['step_s']):.2f} s", flush=True)
+            print(
+                f"round {r + 1}/{args.rounds} {variant}: "
+                f"median step {statistics.median(results[variant][-1]['step_s']):.2f} s",
+                flush=True,
+            )
     med = {v: statistics.median([t for x in rs for t in x["step_s"]]) for v, rs in results.items()}
     mem = {v: statistics.median([x["peak_rss_mb"] for x in rs]) for v, rs in results.items()}
     print()
@@ -114,9 +149,11 @@ def main() -> None:
     print("| --- | --- | --- |")
     for v in ("grpo", "composer"):
         print(f"| {v} | {med[v]:.2f} | {mem[v]:.0f} |")
-    print(f"\nratio composer / grpo: time {med['composer'] / med['grpo']:.2f}x, "
-          f"peak memory {mem['composer'] / mem['grpo']:.2f}x "
-          f"({args.rounds} interleaved rounds x {args.steps} steps, first step of each run dropped)")
+    print(
+        f"\nratio composer / grpo: time {med['composer'] / med['grpo']:.2f}x, "
+        f"peak memory {mem['composer'] / mem['grpo']:.2f}x "
+        f"({args.rounds} interleaved rounds x {args.steps} steps, first step of each run dropped)"
+    )
 
 
 if __name__ == "__main__":
