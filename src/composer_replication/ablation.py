@@ -94,7 +94,8 @@ def build_trl_sdpo_trainer(cfg: RunConfig, model, tokenizer, env):
 
     grpo = build_grpo_args(cfg).to_dict()
     fields = {f.name for f in dataclasses.fields(SDPOConfig)}
-    kwargs = {k: v for k, v in grpo.items() if k in fields and k not in ("loss_type",)}
+    derived = ("loss_type", "generation_batch_size", "steps_per_generation")  # set in post-init
+    kwargs = {k: v for k, v in grpo.items() if k in fields and k not in derived}
     kwargs.update(include_environment_feedback=True, save_strategy="no")
     args = SDPOConfig(**kwargs)
     ds = build_prompt_dataset(env, "train", cfg.env.num_train, cfg.env.seed, conversational=True)
@@ -223,6 +224,7 @@ def run_ablation(acfg: AblationConfig, command: str, console=None) -> list[dict[
     if acfg.results_md:
         md = Path(acfg.results_md)
         docs_plot = md.parent / "ablation_heldout_vs_step.png"
+        docs_plot.parent.mkdir(parents=True, exist_ok=True)
         docs_plot.write_bytes(plot.read_bytes())
         write_results(
             md, markdown_table(rows, acfg, command, time.monotonic() - t0, Path(docs_plot.name))

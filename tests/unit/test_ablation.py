@@ -1,0 +1,100 @@
+"""The ablation runner end to end on a tiny random model saved to disk: every arm (ours and
+TRL's SDPOTrainer peer) trains, is evaluated on the same held-out problems, and the table,
+curves and markdown section are written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from composer_replication.ablation import run_ablation, summarize, write_results
+from composer_replication.config import load_ablation_config
+
+
+@pytest.fixture
+def tiny_dir(tmp_path, tokenizer, tiny_model):
+    path = tmp_path / "tiny"
+    tiny_model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_ablation_runs_every_arm_and_writes_results(tmp_path, tiny_dir):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(
+        json.dumps({"prompt": "What is 1 + 1?", "chosen": "2", "rejected": "3"}) + "\n"
+    )
+    cfg_path = tmp_path / "ablation.yaml"
+    cfg_path.write_text(
+        yaml.safe_dump(
+            {
+                "base_config": "quickstart.yaml",
+                "base_overrides": [
+                    f"model.name={tiny_dir}",
+                    "max_steps=2",
+                    "generation.num_generations=2",
+                    "generation.prompts_per_step=2",
+                    "generation.max_completion_length=4",
+                    "eval.n=6",
+                    "eval.max_new_tokens=4",
+                    "env.levels=[1]",
+                    "env.num_train=8",
+                ],
+                "seeds": [0],
+                "eval_every": 1,
+                "eval_n_during": 4,
+                "output_dir": str(tmp_path / "out"),
+                "results_md": str(tmp_path / "docs" / "results.md"),
+                "arms": [
+                    {"name": "grpo"},
+                    {
+                        "name": "all",
+                        "overrides": [
+                            "alpha_sdpo=0.1",
+                            "beta_replay=0.05",
+                            f"replay.dataset={pairs}",
+                        ],
+                    },
+                    {"name": "trl-sdpo", "trainer": "trl_sdpo"},
+                ],
+            }
+        )
+    )
+    acfg = load_ablation_config(cfg_path)
+    rows = run_ablation(acfg, "composer-replication ablate --config test.yaml")
+    assert [r["arm"] for r in rows] == ["grpo", "all", "trl-sdpo"]
+    assert all(r["n_heldout"] == 6 and 0.0 <= r["mean"] <= 1.0 for r in rows)
+    for arm in ("grpo", "all", "trl-sdpo"):
+        steps = [
+            json.loads(x)["step"]
+            for x in (tmp_path / "out" / arm / "seed0" / "heldout.jsonl").read_text().splitlines()
+        ]
+        assert steps == [0, 1, 2]
+    md = (tmp_path / "docs" / "results.md").read_text()
+    assert "| grpo |" in md and "| trl-sdpo |" in md
+    assert (tmp_path / "docs" / "ablation_heldout_vs_step.png").stat().st_size > 5000
+    metrics = (tmp_path / "out" / "all" / "seed0" / "metrics.jsonl").read_text()
+    assert "sdpo/active" in metrics and "replay/loss" in metrics
+
+
+def test_summary_t_interval_hand_worked():
+    """Three seeds 0.2, 0.3, 0.4: mean 0.3, sd 0.1, half-width 4.303 * 0.1 / sqrt(3) = 0.2484."""
+    results = [
+        {"arm": "a", "pass_rate": p, "n": 10, "mean_reward": 0.0, "wall_s": 1.0}
+        for p in (0.2, 0.3, 0.4)
+    ]
+    (row,) = summarize(results, ["a"])
+    assert row["mean"] == pytest.approx(0.3)
+    assert row["ci95_high"] - row["mean"] == pytest.approx(0.2484, abs=1e-4)
+
+
+def test_results_section_is_replaced_not_duplicated(tmp_path):
+    md = tmp_path / "results.md"
+    md.write_text("# Results\n\nquickstart numbers\n")
+    write_results(md, "<!-- ablation:begin -->\nA\n<!-- ablation:end -->")
+    write_results(md, "<!-- ablation:begin -->\nB\n<!-- ablation:end -->")
+    text = md.read_text()
+    assert "quickstart numbers" in text and "B" in text and "\nA\n" not in text
+    assert text.count("ablation:begin") == 1
