@@ -147,7 +147,9 @@ class Journal:
             yield _row_to_record(row)
 
     def spent_usd(self) -> float:
-        return float(self.conn.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM calls").fetchone()[0])
+        return float(
+            self.conn.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM calls").fetchone()[0]
+        )
 
     def teacher_actions(self) -> dict[str, dict[str, dict[str, Any]]]:
         """``{state_id: {teacher: assistant message}}`` over successful calls (latest params)."""
@@ -162,9 +164,7 @@ class Journal:
 
     # meta / scores ----------------------------------------------------------------------------
     def set_meta(self, key: str, value: Any) -> None:
-        self.conn.execute(
-            "INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, orjson.dumps(value))
-        )
+        self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, orjson.dumps(value)))
 
     def get_meta(self, key: str, default: Any = None) -> Any:
         row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()

@@ -73,11 +73,7 @@ class ReplayResult:
             f"budget {budget}",
             f"saved vs full replay ({self.calls_full_replay} calls): gating "
             f"{self.calls_saved_gating}, tiers {self.calls_saved_tiers}"
-            + (
-                f", ~${self.usd_saved_estimate:.6f}"
-                if self.usd_saved_estimate is not None
-                else ""
-            ),
+            + (f", ~${self.usd_saved_estimate:.6f}" if self.usd_saved_estimate is not None else ""),
         ]
         if self.budget_exhausted:
             lines.append(
@@ -312,6 +308,8 @@ def _check_unique(clients: Sequence[Teacher]) -> None:
 async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_threshold,
                   min_agreement, infer_tools, retry_failed, max_states_in_flight, progress):  # fmt: skip
     jr.add_states(states)
+    known = jr.get_meta("teachers", {})
+    jr.set_meta("teachers", {**known, **{t.spec.name: t.spec.model_dump() for t in clients}})
     ledger = BudgetLedger(budget_usd, spent_usd=jr.spent_usd())
     rp = _Replayer(
         clients, jr, ledger,
@@ -325,7 +323,9 @@ async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_t
     r.calls_full_replay = len(states) * len(clients)
     r.states_gated_out = len(states) - len(todo)
     r.calls_saved_gating = r.states_gated_out * len(clients)
-    limit = asyncio.Semaphore(max_states_in_flight or 2 * sum(t.spec.max_concurrency for t in clients))
+    limit = asyncio.Semaphore(
+        max_states_in_flight or 2 * sum(t.spec.max_concurrency for t in clients)
+    )
 
     async def one(state: TraceState) -> None:
         async with limit:
@@ -361,8 +361,12 @@ class _progress_bar:
         self.enabled = enabled
         self.bar = (
             Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), console=console, transient=False,
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=False,
             )  # fmt: skip
             if enabled
             else None

@@ -80,7 +80,9 @@ class TeacherSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check_url(self) -> TeacherSpec:
-        if self.base_url != LOCAL_BASE_URL and not self.base_url.startswith(("http://", "https://")):
+        if self.base_url != LOCAL_BASE_URL and not self.base_url.startswith(
+            ("http://", "https://")
+        ):
             raise ValueError(f"base_url must be http(s)://... or {LOCAL_BASE_URL!r}")
         return self
 

@@ -97,8 +97,11 @@ def make_app(script: Script):
                 "created": int(time.time()),
                 "model": body["model"],
                 "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": text},
-                     "finish_reason": "stop"}
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "stop",
+                    }
                 ],  # fmt: skip
                 "usage": {
                     "prompt_tokens": prompt_tokens,
@@ -169,7 +172,11 @@ def make_states(n: int, session: str = "s1", tool_every: int = 0):
             action = Action(text=f"Agent answer {i}")
         states.append(
             TraceState(
-                state_id=f"st{i:04d}", session_id=session, step=i, prefix=prefix, action=action,
+                state_id=f"st{i:04d}",
+                session_id=session,
+                step=i,
+                prefix=prefix,
+                action=action,
                 meta=StateMeta(source_format="openai_messages", file="synthetic", line=i + 1),
             )  # fmt: skip
         )

@@ -90,7 +90,9 @@ def test_spend_never_exceeds_budget_concurrency_16(scripted, tmp_path):
             )
         assert r.max_committed_usd <= budget + 1e-12
         assert r.cost_usd <= budget + 1e-12 and journal_spend <= budget + 1e-12
-        assert journal_spend == pytest.approx(recomputed) and r.cost_usd == pytest.approx(recomputed)
+        assert journal_spend == pytest.approx(recomputed) and r.cost_usd == pytest.approx(
+            recomputed
+        )
         total = r.states_completed + len(r.states_failed) + r.states_remaining
         assert total == len(states)
         if r.budget_exhausted:

@@ -121,7 +121,13 @@ def test_parse_completion_rejects_malformed():
     )
     assert ok.text == "hi" and ok.prompt_tokens == 3 and ok.completion_tokens == 2
     assert ok.tool_calls[0]["function"]["arguments"] == '{"a":1}'
-    for bad in (b'{"choices": [', b"{}", b'{"choices": []}', b"[1]", b'{"choices":[{"message":1}]}'):
+    for bad in (
+        b'{"choices": [',
+        b"{}",
+        b'{"choices": []}',
+        b"[1]",
+        b'{"choices":[{"message":1}]}',
+    ):
         with pytest.raises(TeacherError) as ei:
             parse_completion(bad)
         assert ei.value.kind == "malformed" and not ei.value.retryable
