@@ -136,6 +136,16 @@ class LocalChatModel:
         self.max_prompt_tokens = max_prompt_tokens
         self._lock = threading.Lock()
 
+    @classmethod
+    def from_objects(cls, model: Any, tokenizer: Any, max_prompt_tokens: int = 2048):
+        """Wrap an already loaded model and tokenizer (tests, benchmarks)."""
+        self = cls.__new__(cls)
+        self.model_ref = getattr(model.config, "_name_or_path", "model")
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.max_prompt_tokens = max_prompt_tokens
+        self._lock = threading.Lock()
+        return self
+
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None):
         flat = flatten_messages(messages, tools)
         ids = self.tokenizer.apply_chat_template(
