@@ -18,7 +18,7 @@ from composer_replication.traces.schema import TraceState
 
 
 def _fail(message: str, code: int = 2) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", markup=True)
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", markup=True)
     raise typer.Exit(code)
 
 
@@ -93,7 +93,7 @@ def replay_command(
     from composer_replication.replay.replay import replay_trace
     from composer_replication.replay.teachers import PoolError, load_pool
 
-    console = Console()
+    console = Console(soft_wrap=True)
     try:
         pool = load_pool(teachers)
         all_states = read_states(states)[:limit]
@@ -173,7 +173,7 @@ def pairs_command(
         )  # fmt: skip
     except FileNotFoundError as err:
         _fail(str(err))
-    console = Console()
+    console = Console(soft_wrap=True)
     console.print(res.summary(), markup=False)
     cost = sum(p.cost for p in res.pairs)
     console.print(

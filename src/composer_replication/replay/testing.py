@@ -52,6 +52,11 @@ def make_app(script: Script):
 
     app = FastAPI()
 
+    @app.get("/stats")
+    async def stats():
+        return {"requests": sum(script.requests.values()), "answered": sum(script.answered.values()),
+                "max_in_flight": script.max_in_flight}  # fmt: skip
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": "scripted", "object": "model"}]}
@@ -175,3 +180,22 @@ def synthetic_states(n: int, session: str = "s1", tool_every: int = 0):
             )  # fmt: skip
         )
     return states
+
+
+def main() -> None:  # pragma: no cover - used by bench/bench_replay.py
+    """``python -m composer_replication.replay.testing --port N [--delay-s S]``: serve a
+    fault-free scripted endpoint (answers in ``delay_s``) on 127.0.0.1."""
+    import argparse
+
+    import uvicorn
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--delay-s", type=float, default=0.0)
+    a = ap.parse_args()
+    uvicorn.run(make_app(Script(delay_s=a.delay_s)), host="127.0.0.1", port=a.port,
+                log_level="warning", access_log=False)  # fmt: skip
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
