@@ -9,11 +9,10 @@ from .agreement import (
     extract_pairs,
 )
 from .export import export_pairs, pair_record, pairs_from_journal, replay_and_normalize_trace
-from .normalize import DJNormalizer, NormalizeConfig, NormalizeReport, normalize_pairs
+from .normalize import NormalizeConfig, NormalizeReport, normalize_pairs
 
 __all__ = [
     "AgreementStats",
-    "DJNormalizer",
     "DPOPair",
     "MiniLMEmbedder",
     "NormalizeConfig",

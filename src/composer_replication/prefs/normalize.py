@@ -4,7 +4,7 @@ Broder 1997 "On the resemblance and containment of documents"). Each filter repo
 pairs it dropped.
 
 The text of an answer is its content plus one ``name {canonical args}`` line per tool call.
-`DJNormalizer` runs the same recipe through data-juicer (optional extra ``datajuicer``).
+(A data-juicer backend, ``DJNormalizer``, is planned but not written yet.)
 """
 
 from __future__ import annotations
@@ -130,25 +130,3 @@ def normalize_pairs(
         report.dropped["minhash_near_dup"] = len(dups)
     report.kept = len(kept)
     return kept, report
-
-
-class DJNormalizer:
-    """The same recipe through data-juicer (``pip install composer-replication[datajuicer]``):
-    ``text_length_filter``, ``words_num_filter``, ``special_characters_filter`` and
-    ``document_minhash_deduplicator``, run by data-juicer's ``DefaultExecutor`` over a JSONL of
-    the ``chosen`` texts."""
-
-    def __init__(self, cfg: NormalizeConfig | None = None, work_dir: str | None = None):
-        try:
-            import data_juicer  # noqa: F401
-        except ImportError as err:
-            raise ImportError(
-                "DJNormalizer needs data-juicer: pip install 'composer-replication[datajuicer]'"
-            ) from err
-        self.cfg = cfg or NormalizeConfig()
-        self.work_dir = work_dir
-
-    def process(self, pairs: Sequence[DPOPair]) -> tuple[list[DPOPair], NormalizeReport]:
-        from ._datajuicer import run_recipe
-
-        return run_recipe(list(pairs), self.cfg, self.work_dir)

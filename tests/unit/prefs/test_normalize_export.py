@@ -4,7 +4,6 @@ journal -> pairs path, and the one-call replay_and_normalize_trace."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 
 import orjson
 import pytest
@@ -16,7 +15,6 @@ from composer_replication.prefs.export import (
     replay_and_normalize_trace,
 )
 from composer_replication.prefs.normalize import (
-    DJNormalizer,
     NormalizeConfig,
     normalize_pairs,
     special_char_ratio,
@@ -112,23 +110,3 @@ def test_replay_and_normalize_in_one_call(tmp_path):
     assert again.agreement.no_consensus == 6 and again.pairs == []
     with pytest.raises(FileNotFoundError, match="replay journal not found"):
         pairs_from_journal(tmp_path / "missing.db")
-
-
-@pytest.mark.skipif(
-    importlib.util.find_spec("data_juicer") is None,
-    reason="data-juicer is not installed (optional extra: pip install 'composer-replication[datajuicer]')",
-)
-def test_dj_normalizer_matches_recipe():
-    pairs = [_pair(0, _t("")), _pair(1, _t("run the unit tests then fix the import")),
-             _pair(2, _t("run the unit tests then fix the import")),
-             _pair(3, _t("a completely different answer about caching layers"))]  # fmt: skip
-    kept, report = DJNormalizer(NormalizeConfig(min_chars=1)).process(pairs)
-    assert [p.state_id for p in kept] == ["s1", "s3"]
-    assert sum(report.dropped.values()) == 2
-
-
-def test_dj_normalizer_without_datajuicer_says_how_to_install():
-    if importlib.util.find_spec("data_juicer") is not None:
-        pytest.skip("data-juicer is installed; the missing-package message cannot be shown")
-    with pytest.raises(ImportError, match=r"composer-replication\[datajuicer\]"):
-        DJNormalizer()
