@@ -143,6 +143,8 @@ class _Replayer:
         self.sems = {t.spec.name: asyncio.Semaphore(t.spec.max_concurrency) for t in teachers}
         self.result = ReplayResult()
         self.cost_by_teacher: dict[str, list[float]] = defaultdict(list)
+        self.tokens_ok = [0, 0]  # prompt, completion tokens of successful calls this run
+        self.skipped_by_teacher: dict[str, int] = defaultdict(int)  # calls saved by tiers
         self.progress: Progress | None = None
         self.task_id: Any = None
 
@@ -214,6 +216,8 @@ class _Replayer:
             )
         else:
             self.cost_by_teacher[rec.teacher].append(rec.cost_usd)
+            self.tokens_ok[0] += rec.prompt_tokens
+            self.tokens_ok[1] += rec.completion_tokens
         self._advance()
 
     def _advance(self) -> None:
@@ -250,6 +254,8 @@ class _Replayer:
             settled = tier_settled(answers, self.agreement_threshold, self.min_agreement)
             if self.tiered and settled and i + 1 < len(tiers):
                 r.calls_saved_tiers += sum(len(g) for g in tiers[i + 1 :])
+                for t in (t for g in tiers[i + 1 :] for t in g):
+                    self.skipped_by_teacher[t.spec.name] += 1
                 self._advance_by(sum(len(g) for g in tiers[i + 1 :]))
                 break
         r.teacher_actions[state.state_id] = answers
@@ -344,15 +350,15 @@ async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_t
 
 
 def _saved_usd(rp: _Replayer, saved_gating: int, n_todo: int, n_all: int) -> float | None:
-    """Estimated dollars saved: each skipped call priced at its teacher's mean observed cost."""
-    means = {k: sum(v) / len(v) for k, v in rp.cost_by_teacher.items() if v}
-    if not means:
+    """Estimated dollars saved: each skipped call priced with its teacher's prices at this run's
+    mean prompt/completion tokens per successful call (None when no call succeeded)."""
+    ok = sum(len(v) for v in rp.cost_by_teacher.values())
+    if not ok:
         return None
-    per_state_full = sum(means.get(t.spec.name, 0.0) for t in rp.teachers)
-    gating = (n_all - n_todo) * per_state_full
-    tier_calls = rp.result.calls_saved_tiers
-    upper = [means.get(t.spec.name, 0.0) for t in rp.teachers if t.spec.tier > 0]
-    tiers = tier_calls * (sum(upper) / len(upper) if upper else 0.0)
+    p_mean, c_mean = rp.tokens_ok[0] / ok, rp.tokens_ok[1] / ok
+    per_call = {t.spec.name: t.spec.cost_usd(p_mean, c_mean) for t in rp.teachers}  # type: ignore[arg-type]
+    gating = (n_all - n_todo) * sum(per_call.values())
+    tiers = sum(per_call[name] * n for name, n in rp.skipped_by_teacher.items())
     return gating + tiers
 
 

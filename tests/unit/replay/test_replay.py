@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from composer_replication.replay.journal import Journal
 from composer_replication.replay.replay import replay_trace, session_tools, tier_settled
 from composer_replication.replay.teachers import TeacherSpec
@@ -99,6 +101,8 @@ def test_tiers_escalate_only_on_disagreement(scripted):
     states = make_states(6)
     r = asyncio.run(replay_trace(states, specs, tiered=True))
     assert r.calls_sent == 12 and r.calls_saved_tiers == 6 and r.calls_full_replay == 18
+    mean_p, mean_c = r.prompt_tokens / 12, r.completion_tokens / 12
+    assert r.usd_saved_estimate == pytest.approx(6 * specs[2].cost_usd(mean_p, mean_c))
     assert all(set(a) == {"t0", "t1"} for a in r.teacher_actions.values())
     script.answer_by_model = True
     r = asyncio.run(replay_trace(make_states(6, session="s2"), specs, tiered=True))
