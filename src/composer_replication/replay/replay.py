@@ -167,6 +167,10 @@ class _Replayer:
         old = self.journal.get(state.state_id, spec.name, phash)
         if old is not None and (old.status == "ok" or not self.retry_failed):
             self.result.calls_cached += 1
+            if old.status == "ok":  # journaled usage also informs the savings estimate
+                self.cost_by_teacher[old.teacher].append(old.cost_usd)
+                self.tokens_ok[0] += old.prompt_tokens
+                self.tokens_ok[1] += old.completion_tokens
             self._advance()
             return old
         async with self.sems[spec.name]:
