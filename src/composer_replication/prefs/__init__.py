@@ -1,0 +1,28 @@
+"""Teacher agreement -> preference pairs -> normalization -> TRL-ready export."""
+
+from .agreement import (
+    AgreementStats,
+    DPOPair,
+    MiniLMEmbedder,
+    action_key,
+    extract_dpo_pairs,
+    extract_pairs,
+)
+from .export import export_pairs, pair_record, pairs_from_journal, replay_and_normalize_trace
+from .normalize import NormalizeConfig, NormalizeReport, normalize_pairs
+
+__all__ = [
+    "AgreementStats",
+    "DPOPair",
+    "MiniLMEmbedder",
+    "NormalizeConfig",
+    "NormalizeReport",
+    "action_key",
+    "export_pairs",
+    "extract_dpo_pairs",
+    "extract_pairs",
+    "normalize_pairs",
+    "pair_record",
+    "pairs_from_journal",
+    "replay_and_normalize_trace",
+]

@@ -1,0 +1,192 @@
+"""``composer-replication serve | replay | pairs``.
+
+Register with ``app.command("serve")(serve_command)``, ``app.command("replay")(replay_command)``,
+``app.command("pairs")(pairs_command)``. ``python -m composer_replication.cli_replay`` runs them
+standalone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from composer_replication.traces.schema import TraceState
+
+
+def _fail(message: str, code: int = 2) -> None:
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", markup=True)
+    raise typer.Exit(code)
+
+
+def read_states(path: Path) -> list[TraceState]:
+    """TraceStates from a JSONL file written by ``ingest``; errors name the file and line."""
+    if not path.is_file():
+        raise FileNotFoundError(f"states file not found: {path}")
+    states = []
+    with open(path, "rb") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                states.append(TraceState.from_json(line))
+            except ValueError as err:
+                raise ValueError(f"{path}:{n}: not a TraceState: {err}") from err
+    return states
+
+
+def serve_command(
+    model: Annotated[
+        str, typer.Option("--model", help="hub id, local dir, .gguf or embedded:NAME")
+    ],
+    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8000,
+    host: Annotated[str, typer.Option("--host", help="bind address")] = "127.0.0.1",
+    served_model_name: Annotated[
+        str | None, typer.Option("--served-model-name", help="model id listed by /v1/models")
+    ] = None,
+    max_prompt_tokens: Annotated[
+        int, typer.Option("--max-prompt-tokens", min=16, help="keep the last N prompt tokens")
+    ] = 2048,
+) -> None:
+    """Serve a local HF model as an OpenAI-compatible teacher (/v1/chat/completions, /v1/models)."""
+    from composer_replication.models import ModelLoadError
+    from composer_replication.replay.server import serve
+
+    try:
+        serve(model, port=port, host=host, served_model_name=served_model_name,
+              max_prompt_tokens=max_prompt_tokens)  # fmt: skip
+    except ModelLoadError as err:
+        _fail(str(err))
+
+
+def replay_command(
+    states: Annotated[Path, typer.Argument(help="TraceStates JSONL (from `ingest`)")],
+    teachers: Annotated[Path, typer.Option("--teachers", help="teacher pool YAML")],
+    budget_usd: Annotated[
+        float, typer.Option("--budget-usd", min=0, help="hard ceiling for the whole journal")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="SQLite journal (resumable)")],
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="first N states")] = None,
+    tiered: Annotated[bool, typer.Option("--tiered", help="ask tiers in order")] = False,
+    agreement_threshold: Annotated[int, typer.Option("--agreement-threshold", min=1)] = 2,
+    min_agreement: Annotated[float, typer.Option("--min-agreement", min=0, max=1)] = 0.6,
+    gate_threshold: Annotated[
+        float | None, typer.Option("--gate-threshold", help="min student entropy (nats)")
+    ] = None,
+    gate_top_percentile: Annotated[
+        float | None, typer.Option("--gate-top-percentile", min=0, max=100)
+    ] = None,
+    student: Annotated[
+        str, typer.Option("--student", help="student model for VOI gating")
+    ] = "embedded:smollm2-135m-instruct",
+    retry_failed: Annotated[bool, typer.Option("--retry-failed")] = False,
+    no_tools: Annotated[
+        bool, typer.Option("--no-tools", help="do not send inferred tool definitions")
+    ] = False,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Replay states with a teacher pool into a resumable journal, within a hard budget."""
+    from composer_replication.replay.journal import Journal
+    from composer_replication.replay.replay import replay_trace
+    from composer_replication.replay.teachers import PoolError, load_pool
+
+    console = Console(soft_wrap=True)
+    try:
+        pool = load_pool(teachers)
+        all_states = read_states(states)[:limit]
+    except (PoolError, FileNotFoundError, ValueError) as err:
+        _fail(str(err))
+    selected = _gate(all_states, out, student, gate_threshold, gate_top_percentile, console)
+    try:
+        with Journal(out) as jr:
+            result = asyncio.run(
+                replay_trace(
+                    all_states, pool.teachers, journal=jr, budget_usd=budget_usd,
+                    selected=selected, tiered=tiered, agreement_threshold=agreement_threshold,
+                    min_agreement=min_agreement, infer_tools=not no_tools,
+                    retry_failed=retry_failed, progress=console if progress else False,
+                )
+            )  # fmt: skip
+    except PoolError as err:
+        _fail(str(err))
+    console.print(result.summary(), markup=False)
+    for sid, reason in list(result.states_failed.items())[:10]:
+        console.print(f"failed {sid}: {reason[:200]}", markup=False)
+
+
+def _gate(states, out: Path, student: str, threshold, top_percentile, console) -> set[str] | None:
+    if threshold is None and top_percentile is None:
+        return None
+    from composer_replication.replay.gating import score_states, select_states
+    from composer_replication.replay.journal import Journal
+
+    with Journal(out) as jr:
+        known = jr.scores()
+        todo = [s for s in states if s.state_id not in known]
+        if todo:
+            console.print(f"gating: scoring {len(todo)} states with {student}")
+            jr.set_scores(score_states(todo, student))
+        scores = {s.state_id: jr.scores()[s.state_id] for s in states}
+    keep = select_states(scores, threshold, top_percentile)
+    console.print(f"gating: {len(keep)}/{len(states)} states selected")
+    return keep
+
+
+def pairs_command(
+    db: Annotated[Path, typer.Argument(help="replay journal (replay.db)")],
+    out: Annotated[Path, typer.Option("--out", help="output directory")],
+    agreement_threshold: Annotated[int, typer.Option("--agreement-threshold", min=1)] = 2,
+    strategy: Annotated[
+        str, typer.Option("--strategy", help="plurality or weighted")
+    ] = "plurality",
+    embeddings: Annotated[
+        bool, typer.Option("--embeddings/--no-embeddings", help="group by MiniLM similarity")
+    ] = True,
+    similarity_threshold: Annotated[float, typer.Option("--similarity", min=0, max=1)] = 0.9,
+    tool_format: Annotated[str, typer.Option("--tool-format", help="text or openai")] = "text",
+    min_words: Annotated[int, typer.Option("--min-words", min=0)] = 1,
+    max_special_char_ratio: Annotated[
+        float, typer.Option("--max-special-ratio", min=0, max=1)
+    ] = 0.5,
+    dedup: Annotated[bool, typer.Option("--dedup/--no-dedup")] = True,
+) -> None:
+    """Turn a replay journal into a TRL preference dataset (datasets + JSONL) with provenance."""
+    from composer_replication.prefs.agreement import MiniLMEmbedder
+    from composer_replication.prefs.export import pairs_from_journal
+    from composer_replication.prefs.normalize import NormalizeConfig
+
+    if strategy not in ("plurality", "weighted"):
+        _fail(f"--strategy must be plurality or weighted, got {strategy!r}")
+    if tool_format not in ("text", "openai"):
+        _fail(f"--tool-format must be text or openai, got {tool_format!r}")
+    cfg = NormalizeConfig(min_words=min_words, max_special_char_ratio=max_special_char_ratio,
+                          dedup=dedup)  # fmt: skip
+    try:
+        res = pairs_from_journal(
+            db, agreement_threshold=agreement_threshold, strategy=strategy,  # type: ignore[arg-type]
+            embedder=MiniLMEmbedder() if embeddings else None,
+            similarity_threshold=similarity_threshold, normalize=cfg, out_dir=out,
+            tool_format=tool_format,  # type: ignore[arg-type]
+        )  # fmt: skip
+    except FileNotFoundError as err:
+        _fail(str(err))
+    console = Console(soft_wrap=True)
+    console.print(res.summary(), markup=False)
+    cost = sum(p.cost for p in res.pairs)
+    console.print(
+        f"{len(res.pairs)} pairs -> {out / 'pairs.jsonl'} and {out / 'dataset'} "
+        f"(teacher cost of these states ${cost:.6f})",
+        markup=False,
+    )
+
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+app.command("serve")(serve_command)
+app.command("replay")(replay_command)
+app.command("pairs")(pairs_command)
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,125 @@
+"""A hard dollar ceiling for teacher calls.
+
+Before a call is sent its worst-case cost is *reserved*: prompt tokens bounded from above
+(`worst_case_prompt_tokens`) times the input price, plus ``max_tokens`` times the output price.
+A reservation is granted only if ``spent + reserved + amount <= budget``; when the call returns,
+the reservation is replaced by the cost computed from the returned ``usage``. Because every
+in-flight call holds its worst case, the total can never pass the budget, however many calls are
+in flight. A call that cannot be reserved waits while other calls are in flight (their unused
+reservation may free room); when nothing is in flight and it still does not fit, the ledger is
+*exhausted* and every later reservation is refused, so the run stops cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .teachers import TeacherSpec
+
+PER_MESSAGE_OVERHEAD_TOKENS = 8
+PER_REQUEST_OVERHEAD_TOKENS = 256
+
+
+def worst_case_prompt_tokens(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> int:
+    """Upper bound on prompt tokens for any byte-level tokenizer: every token covers at least one
+    UTF-8 byte, so the JSON byte length of the messages (and tools) bounds the tokens of their
+    text; a per-message and per-request allowance covers chat-template and tool-prompt tokens a
+    server adds."""
+    n = len(orjson.dumps(messages)) + (len(orjson.dumps(tools)) if tools else 0)
+    return n + PER_MESSAGE_OVERHEAD_TOKENS * len(messages) + PER_REQUEST_OVERHEAD_TOKENS
+
+
+def worst_case_cost(spec: TeacherSpec, prompt_tokens_bound: int) -> float:
+    """Dollars of a call if it uses the bound's prompt tokens and all of ``max_tokens``."""
+    return spec.cost_usd(prompt_tokens_bound, spec.max_tokens)
+
+
+@dataclass
+class Reservation:
+    amount: float
+    teacher: str
+
+
+class BudgetExhausted(RuntimeError):
+    """Raised by `BudgetLedger.reserve_or_raise` once the budget cannot cover a call."""
+
+
+class BudgetLedger:
+    """Spent and reserved dollars against a ceiling (``budget_usd=None``: no ceiling).
+
+    ``spent_usd`` starts from what an earlier run of the same journal already spent, so a
+    resumed replay keeps one ceiling.
+    """
+
+    def __init__(self, budget_usd: float | None, spent_usd: float = 0.0):
+        if budget_usd is not None and budget_usd < 0:
+            raise ValueError(f"budget_usd must be >= 0, got {budget_usd}")
+        self.budget_usd = budget_usd
+        self.spent_usd = spent_usd
+        self.reserved_usd = 0.0
+        self.in_flight = 0
+        self.exhausted = False
+        self.max_committed_usd = spent_usd  # highest spent+reserved ever seen (tests assert on it)
+        self.calls_settled = 0
+        self.overruns = 0  # calls whose real cost exceeded their reservation (a bad usage report)
+        self._lock = threading.Lock()
+        self._cond: asyncio.Condition | None = None
+
+    def _fits(self, amount: float) -> bool:
+        if self.budget_usd is None:
+            return True
+        return self.spent_usd + self.reserved_usd + amount <= self.budget_usd + 1e-12
+
+    def try_reserve(self, amount: float, teacher: str = "") -> Reservation | None:
+        """Reserve now or return None (never waits)."""
+        with self._lock:
+            if self.exhausted or not self._fits(amount):
+                return None
+            self.reserved_usd += amount
+            self.in_flight += 1
+            self.max_committed_usd = max(self.max_committed_usd, self.spent_usd + self.reserved_usd)
+            return Reservation(amount, teacher)
+
+    async def reserve(self, amount: float, teacher: str = "") -> Reservation | None:
+        """Reserve, waiting for in-flight calls to settle if needed; None once exhausted."""
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        async with self._cond:
+            while True:
+                res = self.try_reserve(amount, teacher)
+                if res is not None or self.exhausted:
+                    return res
+                if self.in_flight == 0:
+                    self.exhausted = True
+                    self._cond.notify_all()
+                    return None
+                await self._cond.wait()
+
+    def _finish(self, res: Reservation, actual: float) -> None:
+        with self._lock:
+            self.reserved_usd = max(0.0, self.reserved_usd - res.amount)
+            self.spent_usd += actual
+            self.overruns += actual > res.amount + 1e-12
+            self.in_flight -= 1
+            self.calls_settled += 1
+            self.max_committed_usd = max(self.max_committed_usd, self.spent_usd + self.reserved_usd)
+
+    async def settle(self, res: Reservation, actual_usd: float) -> None:
+        """Replace a reservation by the call's real cost (0 for a call that produced no usage)."""
+        self._finish(res, actual_usd)
+        if self._cond is not None:
+            async with self._cond:
+                self._cond.notify_all()
+
+    @property
+    def remaining_usd(self) -> float | None:
+        if self.budget_usd is None:
+            return None
+        return max(0.0, self.budget_usd - self.spent_usd - self.reserved_usd)

@@ -1,0 +1,392 @@
+"""`replay_trace`: N teachers answer every state of a trace, within a hard budget, resumably.
+
+    result = await replay_trace(states, pool.teachers, journal="replay.db", budget_usd=2.0)
+
+For each state the conversation prefix (OpenAI messages) is sent to each teacher; every outcome
+(answer, usage, cost, or error) is committed to the journal (journal.py) as it arrives. Calls
+already in the journal are not sent again (a failed one only with ``retry_failed``). Per-teacher
+concurrency is a semaphore of ``max_concurrency``; the budget ledger (budget.py) reserves each
+call's worst case before it is sent. With ``tiered=True`` teachers are asked tier by tier
+(lowest first) and higher tiers only when the answers so far do not agree (see
+`tier_settled`). States may be pre-selected by VOI gating (gating.py) with ``selected``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from composer_replication.traces.schema import TraceState
+
+from .budget import BudgetLedger, worst_case_cost, worst_case_prompt_tokens
+from .journal import CallRecord, Journal, params_hash
+from .teachers import Teacher, TeacherError, TeacherSpec, build_teacher
+
+BUDGET = "budget"  # sentinel outcome: the call was not sent because the budget is exhausted
+
+
+@dataclass
+class ReplayResult:
+    """What a replay did. ``calls_sent`` counts requests that went out this run (retries of one
+    call count once; ``attempts`` counts every HTTP attempt)."""
+
+    states_total: int = 0
+    states_completed: int = 0
+    states_failed: dict[str, str] = field(default_factory=dict)  # state_id -> reason
+    states_remaining: int = 0  # not finished because the budget ran out
+    states_gated_out: int = 0
+    calls_sent: int = 0
+    calls_cached: int = 0
+    calls_failed: int = 0
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0  # spent by this run
+    journal_cost_usd: float = 0.0  # everything the journal has spent, all runs
+    budget_usd: float | None = None
+    budget_exhausted: bool = False
+    max_committed_usd: float = 0.0
+    calls_full_replay: int = 0  # states x teachers, before gating and tiers
+    calls_saved_gating: int = 0
+    calls_saved_tiers: int = 0
+    usd_saved_estimate: float | None = None
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+    teacher_actions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        budget = "none" if self.budget_usd is None else f"${self.budget_usd:.6f}"
+        lines = [
+            f"states: {self.states_total} total, {self.states_completed} completed, "
+            f"{len(self.states_failed)} failed, {self.states_remaining} remaining (budget), "
+            f"{self.states_gated_out} gated out",
+            f"calls: {self.calls_sent} sent ({self.attempts} HTTP attempts), "
+            f"{self.calls_cached} from journal, {self.calls_failed} failed; "
+            f"tokens in/out {self.prompt_tokens}/{self.completion_tokens}",
+            f"cost: ${self.cost_usd:.6f} this run, ${self.journal_cost_usd:.6f} in journal; "
+            f"budget {budget}",
+            f"saved vs full replay ({self.calls_full_replay} calls): gating "
+            f"{self.calls_saved_gating}, tiers {self.calls_saved_tiers}"
+            + (f", ~${self.usd_saved_estimate:.6f}" if self.usd_saved_estimate is not None else ""),
+        ]
+        if self.budget_exhausted:
+            lines.append(
+                f"budget exhausted: stopped cleanly, {self.states_remaining} states remain; "
+                "rerun with a larger --budget-usd to continue"
+            )
+        if self.errors_by_kind:
+            lines.append("errors: " + ", ".join(f"{k}={v}" for k, v in self.errors_by_kind.items()))
+        return "\n".join(lines)
+
+
+def session_tools(states: Iterable[TraceState]) -> dict[str, list[dict[str, Any]]]:
+    """Tool definitions per session, inferred from the tool calls seen in it.
+
+    TraceStates do not carry the agent's tool schemas, so teachers get every tool name the
+    session used, with a permissive parameters schema. (An adapter over traces/; no schema change.)
+    """
+    names: dict[str, dict[str, None]] = defaultdict(dict)
+    for s in states:
+        msgs = [*s.prefix, s.action.as_message()]
+        for m in msgs:
+            for c in m.get("tool_calls") or []:
+                names[s.session_id][c["function"]["name"]] = None
+    return {
+        sid: [
+            {
+                "type": "function",
+                "function": {
+                    "name": n,
+                    "description": "",
+                    "parameters": {"type": "object", "additionalProperties": True},
+                },
+            }
+            for n in tools
+        ]
+        for sid, tools in names.items()
+    }
+
+
+def tier_settled(
+    answers: dict[str, dict[str, Any]], agreement_threshold: int, min_agreement: float
+) -> bool:
+    """True when the answers so far agree enough to skip higher tiers: the largest group of
+    equivalent answers (normalized exact match) has at least ``agreement_threshold`` members and
+    at least ``min_agreement`` of all answers."""
+    from composer_replication.prefs.agreement import action_key
+
+    if not answers:
+        return False
+    counts: dict[str, int] = defaultdict(int)
+    for msg in answers.values():
+        counts[action_key(msg)] += 1
+    top = max(counts.values())
+    return top >= agreement_threshold and top / len(answers) >= min_agreement
+
+
+class _Replayer:
+    def __init__(self, teachers: Sequence[Teacher], journal: Journal, ledger: BudgetLedger, **kw):
+        self.teachers = list(teachers)
+        self.journal = journal
+        self.ledger = ledger
+        self.tools_by_session: dict[str, list[dict[str, Any]]] = kw["tools_by_session"]
+        self.retry_failed: bool = kw["retry_failed"]
+        self.tiered: bool = kw["tiered"]
+        self.agreement_threshold: int = kw["agreement_threshold"]
+        self.min_agreement: float = kw["min_agreement"]
+        self.sems = {t.spec.name: asyncio.Semaphore(t.spec.max_concurrency) for t in teachers}
+        self.result = ReplayResult()
+        self.cost_by_teacher: dict[str, list[float]] = defaultdict(list)
+        self.tokens_ok = [0, 0]  # prompt, completion tokens of successful calls this run
+        self.skipped_by_teacher: dict[str, int] = defaultdict(int)  # calls saved by tiers
+        self.progress: Progress | None = None
+        self.task_id: Any = None
+
+    def tiers(self) -> list[list[Teacher]]:
+        if not self.tiered:
+            return [self.teachers]
+        by_tier: dict[int, list[Teacher]] = defaultdict(list)
+        for t in self.teachers:
+            by_tier[t.spec.tier].append(t)
+        return [by_tier[k] for k in sorted(by_tier)]
+
+    def request(self, state: TraceState, spec: TeacherSpec) -> tuple[list, list | None, str]:
+        tools = self.tools_by_session.get(state.session_id) or None
+        phash = params_hash({**spec.request_params(), "messages": state.prefix, "tools": tools})
+        return state.prefix, tools, phash
+
+    async def call(self, state: TraceState, teacher: Teacher) -> CallRecord | str:
+        spec = teacher.spec
+        messages, tools, phash = self.request(state, spec)
+        old = self.journal.get(state.state_id, spec.name, phash)
+        if old is not None and (old.status == "ok" or not self.retry_failed):
+            self.result.calls_cached += 1
+            if old.status == "ok":  # journaled usage also informs the savings estimate
+                self.cost_by_teacher[old.teacher].append(old.cost_usd)
+                self.tokens_ok[0] += old.prompt_tokens
+                self.tokens_ok[1] += old.completion_tokens
+            self._advance()
+            return old
+        async with self.sems[spec.name]:
+            bound = worst_case_prompt_tokens(messages, tools)
+            res = await self.ledger.reserve(worst_case_cost(spec, bound), spec.name)
+            if res is None:
+                return BUDGET
+            rec = await self._send(state, teacher, messages, tools, phash)
+            await self.ledger.settle(res, rec.cost_usd)
+        self.journal.record(rec)
+        self._account(rec)
+        return rec
+
+    async def _send(self, state, teacher, messages, tools, phash) -> CallRecord:
+        spec = teacher.spec
+        base = {"state_id": state.state_id, "teacher": spec.name, "params_hash": phash}
+        try:
+            resp = await teacher.complete(messages, tools)
+        except TeacherError as err:
+            return CallRecord(
+                **base, status="error", error_kind=err.kind, error=err.message[:2000],
+                attempts=err.attempts, tier=spec.tier,
+            )  # fmt: skip
+        return CallRecord(
+            **base,
+            status="ok",
+            response=resp.as_message(),
+            prompt_tokens=resp.prompt_tokens,
+            completion_tokens=resp.completion_tokens,
+            cost_usd=spec.cost_usd(resp.prompt_tokens, resp.completion_tokens),
+            attempts=resp.attempts,
+            latency_s=resp.latency_s,
+            tier=spec.tier,
+        )
+
+    def _account(self, rec: CallRecord) -> None:
+        r = self.result
+        r.calls_sent += 1
+        r.attempts += rec.attempts
+        r.prompt_tokens += rec.prompt_tokens
+        r.completion_tokens += rec.completion_tokens
+        r.cost_usd += rec.cost_usd
+        if rec.status == "error":
+            r.calls_failed += 1
+            r.errors_by_kind[rec.error_kind or "other"] = (
+                r.errors_by_kind.get(rec.error_kind or "other", 0) + 1
+            )
+        else:
+            self.cost_by_teacher[rec.teacher].append(rec.cost_usd)
+            self.tokens_ok[0] += rec.prompt_tokens
+            self.tokens_ok[1] += rec.completion_tokens
+        self._advance()
+
+    def _advance(self) -> None:
+        if self.progress is None:
+            return
+        r = self.result
+        self.progress.update(
+            self.task_id,
+            advance=1,
+            description=(
+                f"calls {r.calls_sent} (+{r.calls_cached} cached, {r.calls_failed} failed) "
+                f"tok {r.prompt_tokens}/{r.completion_tokens} ${r.cost_usd:.4f}"
+            ),
+        )
+
+    async def run_state(self, state: TraceState) -> None:
+        r = self.result
+        if not state.prefix:
+            r.states_failed[state.state_id] = "empty prefix: nothing to send to a teacher"
+            return
+        answers: dict[str, dict[str, Any]] = {}
+        errors: list[str] = []
+        tiers = self.tiers()
+        for i, group in enumerate(tiers):
+            outcomes = await asyncio.gather(*(self.call(state, t) for t in group))
+            if BUDGET in outcomes:
+                r.states_remaining += 1
+                return
+            for rec in outcomes:
+                if rec.status == "ok":
+                    answers[rec.teacher] = rec.response or {}
+                else:
+                    errors.append(f"{rec.teacher}: {rec.error_kind}: {rec.error}")
+            settled = tier_settled(answers, self.agreement_threshold, self.min_agreement)
+            if self.tiered and settled and i + 1 < len(tiers):
+                r.calls_saved_tiers += sum(len(g) for g in tiers[i + 1 :])
+                for t in (t for g in tiers[i + 1 :] for t in g):
+                    self.skipped_by_teacher[t.spec.name] += 1
+                self._advance_by(sum(len(g) for g in tiers[i + 1 :]))
+                break
+        r.teacher_actions[state.state_id] = answers
+        if errors:
+            r.states_failed[state.state_id] = "; ".join(errors)[:2000]
+        else:
+            r.states_completed += 1
+
+    def _advance_by(self, n: int) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task_id, advance=n)
+
+
+async def replay_trace(
+    states: Sequence[TraceState],
+    teachers: Sequence[Teacher | TeacherSpec],
+    *,
+    journal: Journal | str | os.PathLike[str] = ":memory:",
+    budget_usd: float | None = None,
+    selected: set[str] | None = None,
+    tiered: bool = False,
+    agreement_threshold: int = 2,
+    min_agreement: float = 0.6,
+    infer_tools: bool = True,
+    retry_failed: bool = False,
+    max_states_in_flight: int | None = None,
+    progress: bool | Console = False,
+) -> ReplayResult:
+    """Replay ``states`` with ``teachers`` (specs are turned into clients and closed after).
+
+    ``selected``: ids of states chosen by VOI gating (others are counted as gated out).
+    ``tiered``: ask tiers in order, escalating while `tier_settled` is False.
+    The budget covers the whole journal: spend recorded by earlier runs counts against it.
+    """
+    owned = [build_teacher(t) for t in teachers if isinstance(t, TeacherSpec)]
+    clients: list[Teacher] = [t for t in teachers if not isinstance(t, TeacherSpec)] + owned
+    _check_unique(clients)
+    jr = journal if isinstance(journal, Journal) else Journal(journal)
+    try:
+        return await _replay(states, clients, jr, budget_usd, selected, tiered,
+                             agreement_threshold, min_agreement, infer_tools, retry_failed,
+                             max_states_in_flight, progress)  # fmt: skip
+    finally:
+        for t in owned:
+            await t.aclose()
+        if not isinstance(journal, Journal):
+            jr.close()
+
+
+def _check_unique(clients: Sequence[Teacher]) -> None:
+    names = [t.spec.name for t in clients]
+    if len(set(names)) != len(names):
+        raise ValueError(f"teacher names must be unique, got {names}")
+
+
+async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_threshold,
+                  min_agreement, infer_tools, retry_failed, max_states_in_flight, progress):  # fmt: skip
+    jr.add_states(states)
+    known = jr.get_meta("teachers", {})
+    jr.set_meta("teachers", {**known, **{t.spec.name: t.spec.model_dump() for t in clients}})
+    ledger = BudgetLedger(budget_usd, spent_usd=jr.spent_usd())
+    rp = _Replayer(
+        clients, jr, ledger,
+        tools_by_session=session_tools(states) if infer_tools else {},
+        retry_failed=retry_failed, tiered=tiered,
+        agreement_threshold=agreement_threshold, min_agreement=min_agreement,
+    )  # fmt: skip
+    todo = [s for s in states if selected is None or s.state_id in selected]
+    r = rp.result
+    r.states_total, r.budget_usd = len(states), budget_usd
+    r.calls_full_replay = len(states) * len(clients)
+    r.states_gated_out = len(states) - len(todo)
+    r.calls_saved_gating = r.states_gated_out * len(clients)
+    limit = asyncio.Semaphore(
+        max_states_in_flight or 2 * sum(t.spec.max_concurrency for t in clients)
+    )
+
+    async def one(state: TraceState) -> None:
+        async with limit:
+            await rp.run_state(state)
+
+    console = progress if isinstance(progress, Console) else Console(stderr=True)
+    with _progress_bar(console, enabled=bool(progress)) as bar:
+        if bar is not None:
+            rp.progress, rp.task_id = bar, bar.add_task("replay", total=len(todo) * len(clients))
+        await asyncio.gather(*(one(s) for s in todo))
+    r.budget_exhausted = ledger.exhausted
+    r.max_committed_usd = ledger.max_committed_usd
+    r.journal_cost_usd = jr.spent_usd()
+    r.usd_saved_estimate = _saved_usd(rp, r.calls_saved_gating, len(todo), len(states))
+    return r
+
+
+def _saved_usd(rp: _Replayer, saved_gating: int, n_todo: int, n_all: int) -> float | None:
+    """Estimated dollars saved: each skipped call priced with its teacher's prices at this run's
+    mean prompt/completion tokens per successful call (None when no call succeeded)."""
+    ok = sum(len(v) for v in rp.cost_by_teacher.values())
+    if not ok:
+        return None
+    p_mean, c_mean = rp.tokens_ok[0] / ok, rp.tokens_ok[1] / ok
+    per_call = {t.spec.name: t.spec.cost_usd(p_mean, c_mean) for t in rp.teachers}  # type: ignore[arg-type]
+    gating = (n_all - n_todo) * sum(per_call.values())
+    tiers = sum(per_call[name] * n for name, n in rp.skipped_by_teacher.items())
+    return gating + tiers
+
+
+class _progress_bar:
+    def __init__(self, console: Console, enabled: bool):
+        self.enabled = enabled
+        self.bar = (
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=False,
+            )  # fmt: skip
+            if enabled
+            else None
+        )
+
+    def __enter__(self) -> Progress | None:
+        if self.bar is not None:
+            self.bar.__enter__()
+        return self.bar
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)

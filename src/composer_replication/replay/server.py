@@ -1,0 +1,117 @@
+"""An OpenAI-compatible server over a local Hugging Face model (FastAPI + uvicorn).
+
+    composer-replication serve --model embedded:smollm2-135m-instruct --port 8101
+
+``GET /v1/models`` lists ``--served-model-name`` (default: the model reference);
+``POST /v1/chat/completions`` answers non-streaming chat requests with ``usage`` and, when the
+request lists ``tools``, ``tool_calls`` parsed from ``<tool_call>{...}</tool_call>`` blocks
+(see local_model.py). Generation runs in a worker thread, one request at a time. uvicorn's access
+log writes one line per request. Binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .local_model import LocalChatModel
+
+
+class ChatRequest(BaseModel):
+    """The subset of the OpenAI chat-completions request this server honours (other fields are
+    accepted and ignored, as OpenAI-compatible servers commonly do)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = ""
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, le=32768)
+    max_completion_tokens: int | None = Field(None, ge=1, le=32768)
+    temperature: float = Field(1.0, ge=0, le=5)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int | None = None
+    n: int = Field(1, ge=1, le=1)
+    stream: bool = False
+    tools: list[dict[str, Any]] | None = None
+
+
+def create_app(chat_model: Any, served_model_name: str, default_max_tokens: int = 256):
+    """The FastAPI app; ``chat_model`` has ``generate(messages, max_tokens=, temperature=, top_p=,
+    seed=, tools=) -> Generation`` (a `LocalChatModel`)."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI(title="composer-replication teacher", docs_url=None, redoc_url=None)
+    created = int(time.time())
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{"id": served_model_name, "object": "model", "created": created,
+                      "owned_by": "composer-replication"}],
+        }  # fmt: skip
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest):
+        if req.stream:
+            return _error(JSONResponse, 400, "stream=true is not supported by this server")
+        if req.model and req.model != served_model_name:
+            return _error(JSONResponse, 404, f"model {req.model!r} not served here")
+        gen = await asyncio.to_thread(
+            chat_model.generate,
+            req.messages,
+            max_tokens=req.max_completion_tokens or req.max_tokens or default_max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            tools=req.tools,
+        )
+        return _completion(served_model_name, gen)
+
+    return app
+
+
+def _error(response_cls, status: int, message: str):
+    return response_cls(
+        status_code=status,
+        content={"error": {"message": message, "type": "invalid_request_error", "code": status}},
+    )
+
+
+def _completion(model: str, gen: Any) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": gen.text}
+    if gen.tool_calls:
+        message["tool_calls"] = gen.tool_calls
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": gen.finish_reason}],
+        "usage": {
+            "prompt_tokens": gen.prompt_tokens,
+            "completion_tokens": gen.completion_tokens,
+            "total_tokens": gen.prompt_tokens + gen.completion_tokens,
+        },
+    }
+
+
+def serve(
+    model: str,
+    port: int = 8000,
+    host: str = "127.0.0.1",
+    served_model_name: str | None = None,
+    max_prompt_tokens: int = 2048,
+    log_level: str = "info",
+) -> None:
+    """Load ``model`` and serve it until interrupted."""
+    import uvicorn
+
+    chat_model = LocalChatModel(model, max_prompt_tokens=max_prompt_tokens)
+    app = create_app(chat_model, served_model_name or model)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=True)

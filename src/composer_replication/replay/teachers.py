@@ -1,0 +1,394 @@
+"""Teachers: a pool of models that answer replayed states.
+
+A pool is a YAML file validated by pydantic (field names are fixed so scripts can rely on them)::
+
+    teachers:
+      - name: smol-greedy
+        base_url: http://127.0.0.1:8101/v1     # any OpenAI-compatible endpoint, or "local"
+        model: smol                            # model id sent in the request
+        api_key_env: OPENROUTER_API_KEY        # optional: the *name* of the env var holding the key
+        price_in_per_mtok: 0.10                # USD per 1M prompt tokens
+        price_out_per_mtok: 0.40               # USD per 1M completion tokens
+        max_tokens: 32
+        temperature: 0.0
+        max_concurrency: 4
+        timeout_s: 60
+        tier: 0                                # tiered replay asks lower tiers first
+
+``base_url: local`` runs ``model`` (hub id, directory, .gguf or ``embedded:NAME``) in process.
+
+Remote teachers use the official ``openai`` SDK (``AsyncOpenAI`` with ``max_retries=0``); retries
+live here, at the network edge: exponential backoff with full jitter on 429, 5xx, timeouts and
+connection errors, honouring ``Retry-After`` / ``retry-after-ms``. A response that is not a valid
+chat completion is a `TeacherError` with ``kind="malformed"`` (recorded, never a crash).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import orjson
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+LOCAL_BASE_URL = "local"
+RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
+
+
+class TeacherSpec(BaseModel):
+    """One teacher of a pool (see the module docstring for the YAML shape)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/@-]+$")
+    """Unique name in the pool; journal rows and pair provenance use it."""
+    base_url: str = Field(min_length=1)
+    """OpenAI-compatible base URL (e.g. ``https://openrouter.ai/api/v1``) or ``local``."""
+    model: str = Field(min_length=1)
+    """Model id sent to the endpoint (or, for ``local``, the model reference to load)."""
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Name of the environment variable holding the API key (never the key). None: no key."""
+    price_in_per_mtok: float = Field(0.0, ge=0, le=10_000)
+    """USD per million prompt tokens."""
+    price_out_per_mtok: float = Field(0.0, ge=0, le=10_000)
+    """USD per million completion tokens."""
+    max_tokens: int = Field(256, ge=1, le=1_000_000)
+    """Completion token limit per call (also the worst case the budget reserves)."""
+    temperature: float = Field(0.0, ge=0, le=5)
+    """Sampling temperature."""
+    max_concurrency: int = Field(4, ge=1, le=1024)
+    """Calls to this teacher in flight at once."""
+    timeout_s: float = Field(120.0, gt=0, le=3600)
+    """Per-attempt request timeout, seconds."""
+    tier: int = Field(0, ge=0, le=100)
+    """Tiered replay asks tier 0 first and escalates to higher tiers on low agreement."""
+    weight: float = Field(1.0, gt=0, le=1000)
+    """Vote weight for the ``weighted`` consensus strategy (optional)."""
+    max_retries: int = Field(5, ge=0, le=50)
+    """Retries after the first attempt on 429/5xx/timeouts/connection errors (optional)."""
+    backoff_base_s: float = Field(0.5, gt=0, le=60)
+    """First backoff window, seconds; doubles per retry (optional)."""
+    backoff_cap_s: float = Field(30.0, gt=0, le=600)
+    """Largest backoff window, seconds (optional)."""
+
+    @model_validator(mode="after")
+    def _check_url(self) -> TeacherSpec:
+        if self.base_url != LOCAL_BASE_URL and not self.base_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ValueError(f"base_url must be http(s)://... or {LOCAL_BASE_URL!r}")
+        return self
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """Dollars for one call with this usage."""
+        return (
+            prompt_tokens * self.price_in_per_mtok + completion_tokens * self.price_out_per_mtok
+        ) / 1e6
+
+    def request_params(self) -> dict[str, Any]:
+        """Everything besides the messages that shapes an answer (hashed into the journal key)."""
+        return {
+            "base_url": self.base_url,
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+        }
+
+
+class TeacherPool(BaseModel):
+    """A YAML teacher pool: ``teachers: [TeacherSpec, ...]`` with unique names."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    teachers: list[TeacherSpec] = Field(min_length=1)
+    """The teachers; order is kept (ties in consensus break in this order)."""
+
+    @model_validator(mode="after")
+    def _unique(self) -> TeacherPool:
+        names = [t.name for t in self.teachers]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate teacher names: {dup}")
+        return self
+
+
+class PoolError(ValueError):
+    """A teacher pool file is unreadable or invalid; the message names the file and field."""
+
+
+def load_pool(path: str | os.PathLike[str]) -> TeacherPool:
+    """Read and validate a teacher pool YAML file."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except FileNotFoundError as err:
+        raise PoolError(f"{p}: teacher pool file not found") from err
+    except yaml.YAMLError as err:
+        raise PoolError(f"{p}: invalid YAML: {err}") from err
+    try:
+        return TeacherPool.model_validate(raw)
+    except ValidationError as err:
+        lines = [
+            f"{p}: {'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}"
+            for e in err.errors()
+        ]
+        raise PoolError("invalid teacher pool\n" + "\n".join(lines)) from err
+
+
+@dataclass
+class TeacherResponse:
+    """A teacher's answer: an assistant message plus usage."""
+
+    text: str
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    attempts: int = 1
+    latency_s: float = 0.0
+
+    def as_message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            msg["tool_calls"] = self.tool_calls
+        return msg
+
+
+ErrorKind = Literal["rate_limit", "server", "timeout", "connection", "malformed", "client", "other"]
+
+
+class TeacherError(Exception):
+    """A call that did not produce an answer (after retries, if the error was retryable)."""
+
+    def __init__(self, kind: ErrorKind, message: str, attempts: int = 1, status: int | None = None):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+        self.attempts = attempts
+        self.status = status
+        self.retry_after: float | None = None  # seconds the server asked us to wait
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in ("rate_limit", "server", "timeout", "connection")
+
+
+class Teacher(Protocol):
+    spec: TeacherSpec
+
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> TeacherResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+def parse_retry_after(headers: Any) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` / ``Retry-After`` (seconds or an HTTP date)."""
+    if headers is None:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return max(0.0, float(ms) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def backoff_delay(
+    attempt: int, retry_after: float | None, base: float = 0.5, cap: float = 30.0
+) -> float:
+    """Full-jitter exponential backoff (AWS architecture blog, "Exponential Backoff and Jitter"):
+    ``uniform(0, min(cap, base * 2**attempt))``; a server's Retry-After is a floor (capped at 5 min)."""
+    delay = random.uniform(0, min(cap, base * 2**attempt))
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, 300.0))
+    return delay
+
+
+def classify_openai_error(err: BaseException) -> TeacherError:
+    """Map an ``openai`` SDK exception to a `TeacherError` (kind decides retrying)."""
+    import openai
+
+    if isinstance(err, openai.APITimeoutError):
+        return TeacherError("timeout", str(err))
+    if isinstance(err, openai.APIConnectionError):
+        return TeacherError("connection", str(err))
+    if isinstance(err, openai.APIStatusError):
+        status = err.status_code
+        kind: ErrorKind = (
+            "rate_limit" if status == 429 else "server" if status in RETRYABLE_STATUS else "client"
+        )
+        return TeacherError(kind, f"HTTP {status}: {str(err)[:300]}", status=status)
+    return TeacherError("other", f"{type(err).__name__}: {err}")
+
+
+def parse_completion(body: bytes) -> TeacherResponse:
+    """Validate a chat-completion JSON body; raise ``TeacherError('malformed')`` otherwise."""
+    try:
+        obj = orjson.loads(body)
+        msg = obj["choices"][0]["message"]
+        usage = obj.get("usage") or {}
+        text = msg.get("content") or ""
+        calls = msg.get("tool_calls") or []
+        if not isinstance(text, str) or not isinstance(calls, list):
+            raise TypeError("content must be a string and tool_calls a list")
+        for c in calls:
+            if not isinstance(c.get("function", {}).get("name"), str):
+                raise TypeError("tool call without a function name")
+        return TeacherResponse(
+            text=text,
+            tool_calls=[_clean_call(c) for c in calls],
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            finish_reason=obj["choices"][0].get("finish_reason"),
+        )
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as err:
+        snippet = body[:120].decode("utf-8", "replace")
+        raise TeacherError("malformed", f"{type(err).__name__}: {err}; body={snippet!r}") from err
+
+
+def _clean_call(c: dict[str, Any]) -> dict[str, Any]:
+    fn = c["function"]
+    args = fn.get("arguments", "{}")
+    return {
+        "id": c.get("id", ""),
+        "type": "function",
+        "function": {
+            "name": fn["name"],
+            "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
+        },
+    }
+
+
+class OpenAITeacher:
+    """A teacher behind any OpenAI-compatible endpoint (OpenRouter, vLLM, SGLang, Ollama, ...)."""
+
+    def __init__(self, spec: TeacherSpec, sleep=asyncio.sleep):
+        import openai
+
+        key = "not-needed"
+        if spec.api_key_env:
+            key = os.environ.get(spec.api_key_env, "")
+            if not key:
+                raise PoolError(
+                    f"teacher {spec.name!r}: environment variable {spec.api_key_env} is not set"
+                )
+        self.spec = spec
+        self._client = openai.AsyncOpenAI(
+            base_url=spec.base_url, api_key=key, max_retries=0, timeout=spec.timeout_s
+        )
+        self._sleep = sleep
+
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> TeacherResponse:
+        """One answer, retrying transient failures with backoff; raises `TeacherError`."""
+        t0 = time.perf_counter()
+        for attempt in range(self.spec.max_retries + 1):
+            try:
+                resp = await self._once(messages, tools)
+            except TeacherError as err:
+                err.attempts = attempt + 1
+                if not err.retryable or attempt == self.spec.max_retries:
+                    raise
+                await self._sleep(
+                    backoff_delay(
+                        attempt, err.retry_after, self.spec.backoff_base_s, self.spec.backoff_cap_s
+                    )
+                )
+                continue
+            resp.attempts = attempt + 1
+            resp.latency_s = time.perf_counter() - t0
+            return resp
+        raise AssertionError("unreachable")
+
+    async def _once(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> TeacherResponse:
+        import openai
+
+        kwargs: dict[str, Any] = {
+            "model": self.spec.model,
+            "messages": messages,
+            "max_tokens": self.spec.max_tokens,
+            "temperature": self.spec.temperature,
+        }
+        if tools:
+            kwargs["tools"] = tools
+        try:
+            raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
+        except openai.APIError as err:
+            terr = classify_openai_error(err)
+            response = getattr(err, "response", None)
+            terr.retry_after = parse_retry_after(getattr(response, "headers", None))
+            raise terr from err
+        return parse_completion(raw.http_response.content)
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+class LocalHFTeacher:
+    """A teacher running a Hugging Face model in this process (``base_url: local``).
+
+    Generation runs in a worker thread so the event loop keeps serving other teachers.
+    """
+
+    def __init__(self, spec: TeacherSpec, chat_model: Any = None):
+        from .local_model import LocalChatModel
+
+        self.spec = spec
+        self.chat_model = chat_model or LocalChatModel(spec.model)
+
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> TeacherResponse:
+        t0 = time.perf_counter()
+        try:
+            gen = await asyncio.to_thread(
+                self.chat_model.generate,
+                messages,
+                max_tokens=self.spec.max_tokens,
+                temperature=self.spec.temperature,
+                tools=tools,
+            )
+        except Exception as err:  # a local model failure is recorded, not raised to the loop
+            raise TeacherError("other", f"{type(err).__name__}: {err}") from err
+        return TeacherResponse(
+            text=gen.text,
+            tool_calls=gen.tool_calls,
+            prompt_tokens=gen.prompt_tokens,
+            completion_tokens=gen.completion_tokens,
+            finish_reason=gen.finish_reason,
+            latency_s=time.perf_counter() - t0,
+        )
+
+    async def aclose(self) -> None:
+        return None
+
+
+def build_teacher(spec: TeacherSpec) -> Teacher:
+    """The client for one spec: in-process for ``base_url: local``, else the OpenAI SDK."""
+    if spec.base_url == LOCAL_BASE_URL:
+        return LocalHFTeacher(spec)
+    return OpenAITeacher(spec)

@@ -1,0 +1,127 @@
+"""replay_trace against the scripted HTTP server: journal caching, per-teacher concurrency,
+fault injection (every state completed or reported failed), tiers, tool inference."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from composer_replication.replay.journal import Journal
+from composer_replication.replay.replay import replay_trace, session_tools, tier_settled
+from composer_replication.replay.teachers import TeacherSpec
+
+from .conftest import digest, make_states
+
+
+def _specs(url: str, n: int = 2, **kw) -> list[TeacherSpec]:
+    base = {"max_tokens": 16, "timeout_s": 2, "backoff_base_s": 0.01, "backoff_cap_s": 0.05,
+            "price_in_per_mtok": 1.0, "price_out_per_mtok": 4.0}  # fmt: skip
+    base.update(kw)
+    return [TeacherSpec(name=f"t{i}", base_url=url, model=f"m{i}", **base) for i in range(n)]
+
+
+def test_replay_records_everything_and_rerun_sends_nothing(scripted, tmp_path):
+    script, url = scripted
+    states = make_states(10, tool_every=3)
+    db = tmp_path / "r.db"
+    r1 = asyncio.run(replay_trace(states, _specs(url), journal=db))
+    assert r1.states_completed == 10 and r1.calls_sent == 20 and r1.calls_cached == 0
+    assert sum(script.requests.values()) == 20
+    assert r1.cost_usd > 0 and r1.prompt_tokens > 0
+    before = sum(script.requests.values())
+    r2 = asyncio.run(replay_trace(states, _specs(url), journal=db))
+    assert sum(script.requests.values()) == before  # zero requests
+    assert r2.calls_sent == 0 and r2.calls_cached == 20 and r2.cost_usd == 0
+    assert r2.teacher_actions == r1.teacher_actions
+    with Journal(db) as jr:
+        assert [s.state_id for s in jr.states()] == [s.state_id for s in states]
+        assert jr.spent_usd() == r1.cost_usd
+    # changing a request parameter changes the key: those calls are new
+    r3 = asyncio.run(replay_trace(states, _specs(url, temperature=0.5), journal=db))
+    assert r3.calls_sent == 20
+
+
+def test_per_teacher_concurrency_limit(scripted):
+    script, url = scripted
+    script.delay_s = 0.05
+    specs = _specs(url, n=1, max_concurrency=3)
+    asyncio.run(replay_trace(make_states(12), specs))
+    assert script.max_in_flight == 3
+
+
+def test_fault_injection_every_state_completed_or_failed(scripted, tmp_path):
+    """429 (Retry-After 0), 500, hangs past the 0.3 s timeout, invalid JSON, and 15% of
+    conversations failing on every attempt: no crash; every state is completed or failed with a
+    reason; failed calls are journaled with their error kind."""
+    script, url = scripted
+    script.p429, script.p500, script.phang, script.pinvalid = 0.15, 0.15, 0.05, 0.05
+    script.always_fail, script.hang_s = 0.15, 1.0
+    states = make_states(40)
+    specs = _specs(url, timeout_s=0.3, max_retries=4, max_concurrency=8)
+    db = tmp_path / "f.db"
+    r = asyncio.run(replay_trace(states, specs, journal=db))
+    assert r.states_completed + len(r.states_failed) == 40 and r.states_remaining == 0
+    assert r.states_completed > 0 and r.states_failed
+    assert all(reason for reason in r.states_failed.values())
+    assert {"server", "malformed"} <= set(r.errors_by_kind)
+    assert r.attempts > r.calls_sent  # retries happened
+    with Journal(db) as jr:
+        calls = list(jr.calls())
+    assert len(calls) == 80
+    failed_states = {c.state_id for c in calls if c.status == "error"}
+    assert failed_states == set(r.states_failed)
+    assert all(c.error_kind and c.error for c in calls if c.status == "error")
+    # failed calls are not re-sent on a plain re-run, but are with retry_failed
+    n = sum(script.requests.values())
+    asyncio.run(replay_trace(states, specs, journal=db))
+    assert sum(script.requests.values()) == n
+    script.p429 = script.p500 = script.phang = script.pinvalid = script.always_fail = 0.0
+    r3 = asyncio.run(replay_trace(states, specs, journal=db, retry_failed=True))
+    assert r3.calls_sent == sum(1 for c in calls if c.status == "error")
+    assert r3.states_completed == 40
+
+
+def test_empty_prefix_is_reported_failed(scripted):
+    _, url = scripted
+    states = make_states(2)
+    states[0].prefix = []
+    r = asyncio.run(replay_trace(states, _specs(url)))
+    assert "empty prefix" in r.states_failed[states[0].state_id] and r.states_completed == 1
+
+
+def test_tiers_escalate_only_on_disagreement(scripted):
+    """Tier 0 = two teachers. With ``answer_by_model`` they always disagree -> every state asks
+    tier 1; without it they agree -> tier 1 is never asked and its calls are reported saved."""
+    script, url = scripted
+    specs = _specs(url, n=2) + [
+        TeacherSpec(name="big", base_url=url, model="big", tier=1, max_tokens=16,
+                    price_in_per_mtok=10, price_out_per_mtok=40)
+    ]  # fmt: skip
+    states = make_states(6)
+    r = asyncio.run(replay_trace(states, specs, tiered=True))
+    assert r.calls_sent == 12 and r.calls_saved_tiers == 6 and r.calls_full_replay == 18
+    mean_p, mean_c = r.prompt_tokens / 12, r.completion_tokens / 12
+    assert r.usd_saved_estimate == pytest.approx(6 * specs[2].cost_usd(mean_p, mean_c))
+    assert all(set(a) == {"t0", "t1"} for a in r.teacher_actions.values())
+    script.answer_by_model = True
+    r = asyncio.run(replay_trace(make_states(6, session="s2"), specs, tiered=True))
+    assert r.calls_sent == 18 and r.calls_saved_tiers == 0
+
+
+def test_gating_selection_skips_states(scripted):
+    script, url = scripted
+    states = make_states(8)
+    keep = {s.state_id for s in states[:3]}
+    r = asyncio.run(replay_trace(states, _specs(url), selected=keep))
+    assert r.states_gated_out == 5 and r.calls_saved_gating == 10 and r.calls_sent == 6
+    assert r.usd_saved_estimate is not None and r.usd_saved_estimate > 0
+    assert {d for _, d in script.requests} == {digest(s.prefix) for s in states[:3]}
+
+
+def test_tools_are_inferred_per_session(scripted):
+    states = make_states(4, tool_every=2)
+    tools = session_tools(states)
+    assert [t["function"]["name"] for t in tools["s1"]] == ["bash"]
+    assert tier_settled({"a": {"content": "X  y"}, "b": {"content": "x y"}}, 2, 0.6)
+    assert not tier_settled({"a": {"content": "x"}, "b": {"content": "z"}}, 2, 0.6)

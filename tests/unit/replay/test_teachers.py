@@ -1,0 +1,220 @@
+"""Teacher pool YAML validation, Retry-After parsing, backoff, response parsing, and the OpenAI
+SDK client's retries against the scripted HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from composer_replication.replay.teachers import (
+    OpenAITeacher,
+    PoolError,
+    TeacherError,
+    TeacherSpec,
+    backoff_delay,
+    load_pool,
+    parse_completion,
+    parse_retry_after,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+
+POOL = """
+teachers:
+  - name: a
+    base_url: http://127.0.0.1:9/v1
+    model: m
+    price_in_per_mtok: 1.5
+    price_out_per_mtok: 6
+    max_tokens: 16
+    temperature: 0.7
+    max_concurrency: 3
+    timeout_s: 5
+    tier: 1
+  - {name: b, base_url: "https://openrouter.ai/api/v1", model: x/y, api_key_env: MY_KEY}
+"""
+
+
+def test_pool_yaml_fields(tmp_path):
+    p = tmp_path / "pool.yaml"
+    p.write_text(POOL)
+    pool = load_pool(p)
+    a, b = pool.teachers
+    assert (a.name, a.price_in_per_mtok, a.max_concurrency, a.tier, a.temperature) == (
+        "a", 1.5, 3, 1, 0.7,
+    )  # fmt: skip
+    assert b.api_key_env == "MY_KEY" and b.tier == 0
+    assert a.cost_usd(1_000_000, 500_000) == pytest.approx(1.5 + 3.0)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "needle"),
+    [
+        ("teachers:\n  - {name: a, base_url: http://x/v1, model: m, price_in_per_mtok: -1}\n",
+         "teachers.0.price_in_per_mtok"),
+        ("teachers:\n  - {name: a, base_url: http://x/v1, model: m, colour: red}\n",
+         "teachers.0.colour"),
+        ("teachers:\n  - {name: a, base_url: ftp://x, model: m}\n", "teachers.0"),
+        ("teachers:\n  - {name: a, base_url: http://x/v1, model: m}\n"
+         "  - {name: a, base_url: http://x/v1, model: n}\n", "duplicate teacher names"),
+        ("teachers: []\n", "teachers"),
+        ("teachers: [\n", "invalid YAML"),
+        ("teachers:\n  - {name: a, base_url: http://x/v1, model: m, api_key_env: 'sk-abc def'}\n",
+         "teachers.0.api_key_env"),
+    ],
+)  # fmt: skip
+def test_pool_errors_name_file_and_field(tmp_path, yaml_text, needle):
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml_text)
+    with pytest.raises(PoolError) as ei:
+        load_pool(p)
+    assert str(p) in str(ei.value) and needle in str(ei.value)
+
+
+def test_shipped_pools_parse_and_hold_no_keys():
+    files = sorted((REPO / "configs" / "teachers").glob("*.yaml"))
+    assert len(files) >= 2
+    for f in files:
+        pool = load_pool(f)
+        text = f.read_text()
+        assert "sk-" not in text and "api_key:" not in text
+        for t in pool.teachers:
+            if t.base_url.startswith("https://"):
+                assert t.api_key_env, f"{f}: remote teacher {t.name} needs api_key_env"
+
+
+def test_missing_key_env_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("NOPE_KEY", raising=False)
+    spec = TeacherSpec(name="r", base_url="https://example.invalid/v1", model="m",
+                       api_key_env="NOPE_KEY")  # fmt: skip
+    with pytest.raises(PoolError, match="NOPE_KEY is not set"):
+        OpenAITeacher(spec)
+
+
+def test_retry_after_parsing():
+    assert parse_retry_after(httpx.Headers({"retry-after": "3"})) == 3.0
+    assert parse_retry_after(httpx.Headers({"retry-after-ms": "250"})) == 0.25
+    future = email.utils.formatdate(time.time() + 10, usegmt=True)
+    assert 8 <= parse_retry_after(httpx.Headers({"retry-after": future})) <= 10.5
+    assert parse_retry_after(httpx.Headers({"retry-after": "soon"})) is None
+    assert parse_retry_after(httpx.Headers({})) is None
+
+
+def test_backoff_is_jittered_exponential_and_honours_retry_after():
+    for attempt in range(6):
+        d = [backoff_delay(attempt, None, base=0.5, cap=4) for _ in range(200)]
+        assert 0 <= min(d) and max(d) <= min(4, 0.5 * 2**attempt)
+        assert len(set(d)) > 100  # jitter
+    assert backoff_delay(0, 7.0, base=0.5, cap=4) >= 7.0
+
+
+def test_parse_completion_rejects_malformed():
+    ok = parse_completion(
+        b'{"choices":[{"message":{"content":"hi","tool_calls":[{"id":"1","type":"function",'
+        b'"function":{"name":"f","arguments":{"a":1}}}]},"finish_reason":"stop"}],'
+        b'"usage":{"prompt_tokens":3,"completion_tokens":2}}'
+    )
+    assert ok.text == "hi" and ok.prompt_tokens == 3 and ok.completion_tokens == 2
+    assert ok.tool_calls[0]["function"]["arguments"] == '{"a":1}'
+    for bad in (
+        b'{"choices": [',
+        b"{}",
+        b'{"choices": []}',
+        b"[1]",
+        b'{"choices":[{"message":1}]}',
+    ):
+        with pytest.raises(TeacherError) as ei:
+            parse_completion(bad)
+        assert ei.value.kind == "malformed" and not ei.value.retryable
+
+
+def _spec(base_url: str, **kw) -> TeacherSpec:
+    kw = {"timeout_s": 0.5, "backoff_base_s": 0.01, "backoff_cap_s": 0.05, **kw}
+    return TeacherSpec(name="t", base_url=base_url, model="m", max_tokens=8, **kw)
+
+
+def test_client_retries_429_and_500_then_succeeds(scripted):
+    script, url = scripted
+    script.p429, script.p500 = 0.45, 0.45
+    sleeps: list[float] = []
+
+    async def fake_sleep(s: float) -> None:
+        sleeps.append(s)
+
+    async def go():
+        t = OpenAITeacher(_spec(url, max_retries=30), sleep=fake_sleep)
+        try:
+            return [await t.complete([{"role": "user", "content": f"q{i}"}]) for i in range(6)]
+        finally:
+            await t.aclose()
+
+    out = asyncio.run(go())
+    assert all(r.text.startswith("Answer ") for r in out)
+    assert sum(r.attempts for r in out) == sum(script.requests.values())
+    assert sum(r.attempts - 1 for r in out) == len(sleeps) > 0
+
+
+def test_client_honours_retry_after_header(scripted):
+    script, url = scripted
+    script.p429, script.retry_after = 1.0, "2"  # every attempt: 429 with Retry-After: 2
+    sleeps: list[float] = []
+
+    async def fake_sleep(s: float) -> None:
+        sleeps.append(s)
+
+    async def go():
+        t = OpenAITeacher(_spec(url, max_retries=2), sleep=fake_sleep)
+        try:
+            await t.complete([{"role": "user", "content": "q"}])
+        finally:
+            await t.aclose()
+
+    with pytest.raises(TeacherError) as ei:
+        asyncio.run(go())
+    assert ei.value.kind == "rate_limit" and ei.value.attempts == 3
+    assert sleeps and all(s >= 2.0 for s in sleeps)
+
+
+def test_client_times_out_and_reports_malformed(scripted):
+    script, url = scripted
+
+    async def one(**kw):
+        t = OpenAITeacher(_spec(url, **kw))
+        try:
+            return await t.complete([{"role": "user", "content": "q"}])
+        finally:
+            await t.aclose()
+
+    script.phang, script.hang_s = 1.0, 2.0
+    with pytest.raises(TeacherError) as ei:
+        asyncio.run(one(max_retries=1, timeout_s=0.2))
+    assert ei.value.kind == "timeout" and ei.value.attempts == 2
+    script.phang, script.pinvalid = 0.0, 1.0
+    with pytest.raises(TeacherError) as ei:
+        asyncio.run(one(max_retries=3))
+    assert ei.value.kind == "malformed" and ei.value.attempts == 1  # not retried
+
+
+def test_connection_refused_is_retried_then_reported():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+
+    async def go():
+        t = OpenAITeacher(_spec(f"http://127.0.0.1:{port}/v1", max_retries=2))
+        try:
+            await t.complete([{"role": "user", "content": "q"}])
+        finally:
+            await t.aclose()
+
+    with pytest.raises(TeacherError) as ei:
+        asyncio.run(go())
+    assert ei.value.kind == "connection" and ei.value.attempts == 3
