@@ -179,8 +179,12 @@ def ablate(
 
 def _register_subcommands() -> None:
     from composer_replication.cli_ingest import ingest_command
+    from composer_replication.cli_replay import pairs_command, replay_command, serve_command
 
     app.command("ingest")(ingest_command)
+    app.command("serve")(serve_command)
+    app.command("replay")(replay_command)
+    app.command("pairs")(pairs_command)
 
 
 _register_subcommands()

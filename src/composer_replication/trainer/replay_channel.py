@@ -14,7 +14,8 @@ Data: TRL's conversational preference format, one JSON object per line::
      "rejected": [{"role": "assistant", ...}]}
 
 (``chosen``/``rejected`` may also be plain strings.) A directory is searched for
-``pairs.jsonl`` or a single ``*.jsonl``.
+``pairs.jsonl`` or a single ``*.jsonl``; ``embedded:fixture-replay-pairs`` is the small
+dataset shipped in the package (see ``composer_replication/data/README.md``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,18 @@ class PreferenceDataError(ValueError):
     """A preference file that cannot be used; the message names the file and line."""
 
 
+EMBEDDED_PAIRS = {"fixture-replay-pairs": "fixture_replay_pairs.jsonl"}
+
+
 def resolve_pairs_file(path: str | Path) -> Path:
+    """A JSONL file, a directory holding one, or ``embedded:NAME`` (shipped in the package)."""
+    if str(path).startswith("embedded:"):
+        name = str(path).split(":", 1)[1]
+        if name not in EMBEDDED_PAIRS:
+            raise PreferenceDataError(
+                f"unknown embedded dataset {name!r}; known: {list(EMBEDDED_PAIRS)}"
+            )
+        return Path(__file__).resolve().parents[1] / "data" / EMBEDDED_PAIRS[name]
     p = Path(path).expanduser()
     if p.is_file():
         return p
