@@ -1,0 +1,224 @@
+"""A tiny, fixed synthetic task for exercising the outer loop in real processes (tests, bench).
+
+Task: regress the output of a fixed random "teacher" MLP (16 -> 32 -> 1, tanh) from Gaussian
+inputs, with label noise of std 0.1; the student is a 16 -> 64 -> 1 MLP trained with AdamW on
+MSE. Replica ``r`` draws its inner-step batches from its own shard (a generator seeded by
+``(shard, step)``); the held-out set is shared. This is a harness, not part of the training
+API: ``python -m composer_replication.diloco.toy --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+D_IN = 16
+NOISE_STD = 0.3
+TEACHER_SEED = 1234
+EVAL_SEED = 999_999
+
+
+def make_teacher() -> nn.Module:
+    g = torch.Generator().manual_seed(TEACHER_SEED)
+    teacher = nn.Sequential(nn.Linear(D_IN, 32), nn.Tanh(), nn.Linear(32, 1))
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return teacher
+
+
+def make_student(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(D_IN, 64), nn.Tanh(), nn.Linear(64, 1))
+
+
+def make_batch(
+    teacher: nn.Module, shard: int, step: int, batch: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and noisy targets for inner step ``step`` of data shard ``shard``."""
+    g = torch.Generator().manual_seed(1_000_003 * (shard + 1) + step)
+    x_BD = torch.randn(batch, D_IN, generator=g)
+    with torch.no_grad():
+        y_B1 = teacher(x_BD) + NOISE_STD * torch.randn(batch, 1, generator=g)
+    return x_BD, y_B1
+
+
+def eval_loss(model: nn.Module, teacher: nn.Module, n: int = 2048) -> float:
+    """MSE on a fixed held-out set shared by all replicas and runs."""
+    x, y = make_batch(teacher, EVAL_SEED, 0, n)
+    with torch.no_grad():
+        return float(nn.functional.mse_loss(model(x), y))
+
+
+def cosine_schedule(opt: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Cosine decay from the base lr to 0 over ``steps`` (a stable end point for comparisons)."""
+    import math
+
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+    )
+
+
+def train_single(
+    steps: int, batch: int, shards: int, lr: float, seed: int = 0
+) -> dict[str, Any]:
+    """The synchronous baseline: one process whose every step sees all ``shards`` batches of that
+    step (exactly what a synchronous data-parallel all-reduce of the mean gradient computes)."""
+    teacher, model = make_teacher(), make_student(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    sched = cosine_schedule(opt, steps)
+    for step in range(steps):
+        xs, ys = zip(*(make_batch(teacher, s, step, batch) for s in range(shards)), strict=True)
+        loss = nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    return {"eval_loss": eval_loss(model, teacher), "params": sum(p.numel() for p in model.parameters())}
+
+
+def _build_manager(args: argparse.Namespace):
+    if args.backend == "torchft":
+        return None
+    from composer_replication.diloco.serverless import ObjectStoreAllReduce, ObjectStoreManager
+
+    reducer = ObjectStoreAllReduce(
+        args.store_uri,
+        rank=args.rank,
+        world_size=args.world,
+        timeout_s=args.timeout,
+        compression=args.compression,
+    )
+    return ObjectStoreManager(reducer)
+
+
+def run_replica(args: argparse.Namespace) -> dict[str, Any]:
+    """Train one replica under DiLoCo; returns the record the tests and bench read."""
+    from composer_replication.diloco.config import DilocoConfig
+    from composer_replication.diloco.outer import DilocoRuntime
+
+    torch.set_num_threads(1)
+    teacher, model = make_teacher(), make_student(args.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    sched = cosine_schedule(opt, args.steps)
+    cfg = DilocoConfig(
+        enabled=True,
+        replicas=args.world,
+        min_replicas=args.min_replicas,
+        replica_id=args.rank,
+        sync_every=args.sync_every,
+        outer_lr=args.outer_lr,
+        outer_momentum=args.outer_momentum,
+        nesterov=args.outer_momentum > 0,
+        fragments=args.fragments,
+        lighthouse=args.lighthouse,
+        timeout_s=args.timeout,
+    )
+
+    def report(ev):
+        print(json.dumps({"rank": args.rank, "sync": ev.row()}), flush=True)
+
+    rt = DilocoRuntime(cfg, model, opt, manager=_build_manager(args), keep_tensors=args.keep_tensors, on_sync=report)
+    losses = []
+    t0 = time.monotonic()
+    with rt:
+        step = 0
+        while step < args.steps:
+            if args.target_syncs and rt.manager.current_step() >= args.target_syncs:
+                break
+            x, y = make_batch(teacher, args.shard if args.shard is not None else args.rank, step, args.batch)
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(float(loss.detach()))
+            step += 1
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+    out = {
+        "rank": args.rank,
+        "inner_steps": step,
+        "syncs": [e.row() for e in rt.events],
+        "final_checksum": rt.checksum(),
+        "eval_loss": eval_loss(model, teacher),
+        "losses": losses,
+        "seconds": time.monotonic() - t0,
+        "manager_step": rt.manager.current_step(),
+    }
+    stats = getattr(rt.manager, "stats", None)
+    if stats is not None:
+        out["wire"] = stats()
+    if args.keep_tensors:
+        torch.save(
+            {
+                "pre": [e.pre_sync for e in rt.events],
+                "post": [e.post_sync for e in rt.events],
+                "steps": [e.manager_step for e in rt.events],
+                "initial": None,
+            },
+            Path(args.out).with_suffix(".pt"),
+        )
+    rt.shutdown()
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rank", type=int, default=int(os.environ.get("REPLICA_RANK", 0)))
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--min-replicas", type=int, default=1)
+    ap.add_argument("--shard", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--target-syncs", type=int, default=0)
+    ap.add_argument("--sync-every", type=int, default=4)
+    ap.add_argument("--fragments", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--outer-momentum", type=float, default=0.9)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lighthouse", default=None)
+    ap.add_argument("--backend", choices=["torchft", "object_store"], default="torchft")
+    ap.add_argument("--store-uri", default=None)
+    ap.add_argument("--compression", choices=["none", "bf16", "int8"], default="none")
+    ap.add_argument("--timeout", type=float, default=30.0)
+    ap.add_argument("--step-sleep", type=float, default=0.0)
+    ap.add_argument("--keep-tensors", action="store_true")
+    ap.add_argument("--out", required=True)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = run_replica(args)
+    Path(args.out).write_text(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def replica_entrypoint(**kwargs: Any) -> dict[str, Any]:
+    """Entrypoint for the executors: ``kwargs`` are this module's CLI options (underscored),
+    the rank comes from ``$REPLICA_RANK``."""
+    argv: list[str] = []
+    for key, value in kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value not in (False, None):
+            argv += [flag, str(value)]
+    args = parse_args(argv)
+    out = run_replica(args)
+    Path(args.out).write_text(json.dumps(out))
+    return out
