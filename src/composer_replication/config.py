@@ -12,6 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from composer_replication.diloco.config import DilocoConfig
+
 DEFAULT_CONFIG = "quickstart.yaml"
 
 
@@ -167,6 +169,8 @@ class RunConfig(_Strict):
     grpo: GRPOConfigModel = Field(default_factory=GRPOConfigModel)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    diloco: DilocoConfig = Field(default_factory=DilocoConfig)
+    """DiLoCo outer loop across replicas (off by default; see diloco/)."""
 
     @model_validator(mode="after")
     def _channels_need_inputs(self) -> RunConfig:

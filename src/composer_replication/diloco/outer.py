@@ -117,7 +117,9 @@ def make_diloco_outer_loop(
     from torchft.local_sgd import DiLoCo
 
     if sync_every % fragments != 0:
-        raise DilocoSetupError(f"sync_every={sync_every} must be a multiple of fragments={fragments}")
+        raise DilocoSetupError(
+            f"sync_every={sync_every} must be a multiple of fragments={fragments}"
+        )
     parts = split_fragments(model, fragments)
     outer = make_outer_optimizers(parts, outer_lr, outer_momentum, nesterov)
     return DiLoCo(

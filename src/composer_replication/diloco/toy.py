@@ -67,9 +67,7 @@ def cosine_schedule(opt: torch.optim.Optimizer, steps: int) -> torch.optim.lr_sc
     )
 
 
-def train_single(
-    steps: int, batch: int, shards: int, lr: float, seed: int = 0
-) -> dict[str, Any]:
+def train_single(steps: int, batch: int, shards: int, lr: float, seed: int = 0) -> dict[str, Any]:
     """The synchronous baseline: one process whose every step sees all ``shards`` batches of that
     step (exactly what a synchronous data-parallel all-reduce of the mean gradient computes)."""
     teacher, model = make_teacher(), make_student(seed)
@@ -82,7 +80,28 @@ def train_single(
         loss.backward()
         opt.step()
         sched.step()
-    return {"eval_loss": eval_loss(model, teacher), "params": sum(p.numel() for p in model.parameters())}
+    return {
+        "eval_loss": eval_loss(model, teacher),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+SIGN_THETA0 = (1.0, 2.0)
+SIGN_GRADS = ((0.5, -0.25), (0.25, 0.75), (-0.5, 0.5))
+
+
+class _Vector(nn.Module):
+    def __init__(self, values: tuple[float, ...]):
+        super().__init__()
+        self.theta = nn.Parameter(torch.tensor(values, dtype=torch.float32))
+
+
+def _sign_setup(rank: int) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    """The sign-convention task: theta0 = (1, 2), replica r's loss is ``g_r . theta`` (constant
+    gradient g_r), inner SGD with lr 1, so after H steps ``theta_local = theta0 - H * g_r``."""
+    model = _Vector(SIGN_THETA0)
+    g = torch.tensor(SIGN_GRADS[rank])
+    return model, torch.optim.SGD(model.parameters(), lr=1.0), lambda: (g * model.theta).sum()
 
 
 def _build_manager(args: argparse.Namespace):
@@ -106,9 +125,14 @@ def run_replica(args: argparse.Namespace) -> dict[str, Any]:
     from composer_replication.diloco.outer import DilocoRuntime
 
     torch.set_num_threads(1)
-    teacher, model = make_teacher(), make_student(args.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    sched = cosine_schedule(opt, args.steps)
+    teacher = make_teacher()
+    if args.task == "sign":
+        model, opt, sign_loss = _sign_setup(args.rank)
+        sched = None
+    else:
+        model = make_student(args.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        sched = cosine_schedule(opt, args.steps)
     cfg = DilocoConfig(
         enabled=True,
         replicas=args.world,
@@ -126,7 +150,14 @@ def run_replica(args: argparse.Namespace) -> dict[str, Any]:
     def report(ev):
         print(json.dumps({"rank": args.rank, "sync": ev.row()}), flush=True)
 
-    rt = DilocoRuntime(cfg, model, opt, manager=_build_manager(args), keep_tensors=args.keep_tensors, on_sync=report)
+    rt = DilocoRuntime(
+        cfg,
+        model,
+        opt,
+        manager=_build_manager(args),
+        keep_tensors=args.keep_tensors,
+        on_sync=report,
+    )
     losses = []
     t0 = time.monotonic()
     with rt:
@@ -134,7 +165,9 @@ def run_replica(args: argparse.Namespace) -> dict[str, Any]:
         while step < args.steps:
             if args.target_syncs and rt.manager.current_step() >= args.target_syncs:
                 break
-            x, y = make_batch(teacher, args.shard if args.shard is not None else args.rank, step, args.batch)
+            x, y = make_batch(
+                teacher, args.shard if args.shard is not None else args.rank, step, args.batch
+            )
             loss = nn.functional.mse_loss(model(x), y)
             opt.zero_grad()
             loss.backward()
@@ -149,7 +182,10 @@ def run_replica(args: argparse.Namespace) -> dict[str, Any]:
         "inner_steps": step,
         "syncs": [e.row() for e in rt.events],
         "final_checksum": rt.checksum(),
-        "eval_loss": eval_loss(model, teacher),
+        "eval_loss": eval_loss(model, teacher) if args.task != "sign" else None,
+        "final_params": [p.detach().flatten().tolist() for p in model.parameters()]
+        if args.task == "sign"
+        else None,
         "losses": losses,
         "seconds": time.monotonic() - t0,
         "manager_step": rt.manager.current_step(),
@@ -163,7 +199,6 @@ def run_replica(args: argparse.Namespace) -> dict[str, Any]:
                 "pre": [e.pre_sync for e in rt.events],
                 "post": [e.post_sync for e in rt.events],
                 "steps": [e.manager_step for e in rt.events],
-                "initial": None,
             },
             Path(args.out).with_suffix(".pt"),
         )
@@ -173,6 +208,7 @@ def run_replica(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--task", choices=["regression", "sign"], default="regression")
     ap.add_argument("--rank", type=int, default=int(os.environ.get("REPLICA_RANK", 0)))
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--min-replicas", type=int, default=1)
@@ -190,7 +226,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", choices=["torchft", "object_store"], default="torchft")
     ap.add_argument("--store-uri", default=None)
     ap.add_argument("--compression", choices=["none", "bf16", "int8"], default="none")
-    ap.add_argument("--timeout", type=float, default=30.0)
+    ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--step-sleep", type=float, default=0.0)
     ap.add_argument("--keep-tensors", action="store_true")
     ap.add_argument("--out", required=True)
@@ -222,3 +258,63 @@ def replica_entrypoint(**kwargs: Any) -> dict[str, Any]:
     out = run_replica(args)
     Path(args.out).write_text(json.dumps(out))
     return out
+
+
+def toy_command(out: str | Path, rank: int, **options: Any) -> list[str]:
+    """argv for one toy replica process (``options`` are CLI flags, underscores allowed)."""
+    argv = [sys.executable, "-m", "composer_replication.diloco.toy", "--rank", str(rank)]
+    argv += ["--out", str(out)]
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value not in (False, None):
+            argv += [flag, str(value)]
+    return argv
+
+
+def toy_env() -> dict[str, str]:
+    """Child environment: this package importable, torchft's Rust logs at warn."""
+    src = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH", "")
+    return dict(
+        os.environ,
+        PYTHONPATH=src + (os.pathsep + path if path else ""),
+        RUST_LOG="warn",
+        OMP_NUM_THREADS="1",
+    )
+
+
+def run_toy_replicas(
+    n: int, out_dir: str | Path, timeout: float = 300.0, **options: Any
+) -> list[dict[str, Any]]:
+    """Start ``n`` toy replicas as OS processes, wait, and return their JSON records.
+
+    Raises ``RuntimeError`` with the replica's output if any exits non-zero."""
+    import subprocess
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for r in range(n):
+        log = (out_dir / f"r{r}.log").open("w")
+        cmd = toy_command(out_dir / f"r{r}.json", r, world=n, **options)
+        procs.append(
+            (subprocess.Popen(cmd, env=toy_env(), stdout=log, stderr=subprocess.STDOUT), log)
+        )
+    failed = []
+    for r, (p, log) in enumerate(procs):
+        try:
+            code = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q, _ in procs:
+                q.kill()
+            raise
+        log.close()
+        if code != 0:
+            failed.append((r, code, (out_dir / f"r{r}.log").read_text()[-3000:]))
+    if failed:
+        raise RuntimeError(
+            "toy replicas failed: " + "; ".join(f"rank {r} exit {c}:\n{t}" for r, c, t in failed)
+        )
+    return [json.loads((out_dir / f"r{r}.json").read_text()) for r in range(n)]

@@ -32,7 +32,9 @@ from composer_replication.diloco.serverless.compression import (
 class ObjectStoreTimeoutError(TimeoutError):
     """Some ranks did not write their part of a round in time."""
 
-    def __init__(self, round_id: int, missing: list[int], world_size: int, url: str, timeout_s: float):
+    def __init__(
+        self, round_id: int, missing: list[int], world_size: int, url: str, timeout_s: float
+    ):
         self.round_id, self.missing = round_id, missing
         super().__init__(
             f"object-store all-reduce round {round_id}: rank(s) {missing} of world_size "
@@ -189,7 +191,9 @@ class ObjectStoreAllReduce:
         except FileNotFoundError:
             return []
         return sorted(
-            int(n.rstrip("/").rsplit("-", 1)[-1]) for n in names if "/round-" in f"/{n.rsplit('/', 1)[-1]}"
+            int(n.rstrip("/").rsplit("-", 1)[-1])
+            for n in names
+            if "/round-" in f"/{n.rsplit('/', 1)[-1]}"
         )
 
 

@@ -49,7 +49,9 @@ def wire_bytes(payload: dict[str, Any]) -> int:
 
 def relative_error(x_list: list[torch.Tensor], y_list: list[torch.Tensor]) -> float:
     """``||y - x|| / ||x||`` over all tensors together (0 if x is all zeros and y equals it)."""
-    num = sum(float((y.float() - x.float()).pow(2).sum()) for x, y in zip(x_list, y_list, strict=True))
+    num = sum(
+        float((y.float() - x.float()).pow(2).sum()) for x, y in zip(x_list, y_list, strict=True)
+    )
     den = sum(float(x.float().pow(2).sum()) for x in x_list)
     if den == 0.0:
         return 0.0 if num == 0.0 else float("inf")

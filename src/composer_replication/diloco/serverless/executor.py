@@ -31,7 +31,9 @@ class ReplicaFailedError(RuntimeError):
         self.failures = failures
         lines = [f"{len(failures)} replica(s) failed:"]
         for rank, (code, err) in sorted(failures.items()):
-            lines.append(f"  rank {rank}: exit code {code}: {err.strip().splitlines()[-1] if err.strip() else '(no output)'}")
+            lines.append(
+                f"  rank {rank}: exit code {code}: {err.strip().splitlines()[-1] if err.strip() else '(no output)'}"
+            )
         super().__init__("\n".join(lines))
 
 
@@ -71,7 +73,9 @@ class LocalHandle:
     result_path: Path
 
 
-def _child_main(rank: int, world: int, entrypoint: str, args: dict[str, Any], result_path: str) -> None:
+def _child_main(
+    rank: int, world: int, entrypoint: str, args: dict[str, Any], result_path: str
+) -> None:
     os.environ[RANK_ENV] = str(rank)
     os.environ[WORLD_ENV] = str(world)
     try:
@@ -154,7 +158,10 @@ class LocalProcessExecutor:
             if code == 0 and status == "ok":
                 results.append(value)
             elif code is not None:
-                failures[h.rank] = (code, value if status == "error" else f"exited with code {code}")
+                failures[h.rank] = (
+                    code,
+                    value if status == "error" else f"exited with code {code}",
+                )
         if failures:
             self.terminate(handles)
             raise ReplicaFailedError(failures)
