@@ -115,6 +115,7 @@ def _build_manager(args: argparse.Namespace):
         world_size=args.world,
         timeout_s=args.timeout,
         compression=args.compression,
+        storage_options={"endpoint_url": args.endpoint_url} if args.endpoint_url else None,
     )
     return ObjectStoreManager(reducer)
 
@@ -124,6 +125,8 @@ def run_replica(args: argparse.Namespace) -> dict[str, Any]:
     from composer_replication.diloco.config import DilocoConfig
     from composer_replication.diloco.outer import DilocoRuntime
 
+    if args.rank == args.absent_rank:
+        return {"rank": args.rank, "absent": True}
     torch.set_num_threads(1)
     teacher = make_teacher()
     if args.task == "sign":
@@ -229,6 +232,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--step-sleep", type=float, default=0.0)
     ap.add_argument("--keep-tensors", action="store_true")
+    ap.add_argument("--endpoint-url", default=None, help="s3 endpoint (e.g. a local moto server)")
+    ap.add_argument(
+        "--absent-rank", type=int, default=-1, help="this rank exits at once, writing nothing"
+    )
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
 
@@ -246,7 +253,9 @@ if __name__ == "__main__":
 
 def replica_entrypoint(**kwargs: Any) -> dict[str, Any]:
     """Entrypoint for the executors: ``kwargs`` are this module's CLI options (underscored),
-    the rank comes from ``$REPLICA_RANK``."""
+    the rank comes from ``$REPLICA_RANK``; ``{rank}`` in ``out`` is replaced by it."""
+    rank = int(os.environ.get("REPLICA_RANK", "0"))
+    kwargs = {**kwargs, "rank": rank, "out": str(kwargs["out"]).format(rank=rank)}
     argv: list[str] = []
     for key, value in kwargs.items():
         flag = "--" + key.replace("_", "-")

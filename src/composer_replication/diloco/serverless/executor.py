@@ -82,10 +82,11 @@ def _child_main(
         result = resolve_entrypoint(entrypoint)(**args)
         Path(result_path).write_bytes(pickle.dumps(("ok", result)))
     except BaseException as err:  # report any failure, then exit non-zero
+        code = err.code if isinstance(err, SystemExit) and isinstance(err.code, int) else 1
         Path(result_path).write_bytes(
             pickle.dumps(("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
         )
-        raise SystemExit(1) from None
+        raise SystemExit(code or 1) from None
 
 
 class LocalProcessExecutor:
