@@ -170,12 +170,12 @@ def test_fault_kill_one_of_three_then_rejoin(tmp_path, lighthouse_factory):
     Restart replica 2: it heals from a peer at its first quorum and, after its first sync,
     its weights equal the others' at that same outer step."""
     addr = lighthouse_factory(min_replicas=2)
-    target = 40
+    stop_file = tmp_path / "stop_at"
     common = dict(
         world=3,
         min_replicas=2,
-        steps=10_000,
-        target_syncs=target,
+        steps=100_000,
+        stop_file=stop_file,
         sync_every=2,
         lighthouse=addr,
         step_sleep=0.03,
@@ -216,6 +216,12 @@ def test_fault_kill_one_of_three_then_rejoin(tmp_path, lighthouse_factory):
             120,
         )
         start(2, "r2b")
+        row = _wait_for_line(logs["r2b"], lambda r: "sync" in r, 180)
+        # stop everyone at the same outer step, a little after the rejoin
+        target = row["sync"]["manager_step"] + 30
+        tmp = stop_file.with_suffix(".tmp")
+        tmp.write_text(str(target))
+        tmp.rename(stop_file)
         for tag in ("r0", "r1", "r2b"):
             assert procs[tag].wait(timeout=120) == 0, logs[tag].read_text()[-3000:]
     finally:

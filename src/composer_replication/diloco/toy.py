@@ -120,6 +120,60 @@ def _build_manager(args: argparse.Namespace):
     return ObjectStoreManager(reducer)
 
 
+def run_ddp_replica(args: argparse.Namespace) -> dict[str, Any]:
+    """The synchronous peer for the benchmark: every step, average the *gradients* of all ranks
+    through the same ObjectStoreAllReduce (fp32), then take the inner optimizer step."""
+    from composer_replication.diloco.serverless import ObjectStoreAllReduce
+
+    torch.set_num_threads(1)
+    teacher, model = make_teacher(), make_student(args.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    sched = cosine_schedule(opt, args.steps)
+    reducer = ObjectStoreAllReduce(
+        args.store_uri,
+        rank=args.rank,
+        world_size=args.world,
+        timeout_s=args.timeout,
+        storage_options={"endpoint_url": args.endpoint_url} if args.endpoint_url else None,
+    )
+    params = list(model.parameters())
+    t0 = time.monotonic()
+    for step in range(args.steps):
+        x, y = make_batch(teacher, args.rank, step, args.batch)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        for p, g in zip(params, reducer.allreduce([p.grad for p in params]), strict=True):
+            p.grad.copy_(g)
+        opt.step()
+        sched.step()
+    return {
+        "rank": args.rank,
+        "inner_steps": args.steps,
+        "final_checksum": params_checksum_of(model),
+        "eval_loss": eval_loss(model, teacher),
+        "seconds": time.monotonic() - t0,
+        "wire": reducer.stats.as_dict(),
+        "syncs": [],
+    }
+
+
+def params_checksum_of(model: nn.Module) -> str:
+    from composer_replication.diloco.outer import params_checksum
+
+    return params_checksum(model.parameters())
+
+
+def _target_syncs(args: argparse.Namespace) -> int:
+    """Stop after this many outer steps: ``--target-syncs``, or the number written to
+    ``--stop-file`` once it exists (lets a test stop all replicas at the same outer step)."""
+    if args.stop_file and os.path.exists(args.stop_file):
+        text = Path(args.stop_file).read_text().strip()
+        if text:
+            return int(text)
+    return args.target_syncs
+
+
 def run_replica(args: argparse.Namespace) -> dict[str, Any]:
     """Train one replica under DiLoCo; returns the record the tests and bench read."""
     from composer_replication.diloco.config import DilocoConfig
@@ -127,6 +181,8 @@ def run_replica(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.rank == args.absent_rank:
         return {"rank": args.rank, "absent": True}
+    if args.task == "ddp":
+        return run_ddp_replica(args)
     torch.set_num_threads(1)
     teacher = make_teacher()
     if args.task == "sign":
@@ -166,16 +222,20 @@ def run_replica(args: argparse.Namespace) -> dict[str, Any]:
     with rt:
         step = 0
         while step < args.steps:
-            if args.target_syncs and rt.manager.current_step() >= args.target_syncs:
+            target = _target_syncs(args)
+            if target and rt.manager.current_step() >= target:
                 break
-            x, y = make_batch(
-                teacher, args.shard if args.shard is not None else args.rank, step, args.batch
-            )
-            loss = nn.functional.mse_loss(model(x), y)
+            if args.task == "sign":
+                loss = sign_loss()
+            else:
+                shard = args.shard if args.shard is not None else args.rank
+                x, y = make_batch(teacher, shard, step, args.batch)
+                loss = nn.functional.mse_loss(model(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
-            sched.step()
+            if sched is not None:
+                sched.step()
             losses.append(float(loss.detach()))
             step += 1
             if args.step_sleep:
@@ -211,7 +271,7 @@ def run_replica(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--task", choices=["regression", "sign"], default="regression")
+    ap.add_argument("--task", choices=["regression", "sign", "ddp"], default="regression")
     ap.add_argument("--rank", type=int, default=int(os.environ.get("REPLICA_RANK", 0)))
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--min-replicas", type=int, default=1)
@@ -230,6 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--store-uri", default=None)
     ap.add_argument("--compression", choices=["none", "bf16", "int8"], default="none")
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--stop-file", default=None)
     ap.add_argument("--step-sleep", type=float, default=0.0)
     ap.add_argument("--keep-tensors", action="store_true")
     ap.add_argument("--endpoint-url", default=None, help="s3 endpoint (e.g. a local moto server)")
