@@ -6,40 +6,28 @@ lets torchft's DiLoCo run on top of it; executors start the replicas locally
 (``HFJobsExecutor``).
 """
 
-from composer_replication.diloco.serverless.allreduce import (
-    ObjectStoreAllReduce,
-    ObjectStoreManager,
-    ObjectStoreTimeoutError,
-    WireStats,
-)
-from composer_replication.diloco.serverless.executor import (
-    RANK_ENV,
-    LocalProcessExecutor,
-    ReplicaFailedError,
-    ReplicaTimeoutError,
-    ServerlessExecutor,
-)
+_LAZY = {
+    "ObjectStoreAllReduce": "allreduce",
+    "ObjectStoreManager": "allreduce",
+    "ObjectStoreTimeoutError": "allreduce",
+    "WireStats": "allreduce",
+    "RANK_ENV": "executor",
+    "LocalProcessExecutor": "executor",
+    "ReplicaFailedError": "executor",
+    "ReplicaTimeoutError": "executor",
+    "ServerlessExecutor": "executor",
+    "ModalExecutor": "modal",
+    "HFJobsExecutor": "hf_jobs",
+}
 
-__all__ = [
-    "RANK_ENV",
-    "LocalProcessExecutor",
-    "ObjectStoreAllReduce",
-    "ObjectStoreManager",
-    "ObjectStoreTimeoutError",
-    "ReplicaFailedError",
-    "ReplicaTimeoutError",
-    "ServerlessExecutor",
-    "WireStats",
-]
+__all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str):
-    if name == "ModalExecutor":
-        from composer_replication.diloco.serverless.modal import ModalExecutor
+    """Names load on first use, so a spawned replica does not import torch before it needs to."""
+    if name in _LAZY:
+        import importlib
 
-        return ModalExecutor
-    if name == "HFJobsExecutor":
-        from composer_replication.diloco.serverless.hf_jobs import HFJobsExecutor
-
-        return HFJobsExecutor
+        module = importlib.import_module(f"composer_replication.diloco.serverless.{_LAZY[name]}")
+        return getattr(module, name)
     raise AttributeError(name)
