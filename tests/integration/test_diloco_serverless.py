@@ -49,8 +49,8 @@ def _gap(rec: dict, steps: int) -> tuple[float, float]:
 CONVERGENCE = {"sync_every": 10, "lr": 0.03, "outer_lr": 0.7, "outer_momentum": 0.5}
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_file_store_replicas_equal_after_every_sync(tmp_path, n):
+def test_file_store_three_replicas_equal_after_every_sync(tmp_path):
+    n = 3
     recs = _run(
         tmp_path, n, store_uri=f"file://{tmp_path}/store", steps=12, sync_every=4, keep_tensors=True
     )
@@ -60,11 +60,19 @@ def test_file_store_replicas_equal_after_every_sync(tmp_path, n):
     _check_equal_after_every_sync(tmp_path, n, 3)
 
 
-def test_file_store_convergence_within_2_percent(tmp_path):
+def test_file_store_two_replicas_equal_after_every_sync_and_converge(tmp_path):
     steps = 600
-    recs = _run(tmp_path, 2, store_uri=f"file://{tmp_path}/store", steps=steps, **CONVERGENCE)
+    recs = _run(
+        tmp_path,
+        2,
+        store_uri=f"file://{tmp_path}/store",
+        steps=steps,
+        keep_tensors=True,
+        **CONVERGENCE,
+    )
     assert recs[0]["final_checksum"] == recs[1]["final_checksum"]
-    assert len(recs[0]["syncs"]) == steps // 10
+    assert [len(r["syncs"]) for r in recs] == [steps // 10] * 2
+    _check_equal_after_every_sync(tmp_path, 2, steps // 10)
     gap, base = _gap(recs[0], steps)
     print(
         f"\nfile:// convergence: DiLoCo {recs[0]['eval_loss']:.5f} vs sync {base:.5f}: {gap:+.2%}"
@@ -113,21 +121,7 @@ def moto_s3(monkeypatch):
     proc.wait(10)
 
 
-def test_s3_replicas_equal_after_every_sync(tmp_path, moto_s3):
-    recs = _run(
-        tmp_path,
-        2,
-        store_uri="s3://diloco-test/eq",
-        endpoint_url=moto_s3,
-        steps=12,
-        sync_every=4,
-        keep_tensors=True,
-    )
-    assert [len(r["syncs"]) for r in recs] == [3, 3]
-    _check_equal_after_every_sync(tmp_path, 2, 3)
-
-
-def test_s3_convergence_within_2_percent_and_rounds_cleaned(tmp_path, moto_s3):
+def test_s3_equal_after_every_sync_converge_and_clean_rounds(tmp_path, moto_s3):
     import s3fs
 
     steps = 600
@@ -137,8 +131,10 @@ def test_s3_convergence_within_2_percent_and_rounds_cleaned(tmp_path, moto_s3):
         store_uri="s3://diloco-test/conv",
         endpoint_url=moto_s3,
         steps=steps,
+        keep_tensors=True,
         **CONVERGENCE,
     )
+    _check_equal_after_every_sync(tmp_path, 2, steps // 10)
     assert [len(r["syncs"]) for r in recs] == [steps // 10] * 2
     assert all(
         a["checksum"] == b["checksum"] for a, b in zip(*(r["syncs"] for r in recs), strict=True)
