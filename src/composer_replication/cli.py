@@ -135,6 +135,48 @@ def eval_cmd(
     console.print(f"{model} on {env}/{split}: n={s['n']}  pass@1 {_fmt_eval(s)}")
 
 
+@app.command()
+def ablate(
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="key=value overrides of the ablation config")
+    ] = None,
+    config: Annotated[Path, typer.Option("--config", "-c", help="ablation YAML")] = Path(
+        "configs/ablation.yaml"
+    ),
+) -> None:
+    """Train every arm (GRPO, +SDPO, +replay, all, TRL SDPO peer) for every seed; write the
+    results table (docs/results.md) and a held-out-vs-step plot."""
+    from composer_replication.config import load_ablation_config, resolve_config_path
+
+    try:
+        acfg = load_ablation_config(resolve_config_path(str(config)), overrides or [])
+        for arm in acfg.arms:  # validate every arm's run config before training anything
+            from composer_replication.ablation import arm_config
+
+            arm_config(acfg, arm, acfg.seeds[0])
+    except ConfigError as err:
+        _fail(str(err))
+    _quiet_libraries()
+    from composer_replication.ablation import run_ablation
+
+    command = (
+        "composer-replication ablate --config "
+        + str(config)
+        + "".join(f" {o}" for o in overrides or [])
+    )
+    rows = run_ablation(acfg, command, console)
+    table = Table(title="ablation: final held-out pass@1 (mean over seeds, 95% t-CI)")
+    for col in ("arm", "mean [95% CI]", "per seed"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["arm"],
+            f"{r['mean']:.1%} [{r['ci95_low']:.1%}, {r['ci95_high']:.1%}]",
+            ", ".join(f"{v:.1%}" for v in r["per_seed"]),
+        )
+    console.print(table)
+
+
 def _register_subcommands() -> None:
     from composer_replication.cli_ingest import ingest_command
 

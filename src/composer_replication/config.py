@@ -143,6 +143,58 @@ class EvalConfig(_Strict):
     """Evaluate the base model before training and the trained model after, and print both."""
 
 
+class SdpoConfig(_Strict):
+    """Channel 2: hint-conditioned self-distillation (SDPO/OPSD)."""
+
+    hint_sources: list[Literal["feedback", "sibling", "model"]] = Field(
+        default_factory=lambda: ["feedback", "sibling"]
+    )
+    """Where a failed completion's hint comes from, in order of preference."""
+    teacher: Literal["live", "ema", "initial"] = "live"
+    """Weights of the self-teacher: the current policy, an EMA of it, or the initial weights
+    (with LoRA: the adapter disabled)."""
+    ema_decay: float = Field(0.99, gt=0.0, lt=1.0)
+    """EMA decay per optimizer step when ``teacher: ema``."""
+    loss: Literal["jsd", "taid", "entropy_opd"] = "jsd"
+    """Divergence between student and hinted teacher on the completion tokens."""
+    jsd_beta: float = Field(0.5, ge=0.0, le=1.0)
+    """Generalized JSD interpolation (0 forward KL, 1 reverse KL)."""
+    temperature: float = Field(1.0, gt=0.0)
+    """Temperature applied to both distributions."""
+    token_clip: float | None = Field(None, gt=0.0)
+    """Optional per-vocabulary-element clip of the divergence (OPSD)."""
+    feedback_template: str = (
+        "A previous attempt at this was wrong. Feedback on it: {feedback}. Answer correctly."
+    )
+    """Hint text from verifier feedback; ``{feedback}`` is filled in."""
+    sibling_template: str = "Here is a correct answer to this, for reference:\n{sibling}"
+    """Hint text from a successful sibling completion; ``{sibling}`` is filled in."""
+    hint_model_url: str | None = None
+    """OpenAI-compatible base_url of a hint model (source ``model``)."""
+    hint_model_name: str | None = None
+    """Model id at ``hint_model_url``."""
+
+
+class ReplayChannelConfig(_Strict):
+    """Channel 3: preference loss on pairs from multi-teacher trace replay."""
+
+    dataset: str | None = None
+    """Preference data (JSONL or a directory from ``composer-replication pairs``) in TRL's
+    conversational format: prompt messages, chosen, rejected."""
+    loss: Literal["dpo", "simpo"] = "dpo"
+    """DPO (needs reference log-probs, computed once with the initial weights) or SimPO."""
+    beta: float = Field(0.1, gt=0.0)
+    """DPO/SimPO inverse temperature."""
+    gamma: float = Field(1.0, ge=0.0)
+    """SimPO target reward margin."""
+    pairs_per_step: int = Field(2, ge=1)
+    """Pairs drawn per optimizer step."""
+    max_length: int = Field(512, ge=8)
+    """Token limit of prompt + response (the prompt is truncated from the left)."""
+    max_pairs: int = Field(4096, ge=1)
+    """At most this many pairs are loaded (reference log-probs are precomputed for each)."""
+
+
 class RunConfig(_Strict):
     """A whole training run. Top-level scalars are the knobs people override most."""
 
@@ -169,17 +221,51 @@ class RunConfig(_Strict):
     grpo: GRPOConfigModel = Field(default_factory=GRPOConfigModel)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    sdpo: SdpoConfig = Field(default_factory=SdpoConfig)
+    replay: ReplayChannelConfig = Field(default_factory=ReplayChannelConfig)
     diloco: DilocoConfig = Field(default_factory=DilocoConfig)
     """DiLoCo outer loop across replicas (off by default; see diloco/)."""
 
     @model_validator(mode="after")
     def _channels_need_inputs(self) -> RunConfig:
-        if self.alpha_sdpo > 0 or self.beta_replay > 0:
-            raise ValueError(
-                "alpha_sdpo/beta_replay > 0: channels 2 and 3 are not wired into the trainer yet "
-                "(see the channels issue); set them to 0"
-            )
+        if self.beta_replay > 0 and not self.replay.dataset:
+            raise ValueError("beta_replay > 0 needs replay.dataset (a preference JSONL/dir)")
+        if "model" in self.sdpo.hint_sources and not (
+            self.sdpo.hint_model_url and self.sdpo.hint_model_name
+        ):
+            raise ValueError("sdpo.hint_sources has 'model': set sdpo.hint_model_url and _name")
         return self
+
+
+class AblationArm(_Strict):
+    name: str = Field(min_length=1)
+    """Label of the arm in tables and plots."""
+    overrides: list[str] = Field(default_factory=list)
+    """``key=value`` overrides applied on top of the base config for this arm."""
+    trainer: Literal["composer", "trl_sdpo"] = "composer"
+    """``composer``: ComposerReplicationTrainer; ``trl_sdpo``: TRL's experimental SDPOTrainer
+    (the peer), configured from the same run config."""
+
+
+class AblationConfig(_Strict):
+    """``composer-replication ablate``: arms x seeds on one base config, held-out eval curves."""
+
+    base_config: str = "quickstart.yaml"
+    """Run config every arm starts from (a path, or a file name under configs/)."""
+    base_overrides: list[str] = Field(default_factory=list)
+    """Overrides applied to every arm (e.g. a shorter max_steps)."""
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    """Seeds; every arm runs once per seed."""
+    arms: list[AblationArm] = Field(min_length=1)
+    """The arms to compare."""
+    eval_every: int = Field(5, ge=1)
+    """Held-out evaluation every N optimizer steps (for the score-vs-step curves)."""
+    eval_n_during: int = Field(64, ge=1)
+    """Held-out problems in the periodic evaluations (the final one uses eval.n)."""
+    output_dir: str = "runs/ablation"
+    """Where each arm/seed run directory, the summary JSON and the plot go."""
+    results_md: str | None = "docs/results.md"
+    """Markdown file whose ablation section is (re)written with the table; None = skip."""
 
 
 class ConfigError(ValueError):
@@ -240,6 +326,31 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_validation_error(err, str(path))) from None
+
+
+def load_ablation_config(path: str | Path, overrides: list[str] | None = None) -> AblationConfig:
+    """Load an AblationConfig from YAML plus ``key=value`` overrides."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError as err:
+        raise ConfigError(f"config file not found: {path}") from err
+    data = apply_overrides(data, overrides or [])
+    try:
+        return AblationConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, str(path))) from None
+
+
+def resolve_config_path(name: str) -> Path:
+    """A config path as given, or the file of that name under the shipped configs/."""
+    p = Path(name)
+    if p.is_file():
+        return p
+    candidate = default_config_path().parent / name
+    if candidate.is_file():
+        return candidate
+    raise ConfigError(f"config not found: {name}")
 
 
 def default_config_path() -> Path:

@@ -88,9 +88,12 @@ def test_missing_and_malformed_files(tmp_path):
         load_config(listy)
 
 
-def test_channel_weights_are_refused_until_wired():
-    with pytest.raises(ConfigError, match="alpha_sdpo"):
-        load_config(None, ["alpha_sdpo=0.1"])
+def test_channel_weights_need_their_inputs():
+    with pytest.raises(ConfigError, match="replay.dataset"):
+        load_config(None, ["beta_replay=0.1"])
+    with pytest.raises(ConfigError, match="hint_model_url"):
+        load_config(None, ["alpha_sdpo=0.1", "sdpo.hint_sources=[model]"])
+    assert load_config(None, ["alpha_sdpo=0.1"]).alpha_sdpo == 0.1
 
 
 def test_config_module_imports_no_torch():

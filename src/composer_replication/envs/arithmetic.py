@@ -121,5 +121,8 @@ class ArithmeticEnv(Environment):
             raise ValueError(f"unknown split {split!r}; use 'train' or 'heldout'")
         return self._splits[split]
 
+    def privileged_context(self, task: Task) -> str:
+        return f"The correct answer is {task.data['answer']}."
+
     def grade(self, task: Task, completion: str) -> StepResult:
         return grade_answer(completion, int(task.data["answer"]))

@@ -54,6 +54,10 @@ class Environment(ABC):
         """The text of the user turn that poses ``task`` to a chat model (default: the prompt)."""
         return task.prompt
 
+    def privileged_context(self, task: Task) -> str | None:
+        """Per-task context only a teacher may see (e.g. the reference answer), or None."""
+        return None
+
     def reset(self, task: Task) -> str:
         """Start an episode on ``task``; returns the observation (the prompt)."""
         self._task = task

@@ -1,0 +1,33 @@
+"""Loss library: every Composer channel as a pure tensor function returning ``(loss, metrics)``.
+
+* channel 1 (policy): :func:`prime_rl_policy_loss` (TRL's GRPO loss is used as-is by the trainer)
+* channel 2 (self-distillation): :func:`generalized_jsd_loss`, its chunked fused-linear twin
+  :func:`chunked_generalized_jsd_loss`, :func:`taid_loss` + :class:`TAIDScheduler`,
+  :func:`entropy_aware_opd_loss`
+* channel 3 (replay pairs): :func:`dpo_loss`, :func:`simpo_loss`, :func:`sequence_logps`
+* :func:`compose_loss` sums them with per-channel masks, divisors and metric prefixes.
+"""
+
+from .chunked import chunked_generalized_jsd_loss, default_chunk_size
+from .compose import ReplayInputs, SdpoInputs, compose_loss
+from .entropy_opd import entropy_aware_opd_loss
+from .jsd import generalized_jsd_loss
+from .policy import prime_rl_policy_loss
+from .preference import dpo_loss, sequence_logps, simpo_loss
+from .taid import TAIDScheduler, taid_loss
+
+__all__ = [
+    "ReplayInputs",
+    "SdpoInputs",
+    "TAIDScheduler",
+    "chunked_generalized_jsd_loss",
+    "compose_loss",
+    "default_chunk_size",
+    "dpo_loss",
+    "entropy_aware_opd_loss",
+    "generalized_jsd_loss",
+    "prime_rl_policy_loss",
+    "sequence_logps",
+    "simpo_loss",
+    "taid_loss",
+]

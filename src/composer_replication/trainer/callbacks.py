@@ -138,3 +138,56 @@ class RichProgressCallback(TrainerCallback):
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+
+
+HELDOUT_FILE = "heldout.jsonl"
+
+
+class HeldoutEvalCallback(TrainerCallback):
+    """Greedy held-out pass rate every ``every`` optimizer steps (and at step 0), appended to
+    ``heldout.jsonl`` in the run dir: the data of score-vs-step curves."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        env,
+        tokenizer,
+        every: int,
+        n: int,
+        max_new_tokens: int,
+        batch_size: int = 64,
+    ):
+        self.path = Path(run_dir) / HELDOUT_FILE
+        self.env, self.tokenizer = env, tokenizer
+        self.every, self.n = every, n
+        self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+
+    def _eval(self, model, step: int) -> None:
+        from composer_replication.evaluation import evaluate
+
+        was_training = model.training
+        res = evaluate(
+            model, self.tokenizer, self.env, "heldout", self.n, self.max_new_tokens, self.batch_size
+        )
+        model.train(was_training)
+        lo, hi = res.pass_ci()
+        row = {
+            "step": step,
+            "pass_rate": res.pass_rate,
+            "ci95_low": lo,
+            "ci95_high": hi,
+            "mean_reward": res.mean_reward,
+            "n": res.n,
+        }
+        with self.path.open("ab") as fh:
+            fh.write(orjson.dumps(row) + b"\n")
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if state.global_step == 0:
+            self.path.write_bytes(b"")
+            self._eval(model, 0)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.every == 0 or state.global_step == state.max_steps:
+            self._eval(model, state.global_step)

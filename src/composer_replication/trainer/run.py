@@ -106,6 +106,15 @@ def build_env(cfg: RunConfig):
     )
 
 
+def build_hint_model(cfg: RunConfig):
+    """The OpenAI-compatible hint model when hint source ``model`` is configured, else None."""
+    if cfg.alpha_sdpo <= 0 or "model" not in cfg.sdpo.hint_sources:
+        return None
+    from composer_replication.hints import OpenAIHintModel
+
+    return OpenAIHintModel(cfg.sdpo.hint_model_url, cfg.sdpo.hint_model_name)
+
+
 def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None):
     """A ComposerReplicationTrainer wired with our reward, dataset and callbacks."""
     from composer_replication.trainer.callbacks import (
@@ -139,6 +148,9 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None):
         callbacks=callbacks,
         alpha_sdpo=cfg.alpha_sdpo,
         beta_replay=cfg.beta_replay,
+        sdpo=cfg.sdpo,
+        replay=cfg.replay,
+        hint_model=build_hint_model(cfg),
         dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
         max_refills=cfg.grpo.dynamic_sampling.max_refills,
     )
@@ -165,14 +177,12 @@ def resolve_resume(cfg: RunConfig) -> str | None:
     return cfg.resume_from
 
 
-def run_training(cfg: RunConfig, console=None) -> RunSummary:
-    """Evaluate the base model, train, evaluate the trained model, write results."""
+def prepare(cfg: RunConfig):
+    """Threads, seeds, run dir and config snapshot; returns (model, tokenizer, env)."""
     import torch
 
-    from composer_replication.evaluation import evaluate, paired_difference
     from composer_replication.models import load_model, load_tokenizer
 
-    t_start = time.monotonic()
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     seed_everything(cfg.seed)
@@ -181,33 +191,51 @@ def run_training(cfg: RunConfig, console=None) -> RunSummary:
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     tokenizer = load_tokenizer(cfg.model.name)
     model = load_model(cfg.model.name, dtype=cfg.model.dtype, peft=cfg.peft)
-    env = build_env(cfg)
+    return model, tokenizer, build_env(cfg)
+
+
+def evaluate_run(
+    cfg: RunConfig, model, tokenizer, env, tag: str, console=None, n: int | None = None
+):
+    """Greedy held-out evaluation of ``model`` as configured in ``cfg.eval``."""
+    from composer_replication.evaluation import evaluate
+
+    n = n or cfg.eval.n
+    with _progress(console, f"eval {tag}", min(n, len(env.tasks(cfg.eval.split)))) as adv:
+        return evaluate(
+            model,
+            tokenizer,
+            env,
+            cfg.eval.split,
+            n,
+            cfg.eval.max_new_tokens,
+            cfg.eval.batch_size,
+            progress=adv,
+        )
+
+
+def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary:
+    """Evaluate the base model, train, evaluate the trained model, write results."""
+    from composer_replication.evaluation import paired_difference
+
+    t_start = time.monotonic()
+    model, tokenizer, env = prepare(cfg)
+    run_dir = Path(cfg.output_dir)
     resume = resolve_resume(cfg)
-
-    def _eval(tag: str):
-        with _progress(
-            console, f"eval {tag}", min(cfg.eval.n, len(env.tasks(cfg.eval.split)))
-        ) as adv:
-            return evaluate(
-                model,
-                tokenizer,
-                env,
-                cfg.eval.split,
-                cfg.eval.n,
-                cfg.eval.max_new_tokens,
-                cfg.eval.batch_size,
-                progress=adv,
-            )
-
-    base = _eval("base") if cfg.eval.before_and_after and resume is None else None
+    evals = cfg.eval.before_and_after
+    base = (
+        evaluate_run(cfg, model, tokenizer, env, "base", console) if evals and not resume else None
+    )
     trainer = build_trainer(cfg, model, tokenizer, env, console)
+    for cb in extra_callbacks:
+        trainer.add_callback(cb)
     t_train = time.monotonic()
     trainer.train(resume_from_checkpoint=resume)
     train_seconds = time.monotonic() - t_train
     final = run_dir / "final"
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
-    trained = _eval("trained") if cfg.eval.before_and_after else None
+    trained = evaluate_run(cfg, model, tokenizer, env, "trained", console) if evals else None
     delta = paired_difference(base, trained) if base is not None and trained is not None else None
     summary = RunSummary(
         run_dir=run_dir,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
 from trl import GRPOTrainer
 
@@ -95,20 +94,6 @@ def test_weights_zero_is_bit_identical_to_grpo(tmp_path, tokenizer, tiny_model):
     assert torch.equal(loss_a, loss_b)
     assert len(grads_a) == len(grads_b) > 0
     assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
-
-
-def test_channels_refuse_nonzero_weights_until_wired(tmp_path, tokenizer, tiny_model):
-    env = get_env("arithmetic", levels=[1])
-    ds = build_prompt_dataset(env, "train", 8, 0, conversational=True)
-    with pytest.raises(NotImplementedError, match="alpha_sdpo"):
-        ComposerReplicationTrainer(
-            model=tiny_model,
-            reward_funcs=[EnvReward(env)],
-            args=build_grpo_args(_cfg(tmp_path)),
-            train_dataset=ds,
-            processing_class=tokenizer,
-            alpha_sdpo=0.1,
-        )
 
 
 def test_informative_groups():

@@ -1,0 +1,229 @@
+"""Channel 3 inside the trainer: a preference loss (DPO or SimPO) on pairs from multi-teacher
+trace replay, sampled every step.
+
+DPO's reference log-probs are computed once, with the initial weights, when the trainer is
+built (before any update), and cached per pair: they are real forwards of the initial model,
+never constants (Rafailov et al., "Direct Preference Optimization", 2023). SimPO needs no
+reference (Meng et al., "SimPO: Simple Preference Optimization with a Reference-Free
+Reward", 2024).
+
+Data: TRL's conversational preference format, one JSON object per line::
+
+    {"prompt": [{"role": ..., "content": ...}, ...],
+     "chosen": [{"role": "assistant", "content": ..., "tool_calls": [...]}],
+     "rejected": [{"role": "assistant", ...}]}
+
+(``chosen``/``rejected`` may also be plain strings.) A directory is searched for
+``pairs.jsonl`` or a single ``*.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import torch
+from torch import Tensor
+
+from composer_replication.config import ReplayChannelConfig
+from composer_replication.losses import ReplayInputs, sequence_logps
+from composer_replication.trainer.data import render_prompt
+
+
+class PreferenceDataError(ValueError):
+    """A preference file that cannot be used; the message names the file and line."""
+
+
+def resolve_pairs_file(path: str | Path) -> Path:
+    p = Path(path).expanduser()
+    if p.is_file():
+        return p
+    if p.is_dir():
+        if (p / "pairs.jsonl").is_file():
+            return p / "pairs.jsonl"
+        found = sorted(p.glob("*.jsonl"))
+        if len(found) == 1:
+            return found[0]
+        raise PreferenceDataError(
+            f"{p}: expected pairs.jsonl or exactly one *.jsonl, found {len(found)}"
+        )
+    raise PreferenceDataError(f"preference data not found: {p}")
+
+
+def load_pairs(path: str | Path, max_pairs: int) -> list[dict[str, Any]]:
+    """Read up to ``max_pairs`` preference rows, validating each (errors name file:line)."""
+    f = resolve_pairs_file(path)
+    rows = []
+    with f.open("rb") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as err:
+                raise PreferenceDataError(f"{f}:{lineno}: invalid JSON ({err})") from None
+            for key in ("prompt", "chosen", "rejected"):
+                if key not in row:
+                    raise PreferenceDataError(f"{f}:{lineno}: missing field {key!r}")
+            if not isinstance(row["prompt"], list | str):
+                raise PreferenceDataError(f"{f}:{lineno}: 'prompt' must be messages or a string")
+            rows.append(row)
+            if len(rows) >= max_pairs:
+                break
+    if not rows:
+        raise PreferenceDataError(f"{f}: no preference pairs")
+    return rows
+
+
+def response_text(response: Any) -> str:
+    """Text of a chosen/rejected answer: a string, or assistant messages with tool calls
+    rendered as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` lines."""
+    if isinstance(response, str):
+        return response
+    parts = []
+    for msg in response if isinstance(response, list) else [response]:
+        if msg.get("content"):
+            parts.append(str(msg["content"]))
+        for call in msg.get("tool_calls") or []:
+            fn = call.get("function", call)
+            args = fn.get("arguments", {})
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    pass
+            payload = json.dumps({"name": fn.get("name"), "arguments": args}, sort_keys=True)
+            parts.append(f"<tool_call>{payload}</tool_call>")
+    return "\n".join(parts)
+
+
+@dataclass
+class EncodedPair:
+    prompt_ids: list[int]
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+
+
+def encode_pair(tokenizer, row: dict[str, Any], max_length: int) -> EncodedPair:
+    """Tokenize prompt (chat template) and both responses (+ EOS); truncate the prompt from the
+    left and the responses from the right so prompt + response <= max_length."""
+    prompt = (
+        row["prompt"]
+        if isinstance(row["prompt"], list)
+        else [{"role": "user", "content": row["prompt"]}]
+    )
+    p_ids = tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"]
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    c_ids = tokenizer(response_text(row["chosen"]), add_special_tokens=False)["input_ids"] + eos
+    r_ids = tokenizer(response_text(row["rejected"]), add_special_tokens=False)["input_ids"] + eos
+    budget_resp = max(max_length // 2, max_length - len(p_ids))
+    c_ids, r_ids = c_ids[:budget_resp], r_ids[:budget_resp]
+    p_ids = p_ids[-(max_length - max(len(c_ids), len(r_ids))) :]
+    return EncodedPair(p_ids, c_ids, r_ids)
+
+
+def collate(pairs: list[EncodedPair], pad_id: int, device) -> dict[str, Tensor]:
+    """``[2P, L]`` batch: chosen rows then rejected rows; prompts left-padded, responses
+    right-padded (the GRPO layout), with the response mask and length."""
+    prompts = [p.prompt_ids for p in pairs] * 2
+    responses = [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs]
+    lp, lr = max(map(len, prompts)), max(map(len, responses))
+    ids = torch.full((len(prompts), lp + lr), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    resp_mask = torch.zeros(len(prompts), lr, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        ids[i, lp - len(p) : lp] = torch.tensor(p)
+        ids[i, lp : lp + len(r)] = torch.tensor(r)
+        attn[i, lp - len(p) : lp + len(r)] = 1
+        resp_mask[i, : len(r)] = 1
+    return {
+        "input_ids": ids.to(device),
+        "attention_mask": attn.to(device),
+        "response_mask": resp_mask.to(device),
+        "response_len": lr,
+    }
+
+
+def response_logps(model, batch: dict[str, Any], reduction: str) -> Tensor:
+    """Per-row log-prob of the responses under ``model`` (logits only at response positions)."""
+    k = batch["response_len"]
+    out = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        logits_to_keep=k + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1].float()
+    labels = batch["input_ids"][:, -k:]
+    return sequence_logps(logits, labels, batch["response_mask"], reduction=reduction)
+
+
+class ReplayChannel:
+    """Samples preference pairs each step and builds channel-3 inputs."""
+
+    def __init__(self, cfg: ReplayChannelConfig, tokenizer, model, seed: int, progress=None):
+        self.cfg = cfg
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        rows = load_pairs(cfg.dataset, cfg.max_pairs)
+        self.pairs = [encode_pair(tokenizer, r, cfg.max_length) for r in rows]
+        self.rng = random.Random(seed)
+        self.reduction = "sum" if cfg.loss == "dpo" else "mean"
+        self.ref: Tensor | None = None
+        if cfg.loss == "dpo":
+            self.ref = self.reference_logps(model, progress)
+
+    @torch.no_grad()
+    def reference_logps(self, model, progress=None, batch_pairs: int = 8) -> Tensor:
+        """``[N, 2]`` (chosen, rejected) summed log-probs under the current (initial) weights."""
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        out = []
+        try:
+            for start in range(0, len(self.pairs), batch_pairs):
+                chunk = self.pairs[start : start + batch_pairs]
+                lp = response_logps(model, collate(chunk, self.pad_id, device), "sum")
+                out.append(torch.stack([lp[: len(chunk)], lp[len(chunk) :]], dim=1))
+                if progress is not None:
+                    progress(len(chunk))
+        finally:
+            model.train(was_training)
+        return torch.cat(out).cpu()
+
+    STATE_FILE = "replay_channel.json"
+
+    def save(self, checkpoint_dir: str) -> None:
+        """The pair sampler's RNG state, so a resumed run draws the same pairs."""
+        Path(checkpoint_dir, self.STATE_FILE).write_text(json.dumps(self.rng.getstate()))
+
+    def load(self, checkpoint_dir: str) -> None:
+        version, internal, gauss = json.loads(Path(checkpoint_dir, self.STATE_FILE).read_text())
+        self.rng.setstate((version, tuple(internal), gauss))
+
+    def sample(self) -> list[int]:
+        return [self.rng.randrange(len(self.pairs)) for _ in range(self.cfg.pairs_per_step)]
+
+    def replay_inputs(self, model, divisor: float) -> ReplayInputs:
+        idx = self.sample()
+        device = next(model.parameters()).device
+        lp = response_logps(
+            model, collate([self.pairs[i] for i in idx], self.pad_id, device), self.reduction
+        )
+        n = len(idx)
+        ref_c = ref_r = None
+        if self.ref is not None:
+            ref_c, ref_r = self.ref[idx, 0].to(device), self.ref[idx, 1].to(device)
+        return ReplayInputs(
+            policy_chosen_logps=lp[:n],
+            policy_rejected_logps=lp[n:],
+            ref_chosen_logps=ref_c,
+            ref_rejected_logps=ref_r,
+            kind=self.cfg.loss,
+            beta=self.cfg.beta,
+            gamma=self.cfg.gamma,
+            divisor=divisor,
+        )
