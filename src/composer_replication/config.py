@@ -12,6 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from composer_replication.diloco.config import DilocoConfig
+
 DEFAULT_CONFIG = "quickstart.yaml"
 
 
@@ -221,6 +223,8 @@ class RunConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     sdpo: SdpoConfig = Field(default_factory=SdpoConfig)
     replay: ReplayChannelConfig = Field(default_factory=ReplayChannelConfig)
+    diloco: DilocoConfig = Field(default_factory=DilocoConfig)
+    """DiLoCo outer loop across replicas (off by default; see diloco/)."""
 
     @model_validator(mode="after")
     def _channels_need_inputs(self) -> RunConfig:

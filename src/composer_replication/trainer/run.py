@@ -135,6 +135,10 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None):
     callbacks = [MetricsJsonlCallback(cfg.output_dir), PlotCallback(cfg.output_dir)]
     if console is not None:
         callbacks.append(RichProgressCallback(console))
+    if cfg.diloco.enabled:
+        from composer_replication.diloco.callback import DilocoCallback
+
+        callbacks.append(DilocoCallback(cfg.diloco, cfg.output_dir))
     trainer = ComposerReplicationTrainer(
         model=model,
         reward_funcs=build_reward_funcs(cfg, env),

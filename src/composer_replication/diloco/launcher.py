@@ -1,0 +1,206 @@
+"""``composer-replication diloco``: a torchft lighthouse plus N local replicas of the trainer.
+
+Each replica is a separate OS process running the normal training entry point
+(:func:`composer_replication.trainer.run.run_training`) with ``diloco.enabled=true``, its own
+``replica_id``, seed and data shard (``seed + r``, ``env.seed + r``) and its own output directory
+``{output_dir}/replica-{r}``. The launcher streams their output with a ``[rN]`` prefix, waits for
+them, draws the combined curves and prints the checksum of every replica's final weights.
+
+Several hosts: start one lighthouse (``torchft_lighthouse --min_replicas N --bind [::]:29510``)
+and on each host run ``composer-replication diloco --replicas N --replica-ids 0,1
+--lighthouse http://LIGHTHOUSE_HOST:29510 ...`` with that host's ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from composer_replication.config import RunConfig, load_config
+from composer_replication.diloco.callback import FINAL_FILE, SYNC_LOG
+
+PLOT_FILE = "diloco_curves.png"
+SUMMARY_FILE = "diloco_summary.json"
+
+
+@dataclass
+class ReplicaResult:
+    replica: int
+    exit_code: int
+    output_dir: Path
+    final: dict[str, Any] | None
+    syncs: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class LaunchResult:
+    replicas: list[ReplicaResult]
+    lighthouse: str
+    plot: Path | None
+    summary: Path
+
+    @property
+    def ok(self) -> bool:
+        return all(r.exit_code == 0 and r.final for r in self.replicas)
+
+    @property
+    def checksums(self) -> dict[int, str | None]:
+        return {r.replica: (r.final or {}).get("checksum") for r in self.replicas}
+
+    @property
+    def weights_equal(self) -> bool:
+        values = list(self.checksums.values())
+        return self.ok and len(set(values)) == 1
+
+
+def replica_overrides(
+    cfg: RunConfig, replica: int, n: int, lighthouse: str, threads: int | None
+) -> list[str]:
+    """The per-replica overrides appended after the user's."""
+    out = [
+        "diloco.enabled=true",
+        f"diloco.replicas={n}",
+        f"diloco.replica_id={replica}",
+        f"diloco.lighthouse={lighthouse}",
+        f"output_dir={Path(cfg.output_dir) / f'replica-{replica}'}",
+        f"seed={cfg.seed + replica}",
+        f"env.seed={cfg.env.seed + replica}",
+    ]
+    if threads is not None:
+        out.append(f"num_threads={threads}")
+    return out
+
+
+def _stream(proc: subprocess.Popen, prefix: str, echo) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        echo(f"{prefix} {line.rstrip()}")
+
+
+def start_lighthouse(min_replicas: int, join_timeout_s: float, heartbeat_timeout_s: float = 5.0):
+    """torchft's lighthouse on a free port of this host; returns the server (``.address()``)."""
+    os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse logs every quorum at INFO
+    from torchft.coordination import LighthouseServer
+
+    return LighthouseServer(
+        bind="[::]:0",
+        min_replicas=min_replicas,
+        join_timeout_ms=int(join_timeout_s * 1000),
+        heartbeat_timeout_ms=int(heartbeat_timeout_s * 1000),
+    )
+
+
+def launch_diloco(
+    config: str | Path | None,
+    overrides: list[str],
+    replicas: int,
+    lighthouse: str | None = None,
+    replica_ids: list[int] | None = None,
+    min_replicas: int | None = None,
+    echo=print,
+) -> LaunchResult:
+    """Start the lighthouse (unless ``lighthouse`` is given) and the replicas; wait; summarize."""
+    cfg = load_config(config, [*overrides, f"diloco.replicas={replicas}"])
+    ids = replica_ids if replica_ids is not None else list(range(replicas))
+    bad = [i for i in ids if not 0 <= i < replicas]
+    if bad:
+        raise ValueError(f"--replica-ids {bad} out of range for --replicas {replicas}")
+    server = None
+    if lighthouse is None:
+        server = start_lighthouse(min_replicas or replicas, join_timeout_s=cfg.diloco.timeout_s)
+        lighthouse = server.address()
+    user_threads = any(o.split("=", 1)[0].strip() == "num_threads" for o in overrides)
+    threads = None if user_threads else max(1, (os.cpu_count() or 1) // len(ids))
+    env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"), PYTHONUNBUFFERED="1")
+    echo(f"[diloco] lighthouse {lighthouse}; starting replicas {ids} of {replicas}")
+    procs: list[tuple[int, subprocess.Popen, threading.Thread]] = []
+    try:
+        for r in ids:
+            args = [sys.executable, "-m", "composer_replication.diloco.replica"]
+            if config is not None:
+                args += ["--config", str(config)]
+            args += [*overrides, *replica_overrides(cfg, r, replicas, lighthouse, threads)]
+            p = subprocess.Popen(
+                args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+            )
+            t = threading.Thread(target=_stream, args=(p, f"[r{r}]", echo), daemon=True)
+            t.start()
+            procs.append((r, p, t))
+        for _, p, t in procs:
+            p.wait()
+            t.join(5)
+    finally:
+        for _, p, _ in procs:
+            if p.poll() is None:
+                p.terminate()
+        if server is not None:
+            server.shutdown()
+    results = [_collect(cfg, r, p.returncode) for r, p, _ in procs]
+    plot = plot_replicas(results, Path(cfg.output_dir) / PLOT_FILE)
+    summary = Path(cfg.output_dir) / SUMMARY_FILE
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    summary.write_text(
+        json.dumps(
+            {
+                "lighthouse": lighthouse,
+                "replicas": [
+                    {"replica": r.replica, "exit_code": r.exit_code, "final": r.final}
+                    for r in results
+                ],
+                "weights_equal": len({(r.final or {}).get("checksum") for r in results}) == 1
+                and all(r.final for r in results),
+            },
+            indent=2,
+        )
+    )
+    return LaunchResult(results, lighthouse, plot, summary)
+
+
+def _collect(cfg: RunConfig, replica: int, code: int) -> ReplicaResult:
+    out = Path(cfg.output_dir) / f"replica-{replica}"
+    final_path, sync_path = out / FINAL_FILE, out / SYNC_LOG
+    final = json.loads(final_path.read_text()) if final_path.is_file() else None
+    syncs = (
+        [json.loads(x) for x in sync_path.read_text().splitlines() if x.strip()]
+        if sync_path.is_file()
+        else []
+    )
+    return ReplicaResult(replica, code, out, final, syncs)
+
+
+def plot_replicas(results: list[ReplicaResult], out: Path) -> Path | None:
+    """Reward and loss per step for every replica, sync points marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from composer_replication.trainer.callbacks import METRICS_FILE, read_metrics
+
+    series = {r.replica: read_metrics(r.output_dir / METRICS_FILE) for r in results}
+    if not any(series.values()):
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key in zip(axes, ("reward", "loss"), strict=True):
+        for r in results:
+            pts = [(row["step"], row[key]) for row in series[r.replica] if key in row]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker=".", label=f"replica {r.replica}")
+        sync_steps = sorted({s["inner_step"] for r in results for s in r.syncs})
+        for s in sync_steps:
+            ax.axvline(s, color="grey", alpha=0.3, linestyle="--")
+        ax.set_title(f"{key} (dashed: outer syncs)")
+        ax.set_xlabel("inner step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

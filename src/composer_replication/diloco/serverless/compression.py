@@ -1,0 +1,58 @@
+"""Pseudo-gradient encodings for the object-store all-reduce: fp32, bf16, int8 with a per-tensor
+scale. Pure functions over tensors.
+
+int8 (symmetric, per tensor): ``scale = max|x| / 127``, ``q = round(x / scale)`` clamped to
+[-127, 127], decoded as ``q * scale``; the worst-case absolute error per element is
+``scale / 2`` (as in 8-bit gradient compression, e.g. Dettmers 2015, arXiv:1511.04561).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+Codec = Literal["none", "bf16", "int8"]
+CODECS: tuple[str, ...] = ("none", "bf16", "int8")
+
+
+def encode(x: torch.Tensor, codec: Codec) -> dict[str, Any]:
+    """Encode one float tensor; the result is what goes on the wire (via ``torch.save``)."""
+    x = x.detach().to(torch.float32)
+    if codec == "none":
+        return {"codec": "none", "data": x.clone()}
+    if codec == "bf16":
+        return {"codec": "bf16", "data": x.to(torch.bfloat16)}
+    if codec == "int8":
+        amax = float(x.abs().max()) if x.numel() else 0.0
+        scale = amax / 127.0 if amax > 0 else 1.0
+        q = torch.round(x / scale).clamp_(-127, 127).to(torch.int8)
+        return {"codec": "int8", "data": q, "scale": scale}
+    raise ValueError(f"unknown compression {codec!r}; expected one of {CODECS}")
+
+
+def decode(payload: dict[str, Any]) -> torch.Tensor:
+    """Back to float32."""
+    codec, data = payload["codec"], payload["data"]
+    if codec == "int8":
+        return data.to(torch.float32) * payload["scale"]
+    if codec in ("none", "bf16"):
+        return data.to(torch.float32)
+    raise ValueError(f"unknown compression {codec!r} in payload")
+
+
+def wire_bytes(payload: dict[str, Any]) -> int:
+    """Bytes of tensor data in a payload (excluding container overhead)."""
+    data = payload["data"]
+    return data.numel() * data.element_size() + (4 if payload["codec"] == "int8" else 0)
+
+
+def relative_error(x_list: list[torch.Tensor], y_list: list[torch.Tensor]) -> float:
+    """``||y - x|| / ||x||`` over all tensors together (0 if x is all zeros and y equals it)."""
+    num = sum(
+        float((y.float() - x.float()).pow(2).sum()) for x, y in zip(x_list, y_list, strict=True)
+    )
+    den = sum(float(x.float().pow(2).sum()) for x in x_list)
+    if den == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return (num / den) ** 0.5

@@ -1,0 +1,39 @@
+"""``diloco_command`` on a small Typer app (the lead registers it on the real one)."""
+
+from __future__ import annotations
+
+import typer
+from typer.testing import CliRunner
+
+from composer_replication.cli_diloco import diloco_command
+
+app = typer.Typer()
+app.command("diloco", context_settings={"allow_extra_args": True})(diloco_command)
+
+
+@app.command()
+def _other() -> None:  # a second command so `diloco` stays a subcommand
+    pass
+
+
+def test_bad_override_names_the_key_and_starts_nothing():
+    res = CliRunner().invoke(app, ["diloco", "--replicas", "2", "diloco.sync_every=0"])
+    assert res.exit_code == 2
+    assert "diloco.sync_every" in res.output
+
+
+def test_bad_replica_ids():
+    res = CliRunner().invoke(app, ["diloco", "--replicas", "2", "--replica-ids", "0,x"])
+    assert res.exit_code == 2 and "--replica-ids" in res.output
+
+
+def test_replica_id_out_of_range():
+    res = CliRunner().invoke(app, ["diloco", "--replicas", "2", "--replica-ids", "3"])
+    assert res.exit_code == 2 and "out of range" in res.output
+
+
+def test_help_lists_options():
+    res = CliRunner().invoke(app, ["diloco", "--help"])
+    assert res.exit_code == 0
+    for opt in ("--replicas", "--config", "--lighthouse", "--replica-ids", "--min-replicas"):
+        assert opt in res.output
