@@ -178,6 +178,7 @@ def ablate(
 
 
 def _register_subcommands() -> None:
+    from composer_replication.cli_diloco import diloco_command
     from composer_replication.cli_ingest import ingest_command
     from composer_replication.cli_replay import pairs_command, replay_command, serve_command
 
@@ -185,6 +186,7 @@ def _register_subcommands() -> None:
     app.command("serve")(serve_command)
     app.command("replay")(replay_command)
     app.command("pairs")(pairs_command)
+    app.command("diloco", context_settings={"allow_extra_args": True})(diloco_command)
 
 
 _register_subcommands()

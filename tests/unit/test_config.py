@@ -23,8 +23,18 @@ def test_configs_dir_is_not_empty():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_config_parses(path):
-    cfg = load_config(path)
-    assert isinstance(cfg, RunConfig)
+    import yaml
+
+    from composer_replication.ablation import arm_config
+    from composer_replication.config import load_ablation_config
+
+    if "arms" in (yaml.safe_load(path.read_text()) or {}):  # an ablation: every arm's run config
+        acfg = load_ablation_config(path)
+        assert all(
+            isinstance(arm_config(acfg, a, s), RunConfig) for a in acfg.arms for s in acfg.seeds
+        )
+    else:
+        assert isinstance(load_config(path), RunConfig)
 
 
 def test_default_config_is_quickstart():
@@ -90,7 +100,7 @@ def test_missing_and_malformed_files(tmp_path):
 
 def test_channel_weights_need_their_inputs():
     with pytest.raises(ConfigError, match="replay.dataset"):
-        load_config(None, ["beta_replay=0.1"])
+        load_config(None, ["beta_replay=0.1", "replay.dataset=null"])
     with pytest.raises(ConfigError, match="hint_model_url"):
         load_config(None, ["alpha_sdpo=0.1", "sdpo.hint_sources=[model]"])
     assert load_config(None, ["alpha_sdpo=0.1"]).alpha_sdpo == 0.1

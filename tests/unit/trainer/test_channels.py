@@ -178,7 +178,7 @@ def test_ema_teacher_tracks_the_policy(tmp_path, tokenizer, tiny_model):
 
 def test_replay_needs_a_dataset_and_bad_lines_are_named(tmp_path):
     with pytest.raises(Exception, match="replay.dataset"):
-        load_config(None, ["beta_replay=0.1"])
+        load_config(None, ["beta_replay=0.1", "replay.dataset=null"])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "q", "chosen": "a", "rejected": "b"}\n{"prompt": "q"}\n')
     with pytest.raises(PreferenceDataError, match=r"bad.jsonl:2: missing field 'chosen'"):
