@@ -8,9 +8,15 @@ equation ("2 + 9 = 11" answers 11: small instruct models often do that), otherwi
 number in the reply. Pass@1 is that answer being right; the training reward is shaped:
 
     1.0  the reply is exactly the number
-    0.5  the first number in the reply is right, with extra text
-    0.1  the reply is a bare number, but wrong (format right, arithmetic wrong)
-    0.0  anything else
+    0.5  the answer is right, with extra text
+    wrong answer: 0.1 if the reply is a bare number (format right), plus a closeness term
+         0.2 / (1 + |answer - expected|) for any wrong number
+    0.0  no number at all
+
+The closeness term breaks ties between wrong answers: without it, a policy that always
+replies with the same bare wrong number earns the same 0.1 on every rollout, every group's
+rewards tie, GRPO's advantages vanish and training stalls there for good (seen on this task
+with temperature 0.7 and lr 2e-5).
 """
 
 from __future__ import annotations
@@ -83,7 +89,7 @@ def grade_answer(completion: str, expected: int) -> StepResult:
         feedback = f"expected {expected}, but the reply has no number"
     else:
         feedback = f"expected {expected}, got {got}"
-    reward = 0.1 if bare else 0.0
+    reward = 0.0 if got is None else (0.1 if bare else 0.0) + 0.2 / (1 + abs(got - expected))
     return StepResult(completion, reward, True, False, feedback, {"expected": expected, "got": got})
 
 
