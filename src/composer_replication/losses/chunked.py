@@ -124,7 +124,9 @@ def _elementwise(a: Tensor, b: Tensor, x: Tensor, y: Tensor | None, beta: float,
     """Logits -> per-token loss and gradient buffer, ``rows`` rows at a time.
 
     The ~20 elementwise passes then run on cache-resident sub-blocks instead of streaming the
-    whole ``[chunk, V]`` buffers through memory each time (about 3-4x faster on CPU).
+    whole ``[chunk, V]`` buffers through memory each time (measured on an idle 2-core run:
+    184 ms -> 48 ms for one 80 x 49152 chunk). Blocks of >= 8 rows keep the op count (and
+    the per-op threading overhead, which dominates when the CPU is oversubscribed) low.
     """
     toks, g = [], None
     for i in range(0, a.shape[0], rows):
