@@ -46,7 +46,7 @@ TeacherLogitsFn = Callable[[Tensor], Tensor]
 ``[len(ids), V]``. Called under ``torch.no_grad``."""
 
 _MAX_BUFFER_ELEMENTS = 32 * 1024 * 1024  # cap of one [chunk, V] fp32 buffer (128 MB)
-_CACHE_ELEMENTS = 256 * 1024  # rows per elementwise sub-block: 4 buffers x 1 MB stay in cache
+_CACHE_ELEMENTS = 1024 * 1024  # rows per elementwise sub-block: 4 buffers x 4 MB stay in L3
 
 
 def default_chunk_size(vocab_size: int, n_rows: int = 2048) -> int:
@@ -124,7 +124,9 @@ def _elementwise(a: Tensor, b: Tensor, x: Tensor, y: Tensor | None, beta: float,
     """Logits -> per-token loss and gradient buffer, ``rows`` rows at a time.
 
     The ~20 elementwise passes then run on cache-resident sub-blocks instead of streaming the
-    whole ``[chunk, V]`` buffers through memory each time (about 3-4x faster on CPU).
+    whole ``[chunk, V]`` buffers through memory each time (measured on an idle 2-core run:
+    184 ms -> 48 ms for one 80 x 49152 chunk). Blocks of >= 8 rows keep the op count (and
+    the per-op threading overhead, which dominates when the CPU is oversubscribed) low.
     """
     toks, g = [], None
     for i in range(0, a.shape[0], rows):
@@ -146,7 +148,7 @@ class _FusedLinearGJSD(torch.autograd.Function):
         ctx,
         hidden_NH: Tensor,
         weight_VH: Tensor,
-        teacher_fn: TeacherLogitsFn,
+        teacher: tuple[Tensor, Tensor] | TeacherLogitsFn,
         row_ids: Tensor,
         beta: float,
         temperature: float,
@@ -162,19 +164,24 @@ class _FusedLinearGJSD(torch.autograd.Function):
         )
         h = hidden_NH.to(dt)
         w = weight_VH.to(dt)
+        if isinstance(teacher, tuple):
+            teacher = (teacher[0].to(dt), teacher[1].to(dt))
         grad_h = torch.empty_like(h) if want_gh else None
         grad_w = torch.zeros_like(w) if want_gw else None
         total = torch.zeros((), dtype=torch.float64, device=h.device)
         rows = min(chunk_size, max(n, 1))
         buf = _Buffers(rows, vocab, h, need_y=0.0 < beta < 1.0)
-        sub_rows = max(1, _CACHE_ELEMENTS // vocab)
+        sub_rows = max(8, _CACHE_ELEMENTS // vocab)
         coef = scale / temperature * (-(1.0 - beta) if 0.0 < beta < 1.0 else 1.0)
         for start in range(0, n, rows):
             stop = min(start + rows, n)
             a, b, x, y = buf.views(stop - start)
             hc = h[start:stop]
             torch.mm(hc, w.t(), out=a)
-            b.copy_(teacher_fn(row_ids[start:stop]))
+            if isinstance(teacher, tuple):  # teacher hidden rows (already compacted) + head
+                torch.mm(teacher[0][start:stop], teacher[1].t(), out=b)
+            else:
+                b.copy_(teacher(row_ids[start:stop]))
             if temperature != 1.0:
                 a.div_(temperature)
                 b.div_(temperature)
@@ -204,20 +211,6 @@ class _FusedLinearGJSD(torch.autograd.Function):
         if grad_w is not None and not bool(grad_out == 1):
             grad_w = grad_w * grad_out
         return grad_h, grad_w, None, None, None, None, None, None, None
-
-
-def _teacher_from_head(teacher_hidden_NH: Tensor, teacher_weight_VH: Tensor) -> TeacherLogitsFn:
-    th = teacher_hidden_NH.detach()
-    tw = teacher_weight_VH.detach()
-
-    def fn(ids: Tensor) -> Tensor:
-        # rows are contiguous runs in the common (unmasked) case: slice instead of gather
-        first, last = int(ids[0]), int(ids[-1])
-        if last - first + 1 == ids.numel():
-            return th[first : last + 1] @ tw.t()
-        return th.index_select(0, ids) @ tw.t()
-
-    return fn
 
 
 def chunked_generalized_jsd_loss(
@@ -272,7 +265,7 @@ def chunked_generalized_jsd_loss(
         raise ValueError(f"chunked loss supports reduction batchmean or sum, got {reduction!r}")
     lead = hidden_NH.shape[:-1]
     keep = resolve_mask(lead, hidden_NH.device, mask, labels)
-    fn = _resolve_teacher(
+    teacher = _resolve_teacher(
         hidden_NH, weight_VH, teacher_hidden_NH, teacher_weight_VH, teacher_logits_fn
     )
     flat = hidden_NH.reshape(-1, hidden_NH.shape[-1])
@@ -284,6 +277,8 @@ def chunked_generalized_jsd_loss(
         row_ids = keep.reshape(-1).nonzero().squeeze(1)
         n_tok = row_ids.numel()
         h = flat if n_tok == flat.shape[0] else flat.index_select(0, row_ids)
+    if isinstance(teacher, tuple) and n_tok != flat.shape[0]:
+        teacher = (teacher[0].index_select(0, row_ids), teacher[1])
     denom = _denominator(reduction, divisor, keep, n_tok, lead)
     chunk = chunk_size or default_chunk_size(weight_VH.shape[0], n_tok)
     if n_tok == 0:
@@ -292,7 +287,7 @@ def chunked_generalized_jsd_loss(
         loss = _FusedLinearGJSD.apply(
             h,
             weight_VH,
-            fn,
+            teacher,
             row_ids,
             float(beta),
             float(temperature),
@@ -310,7 +305,8 @@ def _resolve_teacher(
     t_hidden: Tensor | None,
     t_weight: Tensor | None,
     t_fn: TeacherLogitsFn | None,
-) -> TeacherLogitsFn:
+) -> tuple[Tensor, Tensor] | TeacherLogitsFn:
+    """The teacher as (flattened hidden, head), both detached, or the user's logits callable."""
     if t_fn is not None:
         if t_hidden is not None or t_weight is not None:
             raise ValueError("give teacher_logits_fn or teacher hidden+weight, not both")
@@ -329,7 +325,8 @@ def _resolve_teacher(
             f"teacher_weight_VH must be [V={weight.shape[0]}, H_t={t_hidden.shape[-1]}], "
             f"got {tuple(t_weight.shape)}"
         )
-    return _teacher_from_head(t_hidden.reshape(-1, t_hidden.shape[-1]), t_weight)
+    th = t_hidden.detach().reshape(-1, t_hidden.shape[-1])
+    return th, t_weight.detach()
 
 
 def _denominator(

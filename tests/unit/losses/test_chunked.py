@@ -133,3 +133,24 @@ def test_errors_are_clear():
         chunked_generalized_jsd_loss(h, w, th, tw, reduction="mean")
     with pytest.raises(TypeError, match="floating-point"):
         chunked_generalized_jsd_loss(h.detach().long(), w, th, tw)
+
+
+def test_bf16_inputs_compute_in_fp32_and_return_input_dtype():
+    h, w, th, tw, labels = _setup()
+    hb, wb = h.detach().bfloat16().requires_grad_(), w.detach().bfloat16().requires_grad_()
+    loss, _ = chunked_generalized_jsd_loss(hb, wb, th.bfloat16(), tw.bfloat16(), labels=labels)
+    loss.backward()
+    assert loss.dtype == torch.bfloat16 and hb.grad.dtype == torch.bfloat16
+    ref, _ = chunked_generalized_jsd_loss(
+        hb.float(), wb.float(), th.bfloat16().float(), tw.bfloat16().float(), labels=labels
+    )
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-2)
+
+
+def test_default_chunk_size():
+    from composer_replication.losses import default_chunk_size
+
+    assert default_chunk_size(49152, 2048) == 256
+    assert default_chunk_size(49152, 100) == 32  # small-M matmuls are slow: at least 32 rows
+    assert default_chunk_size(151936, 2048) == 216  # capped by a 128 MB buffer
+    assert default_chunk_size(1000, 100000) == 1024
