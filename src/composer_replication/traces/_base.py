@@ -48,20 +48,21 @@ def iter_jsonl(ctx: ReaderContext) -> Iterator[tuple[int, dict[str, Any]]]:
     yielded line exactly once (``run_records`` does).
     """
     rep = ctx.report
+    loads, decode_error = orjson.loads, orjson.JSONDecodeError
     with open(ctx.path, "rb") as fh:
         lineno = 0
         for raw in fh:
             lineno += 1
             rep.total_lines += 1
             rep.bytes += len(raw)
-            if not raw.strip():
-                rep.skip(lineno, "blank_line")
-                continue
             try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                truncated = not raw.endswith(b"\n")
-                rep.skip(lineno, "truncated_json" if truncated else "invalid_json")
+                obj = loads(raw)
+            except decode_error:  # blank lines fail to parse too: sorted out here, off the hot path
+                if not raw.strip():
+                    rep.skip(lineno, "blank_line")
+                else:
+                    truncated = not raw.endswith(b"\n")
+                    rep.skip(lineno, "truncated_json" if truncated else "invalid_json")
                 continue
             if not isinstance(obj, dict):
                 rep.skip(lineno, "not_an_object")

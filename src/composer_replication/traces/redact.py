@@ -13,9 +13,9 @@ Two layers:
    they find that layer 1 left is replaced too.
 
 Each detector has cheap literal triggers; its regex only runs on strings containing a trigger.
-Whether a string contains *any* trigger is decided first by two compiled regexes (one on the
-text, one on its lowercase for the case-insensitive triggers) built from the same trigger lists,
-so ordinary text costs two C-level scans instead of ~60 substring scans (see `_any_trigger_regex`).
+Whether a string may contain *any* trigger is decided first by one compiled regex built from the
+same trigger lists, so ordinary text costs one C-level scan instead of ~60 substring scans (see
+`_any_trigger_regex`).
 Replacements are typed placeholders: ``<REDACTED:aws_access_key>``.
 """
 
@@ -186,33 +186,52 @@ _CHAR_FREQUENCY_ORDER = (
 )
 
 
+# Non-ASCII characters whose lowercase (``str.lower``) contains an ASCII letter, and that letter.
+# tests/unit/traces/test_fast_paths.py checks this table against every Unicode code point.
+_LOWERS_TO_ASCII = {"\u0130": "i", "\u212a": "k"}  # LATIN CAPITAL I WITH DOT, KELVIN SIGN
+
+
 def _minimal(needles: set[str]) -> list[str]:
     """Needles not containing another needle: if any needle occurs, one of these occurs."""
     return sorted(n for n in needles if not any(m != n and m in n for m in needles))
 
 
-def _any_trigger_regex(needles: set[str]) -> re.Pattern[str] | None:
-    """One regex that matches a text iff some needle occurs in it (``None`` for no needles).
+def _any_trigger_regex(case: set[str], lower: set[str]) -> re.Pattern[str] | None:
+    """One regex that matches ``text`` whenever a ``case`` needle occurs in ``text`` or a ``lower``
+    needle in ``text.lower()``, provided ``text`` has no character of ``_LOWERS_TO_ASCII``
+    (``None`` for no needles).
 
-    Python's regex engine skips quickly over characters that cannot start a match (a charset
-    scan in C) but runs a full match attempt at every other position, and plain alternations
-    start with common letters (``sk-``, ``gl``, ``eyJ``). So each needle ``head + rest``, where
-    ``head`` ends at the needle's rarest character ``c``, is written ``c(?<=head)rest``: it matches
-    at the position of ``c`` exactly when the needle occurs there (the lookbehind checks the part
-    before ``c``, including ``c``). Every alternative starts with a literal, so the engine only
-    stops at the rare characters.
+    Exact for case needles. A lowercase needle is matched on the text itself with each letter
+    as ``[xX]``: each character of a needle occurrence in ``text.lower()`` comes from one
+    character of ``text`` that is the needle character or its uppercase, apart from the
+    characters of ``_LOWERS_TO_ASCII``, which `Redactor.any_trigger` checks separately.
+
+    Speed: Python's regex engine skips in C over characters that cannot start a match only when
+    every alternative starts with a literal; at every other position it runs a full match
+    attempt, and plain alternations start with common letters (``sk-``, ``gl``, ``eyJ``). So each
+    needle ``head + rest``, where ``head`` ends at the needle's rarest character ``c``, is written
+    ``c(?<=head)rest`` (the lookbehind re-checks ``head`` including ``c``), once for each case of
+    ``c`` for lowercase needles, and needles sharing ``c`` are grouped as ``c(?:...|...)``.
     """
-    if not needles:
-        return None
     order = _CHAR_FREQUENCY_ORDER
-    parts = []
-    for n in _minimal(needles):
+    by_anchor: dict[str, list[str]] = {}  # one group per anchor: fewer branches tried per stop
+    for n, fold in [(n, False) for n in _minimal(case)] + [(n, True) for n in _minimal(lower)]:
+
+        def cases(ch: str, fold: bool = fold) -> list[str]:
+            return [ch, ch.upper()] if fold and ch.upper() != ch else [ch]
+
+        def one(ch: str) -> str:
+            alts = cases(ch)
+            return re.escape(ch) if len(alts) == 1 else "[" + "".join(alts) + "]"
+
         # rarest character: latest in the frequency order, unlisted ones first; ties -> leftmost
         i = max(range(len(n)), key=lambda k: (order.find(n[k]) % (len(order) + 1), -k))
-        head, rest = n[: i + 1], n[i + 1 :]
-        behind = f"(?<={re.escape(head)})" if i else ""
-        parts.append(re.escape(n[i]) + behind + re.escape(rest))
-    return re.compile("|".join(parts))
+        behind = f"(?<={''.join(map(one, n[: i + 1]))})" if i else ""
+        rest = "".join(map(one, n[i + 1 :]))
+        for c in cases(n[i]):
+            by_anchor.setdefault(c, []).append(behind + rest)
+    parts = [re.escape(c) + "(?:" + "|".join(tails) + ")" for c, tails in sorted(by_anchor.items())]
+    return re.compile("|".join(parts)) if parts else None
 
 
 def _load_library_detectors() -> list[tuple[str, tuple[str, ...], Callable]]:
@@ -256,11 +275,13 @@ class Redactor:
         return text
 
     def any_trigger(self, text: str) -> bool:
-        """``bool(self._triggered(text))``, computed with two regex scans instead of one
-        substring scan per trigger."""
-        if self._case_any is not None and self._case_any.search(text) is not None:
-            return True
-        return self._lower_any is not None and self._lower_any.search(text.lower()) is not None
+        """True whenever ``self._triggered(text)`` is non-empty (one regex scan instead of one
+        substring scan per trigger; see `_any_trigger_regex`). Equal to it on ASCII text."""
+        if self._any is None:
+            return False
+        if not text.isascii() and any(c in text for c in _LOWERS_TO_ASCII):
+            return True  # rare: let the exact scan decide
+        return self._any.search(text) is not None
 
     def _triggered(self, text: str) -> set[int]:
         """Indexes of detectors (patterns, then library plugins) whose trigger occurs."""
@@ -286,8 +307,7 @@ class Redactor:
                 case.setdefault(t, []).append(len(PATTERNS) + j)
         self._case_triggers = tuple((t, tuple(v)) for t, v in case.items())
         self._lower_triggers = tuple((t, tuple(v)) for t, v in lower.items())
-        self._case_any = _any_trigger_regex(set(case))
-        self._lower_any = _any_trigger_regex(set(lower))
+        self._any = _any_trigger_regex(set(case), set(lower))
 
     def _sub(self, pat: Pattern, text: str) -> str:
         placeholder = PLACEHOLDER.format(pat.kind)
