@@ -11,14 +11,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from composer_replication.traces import Redactor, ingest
+from composer_replication.traces._base import ReaderContext, SessionBuilder
 from composer_replication.traces.redact import _LOWERS_TO_ASCII
+from composer_replication.traces.report import FileReport
 
 from .test_redact import CORPUS, _claude_lines, _codex_lines
 
@@ -33,6 +37,9 @@ _FRAGMENTS = (
 )
 
 
+_texts = st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=3), max_size=8).map("".join)
+
+
 class _ScanEveryTrigger(Redactor):
     """Reference: skips the any-trigger regexes and scans for each trigger separately."""
 
@@ -41,7 +48,7 @@ class _ScanEveryTrigger(Redactor):
 
 
 @settings(max_examples=3000, deadline=None)
-@given(st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=3), max_size=8).map("".join))
+@given(_texts)
 def test_any_trigger_never_misses_and_is_exact_on_ascii(text: str) -> None:
     found = bool(_RED._triggered(text))
     assert _RED.any_trigger(text) >= found
@@ -114,3 +121,54 @@ def test_fast_and_full_scan_give_identical_output(which: str, request, tmp_path:
     assert fast == full
     if which == "planted":
         assert sum(fast[2].values()) > 0
+
+
+def test_triggers_have_no_json_escaped_characters() -> None:
+    """Premise of `_verbatim_and_clean`: only ``\\uXXXX`` and ``\\/`` escapes can hide a trigger."""
+    for t in _TRIGGERS:
+        assert not any(c in t for c in '"\\') and all(c >= " " for c in t), t
+
+
+def _builder(red: Redactor) -> SessionBuilder:
+    ctx = ReaderContext(Path("x.jsonl"), "claude_code", FileReport("x.jsonl", "claude_code"), red)
+    return SessionBuilder(ctx, "s")
+
+
+_json_values = st.recursive(
+    _texts | st.integers(-(2**63), 2**63 - 1),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_json_values, st.sampled_from(["orjson", "ascii", "slashes", "raw"]))
+def test_tool_arguments_fast_path_matches_full_redaction(value, encoding: str) -> None:
+    text = json.dumps(value, ensure_ascii=encoding == "ascii")
+    if encoding == "slashes":
+        text = text.replace("/", "\\/")
+    elif encoding == "orjson":
+        text = orjson.dumps(value).decode()
+    elif encoding == "raw":  # not JSON at all: redacted as plain text
+        text = "".join(map(str, value)) if isinstance(value, list) else str(value)
+    fast, full = Redactor(), _ScanEveryTrigger()
+    assert _builder(fast)._redact_arguments(text) == _builder(full)._redact_arguments(text)
+    assert fast.counts == full.counts
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        '{"cmd": "curl -H \\"Authorization: s\\u006b-proj-abcdefghijklmnopqrstuvwxyz0123\\""}',
+        '{"url": "postgres:\\/\\/admin:hunter2pass@db.internal\\/app"}',
+        '{"env": "MY_API_\\u0054OKEN=abcdefgh12345"}',
+    ],
+)
+def test_escaped_trigger_in_tool_arguments_is_still_redacted(arguments: str) -> None:
+    """A trigger hidden by a JSON escape is not visible in the text: the fast path must not skip."""
+    red = Redactor()
+    assert red.any_trigger(arguments) is False  # the escape hides it from the text-level scan
+    out = _builder(red)._redact_arguments(arguments)
+    assert "<REDACTED:" in out and sum(red.counts.values()) == 1
