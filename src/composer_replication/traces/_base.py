@@ -346,6 +346,8 @@ class SessionBuilder:
         self._close_open_calls()
 
     def _close_open_calls(self, append: bool = True) -> None:
+        if not self._open_order:
+            return
         for cid in self._open_order:
             self.ctx.report.orphan("tool_call_without_result", self._open_calls[cid], cid)
             if append:
