@@ -230,7 +230,9 @@ def _any_trigger_regex(case: set[str], lower: set[str]) -> re.Pattern[str] | Non
         rest = "".join(map(one, n[i + 1 :]))
         for c in cases(n[i]):
             by_anchor.setdefault(c, []).append(behind + rest)
-    parts = [re.escape(c) + "(?:" + "|".join(tails) + ")" for c, tails in sorted(by_anchor.items())]
+    # most frequent anchors first: at each stop the engine tries the groups in order
+    groups = sorted(by_anchor.items(), key=lambda kv: order.find(kv[0]) % (len(order) + 1))
+    parts = [re.escape(c) + "(?:" + "|".join(tails) + ")" for c, tails in groups]
     return re.compile("|".join(parts)) if parts else None
 
 
