@@ -293,7 +293,7 @@ class SessionBuilder:
         """Redact decoded string values (so line-anchored patterns see real newlines), then
         re-encode; non-JSON arguments are redacted as text."""
         red = self.ctx.redact
-        if len(arguments) < 8 or _verbatim_and_clean(arguments, self.ctx.redactor):
+        if len(arguments) < 8 or self.ctx.redactor.json_text_is_clean(arguments):
             return arguments
         try:
             value = orjson.loads(arguments)
@@ -358,17 +358,6 @@ class SessionBuilder:
     def _append(self, msg: Message) -> None:
         self.messages.append(msg)
         self._digests.append(message_digest(self._digests[-1], msg))
-
-
-def _verbatim_and_clean(text: str, redactor: Redactor) -> bool:
-    """True if no trigger can occur in ``text`` nor in any string decoded from it as JSON, so
-    redacting its decoded values would change nothing.
-
-    Triggers contain no quote, backslash or control character, so a JSON escape can hide a
-    trigger character only as ``\\uXXXX`` or ``\\/``; without those, every trigger occurrence in a
-    decoded string is also a verbatim substring of ``text``.
-    """
-    return "\\u" not in text and "\\/" not in text and not redactor.any_trigger(text)
 
 
 def _redact_tree(value: Any, red: Callable[[str], str]) -> Any:

@@ -178,7 +178,7 @@ _DETECT_SECRETS_PLUGINS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
-# Characters from most to least frequent in agent logs (byte counts over the 56 fixture logs).
+# Characters from most to least frequent in agent logs (byte counts over ../shared/fixtures).
 # Only used to pick where a trigger is anchored in the any-trigger regex: it affects speed, never
 # which strings match. Characters not listed count as rarest.
 _CHAR_FREQUENCY_ORDER = (
@@ -284,6 +284,16 @@ class Redactor:
         if not text.isascii() and any(c in text for c in _LOWERS_TO_ASCII):
             return True  # rare: let the exact scan decide
         return self._any.search(text) is not None
+
+    def json_text_is_clean(self, text: str) -> bool:
+        """True if `redact` would leave ``text`` and every string decoded from it as JSON
+        unchanged (a subclass that changes `redact` must change this too).
+
+        Triggers contain no quote, backslash or control character, so a JSON escape can hide a
+        trigger character only as ``\\uXXXX`` or ``\\/``; without those, every trigger occurrence
+        in a decoded string is also a verbatim substring of ``text``.
+        """
+        return "\\u" not in text and "\\/" not in text and not self.any_trigger(text)
 
     def _triggered(self, text: str) -> set[int]:
         """Indexes of detectors (patterns, then library plugins) whose trigger occurs."""

@@ -124,7 +124,7 @@ def test_fast_and_full_scan_give_identical_output(which: str, request, tmp_path:
 
 
 def test_triggers_have_no_json_escaped_characters() -> None:
-    """Premise of `_verbatim_and_clean`: only ``\\uXXXX`` and ``\\/`` escapes can hide a trigger."""
+    """Premise of `Redactor.json_text_is_clean`: only ``\\uXXXX`` and ``\\/`` escapes can hide a trigger."""
     for t in _TRIGGERS:
         assert not any(c in t for c in '"\\') and all(c >= " " for c in t), t
 
