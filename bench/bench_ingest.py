@@ -8,7 +8,8 @@
    planted secrets.
 2. Times, interleaved ``--reps`` times: (a) orjson parse-only (read lines + ``orjson.loads``),
    (b) ``ingest()`` iterating all TraceStates (parse, convert, redact, hash), (c) the same plus
-   ``to_json()`` of every state. Prints medians, MB/s and the ratios to (a).
+   ``to_json()`` of every state, (d) for reference, (b) with redaction switched off. Prints
+   medians, MB/s and the ratios to (a).
 3. Peak RSS of ``ingest()`` over files of size S and 10*S, each in a fresh subprocess.
 """
 
@@ -132,6 +133,18 @@ def ingest_only(path: Path) -> int:
     return sum(1 for _ in ingest([path], format="claude_code"))
 
 
+def ingest_unredacted(path: Path) -> int:
+    """Reference row, not a product path: the same ingest with redaction switched off, to show
+    how the remaining time splits between redaction and parsing/conversion/hashing."""
+    from composer_replication.traces import Redactor, ingest
+
+    class _Off(Redactor):
+        def redact(self, text: str) -> str:
+            return text
+
+    return sum(1 for _ in ingest([path], format="claude_code", redactor=_Off()))
+
+
 def ingest_and_serialize(path: Path) -> int:
     from composer_replication.traces import ingest
 
@@ -170,6 +183,7 @@ def main() -> None:
         ingest_only(big)  # warm imports / page cache
         variants = {"orjson parse-only": parse_only, "ingest()": ingest_only}
         variants["ingest() + to_json"] = ingest_and_serialize
+        variants["(ingest(), no redaction)"] = ingest_unredacted
         times: dict[str, list[float]] = {k: [] for k in variants}
         for _ in range(args.reps):  # interleaved: machine load swings hit all variants alike
             for name, fn in variants.items():
@@ -178,10 +192,10 @@ def main() -> None:
                 times[name].append(time.perf_counter() - t0)
         print(f"file: {mb:.1f} MB Claude Code JSONL, {args.reps} interleaved reps (median)")
         ref = statistics.median(times["orjson parse-only"])
-        print(f"{'variant':22s} {'median s':>9s} {'MB/s':>8s} {'vs parse-only':>14s}")
+        print(f"{'variant':26s} {'median s':>9s} {'MB/s':>8s} {'vs parse-only':>14s}")
         for name, ts in times.items():
             med = statistics.median(ts)
-            print(f"{name:22s} {med:9.3f} {mb / med:8.1f} {ref / med:13.0%}")
+            print(f"{name:26s} {med:9.3f} {mb / med:8.1f} {ref / med:13.0%}")
         print(f"states: {ingest_only(big)}")
 
         small, large = Path(d) / "s.jsonl", Path(d) / "l.jsonl"

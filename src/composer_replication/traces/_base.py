@@ -48,20 +48,21 @@ def iter_jsonl(ctx: ReaderContext) -> Iterator[tuple[int, dict[str, Any]]]:
     yielded line exactly once (``run_records`` does).
     """
     rep = ctx.report
+    loads, decode_error = orjson.loads, orjson.JSONDecodeError
     with open(ctx.path, "rb") as fh:
         lineno = 0
         for raw in fh:
             lineno += 1
             rep.total_lines += 1
             rep.bytes += len(raw)
-            if not raw.strip():
-                rep.skip(lineno, "blank_line")
-                continue
             try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                truncated = not raw.endswith(b"\n")
-                rep.skip(lineno, "truncated_json" if truncated else "invalid_json")
+                obj = loads(raw)
+            except decode_error:  # blank lines fail to parse too: sorted out here, off the hot path
+                if not raw.strip():
+                    rep.skip(lineno, "blank_line")
+                else:
+                    truncated = not raw.endswith(b"\n")
+                    rep.skip(lineno, "truncated_json" if truncated else "invalid_json")
                 continue
             if not isinstance(obj, dict):
                 rep.skip(lineno, "not_an_object")
@@ -292,7 +293,7 @@ class SessionBuilder:
         """Redact decoded string values (so line-anchored patterns see real newlines), then
         re-encode; non-JSON arguments are redacted as text."""
         red = self.ctx.redact
-        if len(arguments) < 8:
+        if len(arguments) < 8 or self.ctx.redactor.json_text_is_clean(arguments):
             return arguments
         try:
             value = orjson.loads(arguments)
@@ -345,6 +346,8 @@ class SessionBuilder:
         self._close_open_calls()
 
     def _close_open_calls(self, append: bool = True) -> None:
+        if not self._open_order:
+            return
         for cid in self._open_order:
             self.ctx.report.orphan("tool_call_without_result", self._open_calls[cid], cid)
             if append:

@@ -135,12 +135,13 @@ class _ClaudeReader:
 
     # -- routing
     def _session(self, line: int, rec: dict[str, Any]) -> _Session:
-        sid = as_str(rec.get("sessionId")) or as_str(rec.get("session_id")) or self.default_sid
+        sid = rec.get("sessionId")
+        if not (sid and isinstance(sid, str)):
+            sid = as_str(rec.get("session_id")) or self.default_sid
+        if rec.get("isSidechain") is not True and self.file_agent is None:
+            return self.sessions.get(sid) or self._get(sid, sid, None, False)
         uuid = as_str(rec.get("uuid"))
         agent = as_str(rec.get("agentId")) or None
-        sidechain = rec.get("isSidechain") is True or self.file_agent is not None
-        if not sidechain:
-            return self._get(sid, sid, None, False)
         agent = agent or self.file_agent
         if agent:
             key = f"{sid}/agent-{agent}"
@@ -266,9 +267,9 @@ class _ClaudeReader:
         model = as_str(msg.get("model")) or None
         s.b.assistant(
             line,
-            "\n".join(t for t in texts if t),
+            "\n".join(filter(None, texts)),
             calls,
-            "\n".join(t for t in thinking if t),
+            "\n".join(filter(None, thinking)),
             model=None if model == "<synthetic>" else model,
             timestamp=as_str(rec.get("timestamp")) or None,
             response_id=as_str(msg.get("id")) or None,

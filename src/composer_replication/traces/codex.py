@@ -162,7 +162,7 @@ class _CodexReader:
             self._event(line, payload, ts)
         elif rtype == "compacted":
             self._compacted(payload)
-        elif rtype in KNOWN_TOP or rtype in KNOWN_TOP_META:
+        elif isinstance(rtype, str) and (rtype in KNOWN_TOP or rtype in KNOWN_TOP_META):
             return None
         else:
             return "unknown_record_type"

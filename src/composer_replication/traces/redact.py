@@ -12,9 +12,11 @@ Two layers:
    GitHub, GitLab, Slack, OpenAI legacy, Stripe, SendGrid, PyPI and basic-auth URLs. Whatever
    they find that layer 1 left is replaced too.
 
-Each detector has cheap literal triggers; its regex only runs on strings containing a trigger,
-which keeps redaction near memchr speed on ordinary text. Replacements are typed placeholders:
-``<REDACTED:aws_access_key>``.
+Each detector has cheap literal triggers; its regex only runs on strings containing a trigger.
+Whether a string may contain *any* trigger is decided first by one compiled regex built from the
+same trigger lists, so ordinary text costs one C-level scan instead of ~60 substring scans (see
+`_any_trigger_regex`).
+Replacements are typed placeholders: ``<REDACTED:aws_access_key>``.
 """
 
 from __future__ import annotations
@@ -176,6 +178,64 @@ _DETECT_SECRETS_PLUGINS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
+# Characters from most to least frequent in agent logs (byte counts over ../shared/fixtures).
+# Only used to pick where a trigger is anchored in the any-trigger regex: it affects speed, never
+# which strings match. Characters not listed count as rarest.
+_CHAR_FREQUENCY_ORDER = (
+    " etn\"irosald\\mu:cpfh,_.yg-01\n/wbxv)(4=k523T'6IER9S87NDOLACPFqUMjWHBVYzGZXQ@KJ"
+)
+
+
+# Non-ASCII characters whose lowercase (``str.lower``) contains an ASCII letter, and that letter.
+# tests/unit/traces/test_fast_paths.py checks this table against every Unicode code point.
+_LOWERS_TO_ASCII = {"\u0130": "i", "\u212a": "k"}  # LATIN CAPITAL I WITH DOT, KELVIN SIGN
+
+
+def _minimal(needles: set[str]) -> list[str]:
+    """Needles not containing another needle: if any needle occurs, one of these occurs."""
+    return sorted(n for n in needles if not any(m != n and m in n for m in needles))
+
+
+def _any_trigger_regex(case: set[str], lower: set[str]) -> re.Pattern[str] | None:
+    """One regex that matches ``text`` whenever a ``case`` needle occurs in ``text`` or a ``lower``
+    needle in ``text.lower()``, provided ``text`` has no character of ``_LOWERS_TO_ASCII``
+    (``None`` for no needles).
+
+    Exact for case needles. A lowercase needle is matched on the text itself with each letter
+    as ``[xX]``: each character of a needle occurrence in ``text.lower()`` comes from one
+    character of ``text`` that is the needle character or its uppercase, apart from the
+    characters of ``_LOWERS_TO_ASCII``, which `Redactor.any_trigger` checks separately.
+
+    Speed: Python's regex engine skips in C over characters that cannot start a match only when
+    every alternative starts with a literal; at every other position it runs a full match
+    attempt, and plain alternations start with common letters (``sk-``, ``gl``, ``eyJ``). So each
+    needle ``head + rest``, where ``head`` ends at the needle's rarest character ``c``, is written
+    ``c(?<=head)rest`` (the lookbehind re-checks ``head`` including ``c``), once for each case of
+    ``c`` for lowercase needles, and needles sharing ``c`` are grouped as ``c(?:...|...)``.
+    """
+    order = _CHAR_FREQUENCY_ORDER
+    by_anchor: dict[str, list[str]] = {}  # one group per anchor: fewer branches tried per stop
+    for n, fold in [(n, False) for n in _minimal(case)] + [(n, True) for n in _minimal(lower)]:
+
+        def cases(ch: str, fold: bool = fold) -> list[str]:
+            return [ch, ch.upper()] if fold and ch.upper() != ch else [ch]
+
+        def one(ch: str) -> str:
+            alts = cases(ch)
+            return re.escape(ch) if len(alts) == 1 else "[" + "".join(alts) + "]"
+
+        # rarest character: latest in the frequency order, unlisted ones first; ties -> leftmost
+        i = max(range(len(n)), key=lambda k: (order.find(n[k]) % (len(order) + 1), -k))
+        behind = f"(?<={''.join(map(one, n[: i + 1]))})" if i else ""
+        rest = "".join(map(one, n[i + 1 :]))
+        for c in cases(n[i]):
+            by_anchor.setdefault(c, []).append(behind + rest)
+    # most frequent anchors first: at each stop the engine tries the groups in order
+    groups = sorted(by_anchor.items(), key=lambda kv: order.find(kv[0]) % (len(order) + 1))
+    parts = [re.escape(c) + "(?:" + "|".join(tails) + ")" for c, tails in groups]
+    return re.compile("|".join(parts)) if parts else None
+
+
 def _load_library_detectors() -> list[tuple[str, tuple[str, ...], Callable]]:
     """(kind, triggers, analyze_string) for each detect-secrets plugin we use; [] if absent."""
     try:
@@ -203,7 +263,7 @@ class Redactor:
         self._index_triggers()
 
     def redact(self, text: str) -> str:
-        if len(text) < 8:
+        if len(text) < 8 or not self.any_trigger(text):
             return text
         todo = self._triggered(text)
         if not todo:
@@ -215,6 +275,25 @@ class Redactor:
                 kind, _triggers, analyze = self._library[i - len(PATTERNS)]
                 text = self._replace_found(kind, text, analyze)
         return text
+
+    def any_trigger(self, text: str) -> bool:
+        """True whenever ``self._triggered(text)`` is non-empty (one regex scan instead of one
+        substring scan per trigger; see `_any_trigger_regex`). Equal to it on ASCII text."""
+        if self._any is None:
+            return False
+        if not text.isascii() and any(c in text for c in _LOWERS_TO_ASCII):
+            return True  # rare: let the exact scan decide
+        return self._any.search(text) is not None
+
+    def json_text_is_clean(self, text: str) -> bool:
+        """True if `redact` would leave ``text`` and every string decoded from it as JSON
+        unchanged (a subclass that changes `redact` must change this too).
+
+        Triggers contain no quote, backslash or control character, so a JSON escape can hide a
+        trigger character only as ``\\uXXXX`` or ``\\/``; without those, every trigger occurrence
+        in a decoded string is also a verbatim substring of ``text``.
+        """
+        return "\\u" not in text and "\\/" not in text and not self.any_trigger(text)
 
     def _triggered(self, text: str) -> set[int]:
         """Indexes of detectors (patterns, then library plugins) whose trigger occurs."""
@@ -240,6 +319,7 @@ class Redactor:
                 case.setdefault(t, []).append(len(PATTERNS) + j)
         self._case_triggers = tuple((t, tuple(v)) for t, v in case.items())
         self._lower_triggers = tuple((t, tuple(v)) for t, v in lower.items())
+        self._any = _any_trigger_regex(set(case), set(lower))
 
     def _sub(self, pat: Pattern, text: str) -> str:
         placeholder = PLACEHOLDER.format(pat.kind)

@@ -117,7 +117,9 @@ class TraceState:
 def message_digest(prev: bytes, message: Message) -> bytes:
     """Chain hash: digest of (previous digest, this message). A prefix's digest is the fold over
     its messages, so it is computed once per message, not once per state."""
-    return hashlib.blake2b(prev + orjson.dumps(message), digest_size=16).digest()
+    h = hashlib.blake2b(prev, digest_size=16)  # same digest as hashing prev + bytes, no copy
+    h.update(orjson.dumps(message))
+    return h.digest()
 
 
 def compute_state_id(session_id: str, step: int, prefix_digest: bytes, action: Action) -> str:

@@ -145,3 +145,9 @@ def test_malformed_lines_reported_with_file_and_line(tmp_path: Path) -> None:
     assert rep.skipped_examples["truncated_json"] == [f"{p}:6"]
     assert rep.parsed == 2 and rep.total_lines == 6
     assert len(states) == 1 and states[0].action.text == "yo"
+
+
+def test_codex_non_string_record_type_is_unknown_not_a_crash() -> None:
+    """Found by the fuzzer above: an unhashable ``type`` next to an object payload."""
+    rep = _run("codex", b'{"payload":{},"type":[]}\n')
+    assert rep.skipped_by_reason == {"unknown_record_type": 1} and rep.balanced
