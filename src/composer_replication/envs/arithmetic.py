@@ -3,9 +3,10 @@
 Every problem of a level is enumerated; a fixed hash of the problem (not a seed) decides its
 split, so the held-out problems never appear in training whatever the seed or sample size.
 
-Grading reads the model's answer: the number after the first ``=`` when the reply echoes the
-equation ("2 + 9 = 11" answers 11: small instruct models often do that), otherwise the first
-number in the reply. Pass@1 is that answer being right; the training reward is shaped:
+Grading reads the model's answer: the first number in the reply once any echo of the problem
+itself ("64 + 4") is taken out, so "2 + 9 = 11", "64 + 4 equals 68" and "The answer is 68"
+all answer with their result (small instruct models often restate the problem). Pass@1 is
+that answer being right; the training reward is shaped:
 
     1.0  the reply is exactly the number
     0.5  the answer is right, with extra text
@@ -70,16 +71,25 @@ def _unit_hash(key: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def extract_answer(text: str) -> int | None:
-    """The number after the first ``=`` if there is one, else the first integer, else None."""
-    tail = text.split("=", 1)[1] if "=" in text else text
-    m = _NUMBER.search(tail) or (None if tail is text else _NUMBER.search(text))
+def extract_answer(text: str, problem: tuple[int, str, int] | None = None) -> int | None:
+    """The first integer of ``text`` after echoes of ``problem`` (a, op, b) are removed; without
+    a problem, the number after the first ``=`` if any, else the first integer; else None."""
+    if problem is not None:
+        a, op, b = problem
+        text = re.sub(rf"(?<!\d){a}\s*{re.escape(op)}\s*{b}(?!\d)", " ", text)
+    elif "=" in text:
+        tail = _NUMBER.search(text.split("=", 1)[1])
+        if tail:
+            return int(tail.group())
+    m = _NUMBER.search(text)
     return int(m.group()) if m else None
 
 
-def grade_answer(completion: str, expected: int) -> StepResult:
+def grade_answer(
+    completion: str, expected: int, problem: tuple[int, str, int] | None = None
+) -> StepResult:
     """Shaped reward and feedback for an arithmetic reply (see module docstring)."""
-    got = extract_answer(completion)
+    got = extract_answer(completion, problem)
     bare = bool(_BARE_NUMBER.match(completion))
     if got == expected:
         reward = 1.0 if bare else 0.5
@@ -115,7 +125,7 @@ class ArithmeticEnv(Environment):
                     task_id=key,
                     prompt=PROMPT.format(a=a, op=level.op, b=b),
                     split=split,
-                    data={"answer": level.func(a, b), "level": lv},
+                    data={"answer": level.func(a, b), "level": lv, "problem": (a, level.op, b)},
                 )
                 self._splits[split].append(task)
         # a fixed, level-interleaved order: sorting by hash mixes levels evenly
@@ -131,4 +141,4 @@ class ArithmeticEnv(Environment):
         return f"The correct answer is {task.data['answer']}."
 
     def grade(self, task: Task, completion: str) -> StepResult:
-        return grade_answer(completion, int(task.data["answer"]))
+        return grade_answer(completion, int(task.data["answer"]), tuple(task.data["problem"]))

@@ -58,8 +58,9 @@ def test_extract_answer(text, expected):
         ("19", 1.0, True),
         (" 19. ", 1.0, True),
         ("12 + 7 = 19", 0.5, True),
-        ("8", 0.1, False),
-        ("12 + 7 = 8", 0.0, False),
+        ("8", 0.1 + 0.2 / 12, False),
+        ("18", 0.1 + 0.2 / 2, False),
+        ("12 + 7 = 8", 0.2 / 12, False),
         ("I don't know", 0.0, False),
     ],
 )
@@ -67,6 +68,29 @@ def test_shaped_reward(reply, reward, passed):
     """Wrong answers: 0.1 if bare, plus 0.2 / (1 + distance); "18" for 19 -> 0.1 + 0.2/2."""
     r = grade_answer(reply, 19)
     assert r.reward == pytest.approx(reward) and r.passed == passed
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("64 + 4 equals 68. So, 64 +", 68),
+        ("64+4 = 68", 68),
+        ("The sum of 64 + 4 is 68.", 68),
+        ("68", 68),
+        ("64 + 4 equals 78", 78),
+        ("64 + 4", None),
+        ("164 + 45 is 209", 164),
+    ],
+)
+def test_extract_answer_skips_echoes_of_the_problem(text, expected):
+    assert extract_answer(text, (64, "+", 4)) == expected
+
+
+def test_env_grades_restated_problems_by_their_result():
+    env = ArithmeticEnv(levels=[2])
+    task = next(t for t in env.tasks("train") + env.tasks("heldout") if t.task_id == "L2:64+4")
+    assert env.grade(task, "64 + 4 equals 68.").passed
+    assert not env.grade(task, "64 + 4 equals 78.").passed
 
 
 def test_feedback_says_what_was_wrong():
