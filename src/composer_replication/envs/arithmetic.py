@@ -10,14 +10,13 @@ that answer being right; the training reward is shaped:
 
     1.0  the reply is exactly the number
     0.5  the answer is right, with extra text
-    wrong answer: 0.1 if the reply is a bare number (format right), plus a closeness term
-         0.2 / (1 + |answer - expected|) for any wrong number
-    0.0  no number at all
+    0.0  a wrong answer, or no number
 
-The closeness term breaks ties between wrong answers: without it, a policy that always
-replies with the same bare wrong number earns the same 0.1 on every rollout, every group's
-rewards tie, GRPO's advantages vanish and training stalls there for good (seen on this task
-with temperature 0.7 and lr 2e-5).
+No partial credit for wrong answers, on purpose: two shapings were tried on the quickstart
+and both were gamed. A 0.1 bonus for any bare number let the policy collapse onto one bare
+wrong number (every group tied, GRPO's advantages vanished; T=0.7, lr 2e-5); a closeness
+bonus 0.2 / (1 + |answer - expected|) made echoing the first operand ("64" for 64 + 4) the
+best cheap policy. Correctness-only reward has no such attractor.
 """
 
 from __future__ import annotations
@@ -99,7 +98,7 @@ def grade_answer(
         feedback = f"expected {expected}, but the reply has no number"
     else:
         feedback = f"expected {expected}, got {got}"
-    reward = 0.0 if got is None else (0.1 if bare else 0.0) + 0.2 / (1 + abs(got - expected))
+    reward = 0.0
     return StepResult(completion, reward, True, False, feedback, {"expected": expected, "got": got})
 
 

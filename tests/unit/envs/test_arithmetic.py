@@ -58,14 +58,15 @@ def test_extract_answer(text, expected):
         ("19", 1.0, True),
         (" 19. ", 1.0, True),
         ("12 + 7 = 19", 0.5, True),
-        ("8", 0.1 + 0.2 / 12, False),
-        ("18", 0.1 + 0.2 / 2, False),
-        ("12 + 7 = 8", 0.2 / 12, False),
+        ("8", 0.0, False),
+        ("18", 0.0, False),
+        ("12 + 7 = 8", 0.0, False),
         ("I don't know", 0.0, False),
     ],
 )
 def test_shaped_reward(reply, reward, passed):
-    """Wrong answers: 0.1 if bare, plus 0.2 / (1 + distance); "18" for 19 -> 0.1 + 0.2/2."""
+    """1.0 bare right answer, 0.5 right answer in more text, 0.0 any wrong answer (even "18"
+    for 19, and a bare one): partial credit for wrong answers was gamed, see the module."""
     r = grade_answer(reply, 19)
     assert r.reward == pytest.approx(reward) and r.passed == passed
 
