@@ -6,17 +6,18 @@ split, so the held-out problems never appear in training whatever the seed or sa
 Grading reads the model's answer: the first number in the reply once any echo of the problem
 itself ("64 + 4") is taken out, so "2 + 9 = 11", "64 + 4 equals 68" and "The answer is 68"
 all answer with their result (small instruct models often restate the problem). Pass@1 is
-that answer being right; the training reward is shaped:
+that answer being right, and so is the training reward:
 
-    1.0  the reply is exactly the number
-    0.5  the answer is right, with extra text
+    1.0  the answer is right, however it is phrased ("19", "12 + 7 = 19", "12 + 7 equals 19.")
     0.0  a wrong answer, or no number
 
-No partial credit for wrong answers, on purpose: two shapings were tried on the quickstart
-and both were gamed. A 0.1 bonus for any bare number let the policy collapse onto one bare
-wrong number (every group tied, GRPO's advantages vanished; T=0.7, lr 2e-5); a closeness
-bonus 0.2 / (1 + |answer - expected|) made echoing the first operand ("64" for 64 + 4) the
-best cheap policy. Correctness-only reward has no such attractor.
+The feedback still asks for the bare number, but the reward does not: three shapings were
+tried on the quickstart and each was gamed or hurt (docs/results.md). A 0.1 bonus for any bare
+number let the policy collapse onto one bare wrong number (every group tied, GRPO's advantages
+vanished; T=0.7, lr 2e-5); a closeness bonus 0.2 / (1 + |answer - expected|) made echoing the
+first operand ("64" for 64 + 4) the best cheap policy; and 1.0 bare / 0.5 right-with-words
+pulled the model away from restating the problem, which is how this model computes best, toward
+bare guesses. Correctness alone lifted held-out pass@1 from 23% to 89%.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def grade_answer(
     got = extract_answer(completion, problem)
     bare = bool(_BARE_NUMBER.match(completion))
     if got == expected:
-        reward = 1.0 if bare else 0.5
+        reward = 1.0
         feedback = "correct" if bare else f"{expected} is right, but reply with only the number"
         return StepResult(completion, reward, True, True, feedback, {"expected": expected})
     if got is None:

@@ -97,7 +97,8 @@ def _first_hint(
         if source == "sibling":
             winners = [j for j in group if results[j].passed]
             if winners:
-                best = max(winners, key=lambda j: results[j].reward)
+                # best reward, then the most concise demonstration
+                best = max(winners, key=lambda j: (results[j].reward, -len(completions[j].strip())))
                 return Hint(
                     tpl.sibling.format(sibling=completions[best].strip())[:max_chars], source
                 )

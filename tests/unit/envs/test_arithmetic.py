@@ -57,16 +57,16 @@ def test_extract_answer(text, expected):
     [
         ("19", 1.0, True),
         (" 19. ", 1.0, True),
-        ("12 + 7 = 19", 0.5, True),
+        ("12 + 7 = 19", 1.0, True),
         ("8", 0.0, False),
         ("18", 0.0, False),
         ("12 + 7 = 8", 0.0, False),
         ("I don't know", 0.0, False),
     ],
 )
-def test_shaped_reward(reply, reward, passed):
-    """1.0 bare right answer, 0.5 right answer in more text, 0.0 any wrong answer (even "18"
-    for 19, and a bare one): partial credit for wrong answers was gamed, see the module."""
+def test_correctness_reward(reply, reward, passed):
+    """1.0 for the right answer however it is phrased, 0.0 for any wrong answer (even "18" for
+    19, and a bare one): every partial credit tried was gamed, see the module."""
     r = grade_answer(reply, 19)
     assert r.reward == pytest.approx(reward) and r.passed == passed
 

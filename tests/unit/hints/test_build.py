@@ -20,7 +20,9 @@ def test_sibling_hint_uses_best_passing_sibling_of_the_same_group():
     comps, results = _group(["12 + 7 = 19", "8", "19", "3"])
     comps2, results2 = _group(["5", "6", "7", "8"], expected=40)  # second group: nobody passed
     hints = build_hints(comps + comps2, results + results2, 4, sources=["sibling"])
-    assert hints[1].source == "sibling" and hints[1].text.endswith("\n19")  # reward 1.0 beats 0.5
+    assert hints[1].source == "sibling" and hints[1].text.endswith(
+        "\n19"
+    )  # ties on reward: the concise one
     assert hints[3].text == hints[1].text
     assert all(h is None for h in hints[4:])  # no sibling succeeded, no other source
 
