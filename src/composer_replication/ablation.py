@@ -45,6 +45,11 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
     from composer_replication.trainer.run import build_trainer, evaluate_run, prepare
 
     cfg = arm_config(acfg, arm, seed)
+    done = Path(cfg.output_dir, "final_eval.json")
+    if done.is_file():  # finished by an earlier, interrupted `ablate`: keep it
+        if console is not None:
+            console.print(f"[dim]{arm.name} seed {seed}: reusing {done}")
+        return json.loads(done.read_text())
     t0 = time.monotonic()
     model, tokenizer, env = prepare(cfg)
     if arm.trainer == "trl_sdpo":
@@ -72,6 +77,23 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
         "run_dir": cfg.output_dir,
     }
     Path(cfg.output_dir, "final_eval.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def base_result(acfg: AblationConfig, console=None) -> dict[str, Any]:
+    """The untrained model on the same held-out set as the arms' final evaluation (cached)."""
+    from composer_replication.trainer.run import evaluate_run, prepare
+
+    path = Path(acfg.output_dir) / "base_eval.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    cfg = arm_config(acfg, acfg.arms[0], acfg.seeds[0])
+    model, tokenizer, env = prepare(cfg)
+    result = {
+        "arm": "base (untrained)",
+        **evaluate_run(cfg, model, tokenizer, env, "base", console).summary(),
+    }
+    path.write_text(json.dumps(result, indent=2))
     return result
 
 
@@ -170,7 +192,12 @@ def plot_curves(acfg: AblationConfig, arms: list[str], out: Path) -> Path:
 
 
 def markdown_table(
-    rows: list[dict[str, Any]], acfg: AblationConfig, command: str, wall_s: float, plot: Path
+    rows: list[dict[str, Any]],
+    acfg: AblationConfig,
+    command: str,
+    wall_s: float,
+    plot: Path,
+    base: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         BEGIN,
@@ -182,6 +209,11 @@ def markdown_table(
         "| arm | final held-out pass@1, mean over seeds [95% t-CI] | per seed | mean reward | wall s/run |",
         "| --- | --- | --- | --- | --- |",
     ]
+    if base is not None:
+        lines.append(
+            f"| {base['arm']} | {base['pass_rate']:.1%} [{base['pass_ci95_low']:.1%}, "
+            f"{base['pass_ci95_high']:.1%}] (Wilson) | - | {base['mean_reward']:.3f} | - |"
+        )
     for r in rows:
         seeds = ", ".join(f"{v:.1%}" for v in r["per_seed"])
         lines.append(
@@ -210,6 +242,7 @@ def run_ablation(acfg: AblationConfig, command: str, console=None) -> list[dict[
     t0 = time.monotonic()
     out = Path(acfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    base = base_result(acfg, console)
     results = []
     for seed in acfg.seeds:
         for arm in acfg.arms:
@@ -227,6 +260,7 @@ def run_ablation(acfg: AblationConfig, command: str, console=None) -> list[dict[
         docs_plot.parent.mkdir(parents=True, exist_ok=True)
         docs_plot.write_bytes(plot.read_bytes())
         write_results(
-            md, markdown_table(rows, acfg, command, time.monotonic() - t0, Path(docs_plot.name))
+            md,
+            markdown_table(rows, acfg, command, time.monotonic() - t0, Path(docs_plot.name), base),
         )
     return rows

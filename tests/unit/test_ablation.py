@@ -77,6 +77,15 @@ def test_ablation_runs_every_arm_and_writes_results(tmp_path, tiny_dir):
     assert (tmp_path / "docs" / "ablation_heldout_vs_step.png").stat().st_size > 5000
     metrics = (tmp_path / "out" / "all" / "seed0" / "metrics.jsonl").read_text()
     assert "sdpo/active" in metrics and "replay/loss" in metrics
+    assert "| base (untrained) |" in md
+
+    # an interrupted ablation resumes: finished arm/seeds are reused, not retrained
+    first = (tmp_path / "out" / "grpo" / "seed0" / "final_eval.json").read_text()
+    (tmp_path / "out" / "all" / "seed0" / "final_eval.json").unlink()
+    rows2 = run_ablation(acfg, "composer-replication ablate --config test.yaml")
+    assert (tmp_path / "out" / "grpo" / "seed0" / "final_eval.json").read_text() == first
+    assert (tmp_path / "out" / "all" / "seed0" / "final_eval.json").is_file()
+    assert [r["arm"] for r in rows2] == ["grpo", "all", "trl-sdpo"]
 
 
 def test_summary_t_interval_hand_worked():
