@@ -47,6 +47,17 @@ class MetricsJsonlCallback(TrainerCallback):
             fh.write(orjson.dumps(row) + b"\n")
 
 
+def _rolling_mean(values, window: int) -> list[float]:
+    """Mean of the last ``window`` values at each point (fewer at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
 def plot_metrics(metrics_path: str | Path, out_path: str | Path | None = None) -> Path | None:
     """Plot reward and loss against step from metrics.jsonl into a PNG; returns its path."""
     import matplotlib
@@ -58,16 +69,34 @@ def plot_metrics(metrics_path: str | Path, out_path: str | Path | None = None) -
     if not rows:
         return None
     out = Path(out_path) if out_path else Path(metrics_path).with_name(PLOT_FILE)
+    rewards = [k for k in rows[-1] if k == "reward" or k.startswith("rewards/")]
     panels = [
-        ("reward", [k for k in rows[-1] if k == "reward" or k.startswith("rewards/")]),
+        # per-function curves only when there are several (with one, it *is* "reward")
+        (
+            "reward",
+            [k for k in rewards if not k.endswith("/std")] if len(rewards) > 3 else ["reward"],
+        ),
         ("loss", [k for k in rows[-1] if k == "loss" or k.endswith("/loss")]),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(11, 4))
     for ax, (title, keys) in zip(axes, panels, strict=True):
         for key in keys:
             pts = [(r["step"], r[key]) for r in rows if key in r]
-            if pts:
-                ax.plot(*zip(*pts, strict=True), label=key, marker=".")
+            if not pts:
+                continue
+            steps, values = zip(*pts, strict=True)
+            line = ax.plot(
+                steps, values, label=key, marker=".", alpha=0.35 if title == "reward" else 1
+            )
+            if title == "reward" and len(values) >= 4:  # per-step rewards are noisy: smooth them
+                w = max(2, len(values) // 8)
+                ax.plot(
+                    steps,
+                    _rolling_mean(values, w),
+                    color=line[0].get_color(),
+                    lw=2,
+                    label=f"{key} (mean of last {w})",
+                )
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
