@@ -25,8 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 VARIANTS: dict[str, list[str]] = {
-    "quickstart (8 tok, full FT, 2 thr)": [],
-    "16 new tokens": ["generation.max_completion_length=16"],
+    "quickstart (16 tok, full FT, 2 thr)": [],
+    "8 new tokens": ["generation.max_completion_length=8"],
+    "32 new tokens": ["generation.max_completion_length=32"],
     "LoRA r=16": ["peft.enabled=true", "optim.learning_rate=1e-4"],
     "1 thread": ["num_threads=1"],
 }
