@@ -152,6 +152,13 @@ def pairs_command(
         float, typer.Option("--max-special-ratio", min=0, max=1)
     ] = 0.5,
     dedup: Annotated[bool, typer.Option("--dedup/--no-dedup")] = True,
+    normalize_backend: Annotated[
+        str,
+        typer.Option(
+            "--normalize-backend",
+            help="native, or datajuicer (same recipe via data-juicer ops; extra 'datajuicer')",
+        ),
+    ] = "native",
 ) -> None:
     """Turn a replay journal into a TRL preference dataset (datasets + JSONL) with provenance."""
     from composer_replication.prefs.agreement import MiniLMEmbedder
@@ -162,8 +169,19 @@ def pairs_command(
         _fail(f"--strategy must be plurality or weighted, got {strategy!r}")
     if tool_format not in ("text", "openai"):
         _fail(f"--tool-format must be text or openai, got {tool_format!r}")
+    if normalize_backend not in ("native", "datajuicer"):
+        _fail(f"--normalize-backend must be native or datajuicer, got {normalize_backend!r}")
+    if normalize_backend == "datajuicer":
+        from rich.markup import escape
+
+        from composer_replication.prefs.normalize_dj import require_data_juicer
+
+        try:
+            require_data_juicer()
+        except ImportError as err:  # before reading the journal and loading MiniLM
+            _fail(escape(str(err)))
     cfg = NormalizeConfig(min_words=min_words, max_special_char_ratio=max_special_char_ratio,
-                          dedup=dedup)  # fmt: skip
+                          dedup=dedup, backend=normalize_backend)  # fmt: skip
     try:
         res = pairs_from_journal(
             db, agreement_threshold=agreement_threshold, strategy=strategy,  # type: ignore[arg-type]

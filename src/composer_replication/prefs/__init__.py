@@ -10,9 +10,11 @@ from .agreement import (
 )
 from .export import export_pairs, pair_record, pairs_from_journal, replay_and_normalize_trace
 from .normalize import NormalizeConfig, NormalizeReport, normalize_pairs
+from .normalize_dj import DJNormalizer
 
 __all__ = [
     "AgreementStats",
+    "DJNormalizer",
     "DPOPair",
     "MiniLMEmbedder",
     "NormalizeConfig",

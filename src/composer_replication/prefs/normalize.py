@@ -4,7 +4,8 @@ Broder 1997 "On the resemblance and containment of documents"). Each filter repo
 pairs it dropped.
 
 The text of an answer is its content plus one ``name {canonical args}`` line per tool call.
-(A data-juicer backend, ``DJNormalizer``, is planned but not written yet.)
+``NormalizeConfig.backend="datajuicer"`` runs the same recipe with data-juicer's operators
+(`DJNormalizer` in ``normalize_dj.py``, which lists where its statistics are defined differently).
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .agreement import DPOPair, canonical_args
 
 _WORD = re.compile(r"\S+")
+
+Backend = Literal["native", "datajuicer"]
 
 
 class NormalizeConfig(BaseModel):
@@ -45,6 +48,10 @@ class NormalizeConfig(BaseModel):
     """MinHash permutations."""
     shingle_size: int = Field(5, ge=1, le=32)
     """Character n-gram size of the shingles (lower-cased, whitespace collapsed)."""
+    backend: Backend = "native"
+    """Engine that runs this recipe: ``native`` (this module and datasketch) or ``datajuicer``
+    (data-juicer ops, extra ``datajuicer``; same thresholds, some statistics defined differently,
+    see ``normalize_dj.py``)."""
 
     @model_validator(mode="after")
     def _ranges(self) -> NormalizeConfig:
@@ -116,8 +123,13 @@ def near_duplicates(texts: Sequence[str], cfg: NormalizeConfig) -> set[int]:
 def normalize_pairs(
     pairs: Sequence[DPOPair], cfg: NormalizeConfig | None = None
 ) -> tuple[list[DPOPair], NormalizeReport]:
-    """Apply the filters in order, then near-dup removal; report drops per filter."""
+    """Apply the filters in order, then near-dup removal; report drops per filter. Runs on
+    ``cfg.backend`` (data-juicer's `DJNormalizer` for ``"datajuicer"``)."""
     cfg = cfg or NormalizeConfig()
+    if cfg.backend == "datajuicer":
+        from .normalize_dj import DJNormalizer
+
+        return DJNormalizer(cfg)(pairs)
     report = NormalizeReport(input=len(pairs))
     kept = list(pairs)
     for name, keep in _filters(cfg):
