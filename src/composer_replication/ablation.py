@@ -149,8 +149,10 @@ def summarize(results: list[dict[str, Any]], arms: list[str]) -> list[dict[str, 
             {
                 "arm": arm,
                 "mean": mean,
-                "ci95_low": mean - half,
-                "ci95_high": mean + half,
+                # a pass rate lives in [0, 1]; with 3 seeds the t-interval can leave it
+                "ci95_low": max(0.0, mean - half),
+                "ci95_high": min(1.0, mean + half),
+                "vs_first": _paired_by_seed(results, arm, arms[0]),
                 "per_seed": vals,
                 "n_heldout": rs[0]["n"] if rs else 0,
                 "reward": statistics.fmean(r["mean_reward"] for r in rs),
@@ -191,6 +193,17 @@ def plot_curves(acfg: AblationConfig, arms: list[str], out: Path) -> Path:
     return out
 
 
+def _paired_by_seed(results: list[dict[str, Any]], arm: str, ref: str) -> list[float]:
+    """``arm`` minus ``ref`` final pass rate for each seed both ran (same seed = same first
+    rollouts), in seed order."""
+    ref_by_seed = {r["seed"]: r["pass_rate"] for r in results if r["arm"] == ref}
+    return [
+        r["pass_rate"] - ref_by_seed[r["seed"]]
+        for r in sorted(results, key=lambda r: r["seed"])
+        if r["arm"] == arm and r["seed"] in ref_by_seed
+    ]
+
+
 def markdown_table(
     rows: list[dict[str, Any]],
     acfg: AblationConfig,
@@ -206,19 +219,21 @@ def markdown_table(
         f"Command: `{command}` (config `{acfg.base_config}` + {acfg.base_overrides}); "
         f"seeds {acfg.seeds}; total wall time {wall_s / 60:.1f} min on this machine.",
         "",
-        "| arm | final held-out pass@1, mean over seeds [95% t-CI] | per seed | mean reward | wall s/run |",
-        "| --- | --- | --- | --- | --- |",
+        f"| arm | final held-out pass@1, mean over seeds [95% t-CI] | per seed | "
+        f"minus {rows[0]['arm'] if rows else 'first arm'}, per seed | mean reward | wall s/run |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     if base is not None:
         lines.append(
             f"| {base['arm']} | {base['pass_rate']:.1%} [{base['pass_ci95_low']:.1%}, "
-            f"{base['pass_ci95_high']:.1%}] (Wilson) | - | {base['mean_reward']:.3f} | - |"
+            f"{base['pass_ci95_high']:.1%}] (Wilson) | - | - | {base['mean_reward']:.3f} | - |"
         )
     for r in rows:
         seeds = ", ".join(f"{v:.1%}" for v in r["per_seed"])
+        deltas = ", ".join(f"{v:+.1%}" for v in r.get("vs_first", [])) or "-"
         lines.append(
             f"| {r['arm']} | {r['mean']:.1%} [{r['ci95_low']:.1%}, {r['ci95_high']:.1%}] | "
-            f"{seeds} | {r['reward']:.3f} | {r['wall_s']:.0f} |"
+            f"{seeds} | {deltas} | {r['reward']:.3f} | {r['wall_s']:.0f} |"
         )
     lines += ["", f"![held-out score vs step]({plot.as_posix()})", "", END]
     return "\n".join(lines)

@@ -91,12 +91,25 @@ def test_ablation_runs_every_arm_and_writes_results(tmp_path, tiny_dir):
 def test_summary_t_interval_hand_worked():
     """Three seeds 0.2, 0.3, 0.4: mean 0.3, sd 0.1, half-width 4.303 * 0.1 / sqrt(3) = 0.2484."""
     results = [
-        {"arm": "a", "pass_rate": p, "n": 10, "mean_reward": 0.0, "wall_s": 1.0}
-        for p in (0.2, 0.3, 0.4)
+        {"arm": "a", "seed": s, "pass_rate": p, "n": 10, "mean_reward": 0.0, "wall_s": 1.0}
+        for s, p in enumerate((0.2, 0.3, 0.4))
     ]
     (row,) = summarize(results, ["a"])
     assert row["mean"] == pytest.approx(0.3)
     assert row["ci95_high"] - row["mean"] == pytest.approx(0.2484, abs=1e-4)
+
+
+def test_summary_clips_interval_and_pairs_arms_by_seed():
+    """Seeds (0.1, 0.9) for arm a: mean 0.5, half-width 12.706 * 0.566 / sqrt(2) = 5.08, clipped
+    to [0, 1]; arm b (0.3, 0.8) minus a on the same seeds: +0.2, -0.1."""
+    results = [
+        {"arm": arm, "seed": s, "pass_rate": p, "n": 10, "mean_reward": 0.0, "wall_s": 1.0}
+        for arm, ps in (("a", (0.1, 0.9)), ("b", (0.3, 0.8)))
+        for s, p in enumerate(ps)
+    ]
+    a, b = summarize(results, ["a", "b"])
+    assert (a["ci95_low"], a["ci95_high"]) == (0.0, 1.0)
+    assert b["vs_first"] == pytest.approx([0.2, -0.1])
 
 
 def test_results_section_is_replaced_not_duplicated(tmp_path):
