@@ -150,7 +150,7 @@ def test_bf16_inputs_compute_in_fp32_and_return_input_dtype():
 def test_default_chunk_size():
     from composer_replication.losses import default_chunk_size
 
-    assert default_chunk_size(49152, 2048) == 256
+    assert default_chunk_size(49152, 2048) == 512
     assert default_chunk_size(49152, 100) == 32  # small-M matmuls are slow: at least 32 rows
     assert default_chunk_size(151936, 2048) == 216  # capped by a 128 MB buffer
     assert default_chunk_size(1000, 100000) == 1024
