@@ -51,7 +51,7 @@ def _run(name, inputs, dtype, beta, temp, chunk):
     from composer_replication.losses import chunked_generalized_jsd_loss
 
     h, w, th, tw, labels = inputs
-    hh, ww = h.to(dtype).requires_grad_(), w.to(dtype).requires_grad_()
+    hh, ww = h.to(dtype, copy=True).requires_grad_(), w.to(dtype, copy=True).requires_grad_()
     th, tw = th.to(dtype), tw.to(dtype)
     if name == "ours":
         loss = chunked_generalized_jsd_loss(
