@@ -152,7 +152,7 @@ def test_default_chunk_size():
 
     assert default_chunk_size(49152, 2048) == 512
     assert default_chunk_size(49152, 512) == 64
-    assert default_chunk_size(49152, 16384) == 1024
+    assert default_chunk_size(49152, 16384) == 680  # n/8 = 2048, capped by a 128 MB buffer
     assert default_chunk_size(49152, 100) == 32  # small-M matmuls are slow: at least 32 rows
     assert default_chunk_size(151936, 2048) == 216  # capped by a 128 MB buffer
     assert default_chunk_size(1000, 100000) == 1024
