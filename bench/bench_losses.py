@@ -20,6 +20,13 @@ forward+backward; medians are reported with ratios to the peers from the same ru
 the ``ours`` worker measure matmul FLOP/s and streaming bandwidth, giving the floors
 ``8*T*V*H`` FLOPs (4 head matmuls) and ``12*T*V`` bytes (read two logits, write one grad).
 A naive peer whose estimated peak would exceed ``--mem-budget-gb`` is skipped and marked.
+
+Every variant must hand back a ``[V, H]`` head-weight gradient (``V*H*4`` bytes in fp32; a
+trainer keeps it anyway as ``weight.grad``). The table therefore also shows each variant's
+peak *minus one such buffer* ("excl. grad_w"), computed the same way for all variants from the
+same measurement. ``--grad-preallocated`` instead allocates ``weight.grad`` / ``hidden.grad``
+(zeros) as part of the inputs for every variant, before the baseline RSS is taken, and lets
+autograd accumulate into them; ``--reps 0`` measures memory only.
 """
 
 from __future__ import annotations
@@ -148,21 +155,32 @@ def worker(args) -> None:
     inputs = _build(args.T, args.V, args.H, args.seed)
     h, w = inputs[0], inputs[1]
     fwd = _make_step(args.variant, inputs, args.beta, args.chunk)
+    if args.grad_preallocated:  # part of the inputs: touched before the baseline is taken
+        h.grad, w.grad = torch.zeros_like(h), torch.zeros_like(w)
     rss0 = _rss_bytes()
     max0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
     def fwdbwd():
         loss = fwd()
         loss.backward()
-        h.grad = None
-        w.grad = None
+        if args.grad_preallocated:
+            h.grad.zero_()
+            w.grad.zero_()
+        else:
+            h.grad = None
+            w.grad = None
         return loss
 
     loss = fwdbwd()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     rss_peak_extra = max(peak, max0) - rss0
     prof_peak = _profiled_peak(fwdbwd)
-    info = {"rss_peak_extra": rss_peak_extra, "prof_peak": prof_peak, "loss": loss.item()}
+    info = {
+        "rss_peak_extra": rss_peak_extra,
+        "prof_peak": prof_peak,
+        "loss": loss.item(),
+        "grad_w_bytes": w.numel() * w.element_size(),
+    }
     if args.variant == "ours":
         info.update(_probes(args.T, args.V, args.H))
     print(json.dumps({"ready": info}), flush=True)
@@ -194,6 +212,8 @@ class Worker:
         cmd += ["--H", str(H), "--beta", str(args.beta), "--threads", str(args.threads)]
         if args.chunk:
             cmd += ["--chunk", str(args.chunk)]
+        if args.grad_preallocated:
+            cmd += ["--grad-preallocated"]
         self.variant = variant
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.info = self._read()["ready"]
@@ -227,64 +247,120 @@ def bench_config(cfg, args) -> dict:
         if est + idle > args.mem_budget_gb:
             skipped[variant] = est
             continue
-        workers.append(
-            Worker(variant, cfg, args)
-        )  # started one at a time: memory is measured alone
+        workers.append(Worker(variant, cfg, args))  # one at a time: memory measured alone
+        print(f"#   {cfg} {variant} ready: {workers[-1].info}", file=sys.stderr, flush=True)
     for rep in range(args.reps):
         for mode in ("fwd", "fwdbwd"):
             order = workers[rep % len(workers) :] + workers[: rep % len(workers)]
             for wk in order:
                 wk.run(mode)
+        if args.verbose:
+            last = {wk.variant: round(wk.times["fwdbwd"][-1], 2) for wk in workers}
+            print(
+                f"#   {cfg} rep {rep + 1}/{args.reps} fwd+bwd s: {last}",
+                file=sys.stderr,
+                flush=True,
+            )
     for wk in workers:
         wk.close()
     return {
         "cfg": cfg,
+        "reps": args.reps,
+        "grad_preallocated": args.grad_preallocated,
         "skipped": skipped,
         "res": {
             wk.variant: {
                 **wk.info,
-                "fwd": statistics.median(wk.times["fwd"]),
-                "fwdbwd": statistics.median(wk.times["fwdbwd"]),
+                "fwd": _median(wk.times["fwd"]),
+                "fwdbwd": _median(wk.times["fwdbwd"]),
+                "times": wk.times,
             }
             for wk in workers
         },
     }
 
 
-def _fmt_ratio(a: float, b: float | None) -> str:
-    return "-" if b is None else f"{a / b:.3f}"
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _fmt_ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None else f"{a / b:.3f}"
+
+
+def _fmt_s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _mem_cells(r: dict, peers: dict) -> list[str]:
+    """Memory columns: raw peak, peak minus one grad_w buffer, and both ratios to the peers."""
+    gw = r["grad_w_bytes"]
+    raw, excl = r["rss_peak_extra"], r["rss_peak_extra"] - gw
+    cells = [f"{raw / 1e6:.0f}", f"{excl / 1e6:.0f}", f"{r['prof_peak'] / 1e6:.0f}"]
+    for key, val in (("rss", raw), ("excl", excl)):
+        for peer in ("trl", "liger"):
+            p = peers.get(peer)
+            ref = None if p is None else p["rss_peak_extra"] - (gw if key == "excl" else 0)
+            cells.append(_fmt_ratio(val, ref))
+    return cells
+
+
+def _time_cells(r: dict, peers: dict) -> list[str]:
+    cells = [_fmt_s(r["fwd"]), _fmt_s(r["fwdbwd"])]
+    for peer in ("trl", "liger"):
+        p = peers.get(peer)
+        cells.append(_fmt_ratio(r["fwdbwd"], p and p["fwdbwd"]))
+    return cells
 
 
 def print_table(rows: list[dict], args) -> None:
-    print(f"\nbeta={args.beta} fp32 threads={args.threads} reps={args.reps} (medians, interleaved)")
-    hdr = "| T, V, H | variant | peak extra MB (RSS) | profiler MB | fwd s | fwd+bwd s | mem/TRL | mem/Liger | time/TRL | time/Liger |"
-    print(hdr)
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    reps = sorted({r.get("reps", args.reps) for r in rows})
+    pre = {r.get("grad_preallocated", args.grad_preallocated) for r in rows}
+    grad = {frozenset([True]): "weight.grad preallocated", frozenset([False]): "grads by autograd"}
+    print(
+        f"\nbeta={args.beta} fp32 threads={args.threads} reps={reps} "
+        f"(medians, interleaved; {grad.get(frozenset(pre), 'mixed grad modes')})"
+    )
+    cols = [
+        "T, V, H",
+        "variant",
+        "peak extra MB (RSS)",
+        "excl. grad_w MB",
+        "profiler MB",
+        "mem/TRL",
+        "mem/Liger",
+        "excl. grad_w /TRL",
+        "excl. grad_w /Liger",
+        "fwd s",
+        "fwd+bwd s",
+        "time/TRL",
+        "time/Liger",
+    ]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
     for row in rows:
         T, V, H = row["cfg"]
         res = row["res"]
-        trl, lig = res.get("trl"), res.get("liger")
         for variant in VARIANTS:
             if variant in row["skipped"]:
-                print(
-                    f"| {T}, {V}, {H} | {variant} | skipped: est. {row['skipped'][variant]:.1f} GB > budget | | | | | | | |"
-                )
-                continue
-            if variant not in res:
-                continue
-            r = res[variant]
-            mem = r["rss_peak_extra"] / 1e6
-            print(
-                f"| {T}, {V}, {H} | {variant} | {mem:.0f} | {r['prof_peak'] / 1e6:.0f} | {r['fwd']:.2f} | "
-                f"{r['fwdbwd']:.2f} | {_fmt_ratio(r['rss_peak_extra'], trl and trl['rss_peak_extra'])} | "
-                f"{_fmt_ratio(r['rss_peak_extra'], lig and lig['rss_peak_extra'])} | "
-                f"{_fmt_ratio(r['fwdbwd'], trl and trl['fwdbwd'])} | {_fmt_ratio(r['fwdbwd'], lig and lig['fwdbwd'])} |"
-            )
+                est = row["skipped"][variant]
+                print(f"| {T}, {V}, {H} | {variant} | skipped: est. {est:.1f} GB > budget |")
+            elif variant in res:
+                cells = _mem_cells(res[variant], res) + _time_cells(res[variant], res)
+                print(f"| {T}, {V}, {H} | {variant} | " + " | ".join(cells) + " |")
+    _print_floors(rows)
+    print("\nloss value per variant (should agree to ~1e-5 relative):")
+    for row in rows:
+        print(f"  {row['cfg']}: " + json.dumps({v: r["loss"] for v, r in row["res"].items()}))
+
+
+def _print_floors(rows: list[dict]) -> None:
     print(
         "\nFloors (probes in the `ours` worker): FLOPs = 8*T*V*H (4 head matmuls), bytes = 12*T*V"
     )
     print(
-        "| T, V, H | matmul GFLOP/s probe | stream GB/s probe | floor s (max) | variant | achieved GFLOP/s | achieved GB/s | time / floor |"
+        "| T, V, H | matmul GFLOP/s probe | stream GB/s probe | floor s (max) | variant | "
+        "achieved GFLOP/s | achieved GB/s | time / floor |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
@@ -295,14 +371,14 @@ def print_table(rows: list[dict], args) -> None:
         flops, nbytes = 8 * T * V * H, 12 * T * V
         floor = max(flops / ours["matmul_flops"], nbytes / ours["stream_bytes"])
         for variant, r in row["res"].items():
+            if r["fwdbwd"] is None:
+                continue
             print(
-                f"| {T}, {V}, {H} | {ours['matmul_flops'] / 1e9:.0f} | {ours['stream_bytes'] / 1e9:.1f} | "
-                f"{floor:.2f} | {variant} | {flops / r['fwdbwd'] / 1e9:.0f} | {nbytes / r['fwdbwd'] / 1e9:.2f} | "
+                f"| {T}, {V}, {H} | {ours['matmul_flops'] / 1e9:.0f} | "
+                f"{ours['stream_bytes'] / 1e9:.1f} | {floor:.2f} | {variant} | "
+                f"{flops / r['fwdbwd'] / 1e9:.0f} | {nbytes / r['fwdbwd'] / 1e9:.2f} | "
                 f"{r['fwdbwd'] / floor:.2f} |"
             )
-    print("\nloss value per variant (should agree to ~1e-5 relative):")
-    for row in rows:
-        print(f"  {row['cfg']}: " + json.dumps({v: r["loss"] for v, r in row["res"].items()}))
 
 
 def main() -> None:
@@ -319,7 +395,14 @@ def main() -> None:
         "--chunk", type=int, default=None, help="rows per chunk for ours (default: auto)"
     )
     p.add_argument("--mem-budget-gb", type=float, default=12.0)
+    p.add_argument(
+        "--grad-preallocated",
+        action="store_true",
+        help="allocate weight.grad/hidden.grad (zeros) with the inputs, for every variant",
+    )
+    p.add_argument("--verbose", action="store_true", help="per-rep times on stderr")
     p.add_argument("--json", default=None, help="also write raw results here")
+    p.add_argument("--from-json", default=None, help="print the table of saved --json file(s)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--T", type=int, help=argparse.SUPPRESS)
     p.add_argument("--V", type=int, help=argparse.SUPPRESS)
@@ -331,6 +414,13 @@ def main() -> None:
         worker(args)
         return
     args.variants = args.variants.split(",")
+    if args.from_json:  # re-print saved results (e.g. several partial runs, in this order)
+        rows = []
+        for path in args.from_json.split(","):
+            with open(path) as f:
+                rows += [{**r, "cfg": tuple(r["cfg"])} for r in json.load(f)]
+        print_table(rows, args)
+        return
     if args.configs:
         grid = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     else:
