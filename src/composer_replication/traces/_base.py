@@ -15,6 +15,7 @@ from .schema import Action, Message, StateMeta, TraceState, compute_state_id, me
 
 NO_RESULT = "[no tool result recorded]"
 MAX_PATH_ENTRIES = 50_000  # bound for per-session uuid bookkeeping (Claude Code rewinds)
+READ_BLOCK = 256 * 1024  # bytes of raw lines scanned for redaction triggers at once
 
 # A record handler returns None when the line was used, or a skip reason.
 Handler = Callable[[int, dict[str, Any]], str | None]
@@ -31,6 +32,9 @@ class ReaderContext:
         self.redactor = redactor
         self.out: list[TraceState] = []
         self.item_index = False  # True for whole-document formats: meta.line is an item index
+        # True while a record from a raw line with no redaction trigger is handled (set by
+        # ``iter_jsonl(..., trigger_scan=True)``): its strings need no redaction
+        self.clean_line = False
 
     def drain(self) -> list[TraceState]:
         out, self.out = self.out, []
@@ -38,36 +42,50 @@ class ReaderContext:
         return out
 
     def redact(self, text: str) -> str:
-        return self.redactor.redact(text) if text else text
+        return self.redactor.redact(text) if text and not self.clean_line else text
 
 
-def iter_jsonl(ctx: ReaderContext) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_jsonl(
+    ctx: ReaderContext, trigger_scan: bool = False
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (1-based line, object) for each JSON-object line; count and skip all others.
 
-    Reads line by line (memory bounded by the longest line). The caller must account each
-    yielded line exactly once (``run_records`` does).
+    Reads blocks of whole lines (memory bounded by ``READ_BLOCK`` plus the longest line). The
+    caller must account each yielded line exactly once (``run_records`` does).
+
+    ``trigger_scan``: each block is scanned for redaction triggers (`Redactor.raw_scanner`) and
+    ``ctx.clean_line`` is True while a line without one is yielded. Only for readers that redact
+    every string of a record while handling that record (never later, from a buffer).
     """
+    scanner = ctx.redactor.raw_scanner() if trigger_scan else None
     rep = ctx.report
     loads, decode_error = orjson.loads, orjson.JSONDecodeError
-    with open(ctx.path, "rb") as fh:
-        lineno = 0
-        for raw in fh:
-            lineno += 1
-            rep.total_lines += 1
-            rep.bytes += len(raw)
-            try:
-                obj = loads(raw)
-            except decode_error:  # blank lines fail to parse too: sorted out here, off the hot path
-                if not raw.strip():
-                    rep.skip(lineno, "blank_line")
-                else:
-                    truncated = not raw.endswith(b"\n")
-                    rep.skip(lineno, "truncated_json" if truncated else "invalid_json")
-                continue
-            if not isinstance(obj, dict):
-                rep.skip(lineno, "not_an_object")
-                continue
-            yield lineno, obj
+    try:
+        with open(ctx.path, "rb") as fh:
+            lineno = 0
+            while lines := fh.readlines(READ_BLOCK):
+                dirty = scanner.dirty_lines(lines) if scanner is not None else None
+                for i, raw in enumerate(lines):
+                    lineno += 1
+                    rep.total_lines += 1
+                    rep.bytes += len(raw)
+                    try:
+                        obj = loads(raw)
+                    except decode_error:  # blank lines fail too: sorted out off the hot path
+                        if not raw.strip():
+                            rep.skip(lineno, "blank_line")
+                        else:
+                            truncated = not raw.endswith(b"\n")
+                            rep.skip(lineno, "truncated_json" if truncated else "invalid_json")
+                        continue
+                    if not isinstance(obj, dict):
+                        rep.skip(lineno, "not_an_object")
+                        continue
+                    if dirty is not None:
+                        ctx.clean_line = i not in dirty
+                    yield lineno, obj
+    finally:
+        ctx.clean_line = False
 
 
 def run_records(
@@ -293,7 +311,9 @@ class SessionBuilder:
         """Redact decoded string values (so line-anchored patterns see real newlines), then
         re-encode; non-JSON arguments are redacted as text."""
         red = self.ctx.redact
-        if len(arguments) < 8 or self.ctx.redactor.json_text_is_clean(arguments):
+        if self.ctx.clean_line or len(arguments) < 8:
+            return arguments
+        if self.ctx.redactor.json_text_is_clean(arguments):
             return arguments
         try:
             value = orjson.loads(arguments)

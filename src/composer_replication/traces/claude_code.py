@@ -77,7 +77,7 @@ def read(ctx: ReaderContext) -> Iterator[TraceState]:
     if ctx.path.suffix == ".json":
         yield from reader.read_document()
     else:
-        yield from run_records(ctx, iter_jsonl(ctx), reader.handle)
+        yield from run_records(ctx, iter_jsonl(ctx, trigger_scan=True), reader.handle)
     reader.finish()
     yield from ctx.drain()
 
