@@ -46,8 +46,10 @@ class ReaderContext:
 
 
 def iter_jsonl(
-    ctx: ReaderContext, trigger_scan: bool = False
-) -> Iterator[tuple[int, dict[str, Any]]]:
+    ctx: ReaderContext,
+    trigger_scan: bool = False,
+    decode: Callable[[bytes], Any] | None = None,
+) -> Iterator[tuple[int, Any]]:
     """Yield (1-based line, object) for each JSON-object line; count and skip all others.
 
     Reads blocks of whole lines (memory bounded by ``READ_BLOCK`` plus the longest line). The
@@ -56,10 +58,15 @@ def iter_jsonl(
     ``trigger_scan``: each block is scanned for redaction triggers (`Redactor.raw_scanner`) and
     ``ctx.clean_line`` is True while a line without one is yielded. Only for readers that redact
     every string of a record while handling that record (never later, from a buffer).
+
+    ``decode``: a typed decoder (msgspec) used instead of ``orjson.loads``; it must accept every
+    JSON object. A line it rejects is classified by ``orjson.loads`` as usual; an object that
+    orjson reads and it does not (nesting deeper than its recursion limit) is skipped as
+    ``reader_error:<Exception>``.
     """
     scanner = ctx.redactor.raw_scanner() if trigger_scan else None
     rep = ctx.report
-    loads, decode_error = orjson.loads, orjson.JSONDecodeError
+    loads = decode or orjson.loads
     try:
         with open(ctx.path, "rb") as fh:
             lineno = 0
@@ -71,14 +78,11 @@ def iter_jsonl(
                     rep.bytes += len(raw)
                     try:
                         obj = loads(raw)
-                    except decode_error:  # blank lines fail too: sorted out off the hot path
-                        if not raw.strip():
-                            rep.skip(lineno, "blank_line")
-                        else:
-                            truncated = not raw.endswith(b"\n")
-                            rep.skip(lineno, "truncated_json" if truncated else "invalid_json")
+                    except Exception as exc:  # noqa: BLE001 - classified off the hot path
+                        reason = _unparsed_reason(raw, exc if decode else None)
+                        rep.skip(lineno, reason)
                         continue
-                    if not isinstance(obj, dict):
+                    if decode is None and not isinstance(obj, dict):
                         rep.skip(lineno, "not_an_object")
                         continue
                     if dirty is not None:
@@ -86,6 +90,19 @@ def iter_jsonl(
                     yield lineno, obj
     finally:
         ctx.clean_line = False
+
+
+def _unparsed_reason(raw: bytes, typed_error: Exception | None) -> str:
+    """Why a line yields no object (blank lines fail to parse too, and land here)."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        if not raw.strip():
+            return "blank_line"
+        return "invalid_json" if raw.endswith(b"\n") else "truncated_json"
+    if not isinstance(obj, dict):
+        return "not_an_object"
+    return f"reader_error:{type(typed_error).__name__}"
 
 
 def run_records(
@@ -109,7 +126,10 @@ def run_records(
             yield from ctx.drain()
 
 
-def _type_name(obj: dict[str, Any]) -> str:
+def _type_name(obj: Any) -> str:
+    if not isinstance(obj, dict):  # a typed record
+        t = getattr(obj, "type", None)
+        return t if isinstance(t, str) else "<no type>"
     t = obj.get("type")
     if isinstance(t, str):
         p = obj.get("payload")
