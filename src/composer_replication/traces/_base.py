@@ -11,7 +11,14 @@ import orjson
 
 from .redact import Redactor
 from .report import FileReport
-from .schema import Action, Message, StateMeta, TraceState, compute_state_id, message_digest
+from .schema import (
+    Action,
+    Message,
+    StateMeta,
+    TraceState,
+    compute_state_id,
+    message_digest,
+)
 
 NO_RESULT = "[no tool result recorded]"
 MAX_PATH_ENTRIES = 50_000  # bound for per-session uuid bookkeeping (Claude Code rewinds)
@@ -33,7 +40,7 @@ class ReaderContext:
         self.out: list[TraceState] = []
         self.item_index = False  # True for whole-document formats: meta.line is an item index
         # True while a record from a raw line with no redaction trigger is handled (set by
-        # ``iter_jsonl(..., trigger_scan=True)``): its strings need no redaction
+        # ``run_jsonl(..., trigger_scan=True)``): its strings need no redaction
         self.clean_line = False
 
     def drain(self) -> list[TraceState]:
@@ -45,18 +52,22 @@ class ReaderContext:
         return self.redactor.redact(text) if text and not self.clean_line else text
 
 
-def iter_jsonl(
+def run_jsonl(
     ctx: ReaderContext,
+    handle: Handler,
+    *,
     trigger_scan: bool = False,
     decode: Callable[[bytes], Any] | None = None,
-) -> Iterator[tuple[int, Any]]:
-    """Yield (1-based line, object) for each JSON-object line; count and skip all others.
+) -> Iterator[TraceState]:
+    """Drive ``handle`` over the JSON-object lines of a JSONL file and yield the states it makes.
 
-    Reads blocks of whole lines (memory bounded by ``READ_BLOCK`` plus the longest line). The
-    caller must account each yielded line exactly once (``run_records`` does).
+    Accounting is exact per line: a line that is not a JSON object is skipped with its reason; a
+    handled line counts as parsed, or as skipped with the reason ``handle`` returns; a handler bug
+    on one record is skipped as ``reader_error:<Exception>`` instead of ending the file. Reads
+    blocks of whole lines (memory bounded by ``READ_BLOCK`` plus the longest line).
 
     ``trigger_scan``: each block is scanned for redaction triggers (`Redactor.raw_scanner`) and
-    ``ctx.clean_line`` is True while a line without one is yielded. Only for readers that redact
+    ``ctx.clean_line`` is True while a line without one is handled. Only for readers that redact
     every string of a record while handling that record (never later, from a buffer).
 
     ``decode``: a typed decoder (msgspec) used instead of ``orjson.loads``; it must accept every
@@ -67,29 +78,41 @@ def iter_jsonl(
     scanner = ctx.redactor.raw_scanner() if trigger_scan else None
     rep = ctx.report
     loads = decode or orjson.loads
+    lineno = parsed = 0
     try:
         with open(ctx.path, "rb") as fh:
-            lineno = 0
             while lines := fh.readlines(READ_BLOCK):
+                rep.bytes += sum(map(len, lines))
                 dirty = scanner.dirty_lines(lines) if scanner is not None else None
                 for i, raw in enumerate(lines):
                     lineno += 1
-                    rep.total_lines += 1
-                    rep.bytes += len(raw)
                     try:
                         obj = loads(raw)
                     except Exception as exc:  # noqa: BLE001 - classified off the hot path
-                        reason = _unparsed_reason(raw, exc if decode else None)
-                        rep.skip(lineno, reason)
+                        rep.skip(lineno, _unparsed_reason(raw, exc if decode else None))
                         continue
                     if decode is None and not isinstance(obj, dict):
                         rep.skip(lineno, "not_an_object")
                         continue
                     if dirty is not None:
                         ctx.clean_line = i not in dirty
-                    yield lineno, obj
+                    try:
+                        reason = handle(lineno, obj)
+                    except Exception as exc:  # noqa: BLE001 - reported per line
+                        reason = f"reader_error:{type(exc).__name__}"
+                    if reason is None:
+                        parsed += 1
+                    elif reason == "unknown_record_type":
+                        rep.unknown(lineno, _type_name(obj))
+                    else:
+                        rep.skip(lineno, reason)
+                    if ctx.out:
+                        ctx.clean_line = False
+                        yield from ctx.drain()
     finally:
         ctx.clean_line = False
+        rep.total_lines += lineno
+        rep.parsed += parsed
 
 
 def _unparsed_reason(raw: bytes, typed_error: Exception | None) -> str:
@@ -103,27 +126,6 @@ def _unparsed_reason(raw: bytes, typed_error: Exception | None) -> str:
     if not isinstance(obj, dict):
         return "not_an_object"
     return f"reader_error:{type(typed_error).__name__}"
-
-
-def run_records(
-    ctx: ReaderContext, records: Iterable[tuple[int, dict[str, Any]]], handle: Handler
-) -> Iterator[TraceState]:
-    """Drive a handler over records with exact per-line accounting; a handler bug on one record
-    is skipped as ``reader_error:<Exception>`` instead of ending the file."""
-    rep = ctx.report
-    for lineno, obj in records:
-        try:
-            reason = handle(lineno, obj)
-        except Exception as exc:  # noqa: BLE001 - reported per line, never swallowed silently
-            reason = f"reader_error:{type(exc).__name__}"
-        if reason is None:
-            rep.parsed += 1
-        elif reason == "unknown_record_type":
-            rep.unknown(lineno, _type_name(obj))
-        else:
-            rep.skip(lineno, reason)
-        if ctx.out:
-            yield from ctx.drain()
 
 
 def _type_name(obj: Any) -> str:
@@ -228,6 +230,7 @@ class SessionBuilder:
         self.step = 0
         self.segment = 0
         self.after_compaction = False
+        self._session_bytes = session_id.encode("utf-8", "surrogatepass")
         ctx.report.sessions.add(session_id)
 
     # -- conversation events
@@ -237,13 +240,16 @@ class SessionBuilder:
 
     def user(self, text: str) -> None:
         self._close_turn()
-        self._append({"role": "user", "content": self.ctx.redact(text)})
+        ctx = self.ctx
+        self._append({"role": "user", "content": text if ctx.clean_line else ctx.redact(text)})
 
     def tool_result(self, call_id: str, text: str, line: int) -> None:
         """Add a tool message. An empty ``call_id`` (formats that do not record it) links to the
         oldest call still waiting for its result."""
-        self.flush()
-        text = self.ctx.redact(text)
+        if self._pending is not None:
+            self.flush()
+        if not self.ctx.clean_line:
+            text = self.ctx.redact(text)
         if not call_id and self._open_order:
             call_id = self._open_order[0]
         if call_id and call_id in self._open_calls:
@@ -262,27 +268,24 @@ class SessionBuilder:
         text: str = "",
         tool_calls: Iterable[dict[str, Any]] = (),
         thinking: str = "",
-        *,
         model: str | None = None,
         timestamp: str | None = None,
         response_id: str | None = None,
     ) -> None:
-        red = self.ctx.redact
-        if (
-            self._pending is not None
-            and response_id
-            and self._pending_rid
-            and response_id != self._pending_rid
-        ):
-            self.flush()
-        if self._pending is None:
-            self._close_open_calls()
-            self._pending = Action()
+        act = self._pending
+        if act is not None and response_id and self._pending_rid != response_id:
+            if self._pending_rid:
+                self.flush()
+                act = None
+        if act is None:
+            if self._open_order:
+                self._close_open_calls()
+            act = self._pending = Action()
             self._pending_line = line
             self._pending_model = model
             self._pending_ts = timestamp
             self._pending_rid = response_id
-        act = self._pending
+        red = self.ctx.redact
         if text:
             act.text = f"{act.text}\n{red(text)}" if act.text else red(text)
         if thinking:
@@ -351,27 +354,25 @@ class SessionBuilder:
         self._pending = None
         if act.is_empty():
             return
-        state = TraceState(
-            state_id=compute_state_id(self.session_id, self.step, self._digests[-1], act),
-            session_id=self.session_id,
-            step=self.step,
-            prefix=list(self.messages),
-            action=act,
-            meta=StateMeta(
-                source_format=self.ctx.format,
-                file=self.ctx.file,
-                line=self._pending_line,
-                model=self._pending_model,
-                timestamp=self._pending_ts,
-                subagent_id=self.subagent_id,
-                is_sidechain=self.is_sidechain,
-                after_compaction=self.after_compaction,
-                segment=self.segment,
-                line_is_item_index=self.ctx.item_index,
-            ),
+        ctx, step = self.ctx, self.step
+        state_id = compute_state_id(self._session_bytes, step, self._digests[-1], act)
+        # positional arguments in field order (keywords cost ~4x as much for ten fields);
+        # tests/unit/traces/test_schema.py pins the order
+        meta = StateMeta(
+            ctx.format,  # source_format
+            ctx.file,  # file
+            self._pending_line,  # line
+            self._pending_model,  # model
+            self._pending_ts,  # timestamp
+            self.subagent_id,  # subagent_id
+            self.is_sidechain,  # is_sidechain
+            self.after_compaction,  # after_compaction
+            self.segment,  # segment
+            ctx.item_index,  # line_is_item_index
         )
-        self.ctx.out.append(state)
-        self.step += 1
+        state = TraceState(state_id, self.session_id, step, self.messages[:], act, meta)
+        ctx.out.append(state)
+        self.step = step + 1
         if act.text or act.tool_calls:
             self._append(act.as_message())
             for tc in act.tool_calls:
@@ -382,8 +383,10 @@ class SessionBuilder:
                 self._open_order.append(cid)
 
     def _close_turn(self) -> None:
-        self.flush()
-        self._close_open_calls()
+        if self._pending is not None:
+            self.flush()
+        if self._open_order:
+            self._close_open_calls()
 
     def _close_open_calls(self, append: bool = True) -> None:
         if not self._open_order:

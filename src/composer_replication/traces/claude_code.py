@@ -37,10 +37,9 @@ from ._base import (
     as_list,
     as_str,
     dumps_str,
-    iter_jsonl,
     load_document,
     make_tool_call,
-    run_records,
+    run_jsonl,
 )
 from .schema import TraceState
 
@@ -76,7 +75,7 @@ _AGENT_FILE = re.compile(r"(?:^|[/\\_])agent-([A-Za-z0-9_\-]+)\.jsonl$")
 # Typed records: msgspec decodes only the fields the reader uses and skips the rest of a line
 # (``toolUseResult`` copies of tool output, thinking signatures, usage, ...) without building
 # Python objects for it. Every field accepts any JSON value (the handlers check types
-# themselves), so a JSON object always decodes; see `iter_jsonl` for the rest.
+# themselves), so a JSON object always decodes; see `run_jsonl` for the rest.
 _NotObject = list | str | int | float | bool | None  # a JSON value that is not an object
 
 
@@ -126,8 +125,7 @@ def read(ctx: ReaderContext) -> Iterator[TraceState]:
     if ctx.path.suffix == ".json":
         yield from reader.read_document()
     else:
-        records = iter_jsonl(ctx, trigger_scan=True, decode=_decode_record)
-        yield from run_records(ctx, records, reader.handle)
+        yield from run_jsonl(ctx, reader.handle, trigger_scan=True, decode=_decode_record)
     reader.finish()
     yield from ctx.drain()
 
@@ -139,12 +137,14 @@ class _Session:
         self.b = builder
         self.path_len: dict[str, int] = {}
 
-    def remember(self, uuid: str) -> None:
-        if not uuid:
+    def remember(self, uuid: Any) -> None:
+        """Record the prefix length after record ``uuid`` (ignored unless a non-empty str)."""
+        if not uuid or type(uuid) is not str:
             return
-        if len(self.path_len) >= MAX_PATH_ENTRIES:
-            self.path_len.pop(next(iter(self.path_len)))
-        self.path_len[uuid] = self.b.length_after_pending()
+        path_len = self.path_len
+        if len(path_len) >= MAX_PATH_ENTRIES:
+            path_len.pop(next(iter(path_len)))
+        path_len[uuid] = self.b.length_after_pending()
 
 
 class _ClaudeReader:
@@ -224,12 +224,17 @@ class _ClaudeReader:
             msg = rec.message
             if type(msg) is not _Message:
                 return "message_not_an_object"
-            s = self._session(line, rec)
+            sid = rec.sessionId
+            s = None
+            if type(sid) is str and sid and rec.isSidechain is not True and not self.file_agent:
+                s = self.sessions.get(sid)  # the common case of `_session`, inlined
+            if s is None:
+                s = self._session(line, rec)
             if rtype == "user":
                 reason = self._user(s, line, rec, msg)
             else:
                 reason = self._assistant(s, line, rec, msg)
-            s.remember(as_str(rec.uuid))
+            s.remember(rec.uuid)
             return reason
         if not isinstance(rtype, str):
             return "missing_type"
@@ -238,11 +243,11 @@ class _ClaudeReader:
             if rec.subtype == "compact_boundary":
                 s.b.compact()
                 s.path_len.clear()
-            s.remember(as_str(rec.uuid))
+            s.remember(rec.uuid)
             return None
         if rtype in KNOWN_META_TYPES:
             if rec.uuid is not msgspec.UNSET and rec.sessionId:
-                self._session(line, rec).remember(as_str(rec.uuid))
+                self._session(line, rec).remember(rec.uuid)
             return None
         return "unknown_record_type"
 
@@ -317,9 +322,9 @@ class _ClaudeReader:
             texts[0] if len(texts) == 1 else "\n".join(filter(None, texts)),
             calls,
             thinking[0] if len(thinking) == 1 else "\n".join(filter(None, thinking)),
-            model=None if model == "<synthetic>" else model,
-            timestamp=as_str(rec.timestamp) or None,
-            response_id=as_str(msg.id) or None,
+            None if model == "<synthetic>" else model,
+            as_str(rec.timestamp) or None,
+            as_str(msg.id) or None,  # response id
         )
         return None
 
