@@ -22,7 +22,7 @@ from .schema import (
 
 NO_RESULT = "[no tool result recorded]"
 MAX_PATH_ENTRIES = 50_000  # bound for per-session uuid bookkeeping (Claude Code rewinds)
-READ_BLOCK = 256 * 1024  # bytes of raw lines scanned for redaction triggers at once
+READ_BLOCK = 64 * 1024  # bytes of raw lines scanned and decoded at once (64 KB: stays in L2)
 
 # A record handler returns None when the line was used, or a skip reason.
 Handler = Callable[[int, dict[str, Any]], str | None]
@@ -64,7 +64,8 @@ def run_jsonl(
     Accounting is exact per line: a line that is not a JSON object is skipped with its reason; a
     handled line counts as parsed, or as skipped with the reason ``handle`` returns; a handler bug
     on one record is skipped as ``reader_error:<Exception>`` instead of ending the file. Reads
-    blocks of whole lines (memory bounded by ``READ_BLOCK`` plus the longest line).
+    blocks of whole lines (memory bounded by ``READ_BLOCK`` plus the longest line) and decodes
+    each line from a view of its block (no copy).
 
     ``trigger_scan``: each block is scanned for redaction triggers (`Redactor.raw_scanner`) and
     ``ctx.clean_line`` is True while a line without one is handled. Only for readers that redact
@@ -81,21 +82,28 @@ def run_jsonl(
     lineno = parsed = 0
     try:
         with open(ctx.path, "rb") as fh:
-            while lines := fh.readlines(READ_BLOCK):
-                rep.bytes += sum(map(len, lines))
-                dirty = scanner.dirty_lines(lines) if scanner is not None else None
-                for i, raw in enumerate(lines):
+            while block := _read_block(fh):
+                rep.bytes += len(block)
+                # sorted end offsets of trigger matches; a line holds those in (start, end]
+                hits = scanner.match_ends(block) if scanner is not None else None
+                n_hits, k = (len(hits), 0) if hits is not None else (0, 0)
+                view, find, size, pos = memoryview(block), block.find, len(block), 0
+                while pos < size:
+                    end = find(b"\n", pos) + 1 or size
+                    raw, start, pos = view[pos:end], pos, end
                     lineno += 1
                     try:
                         obj = loads(raw)
                     except Exception as exc:  # noqa: BLE001 - classified off the hot path
-                        rep.skip(lineno, _unparsed_reason(raw, exc if decode else None))
+                        rep.skip(lineno, _unparsed_reason(bytes(raw), exc if decode else None))
                         continue
                     if decode is None and not isinstance(obj, dict):
                         rep.skip(lineno, "not_an_object")
                         continue
-                    if dirty is not None:
-                        ctx.clean_line = i not in dirty
+                    if hits is not None:
+                        while k < n_hits and hits[k] <= start:
+                            k += 1
+                        ctx.clean_line = k == n_hits or hits[k] > end
                     try:
                         reason = handle(lineno, obj)
                     except Exception as exc:  # noqa: BLE001 - reported per line
@@ -113,6 +121,14 @@ def run_jsonl(
         ctx.clean_line = False
         rep.total_lines += lineno
         rep.parsed += parsed
+
+
+def _read_block(fh: Any) -> bytes:
+    """About ``READ_BLOCK`` bytes of whole lines (the last line may lack its newline at EOF)."""
+    block = fh.read(READ_BLOCK)
+    if block and not block.endswith(b"\n"):
+        block += fh.readline()
+    return block
 
 
 def _unparsed_reason(raw: bytes, typed_error: Exception | None) -> str:
@@ -285,14 +301,17 @@ class SessionBuilder:
             self._pending_model = model
             self._pending_ts = timestamp
             self._pending_rid = response_id
-        red = self.ctx.redact
+        clean = self.ctx.clean_line
         if text:
-            act.text = f"{act.text}\n{red(text)}" if act.text else red(text)
+            text = text if clean else self.ctx.redact(text)
+            act.text = f"{act.text}\n{text}" if act.text else text
         if thinking:
-            act.thinking = f"{act.thinking}\n{red(thinking)}" if act.thinking else red(thinking)
+            thinking = thinking if clean else self.ctx.redact(thinking)
+            act.thinking = f"{act.thinking}\n{thinking}" if act.thinking else thinking
         for tc in tool_calls:
-            fn = tc["function"]
-            fn["arguments"] = self._redact_arguments(fn["arguments"])
+            if not clean:
+                fn = tc["function"]
+                fn["arguments"] = self._redact_arguments(fn["arguments"])
             act.tool_calls.append(tc)
         if model and not self._pending_model:
             self._pending_model = model

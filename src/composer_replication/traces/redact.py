@@ -27,10 +27,9 @@ from __future__ import annotations
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import accumulate
 
 PLACEHOLDER = "<REDACTED:{}>"
 
@@ -426,32 +425,24 @@ def raw_needles(case: set[str], lower: set[str]) -> tuple[list[bytes], list[byte
 class RawLineScanner:
     """Marks the raw JSONL lines that may hold a redaction trigger (see `raw_needles`).
 
-    One Hyperscan block scan per list of lines (joined; no trigger contains a newline, so no
-    match spans two lines). Hyperscan scratch space is per thread.
+    One Hyperscan block scan per block of lines; no needle contains a newline, so each match lies
+    inside one line. Hyperscan scratch space is per thread.
     """
 
     def __init__(self, database: object) -> None:
         self._db = database
         self._scratch = _scratch(database)
 
-    def dirty_lines(self, lines: Sequence[bytes]) -> set[int]:
-        """Indexes into ``lines`` of the lines containing a needle."""
+    def match_ends(self, block: bytes) -> list[int]:
+        """Sorted end offsets (exclusive) of the needle occurrences in ``block``."""
         ends: list[int] = []
 
         def on_match(_id: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
             ends.append(end)
 
-        self._db.scan(b"".join(lines), match_event_handler=on_match, scratch=self._scratch)
-        if not ends:
-            return set()
-        bounds = list(accumulate(map(len, lines)))
-        out: set[int] = set()
-        i = 0
-        for end in sorted(ends):  # a needle ending at ``end`` lies in the line holding end - 1
-            while bounds[i] < end:
-                i += 1
-            out.add(i)
-        return out
+        self._db.scan(block, match_event_handler=on_match, scratch=self._scratch)
+        ends.sort()
+        return ends
 
 
 _THREAD = threading.local()
