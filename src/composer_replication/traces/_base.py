@@ -82,14 +82,16 @@ def run_jsonl(
     lineno = parsed = 0
     try:
         with open(ctx.path, "rb") as fh:
-            while block := _read_block(fh):
-                rep.bytes += len(block)
+            for block, pos, size in _line_spans(fh):
+                rep.bytes += size - pos
+                view, find = memoryview(block), block.find
                 # sorted end offsets of trigger matches; a line holds those in (start, end]
-                hits = scanner.match_ends(block) if scanner is not None else None
+                hits = None
+                if scanner is not None:
+                    hits = [pos + e for e in scanner.match_ends(view[pos:size])]
                 n_hits, k = (len(hits), 0) if hits is not None else (0, 0)
-                view, find, size, pos = memoryview(block), block.find, len(block), 0
                 while pos < size:
-                    end = find(b"\n", pos) + 1 or size
+                    end = find(b"\n", pos, size) + 1 or size
                     raw, start, pos = view[pos:end], pos, end
                     lineno += 1
                     try:
@@ -116,19 +118,34 @@ def run_jsonl(
                         rep.skip(lineno, reason)
                     if ctx.out:
                         ctx.clean_line = False
-                        yield from ctx.drain()
+                        out, ctx.out = ctx.out, []  # ctx.drain(), inlined
+                        rep.states += len(out)
+                        yield from out
     finally:
         ctx.clean_line = False
         rep.total_lines += lineno
         rep.parsed += parsed
 
 
-def _read_block(fh: Any) -> bytes:
-    """About ``READ_BLOCK`` bytes of whole lines (the last line may lack its newline at EOF)."""
-    block = fh.read(READ_BLOCK)
-    if block and not block.endswith(b"\n"):
-        block += fh.readline()
-    return block
+def _line_spans(fh: Any) -> Iterator[tuple[bytes, int, int]]:
+    """``(data, start, end)``: ``data[start:end]`` is about ``READ_BLOCK`` bytes of whole lines
+    (the file's last line may lack its newline). Only a line cut by a read is copied."""
+    rest = b""
+    while chunk := fh.read(READ_BLOCK):
+        first = 0
+        if rest:  # finish the line the previous read cut
+            first = chunk.find(b"\n") + 1
+            head = rest + (chunk[:first] if first else chunk + fh.readline())
+            yield head, 0, len(head)
+            rest = b""
+            if not first:
+                continue
+        cut = chunk.rfind(b"\n") + 1
+        if cut > first:
+            yield chunk, first, cut
+        rest = chunk[max(cut, first) :]
+    if rest:
+        yield rest, 0, len(rest)
 
 
 def _unparsed_reason(raw: bytes, typed_error: Exception | None) -> str:

@@ -302,9 +302,11 @@ class _ClaudeReader:
         for i, block in enumerate(content):
             btype = block.type if type(block) is _Block else None
             if btype == "text":
-                texts.append(as_str(block.text))
+                t = block.text
+                texts.append(t if type(t) is str else "")
             elif btype == "thinking":
-                thinking.append(as_str(block.thinking))
+                t = block.thinking
+                thinking.append(t if type(t) is str else "")
             elif btype == "redacted_thinking":
                 thinking.append("[redacted thinking]")
             elif btype in ("tool_use", "server_tool_use"):
@@ -316,15 +318,16 @@ class _ClaudeReader:
                 continue  # model-fallback marker, no content
             else:
                 texts.append(_placeholder(block if btype is not None else None))
-        model = as_str(msg.model) or None
+        # str fields, None when absent, empty or not a string (as_str(x) or None, inlined)
+        model, ts, rid = msg.model, rec.timestamp, msg.id
         s.b.assistant(
             line,
             texts[0] if len(texts) == 1 else "\n".join(filter(None, texts)),
             calls,
             thinking[0] if len(thinking) == 1 else "\n".join(filter(None, thinking)),
-            None if model == "<synthetic>" else model,
-            as_str(rec.timestamp) or None,
-            as_str(msg.id) or None,  # response id
+            model if type(model) is str and model and model != "<synthetic>" else None,
+            ts if type(ts) is str and ts else None,
+            rid if type(rid) is str and rid else None,  # response id
         )
         return None
 
