@@ -3,6 +3,7 @@ turns a stream of (user / assistant / tool) events into TraceStates."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -127,25 +128,32 @@ def run_jsonl(
         rep.parsed += parsed
 
 
-def _line_spans(fh: Any) -> Iterator[tuple[bytes, int, int]]:
-    """``(data, start, end)``: ``data[start:end]`` is about ``READ_BLOCK`` bytes of whole lines
-    (the file's last line may lack its newline). Only a line cut by a read is copied."""
-    rest = b""
-    while chunk := fh.read(READ_BLOCK):
-        first = 0
-        if rest:  # finish the line the previous read cut
-            first = chunk.find(b"\n") + 1
-            head = rest + (chunk[:first] if first else chunk + fh.readline())
-            yield head, 0, len(head)
-            rest = b""
-            if not first:
-                continue
-        cut = chunk.rfind(b"\n") + 1
-        if cut > first:
-            yield chunk, first, cut
-        rest = chunk[max(cut, first) :]
-    if rest:
-        yield rest, 0, len(rest)
+def _line_spans(fh: Any) -> Iterator[tuple[bytearray, int, int]]:
+    """``(buffer, start, end)``: ``buffer[start:end]`` holds about ``READ_BLOCK`` bytes of whole
+    lines (the file's last line may lack its newline). One buffer is reused (refilled once the
+    caller asks for the next span, so views of it must not outlive their span): no allocation
+    per read, which also keeps the C heap from shrinking and regrowing (page faults)."""
+    buf = bytearray(READ_BLOCK)
+    have = 0  # bytes at the start of buf: the end of a line the previous read cut
+    while True:
+        if have == len(buf):  # a line longer than the buffer: grow it
+            grown = bytearray(2 * len(buf))
+            grown[:have] = buf
+            buf = grown
+        n = fh.readinto(memoryview(buf)[have:])
+        if not n:
+            if have:
+                yield buf, 0, have
+            return
+        end = have + n
+        cut = buf.rfind(b"\n", 0, end) + 1
+        if not cut:
+            have = end
+            continue
+        yield buf, 0, cut
+        rest = buf[cut:end]
+        buf[: len(rest)] = rest  # same length: allowed while views of buf exist
+        have = len(rest)
 
 
 def _unparsed_reason(raw: bytes, typed_error: Exception | None) -> str:
@@ -215,8 +223,11 @@ def dumps_str(x: Any) -> str:
         return x
     try:
         return orjson.dumps(x, option=orjson.OPT_NON_STR_KEYS).decode()
-    except TypeError:
-        return str(x)
+    except TypeError:  # e.g. an integer beyond 64 bits (msgspec decodes those exactly)
+        try:
+            return json.dumps(x, ensure_ascii=False, separators=(",", ":"))
+        except (TypeError, ValueError):
+            return str(x)
 
 
 def make_tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:

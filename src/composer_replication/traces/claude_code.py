@@ -322,14 +322,21 @@ class _ClaudeReader:
         model, ts, rid = msg.model, rec.timestamp, msg.id
         s.b.assistant(
             line,
-            texts[0] if len(texts) == 1 else "\n".join(filter(None, texts)),
+            _join(texts),
             calls,
-            thinking[0] if len(thinking) == 1 else "\n".join(filter(None, thinking)),
+            _join(thinking),
             model if type(model) is str and model and model != "<synthetic>" else None,
             ts if type(ts) is str and ts else None,
             rid if type(rid) is str and rid else None,  # response id
         )
         return None
+
+
+def _join(parts: list[str]) -> str:
+    """Non-empty parts joined by newlines (zero or one part: no join)."""
+    if len(parts) < 2:
+        return parts[0] if parts else ""
+    return "\n".join(filter(None, parts))
 
 
 def _result_text(block: _Block) -> str:
