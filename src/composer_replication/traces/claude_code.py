@@ -144,7 +144,8 @@ class _Session:
         path_len = self.path_len
         if len(path_len) >= MAX_PATH_ENTRIES:
             path_len.pop(next(iter(path_len)))
-        path_len[uuid] = self.b.length_after_pending()
+        b = self.b  # b.length_after_pending(), inlined: this runs for every record
+        path_len[uuid] = len(b.messages) + (b._pending is not None)
 
 
 class _ClaudeReader:
@@ -310,10 +311,13 @@ class _ClaudeReader:
             elif btype == "redacted_thinking":
                 thinking.append("[redacted thinking]")
             elif btype in ("tool_use", "server_tool_use"):
-                call_id = as_str(block.id) or f"toolu_synth_{line}_{i}"
-                name = as_str(block.name) or "<unnamed>"
-                args = {} if block.input is msgspec.UNSET else block.input
-                calls.append(make_tool_call(call_id, name, dumps_str(args)))
+                call_id, name, args = block.id, block.name, block.input
+                if not call_id or type(call_id) is not str:
+                    call_id = f"toolu_synth_{line}_{i}"
+                if not name or type(name) is not str:
+                    name = "<unnamed>"
+                args = "{}" if args is msgspec.UNSET else dumps_str(args)
+                calls.append(make_tool_call(call_id, name, args))
             elif btype == "fallback":
                 continue  # model-fallback marker, no content
             else:
