@@ -87,10 +87,11 @@ def run_jsonl(
                 rep.bytes += size - pos
                 view, find = memoryview(block), block.find
                 # sorted end offsets of trigger matches; a line holds those in (start, end]
-                hits = None
+                hits: list[int] = []
                 if scanner is not None:
                     hits = [pos + e for e in scanner.match_ends(view[pos:size])]
-                n_hits, k = (len(hits), 0) if hits is not None else (0, 0)
+                    ctx.clean_line = not hits  # per line below only if the block has matches
+                n_hits, k = len(hits), 0
                 while pos < size:
                     end = find(b"\n", pos, size) + 1 or size
                     raw, start, pos = view[pos:end], pos, end
@@ -103,7 +104,7 @@ def run_jsonl(
                     if decode is None and not isinstance(obj, dict):
                         rep.skip(lineno, "not_an_object")
                         continue
-                    if hits is not None:
+                    if hits:
                         while k < n_hits and hits[k] <= start:
                             k += 1
                         ctx.clean_line = k == n_hits or hits[k] > end
@@ -117,8 +118,7 @@ def run_jsonl(
                         rep.unknown(lineno, _type_name(obj))
                     else:
                         rep.skip(lineno, reason)
-                    if ctx.out:
-                        ctx.clean_line = False
+                    if ctx.out:  # (ctx.clean_line stays: nothing redacts while we are suspended)
                         out, ctx.out = ctx.out, []  # ctx.drain(), inlined
                         rep.states += len(out)
                         yield from out

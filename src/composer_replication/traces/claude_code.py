@@ -79,7 +79,7 @@ _AGENT_FILE = re.compile(r"(?:^|[/\\_])agent-([A-Za-z0-9_\-]+)\.jsonl$")
 _NotObject = list | str | int | float | bool | None  # a JSON value that is not an object
 
 
-class _Block(msgspec.Struct):
+class _Block(msgspec.Struct, gc=False):
     """A content block (``tool_use.input`` is ``UNSET`` when the key is absent)."""
 
     type: Any = None
@@ -94,13 +94,13 @@ class _Block(msgspec.Struct):
     source: Any = None
 
 
-class _Message(msgspec.Struct):
+class _Message(msgspec.Struct, gc=False):
     content: list[_Block | _NotObject] | str | int | float | bool | None | dict = None
     model: Any = None
     id: Any = None
 
 
-class _Record(msgspec.Struct):
+class _Record(msgspec.Struct, gc=False):
     """One log line (``uuid`` is ``UNSET`` when the key is absent)."""
 
     type: Any = None
