@@ -3,6 +3,7 @@ turns a stream of (user / assistant / tool) events into TraceStates."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,18 @@ import orjson
 
 from .redact import Redactor
 from .report import FileReport
-from .schema import Action, Message, StateMeta, TraceState, compute_state_id, message_digest
+from .schema import (
+    Action,
+    Message,
+    StateMeta,
+    TraceState,
+    compute_state_id,
+    message_digest,
+)
 
 NO_RESULT = "[no tool result recorded]"
 MAX_PATH_ENTRIES = 50_000  # bound for per-session uuid bookkeeping (Claude Code rewinds)
+READ_BLOCK = 64 * 1024  # bytes of raw lines scanned and decoded at once (64 KB: stays in L2)
 
 # A record handler returns None when the line was used, or a skip reason.
 Handler = Callable[[int, dict[str, Any]], str | None]
@@ -31,6 +40,9 @@ class ReaderContext:
         self.redactor = redactor
         self.out: list[TraceState] = []
         self.item_index = False  # True for whole-document formats: meta.line is an item index
+        # True while a record from a raw line with no redaction trigger is handled (set by
+        # ``run_jsonl(..., trigger_scan=True)``): its strings need no redaction
+        self.clean_line = False
 
     def drain(self) -> list[TraceState]:
         out, self.out = self.out, []
@@ -38,60 +50,129 @@ class ReaderContext:
         return out
 
     def redact(self, text: str) -> str:
-        return self.redactor.redact(text) if text else text
+        return self.redactor.redact(text) if text and not self.clean_line else text
 
 
-def iter_jsonl(ctx: ReaderContext) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (1-based line, object) for each JSON-object line; count and skip all others.
-
-    Reads line by line (memory bounded by the longest line). The caller must account each
-    yielded line exactly once (``run_records`` does).
-    """
-    rep = ctx.report
-    loads, decode_error = orjson.loads, orjson.JSONDecodeError
-    with open(ctx.path, "rb") as fh:
-        lineno = 0
-        for raw in fh:
-            lineno += 1
-            rep.total_lines += 1
-            rep.bytes += len(raw)
-            try:
-                obj = loads(raw)
-            except decode_error:  # blank lines fail to parse too: sorted out here, off the hot path
-                if not raw.strip():
-                    rep.skip(lineno, "blank_line")
-                else:
-                    truncated = not raw.endswith(b"\n")
-                    rep.skip(lineno, "truncated_json" if truncated else "invalid_json")
-                continue
-            if not isinstance(obj, dict):
-                rep.skip(lineno, "not_an_object")
-                continue
-            yield lineno, obj
-
-
-def run_records(
-    ctx: ReaderContext, records: Iterable[tuple[int, dict[str, Any]]], handle: Handler
+def run_jsonl(
+    ctx: ReaderContext,
+    handle: Handler,
+    *,
+    trigger_scan: bool = False,
+    decode: Callable[[bytes], Any] | None = None,
 ) -> Iterator[TraceState]:
-    """Drive a handler over records with exact per-line accounting; a handler bug on one record
-    is skipped as ``reader_error:<Exception>`` instead of ending the file."""
+    """Drive ``handle`` over the JSON-object lines of a JSONL file and yield the states it makes.
+
+    Accounting is exact per line: a line that is not a JSON object is skipped with its reason; a
+    handled line counts as parsed, or as skipped with the reason ``handle`` returns; a handler bug
+    on one record is skipped as ``reader_error:<Exception>`` instead of ending the file. Reads
+    blocks of whole lines (memory bounded by ``READ_BLOCK`` plus the longest line) and decodes
+    each line from a view of its block (no copy).
+
+    ``trigger_scan``: each block is scanned for redaction triggers (`Redactor.raw_scanner`) and
+    ``ctx.clean_line`` is True while a line without one is handled. Only for readers that redact
+    every string of a record while handling that record (never later, from a buffer).
+
+    ``decode``: a typed decoder (msgspec) used instead of ``orjson.loads``; it must accept every
+    JSON object. A line it rejects is classified by ``orjson.loads`` as usual; an object that
+    orjson reads and it does not (nesting deeper than its recursion limit) is skipped as
+    ``reader_error:<Exception>``.
+    """
+    scanner = ctx.redactor.raw_scanner() if trigger_scan else None
     rep = ctx.report
-    for lineno, obj in records:
-        try:
-            reason = handle(lineno, obj)
-        except Exception as exc:  # noqa: BLE001 - reported per line, never swallowed silently
-            reason = f"reader_error:{type(exc).__name__}"
-        if reason is None:
-            rep.parsed += 1
-        elif reason == "unknown_record_type":
-            rep.unknown(lineno, _type_name(obj))
-        else:
-            rep.skip(lineno, reason)
-        if ctx.out:
-            yield from ctx.drain()
+    loads = decode or orjson.loads
+    lineno = parsed = 0
+    try:
+        with open(ctx.path, "rb") as fh:
+            for block, pos, size in _line_spans(fh):
+                rep.bytes += size - pos
+                view, find = memoryview(block), block.find
+                # sorted end offsets of trigger matches; a line holds those in (start, end]
+                hits: list[int] = []
+                if scanner is not None:
+                    hits = [pos + e for e in scanner.match_ends(view[pos:size])]
+                    ctx.clean_line = not hits  # per line below only if the block has matches
+                n_hits, k = len(hits), 0
+                while pos < size:
+                    end = find(b"\n", pos, size) + 1 or size
+                    raw, start, pos = view[pos:end], pos, end
+                    lineno += 1
+                    try:
+                        obj = loads(raw)
+                    except Exception as exc:  # noqa: BLE001 - classified off the hot path
+                        rep.skip(lineno, _unparsed_reason(bytes(raw), exc if decode else None))
+                        continue
+                    if decode is None and not isinstance(obj, dict):
+                        rep.skip(lineno, "not_an_object")
+                        continue
+                    if hits:
+                        while k < n_hits and hits[k] <= start:
+                            k += 1
+                        ctx.clean_line = k == n_hits or hits[k] > end
+                    try:
+                        reason = handle(lineno, obj)
+                    except Exception as exc:  # noqa: BLE001 - reported per line
+                        reason = f"reader_error:{type(exc).__name__}"
+                    if reason is None:
+                        parsed += 1
+                    elif reason == "unknown_record_type":
+                        rep.unknown(lineno, _type_name(obj))
+                    else:
+                        rep.skip(lineno, reason)
+                    if ctx.out:  # (ctx.clean_line stays: nothing redacts while we are suspended)
+                        out, ctx.out = ctx.out, []  # ctx.drain(), inlined
+                        rep.states += len(out)
+                        yield from out
+    finally:
+        ctx.clean_line = False
+        rep.total_lines += lineno
+        rep.parsed += parsed
 
 
-def _type_name(obj: dict[str, Any]) -> str:
+def _line_spans(fh: Any) -> Iterator[tuple[bytearray, int, int]]:
+    """``(buffer, start, end)``: ``buffer[start:end]`` holds about ``READ_BLOCK`` bytes of whole
+    lines (the file's last line may lack its newline). One buffer is reused (refilled once the
+    caller asks for the next span, so views of it must not outlive their span): no allocation
+    per read, which also keeps the C heap from shrinking and regrowing (page faults)."""
+    buf = bytearray(READ_BLOCK)
+    have = 0  # bytes at the start of buf: the end of a line the previous read cut
+    while True:
+        if have == len(buf):  # a line longer than the buffer: grow it
+            grown = bytearray(2 * len(buf))
+            grown[:have] = buf
+            buf = grown
+        n = fh.readinto(memoryview(buf)[have:])
+        if not n:
+            if have:
+                yield buf, 0, have
+            return
+        end = have + n
+        cut = buf.rfind(b"\n", 0, end) + 1
+        if not cut:
+            have = end
+            continue
+        yield buf, 0, cut
+        rest = buf[cut:end]
+        buf[: len(rest)] = rest  # same length: allowed while views of buf exist
+        have = len(rest)
+
+
+def _unparsed_reason(raw: bytes, typed_error: Exception | None) -> str:
+    """Why a line yields no object (blank lines fail to parse too, and land here)."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        if not raw.strip():
+            return "blank_line"
+        return "invalid_json" if raw.endswith(b"\n") else "truncated_json"
+    if not isinstance(obj, dict):
+        return "not_an_object"
+    return f"reader_error:{type(typed_error).__name__}"
+
+
+def _type_name(obj: Any) -> str:
+    if not isinstance(obj, dict):  # a typed record
+        t = getattr(obj, "type", None)
+        return t if isinstance(t, str) else "<no type>"
     t = obj.get("type")
     if isinstance(t, str):
         p = obj.get("payload")
@@ -142,8 +223,11 @@ def dumps_str(x: Any) -> str:
         return x
     try:
         return orjson.dumps(x, option=orjson.OPT_NON_STR_KEYS).decode()
-    except TypeError:
-        return str(x)
+    except TypeError:  # e.g. an integer beyond 64 bits (msgspec decodes those exactly)
+        try:
+            return json.dumps(x, ensure_ascii=False, separators=(",", ":"))
+        except (TypeError, ValueError):
+            return str(x)
 
 
 def make_tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
@@ -190,6 +274,7 @@ class SessionBuilder:
         self.step = 0
         self.segment = 0
         self.after_compaction = False
+        self._session_bytes = session_id.encode("utf-8", "surrogatepass")
         ctx.report.sessions.add(session_id)
 
     # -- conversation events
@@ -199,13 +284,16 @@ class SessionBuilder:
 
     def user(self, text: str) -> None:
         self._close_turn()
-        self._append({"role": "user", "content": self.ctx.redact(text)})
+        ctx = self.ctx
+        self._append({"role": "user", "content": text if ctx.clean_line else ctx.redact(text)})
 
     def tool_result(self, call_id: str, text: str, line: int) -> None:
         """Add a tool message. An empty ``call_id`` (formats that do not record it) links to the
         oldest call still waiting for its result."""
-        self.flush()
-        text = self.ctx.redact(text)
+        if self._pending is not None:
+            self.flush()
+        if not self.ctx.clean_line:
+            text = self.ctx.redact(text)
         if not call_id and self._open_order:
             call_id = self._open_order[0]
         if call_id and call_id in self._open_calls:
@@ -224,34 +312,34 @@ class SessionBuilder:
         text: str = "",
         tool_calls: Iterable[dict[str, Any]] = (),
         thinking: str = "",
-        *,
         model: str | None = None,
         timestamp: str | None = None,
         response_id: str | None = None,
     ) -> None:
-        red = self.ctx.redact
-        if (
-            self._pending is not None
-            and response_id
-            and self._pending_rid
-            and response_id != self._pending_rid
-        ):
-            self.flush()
-        if self._pending is None:
-            self._close_open_calls()
-            self._pending = Action()
+        act = self._pending
+        if act is not None and response_id and self._pending_rid != response_id:
+            if self._pending_rid:
+                self.flush()
+                act = None
+        if act is None:
+            if self._open_order:
+                self._close_open_calls()
+            act = self._pending = Action()
             self._pending_line = line
             self._pending_model = model
             self._pending_ts = timestamp
             self._pending_rid = response_id
-        act = self._pending
+        clean = self.ctx.clean_line
         if text:
-            act.text = f"{act.text}\n{red(text)}" if act.text else red(text)
+            text = text if clean else self.ctx.redact(text)
+            act.text = f"{act.text}\n{text}" if act.text else text
         if thinking:
-            act.thinking = f"{act.thinking}\n{red(thinking)}" if act.thinking else red(thinking)
+            thinking = thinking if clean else self.ctx.redact(thinking)
+            act.thinking = f"{act.thinking}\n{thinking}" if act.thinking else thinking
         for tc in tool_calls:
-            fn = tc["function"]
-            fn["arguments"] = self._redact_arguments(fn["arguments"])
+            if not clean:
+                fn = tc["function"]
+                fn["arguments"] = self._redact_arguments(fn["arguments"])
             act.tool_calls.append(tc)
         if model and not self._pending_model:
             self._pending_model = model
@@ -293,7 +381,9 @@ class SessionBuilder:
         """Redact decoded string values (so line-anchored patterns see real newlines), then
         re-encode; non-JSON arguments are redacted as text."""
         red = self.ctx.redact
-        if len(arguments) < 8 or self.ctx.redactor.json_text_is_clean(arguments):
+        if self.ctx.clean_line or len(arguments) < 8:
+            return arguments
+        if self.ctx.redactor.json_text_is_clean(arguments):
             return arguments
         try:
             value = orjson.loads(arguments)
@@ -311,27 +401,25 @@ class SessionBuilder:
         self._pending = None
         if act.is_empty():
             return
-        state = TraceState(
-            state_id=compute_state_id(self.session_id, self.step, self._digests[-1], act),
-            session_id=self.session_id,
-            step=self.step,
-            prefix=list(self.messages),
-            action=act,
-            meta=StateMeta(
-                source_format=self.ctx.format,
-                file=self.ctx.file,
-                line=self._pending_line,
-                model=self._pending_model,
-                timestamp=self._pending_ts,
-                subagent_id=self.subagent_id,
-                is_sidechain=self.is_sidechain,
-                after_compaction=self.after_compaction,
-                segment=self.segment,
-                line_is_item_index=self.ctx.item_index,
-            ),
+        ctx, step = self.ctx, self.step
+        state_id = compute_state_id(self._session_bytes, step, self._digests[-1], act)
+        # positional arguments in field order (keywords cost ~4x as much for ten fields);
+        # tests/unit/traces/test_schema.py pins the order
+        meta = StateMeta(
+            ctx.format,  # source_format
+            ctx.file,  # file
+            self._pending_line,  # line
+            self._pending_model,  # model
+            self._pending_ts,  # timestamp
+            self.subagent_id,  # subagent_id
+            self.is_sidechain,  # is_sidechain
+            self.after_compaction,  # after_compaction
+            self.segment,  # segment
+            ctx.item_index,  # line_is_item_index
         )
-        self.ctx.out.append(state)
-        self.step += 1
+        state = TraceState(state_id, self.session_id, step, self.messages[:], act, meta)
+        ctx.out.append(state)
+        self.step = step + 1
         if act.text or act.tool_calls:
             self._append(act.as_message())
             for tc in act.tool_calls:
@@ -342,8 +430,10 @@ class SessionBuilder:
                 self._open_order.append(cid)
 
     def _close_turn(self) -> None:
-        self.flush()
-        self._close_open_calls()
+        if self._pending is not None:
+            self.flush()
+        if self._open_order:
+            self._close_open_calls()
 
     def _close_open_calls(self, append: bool = True) -> None:
         if not self._open_order:

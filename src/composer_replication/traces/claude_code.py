@@ -27,6 +27,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
+
 from ._base import (
     MAX_PATH_ENTRIES,
     ReaderContext,
@@ -35,10 +37,9 @@ from ._base import (
     as_list,
     as_str,
     dumps_str,
-    iter_jsonl,
     load_document,
     make_tool_call,
-    run_records,
+    run_jsonl,
 )
 from .schema import TraceState
 
@@ -71,13 +72,60 @@ KNOWN_META_TYPES = frozenset(
 
 _AGENT_FILE = re.compile(r"(?:^|[/\\_])agent-([A-Za-z0-9_\-]+)\.jsonl$")
 
+# Typed records: msgspec decodes only the fields the reader uses and skips the rest of a line
+# (``toolUseResult`` copies of tool output, thinking signatures, usage, ...) without building
+# Python objects for it. Every field accepts any JSON value (the handlers check types
+# themselves), so a JSON object always decodes; see `run_jsonl` for the rest.
+_NotObject = list | str | int | float | bool | None  # a JSON value that is not an object
+
+
+class _Block(msgspec.Struct, gc=False):
+    """A content block (``tool_use.input`` is ``UNSET`` when the key is absent)."""
+
+    type: Any = None
+    text: Any = None
+    thinking: Any = None
+    id: Any = None
+    name: Any = None
+    input: Any = msgspec.UNSET
+    content: Any = None
+    tool_use_id: Any = None
+    is_error: Any = None
+    source: Any = None
+
+
+class _Message(msgspec.Struct, gc=False):
+    content: list[_Block | _NotObject] | str | int | float | bool | None | dict = None
+    model: Any = None
+    id: Any = None
+
+
+class _Record(msgspec.Struct, gc=False):
+    """One log line (``uuid`` is ``UNSET`` when the key is absent)."""
+
+    type: Any = None
+    message: _Message | _NotObject = None
+    sessionId: Any = None  # noqa: N815 - the log's own key names
+    session_id: Any = None
+    isSidechain: Any = None  # noqa: N815
+    agentId: Any = None  # noqa: N815
+    uuid: Any = msgspec.UNSET
+    parentUuid: Any = None  # noqa: N815
+    subtype: Any = None
+    isApiErrorMessage: Any = None  # noqa: N815
+    timestamp: Any = None
+    sourceToolUseID: Any = None  # noqa: N815
+
+
+_decode_record = msgspec.json.Decoder(_Record).decode
+
 
 def read(ctx: ReaderContext) -> Iterator[TraceState]:
     reader = _ClaudeReader(ctx)
     if ctx.path.suffix == ".json":
         yield from reader.read_document()
     else:
-        yield from run_records(ctx, iter_jsonl(ctx), reader.handle)
+        yield from run_jsonl(ctx, reader.handle, trigger_scan=True, decode=_decode_record)
     reader.finish()
     yield from ctx.drain()
 
@@ -89,12 +137,15 @@ class _Session:
         self.b = builder
         self.path_len: dict[str, int] = {}
 
-    def remember(self, uuid: str) -> None:
-        if not uuid:
+    def remember(self, uuid: Any) -> None:
+        """Record the prefix length after record ``uuid`` (ignored unless a non-empty str)."""
+        if not uuid or type(uuid) is not str:
             return
-        if len(self.path_len) >= MAX_PATH_ENTRIES:
-            self.path_len.pop(next(iter(self.path_len)))
-        self.path_len[uuid] = self.b.length_after_pending()
+        path_len = self.path_len
+        if len(path_len) >= MAX_PATH_ENTRIES:
+            path_len.pop(next(iter(path_len)))
+        b = self.b  # b.length_after_pending(), inlined: this runs for every record
+        path_len[uuid] = len(b.messages) + (b._pending is not None)
 
 
 class _ClaudeReader:
@@ -120,7 +171,7 @@ class _ClaudeReader:
                 self.ctx.report.skip_item(i, "not_an_object")
                 continue
             try:
-                reason = self.handle(i, item)
+                reason = self.handle(i, msgspec.convert(item, _Record))
             except Exception as exc:  # noqa: BLE001
                 reason = f"reader_error:{type(exc).__name__}"
             if reason == "unknown_record_type":
@@ -134,19 +185,19 @@ class _ClaudeReader:
             s.b.finish()
 
     # -- routing
-    def _session(self, line: int, rec: dict[str, Any]) -> _Session:
-        sid = rec.get("sessionId")
+    def _session(self, line: int, rec: _Record) -> _Session:
+        sid = rec.sessionId
         if not (sid and isinstance(sid, str)):
-            sid = as_str(rec.get("session_id")) or self.default_sid
-        if rec.get("isSidechain") is not True and self.file_agent is None:
+            sid = as_str(rec.session_id) or self.default_sid
+        if rec.isSidechain is not True and self.file_agent is None:
             return self.sessions.get(sid) or self._get(sid, sid, None, False)
-        uuid = as_str(rec.get("uuid"))
-        agent = as_str(rec.get("agentId")) or None
+        uuid = as_str(rec.uuid)
+        agent = as_str(rec.agentId) or None
         agent = agent or self.file_agent
         if agent:
             key = f"{sid}/agent-{agent}"
         else:
-            parent = as_str(rec.get("parentUuid"))
+            parent = as_str(rec.parentUuid)
             if parent and parent in self.side_owner:
                 key = self.side_owner[parent]
             elif parent and sid in self.last_side:  # dangling parent: latest sidechain
@@ -168,36 +219,41 @@ class _ClaudeReader:
         return s
 
     # -- records
-    def handle(self, line: int, rec: dict[str, Any]) -> str | None:
-        rtype = rec.get("type")
-        if not isinstance(rtype, str):
-            return "missing_type"
-        if rtype in ("user", "assistant"):
-            msg = rec.get("message")
-            if not isinstance(msg, dict):
+    def handle(self, line: int, rec: _Record) -> str | None:
+        rtype = rec.type
+        if rtype == "assistant" or rtype == "user":
+            msg = rec.message
+            if type(msg) is not _Message:
                 return "message_not_an_object"
-            s = self._session(line, rec)
+            sid = rec.sessionId
+            s = None
+            if type(sid) is str and sid and rec.isSidechain is not True and not self.file_agent:
+                s = self.sessions.get(sid)  # the common case of `_session`, inlined
+            if s is None:
+                s = self._session(line, rec)
             if rtype == "user":
                 reason = self._user(s, line, rec, msg)
             else:
                 reason = self._assistant(s, line, rec, msg)
-            s.remember(as_str(rec.get("uuid")))
+            s.remember(rec.uuid)
             return reason
+        if not isinstance(rtype, str):
+            return "missing_type"
         if rtype == "system":
             s = self._session(line, rec)
-            if rec.get("subtype") == "compact_boundary":
+            if rec.subtype == "compact_boundary":
                 s.b.compact()
                 s.path_len.clear()
-            s.remember(as_str(rec.get("uuid")))
+            s.remember(rec.uuid)
             return None
         if rtype in KNOWN_META_TYPES:
-            if "uuid" in rec and rec.get("sessionId"):
-                self._session(line, rec).remember(as_str(rec.get("uuid")))
+            if rec.uuid is not msgspec.UNSET and rec.sessionId:
+                self._session(line, rec).remember(rec.uuid)
             return None
         return "unknown_record_type"
 
-    def _user(self, s: _Session, line: int, rec: dict[str, Any], msg: dict[str, Any]) -> str | None:
-        content = msg.get("content")
+    def _user(self, s: _Session, line: int, rec: _Record, msg: _Message) -> str | None:
+        content = msg.content
         if isinstance(content, str):
             self._maybe_rewind(s, rec)
             s.b.user(content)
@@ -208,14 +264,13 @@ class _ClaudeReader:
         for block in content:
             if isinstance(block, str):
                 texts.append(block)
-                continue
-            block = as_dict(block)
-            btype = block.get("type")
-            if btype == "tool_result":
-                call_id = as_str(block.get("tool_use_id")) or as_str(rec.get("sourceToolUseID"))
+            elif type(block) is not _Block:
+                texts.append(_placeholder(None))
+            elif block.type == "tool_result":
+                call_id = as_str(block.tool_use_id) or as_str(rec.sourceToolUseID)
                 s.b.tool_result(call_id, _result_text(block), line)
-            elif btype == "text":
-                texts.append(as_str(block.get("text")))
+            elif block.type == "text":
+                texts.append(as_str(block.text))
             else:
                 texts.append(_placeholder(block))
         if texts:
@@ -223,8 +278,8 @@ class _ClaudeReader:
             s.b.user("\n".join(texts))
         return None
 
-    def _maybe_rewind(self, s: _Session, rec: dict[str, Any]) -> None:
-        parent = as_str(rec.get("parentUuid"))
+    def _maybe_rewind(self, s: _Session, rec: _Record) -> None:
+        parent = as_str(rec.parentUuid)
         if parent and parent in s.path_len:
             s.b.flush()
             n = s.path_len[parent]
@@ -234,51 +289,62 @@ class _ClaudeReader:
                 for u in stale:
                     del s.path_len[u]
 
-    def _assistant(
-        self, s: _Session, line: int, rec: dict[str, Any], msg: dict[str, Any]
-    ) -> str | None:
-        if rec.get("isApiErrorMessage") is True:
+    def _assistant(self, s: _Session, line: int, rec: _Record, msg: _Message) -> str | None:
+        if rec.isApiErrorMessage is True:
             return None
-        content = msg.get("content")
+        content = msg.content
         if isinstance(content, str):
-            content = [{"type": "text", "text": content}]
+            content = [_Block(type="text", text=content)]
         if not isinstance(content, list):
             return "missing_content"
         texts: list[str] = []
         thinking: list[str] = []
         calls: list[dict[str, Any]] = []
         for i, block in enumerate(content):
-            block = as_dict(block)
-            btype = block.get("type")
+            btype = block.type if type(block) is _Block else None
             if btype == "text":
-                texts.append(as_str(block.get("text")))
+                t = block.text
+                texts.append(t if type(t) is str else "")
             elif btype == "thinking":
-                thinking.append(as_str(block.get("thinking")))
+                t = block.thinking
+                thinking.append(t if type(t) is str else "")
             elif btype == "redacted_thinking":
                 thinking.append("[redacted thinking]")
             elif btype in ("tool_use", "server_tool_use"):
-                call_id = as_str(block.get("id")) or f"toolu_synth_{line}_{i}"
-                name = as_str(block.get("name")) or "<unnamed>"
-                calls.append(make_tool_call(call_id, name, dumps_str(block.get("input", {}))))
+                call_id, name, args = block.id, block.name, block.input
+                if not call_id or type(call_id) is not str:
+                    call_id = f"toolu_synth_{line}_{i}"
+                if not name or type(name) is not str:
+                    name = "<unnamed>"
+                args = "{}" if args is msgspec.UNSET else dumps_str(args)
+                calls.append(make_tool_call(call_id, name, args))
             elif btype == "fallback":
                 continue  # model-fallback marker, no content
             else:
-                texts.append(_placeholder(block))
-        model = as_str(msg.get("model")) or None
+                texts.append(_placeholder(block if btype is not None else None))
+        # str fields, None when absent, empty or not a string (as_str(x) or None, inlined)
+        model, ts, rid = msg.model, rec.timestamp, msg.id
         s.b.assistant(
             line,
-            "\n".join(filter(None, texts)),
+            _join(texts),
             calls,
-            "\n".join(filter(None, thinking)),
-            model=None if model == "<synthetic>" else model,
-            timestamp=as_str(rec.get("timestamp")) or None,
-            response_id=as_str(msg.get("id")) or None,
+            _join(thinking),
+            model if type(model) is str and model and model != "<synthetic>" else None,
+            ts if type(ts) is str and ts else None,
+            rid if type(rid) is str and rid else None,  # response id
         )
         return None
 
 
-def _result_text(block: dict[str, Any]) -> str:
-    content = block.get("content")
+def _join(parts: list[str]) -> str:
+    """Non-empty parts joined by newlines (zero or one part: no join)."""
+    if len(parts) < 2:
+        return parts[0] if parts else ""
+    return "\n".join(filter(None, parts))
+
+
+def _result_text(block: _Block) -> str:
+    content = block.content
     if isinstance(content, str):
         text = content
     else:
@@ -292,14 +358,21 @@ def _result_text(block: dict[str, Any]) -> str:
                 else:
                     parts.append(_placeholder(item))
         text = "\n".join(parts)
-    if block.get("is_error") is True:
+    if block.is_error is True:
         text = f"[error] {text}"
     return text
 
 
-def _placeholder(block: dict[str, Any]) -> str:
-    btype = as_str(block.get("type")) or "unknown"
+def _placeholder(block: _Block | dict[str, Any] | None) -> str:
+    """``[image: image/png]`` for a block the reader does not convert (``None``: not an object;
+    a dict: an item inside tool-result content)."""
+    if block is None:
+        btype, source = "unknown", None
+    elif isinstance(block, dict):
+        btype, source = as_str(block.get("type")) or "unknown", block.get("source")
+    else:
+        btype, source = as_str(block.type) or "unknown", block.source
     if btype in ("image", "document"):
-        media = as_str(as_dict(block.get("source")).get("media_type"))
+        media = as_str(as_dict(source).get("media_type"))
         return f"[{btype}{': ' + media if media else ''}]"
     return f"[{btype} block]"

@@ -27,9 +27,8 @@ from ._base import (
     as_list,
     as_str,
     dumps_str,
-    iter_jsonl,
     make_tool_call,
-    run_records,
+    run_jsonl,
 )
 from .schema import Message, TraceState
 
@@ -60,7 +59,7 @@ EVENT_BUFFER_MAX = 64
 
 def read(ctx: ReaderContext) -> Iterator[TraceState]:
     r = _CodexReader(ctx)
-    yield from run_records(ctx, iter_jsonl(ctx), r.handle)
+    yield from run_jsonl(ctx, r.handle)
     r.end_session()
     yield from ctx.drain()
 

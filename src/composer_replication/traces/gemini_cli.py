@@ -22,10 +22,9 @@ from ._base import (
     as_list,
     as_str,
     dumps_str,
-    iter_jsonl,
     load_document,
     make_tool_call,
-    run_records,
+    run_jsonl,
 )
 from .schema import TraceState
 
@@ -75,7 +74,7 @@ def _read_jsonl(ctx: ReaderContext) -> Iterator[TraceState]:
             b = SessionBuilder(ctx, ctx.path.stem)
         return add_message(b, line, rec)
 
-    yield from run_records(ctx, iter_jsonl(ctx), handle)
+    yield from run_jsonl(ctx, handle)
     if b is not None:
         b.finish()
     yield from ctx.drain()

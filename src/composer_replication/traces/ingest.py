@@ -45,8 +45,8 @@ class IngestRun:
         self.report = IngestReport()
         self._it = self._run()
 
-    def __iter__(self) -> IngestRun:
-        return self
+    def __iter__(self) -> Iterator[TraceState]:
+        return self._it  # the generator itself: no Python-level __next__ per state
 
     def __next__(self) -> TraceState:
         return next(self._it)

@@ -23,10 +23,9 @@ from ._base import (
     as_list,
     as_str,
     dumps_str,
-    iter_jsonl,
     load_document,
     make_tool_call,
-    run_records,
+    run_jsonl,
 )
 from .schema import TraceState
 
@@ -64,7 +63,7 @@ def _read_jsonl(ctx: ReaderContext) -> Iterator[TraceState]:
             return add_message(single, line, rec, line)
         return "not_a_message"
 
-    yield from run_records(ctx, iter_jsonl(ctx), handle)
+    yield from run_jsonl(ctx, handle)
     if single is not None:
         single.finish()
     yield from ctx.drain()

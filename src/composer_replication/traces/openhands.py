@@ -29,10 +29,9 @@ from ._base import (
     as_list,
     as_str,
     dumps_str,
-    iter_jsonl,
     load_document,
     make_tool_call,
-    run_records,
+    run_jsonl,
 )
 from .schema import TraceState
 
@@ -89,7 +88,7 @@ def _read_jsonl(ctx: ReaderContext) -> Iterator[TraceState]:
             return stream.handle(line, rec)
         return "not_an_event"
 
-    yield from run_records(ctx, iter_jsonl(ctx), handle)
+    yield from run_jsonl(ctx, handle)
     if stream is not None:
         stream.b.finish()
     yield from ctx.drain()

@@ -20,11 +20,11 @@ The schema is versioned (``SCHEMA_VERSION``); field names are stable.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
+from xxhash import xxh3_128_digest, xxh3_128_hexdigest
 
 SCHEMA_VERSION = 1
 
@@ -115,18 +115,22 @@ class TraceState:
 
 
 def message_digest(prev: bytes, message: Message) -> bytes:
-    """Chain hash: digest of (previous digest, this message). A prefix's digest is the fold over
-    its messages, so it is computed once per message, not once per state."""
-    h = hashlib.blake2b(prev, digest_size=16)  # same digest as hashing prev + bytes, no copy
-    h.update(orjson.dumps(message))
-    return h.digest()
+    """Chain hash: XXH3-128 of (previous digest, this message's JSON). A prefix's digest is the
+    fold over its messages, so it is computed once per message, not once per state."""
+    return xxh3_128_digest(prev + orjson.dumps(message))
 
 
-def compute_state_id(session_id: str, step: int, prefix_digest: bytes, action: Action) -> str:
-    """Stable content hash of (session, step, prefix, action): same input bytes, same id."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(session_id.encode("utf-8", "surrogatepass"))
-    h.update(b"\x00%d\x00" % step)
-    h.update(prefix_digest)
-    h.update(orjson.dumps(action))
-    return h.hexdigest()
+def compute_state_id(
+    session_id: str | bytes, step: int, prefix_digest: bytes, action: Action
+) -> str:
+    """Stable content hash of (session, step, prefix, action): same input bytes, same id.
+
+    XXH3-128 (https://github.com/Cyan4973/xxHash, output format frozen since v0.8.0) of
+    ``session_id`` (UTF-8; may be passed pre-encoded), ``\\0<step>\\0``, the prefix's
+    `message_digest` chain and the action's JSON. A 128-bit hash makes accidental collisions
+    negligible; XXH3 is not cryptographic, so logs crafted to collide could share an id.
+    """
+    if isinstance(session_id, str):
+        session_id = session_id.encode("utf-8", "surrogatepass")
+    head = b"%b\x00%d\x00%b" % (session_id, step, prefix_digest)
+    return xxh3_128_hexdigest(head + orjson.dumps(action))

@@ -4,9 +4,11 @@
   short-cuts finds a trigger, and equal to it on ASCII text: hypothesis builds strings from
   trigger fragments, case variants and Unicode characters whose lowercase is ASCII (Kelvin sign,
   dotted capital I); the table of such characters is checked against all of Unicode.
+- ``Redactor.raw_scanner`` (Hyperscan over raw JSONL lines) must mark every line from which a
+  string with a trigger decodes, whatever the JSON encoder escaped (``\\uXXXX``, ``\\/``).
 - End to end: every fixture log and the planted-secrets corpus ingest to identical states,
-  report accounting and redaction counts with the fast path and with a redactor that runs the
-  full per-trigger scan on every string.
+  report accounting and redaction counts with the fast paths and with a redactor that runs the
+  full per-trigger scan on every string (no raw scan), also with tiny read blocks.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from composer_replication.traces import Redactor, ingest
+from composer_replication.traces import Redactor, _base, ingest
 from composer_replication.traces._base import ReaderContext, SessionBuilder
 from composer_replication.traces.redact import _LOWERS_TO_ASCII
 from composer_replication.traces.report import FileReport
@@ -41,10 +43,14 @@ _texts = st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=3), max_size=8)
 
 
 class _ScanEveryTrigger(Redactor):
-    """Reference: skips the any-trigger regexes and scans for each trigger separately."""
+    """Reference: no raw-line scan, no any-trigger regex: each trigger is looked for separately
+    in every string."""
 
     def any_trigger(self, text: str) -> bool:
         return True
+
+    def raw_scanner(self) -> None:
+        return None
 
 
 @settings(max_examples=3000, deadline=None)
@@ -109,13 +115,21 @@ def _planted_dir(d: Path) -> Path:
     return d
 
 
+@pytest.mark.parametrize("block", [None, 97])
 @pytest.mark.parametrize("which", ["fixtures", "planted"])
-def test_fast_and_full_scan_give_identical_output(which: str, request, tmp_path: Path) -> None:
+def test_fast_and_full_scan_give_identical_output(
+    which: str, block: int | None, request, tmp_path: Path, monkeypatch
+) -> None:
+    """``block``: read blocks of 97 bytes, so that lines and secrets straddle block ends."""
     if which == "fixtures":
         paths = [request.getfixturevalue("fixtures_dir")]
     else:
         paths = [_planted_dir(tmp_path)]
-    fast = _outcome(paths, Redactor())
+    if block:
+        monkeypatch.setattr(_base, "READ_BLOCK", block)
+    fast_red = Redactor()
+    assert fast_red.raw_scanner() is not None, "hyperscan missing: the raw scan is not tested"
+    fast = _outcome(paths, fast_red)
     full = _outcome(paths, _ScanEveryTrigger())
     assert fast[0], "no states: the comparison would be vacuous"
     assert fast == full
@@ -172,3 +186,78 @@ def test_escaped_trigger_in_tool_arguments_is_still_redacted(arguments: str) -> 
     assert red.any_trigger(arguments) is False  # the escape hides it from the text-level scan
     out = _builder(red)._redact_arguments(arguments)
     assert "<REDACTED:" in out and sum(red.counts.values()) == 1
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in [k, *_strings(v)]]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _escape_some(text: str, rng_bits: list[bool]) -> str:
+    """JSON string literal of ``text`` with some characters written as ``\\uXXXX`` and every
+    ``/`` as ``\\/`` where the bit says so: spellings other encoders use."""
+    out = []
+    for i, ch in enumerate(text):
+        bit = rng_bits[i % len(rng_bits)] if rng_bits else False
+        if bit and ord(ch) < 0x10000:
+            out.append(f"\\u{ord(ch):04X}" if i % 2 else f"\\u{ord(ch):04x}")
+        elif bit and ch == "/":
+            out.append("\\/")
+        else:
+            out.append(json.dumps(ch, ensure_ascii=False)[1:-1])
+    return '"' + "".join(out) + '"'
+
+
+def _encode(value, how: str, bits: list[bool]) -> bytes:
+    if how == "orjson":
+        return orjson.dumps(value)
+    if how == "ascii":
+        return json.dumps(value, ensure_ascii=True).encode()
+    if isinstance(value, str):
+        return _escape_some(value, bits).encode()
+    if isinstance(value, dict):
+        items = [
+            _escape_some(k, bits) + ":" + _encode(v, how, bits).decode() for k, v in value.items()
+        ]
+        return ("{" + ",".join(items) + "}").encode()
+    if isinstance(value, list):
+        return ("[" + ",".join(_encode(v, how, bits).decode() for v in value) + "]").encode()
+    return orjson.dumps(value)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.dictionaries(st.text(max_size=4), _json_values, max_size=4),
+    st.sampled_from(["orjson", "ascii", "escaped"]),
+    st.lists(st.booleans(), min_size=1, max_size=7),
+)
+def test_raw_scan_marks_every_line_a_trigger_decodes_from(record, how, bits) -> None:
+    """Premise of skipping redaction on unmarked lines: no string decoded from an unmarked line
+    holds a trigger (`Redactor._triggered` empty), so `redact` would return it unchanged."""
+    scanner = _RED.raw_scanner()
+    assert scanner is not None
+    line = _encode(record, how, bits) + b"\n"
+    assert orjson.loads(line) == record
+    marked = bool(scanner.match_ends(line))
+    if not marked:
+        for text in _strings(orjson.loads(line)):
+            assert not _RED._triggered(text), (line, text)
+            assert _RED.redact(text) == text
+
+
+def test_raw_scan_sees_escaped_and_folded_triggers() -> None:
+    scanner = _RED.raw_scanner()
+    for line in [
+        b'{"a": "s\\u006b-proj-abc"}',  # escaped ASCII letter
+        b'{"a": "postgres:\\/\\/u:p@h"}',  # escaped slash
+        b'{"a": "API_\\u212aEY=1"}',  # escaped Kelvin sign: lowercases to "api_key"
+        '{"a": "api_\u212aey"}'.encode(),  # raw Kelvin sign
+        b'{"a": "my PASSWORD is"}',  # case-insensitive trigger, upper case
+    ]:
+        assert scanner.match_ends(line), line
+    assert not scanner.match_ends(b'{"type": "user", "message": {"content": "hello world"}}')

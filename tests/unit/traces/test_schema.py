@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import fields
+
 import orjson
 import pytest
 
@@ -67,3 +69,42 @@ def test_from_json_names_missing_field() -> None:
         TraceState.from_json(orjson.dumps(d))
     with pytest.raises(ValueError, match="object"):
         TraceState.from_json(b"[1]")
+
+
+def test_state_id_is_xxh3_128_of_the_documented_bytes() -> None:
+    """The definition in docs/ingestion.md, spelled out with the xxhash library itself, and one
+    pinned value: a change to the id definition must show up here (and be documented)."""
+    import xxhash
+
+    s = _state()
+    digest = b""
+    for m in s.prefix:
+        digest = xxhash.xxh3_128(digest + orjson.dumps(m)).digest()
+    head = b"s\x00" + b"1" + b"\x00" + digest
+    assert s.state_id == xxhash.xxh3_128(head + orjson.dumps(s.action)).hexdigest()
+    assert s.state_id == "db9ca7dd763c776347f38a10506cbe7f"
+    assert compute_state_id(b"s", 1, digest, s.action) == s.state_id  # pre-encoded session
+
+
+def test_field_order_used_by_the_session_builder() -> None:
+    """`SessionBuilder.flush` passes these fields positionally (keywords cost ~4x as much)."""
+    assert [f.name for f in fields(StateMeta)] == [
+        "source_format",
+        "file",
+        "line",
+        "model",
+        "timestamp",
+        "subagent_id",
+        "is_sidechain",
+        "after_compaction",
+        "segment",
+        "line_is_item_index",
+    ]
+    assert [f.name for f in fields(TraceState)][:6] == [
+        "state_id",
+        "session_id",
+        "step",
+        "prefix",
+        "action",
+        "meta",
+    ]
