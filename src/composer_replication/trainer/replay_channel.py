@@ -33,6 +33,12 @@ from torch import Tensor
 from composer_replication.config import ReplayChannelConfig
 from composer_replication.losses import ReplayInputs, sequence_logps
 from composer_replication.trainer.data import render_prompt
+from composer_replication.trainer.prefix import (
+    forward_with_prefix,
+    split_prefixes,
+    supports_prefix_cache,
+)
+from composer_replication.trainer.sdpo import backbone
 
 
 class PreferenceDataError(ValueError):
@@ -174,6 +180,30 @@ def response_logps(model, batch: dict[str, Any], reduction: str) -> Tensor:
     return sequence_logps(logits, labels, batch["response_mask"], reduction=reduction)
 
 
+def pair_logps(model, pairs: list[EncodedPair], pad_id: int, reduction: str) -> Tensor:
+    """``[2P]`` log-probs of the chosen answers then the rejected ones. The prompt a chosen
+    and a rejected answer share is run once and its KV cache reused for both answers
+    (trainer/prefix.py), when the model supports it; otherwise one padded forward."""
+    device = next(model.parameters()).device
+    net = backbone(model)
+    if not supports_prefix_cache(net):
+        return response_logps(model, collate(pairs, pad_id, device), reduction)
+    responses = [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs]
+    k = max(map(len, responses))
+    tails = torch.full((len(responses), k), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(tails)
+    for i, r in enumerate(responses):
+        tails[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    tails, mask = tails.to(device), mask.to(device)
+    n = len(pairs)
+    batch = split_prefixes(
+        [p.prompt_ids for p in pairs] * 2, list(range(n)) * 2, tails, mask, pad_id
+    )
+    logits = forward_with_prefix(net, model, batch, logits_to_keep=k + 1).logits
+    return sequence_logps(logits[:, :-1].float(), tails, mask, reduction=reduction)
+
+
 class ReplayChannel:
     """Samples preference pairs each step and builds channel-3 inputs."""
 
@@ -191,14 +221,13 @@ class ReplayChannel:
     @torch.no_grad()
     def reference_logps(self, model, progress=None, batch_pairs: int = 8) -> Tensor:
         """``[N, 2]`` (chosen, rejected) summed log-probs under the current (initial) weights."""
-        device = next(model.parameters()).device
         was_training = model.training
         model.eval()
         out = []
         try:
             for start in range(0, len(self.pairs), batch_pairs):
                 chunk = self.pairs[start : start + batch_pairs]
-                lp = response_logps(model, collate(chunk, self.pad_id, device), "sum")
+                lp = pair_logps(model, chunk, self.pad_id, "sum")
                 out.append(torch.stack([lp[: len(chunk)], lp[len(chunk) :]], dim=1))
                 if progress is not None:
                     progress(len(chunk))
@@ -222,9 +251,7 @@ class ReplayChannel:
     def replay_inputs(self, model, divisor: float) -> ReplayInputs:
         idx = self.sample()
         device = next(model.parameters()).device
-        lp = response_logps(
-            model, collate([self.pairs[i] for i in idx], self.pad_id, device), self.reduction
-        )
+        lp = pair_logps(model, [self.pairs[i] for i in idx], self.pad_id, self.reduction)
         n = len(idx)
         ref_c = ref_r = None
         if self.ref is not None:

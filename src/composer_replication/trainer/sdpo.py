@@ -4,7 +4,8 @@ After rollouts are scored, :meth:`SelfTeacher.attach` gives every failed complet
 (hints/) and tokenizes the teacher's prompt: the same conversation with the hint inserted. In
 the loss, :meth:`SelfTeacher.sdpo_inputs` runs the teacher (live policy, EMA copy, or initial
 weights) under ``no_grad`` on *hinted rows only*, over the teacher prompt followed by the *same*
-completion tokens, and pairs its final hidden states with the student's.
+completion tokens, and pairs its final hidden states with the student's. The hinted rows of one
+problem share its text: that prefix is run once and its KV cache reused (trainer/prefix.py).
 
 The student side costs no extra forward: TRL's GRPO computes log-probs with a fused LM head
 that never materializes logits, so we capture the backbone's last hidden states from that very
@@ -26,6 +27,11 @@ from composer_replication.config import SdpoConfig
 from composer_replication.hints.build import HintTemplates, build_hints, insert_hint
 from composer_replication.losses import SdpoInputs, TAIDScheduler
 from composer_replication.trainer.data import render_prompt
+from composer_replication.trainer.prefix import (
+    forward_with_prefix,
+    split_prefixes,
+    supports_prefix_cache,
+)
 
 _LOGIT_CHUNK = 256  # rows per chunk when logits are needed (metrics, TAID, entropy-OPD)
 
@@ -82,6 +88,7 @@ class SelfTeacher:
     def __init__(self, cfg: SdpoConfig, tokenizer, model, max_steps: int, hint_model=None):
         self.cfg = cfg
         self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.templates = HintTemplates(feedback=cfg.feedback_template, sibling=cfg.sibling_template)
         self.hint_model = hint_model
         self.is_peft = hasattr(getattr(model, "module", model), "disable_adapter")
@@ -142,12 +149,20 @@ class SelfTeacher:
     @torch.no_grad()
     def teacher_states(self, model, batch: dict[str, Any], rows: Tensor) -> tuple[Tensor, Tensor]:
         """Teacher hidden states ``[R, K, H]`` on the hinted prompt + same completion, and its head."""
-        comp_ids = batch["completion_ids"][rows]
-        ids = torch.cat([batch["sdpo_prompt_ids"][rows], comp_ids], dim=1)
-        mask = torch.cat([batch["sdpo_prompt_mask"][rows], batch["completion_mask"][rows]], dim=1)
+        comp_ids, comp_mask = batch["completion_ids"][rows], batch["completion_mask"][rows]
+        t_ids, t_mask = batch["sdpo_prompt_ids"][rows], batch["sdpo_prompt_mask"][rows]
+        k = comp_ids.shape[1]
         with self._teacher(model) as (net, weight):
-            out = net(input_ids=ids, attention_mask=mask, use_cache=False)
-            return out.last_hidden_state[:, -comp_ids.shape[1] - 1 : -1], weight.detach()
+            if supports_prefix_cache(net):  # a group's problem text is run once, not per row
+                prompts = [ids[m.bool()].tolist() for ids, m in zip(t_ids, t_mask, strict=True)]
+                groups = _group_labels(batch["prompt_ids"][rows], batch["prompt_mask"][rows])
+                pb = split_prefixes(prompts, groups, comp_ids, comp_mask, self.pad_id)
+                out = forward_with_prefix(net, net, pb)
+            else:
+                ids = torch.cat([t_ids, comp_ids], dim=1)
+                mask = torch.cat([t_mask, comp_mask], dim=1)
+                out = net(input_ids=ids, attention_mask=mask, use_cache=False)
+            return out.last_hidden_state[:, -k - 1 : -1], weight.detach()
 
     def sdpo_inputs(
         self,
@@ -245,6 +260,16 @@ def _logprob_gap(s_NH: Tensor, w_s: Tensor, t_NH: Tensor, w_t: Tensor, targets_N
         lt = torch.log_softmax(t_NH[sl] @ w_t.T, dim=-1).gather(1, y)
         total += float((lt - ls).sum())
     return total / max(n, 1)
+
+
+def _group_labels(prompt_ids_RL: Tensor, prompt_mask_RL: Tensor) -> list[int]:
+    """One label per row, equal for rows whose (student) prompts are equal: the rollouts of
+    one problem, whose hinted teacher prompts share the problem text."""
+    seen: dict[tuple[int, ...], int] = {}
+    return [
+        seen.setdefault(tuple(ids[m.bool()].tolist()), len(seen))
+        for ids, m in zip(prompt_ids_RL, prompt_mask_RL, strict=True)
+    ]
 
 
 def _as_messages(prompt) -> list[dict]:

@@ -1,0 +1,163 @@
+"""Forward passes that compute a shared prompt prefix once and reuse its KV cache.
+
+Channel 2's teacher scores every failed rollout of a group with the same problem followed by a
+per-row hint and the row's completion; channel 3 scores a chosen and a rejected answer after
+the same prompt. The shared tokens are most of each row, so they are run once per group with
+``use_cache=True``; the cache is then expanded to the rows (``index_select`` on the batch
+dimension: differentiable, so channel 3's gradient still reaches the prompt's keys/values) and
+only the per-row suffixes are run against it.
+
+Position ids are passed explicitly (running count of real tokens), so padding between a
+group's prefix and a row's suffix leaves no gap in the positions: the result equals one
+unpadded forward of ``prefix + suffix`` per row up to float rounding
+(``tests/unit/trainer/test_prefix.py`` checks it against the plain padded forward).
+
+Models whose caches are not plain full-attention KV lists (sliding-window layers, recurrent
+states) take the plain padded forward instead: :func:`supports_prefix_cache`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+
+@dataclass
+class PrefixBatch:
+    """Rows split into group prefixes (left-padded) and per-row suffixes.
+
+    A suffix is the rest of the row's prompt (left-padded, at least one token, so the last
+    prompt position, which predicts the first answer token, is in it) followed by the row's
+    tail (answer/completion tokens, right-padded, the same columns for every row).
+    """
+
+    prefix_ids: Tensor  # [G, P]
+    prefix_mask: Tensor  # [G, P]
+    row_group: Tensor  # [R] index into G
+    suffix_ids: Tensor  # [R, S]
+    suffix_mask: Tensor  # [R, S]
+
+    @property
+    def n_shared_tokens(self) -> int:
+        """Real prefix tokens run once instead of once per row."""
+        return int(self.prefix_mask.sum())
+
+
+def common_prefix_len(seqs: list[list[int]]) -> int:
+    """Length of the longest common prefix of token lists."""
+    first = seqs[0]
+    n = min(len(s) for s in seqs)
+    for other in seqs[1:]:
+        k = 0
+        while k < n and other[k] == first[k]:
+            k += 1
+        n = k
+    return n
+
+
+def split_prefixes(
+    prompts: list[list[int]],
+    groups: list[int],
+    tail_ids_RK: Tensor,
+    tail_mask_RK: Tensor,
+    pad_id: int,
+) -> PrefixBatch:
+    """Build a :class:`PrefixBatch` from unpadded prompts, a group label per row (rows of a
+    group are expected to share a prompt prefix) and right-padded tails."""
+    if len(prompts) != len(groups) or len(prompts) != tail_ids_RK.shape[0]:
+        raise ValueError(
+            f"{len(prompts)} prompts, {len(groups)} group labels, {tail_ids_RK.shape[0]} tails"
+        )
+    labels = sorted(set(groups))
+    members = {g: [i for i, x in enumerate(groups) if x == g] for g in labels}
+    cut = {}
+    for g, rows in members.items():
+        seqs = [prompts[i] for i in rows]
+        if min(map(len, seqs)) < 1:
+            raise ValueError("every prompt needs at least one token")
+        cut[g] = min(common_prefix_len(seqs), min(map(len, seqs)) - 1)
+    device = tail_ids_RK.device
+    prefix_ids, prefix_mask = _left_pad([prompts[members[g][0]][: cut[g]] for g in labels], pad_id)
+    index = {g: k for k, g in enumerate(labels)}
+    rests = [p[cut[g] :] for p, g in zip(prompts, groups, strict=True)]
+    rest_ids, rest_mask = _left_pad(rests, pad_id)
+    return PrefixBatch(
+        prefix_ids=prefix_ids.to(device),
+        prefix_mask=prefix_mask.to(device),
+        row_group=torch.tensor([index[g] for g in groups], dtype=torch.long, device=device),
+        suffix_ids=torch.cat([rest_ids.to(device), tail_ids_RK], dim=1),
+        suffix_mask=torch.cat([rest_mask.to(device), tail_mask_RK.to(rest_mask.dtype)], dim=1),
+    )
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+def supports_prefix_cache(net) -> bool:
+    """True for decoders with only full-attention layers whose forward takes explicit
+    ``position_ids`` and ``past_key_values`` (Llama, Qwen2/3, Mistral without a window...)."""
+    cfg = getattr(net, "config", None)
+    if cfg is None:
+        return False
+    layer_types = getattr(cfg, "layer_types", None) or ["full_attention"]
+    if any(t != "full_attention" for t in layer_types):
+        return False
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+        return False
+    params = inspect.signature(net.forward).parameters
+    return "position_ids" in params and "past_key_values" in params
+
+
+def forward_with_prefix(
+    prefix_net, net, batch: PrefixBatch, **suffix_kwargs: Any
+) -> Any:
+    """Run the group prefixes through ``prefix_net`` (the backbone: no LM head is needed for
+    them) with a KV cache, expand the cache to the rows, and return ``net``'s output for the
+    suffixes (``net`` is the backbone or the full causal LM sharing that backbone).
+
+    Gradients flow through both calls unless the caller is under ``no_grad``.
+    """
+    if batch.prefix_ids.shape[1] == 0:  # nothing shared: one plain forward of the suffixes
+        pos = (batch.suffix_mask.cumsum(1) - 1).clamp(min=0)
+        return net(
+            input_ids=batch.suffix_ids,
+            attention_mask=batch.suffix_mask,
+            position_ids=pos,
+            use_cache=False,
+            **suffix_kwargs,
+        )
+    cfg = getattr(prefix_net, "config", None)
+    cache = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
+    pos_prefix = (batch.prefix_mask.cumsum(1) - 1).clamp(min=0)
+    prefix_net(
+        input_ids=batch.prefix_ids,
+        attention_mask=batch.prefix_mask,
+        position_ids=pos_prefix,
+        past_key_values=cache,
+        use_cache=True,
+    )
+    cache.batch_select_indices(batch.row_group)
+    prefix_mask_R = batch.prefix_mask.index_select(0, batch.row_group)
+    n_prefix = prefix_mask_R.sum(1, keepdim=True)
+    pos_suffix = n_prefix + (batch.suffix_mask.cumsum(1) - 1).clamp(min=0)
+    return net(
+        input_ids=batch.suffix_ids,
+        attention_mask=torch.cat([prefix_mask_R, batch.suffix_mask], dim=1),
+        position_ids=pos_suffix,
+        past_key_values=cache,
+        use_cache=True,
+        **suffix_kwargs,
+    )

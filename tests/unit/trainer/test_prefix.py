@@ -1,0 +1,165 @@
+"""Shared-prefix forwards equal the plain padded forward (values and gradients)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from composer_replication.trainer.prefix import (
+    common_prefix_len,
+    forward_with_prefix,
+    split_prefixes,
+    supports_prefix_cache,
+)
+from conftest import make_tiny_model
+
+VOCAB = 97
+
+
+def _rows():
+    """Two groups: rows 0-2 share 9 prompt tokens then differ (a per-row "hint"), rows 3-4
+    share their whole prompt (a chosen/rejected pair); tails are right-padded to 4."""
+    g1 = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    g2 = [40, 41, 42, 43, 44, 45]
+    prompts = [g1 + [20, 21], g1 + [22], g1 + [23, 24, 25], g2, g2]
+    tails = [[60, 61, 62, 63], [64, 65, 0, 0], [66, 0, 0, 0], [70, 71, 72, 0], [73, 74, 0, 0]]
+    masks = [[1 if t else 0 for t in row] for row in tails]
+    return prompts, [0, 0, 0, 1, 1], torch.tensor(tails), torch.tensor(masks)
+
+
+def _plain(net, prompts, tails, masks):
+    """The reference: left-padded prompt + right-padded tail, one forward, no cache."""
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        att[i, width - len(p) :] = 1
+    return net(
+        input_ids=torch.cat([ids, tails], 1),
+        attention_mask=torch.cat([att, masks], 1),
+        use_cache=False,
+    )
+
+
+def test_common_prefix_len():
+    assert common_prefix_len([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert common_prefix_len([[1], [2]]) == 0
+    assert common_prefix_len([[3, 4, 5]]) == 3
+
+
+def test_split_keeps_last_prompt_token_in_suffix():
+    """A group whose prompts are identical still leaves one prompt token per row in the
+    suffix: its position predicts the first tail token."""
+    prompts, groups, tails, masks = _rows()
+    b = split_prefixes(prompts, groups, tails, masks, pad_id=0)
+    assert b.prefix_mask.sum(1).tolist() == [9, 5]
+    assert b.row_group.tolist() == [0, 0, 0, 1, 1]
+    rest = b.suffix_mask[:, : -tails.shape[1]].sum(1).tolist()
+    assert rest == [2, 1, 3, 1, 1]
+    assert b.n_shared_tokens == 14
+
+
+def test_backbone_hidden_states_match_plain_forward():
+    net = make_tiny_model(VOCAB, seed=1, layers=3).eval()
+    assert supports_prefix_cache(net.model)
+    prompts, groups, tails, masks = _rows()
+    k = tails.shape[1]
+    with torch.no_grad():
+        ref = _plain(net.model, prompts, tails, masks).last_hidden_state[:, -k - 1 : -1]
+        b = split_prefixes(prompts, groups, tails, masks, pad_id=0)
+        got = forward_with_prefix(net.model, net.model, b).last_hidden_state[:, -k - 1 : -1]
+    keep = torch.cat([torch.ones(5, 1, dtype=torch.bool), masks[:, :-1].bool()], 1)
+    torch.testing.assert_close(got[keep], ref[keep], rtol=1e-4, atol=1e-5)
+
+
+def test_logits_and_gradients_match_plain_forward():
+    """The replay use: full LM on the suffixes, loss on tail log-probs, gradients through the
+    expanded cache into every weight equal the plain forward's."""
+    prompts, groups, tails, masks = _rows()
+    k = tails.shape[1]
+    grads, losses = [], []
+    for shared in (False, True):
+        net = make_tiny_model(VOCAB, seed=2)
+        if shared:
+            b = split_prefixes(prompts, groups, tails, masks, pad_id=0)
+            logits = forward_with_prefix(net.model, net, b, logits_to_keep=k + 1).logits
+        else:
+            logits = _plain(net, prompts, tails, masks).logits
+        lp = torch.log_softmax(logits[:, -k - 1 : -1].float(), -1)
+        tok = lp.gather(2, tails.unsqueeze(2)).squeeze(2)
+        loss = (tok * masks).sum()
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append({n: p.grad.clone() for n, p in net.named_parameters()})
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-4)
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_no_shared_prefix_runs_plain():
+    """Groups of one-token prompts share nothing: a single forward of the suffixes."""
+    net = make_tiny_model(VOCAB, seed=3).eval()
+    prompts = [[5], [6]]
+    tails, masks = torch.tensor([[7, 8], [9, 0]]), torch.tensor([[1, 1], [1, 0]])
+    b = split_prefixes(prompts, [0, 1], tails, masks, pad_id=0)
+    assert b.prefix_ids.shape[1] == 0
+    with torch.no_grad():
+        got = forward_with_prefix(net.model, net.model, b).last_hidden_state
+        ref = _plain(net.model, prompts, tails, masks).last_hidden_state
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-4, atol=1e-5)
+
+
+def test_split_rejects_mismatched_lengths():
+    with pytest.raises(ValueError, match="2 prompts, 1 group labels"):
+        split_prefixes([[1], [2]], [0], torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1), 0)
+
+
+def test_sliding_window_models_are_not_prefix_cached():
+    from transformers import Qwen2Config, Qwen2Model
+
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        use_sliding_window=True,
+        sliding_window=8,
+        max_window_layers=0,
+    )
+    assert not supports_prefix_cache(Qwen2Model(cfg))
+
+
+def test_self_teacher_states_equal_the_plain_teacher_forward(monkeypatch):
+    """Channel 2's teacher: hinted rows of two problems (per-row hints after shared problem
+    text), scored with and without the prefix cache."""
+    from types import SimpleNamespace
+
+    import composer_replication.trainer.sdpo as sdpo
+    from composer_replication.config import SdpoConfig
+
+    net = make_tiny_model(VOCAB, seed=4).eval()
+    prompts, _, tails, masks = _rows()
+    student = [p[:6] for p in prompts]  # rows 0-2: one problem, rows 3-4: another
+    width = max(map(len, prompts))
+
+    def left(seqs, w):
+        ids = torch.zeros(len(seqs), w, dtype=torch.long)
+        att = torch.zeros_like(ids)
+        for i, s in enumerate(seqs):
+            ids[i, w - len(s) :] = torch.tensor(s)
+            att[i, w - len(s) :] = 1
+        return ids, att
+
+    batch = {"completion_ids": tails, "completion_mask": masks}
+    batch["sdpo_prompt_ids"], batch["sdpo_prompt_mask"] = left(prompts, width)
+    batch["prompt_ids"], batch["prompt_mask"] = left(student, 6)
+    teacher = sdpo.SelfTeacher(SdpoConfig(), SimpleNamespace(pad_token_id=0), net, 1)
+    rows = torch.tensor([0, 2, 3, 4])
+    shared, _ = teacher.teacher_states(net, batch, rows)
+    monkeypatch.setattr(sdpo, "supports_prefix_cache", lambda _net: False)
+    plain, _ = teacher.teacher_states(net, batch, rows)
+    keep = torch.cat([torch.ones(4, 1, dtype=torch.bool), masks[rows, :-1].bool()], 1)
+    torch.testing.assert_close(shared[keep], plain[keep], rtol=1e-4, atol=1e-5)
