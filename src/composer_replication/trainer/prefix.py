@@ -121,9 +121,7 @@ def supports_prefix_cache(net) -> bool:
     return "position_ids" in params and "past_key_values" in params
 
 
-def forward_with_prefix(
-    prefix_net, net, batch: PrefixBatch, **suffix_kwargs: Any
-) -> Any:
+def forward_with_prefix(prefix_net, net, batch: PrefixBatch, **suffix_kwargs: Any) -> Any:
     """Run the group prefixes through ``prefix_net`` (the backbone: no LM head is needed for
     them) with a KV cache, expand the cache to the rows, and return ``net``'s output for the
     suffixes (``net`` is the backbone or the full causal LM sharing that backbone).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import make_tiny_model
 
 from composer_replication.trainer.prefix import (
     common_prefix_len,
@@ -11,7 +12,6 @@ from composer_replication.trainer.prefix import (
     split_prefixes,
     supports_prefix_cache,
 )
-from conftest import make_tiny_model
 
 VOCAB = 97
 
