@@ -1,6 +1,7 @@
 """Benchmark: chunked fused-linear generalized JSD vs TRL (naive) and Liger (chunked peer).
 
-    python bench/bench_losses.py            # full table (heavy: ~1 h, up to ~12 GB)
+    python bench/bench_losses.py            # full table (heavy: ~3 h on 2 cores, up to ~12 GB)
+    python bench/bench_losses.py --configs 2048x49152x576 --reps 10   # one size, ~12 min
     python bench/bench_losses.py --quick    # small sizes, a few minutes
 
 Every variant starts from the same inputs: student hidden states ``[T, H]`` + lm_head
