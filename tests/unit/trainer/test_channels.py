@@ -60,6 +60,7 @@ def _cfg(tmp_path, *extra):
         [
             f"output_dir={tmp_path / 'run'}",
             "max_steps=1",
+            "optim.warmup_steps=0",  # the quickstart warms up 8 steps: lr 0 at step 1
             "generation.num_generations=4",
             "generation.prompts_per_step=2",
             "generation.max_completion_length=5",
