@@ -42,11 +42,6 @@ class PrefixBatch:
     suffix_ids: Tensor  # [R, S]
     suffix_mask: Tensor  # [R, S]
 
-    @property
-    def n_shared_tokens(self) -> int:
-        """Real prefix tokens run once instead of once per row."""
-        return int(self.prefix_mask.sum())
-
 
 def common_prefix_len(seqs: list[list[int]]) -> int:
     """Length of the longest common prefix of token lists."""
@@ -82,10 +77,12 @@ def split_prefixes(
             raise ValueError("every prompt needs at least one token")
         cut[g] = min(common_prefix_len(seqs), min(map(len, seqs)) - 1)
     device = tail_ids_RK.device
-    prefix_ids, prefix_mask = _left_pad([prompts[members[g][0]][: cut[g]] for g in labels], pad_id)
+    prefix_ids, prefix_mask = pad_rows(
+        [prompts[members[g][0]][: cut[g]] for g in labels], pad_id, left=True
+    )
     index = {g: k for k, g in enumerate(labels)}
     rests = [p[cut[g] :] for p, g in zip(prompts, groups, strict=True)]
-    rest_ids, rest_mask = _left_pad(rests, pad_id)
+    rest_ids, rest_mask = pad_rows(rests, pad_id, left=True)
     return PrefixBatch(
         prefix_ids=prefix_ids.to(device),
         prefix_mask=prefix_mask.to(device),
@@ -95,14 +92,17 @@ def split_prefixes(
     )
 
 
-def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+def pad_rows(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[Tensor, Tensor]:
+    """``[N, max_len]`` ids and 0/1 mask of token lists, padded on the left (prompts) or the
+    right (answers, completions)."""
     width = max((len(s) for s in seqs), default=0)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
         if s:
-            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s) :] = 1
+            cols = slice(width - len(s), width) if left else slice(0, len(s))
+            ids[i, cols] = torch.tensor(s, dtype=torch.long)
+            mask[i, cols] = 1
     return ids, mask
 
 

@@ -35,6 +35,7 @@ from composer_replication.losses import ReplayInputs, sequence_logps
 from composer_replication.trainer.data import render_prompt
 from composer_replication.trainer.prefix import (
     forward_with_prefix,
+    pad_rows,
     split_prefixes,
     supports_prefix_cache,
 )
@@ -147,23 +148,19 @@ def encode_pair(tokenizer, row: dict[str, Any], max_length: int) -> EncodedPair:
 def collate(pairs: list[EncodedPair], pad_id: int, device) -> dict[str, Tensor]:
     """``[2P, L]`` batch: chosen rows then rejected rows; prompts left-padded, responses
     right-padded (the GRPO layout), with the response mask and length."""
-    prompts = [p.prompt_ids for p in pairs] * 2
-    responses = [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs]
-    lp, lr = max(map(len, prompts)), max(map(len, responses))
-    ids = torch.full((len(prompts), lp + lr), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    resp_mask = torch.zeros(len(prompts), lr, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
-        ids[i, lp - len(p) : lp] = torch.tensor(p)
-        ids[i, lp : lp + len(r)] = torch.tensor(r)
-        attn[i, lp - len(p) : lp + len(r)] = 1
-        resp_mask[i, : len(r)] = 1
+    prompt_ids, prompt_mask = pad_rows([p.prompt_ids for p in pairs] * 2, pad_id, left=True)
+    resp_ids, resp_mask = pad_rows(_responses(pairs), pad_id, left=False)
     return {
-        "input_ids": ids.to(device),
-        "attention_mask": attn.to(device),
+        "input_ids": torch.cat([prompt_ids, resp_ids], dim=1).to(device),
+        "attention_mask": torch.cat([prompt_mask, resp_mask], dim=1).to(device),
         "response_mask": resp_mask.to(device),
-        "response_len": lr,
+        "response_len": resp_ids.shape[1],
     }
+
+
+def _responses(pairs: list[EncodedPair]) -> list[list[int]]:
+    """Chosen answers of all pairs, then their rejected answers."""
+    return [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs]
 
 
 def response_logps(model, batch: dict[str, Any], reduction: str) -> Tensor:
@@ -188,14 +185,9 @@ def pair_logps(model, pairs: list[EncodedPair], pad_id: int, reduction: str) -> 
     net = backbone(model)
     if not supports_prefix_cache(net):
         return response_logps(model, collate(pairs, pad_id, device), reduction)
-    responses = [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs]
-    k = max(map(len, responses))
-    tails = torch.full((len(responses), k), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(tails)
-    for i, r in enumerate(responses):
-        tails[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
+    tails, mask = pad_rows(_responses(pairs), pad_id, left=False)
     tails, mask = tails.to(device), mask.to(device)
+    k = tails.shape[1]
     n = len(pairs)
     batch = split_prefixes(
         [p.prompt_ids for p in pairs] * 2, list(range(n)) * 2, tails, mask, pad_id

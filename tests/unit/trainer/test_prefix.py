@@ -27,14 +27,19 @@ def _rows():
     return prompts, [0, 0, 0, 1, 1], torch.tensor(tails), torch.tensor(masks)
 
 
+def _left(seqs, width):
+    """Left-padded ids and mask, built here independently of the code under test."""
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s) :] = torch.tensor(s)
+        att[i, width - len(s) :] = 1
+    return ids, att
+
+
 def _plain(net, prompts, tails, masks):
     """The reference: left-padded prompt + right-padded tail, one forward, no cache."""
-    width = max(map(len, prompts))
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    att = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        att[i, width - len(p) :] = 1
+    ids, att = _left(prompts, max(map(len, prompts)))
     return net(
         input_ids=torch.cat([ids, tails], 1),
         attention_mask=torch.cat([att, masks], 1),
@@ -57,7 +62,7 @@ def test_split_keeps_last_prompt_token_in_suffix():
     assert b.row_group.tolist() == [0, 0, 0, 1, 1]
     rest = b.suffix_mask[:, : -tails.shape[1]].sum(1).tolist()
     assert rest == [2, 1, 3, 1, 1]
-    assert b.n_shared_tokens == 14
+    assert int(b.prefix_mask.sum()) == 14  # shared tokens run once instead of per row
 
 
 def test_backbone_hidden_states_match_plain_forward():
@@ -143,19 +148,9 @@ def test_self_teacher_states_equal_the_plain_teacher_forward(monkeypatch):
     net = make_tiny_model(VOCAB, seed=4).eval()
     prompts, _, tails, masks = _rows()
     student = [p[:6] for p in prompts]  # rows 0-2: one problem, rows 3-4: another
-    width = max(map(len, prompts))
-
-    def left(seqs, w):
-        ids = torch.zeros(len(seqs), w, dtype=torch.long)
-        att = torch.zeros_like(ids)
-        for i, s in enumerate(seqs):
-            ids[i, w - len(s) :] = torch.tensor(s)
-            att[i, w - len(s) :] = 1
-        return ids, att
-
     batch = {"completion_ids": tails, "completion_mask": masks}
-    batch["sdpo_prompt_ids"], batch["sdpo_prompt_mask"] = left(prompts, width)
-    batch["prompt_ids"], batch["prompt_mask"] = left(student, 6)
+    batch["sdpo_prompt_ids"], batch["sdpo_prompt_mask"] = _left(prompts, max(map(len, prompts)))
+    batch["prompt_ids"], batch["prompt_mask"] = _left(student, 6)
     teacher = sdpo.SelfTeacher(SdpoConfig(), SimpleNamespace(pad_token_id=0), net, 1)
     rows = torch.tensor([0, 2, 3, 4])
     shared, _ = teacher.teacher_states(net, batch, rows)
