@@ -50,7 +50,10 @@ def train(
     console.print(dump_config(cfg), markup=False)
     from composer_replication.trainer.run import run_training
 
-    summary = run_training(cfg, console=console)
+    try:
+        summary = run_training(cfg, console=console)
+    except ConfigError as err:  # e.g. resuming a checkpoint with other channel settings
+        _fail(str(err))
     _print_train_summary(summary)
 
 
@@ -95,6 +98,8 @@ def _print_train_summary(summary) -> None:
         f"total {summary.total_seconds:.0f} s; checkpoint: {summary.final_checkpoint}; "
         f"metrics: {summary.run_dir / 'metrics.jsonl'}; plot: {summary.run_dir / 'training_curves.png'}"
     )
+    for report in summary.channel_reports:
+        console.print(f"[bold yellow]warning:[/] {report}")
 
 
 @app.command("eval")

@@ -11,6 +11,7 @@ from composer_replication.config import (
     RunConfig,
     apply_overrides,
     default_config_path,
+    dump_config,
     load_config,
 )
 
@@ -99,11 +100,57 @@ def test_missing_and_malformed_files(tmp_path):
 
 
 def test_channel_weights_need_their_inputs():
-    with pytest.raises(ConfigError, match="replay.dataset"):
+    with pytest.raises(ConfigError, match="replay: .*needs dataset"):
         load_config(None, ["beta_replay=0.1", "replay.dataset=null"])
     with pytest.raises(ConfigError, match="hint_model_url"):
         load_config(None, ["alpha_sdpo=0.1", "sdpo.hint_sources=[model]"])
-    assert load_config(None, ["alpha_sdpo=0.1"]).alpha_sdpo == 0.1
+
+
+def test_weight_aliases_map_onto_the_channel_sections():
+    cfg = load_config(None, ["alpha_sdpo=0.1", "beta_replay=0.05"])
+    assert cfg.sdpo.weight == 0.1 and cfg.replay.weight == 0.05
+    assert cfg == load_config(None, ["sdpo.weight=0.1", "replay.weight=0.05"])
+    assert "alpha_sdpo" not in dump_config(cfg) and "weight: 0.1" in dump_config(cfg)
+    assert load_config(None, ["alpha_sdpo=0.1", "sdpo.weight=0.1"]).sdpo.weight == 0.1
+    with pytest.raises(ConfigError, match="alpha_sdpo=0.1 and sdpo.weight=0.2 disagree"):
+        load_config(None, ["alpha_sdpo=0.1", "sdpo.weight=0.2"])
+    with pytest.raises(ConfigError, match="sdpo.weight: Input should be greater than or equal"):
+        load_config(None, ["alpha_sdpo=-1"])
+
+
+def test_old_yaml_with_flat_loss_fields_still_loads(tmp_path):
+    """A config written before the loss unions: ``sdpo.loss: taid`` / ``jsd_beta``,
+    ``replay.loss: simpo`` with a flat ``beta``."""
+    old = tmp_path / "old.yaml"
+    old.write_text(
+        "alpha_sdpo: 0.2\nbeta_replay: 0.1\n"
+        "sdpo: {loss: jsd, jsd_beta: 0.3, temperature: 0.7}\n"
+        "replay: {dataset: x.jsonl, loss: simpo, beta: 2.5, gamma: 0.5}\n"
+    )
+    cfg = load_config(old)
+    assert cfg.sdpo.weight == 0.2 and cfg.replay.weight == 0.1
+    assert (cfg.sdpo.loss.type, cfg.sdpo.loss.beta, cfg.sdpo.loss.temperature) == ("jsd", 0.3, 0.7)
+    assert (cfg.replay.loss.type, cfg.replay.loss.beta, cfg.replay.loss.gamma) == (
+        "simpo",
+        2.5,
+        0.5,
+    )
+    assert load_config(None, ["sdpo.loss=taid"]).sdpo.loss.type == "taid"
+
+
+def test_loss_unions_are_keyed_on_type_with_their_own_fields():
+    cfg = load_config(
+        None, ["replay.loss.type=simpo", "sdpo.loss.type=taid", "sdpo.loss.alpha=0.01"]
+    )
+    assert cfg.replay.loss.beta == 2.0  # SimPO's own default (the paper's), not DPO's 0.1
+    assert load_config(None, []).replay.loss.beta == 0.1
+    assert cfg.sdpo.loss.alpha == 0.01 and cfg.sdpo.loss.t_start == 0.4
+    with pytest.raises(ConfigError, match=r"sdpo.loss.taid.beta: unknown key"):
+        load_config(None, ["sdpo.loss.type=taid", "sdpo.loss.beta=0.3"])
+    with pytest.raises(ConfigError, match=r"sdpo.loss.*does not match any of the expected tags"):
+        load_config(None, ["sdpo.loss.type=kl"])
+    with pytest.raises(ConfigError, match="t_end"):
+        load_config(None, ["sdpo.loss.type=taid", "sdpo.loss.t_start=0.8", "sdpo.loss.t_end=0.5"])
 
 
 def test_config_module_imports_no_torch():

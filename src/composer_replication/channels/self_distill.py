@@ -1,11 +1,15 @@
-"""Channel 2 inside the trainer: the hinted self-teacher.
+"""Channel 2: hint-conditioned self-distillation (SDPO / OPSD) as one channel object.
 
-After rollouts are scored, :meth:`SelfTeacher.attach` gives every failed completion a hint
-(hints/) and tokenizes the teacher's prompt: the same conversation with the hint inserted. In
-the loss, :meth:`SelfTeacher.sdpo_inputs` runs the teacher (live policy, EMA copy, or initial
+After rollouts are scored, :meth:`SelfDistillChannel.attach` gives every failed completion a
+hint (hints/) and tokenizes the teacher's prompt: the same conversation with the hint inserted.
+In the loss, :meth:`SelfDistillChannel.loss` runs the teacher (live policy, EMA copy, or initial
 weights) under ``no_grad`` on *hinted rows only*, over the teacher prompt followed by the *same*
 completion tokens, and pairs its final hidden states with the student's. The hinted rows of one
 problem share its text: that prefix is run once and its KV cache reused (trainer/prefix.py).
+
+The channel's token mask is :meth:`SelfDistillChannel.token_mask` (completion tokens of hinted
+rows, minus tool-result tokens when the batch has a ``tool_mask``); its divisor is that mask's
+count times the gradient-accumulation steps: one mask for both.
 
 The student side costs no extra forward: TRL's GRPO computes log-probs with a fused LM head
 that never materializes logits, so we capture the backbone's last hidden states from that very
@@ -23,9 +27,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from composer_replication.channels.base import Channel, LossContext, Rollouts
 from composer_replication.config import SdpoConfig
 from composer_replication.hints.build import HintTemplates, build_hints, insert_hint
-from composer_replication.losses import SdpoInputs, TAIDScheduler
+from composer_replication.losses import SdpoInputs, TAIDScheduler, self_distill_loss
+from composer_replication.models import backbone, head_weight, pad_token_id, unwrap
 from composer_replication.trainer.data import render_prompt
 from composer_replication.trainer.prefix import (
     forward_with_prefix,
@@ -36,81 +42,52 @@ from composer_replication.trainer.prefix import (
 _LOGIT_CHUNK = 256  # rows per chunk when logits are needed (metrics, TAID, entropy-OPD)
 
 
-def unwrap(model):
-    """The plain transformers model under accelerate / PEFT wrappers."""
-    model = getattr(model, "module", model)
-    if hasattr(model, "get_base_model"):
-        model = model.get_base_model()
-    return model
+class SelfDistillChannel(Channel):
+    """Channel 2 (module docstring). ``hint_model``: a callable (prompt, completion, feedback)
+    -> hint for source ``model``; by default the OpenAI-compatible model the config names."""
 
+    name = "sdpo"
+    needs_verdicts = True
+    needs_student_hidden = True
+    idle_hint = (
+        "No rollout got a hint: every reply was right, or no hint source in "
+        "sdpo.hint_sources applied (feedback empty, no successful sibling)."
+    )
+    STATE_FILE = "sdpo_teacher.pt"
 
-def backbone(model):
-    """The decoder stack whose ``last_hidden_state`` feeds the LM head."""
-    return unwrap(model).base_model
-
-
-def head_weight(model) -> Tensor:
-    return unwrap(model).get_output_embeddings().weight
-
-
-class HiddenCapture:
-    """Records the backbone's ``last_hidden_state`` of every forward while active."""
-
-    def __init__(self, model):
-        self.module = backbone(model)
-        self.states: list[Tensor] = []
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[HiddenCapture]:
-        def hook(_module, _args, output):
-            self.states.append(output.last_hidden_state)
-
-        handle = self.module.register_forward_hook(hook)
-        try:
-            yield self
-        finally:
-            handle.remove()
-
-    def completion_states(self, n_rows: int, completion_len: int) -> Tensor:
-        """``[B, K, H]`` hidden states that predict the ``K`` completion tokens."""
-        h = torch.cat(self.states, dim=0)
-        if h.shape[0] != n_rows:
-            raise RuntimeError(
-                f"captured {h.shape[0]} rows of hidden states for a batch of {n_rows}: the "
-                "policy forward did not run as expected (multiple forwards per micro-batch?)"
-            )
-        return h[:, -completion_len - 1 : -1]
-
-
-class SelfTeacher:
-    """Builds hinted teacher contexts and scores the same completion under the teacher."""
-
-    def __init__(self, cfg: SdpoConfig, tokenizer, model, max_steps: int, hint_model=None):
-        self.cfg = cfg
-        self.tokenizer = tokenizer
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.templates = HintTemplates(feedback=cfg.feedback_template, sibling=cfg.sibling_template)
+    def __init__(self, cfg: SdpoConfig, hint_model=None):
+        super().__init__(cfg)
         self.hint_model = hint_model
-        self.is_peft = hasattr(getattr(model, "module", model), "disable_adapter")
+        self.templates = HintTemplates(feedback=cfg.feedback_template, sibling=cfg.sibling_template)
         self.frozen = None
-        if cfg.teacher == "ema" or (cfg.teacher == "initial" and not self.is_peft):
+        self.taid: TAIDScheduler | None = None
+        self._step_ce = [0.0, 0.0]  # TAID: token-weighted objective over the step's micro-batches
+
+    def setup(self, model, tokenizer, args) -> None:
+        c = self.cfg
+        self.tokenizer = tokenizer
+        self.pad_id = pad_token_id(tokenizer)
+        is_peft = hasattr(getattr(model, "module", model), "disable_adapter")
+        if c.teacher == "ema" or (c.teacher == "initial" and not is_peft):
             self.frozen = copy.deepcopy(unwrap(model)).eval().requires_grad_(False)
-        self.taid = TAIDScheduler(max_steps) if cfg.loss == "taid" else None
+        if c.loss.type == "taid":
+            lc = c.loss
+            self.taid = TAIDScheduler(
+                args.max_steps, lc.t_start, lc.t_end, lc.alpha, lc.momentum, not lc.adaptive
+            )
+        if self.hint_model is None and "model" in c.hint_sources:
+            from composer_replication.hints import OpenAIHintModel
+
+            self.hint_model = OpenAIHintModel(c.hint_model_url, c.hint_model_name)
 
     # ---- after rollouts are scored --------------------------------------------------------
-    def attach(
-        self,
-        batch: dict[str, Any],
-        prompts: list,
-        completions: list[str],
-        results: list,
-        group_size: int,
-    ) -> dict[str, Any]:
+    def attach(self, batch: dict[str, Any], rollouts: Rollouts) -> dict[str, Any]:
         """Add ``sdpo_hinted`` [B], ``sdpo_prompt_ids/mask`` and the hint texts to ``batch``."""
+        prompts = rollouts.prompts
         hints = build_hints(
-            completions,
-            results,
-            group_size,
+            rollouts.completions,
+            rollouts.results,
+            rollouts.group_size,
             self.cfg.hint_sources,
             self.templates,
             prompts=[_as_text(p) for p in prompts],
@@ -135,6 +112,70 @@ class SelfTeacher:
         return batch
 
     # ---- in the loss ------------------------------------------------------------------------
+    @staticmethod
+    def token_mask(batch: dict[str, Any]) -> Tensor:
+        """``[B, K]`` bool: completion tokens of hinted rows, tool-result tokens excluded."""
+        mask = batch["completion_mask"].bool() & batch["sdpo_hinted"][:, None]
+        if "tool_mask" in batch:
+            mask = mask & batch["tool_mask"].bool()
+        return mask
+
+    def loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor | float]]:
+        batch, student_BKH = ctx.batch, ctx.student_hidden_BKH
+        mask_BK = self.token_mask(batch)
+        divisor = max(int(mask_BK.sum()), 1) * ctx.grad_accum
+        rows = batch["sdpo_hinted"].nonzero().squeeze(1)
+        extra: dict[str, Tensor | float] = {
+            "hinted_frac": rows.numel() / max(len(batch["sdpo_hinted"]), 1)
+        }
+        w_s = head_weight(ctx.model)
+        if rows.numel() == 0:
+            empty = student_BKH[:0].reshape(0, student_BKH.shape[-1])
+            inputs = self._inputs(empty, w_s, empty.detach(), w_s.detach(), divisor)
+        else:
+            t_RKH, w_t = self.teacher_states(ctx.model, batch, rows)
+            keep = mask_BK[rows]
+            s_NH, t_NH = student_BKH[rows][keep], t_RKH[keep]
+            targets = batch["completion_ids"][rows][keep]
+            extra["teacher_student_logprob_gap"] = _logprob_gap(s_NH, w_s, t_NH, w_t, targets)
+            inputs = self._inputs(s_NH, w_s, t_NH, w_t, divisor)
+        loss, metrics = self_distill_loss(inputs)
+        n_tok = float(metrics["num_tokens"])
+        metrics = {**metrics, **extra, "active": float(n_tok > 0)}
+        if self.taid is not None and ctx.mode == "train" and n_tok > 0:
+            self._step_ce[0] += float(metrics["cross_entropy"]) * n_tok
+            self._step_ce[1] += n_tok
+        return loss, metrics
+
+    def _inputs(self, s_NH, w_s, t_NH, w_t, divisor) -> SdpoInputs:
+        lc = self.cfg.loss
+        mask_N = torch.ones(s_NH.shape[0], dtype=torch.bool, device=s_NH.device)
+        if lc.type == "jsd" and (lc.token_clip is None or lc.token_clip_mode == "token"):
+            return SdpoInputs(  # chunked fused-linear path: no [N, V] tensor
+                mask=mask_N,
+                student_hidden=s_NH,
+                student_head_weight=w_s,
+                teacher_hidden=t_NH,
+                teacher_head_weight=w_t,
+                beta=lc.beta,
+                temperature=lc.temperature,
+                token_clip=lc.token_clip,
+                token_clip_mode="token",
+                divisor=divisor,
+            )
+        return SdpoInputs(
+            mask=mask_N,
+            student_logits=s_NH @ w_s.T,
+            teacher_logits=(t_NH @ w_t.T).detach(),
+            kind=lc.type,
+            beta=getattr(lc, "beta", 0.5),
+            token_clip=getattr(lc, "token_clip", None),
+            temperature=getattr(lc, "temperature", 1.0),
+            h_max=getattr(lc, "h_max", None),
+            taid_t=self.taid.t if self.taid else None,
+            divisor=divisor,
+        )
+
     @contextlib.contextmanager
     def _teacher(self, model) -> Iterator[tuple[Any, Tensor]]:
         """(backbone, head weight) of the configured teacher."""
@@ -164,59 +205,20 @@ class SelfTeacher:
                 out = net(input_ids=ids, attention_mask=mask, use_cache=False)
             return out.last_hidden_state[:, -k - 1 : -1], weight.detach()
 
-    def sdpo_inputs(
-        self,
-        model,
-        batch: dict[str, Any],
-        student_BKH: Tensor,
-        divisor: float,
-    ) -> tuple[SdpoInputs, dict[str, float]]:
-        """Channel-2 inputs for this micro-batch (an empty mask when nothing is hinted)."""
-        rows = batch["sdpo_hinted"].nonzero().squeeze(1)
-        token_mask = batch["completion_mask"].bool()
-        if "tool_mask" in batch:
-            token_mask = token_mask & batch["tool_mask"].bool()
-        extra = {"hinted_frac": rows.numel() / max(len(batch["sdpo_hinted"]), 1)}
-        w_s = head_weight(model)
-        if rows.numel() == 0:
-            empty = student_BKH[:0].reshape(0, student_BKH.shape[-1])
-            return self._make_inputs(
-                empty, w_s, empty.detach(), w_s.detach(), token_mask[:0].reshape(0), divisor
-            ), extra
-        t_RKH, w_t = self.teacher_states(model, batch, rows)
-        keep = token_mask[rows]
-        s_NH, t_NH = student_BKH[rows][keep], t_RKH[keep]
-        targets = batch["completion_ids"][rows][keep]
-        extra["teacher_student_logprob_gap"] = _logprob_gap(s_NH, w_s, t_NH, w_t, targets)
-        ones = torch.ones(s_NH.shape[0], dtype=torch.bool, device=s_NH.device)
-        return self._make_inputs(s_NH, w_s, t_NH, w_t, ones, divisor), extra
-
-    def _make_inputs(self, s_NH, w_s, t_NH, w_t, mask_N, divisor) -> SdpoInputs:
-        c = self.cfg
-        if c.loss == "jsd" and c.token_clip is None:
-            return SdpoInputs(
-                mask=mask_N,
-                student_hidden=s_NH,
-                student_head_weight=w_s,
-                teacher_hidden=t_NH,
-                teacher_head_weight=w_t,
-                beta=c.jsd_beta,
-                temperature=c.temperature,
-                divisor=divisor,
-            )
-        return SdpoInputs(
-            mask=mask_N,
-            student_logits=s_NH @ w_s.T,
-            teacher_logits=(t_NH @ w_t.T).detach(),
-            kind=c.loss,
-            beta=c.jsd_beta,
-            temperature=c.temperature,
-            token_clip=c.token_clip,
-            taid_t=self.taid.t if self.taid else None,
-            divisor=divisor,
-        )
-
-    STATE_FILE = "sdpo_teacher.pt"
+    # ---- state -------------------------------------------------------------------------------
+    def after_step(self, model, global_step: int) -> None:
+        """EMA update of the teacher copy; TAID's schedule advanced with the step's objective
+        (upstream's cross-entropy value, token-weighted over the step's micro-batches)."""
+        if self.cfg.teacher == "ema":
+            decay = self.cfg.ema_decay
+            with torch.no_grad():
+                for p_t, p in zip(
+                    self.frozen.parameters(), unwrap(model).parameters(), strict=True
+                ):
+                    p_t.lerp_(p.detach(), 1.0 - decay)
+        if self.taid is not None and self._step_ce[1] > 0:
+            self.taid.update_t(self._step_ce[0] / self._step_ce[1], global_step)
+        self._step_ce = [0.0, 0.0]
 
     def save(self, checkpoint_dir: str) -> None:
         """EMA teacher weights and TAID schedule, next to the trainer's checkpoint."""
@@ -228,24 +230,11 @@ class SelfTeacher:
 
     def load(self, checkpoint_dir: str) -> None:
         """Restore what :meth:`save` wrote (a missing file is an error: the run would diverge)."""
-        path = f"{checkpoint_dir}/{self.STATE_FILE}"
-        state = torch.load(path, weights_only=False)
+        state = torch.load(f"{checkpoint_dir}/{self.STATE_FILE}", weights_only=False)
         if self.taid is not None and state["taid"] is not None:
             self.taid.load_state_dict(state["taid"])
         if self.cfg.teacher == "ema":
             self.frozen.load_state_dict(state["ema"])
-
-    def after_step(self, model, sdpo_loss: float | None, global_step: int) -> None:
-        """EMA update of the teacher copy, and the TAID schedule."""
-        if self.cfg.teacher == "ema":
-            decay = self.cfg.ema_decay
-            with torch.no_grad():
-                for p_t, p in zip(
-                    self.frozen.parameters(), unwrap(model).parameters(), strict=True
-                ):
-                    p_t.lerp_(p.detach(), 1.0 - decay)
-        if self.taid is not None and sdpo_loss is not None:
-            self.taid.update_t(sdpo_loss, global_step)
 
 
 @torch.no_grad()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ class RunSummary:
     train_seconds: float
     total_seconds: float
     final_checkpoint: Path
+    channel_reports: list[str] = field(default_factory=list)
+    """Channels with weight > 0 that stayed inactive on every step (empty if none)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -106,17 +108,10 @@ def build_env(cfg: RunConfig):
     )
 
 
-def build_hint_model(cfg: RunConfig):
-    """The OpenAI-compatible hint model when hint source ``model`` is configured, else None."""
-    if cfg.alpha_sdpo <= 0 or "model" not in cfg.sdpo.hint_sources:
-        return None
-    from composer_replication.hints import OpenAIHintModel
-
-    return OpenAIHintModel(cfg.sdpo.hint_model_url, cfg.sdpo.hint_model_name)
-
-
-def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None):
-    """A ComposerReplicationTrainer wired with our reward, dataset and callbacks."""
+def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_kwargs=None):
+    """A ComposerReplicationTrainer wired with our reward, dataset, channels and callbacks
+    (``channel_kwargs``: extra constructor arguments per channel name, see build_channels)."""
+    from composer_replication.channels import build_channels
     from composer_replication.trainer.callbacks import (
         MetricsJsonlCallback,
         PlotCallback,
@@ -146,11 +141,8 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None):
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=callbacks,
-        alpha_sdpo=cfg.alpha_sdpo,
-        beta_replay=cfg.beta_replay,
-        sdpo=cfg.sdpo,
-        replay=cfg.replay,
-        hint_model=build_hint_model(cfg),
+        channels=build_channels(cfg, **(channel_kwargs or {})),
+        resume_override_channels=cfg.resume_override_channels,
         dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
         max_refills=cfg.grpo.dynamic_sampling.max_refills,
     )
@@ -175,6 +167,17 @@ def resolve_resume(cfg: RunConfig) -> str | None:
     if not Path(cfg.resume_from).is_dir():
         raise FileNotFoundError(f"resume_from: {cfg.resume_from} is not a directory")
     return cfg.resume_from
+
+
+def check_resume(cfg: RunConfig) -> str | None:
+    """The checkpoint to resume from, after checking (before any model loads) that it was
+    trained with this config's channel settings (``resume_override_channels`` to differ)."""
+    from composer_replication.config import check_resume_channels
+
+    resume = resolve_resume(cfg)
+    if resume is not None:
+        check_resume_channels(resume, cfg.channel_settings(), cfg.resume_override_channels)
+    return resume
 
 
 def prepare(cfg: RunConfig):
@@ -219,9 +222,9 @@ def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary
     from composer_replication.evaluation import paired_difference
 
     t_start = time.monotonic()
+    resume = check_resume(cfg)
     model, tokenizer, env = prepare(cfg)
     run_dir = Path(cfg.output_dir)
-    resume = resolve_resume(cfg)
     evals = cfg.eval.before_and_after
     base = (
         evaluate_run(cfg, model, tokenizer, env, "base", console) if evals and not resume else None
@@ -245,6 +248,7 @@ def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary
         train_seconds=train_seconds,
         total_seconds=time.monotonic() - t_start,
         final_checkpoint=final,
+        channel_reports=list(trainer.channel_reports),
     )
     (run_dir / "eval.json").write_text(json.dumps(_summary_json(summary), indent=2))
     return summary
@@ -258,6 +262,7 @@ def _summary_json(s: RunSummary) -> dict[str, Any]:
         "train_seconds": s.train_seconds,
         "total_seconds": s.total_seconds,
         "final_checkpoint": str(s.final_checkpoint),
+        "channel_reports": s.channel_reports,
     }
 
 

@@ -142,7 +142,7 @@ def test_self_teacher_states_equal_the_plain_teacher_forward(monkeypatch):
     text), scored with and without the prefix cache."""
     from types import SimpleNamespace
 
-    import composer_replication.trainer.sdpo as sdpo
+    import composer_replication.channels.self_distill as sdpo
     from composer_replication.config import SdpoConfig
 
     net = make_tiny_model(VOCAB, seed=4).eval()
@@ -151,7 +151,8 @@ def test_self_teacher_states_equal_the_plain_teacher_forward(monkeypatch):
     batch = {"completion_ids": tails, "completion_mask": masks}
     batch["sdpo_prompt_ids"], batch["sdpo_prompt_mask"] = _left(prompts, max(map(len, prompts)))
     batch["prompt_ids"], batch["prompt_mask"] = _left(student, 6)
-    teacher = sdpo.SelfTeacher(SdpoConfig(), SimpleNamespace(pad_token_id=0), net, 1)
+    teacher = sdpo.SelfDistillChannel(SdpoConfig(weight=1.0))
+    teacher.setup(net, SimpleNamespace(pad_token_id=0), SimpleNamespace(max_steps=1))
     rows = torch.tensor([0, 2, 3, 4])
     shared, _ = teacher.teacher_states(net, batch, rows)
     monkeypatch.setattr(sdpo, "supports_prefix_cache", lambda _net: False)
