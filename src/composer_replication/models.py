@@ -199,9 +199,19 @@ def apply_lora(model, peft_cfg):
 # ---- helpers over a loaded model (accelerate / PEFT wrappers included) --------------------
 
 
+def strip_accelerate(model):
+    """The model under accelerate's/DDP's ``.module`` wrapper (a PEFT model stays one)."""
+    return getattr(model, "module", model)
+
+
+def is_peft(model) -> bool:
+    """True for a PEFT model (whose adapter can be disabled to get the base weights)."""
+    return hasattr(strip_accelerate(model), "disable_adapter")
+
+
 def unwrap(model):
     """The plain transformers model under accelerate (``.module``) and PEFT wrappers."""
-    model = getattr(model, "module", model)
+    model = strip_accelerate(model)
     if hasattr(model, "get_base_model"):
         model = model.get_base_model()
     return model

@@ -31,7 +31,14 @@ from composer_replication.channels.base import Channel, LossContext, Rollouts
 from composer_replication.config import SdpoConfig
 from composer_replication.hints.build import HintTemplates, build_hints, insert_hint
 from composer_replication.losses import SdpoInputs, TAIDScheduler, self_distill_loss
-from composer_replication.models import backbone, head_weight, pad_token_id, unwrap
+from composer_replication.models import (
+    backbone,
+    head_weight,
+    is_peft,
+    pad_token_id,
+    strip_accelerate,
+    unwrap,
+)
 from composer_replication.trainer.data import render_prompt
 from composer_replication.trainer.prefix import (
     forward_with_prefix,
@@ -67,8 +74,7 @@ class SelfDistillChannel(Channel):
         c = self.cfg
         self.tokenizer = tokenizer
         self.pad_id = pad_token_id(tokenizer)
-        is_peft = hasattr(getattr(model, "module", model), "disable_adapter")
-        if c.teacher == "ema" or (c.teacher == "initial" and not is_peft):
+        if c.teacher == "ema" or (c.teacher == "initial" and not is_peft(model)):
             self.frozen = copy.deepcopy(unwrap(model)).eval().requires_grad_(False)
         if c.loss.type == "taid":
             lc = c.loss
@@ -180,9 +186,9 @@ class SelfDistillChannel(Channel):
     def _teacher(self, model) -> Iterator[tuple[Any, Tensor]]:
         """(backbone, head weight) of the configured teacher."""
         if self.frozen is not None:
-            yield self.frozen.base_model, self.frozen.get_output_embeddings().weight
+            yield backbone(self.frozen), head_weight(self.frozen)
         elif self.cfg.teacher == "initial":  # LoRA: the base weights are the initial weights
-            with getattr(model, "module", model).disable_adapter():
+            with strip_accelerate(model).disable_adapter():
                 yield backbone(model), head_weight(model)
         else:
             yield backbone(model), head_weight(model)

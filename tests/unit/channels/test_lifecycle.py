@@ -175,3 +175,16 @@ def test_a_channel_that_never_fired_is_reported(tmp_path, tokenizer, tiny_model)
     fired = _cfg(tmp_path / "b", "sdpo.weight=1.0", "sdpo.hint_sources=[feedback]")
     trainer, rows = _train(fired, tokenizer, tiny_model)
     assert rows[-1]["sdpo/active"] == 1.0 and trainer.channel_reports == []
+
+
+def test_dpo_loss_is_log2_before_the_first_update(tmp_path, tokenizer, tiny_model, pairs_file):
+    """At step 1 the policy still has the initial weights, so every pair's policy log-ratio
+    equals the reference one: DPO's loss is -log sigmoid(0) = log 2 = 0.693147. This holds only
+    if the policy scores pairs (in train mode, gradient checkpointing on) exactly as the
+    reference pass did (eval mode) -- prompt included."""
+    cfg = _cfg(
+        tmp_path, "replay.weight=1.0", f"replay.dataset={pairs_file}", "replay.pairs_per_step=4"
+    )
+    _, rows = _train(cfg, tokenizer, tiny_model)
+    assert rows[0]["replay/num_pairs"] == 4
+    assert rows[0]["replay/loss"] == pytest.approx(0.693147, abs=1e-5)
