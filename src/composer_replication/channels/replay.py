@@ -31,10 +31,10 @@ import torch
 from torch import Tensor
 
 from composer_replication.channels.base import Channel, LossContext
+from composer_replication.chat import render_prompt, to_text
 from composer_replication.config import ReplayChannelConfig
 from composer_replication.losses import ReplayInputs, preference_loss, sequence_logps
 from composer_replication.models import backbone, pad_token_id
-from composer_replication.trainer.data import render_prompt
 from composer_replication.trainer.prefix import (
     forward_with_prefix,
     pad_rows,
@@ -99,28 +99,6 @@ def load_pairs(path: str | Path, max_pairs: int) -> list[dict[str, Any]]:
     return rows
 
 
-def response_text(response: Any) -> str:
-    """Text of a chosen/rejected answer: a string, or assistant messages with tool calls
-    rendered as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` lines."""
-    if isinstance(response, str):
-        return response
-    parts = []
-    for msg in response if isinstance(response, list) else [response]:
-        if msg.get("content"):
-            parts.append(str(msg["content"]))
-        for call in msg.get("tool_calls") or []:
-            fn = call.get("function", call)
-            args = fn.get("arguments", {})
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError:
-                    pass
-            payload = json.dumps({"name": fn.get("name"), "arguments": args}, sort_keys=True)
-            parts.append(f"<tool_call>{payload}</tool_call>")
-    return "\n".join(parts)
-
-
 @dataclass
 class EncodedPair:
     prompt_ids: list[int]
@@ -131,15 +109,11 @@ class EncodedPair:
 def encode_pair(tokenizer, row: dict[str, Any], max_length: int) -> EncodedPair:
     """Tokenize prompt (chat template) and both responses (+ EOS); truncate the prompt from the
     left and the responses from the right so prompt + response <= max_length."""
-    prompt = (
-        row["prompt"]
-        if isinstance(row["prompt"], list)
-        else [{"role": "user", "content": row["prompt"]}]
-    )
-    p_ids = tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"]
+    prompt = render_prompt(tokenizer, row["prompt"])
+    p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    c_ids = tokenizer(response_text(row["chosen"]), add_special_tokens=False)["input_ids"] + eos
-    r_ids = tokenizer(response_text(row["rejected"]), add_special_tokens=False)["input_ids"] + eos
+    c_ids = tokenizer(to_text(row["chosen"]), add_special_tokens=False)["input_ids"] + eos
+    r_ids = tokenizer(to_text(row["rejected"]), add_special_tokens=False)["input_ids"] + eos
     budget_resp = max(max_length // 2, max_length - len(p_ids))
     c_ids, r_ids = c_ids[:budget_resp], r_ids[:budget_resp]
     p_ids = p_ids[-(max_length - max(len(c_ids), len(r_ids))) :]

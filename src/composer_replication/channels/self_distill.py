@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from composer_replication.channels.base import Channel, LossContext, Rollouts
+from composer_replication.chat import as_messages, render_prompt, to_text
 from composer_replication.config import SdpoConfig
 from composer_replication.hints.build import HintTemplates, build_hints, insert_hint
 from composer_replication.losses import SdpoInputs, TAIDScheduler, self_distill_loss
@@ -39,7 +40,6 @@ from composer_replication.models import (
     strip_accelerate,
     unwrap,
 )
-from composer_replication.trainer.data import render_prompt
 from composer_replication.trainer.prefix import (
     forward_with_prefix,
     split_prefixes,
@@ -96,13 +96,13 @@ class SelfDistillChannel(Channel):
             rollouts.group_size,
             self.cfg.hint_sources,
             self.templates,
-            prompts=[_as_text(p) for p in prompts],
+            prompts=[to_text(p) for p in prompts],
             hint_model=self.hint_model,
         )
         device = batch["completion_ids"].device
         hinted = torch.tensor([h is not None for h in hints], dtype=torch.bool, device=device)
         texts = [
-            render_prompt(self.tokenizer, insert_hint(_as_messages(p), h.text))
+            render_prompt(self.tokenizer, insert_hint(as_messages(p), h.text))
             if h is not None
             else ""
             for p, h in zip(prompts, hints, strict=True)
@@ -265,13 +265,3 @@ def _group_labels(prompt_ids_RL: Tensor, prompt_mask_RL: Tensor) -> list[int]:
         seen.setdefault(tuple(ids[m.bool()].tolist()), len(seen))
         for ids, m in zip(prompt_ids_RL, prompt_mask_RL, strict=True)
     ]
-
-
-def _as_messages(prompt) -> list[dict]:
-    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-
-
-def _as_text(prompt) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    return "\n".join(m.get("content", "") for m in prompt if isinstance(m.get("content"), str))

@@ -9,18 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from composer_replication.chat import to_text
 from composer_replication.envs.base import Environment, StepResult
-
-
-def completion_text(completion: Any) -> str:
-    """Plain text of a TRL completion (a string, or a list of chat messages)."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list):
-        return "".join(
-            m.get("content", "") for m in completion if isinstance(m.get("content", ""), str)
-        )
-    raise TypeError(f"unexpected completion type {type(completion).__name__}")
 
 
 class EnvReward:
@@ -37,7 +27,7 @@ class EnvReward:
         for completion, tid in zip(completions, task_id, strict=True):
             if tid not in self._tasks:
                 raise KeyError(f"reward: unknown task_id {tid!r} for env {self.env.name!r}")
-            results.append(self.env.grade(self._tasks[tid], completion_text(completion)))
+            results.append(self.env.grade(self._tasks[tid], to_text(completion)))
         self.last_results = results
         if log_metric is not None and results:
             log_metric("env/pass_rate", sum(r.passed for r in results) / len(results))

@@ -78,7 +78,10 @@ def test_export_trl_conversational_format(tmp_path):
         ds.column_names
     )
     assert ds[1]["chosen"] == [
-        {"role": "assistant", "content": '<tool_call>{"name":"ls","arguments":{}}</tool_call>'}
+        {
+            "role": "assistant",
+            "content": '<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>',
+        }
     ]
     assert orjson.loads(ds[1]["chosen_json"]) == tool_chosen
     lines = (tmp_path / "text" / "pairs.jsonl").read_bytes().splitlines()
