@@ -162,7 +162,7 @@ def main() -> None:
             from composer_replication.models import DEFAULT_MODEL, resolve_model_path
 
             port = free_port()
-            procs.append(start([sys.executable, "-m", "composer_replication.cli_replay", "serve",
+            procs.append(start([sys.executable, "-m", "composer_replication.cli", "serve",
                                 "--model", resolve_model_path(DEFAULT_MODEL), "--port", str(port),
                                 "--served-model-name", "smol", "--max-prompt-tokens", "256"],
                                f"http://127.0.0.1:{port}/v1/models"))  # fmt: skip

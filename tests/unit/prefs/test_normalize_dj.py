@@ -17,7 +17,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from composer_replication.cli_replay import pairs_command
+from composer_replication.cli.replay import pairs_command
 from composer_replication.prefs.agreement import DPOPair
 from composer_replication.prefs.normalize import (
     NormalizeConfig,

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .traces import FORMATS, IngestReport, UnknownFormatError, ingest
+from composer_replication.traces import FORMATS, IngestReport, UnknownFormatError, ingest
 
 
 def ingest_command(

@@ -1,7 +1,7 @@
 """``composer-replication serve | replay | pairs``.
 
 Register with ``app.command("serve")(serve_command)``, ``app.command("replay")(replay_command)``,
-``app.command("pairs")(pairs_command)``. ``python -m composer_replication.cli_replay`` runs them
+``app.command("pairs")(pairs_command)``. ``python -m composer_replication.cli`` runs them
 standalone.
 """
 

@@ -178,9 +178,9 @@ def ablate(
 
 
 def _register_subcommands() -> None:
-    from composer_replication.cli_diloco import diloco_command
-    from composer_replication.cli_ingest import ingest_command
-    from composer_replication.cli_replay import pairs_command, replay_command, serve_command
+    from composer_replication.cli.diloco import diloco_command
+    from composer_replication.cli.ingest import ingest_command
+    from composer_replication.cli.replay import pairs_command, replay_command, serve_command
 
     app.command("ingest")(ingest_command)
     app.command("serve")(serve_command)
