@@ -198,8 +198,9 @@ def test_missing_data_juicer_names_the_extra(monkeypatch):
 def test_cli_pairs_with_datajuicer_backend(dj, tmp_path):
     """A journal written directly (two teachers agreeing per state), then `pairs
     --normalize-backend datajuicer`: the summary reports data-juicer's drops."""
+    from support.scripted_openai import synthetic_states
+
     from composer_replication.replay.journal import CallRecord, Journal
-    from composer_replication.replay.testing import synthetic_states
 
     answers = ["run the unit tests and then fix the failing import in utils",
                "RUN THE UNIT TESTS AND THEN FIX THE FAILING IMPORT IN UTILS", "ok",
