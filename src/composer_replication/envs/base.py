@@ -70,4 +70,3 @@ class Environment(ABC):
         result = self.grade(self._task, action)
         self._task = None
         return result
-
