@@ -523,18 +523,43 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a RunConfig from YAML (default: the shipped quickstart) plus overrides."""
-    path = Path(path) if path is not None else default_config_path()
+def load_yaml_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
+    """The top-level mapping of a YAML file (``{}`` for an empty file). Every config file of the
+    project (run, ablation, teacher pool) is read here; a `ConfigError` names the file, and for
+    a YAML syntax error the line and column."""
+    path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError as err:
-        raise ConfigError(f"config file not found: {path}") from err
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the {what} file: {err}") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        raise ConfigError(_yaml_error_message(path, err)) from None
+    if data is None:
+        return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    data = apply_overrides(data, overrides or [])
+        raise ConfigError(
+            f"{path}: top level must be a mapping (key: value lines), got {type(data).__name__}"
+        )
+    return data
+
+
+def _yaml_error_message(path: Path, err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(err, "problem", None) or str(err)
+    context = getattr(err, "context", None)
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a RunConfig from YAML (default: the shipped quickstart) plus overrides. ``path`` is
+    a file, or the name of a shipped config (`resolve_config_path`)."""
+    path = resolve_config_path(path) if path is not None else default_config_path()
+    data = apply_overrides(load_yaml_mapping(path), overrides or [])
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
@@ -543,39 +568,39 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def load_ablation_config(path: str | Path, overrides: list[str] | None = None) -> AblationConfig:
     """Load an AblationConfig from YAML plus ``key=value`` overrides."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError as err:
-        raise ConfigError(f"config file not found: {path}") from err
-    data = apply_overrides(data, overrides or [])
+    path = resolve_config_path(path)
+    data = apply_overrides(load_yaml_mapping(path, "ablation config"), overrides or [])
     try:
         return AblationConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_validation_error(err, str(path))) from None
 
 
-def resolve_config_path(name: str) -> Path:
-    """A config path as given, or the file of that name under the shipped configs/."""
+def configs_dir() -> Path:
+    """The shipped configs: package data (``composer_replication/configs``), so an installed
+    wheel has them; a repository checkout sees the same directory as ``configs/``."""
+    return Path(__file__).resolve().parent / "configs"
+
+
+def resolve_config_path(name: str | Path) -> Path:
+    """``name`` if it is a file, else the shipped config of that name: ``quickstart.yaml``,
+    ``configs/quickstart.yaml`` and ``teachers/local.yaml`` all resolve from any directory."""
     p = Path(name)
     if p.is_file():
         return p
-    candidate = default_config_path().parent / name
-    if candidate.is_file():
+    shipped = Path(*p.parts[1:]) if len(p.parts) > 1 and p.parts[0] == "configs" else p
+    candidate = configs_dir() / shipped
+    if not p.is_absolute() and candidate.is_file():
         return candidate
-    raise ConfigError(f"config not found: {name}")
+    raise ConfigError(f"config file not found: {name} (nor under the shipped {configs_dir()})")
 
 
 def default_config_path() -> Path:
-    """The shipped ``configs/quickstart.yaml`` (repo checkout) or its packaged copy."""
-    here = Path(__file__).resolve()
-    for candidate in (
-        here.parents[2] / "configs" / DEFAULT_CONFIG,
-        here.parent / "configs" / DEFAULT_CONFIG,
-    ):
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(f"cannot find the default config {DEFAULT_CONFIG}; pass --config")
+    """The shipped ``quickstart.yaml``."""
+    path = configs_dir() / DEFAULT_CONFIG
+    if not path.is_file():
+        raise ConfigError(f"the default config is missing from the package: {path}; pass --config")
+    return path
 
 
 def dump_config(cfg: RunConfig) -> str:

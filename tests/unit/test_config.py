@@ -1,5 +1,12 @@
-"""Config parsing: every shipped YAML validates; unknown keys and bad values name the key."""
+"""Config parsing: every shipped YAML validates; unknown keys and bad values name the key; one
+YAML loader reports missing and malformed files by file, line and column; the shipped configs
+are package data (checked in a built wheel)."""
 
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -10,26 +17,37 @@ from composer_replication.config import (
     ConfigError,
     RunConfig,
     apply_overrides,
+    configs_dir,
     default_config_path,
     dump_config,
+    load_ablation_config,
     load_config,
+    load_yaml_mapping,
+    resolve_config_path,
 )
 
-CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = sorted(configs_dir().rglob("*.yaml"))
+SHIPPED_NAMES = sorted(p.relative_to(configs_dir()).as_posix() for p in SHIPPED)
 
 
 def test_configs_dir_is_not_empty():
-    assert CONFIGS, "configs/ has no YAML files"
+    assert {"quickstart.yaml", "ablation.yaml", "teachers/local.yaml"} <= set(SHIPPED_NAMES)
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_top_level_configs_is_the_packaged_directory():
+    """One source of truth: the repository's ``configs/`` is the package's directory."""
+    assert (REPO / "configs").resolve() == configs_dir()
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=SHIPPED_NAMES)
 def test_every_shipped_config_parses(path):
-    import yaml
-
     from composer_replication.ablation import arm_config
-    from composer_replication.config import load_ablation_config
+    from composer_replication.replay.teachers import TeacherPool, load_pool
 
-    if "arms" in (yaml.safe_load(path.read_text()) or {}):  # an ablation: every arm's run config
+    if path.parent.name == "teachers":
+        assert isinstance(load_pool(path), TeacherPool)
+    elif "arms" in load_yaml_mapping(path):  # an ablation: every arm's run config
         acfg = load_ablation_config(path)
         assert all(
             isinstance(arm_config(acfg, a, s), RunConfig) for a in acfg.arms for s in acfg.seeds
@@ -97,6 +115,101 @@ def test_missing_and_malformed_files(tmp_path):
     listy.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(listy)
+
+
+def test_yaml_loader_names_file_line_and_column(tmp_path):
+    """The flow list opened on line 2 is still open when the stream ends: line 3, column 1."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("max_steps: 2\nenv: {levels: [1, 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_yaml_mapping(bad)
+    assert str(info.value).startswith(f"{bad}:3:1: not valid YAML: expected ',' or ']'")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing set\n")
+    assert load_yaml_mapping(empty) == {}
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just text\n")
+    with pytest.raises(
+        ConfigError, match=rf"{re.escape(str(scalar))}: top level must be a mapping.*got str"
+    ):
+        load_yaml_mapping(scalar)
+    with pytest.raises(ConfigError, match="teacher pool file not found"):
+        load_yaml_mapping(tmp_path / "nope.yaml", "teacher pool")
+
+
+MIS_INDENTED_ABLATION = "seeds: [0, 1]\narms:\n  - name: grpo\n  overrides: [max_steps=1]\n"
+"""``overrides`` sits at the list's indentation (line 4, column 3) instead of under ``name``."""
+
+
+def test_malformed_ablation_yaml_is_a_config_error(tmp_path):
+    bad = tmp_path / "ablation.yaml"
+    bad.write_text(MIS_INDENTED_ABLATION)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(bad))}:4:3: not valid YAML"):
+        load_ablation_config(bad)
+    result = CliRunner().invoke(app, ["ablate", "--config", str(bad)])
+    assert result.exit_code == 2
+    assert f"error: {bad}:4:3: not valid YAML" in result.output
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+
+
+def test_teacher_pool_uses_the_same_loader(tmp_path):
+    from composer_replication.replay.teachers import PoolError, load_pool
+
+    bad = tmp_path / "pool.yaml"
+    bad.write_text("teachers:\n  - {name: a, base_url: http://x/v1\n")
+    with pytest.raises(PoolError, match=rf"^{re.escape(str(bad))}:3:1: not valid YAML"):
+        load_pool(bad)
+    assert load_pool("teachers/local.yaml").teachers  # a shipped pool by name
+
+
+def test_shipped_configs_resolve_by_name_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("ablation.yaml", "configs/ablation.yaml", "teachers/local.yaml"):
+        assert resolve_config_path(name).resolve() == configs_dir() / name.removeprefix("configs/")
+    (tmp_path / "configs").mkdir()
+    own = tmp_path / "configs" / "ablation.yaml"
+    own.write_text("arms: [{name: grpo}]\n")
+    assert resolve_config_path("configs/ablation.yaml") == Path("configs/ablation.yaml")
+    with pytest.raises(ConfigError, match="config file not found: nope.yaml"):
+        resolve_config_path("nope.yaml")
+
+
+def test_wheel_ships_the_configs_and_finds_the_default(tmp_path):
+    """Build a wheel from a copy of the project (no build isolation, no network), check its file
+    list, then import ``composer_replication.config`` from the unpacked wheel in a process whose
+    working directory has no ``configs/``: the default config is the packaged file."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, project / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc")
+    shutil.copytree(REPO / "src", project / "src", ignore=ignore)
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+    subprocess.run([*cmd, "-w", str(tmp_path / "dist"), str(project)], check=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("composer_replication-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"composer_replication/configs/{n}" for n in SHIPPED_NAMES} <= names
+    assert not any(n.startswith(("support/", "tests/")) for n in names)
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    code = (
+        "import composer_replication.config as c, sys; "
+        "print(c.__file__); print(c.default_config_path()); "
+        "print(c.load_config(None, ['max_steps=3']).max_steps, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    site = tmp_path / "site" / "composer_replication"
+    assert out[:3] == [
+        str(site / "config.py"),
+        str(site / "configs" / "quickstart.yaml"),
+        "3 False",
+    ]
 
 
 def test_channel_weights_need_their_inputs():

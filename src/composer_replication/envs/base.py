@@ -70,16 +70,3 @@ class Environment(ABC):
         result = self.grade(self._task, action)
         self._task = None
         return result
-
-
-def get_env(name: str, **kwargs: Any) -> Environment:
-    """Build an embedded environment by name (``arithmetic`` or ``humaneval``)."""
-    if name == "arithmetic":
-        from composer_replication.envs.arithmetic import ArithmeticEnv
-
-        return ArithmeticEnv(**kwargs)
-    if name == "humaneval":
-        from composer_replication.envs.humaneval import HumanEvalEnv
-
-        return HumanEvalEnv(**kwargs)
-    raise ValueError(f"unknown environment {name!r}; known: arithmetic, humaneval")

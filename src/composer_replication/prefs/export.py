@@ -107,6 +107,19 @@ class PairsResult:
         )
 
 
+def normalize_with_backend(
+    pairs: Sequence[DPOPair], cfg: NormalizeConfig | None = None
+) -> tuple[list[DPOPair], NormalizeReport]:
+    """Run ``cfg``'s normalization recipe on the engine ``cfg.backend`` names: `normalize_pairs`
+    (native) or data-juicer's `DJNormalizer` (imported only when chosen)."""
+    cfg = cfg or NormalizeConfig()
+    if cfg.backend == "datajuicer":
+        from .normalize_dj import DJNormalizer
+
+        return DJNormalizer(cfg)(pairs)
+    return normalize_pairs(pairs, cfg)
+
+
 def pairs_from_journal(
     db: str | os.PathLike[str],
     *,
@@ -131,7 +144,7 @@ def pairs_from_journal(
         states, actions, agreement_threshold, strategy=strategy, weights=weights,
         embedder=embedder, similarity_threshold=similarity_threshold, costs=costs,
     )  # fmt: skip
-    kept, report = normalize_pairs(pairs, normalize)
+    kept, report = normalize_with_backend(pairs, normalize)
     ds = export_pairs(kept, out_dir, tool_format) if out_dir is not None else None
     return PairsResult(kept, stats, report, ds)
 

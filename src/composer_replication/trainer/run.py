@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication.config import RunConfig, dump_config
+from composer_replication.progress import progress_bar
 
 
 @dataclass
@@ -95,7 +96,7 @@ def build_reward_funcs(cfg: RunConfig, env) -> list:
 
 
 def build_env(cfg: RunConfig):
-    from composer_replication.envs.base import get_env
+    from composer_replication.envs import get_env
 
     e = cfg.env
     if e.name == "arithmetic":
@@ -204,7 +205,7 @@ def evaluate_run(
     from composer_replication.evaluation import evaluate
 
     n = n or cfg.eval.n
-    with _progress(console, f"eval {tag}", min(n, len(env.tasks(cfg.eval.split)))) as adv:
+    with progress_bar(console, f"eval {tag}", min(n, len(env.tasks(cfg.eval.split)))) as adv:
         return evaluate(
             model,
             tokenizer,
@@ -264,31 +265,3 @@ def _summary_json(s: RunSummary) -> dict[str, Any]:
         "final_checkpoint": str(s.final_checkpoint),
         "channel_reports": s.channel_reports,
     }
-
-
-class _progress:
-    """Context manager yielding an ``advance(n)`` callback backed by a rich progress bar."""
-
-    def __init__(self, console, label: str, total: int):
-        self.console, self.label, self.total = console, label, total
-        self.bar = None
-
-    def __enter__(self):
-        if self.console is None:
-            return None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        self.bar = Progress(
-            TextColumn(f"[bold]{self.label}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            console=self.console,
-        )
-        self.bar.start()
-        task = self.bar.add_task(self.label, total=self.total)
-        return lambda n: self.bar.advance(task, n)
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-        return False

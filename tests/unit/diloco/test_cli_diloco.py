@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from typer.testing import CliRunner
 
-from composer_replication.cli_diloco import diloco_command
+from composer_replication.cli.diloco import diloco_command
 
 app = typer.Typer()
 app.command("diloco", context_settings={"allow_extra_args": True})(diloco_command)

@@ -128,7 +128,7 @@ def test_hf_jobs_up_to_the_wire(hub_server, monkeypatch):
         secrets={"AWS_SECRET_ACCESS_KEY": "s3cr3t"},
     )
     args = {"store_uri": "s3://bucket/run", "steps": 100, "out": "/tmp/r{rank}.json"}
-    handles = ex.launch_replicas(2, "composer_replication.diloco.toy:replica_entrypoint", args)
+    handles = ex.launch_replicas(2, "support.diloco_toy:replica_entrypoint", args)
     assert [h.job_id for h in handles] == ["job-0", "job-1"]
     posts = [r for r in _Recorder.requests if r[0] == "POST"]
     assert [p[1] for p in posts] == ["/api/jobs/my-org"] * 2
@@ -140,7 +140,7 @@ def test_hf_jobs_up_to_the_wire(hub_server, monkeypatch):
         assert "AWS_SECRET_ACCESS_KEY" in body["secrets"]
         script = " ".join(body.get("command") or []) + " " + " ".join(body.get("arguments") or [])
         assert "composer_replication.diloco.serverless.entry" in script
-        assert "composer_replication.diloco.toy:replica_entrypoint" in script
+        assert "support.diloco_toy:replica_entrypoint" in script
         assert "s3://bucket/run" in script
     assert ex.poll(handles) == ["succeeded", "failed"]
     gets = [r[1] for r in _Recorder.requests if r[0] == "GET"]
@@ -173,8 +173,8 @@ def test_modal_up_to_the_wire(monkeypatch):
     assert isinstance(ex.function, modal.Function)
     assert ex.function_options["gpu"] == "A100" and ex.function_options["timeout"] == 1800
     assert isinstance(ex.function_options["image"], modal.Image)
-    args = ex.call_args(1, 4, "composer_replication.diloco.toy:replica_entrypoint", {"steps": 3})
-    assert args == (1, 4, "composer_replication.diloco.toy:replica_entrypoint", {"steps": 3})
+    args = ex.call_args(1, 4, "support.diloco_toy:replica_entrypoint", {"steps": 3})
+    assert args == (1, 4, "support.diloco_toy:replica_entrypoint", {"steps": 3})
     # the function body the container runs: rank/world env set, entrypoint called
     monkeypatch.delenv("REPLICA_RANK", raising=False)
     assert _modal_replica(2, 4, "os:getenv", {"key": "REPLICA_RANK"}) == "2"

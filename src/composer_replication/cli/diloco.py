@@ -1,7 +1,6 @@
 """``composer-replication diloco``: run N replicas of a training config under DiLoCo.
 
-The lead registers it with ``app.command("diloco", context_settings=...)(diloco_command)``
-(``allow_extra_args`` so ``key=value`` overrides pass through).
+Registered with ``allow_extra_args`` so ``key=value`` overrides pass through.
 """
 
 from __future__ import annotations
@@ -10,10 +9,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-console = Console()
+from composer_replication.cli.common import CHECK_FAILED, console, exit_on, fail
 
 
 def diloco_command(
@@ -58,9 +56,8 @@ def diloco_command(
     try:
         ids = [int(x) for x in replica_ids.split(",")] if replica_ids else None
     except ValueError:
-        console.print(f"[bold red]error:[/] --replica-ids {replica_ids!r}: expected e.g. 0,1")
-        raise typer.Exit(2) from None
-    try:
+        fail(f"--replica-ids {replica_ids!r}: expected e.g. 0,1")
+    with exit_on(ConfigError, ValueError):
         result = launch_diloco(
             config,
             overrides or [],
@@ -70,9 +67,6 @@ def diloco_command(
             min_replicas=min_replicas,
             echo=lambda s: console.print(s, markup=False, highlight=False, soft_wrap=True),
         )
-    except (ConfigError, ValueError) as err:
-        console.print(f"[bold red]error:[/] {err}")
-        raise typer.Exit(2) from None
     table = Table(title="DiLoCo replicas")
     for col in ("replica", "exit", "inner steps", "syncs", "final weights checksum"):
         table.add_column(col)
@@ -91,4 +85,4 @@ def diloco_command(
         f"final weights across replicas: {verdict}; plot: {result.plot}; summary: {result.summary}"
     )
     if not result.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(CHECK_FAILED)
