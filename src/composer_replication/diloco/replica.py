@@ -6,6 +6,17 @@ from __future__ import annotations
 import sys
 
 
+def quiet_logs() -> None:
+    """Warnings and library INFO off: N replicas share one terminal."""
+    import logging
+    import os
+    import warnings
+
+    logging.basicConfig(level=logging.WARNING)
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -23,13 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cfg.diloco.enabled:
         print("error: diloco.enabled is false; use `composer-replication train`", file=sys.stderr)
         return 2
-    import logging
-    import os
-    import warnings
-
-    logging.basicConfig(level=logging.WARNING)
-    warnings.filterwarnings("ignore")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    quiet_logs()
     from composer_replication.trainer.run import run_training
 
     summary = run_training(cfg)

@@ -115,6 +115,13 @@ def build_hint_model(cfg: RunConfig):
     return OpenAIHintModel(cfg.sdpo.hint_model_url, cfg.sdpo.hint_model_name)
 
 
+def data_shard(cfg: RunConfig) -> tuple[int, int]:
+    """(index, count) of this run's slice of the train split: DiLoCo replica r of n trains on
+    shard r of n; a plain run on the whole split."""
+    d = cfg.diloco
+    return (d.replica_id, d.replicas) if d.enabled else (0, 1)
+
+
 def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None):
     """A ComposerReplicationTrainer wired with our reward, dataset and callbacks."""
     from composer_replication.trainer.callbacks import (
@@ -131,6 +138,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None):
         cfg.env.num_train,
         cfg.env.seed,
         conversational=bool(getattr(tokenizer, "chat_template", None)),
+        shard=data_shard(cfg),
     )
     callbacks = [MetricsJsonlCallback(cfg.output_dir), PlotCallback(cfg.output_dir)]
     if console is not None:
