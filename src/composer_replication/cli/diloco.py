@@ -47,26 +47,40 @@ def diloco_command(
             help="smallest quorum the local lighthouse accepts (default: all replicas)",
         ),
     ] = None,
+    executor: Annotated[
+        str | None,
+        typer.Option(
+            "--executor",
+            help="'local': start the replicas through LocalProcessExecutor with the trainer "
+            "entrypoint (object_store backend); default: subprocesses of this launcher",
+        ),
+    ] = None,
 ) -> None:
-    """Train N replicas with the DiLoCo outer loop (torchft); print each replica's final-weight
-    checksum."""
+    """Train N replicas with the DiLoCo outer loop (torchft, or an object store with
+    diloco.backend=object_store); print each replica's final-weight checksum."""
     from composer_replication.config import ConfigError
-    from composer_replication.diloco.launcher import launch_diloco
+    from composer_replication.diloco.launcher import launch_diloco, launch_with_executor
 
+    if executor not in (None, "local"):
+        fail(f"--executor {executor!r}: only 'local' is supported")
     try:
         ids = [int(x) for x in replica_ids.split(",")] if replica_ids else None
     except ValueError:
         fail(f"--replica-ids {replica_ids!r}: expected e.g. 0,1")
+    echo = lambda s: console.print(s, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     with exit_on(ConfigError, ValueError):
-        result = launch_diloco(
-            config,
-            overrides or [],
-            replicas,
-            lighthouse=lighthouse,
-            replica_ids=ids,
-            min_replicas=min_replicas,
-            echo=lambda s: console.print(s, markup=False, highlight=False, soft_wrap=True),
-        )
+        if executor == "local":
+            result = launch_with_executor(config, overrides or [], replicas, echo=echo)
+        else:
+            result = launch_diloco(
+                config,
+                overrides or [],
+                replicas,
+                lighthouse=lighthouse,
+                replica_ids=ids,
+                min_replicas=min_replicas,
+                echo=echo,
+            )
     table = Table(title="DiLoCo replicas")
     for col in ("replica", "exit", "inner steps", "syncs", "final weights checksum"):
         table.add_column(col)

@@ -109,6 +109,13 @@ def build_env(cfg: RunConfig):
     )
 
 
+def data_shard(cfg: RunConfig) -> tuple[int, int]:
+    """(index, count) of this run's slice of the train split: DiLoCo replica r of n trains on
+    shard r of n; a plain run on the whole split."""
+    d = cfg.diloco
+    return (d.replica_id, d.replicas) if d.enabled else (0, 1)
+
+
 def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_kwargs=None):
     """A ComposerReplicationTrainer wired with our reward, dataset, channels and callbacks
     (``channel_kwargs``: extra constructor arguments per channel name, see build_channels)."""
@@ -127,6 +134,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         cfg.env.num_train,
         cfg.env.seed,
         conversational=bool(getattr(tokenizer, "chat_template", None)),
+        shard=data_shard(cfg),
     )
     callbacks = [MetricsJsonlCallback(cfg.output_dir), PlotCallback(cfg.output_dir)]
     if console is not None:
