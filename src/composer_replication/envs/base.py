@@ -82,4 +82,9 @@ def get_env(name: str, **kwargs: Any) -> Environment:
         from composer_replication.envs.humaneval import HumanEvalEnv
 
         return HumanEvalEnv(**kwargs)
-    raise ValueError(f"unknown environment {name!r}; known: arithmetic, humaneval")
+    # --- calculator (issue 14): multi-turn tool use ---
+    if name == "calculator":
+        from composer_replication.envs.calculator import CalculatorEnv
+
+        return CalculatorEnv(**kwargs)
+    raise ValueError(f"unknown environment {name!r}; known: arithmetic, humaneval, calculator")
