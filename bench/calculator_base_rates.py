@@ -20,7 +20,12 @@ from composer_replication.envs.calculator import (
     grade_conversation,
     safe_calculate,
 )
-from composer_replication.models import DEFAULT_MODEL, load_model, load_tokenizer, resolve_model_path
+from composer_replication.models import (
+    DEFAULT_MODEL,
+    load_model,
+    load_tokenizer,
+    resolve_model_path,
+)
 
 VARIANTS = {
     "plain": SYSTEM_PROMPT,
@@ -31,7 +36,10 @@ VARIANTS = {
 
 
 def _generate(model, tok, convs, tools, temperature):
-    texts = [tok.apply_chat_template(c, tools=tools, add_generation_prompt=True, tokenize=False) for c in convs]
+    texts = [
+        tok.apply_chat_template(c, tools=tools, add_generation_prompt=True, tokenize=False)
+        for c in convs
+    ]
     tok.padding_side = "left"
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     kw = {"do_sample": temperature > 0, "max_new_tokens": 64, "pad_token_id": tok.pad_token_id}
@@ -53,14 +61,20 @@ def measure(model, tok, rows, system, temperature):
     convs = [[{"role": "system", "content": system}, r["prompt"][1]] for r in rows]
     first = _generate(model, tok, convs, tools, temperature)
     called = [bool(m.get("tool_calls")) for m in first]
-    right = [any(c["function"]["name"] == "calculate" for c in m.get("tool_calls", [])) for m in first]
+    right = [
+        any(c["function"]["name"] == "calculate" for c in m.get("tool_calls", [])) for m in first
+    ]
     follow, idx = [], []
     for i, m in enumerate(first):
         if m.get("tool_calls"):
             results = [
-                {"role": "tool", "name": c["function"]["name"],
-                 "content": safe_calculate(c["function"]["arguments"].get("expression", ""))
-                 if c["function"]["name"] == "calculate" else "error: unknown tool"}
+                {
+                    "role": "tool",
+                    "name": c["function"]["name"],
+                    "content": safe_calculate(c["function"]["arguments"].get("expression", ""))
+                    if c["function"]["name"] == "calculate"
+                    else "error: unknown tool",
+                }
                 for c in m["tool_calls"]
             ]
             follow.append(convs[i] + [m] + results)
@@ -85,8 +99,13 @@ def main() -> None:
     for name, system in VARIANTS.items():
         for temperature in (0.0, 1.0):
             call, right, pas, examples = measure(model, tok, rows, system, temperature)
-            print(f"{name:8s} T={temperature}: tool_call={call:.2f} right_tool={right:.2f} pass={pas:.2f}")
-            print("   e.g.", [e.get("content", "")[:80] + str(e.get("tool_calls", ""))[:120] for e in examples])
+            print(
+                f"{name:8s} T={temperature}: tool_call={call:.2f} right_tool={right:.2f} pass={pas:.2f}"
+            )
+            print(
+                "   e.g.",
+                [e.get("content", "")[:80] + str(e.get("tool_calls", ""))[:120] for e in examples],
+            )
 
 
 if __name__ == "__main__":

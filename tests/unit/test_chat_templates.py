@@ -31,7 +31,10 @@ def test_trl_accepts_the_template(tool_tokenizer):
 
 def test_tool_call_round_trips_through_trl_parser(tool_tokenizer):
     tok, tools = tool_tokenizer, [CalculatorTools().calculate]
-    call = {"type": "function", "function": {"name": "calculate", "arguments": {"expression": "24 * 74"}}}
+    call = {
+        "type": "function",
+        "function": {"name": "calculate", "arguments": {"expression": "24 * 74"}},
+    }
     convo = [{"role": "user", "content": "What is 24 * 74?"}]
     turn = {"role": "assistant", "content": "Let me compute.", "tool_calls": [call]}
     prefix = tok.apply_chat_template(convo, tools=tools, add_generation_prompt=True, tokenize=False)
