@@ -1,6 +1,6 @@
 """How often the base embedded model calls the calculator tool (greedy and T=1), and passes.
 
-Run by hand: ``PYTHONPATH=src python bench/calculator_base_rates.py [n_prompts]``. Prints one
+Run by hand: ``PYTHONPATH=src python bench/calculator_base_rates.py [n_prompts] [--few-shot]``. Prints one
 row per (system prompt variant, decoding): parseable tool-call rate, right-tool rate, pass rate
 after one tool round-trip, on the first n held-out calculator problems.
 """
@@ -58,7 +58,7 @@ def _generate(model, tok, convs, tools, temperature):
 
 def measure(model, tok, rows, system, temperature):
     tools = [CalculatorTools().calculate]
-    convs = [[{"role": "system", "content": system}, r["prompt"][1]] for r in rows]
+    convs = [[{"role": "system", "content": system}, *r["prompt"][1:]] for r in rows]
     first = _generate(model, tok, convs, tools, temperature)
     called = [bool(m.get("tool_calls")) for m in first]
     right = [
@@ -82,19 +82,20 @@ def measure(model, tok, rows, system, temperature):
     second = _generate(model, tok, follow, tools, temperature) if follow else []
     convo = {i: [first[i]] for i in range(len(rows))}
     for j, i in enumerate(idx):
-        convo[i] = follow[j][2:] + [second[j]]
+        convo[i] = follow[j][len(convs[i]) :] + [second[j]]
     passed = [grade_conversation(convo[i], r["answer"]).passed for i, r in enumerate(rows)]
     n = len(rows)
     return sum(called) / n, sum(right) / n, sum(passed) / n, first[:2]
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+    n = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 64
     path = resolve_model_path(DEFAULT_MODEL)
     tok, model = load_tokenizer(path), load_model(path)
     ensure_tool_template(tok)
     model.eval()
-    rows = CalculatorEnv().rows("heldout")[:n]
+    few_shot = "--few-shot" in sys.argv
+    rows = CalculatorEnv().rows("heldout", few_shot=few_shot)[:n]
     torch.manual_seed(0)
     for name, system in VARIANTS.items():
         for temperature in (0.0, 1.0):

@@ -14,17 +14,18 @@ class ScriptedLlama(LlamaForCausalLM):
 
     bias: float = 30.0
 
-    def set_script(self, header_ids: list[int], scripts: list[list[int]]) -> None:
-        self._header, self._scripts = header_ids, scripts
+    def set_script(self, header_ids: list[int], scripts: list[list[int]], skip: int = 0) -> None:
+        """``skip``: assistant headers in the prompt itself (few-shot turns) to pass over."""
+        self._header, self._scripts, self._skip = header_ids, scripts, skip
 
     def _targets(self, row: list[int]) -> list[int | None]:
         """For each position, the script's next token after it, or None."""
         out: list[int | None] = [None] * len(row)
-        h, turn, start = len(self._header), -1, None
+        h, turn, start = len(self._header), -1 - self._skip, None
         for t in range(len(row)):
             if row[max(0, t - h + 1) : t + 1] == self._header:
                 turn, start = turn + 1, t + 1
-            if start is None or turn >= len(self._scripts):
+            if start is None or not 0 <= turn < len(self._scripts):
                 continue
             script, done = self._scripts[turn], row[start : t + 1]
             if len(done) < len(script) and script[: len(done)] == done:

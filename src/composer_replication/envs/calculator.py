@@ -35,6 +35,23 @@ SYSTEM_PROMPT = (
     "use the calculate tool, then reply with only the number."
 )
 PROMPT = "What is {expr}?"
+# One worked exchange shown before each task: the base 135M model almost never calls a tool from
+# the tool schema alone (bench/calculator_base_rates.py); 12 * 34 is no task of any split.
+FEW_SHOT: list[dict[str, Any]] = [
+    {"role": "user", "content": "What is 12 * 34?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": "calculate", "arguments": {"expression": "12 * 34"}},
+            }
+        ],
+    },
+    {"role": "tool", "name": "calculate", "content": "408"},
+    {"role": "assistant", "content": "408"},
+]
 _INT = re.compile(r"-?\d+")
 
 _BINOPS = {
@@ -196,12 +213,17 @@ class CalculatorEnv(Environment):
             messages = [{"role": "assistant", "content": completion}]
         return grade_conversation(messages, int(task.data["answer"]))
 
-    def rows(self, split: str, system_prompt: str = SYSTEM_PROMPT) -> list[dict[str, Any]]:
-        """Conversational rows for TRL (``prompt``, ``answer``, ``task_id``)."""
+    def rows(
+        self, split: str, system_prompt: str = SYSTEM_PROMPT, few_shot: bool = True
+    ) -> list[dict[str, Any]]:
+        """Conversational rows for TRL (``prompt``, ``answer``, ``task_id``); ``few_shot`` puts
+        one worked tool exchange (:data:`FEW_SHOT`, not a task of any split) before the task."""
+        shots = FEW_SHOT if few_shot else []
         return [
             {
                 "prompt": [
                     {"role": "system", "content": system_prompt},
+                    *shots,
                     {"role": "user", "content": self.user_message(t)},
                 ],
                 "answer": t.data["answer"],

@@ -11,7 +11,12 @@ from transformers import LlamaConfig
 from trl import GRPOConfig, GRPOTrainer
 
 from composer_replication.chat_templates import ensure_tool_template
-from composer_replication.envs.calculator import CalculatorEnv, CalculatorTools, calculator_reward
+from composer_replication.envs.calculator import (
+    FEW_SHOT,
+    CalculatorEnv,
+    CalculatorTools,
+    calculator_reward,
+)
 
 
 def _scripted_model(tok) -> ScriptedLlama:
@@ -29,7 +34,8 @@ def _scripted_model(tok) -> ScriptedLlama:
     model = ScriptedLlama(cfg)
     call = '<tool_call>{"name": "calculate", "arguments": {"expression": "208 * 67"}}</tool_call><|im_end|>'
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    model.set_script(enc("<|im_start|>assistant\n"), [enc(call), enc("13936<|im_end|>")])
+    shots = sum(m["role"] == "assistant" for m in FEW_SHOT)  # assistant turns inside the prompt
+    model.set_script(enc("<|im_start|>assistant\n"), [enc(call), enc("13936<|im_end|>")], shots)
     return model
 
 
