@@ -97,7 +97,8 @@ def main() -> None:
     few_shot = "--few-shot" in sys.argv
     rows = CalculatorEnv().rows("heldout", few_shot=few_shot)[:n]
     torch.manual_seed(0)
-    for name, system in VARIANTS.items():
+    variants = {"plain": VARIANTS["plain"]} if "--plain" in sys.argv else VARIANTS
+    for name, system in variants.items():
         for temperature in (0.0, 1.0):
             call, right, pas, examples = measure(model, tok, rows, system, temperature)
             print(

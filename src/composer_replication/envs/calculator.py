@@ -35,23 +35,26 @@ SYSTEM_PROMPT = (
     "use the calculate tool, then reply with only the number."
 )
 PROMPT = "What is {expr}?"
-# One worked exchange shown before each task: the base 135M model almost never calls a tool from
-# the tool schema alone (bench/calculator_base_rates.py); 12 * 34 is no task of any split.
-FEW_SHOT: list[dict[str, Any]] = [
-    {"role": "user", "content": "What is 12 * 34?"},
-    {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "type": "function",
-                "function": {"name": "calculate", "arguments": {"expression": "12 * 34"}},
-            }
-        ],
-    },
-    {"role": "tool", "name": "calculate", "content": "408"},
-    {"role": "assistant", "content": "408"},
-]
+# Worked exchanges shown before each task: the base 135M model never calls a tool from the tool
+# schema alone (bench/calculator_base_rates.py); 12 * 34 and 56 * 78 + 9 are no task of any split.
+
+
+def _shot(question: str, expression: str, result: str) -> list[dict[str, Any]]:
+    call = {
+        "type": "function",
+        "function": {"name": TOOL_NAME, "arguments": {"expression": expression}},
+    }
+    return [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": TOOL_NAME, "content": result},
+        {"role": "assistant", "content": result},
+    ]
+
+
+FEW_SHOT: list[dict[str, Any]] = _shot("What is 12 * 34?", "12 * 34", "408") + _shot(
+    "What is 56 * 78 + 9?", "56 * 78 + 9", "4377"
+)
 _INT = re.compile(r"-?\d+")
 
 _BINOPS = {
@@ -217,7 +220,7 @@ class CalculatorEnv(Environment):
         self, split: str, system_prompt: str = SYSTEM_PROMPT, few_shot: bool = True
     ) -> list[dict[str, Any]]:
         """Conversational rows for TRL (``prompt``, ``answer``, ``task_id``); ``few_shot`` puts
-        one worked tool exchange (:data:`FEW_SHOT`, not a task of any split) before the task."""
+        worked tool exchanges (:data:`FEW_SHOT`, no task of any split) before the task."""
         shots = FEW_SHOT if few_shot else []
         return [
             {
