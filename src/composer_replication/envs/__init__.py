@@ -13,11 +13,16 @@ from typing import Any
 
 from composer_replication.envs.arithmetic import ArithmeticEnv
 from composer_replication.envs.base import Environment, StepResult, Task
+from composer_replication.envs.calculator import CalculatorEnv
 from composer_replication.envs.humaneval import HumanEvalEnv
 
 EnvFactory = Callable[..., Environment]
 
-_REGISTRY: dict[str, EnvFactory] = {"arithmetic": ArithmeticEnv, "humaneval": HumanEvalEnv}
+_REGISTRY: dict[str, EnvFactory] = {
+    "arithmetic": ArithmeticEnv,
+    "humaneval": HumanEvalEnv,
+    "calculator": CalculatorEnv,
+}
 
 
 def register_env(name: str, factory: EnvFactory) -> None:
@@ -33,7 +38,7 @@ def env_names() -> list[str]:
 
 
 def get_env(name: str, **kwargs: Any) -> Environment:
-    """Build a registered environment by name (built in: ``arithmetic``, ``humaneval``)."""
+    """Build a registered environment by name (built in: ``arithmetic``, ``humaneval``, ``calculator``)."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown environment {name!r}; known: {', '.join(env_names())}")
     return _REGISTRY[name](**kwargs)
@@ -41,6 +46,7 @@ def get_env(name: str, **kwargs: Any) -> Environment:
 
 __all__ = [
     "ArithmeticEnv",
+    "CalculatorEnv",
     "Environment",
     "HumanEvalEnv",
     "StepResult",
