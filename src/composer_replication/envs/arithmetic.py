@@ -109,7 +109,6 @@ class ArithmeticEnv(Environment):
             raise ValueError(f"unknown arithmetic levels {bad}; known: {sorted(LEVELS)}")
         self.levels = list(levels)
         self.heldout_fraction = heldout_fraction
-        self._splits: dict[str, list[Task]] = {"train": [], "heldout": []}
         for lv in self.levels:
             level = LEVELS[lv]
             for a, b in level.problems():
@@ -125,11 +124,6 @@ class ArithmeticEnv(Environment):
         # a fixed, level-interleaved order: sorting by hash mixes levels evenly
         for tasks in self._splits.values():
             tasks.sort(key=lambda t: unit_hash("order:" + t.task_id))
-
-    def tasks(self, split: str) -> list[Task]:
-        if split not in self._splits:
-            raise ValueError(f"unknown split {split!r}; use 'train' or 'heldout'")
-        return self._splits[split]
 
     def privileged_context(self, task: Task) -> str:
         return f"The correct answer is {task.data['answer']}."

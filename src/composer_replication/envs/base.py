@@ -49,10 +49,14 @@ class Environment(ABC):
 
     def __init__(self) -> None:
         self._task: Task | None = None
+        self._splits: dict[str, list[Task]] = {"train": [], "heldout": []}
+        """Tasks by split; an environment fills these lists in its constructor."""
 
-    @abstractmethod
     def tasks(self, split: str) -> list[Task]:
         """All tasks of a split (``train`` or ``heldout``), in a fixed order."""
+        if split not in self._splits:
+            raise ValueError(f"unknown split {split!r}; use {' or '.join(map(repr, self._splits))}")
+        return self._splits[split]
 
     @abstractmethod
     def grade(self, task: Task, completion: str) -> StepResult:

@@ -192,18 +192,12 @@ class CalculatorEnv(Environment):
         bad = [k for k in kinds if k not in ("mul", "muladd")]
         if bad:
             raise ValueError(f"unknown calculator kinds {bad}; known: mul, muladd")
-        self._splits: dict[str, list[Task]] = {"train": [], "heldout": []}
         for kind in kinds:
             for expr in _problems(kind, per_kind):
                 split = "heldout" if unit_hash(f"calc:{expr}") < heldout_fraction else "train"
                 answer = int(safe_calculate(expr))
                 task = Task(f"calc:{expr}", PROMPT.format(expr=expr), split, {"answer": answer})
                 self._splits[split].append(task)
-
-    def tasks(self, split: str) -> list[Task]:
-        if split not in self._splits:
-            raise ValueError(f"unknown split {split!r}; use 'train' or 'heldout'")
-        return self._splits[split]
 
     def privileged_context(self, task: Task) -> str:
         return f"The correct answer is {task.data['answer']}."
