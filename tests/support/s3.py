@@ -1,10 +1,14 @@
 """A local S3 for tests: moto's ``ThreadedMotoServer`` on 127.0.0.1 (a free port), a bucket
-created, fake credentials and a region in the environment (replica processes inherit it)."""
+created, fake credentials and a region in the environment (replica processes inherit it).
+
+moto keeps its backends in process-global state, so a second server in the same test process
+would see the first one's buckets and objects; each server is reset when it starts."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import urllib.request
 from collections.abc import Iterator
 from unittest import mock
 
@@ -26,8 +30,10 @@ def local_s3(bucket: str) -> Iterator[str]:
     try:
         host, port = server.get_host_and_port()
         endpoint = f"http://{host}:{port}"
+        reset = urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")
+        urllib.request.urlopen(reset, timeout=30).close()
         with mock.patch.dict(os.environ, AWS_ENV):
-            s3fs.S3FileSystem(endpoint_url=endpoint).mkdir(bucket)
+            s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True).mkdir(bucket)
             yield endpoint
     finally:
         server.stop()
