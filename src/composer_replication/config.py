@@ -230,7 +230,8 @@ PreferenceLossConfig = Annotated[DpoLossConfig | SimpoLossConfig, Field(discrimi
 
 def _legacy_loss(data: Any, section: str, fields: dict[str, str]) -> Any:
     """Accept a channel section written before the loss became a union: ``loss: NAME`` and
-    the flat loss fields (``section.<old>``) move into ``loss`` (``fields``: old -> new)."""
+    the flat loss fields (``section.<old>``) move into ``loss`` (``fields``: old -> new). A
+    ``loss`` mapping without ``type`` is the section's default loss (jsd / dpo)."""
     if not isinstance(data, dict):
         return data
     data = dict(data)
@@ -245,6 +246,8 @@ def _legacy_loss(data: Any, section: str, fields: dict[str, str]) -> Any:
             if key in loss and loss[key] != value:
                 raise ValueError(f"{section}.{key} is set twice (flat and under loss)")
             loss[key] = value
+    if isinstance(loss, dict) and "type" not in loss:  # `sdpo.loss.beta=0.3` means the default
+        loss = {"type": _default_loss_type(section), **loss}
     if loss is not None:
         data["loss"] = loss
     return data
@@ -493,7 +496,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} has an empty key")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({problem})") from None
     return key.split("."), value
 
 
@@ -518,16 +525,56 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid config ({source}):"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(root)"
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key" + _did_you_mean(e["loc"])
         lines.append(f"  {key}: {msg}")
     return "\n".join(lines)
 
 
+def _models_of(annotation: Any) -> Any:
+    """The pydantic model of a field, or the list of models of a (discriminated) union."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    found = []
+    for arg in typing.get_args(annotation):
+        sub = _models_of(arg)
+        found.extend(sub if isinstance(sub, list) else [sub] if sub else [])
+    return found
+
+
+def _did_you_mean(loc: tuple) -> str:
+    """``; did you mean 'x'?`` for an unknown key, from the section's field names."""
+    import difflib
+
+    model: Any = RunConfig
+    for part in loc[:-1]:
+        fields = getattr(model, "model_fields", {})
+        if part in fields:
+            model = _models_of(fields[part].annotation)
+        else:  # a union's tag (`sdpo.loss.jsd.x`): the member whose `type` is that tag
+            model = [m for m in model if m.model_fields["type"].default == part]
+        if isinstance(model, list):
+            model = model[0] if len(model) == 1 else model
+        if not model:
+            return ""
+    if isinstance(model, list):
+        return ""
+    names = list(model.model_fields) + (list(CHANNEL_ALIASES) if model is RunConfig else [])
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def load_yaml_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
-    """The top-level mapping of a YAML file (``{}`` for an empty file). Every config file of the
-    project (run, ablation, teacher pool) is read here; a `ConfigError` names the file, and for
-    a YAML syntax error the line and column."""
+    """The top-level mapping of a YAML file. Every config file of the project (run, ablation,
+    teacher pool) is read here; a `ConfigError` names the file, and for a YAML syntax error the
+    line and column. An empty file (or one with only comments) is an error: a run on all
+    defaults from a truncated or mistyped file is never what was meant."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a {what} file")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -539,7 +586,7 @@ def load_yaml_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
     except yaml.YAMLError as err:
         raise ConfigError(_yaml_error_message(path, err)) from None
     if data is None:
-        return {}
+        raise ConfigError(f"{path}: the {what} file is empty (no key: value lines)")
     if not isinstance(data, dict):
         raise ConfigError(
             f"{path}: top level must be a mapping (key: value lines), got {type(data).__name__}"
@@ -588,6 +635,8 @@ def resolve_config_path(name: str | Path) -> Path:
     p = Path(name)
     if p.is_file():
         return p
+    if p.is_dir():
+        raise ConfigError(f"{name}: is a directory, not a config file")
     shipped = Path(*p.parts[1:]) if len(p.parts) > 1 and p.parts[0] == "configs" else p
     candidate = configs_dir() / shipped
     if not p.is_absolute() and candidate.is_file():

@@ -3,6 +3,8 @@ one ``error:`` line with exit code 2 before any work, and messages printed verba
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -49,10 +51,20 @@ def test_module_entry_point_runs_the_same_app():
         (["pairs", "j.db", "--out", "o", "--strategy", "best"], "plurality or weighted"),
         (["replay", "s.jsonl", "--teachers", "nope.yaml", "--budget-usd", "1", "--out", "r.db"],
          "config file not found: nope.yaml"),
+        (["train", "max_steps=[1, 2"], "override 'max_steps=[1, 2': the value is not valid YAML"),
+        (["train", "--config", "."], ".: is a directory, not a config file"),
+        (["train", "--config", "empty.yaml"], "empty.yaml: the config file is empty"),
+        (["train", "--config", "binary.yaml"], "binary.yaml: cannot read the config file"),
+        (["train", "max_step=3"], "max_step: unknown key; did you mean 'max_steps'?"),
+        (["train", "sdpo.wieght=0.1"], "sdpo.wieght: unknown key; did you mean 'weight'?"),
+        (["train", "resume_from=latest", "output_dir=run"],
+         "resume_from=latest: no checkpoint-N directory in run"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_error_line_and_exit_2(args, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.yaml").write_text("# nothing yet\n")
+    (tmp_path / "binary.yaml").write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\xff")
     result = CliRunner().invoke(app, args)
     assert result.exit_code == BAD_INPUT, result.output
     assert message in _flat(result.output)
@@ -81,3 +93,37 @@ def test_fail_prints_the_message_verbatim():
     )
     result = CliRunner().invoke(probe, ["other"])
     assert result.exit_code == 3 and "error: [bold]not bold[/bold]" in result.output
+
+
+def test_nothing_is_written_when_resume_finds_no_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["train", "resume_from=latest", "output_dir=run"])
+    assert result.exit_code == BAD_INPUT
+    assert not (tmp_path / "run").exists()
+
+
+def test_help_off_a_terminal_never_cuts_an_option_name():
+    """Piped ``--help`` (stdout not a terminal, no COLUMNS): every long option of every command
+    appears whole; at rich's default 80 columns ``pairs --agreement-threshold`` was cut."""
+    script = (
+        "import json, typer\n"
+        "from typer.testing import CliRunner\n"
+        "from composer_replication.cli import app\n"
+        "cmd = typer.main.get_command(app)\n"
+        "out = {}\n"
+        "for name, sub in cmd.commands.items():\n"
+        "    opts = [o for p in sub.params for o in p.opts if o.startswith('--')]\n"
+        "    out[name] = [opts, CliRunner().invoke(app, [name, '--help']).output]\n"
+        "print(json.dumps(out))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
+    )
+    helps = json.loads(proc.stdout)
+    assert sorted(helps) == sorted(COMMANDS)
+    assert "--agreement-threshold" in helps["pairs"][0]
+    for name, (opts, text) in helps.items():
+        assert "…" not in text, name
+        missing = [o for o in opts if o not in text]
+        assert not missing, (name, missing)

@@ -126,7 +126,10 @@ def test_yaml_loader_names_file_line_and_column(tmp_path):
     assert str(info.value).startswith(f"{bad}:3:1: not valid YAML: expected ',' or ']'")
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing set\n")
-    assert load_yaml_mapping(empty) == {}
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(empty))}: the config file is empty"):
+        load_yaml_mapping(empty)
+    with pytest.raises(ConfigError, match="is a directory, not a config file"):
+        load_yaml_mapping(tmp_path)
     scalar = tmp_path / "scalar.yaml"
     scalar.write_text("just text\n")
     with pytest.raises(
@@ -281,3 +284,14 @@ def test_cli_unknown_key_exits_nonzero_naming_it():
     )
     assert result.exit_code != 0
     assert "no_such_key" in result.output
+
+
+def test_a_loss_mapping_without_type_is_the_default_loss_and_typos_get_a_suggestion():
+    assert load_config(None, ["sdpo.loss.beta=0.3"]).sdpo.loss.type == "jsd"
+    assert load_config(None, ["replay.loss.beta=0.2"]).replay.loss.type == "dpo"
+    with pytest.raises(
+        ConfigError, match=r"sdpo\.loss\.jsd\.beta2: unknown key; did you mean 'beta'"
+    ):
+        load_config(None, ["sdpo.loss.beta2=1"])
+    with pytest.raises(ConfigError, match=r"zzz: unknown key$"):
+        load_config(None, ["zzz=1"])

@@ -12,13 +12,23 @@ Shared consoles, error reporting and exit codes: `composer_replication.cli.commo
 
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
+import typer.rich_utils
 
 from composer_replication.cli.ablate import ablate_command
 from composer_replication.cli.diloco import diloco_command
 from composer_replication.cli.ingest import ingest_command
 from composer_replication.cli.replay import pairs_command, replay_command, serve_command
 from composer_replication.cli.train import eval_command, train_command
+
+HELP_WIDTH_OFF_TERMINAL = 120
+"""Width of ``--help`` when stdout is not a terminal (piped, captured): rich would use 80 and
+cut long option names (``--agreement-thr…``). TERMINAL_WIDTH or COLUMNS still win."""
+if not sys.stdout.isatty() and not (os.environ.get("TERMINAL_WIDTH") or os.environ.get("COLUMNS")):
+    typer.rich_utils.MAX_WIDTH = HELP_WIDTH_OFF_TERMINAL
 
 app = typer.Typer(
     help="RL post-training for Hugging Face causal LMs: GRPO/DAPO, hint self-distillation, "

@@ -23,8 +23,11 @@ def train_command(
     ] = None,
 ) -> None:
     """Train with GRPO (+ channels) on an embedded task; evaluate base and trained model."""
+    from composer_replication.trainer.run import check_resume
+
     with exit_on(ConfigError):
         cfg = load_config(config, overrides or [])
+        check_resume(cfg)  # a missing or mismatched checkpoint fails before anything runs
     quiet_libraries()
     console.rule("[bold]composer-replication train")
     console.print(dump_config(cfg), markup=False)

@@ -163,18 +163,26 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
 
 
 def resolve_resume(cfg: RunConfig) -> str | None:
-    """``resume_from: latest`` -> newest checkpoint in output_dir; a path is checked to exist."""
+    """``resume_from: latest`` -> newest ``checkpoint-N`` in output_dir; a path is checked to
+    exist. Raises `ConfigError` (one line, nothing loaded or written yet)."""
+    from composer_replication.config import ConfigError
+
     if cfg.resume_from is None:
         return None
     if cfg.resume_from == "latest":
-        ckpts = sorted(
-            Path(cfg.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])
-        )
-        if not ckpts:
-            raise FileNotFoundError(f"resume_from=latest: no checkpoint-* in {cfg.output_dir}")
-        return str(ckpts[-1])
+        steps = {
+            int(p.name.split("-")[1]): p
+            for p in Path(cfg.output_dir).glob("checkpoint-*")
+            if p.is_dir() and p.name.split("-")[1].isdigit()
+        }
+        if not steps:
+            raise ConfigError(
+                f"resume_from=latest: no checkpoint-N directory in {cfg.output_dir} "
+                "(start without resume_from, or point output_dir at the earlier run)"
+            )
+        return str(steps[max(steps)])
     if not Path(cfg.resume_from).is_dir():
-        raise FileNotFoundError(f"resume_from: {cfg.resume_from} is not a directory")
+        raise ConfigError(f"resume_from: {cfg.resume_from} is not a directory")
     return cfg.resume_from
 
 
