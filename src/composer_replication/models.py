@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -124,7 +125,45 @@ def resolve_model_path(ref: str) -> str:
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} exists but has no config.json (not a model directory)")
         return str(path)
+    if not HUB_ID.fullmatch(ref):
+        raise ModelLoadError(
+            f"model path {ref!r} does not exist (and it is not a hub id like 'org/name')"
+        )
+    return _hub_or_cache(ref)
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+"""What the hub accepts as a repo id: ``name`` or ``namespace/name``; anything else is a path."""
+
+
+def _hub_or_cache(ref: str) -> str:
+    """``ref`` when the hub answers (or HF_HUB_OFFLINE=1); the cached snapshot when it does not
+    but the model is in the local HF cache; else a `ModelLoadError` within seconds (a probe with
+    a short timeout, before transformers' minute of retries)."""
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return ref
+    try:
+        _probe_hub()
+    except OSError as err:
+        from huggingface_hub import snapshot_download
+
+        try:
+            return snapshot_download(ref, local_files_only=True)
+        except Exception:  # noqa: BLE001 - not cached (any reason): report the hub error
+            raise _hub_error(ref, err) from None
     return ref
+
+
+def _probe_hub(timeout_s: float = 3.0) -> None:
+    """Open (and close) a TCP connection to the hub endpoint (``HF_ENDPOINT`` honoured)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    socket.create_connection((url.hostname, port), timeout=timeout_s).close()
 
 
 def _hub_error(ref: str, err: Exception) -> ModelLoadError:
@@ -138,9 +177,9 @@ def _hub_error(ref: str, err: Exception) -> ModelLoadError:
 
 def load_tokenizer(ref: str):
     """Load the tokenizer of a model reference (see :func:`resolve_model_path`)."""
+    path = resolve_model_path(ref)  # before importing transformers: bad input fails fast
     from transformers import AutoTokenizer
 
-    path = resolve_model_path(ref)
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except OSError as err:
@@ -159,8 +198,6 @@ def load_model(ref: str, dtype: str = "float32", peft: object | None = None):
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(ref)
-    if not Path(path).exists():
-        _fail_fast_if_offline_hub(ref)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     except OSError as err:
@@ -168,18 +205,6 @@ def load_model(ref: str, dtype: str = "float32", peft: object | None = None):
     if peft is not None and getattr(peft, "enabled", False):
         model = apply_lora(model, peft)
     return model
-
-
-def _fail_fast_if_offline_hub(ref: str) -> None:
-    """Probe the hub with a short timeout so an unreachable hub fails in seconds, not minutes."""
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        return  # from_pretrained will look in the local cache only
-    import socket
-
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=3).close()
-    except OSError as err:
-        raise _hub_error(ref, err) from err
 
 
 def apply_lora(model, peft_cfg):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import typer
@@ -127,3 +128,29 @@ def test_help_off_a_terminal_never_cuts_an_option_name():
         assert "…" not in text, name
         missing = [o for o in opts if o not in text]
         assert not missing, (name, missing)
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("Org/model-typo", "could not load 'Org/model-typo' from the Hugging Face Hub"),
+        ("./runs/quickstrat/final", "model path './runs/quickstrat/final' does not exist"),
+    ],
+)
+def test_a_mistyped_model_fails_in_seconds_with_one_line(model, message, tmp_path):
+    """The hub is unreachable (HF_ENDPOINT points at a closed local port): one error line, exit
+    2, no traceback, nothing written, well under 10 s (transformers alone retries for ~50 s)."""
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "composer_replication.cli", "train", f"model.name={model}",
+         "output_dir=run"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert proc.returncode == BAD_INPUT, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    err_lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert _flat(" ".join(err_lines)).startswith(f"error: {message}")
+    assert not (tmp_path / "run").exists()
+    assert elapsed < 10, elapsed  # the behaviour under test is "fails fast", not a benchmark

@@ -31,9 +31,10 @@ def train_command(
     quiet_libraries()
     console.rule("[bold]composer-replication train")
     console.print(dump_config(cfg), markup=False)
+    from composer_replication.models import ModelLoadError
     from composer_replication.trainer.run import run_training
 
-    with exit_on(ConfigError):  # e.g. resuming a checkpoint with other channel settings
+    with exit_on(ConfigError, ModelLoadError):  # e.g. a mistyped model id or path
         summary = run_training(cfg, console=console)
     print_train_summary(summary)
 

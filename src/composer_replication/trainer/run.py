@@ -206,12 +206,13 @@ def prepare(cfg: RunConfig):
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     seed_everything(cfg.seed)
+    tokenizer = load_tokenizer(cfg.model.name)  # a bad model id fails here, nothing written yet
+    model = load_model(cfg.model.name, dtype=cfg.model.dtype, peft=cfg.peft)
+    env = build_env(cfg)
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
-    tokenizer = load_tokenizer(cfg.model.name)
-    model = load_model(cfg.model.name, dtype=cfg.model.dtype, peft=cfg.peft)
-    return model, tokenizer, build_env(cfg)
+    return model, tokenizer, env
 
 
 def evaluate_run(
