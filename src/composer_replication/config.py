@@ -373,6 +373,12 @@ class RunConfig(_Strict):
     """Optimizer steps."""
     save_steps: int = Field(0, ge=0)
     """Checkpoint every N steps (0 = only at the end)."""
+    save_total_limit: int | None = Field(1, ge=1)
+    """Keep only the newest N ``checkpoint-*`` directories (None keeps all). A full checkpoint
+    of a 135M model with its AdamW state is ~1.6 GB; ``final/`` (weights only) is kept always."""
+    save_only_model: bool = False
+    """Checkpoints hold the weights only (about a third of the size) and cannot be resumed
+    with ``resume_from`` (no optimizer, scheduler or RNG state)."""
     num_threads: int = Field(0, ge=0)
     """torch CPU threads (0 = leave torch's default)."""
     resume_from: str | None = None

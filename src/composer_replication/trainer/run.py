@@ -12,6 +12,7 @@ from typing import Any
 
 from composer_replication.config import RunConfig, dump_config
 from composer_replication.progress import progress_bar
+from composer_replication.trainer.card import write_model_card
 
 
 @dataclass
@@ -71,6 +72,8 @@ def build_grpo_args(cfg: RunConfig):
         logging_steps=1,
         save_strategy="steps",
         save_steps=save_steps,
+        save_total_limit=cfg.save_total_limit,
+        save_only_model=cfg.save_only_model,
         report_to="none",
         disable_tqdm=True,
         use_cpu=not torch.cuda.is_available(),
@@ -180,10 +183,21 @@ def resolve_resume(cfg: RunConfig) -> str | None:
                 f"resume_from=latest: no checkpoint-N directory in {cfg.output_dir} "
                 "(start without resume_from, or point output_dir at the earlier run)"
             )
-        return str(steps[max(steps)])
+        return _resumable(str(steps[max(steps)]))
     if not Path(cfg.resume_from).is_dir():
         raise ConfigError(f"resume_from: {cfg.resume_from} is not a directory")
-    return cfg.resume_from
+    return _resumable(cfg.resume_from)
+
+
+def _resumable(checkpoint: str) -> str:
+    from composer_replication.config import ConfigError
+
+    if not (Path(checkpoint) / "optimizer.pt").is_file():
+        raise ConfigError(
+            f"resume: {checkpoint} has no optimizer state (saved with save_only_model=true, or "
+            "not a training checkpoint); it can be loaded as model.name but not resumed"
+        )
+    return checkpoint
 
 
 def check_resume(cfg: RunConfig) -> str | None:
@@ -268,7 +282,9 @@ def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary
         final_checkpoint=final,
         channel_reports=list(trainer.channel_reports),
     )
-    (run_dir / "eval.json").write_text(json.dumps(_summary_json(summary), indent=2))
+    record = _summary_json(summary)
+    (run_dir / "eval.json").write_text(json.dumps(record, indent=2))
+    write_model_card(cfg, record, run_dir, final)
     return summary
 
 
