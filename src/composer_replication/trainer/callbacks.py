@@ -58,6 +58,34 @@ def _rolling_mean(values, window: int) -> list[float]:
     return out
 
 
+EVAL_FILE = "eval.json"
+"""Held-out results of the run (written by ``trainer.run`` after the final evaluation)."""
+
+
+def _loss_keys(rows: list[dict]) -> list[str]:
+    """Every loss seen in the run (a channel idle at the last step still has its curve)."""
+    keys: dict[str, None] = {}
+    for r in rows:
+        keys.update((k, None) for k in r if k == "loss" or k.endswith("/loss"))
+    return list(keys)
+
+
+def _plot_heldout(ax, eval_path: Path, last_step: int) -> None:
+    """Held-out pass@1 with its 95% CI: base at step 0, trained at the last step."""
+    import json
+
+    if not eval_path.is_file():
+        return
+    record = json.loads(eval_path.read_text())
+    for tag, step, color in (("base", 0, "gray"), ("trained", last_step, "black")):
+        s = record.get(tag)
+        if not s:
+            continue
+        err = [[s["pass_rate"] - s["pass_ci95_low"]], [s["pass_ci95_high"] - s["pass_rate"]]]
+        ax.errorbar([step], [s["pass_rate"]], yerr=err, fmt="s", color=color, capsize=4,
+                    label=f"held-out pass@1, {tag}: {s['pass_rate']:.1%}")  # fmt: skip
+
+
 def plot_metrics(metrics_path: str | Path, out_path: str | Path | None = None) -> Path | None:
     """Plot reward and loss against step from metrics.jsonl into a PNG; returns its path."""
     import matplotlib
@@ -76,9 +104,10 @@ def plot_metrics(metrics_path: str | Path, out_path: str | Path | None = None) -
             "reward",
             [k for k in rewards if not k.endswith("/std")] if len(rewards) > 3 else ["reward"],
         ),
-        ("loss", [k for k in rows[-1] if k == "loss" or k.endswith("/loss")]),
+        ("loss (channels unweighted; total/loss weighted)", _loss_keys(rows)),
+        ("learning rate", ["learning_rate"] if any("learning_rate" in r for r in rows) else []),
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(11, 4))
+    fig, axes = plt.subplots(1, len(panels), figsize=(15, 4))
     for ax, (title, keys) in zip(axes, panels, strict=True):
         for key in keys:
             pts = [(r["step"], r[key]) for r in rows if key in r]
@@ -97,6 +126,8 @@ def plot_metrics(metrics_path: str | Path, out_path: str | Path | None = None) -
                     lw=2,
                     label=f"{key} (mean of last {w})",
                 )
+        if title == "reward":
+            _plot_heldout(ax, Path(metrics_path).with_name(EVAL_FILE), rows[-1]["step"])
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -252,6 +252,7 @@ def evaluate_run(
 def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary:
     """Evaluate the base model, train, evaluate the trained model, write results."""
     from composer_replication.evaluation import paired_difference
+    from composer_replication.trainer.callbacks import EVAL_FILE, METRICS_FILE, plot_metrics
 
     t_start = time.monotonic()
     resume = check_resume(cfg)
@@ -283,8 +284,9 @@ def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary
         channel_reports=list(trainer.channel_reports),
     )
     record = _summary_json(summary)
-    (run_dir / "eval.json").write_text(json.dumps(record, indent=2))
+    (run_dir / EVAL_FILE).write_text(json.dumps(record, indent=2))
     write_model_card(cfg, record, run_dir, final)
+    plot_metrics(run_dir / METRICS_FILE)  # again, now with the held-out results
     return summary
 
 
