@@ -251,3 +251,22 @@ class HeldoutEvalCallback(TrainerCallback):
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.every == 0 or state.global_step == state.max_steps:
             self._eval(model, state.global_step)
+
+
+class StepLineCallback(TrainerCallback):
+    """One plain line per optimizer step (``step 3/40  reward 0.250  loss 0.0123  12.1 s``) for
+    runs without a console, e.g. DiLoCo replicas whose output is piped and prefixed: a live bar
+    cannot render there, and transformers' printer would dump raw dicts."""
+
+    def __init__(self, echo=print):
+        self.echo = echo
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "reward" not in logs:
+            return
+        line = f"step {state.global_step}/{state.max_steps}  reward {logs['reward']:.3f}"
+        if "loss" in logs:
+            line += f"  loss {logs['loss']:.4f}"
+        if "step_time" in logs:
+            line += f"  {logs['step_time']:.1f} s"
+        self.echo(line)

@@ -127,6 +127,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         MetricsJsonlCallback,
         PlotCallback,
         RichProgressCallback,
+        StepLineCallback,
     )
     from composer_replication.trainer.data import build_prompt_dataset
     from composer_replication.trainer.trainer import ComposerReplicationTrainer
@@ -140,8 +141,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         shard=data_shard(cfg),
     )
     callbacks = [MetricsJsonlCallback(cfg.output_dir), PlotCallback(cfg.output_dir)]
-    if console is not None:
-        callbacks.append(RichProgressCallback(console))
+    callbacks.append(RichProgressCallback(console) if console is not None else StepLineCallback())
     if cfg.diloco.enabled:
         from composer_replication.diloco.callback import DilocoCallback
 
@@ -158,10 +158,9 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
         max_refills=cfg.grpo.dynamic_sampling.max_refills,
     )
-    if console is not None:  # the rich bar replaces transformers' raw dict printer
-        from transformers.trainer_callback import PrinterCallback
+    from transformers.trainer_callback import PrinterCallback
 
-        trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(PrinterCallback)  # our bar or step lines replace its raw dicts
     return trainer
 
 
