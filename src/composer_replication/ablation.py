@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ def arm_config(acfg: AblationConfig, arm: AblationArm, seed: int) -> RunConfig:
             f"output_dir={out}",
             "eval.before_and_after=false",
             "save_steps=0",
+            "save_only_model=true",  # an arm is never resumed mid-way: finished arms are reused
         ],
     )
 
@@ -77,6 +79,9 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
         "run_dir": cfg.output_dir,
     }
     Path(cfg.output_dir, "final_eval.json").write_text(json.dumps(result, indent=2))
+    if not acfg.keep_checkpoints:
+        for ckpt in Path(cfg.output_dir).glob("checkpoint-*"):
+            shutil.rmtree(ckpt)
     return result
 
 
@@ -269,13 +274,14 @@ def run_ablation(acfg: AblationConfig, command: str, console=None) -> list[dict[
     rows = summarize(results, names)
     plot = plot_curves(acfg, names, out / "heldout_vs_step.png")
     (out / "summary.json").write_text(json.dumps(rows, indent=2))
+    wall = time.monotonic() - t0
+    write_results(
+        out / "results.md", markdown_table(rows, acfg, command, wall, Path(plot.name), base)
+    )
     if acfg.results_md:
         md = Path(acfg.results_md)
         docs_plot = md.parent / "ablation_heldout_vs_step.png"
         docs_plot.parent.mkdir(parents=True, exist_ok=True)
         docs_plot.write_bytes(plot.read_bytes())
-        write_results(
-            md,
-            markdown_table(rows, acfg, command, time.monotonic() - t0, Path(docs_plot.name), base),
-        )
+        write_results(md, markdown_table(rows, acfg, command, wall, Path(docs_plot.name), base))
     return rows

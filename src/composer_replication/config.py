@@ -439,9 +439,13 @@ class AblationConfig(_Strict):
     eval_n_during: int = Field(64, ge=1)
     """Held-out problems in the periodic evaluations (the final one uses eval.n)."""
     output_dir: str = "runs/ablation"
-    """Where each arm/seed run directory, the summary JSON and the plot go."""
-    results_md: str | None = "docs/results.md"
-    """Markdown file whose ablation section is (re)written with the table; None = skip."""
+    """Where each arm/seed run directory, the summary JSON, ``results.md`` and the plot go."""
+    results_md: str | None = None
+    """Also (re)write the ablation section of this Markdown file and put the plot beside it
+    (``results_md=docs/results.md`` updates the project's docs); None = only the run dir."""
+    keep_checkpoints: bool = False
+    """Keep each arm/seed's ``checkpoint-*`` (weights only, ~0.5 GB each for 135M); by default
+    they are deleted once the arm's final evaluation is recorded."""
 
 
 class ConfigError(ValueError):

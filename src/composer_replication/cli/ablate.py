@@ -21,7 +21,8 @@ def ablate_command(
     ),
 ) -> None:
     """Train every arm (GRPO, +SDPO, +replay, all, TRL SDPO peer) for every seed; write the
-    results table (docs/results.md) and a held-out-vs-step plot."""
+    results table and a held-out-vs-step plot into the run directory (and into the docs with
+    results_md=docs/results.md)."""
     from composer_replication.ablation import arm_config, run_ablation
     from composer_replication.config import load_ablation_config, resolve_config_path
 
