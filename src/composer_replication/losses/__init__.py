@@ -1,6 +1,8 @@
 """Loss library: every Composer channel as a pure tensor function returning ``(loss, metrics)``.
 
-* channel 1 (policy): :func:`prime_rl_policy_loss` (TRL's GRPO loss is used as-is by the trainer)
+* channel 1 (policy): :func:`prime_rl_policy_loss`, :func:`dapo_clip_loss` (TRL's GRPO loss is
+  used as-is by the trainer; these serve engines with a loss hook, see ``recipes/``)
+* self-distillation on sampled tokens only: :func:`sampled_reverse_kl_loss`
 * channel 2 (self-distillation): :func:`generalized_jsd_loss`, its chunked fused-linear twin
   :func:`chunked_generalized_jsd_loss`, :func:`taid_loss` + :class:`TAIDScheduler`,
   :func:`entropy_aware_opd_loss`
@@ -22,6 +24,7 @@ from .entropy_opd import entropy_aware_opd_loss
 from .jsd import generalized_jsd_loss
 from .policy import prime_rl_policy_loss
 from .preference import dpo_loss, sequence_logps, simpo_loss
+from .sampled import dapo_clip_loss, sampled_reverse_kl_loss
 from .taid import TAIDScheduler, taid_loss
 
 __all__ = [
@@ -31,11 +34,13 @@ __all__ = [
     "TAIDScheduler",
     "chunked_generalized_jsd_loss",
     "compose_loss",
+    "dapo_clip_loss",
     "default_chunk_size",
     "dpo_loss",
     "entropy_aware_opd_loss",
     "generalized_jsd_loss",
     "preference_loss",
+    "sampled_reverse_kl_loss",
     "prime_rl_policy_loss",
     "self_distill_loss",
     "sequence_logps",
