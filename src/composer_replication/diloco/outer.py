@@ -17,6 +17,7 @@ every committed sync.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -134,6 +135,20 @@ def make_diloco_outer_loop(
     )
 
 
+class _NoNcclNotice(logging.Filter):
+    """torchft's manager warns at every quorum that it cannot reset the NCCL flight recorder;
+    on CPU (gloo) there is no NCCL and nothing to reset, so the notice is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "NCCL flight recorder" not in record.getMessage()
+
+
+def _drop_nccl_notice() -> None:
+    log = logging.getLogger("torchft.manager")
+    if not any(isinstance(f, _NoNcclNotice) for f in log.filters):
+        log.addFilter(_NoNcclNotice())
+
+
 def make_manager(
     replica_id: int,
     state_dict: Callable[[], dict[str, Any]],
@@ -159,6 +174,8 @@ def make_manager(
             f"no torchft lighthouse address: set diloco.lighthouse or ${LIGHTHOUSE_ENV} "
             "(the `composer-replication diloco` launcher starts one for you)"
         )
+    if not torch.cuda.is_available():
+        _drop_nccl_notice()
     timeout = timedelta(seconds=timeout_s)
     store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
     manager = Manager(
