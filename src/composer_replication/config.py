@@ -68,6 +68,21 @@ class EnvConfig(_Strict):
         return self
 
 
+class VllmConfig(_Strict):
+    """TRL's vLLM generation (needs a GPU and ``pip install vllm``)."""
+
+    mode: Literal["colocate", "server"] = "colocate"
+    """``colocate``: vLLM shares the training GPUs; ``server``: a ``trl vllm-serve`` process."""
+    server_base_url: str | None = None
+    """URL of the ``trl vllm-serve`` server (mode ``server``); None = TRL's host/port default."""
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
+    """Fraction of GPU memory vLLM may take (colocate: leave room for training)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs one vLLM engine spans (colocate)."""
+    max_model_length: int | None = Field(None, ge=1)
+    """Context length vLLM allocates for (None = the model's)."""
+
+
 class GenerationConfig(_Strict):
     num_generations: int = Field(8, ge=2)
     """Completions sampled per prompt (the GRPO group size)."""
@@ -79,6 +94,11 @@ class GenerationConfig(_Strict):
     """Sampling temperature for rollouts."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling for rollouts."""
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """Rollout engine: ``transformers`` generate (CPU or GPU) or vLLM (GPU; ``generation.vllm``
+    picks colocated or a separate server), mapped onto TRL's ``use_vllm``/``vllm_mode``."""
+    vllm: VllmConfig = Field(default_factory=lambda: VllmConfig())
+    """vLLM settings, used when ``backend: vllm``."""
 
 
 class OverlongConfig(_Strict):
@@ -129,6 +149,25 @@ class OptimConfig(_Strict):
     """Gradient clipping norm."""
     gradient_accumulation_steps: int = Field(1, ge=1)
     """Micro-batches per optimizer step."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass (TRL's default; saves memory, costs time)."""
+
+
+class LoggingConfig(_Strict):
+    """Where metrics go besides ``metrics.jsonl`` and the PNG (always written)."""
+
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(default_factory=list)
+    """Trackers transformers reports to (empty = none); each needs its package installed."""
+    run_name: str | None = None
+    """Run name shown by the trackers (None = the output directory's name)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_or_none(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("report_to"), str):
+            value = data["report_to"]
+            data = {**data, "report_to": [] if value == "none" else [value]}
+        return data
 
 
 class EvalConfig(_Strict):
@@ -393,6 +432,7 @@ class RunConfig(_Strict):
     grpo: GRPOConfigModel = Field(default_factory=GRPOConfigModel)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
     sdpo: SdpoConfig = Field(default_factory=SdpoConfig)
     replay: ReplayChannelConfig = Field(default_factory=ReplayChannelConfig)
     diloco: DilocoConfig = Field(default_factory=DilocoConfig)

@@ -39,6 +39,33 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def vllm_args(cfg: RunConfig) -> dict[str, Any]:
+    """TRL's vLLM options for ``generation.backend``; a clear error when vLLM is missing."""
+    if cfg.generation.backend != "vllm":
+        return {"use_vllm": False}
+    import importlib.util
+
+    from composer_replication.config import ConfigError
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "generation.backend=vllm: the vllm package is not installed (pip install vllm; it "
+            "needs a CUDA GPU); use generation.backend=transformers on this machine"
+        )
+    v = cfg.generation.vllm
+    out: dict[str, Any] = {"use_vllm": True, "vllm_mode": v.mode}
+    if v.mode == "server":
+        if v.server_base_url:
+            out["vllm_server_base_url"] = v.server_base_url
+    else:
+        out.update(
+            vllm_gpu_memory_utilization=v.gpu_memory_utilization,
+            vllm_tensor_parallel_size=v.tensor_parallel_size,
+            vllm_max_model_length=v.max_model_length,
+        )
+    return out
+
+
 def build_grpo_args(cfg: RunConfig):
     """Map our RunConfig onto TRL's GRPOConfig."""
     import torch
@@ -74,7 +101,10 @@ def build_grpo_args(cfg: RunConfig):
         save_steps=save_steps,
         save_total_limit=cfg.save_total_limit,
         save_only_model=cfg.save_only_model,
-        report_to="none",
+        report_to=cfg.logging.report_to or "none",
+        run_name=cfg.logging.run_name or Path(cfg.output_dir).name,
+        activation_checkpointing=o.gradient_checkpointing,
+        **vllm_args(cfg),
         disable_tqdm=True,
         use_cpu=not torch.cuda.is_available(),
         bf16=cfg.model.dtype == "bfloat16" and torch.cuda.is_available(),
