@@ -488,6 +488,14 @@ class AblationConfig(_Strict):
     they are deleted once the arm's final evaluation is recorded."""
 
 
+DYNAMIC_SAMPLING_MULTIPROCESS = (
+    "grpo.dynamic_sampling: not supported with several processes (each process would refill "
+    "its own groups and desynchronize TRL's collective reward gathering); turn it off "
+    "(grpo.dynamic_sampling.enabled=false) or run one process per DiLoCo replica"
+)
+"""Why DAPO dynamic sampling refuses a multi-process launch (checked before any model loads)."""
+
+
 class ConfigError(ValueError):
     """A config file or override that does not validate; the message names the key."""
 

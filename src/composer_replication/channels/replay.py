@@ -187,13 +187,15 @@ class ReplayChannel(Channel):
         self.ref: Tensor | None = None
         self._step_chunks: list[list[int]] = []
         self._step_of_chunks = -1
+        self.rank, self.world = 0, 1  # this process of how many (set from the trainer args)
 
     def setup(self, model, tokenizer, args) -> None:
         """Load and encode the pairs; DPO's reference log-probs with the initial weights."""
         self.pad_id = pad_token_id(tokenizer)
         rows = load_pairs(self.cfg.dataset, self.cfg.max_pairs)
         self.pairs = [encode_pair(tokenizer, r, self.cfg.max_length) for r in rows]
-        self.rng = random.Random(args.seed)
+        self.rng = random.Random(args.seed)  # the same draws on every rank
+        self.rank, self.world = args.process_index, args.world_size
         if self.cfg.loss.type == "dpo":
             self.ref = self.reference_logps(model, self.progress)
 
@@ -223,11 +225,13 @@ class ReplayChannel(Channel):
         self.rng.setstate((version, tuple(internal), gauss))
 
     def draw(self, global_step: int, grad_accum: int) -> list[int]:
-        """This micro-batch's pair indices: the step's ``pairs_per_step`` draws, dealt to its
+        """This micro-batch's pair indices: the step's ``pairs_per_step`` draws (identical on
+        every rank), rank ``r`` of ``W`` taking draws ``r, r + W, ...``, dealt to its
         ``grad_accum`` micro-batches in order (a micro-batch may get none)."""
         if global_step != self._step_of_chunks:
-            n = self.cfg.pairs_per_step
-            idx = [self.rng.randrange(len(self.pairs)) for _ in range(n)]
+            draws = [self.rng.randrange(len(self.pairs)) for _ in range(self.cfg.pairs_per_step)]
+            idx = draws[self.rank :: self.world]
+            n = len(idx)
             bounds = [n * i // grad_accum for i in range(grad_accum + 1)]
             self._step_chunks = [idx[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
             self._step_of_chunks = global_step
@@ -256,7 +260,9 @@ class ReplayChannel(Channel):
                 beta=lc.beta,
                 gamma=getattr(lc, "gamma", 0.0),
                 label_smoothing=lc.label_smoothing,
-                divisor=self.cfg.pairs_per_step if ctx.mode == "train" else n,
+                # DDP averages gradients over ranks: pairs_per_step / W per rank makes the step's
+                # objective the mean over all pairs_per_step pairs
+                divisor=self.cfg.pairs_per_step / self.world if ctx.mode == "train" else n,
             )
         )
         return loss, {**metrics, "active": 1.0}

@@ -23,17 +23,19 @@ def train_command(
     ] = None,
 ) -> None:
     """Train with GRPO (+ channels) on an embedded task; evaluate base and trained model."""
-    from composer_replication.trainer.run import check_resume
+    from composer_replication.models import ModelLoadError
+    from composer_replication.trainer.run import check_resume, process_rank, run_training
 
     with exit_on(ConfigError):
         cfg = load_config(config, overrides or [])
         check_resume(cfg)  # a missing or mismatched checkpoint fails before anything runs
     quiet_libraries()
+    if process_rank()[0] != 0:  # torchrun / accelerate launch: rank 0 speaks for the run
+        with exit_on(ConfigError, ModelLoadError):
+            run_training(cfg, console=None)
+        return
     console.rule("[bold]composer-replication train")
     console.print(dump_config(cfg), markup=False)
-    from composer_replication.models import ModelLoadError
-    from composer_replication.trainer.run import run_training
-
     with exit_on(ConfigError, ModelLoadError):  # e.g. a mistyped model id or path
         summary = run_training(cfg, console=console)
     print_train_summary(summary)

@@ -34,13 +34,15 @@ class MetricsJsonlCallback(TrainerCallback):
         self._t0 = time.monotonic()
 
     def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:  # one writer in a multi-process run
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         rows = [r for r in read_metrics(self.path) if r.get("step", 0) <= state.global_step]
         self.path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "train_runtime" in logs:  # skip the end-of-training summary record
-            return
+        if not state.is_world_process_zero or not logs or "train_runtime" in logs:
+            return  # other ranks, and the end-of-training summary record
         row = {"step": state.global_step, "time/elapsed_s": time.monotonic() - self._t0}
         row.update({k: v for k, v in logs.items() if isinstance(v, int | float)})
         with self.path.open("ab") as fh:
@@ -146,10 +148,12 @@ class PlotCallback(TrainerCallback):
         self.metrics = Path(run_dir) / METRICS_FILE
 
     def on_save(self, args, state, control, **kwargs):
-        plot_metrics(self.metrics)
+        if state.is_world_process_zero:
+            plot_metrics(self.metrics)
 
     def on_train_end(self, args, state, control, **kwargs):
-        plot_metrics(self.metrics)
+        if state.is_world_process_zero:
+            plot_metrics(self.metrics)
 
 
 class RichProgressCallback(TrainerCallback):
@@ -262,7 +266,7 @@ class StepLineCallback(TrainerCallback):
         self.echo = echo
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "reward" not in logs:
+        if not state.is_world_process_zero or not logs or "reward" not in logs:
             return
         line = f"step {state.global_step}/{state.max_steps}  reward {logs['reward']:.3f}"
         if "loss" in logs:

@@ -229,11 +229,25 @@ def _resumable(checkpoint: str) -> str:
     return checkpoint
 
 
+def process_rank() -> tuple[int, int]:
+    """(rank, world size) of this process under torchrun / accelerate launch; (0, 1) alone."""
+    import os
+
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
 def check_resume(cfg: RunConfig) -> str | None:
     """The checkpoint to resume from, after checking (before any model loads) that it was
-    trained with this config's channel settings (``resume_override_channels`` to differ)."""
-    from composer_replication.config import check_resume_channels
+    trained with this config's channel settings (``resume_override_channels`` to differ), and
+    that the config can run in this many processes."""
+    from composer_replication.config import (
+        DYNAMIC_SAMPLING_MULTIPROCESS,
+        ConfigError,
+        check_resume_channels,
+    )
 
+    if cfg.grpo.dynamic_sampling.enabled and process_rank()[1] > 1:
+        raise ConfigError(DYNAMIC_SAMPLING_MULTIPROCESS)
     resume = resolve_resume(cfg)
     if resume is not None:
         check_resume_channels(resume, cfg.channel_settings(), cfg.resume_override_channels)
@@ -254,7 +268,8 @@ def prepare(cfg: RunConfig):
     env = build_env(cfg)
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    if process_rank()[0] == 0:
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
     return model, tokenizer, env
 
 
@@ -312,10 +327,11 @@ def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary
         final_checkpoint=final,
         channel_reports=list(trainer.channel_reports),
     )
-    record = _summary_json(summary)
-    (run_dir / EVAL_FILE).write_text(json.dumps(record, indent=2))
-    write_model_card(cfg, record, run_dir, final)
-    plot_metrics(run_dir / METRICS_FILE)  # again, now with the held-out results
+    if trainer.args.should_save:  # rank 0 of a multi-process run writes the run's files
+        record = _summary_json(summary)
+        (run_dir / EVAL_FILE).write_text(json.dumps(record, indent=2))
+        write_model_card(cfg, record, run_dir, final)
+        plot_metrics(run_dir / METRICS_FILE)  # again, now with the held-out results
     return summary
 
 

@@ -32,7 +32,11 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from composer_replication.channels.base import Channel, LossContext, Rollouts
-from composer_replication.config import CHANNELS_FILE, check_resume_channels
+from composer_replication.config import (
+    CHANNELS_FILE,
+    DYNAMIC_SAMPLING_MULTIPROCESS,
+    check_resume_channels,
+)
 from composer_replication.losses import compose_loss
 from composer_replication.models import HiddenCapture
 
@@ -84,10 +88,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         if self.channels:
             self.add_callback(_ChannelCallback(self))
         if dynamic_sampling and self.accelerator.num_processes > 1:
-            raise NotImplementedError(
-                "dynamic sampling refills per process; multi-process runs would desynchronize "
-                "TRL's collective reward gathering. Use it with one process per replica."
-            )
+            raise ValueError(DYNAMIC_SAMPLING_MULTIPROCESS)
         self.dynamic_sampling = dynamic_sampling
         self.max_refills = max_refills
         self.resume_override_channels = resume_override_channels
@@ -113,11 +114,41 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
+        if not self.args.should_save:  # rank 0 writes; channel state is the same on every rank
+            return
         ckpt = Path(self._get_output_dir(trial)) / f"checkpoint-{self.state.global_step}"
         settings = {c.name: c.settings() for c in self.channels}
         (ckpt / CHANNELS_FILE).write_text(json.dumps(settings, indent=1, sort_keys=True))
         for channel in self.channels:
             channel.save(str(ckpt))
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        """Channel and dynamic-sampling metrics are kept per process; average them over the
+        processes before TRL averages over the steps since the last log (every rank calls
+        ``log`` at the same step, so the gather is collective)."""
+        if self.accelerator.num_processes > 1:
+            self._reduce_own_metrics("train" if self.model.training else "eval")
+        super().log(logs, *args, **kwargs)
+
+    def _reduce_own_metrics(self, mode: str) -> None:
+        from accelerate.utils import gather_object
+
+        own = {k: v for k, v in self._metrics[mode].items() if k.split("/")[0] in self._prefixes()}
+        local = {k: sum(v) / len(v) for k, v in own.items() if v}
+        merged: dict[str, list[float]] = {}
+        for per_rank in gather_object([local]):
+            for key, value in per_rank.items():
+                merged.setdefault(key, []).append(value)
+        for key, values in merged.items():
+            self._metrics[mode][key] = [sum(values) / len(values)]
+
+    def _prefixes(self) -> set[str]:
+        return {
+            "policy",
+            "total",
+            "dynamic_sampling",
+            *(c.prefix.rstrip("/") for c in self.channels),
+        }
 
     # ---- channel composition -------------------------------------------------------------
     def _compute_loss(self, model, inputs):

@@ -153,12 +153,21 @@ def test_metrics_callback_truncates_on_resume(tmp_path):
     )
     cb = MetricsJsonlCallback(tmp_path)
 
-    class State:
-        global_step = 2
+    from transformers import TrainerState
 
-    cb.on_train_begin(None, State(), None)
+    cb.on_train_begin(None, TrainerState(global_step=2), None)
     assert [r["step"] for r in read_metrics(path)] == [1, 2]
-    cb.on_log(None, type("S", (), {"global_step": 3})(), None, logs={"reward": 0.5, "loss": 0.1})
+    cb.on_log(None, TrainerState(global_step=3), None, logs={"reward": 0.5, "loss": 0.1})
     assert read_metrics(path)[-1]["reward"] == 0.5
     png = plot_metrics(path)
     assert png is not None and png.stat().st_size > 1000
+
+
+def test_only_rank_zero_writes_metrics(tmp_path):
+    from transformers import TrainerState
+
+    cb = MetricsJsonlCallback(tmp_path)
+    other = TrainerState(global_step=1, is_world_process_zero=False)
+    cb.on_train_begin(None, other, None)
+    cb.on_log(None, other, None, logs={"reward": 0.5})
+    assert not (tmp_path / "metrics.jsonl").exists()
