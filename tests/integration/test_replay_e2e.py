@@ -18,11 +18,12 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
+from support.fixtures import trace_fixtures_dir
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO.parent / "shared" / "fixtures"
+FIXTURES = trace_fixtures_dir()
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1"}
 CLI = [sys.executable, "-m", "composer_replication.cli"]
 
@@ -84,8 +85,6 @@ def _wait_ready(proc, url: str, log: Path) -> None:
 
 
 def test_replay_pairs_dpo_over_loopback(servers, tmp_path, tokenizer, tiny_model):
-    if not FIXTURES.is_dir():
-        pytest.skip(f"fixture logs not found at {FIXTURES}")
     urls, logs = servers
     states = _pick_states(4)
     assert len(states) == 4

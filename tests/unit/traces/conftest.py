@@ -3,13 +3,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-# CI clones the project beside shared/; locally the worktree sits beside it too.
-FIXTURES = (Path(__file__).resolve().parents[3] / ".." / "shared" / "fixtures").resolve()
+from support.fixtures import trace_fixtures_dir
 
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
-    if not FIXTURES.is_dir():
-        pytest.skip(f"shared fixtures not found at {FIXTURES} (expected ../shared/fixtures)")
-    return FIXTURES
+    """``../shared/fixtures`` when present, else the vendored subset (never a skip)."""
+    return trace_fixtures_dir()

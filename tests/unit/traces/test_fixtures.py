@@ -43,7 +43,7 @@ def test_every_fixture_file_is_read_and_every_line_accounted(run, fixtures_dir: 
     manifest_lines = {fixtures_dir / r.split("\t")[-1]: int(r.split("\t")[6]) for r in manifest}
     for f in report.files:  # our line count matches the manifest's (wc -l style, +1 if no \n)
         assert abs(f.total_lines - manifest_lines[Path(f.path)]) <= 1, f.path
-    assert report.states == len(states) > 200
+    assert report.states == len(states) > 60  # 73 vendored, 300+ shared
     assert set(report.by_format()) == {
         "claude_code", "codex", "swe_agent", "openhands", "gemini_cli", "aider"
     }  # fmt: skip
@@ -112,7 +112,7 @@ def test_prefix_grows_monotonically_within_a_segment(run) -> None:
             )
             assert cur.prefix[: len(grown)] == grown, (cur.meta.file, cur.step)
             checked += 1
-    assert checked > 100
+    assert checked > 40  # 49 vendored
 
 
 def test_thinking_never_in_a_prefix(run) -> None:
@@ -122,7 +122,7 @@ def test_thinking_never_in_a_prefix(run) -> None:
         for s in states
         if len(s.action.thinking) > 20 and "[trimmed for fixture]" not in s.action.thinking
     }
-    assert len(thoughts) >= 5
+    assert len(thoughts) >= 4  # 4 distinct on the vendored subset
     for s in states:
         for m in s.prefix:
             for t in thoughts:
