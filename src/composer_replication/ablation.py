@@ -15,6 +15,7 @@ from typing import Any
 from composer_replication.config import (
     AblationArm,
     AblationConfig,
+    ConfigError,
     RunConfig,
     load_config,
     resolve_config_path,
@@ -27,6 +28,16 @@ BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
 
 def arm_config(acfg: AblationConfig, arm: AblationArm, seed: int) -> RunConfig:
     out = Path(acfg.output_dir) / arm.name / f"seed{seed}"
+    cfg = _arm_run_config(acfg, arm, seed, out)
+    if arm.trainer == "trl_sdpo" and cfg.sdpo.weight <= 0:
+        raise ConfigError(
+            f"arm {arm.name!r}: the TRL SDPO peer takes its distillation weight from "
+            "sdpo.weight, which is 0 (the peer would not distill); set e.g. sdpo.weight=0.1"
+        )
+    return cfg
+
+
+def _arm_run_config(acfg: AblationConfig, arm: AblationArm, seed: int, out: Path) -> RunConfig:
     return load_config(
         resolve_config_path(acfg.base_config),
         [
@@ -102,12 +113,72 @@ def base_result(acfg: AblationConfig, console=None) -> dict[str, Any]:
     return result
 
 
+TRL_SDPO_MAPPING: tuple[tuple[str, str, str], ...] = (
+    ("`sdpo.weight` (alpha; total = policy + alpha * sdpo)",
+     "`distillation_weight` = alpha / (1 + alpha)",
+     "TRL's total is (1 - w) * policy + w * sdpo: the same mix, the whole loss scaled by "
+     "1 / (1 + alpha)"),
+    ("`sdpo.loss` jsd `beta`", "`distillation_mode=full_logits`, `distillation_alpha` = beta",
+     "the same generalized JSD over the full vocabulary (beta 0 forward KL, 1 reverse KL); TAID "
+     "and entropy_opd have no TRL counterpart (the peer then uses full-logit JSD, alpha 0.5)"),
+    ("`sdpo.loss` `temperature`, `token_clip`", "-",
+     "no counterpart; TRL clips the importance ratio instead (`distillation_is_clip` 2.0)"),
+    ("`sdpo.teacher` live / ema / initial", "`teacher_model_kind` live / ema / base",
+     "ema: `teacher_update_rate` = 1 - `sdpo.ema_decay`, synced every step"),
+    ("`sdpo.hint_sources` feedback", "`include_environment_feedback=True`",
+     "TRL takes feedback per prompt (`privileged_context`: the task's reference answer), ours "
+     "per failed completion (the verifier's message on it)"),
+    ("`sdpo.hint_sources` sibling", "`use_successful_as_teacher=True`",
+     "a successful rollout of the same prompt as the demonstration"),
+    ("`sdpo.hint_sources` model", "-", "no counterpart (not used by the peer)"),
+    ("`sdpo.feedback_template`, `sibling_template`", "`feedback_template`, `solution_template`",
+     "our `{feedback}` / `{sibling}` become TRL's `{feedback_raw}` / "
+     "`{successful_previous_attempt}`"),
+    ("hints only for failed completions", "`dont_reprompt_on_self_success=True`", "same"),
+)  # fmt: skip
+"""How the ablation's TRL SDPOTrainer peer takes its settings from our run config: (ours, TRL's
+SDPOConfig, how). One source of truth for :func:`trl_sdpo_kwargs` and the table in
+docs/results.md (a test checks that the docs carry :func:`trl_sdpo_mapping_markdown`)."""
+
+
+def trl_sdpo_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """TRL ``SDPOConfig`` fields that carry our ``sdpo`` settings (see TRL_SDPO_MAPPING)."""
+    sd = cfg.sdpo
+    loss = sd.loss
+    alpha = loss.beta if loss.type == "jsd" else 0.5
+    kind = {"live": "live", "ema": "ema", "initial": "base"}[sd.teacher]
+    template = sd.feedback_template.replace("{feedback}", "{feedback_raw}")
+    return {
+        "distillation_weight": sd.weight / (1.0 + sd.weight),
+        "distillation_mode": "full_logits",
+        "distillation_alpha": alpha,
+        "teacher_model_kind": kind,
+        "teacher_update_rate": 1.0 - sd.ema_decay,
+        "teacher_sync_steps": 1,
+        "include_environment_feedback": "feedback" in sd.hint_sources,
+        "use_successful_as_teacher": "sibling" in sd.hint_sources,
+        "dont_reprompt_on_self_success": True,
+        "feedback_template": "\n" + template + "\n",
+        "solution_template": "\n"
+        + sd.sibling_template.replace("{sibling}", "{successful_previous_attempt}")
+        + "\n",
+    }
+
+
+def trl_sdpo_mapping_markdown() -> str:
+    """The mapping as a Markdown table (what docs/results.md shows)."""
+    rows = ["| ours | TRL `SDPOConfig` | how |", "| --- | --- | --- |"]
+    rows += [f"| {a} | {b} | {c} |" for a, b, c in TRL_SDPO_MAPPING]
+    return "\n".join(rows)
+
+
 def build_trl_sdpo_trainer(cfg: RunConfig, model, tokenizer, env):
-    """TRL's experimental SDPOTrainer on the same model, task, data, steps and seed.
+    """TRL's experimental SDPOTrainer on the same model, task, data, steps and seed, with the
+    self-distillation settings of ``cfg.sdpo`` mapped by :func:`trl_sdpo_kwargs`.
 
     TRL's SDPO takes environment feedback only as a per-prompt ``privileged_context`` column,
     not per completion; we give it the task's reference answer there (the same information
-    our arithmetic feedback carries), and turn ``include_environment_feedback`` on.
+    our arithmetic feedback carries).
     """
     import dataclasses
     import os
@@ -123,7 +194,7 @@ def build_trl_sdpo_trainer(cfg: RunConfig, model, tokenizer, env):
     fields = {f.name for f in dataclasses.fields(SDPOConfig)}
     derived = ("loss_type", "generation_batch_size", "steps_per_generation")  # set in post-init
     kwargs = {k: v for k, v in grpo.items() if k in fields and k not in derived}
-    kwargs.update(include_environment_feedback=True, save_strategy="no")
+    kwargs.update(trl_sdpo_kwargs(cfg), save_strategy="no")
     args = SDPOConfig(**kwargs)
     ds = build_prompt_dataset(env, "train", cfg.env.num_train, cfg.env.seed, conversational=True)
     tasks = {t.task_id: t for t in env.tasks("train")}

@@ -5,6 +5,7 @@ curves and markdown section are written."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -57,7 +58,7 @@ def test_ablation_runs_every_arm_and_writes_results(tmp_path, tiny_dir):
                             f"replay.dataset={pairs}",
                         ],
                     },
-                    {"name": "trl-sdpo", "trainer": "trl_sdpo"},
+                    {"name": "trl-sdpo", "trainer": "trl_sdpo", "overrides": ["sdpo.weight=0.1"]},
                 ],
             }
         )
@@ -123,3 +124,44 @@ def test_results_section_is_replaced_not_duplicated(tmp_path):
     text = md.read_text()
     assert "quickstart numbers" in text and "B" in text and "\nA\n" not in text
     assert text.count("ablation:begin") == 1
+
+
+def test_trl_peer_takes_its_sdpo_settings_from_the_run_config():
+    """Non-default settings of ours arrive in TRL's SDPOConfig (built, not trained)."""
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from trl.experimental.sdpo import SDPOConfig
+
+    from composer_replication.ablation import trl_sdpo_kwargs
+    from composer_replication.config import load_config
+
+    cfg = load_config(None, ["sdpo.weight=0.25", "sdpo.loss.beta=0.3", "sdpo.teacher=ema",
+                             "sdpo.ema_decay=0.9", "sdpo.hint_sources=[feedback]"])  # fmt: skip
+    kw = trl_sdpo_kwargs(cfg)
+    args = SDPOConfig(output_dir="/tmp/x", **kw, report_to="none", use_cpu=True)
+    assert args.distillation_weight == pytest.approx(0.2)  # 0.25 / 1.25
+    assert args.distillation_mode == "full_logits" and args.distillation_alpha == 0.3
+    assert args.teacher_model_kind == "ema" and args.teacher_update_rate == pytest.approx(0.1)
+    assert args.include_environment_feedback and not args.use_successful_as_teacher
+    assert "{feedback_raw}" in args.feedback_template
+    assert "{successful_previous_attempt}" in args.solution_template
+    initial = trl_sdpo_kwargs(load_config(None, ["sdpo.weight=0.1", "sdpo.teacher=initial"]))
+    assert initial["teacher_model_kind"] == "base" and initial["use_successful_as_teacher"]
+
+
+def test_peer_arm_without_a_distillation_weight_is_refused(tmp_path):
+    from composer_replication.ablation import arm_config
+    from composer_replication.config import AblationArm, AblationConfig, ConfigError
+
+    acfg = AblationConfig(arms=[AblationArm(name="peer", trainer="trl_sdpo")],
+                          output_dir=str(tmp_path))  # fmt: skip
+    with pytest.raises(ConfigError, match="sdpo.weight, which is 0"):
+        arm_config(acfg, acfg.arms[0], 0)
+
+
+def test_docs_show_the_mapping_table():
+    from composer_replication.ablation import trl_sdpo_mapping_markdown
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "results.md").read_text()
+    assert trl_sdpo_mapping_markdown() in docs

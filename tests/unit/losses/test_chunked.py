@@ -164,7 +164,8 @@ def test_fp32_accuracy_on_confident_distributions(near):
 
     near: teacher = student head, hidden states 0.05 apart, JSD ~0.004. A loss computed as
     a difference of ~0.7-sized sums cancels here (the previous formulation was off by ~9e-4
-    relative); ours must stay within 2e-5. far: unrelated teacher, JSD ~0.68; the gradient
+    relative); ours must stay within 2e-5, and its gradient within 5e-5 (fp32 autograd of the
+    naive loss: 1.0e-5). far: unrelated teacher, JSD ~0.68; the gradient
     is a small difference p * (r - KL) with r, KL ~ log 2, where a single fp32 reduction
     (as in the naive fp32 autograd path: ~2e-5 here) loses digits; ours must stay within 5e-6.
     """
@@ -183,6 +184,8 @@ def test_fp32_accuracy_on_confident_distributions(near):
     loss, _ = chunked_generalized_jsd_loss(h32, w32, th.float(), tw.float(), beta=0.5, chunk_size=8)
     gh, gw = torch.autograd.grad(loss, (h32, w32))
     assert abs(loss.item() - ref.item()) / ref.item() < 2e-5
-    if not near:
-        assert rel_err(gh.double(), gh_ref) < 5e-6
-        assert rel_err(gw.double(), gw_ref) < 5e-6
+    # near: the gradient is small everywhere, fp32 autograd of the naive loss gets ~1.0e-5 and
+    # ours ~1.4e-5 (measured); far: see above
+    tol = 5e-5 if near else 5e-6
+    assert rel_err(gh.double(), gh_ref) < tol
+    assert rel_err(gw.double(), gw_ref) < tol
