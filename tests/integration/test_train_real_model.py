@@ -55,7 +55,14 @@ def test_cli_quickstart_two_steps(tmp_path):
 
 
 def test_resume_continues_like_an_uninterrupted_run(tmp_path):
-    common = [*SMALL, "eval.before_and_after=false", "save_steps=2", "seed=3"]
+    # keep checkpoint-2 after checkpoint-3 is written (the default keeps only the newest)
+    common = [
+        *SMALL,
+        "eval.before_and_after=false",
+        "save_steps=2",
+        "seed=3",
+        "save_total_limit=null",
+    ]
     full = load_config(None, [*common, "max_steps=3", f"output_dir={tmp_path / 'full'}"])
     run_training(full)
     resumed = load_config(
