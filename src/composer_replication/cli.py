@@ -48,9 +48,13 @@ def train(
     _quiet_libraries()
     console.rule("[bold]composer-replication train")
     console.print(dump_config(cfg), markup=False)
+    from composer_replication.envs.sandbox import SandboxUnavailableError
     from composer_replication.trainer.run import run_training
 
-    summary = run_training(cfg, console=console)
+    try:
+        summary = run_training(cfg, console=console)
+    except SandboxUnavailableError as err:
+        _fail(str(err))
     _print_train_summary(summary)
 
 
@@ -111,20 +115,34 @@ def eval_cmd(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 16,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
     show: Annotated[int, typer.Option("--show", min=0, help="print this many completions")] = 5,
+    unsafe_run_without_isolation: Annotated[
+        bool,
+        typer.Option(
+            "--unsafe-run-without-isolation",
+            help="run model-written code without bubblewrap (unsafe; see docs/sandbox.md)",
+        ),
+    ] = False,
 ) -> None:
     """Greedy pass@1 and mean reward with 95% CIs on a task split."""
+    from composer_replication.config import SandboxConfig
     from composer_replication.envs.base import get_env
+    from composer_replication.envs.sandbox import SandboxUnavailableError
     from composer_replication.evaluation import evaluate
     from composer_replication.models import ModelLoadError, load_model, load_tokenizer
     from composer_replication.trainer.run import _progress
 
     _quiet_libraries()
     try:
-        kwargs = {"levels": [int(x) for x in levels.split(",")]} if env == "arithmetic" else {}
+        if env == "arithmetic":
+            kwargs: dict = {"levels": [int(x) for x in levels.split(",")]}
+        else:
+            kwargs = {
+                "sandbox": SandboxConfig(unsafe_run_without_isolation=unsafe_run_without_isolation)
+            }
         environment = get_env(env, **kwargs)
         tok = load_tokenizer(model)
         lm = load_model(model)
-    except (ModelLoadError, ValueError, FileNotFoundError) as err:
+    except (ModelLoadError, ValueError, FileNotFoundError, SandboxUnavailableError) as err:
         _fail(str(err))
     total = min(n, len(environment.tasks(split)))
     with _progress(console, f"eval {env}/{split}", total) as adv:

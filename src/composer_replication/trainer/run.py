@@ -98,12 +98,7 @@ def build_env(cfg: RunConfig):
     e = cfg.env
     if e.name == "arithmetic":
         return get_env("arithmetic", levels=e.levels, heldout_fraction=e.heldout_fraction)
-    return get_env(
-        "humaneval",
-        heldout_fraction=e.heldout_fraction,
-        timeout_s=e.timeout_s,
-        memory_mb=e.memory_mb,
-    )
+    return get_env("humaneval", heldout_fraction=e.heldout_fraction, sandbox=cfg.sandbox)
 
 
 def build_hint_model(cfg: RunConfig):
@@ -189,9 +184,10 @@ def prepare(cfg: RunConfig):
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
+    env = build_env(cfg)  # first: a code env refuses to start without its sandbox
     tokenizer = load_tokenizer(cfg.model.name)
     model = load_model(cfg.model.name, dtype=cfg.model.dtype, peft=cfg.peft)
-    return model, tokenizer, build_env(cfg)
+    return model, tokenizer, env
 
 
 def evaluate_run(
