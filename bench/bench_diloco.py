@@ -1,7 +1,7 @@
 """DiLoCo communication vs a synchronous all-reduce every step, and the loss gap at equal tokens.
 
-One run: 2 replicas (real processes) of the toy regression task (diloco/toy.py, a 1.2K-parameter
-MLP), all exchanging through the same transport, ObjectStoreAllReduce on file://, so every byte
+One run: 2 replicas (real processes) of the toy regression task (tests/support/diloco_toy.py, a
+1.2K-parameter MLP), all exchanging through the same transport, ObjectStoreAllReduce on file://, so every byte
 is counted the same way. Peers, interleaved in one run:
   - sync: the gradients are averaged every step (fp32) -- data-parallel SGD;
   - DiLoCo with H in {1, 10, 50} x {fp32, bf16, int8} pseudo-gradients
@@ -24,9 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]  # the package; tests/support harnesses
 
-from composer_replication.diloco.toy import run_toy_replicas  # noqa: E402
+from support.diloco_toy import run_toy_replicas  # noqa: E402
 
 
 def run(label: str, steps: int, workdir: Path, **opts) -> dict:

@@ -3,7 +3,7 @@
     PYTHONPATH=src python bench/bench_replay.py [--reps 3] [--local-states 8] [--no-local]
 
 Servers run in their own processes on 127.0.0.1:
-- *scripted*: `composer_replication.replay.testing` answering after a fixed 50 ms (a remote API's
+- *scripted*: `support.scripted_openai` answering after a fixed 50 ms (a remote API's
   latency without its variance); shows how concurrency hides latency.
 - *local*: `composer-replication serve` over the embedded SmolLM2-135M (max_tokens 8); one CPU
   model generates one request at a time, so concurrency mostly queues.
@@ -32,13 +32,19 @@ from pathlib import Path
 
 import orjson
 
-from composer_replication.replay.journal import Journal
-from composer_replication.replay.replay import replay_trace
-from composer_replication.replay.teachers import TeacherSpec
-from composer_replication.replay.testing import synthetic_states
-
 REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1"}
+sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]  # the package; tests/support harnesses
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "tests")]),
+    "HF_HUB_OFFLINE": "1",
+}
+
+from support.scripted_openai import synthetic_states  # noqa: E402
+
+from composer_replication.replay.journal import Journal  # noqa: E402
+from composer_replication.replay.replay import replay_trace  # noqa: E402
+from composer_replication.replay.teachers import TeacherSpec  # noqa: E402
 
 
 def free_port() -> int:
@@ -117,7 +123,7 @@ def main() -> None:
     try:
         p_slow, p_fast = free_port(), free_port()
         for port, delay in ((p_slow, 0.05), (p_fast, 0.0)):
-            procs.append(start([sys.executable, "-m", "composer_replication.replay.testing",
+            procs.append(start([sys.executable, "-m", "support.scripted_openai",
                                 "--port", str(port), "--delay-s", str(delay)],
                                f"http://127.0.0.1:{port}/stats"))  # fmt: skip
         slow, fast = (f"http://127.0.0.1:{p}/v1" for p in (p_slow, p_fast))
@@ -162,7 +168,7 @@ def main() -> None:
             from composer_replication.models import DEFAULT_MODEL, resolve_model_path
 
             port = free_port()
-            procs.append(start([sys.executable, "-m", "composer_replication.cli_replay", "serve",
+            procs.append(start([sys.executable, "-m", "composer_replication.cli", "serve",
                                 "--model", resolve_model_path(DEFAULT_MODEL), "--port", str(port),
                                 "--served-model-name", "smol", "--max-prompt-tokens", "256"],
                                f"http://127.0.0.1:{port}/v1/models"))  # fmt: skip

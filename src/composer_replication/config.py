@@ -6,8 +6,9 @@ This module imports no torch (configs are parsed by the CLI before anything heav
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -165,9 +166,122 @@ class EvalConfig(_Strict):
     """Evaluate the base model before training and the trained model after, and print both."""
 
 
+class JsdLossConfig(_Strict):
+    """Generalized Jensen-Shannon divergence (OPSD; Agarwal et al., "On-Policy Distillation of
+    Language Models", 2024): computed from hidden states by the chunked fused-linear kernel."""
+
+    type: Literal["jsd"] = "jsd"
+    beta: float = Field(0.5, ge=0.0, le=1.0)
+    """Interpolation of the mixture (0 forward KL, 1 reverse KL)."""
+    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    """Temperature applied to both distributions."""
+    token_clip: float | None = Field(None, gt=0.0)
+    """Optional clip of the divergence (OPSD's stabilizer); None = no clip."""
+    token_clip_mode: Literal["vocab", "token"] = "vocab"
+    """``vocab``: clamp each vocabulary element's term (OPSD; needs the ``[N, V]`` logits);
+    ``token``: clamp each token's total (runs in the chunked kernel)."""
+
+
+class TaidLossConfig(_Strict):
+    """TAID (Shing et al., "TAID: Temporally Adaptive Interpolated Distillation", ICLR 2025):
+    KL to a target interpolated from the student to the teacher; ``t`` follows the paper's
+    adaptive schedule, fed with the step's objective value."""
+
+    type: Literal["taid"] = "taid"
+    t_start: float = Field(0.4, ge=0.0, lt=1.0)
+    """Interpolation coefficient at step 0 (the paper's default)."""
+    t_end: float = Field(1.0, gt=0.0, le=1.0)
+    """Final interpolation coefficient (1 = plain forward KL to the teacher)."""
+    alpha: float = Field(5e-4, ge=0.0, le=1.0)
+    """Step size of the adaptive increase of ``t`` (the paper's alpha)."""
+    momentum: float = Field(0.99, ge=0.0, lt=1.0)
+    """Momentum of the relative objective change (the paper's beta)."""
+    adaptive: bool = True
+    """False = the linear schedule from t_start to t_end alone."""
+
+    @model_validator(mode="after")
+    def _check_range(self) -> TaidLossConfig:
+        if self.t_end < self.t_start:
+            raise ValueError(f"t_end ({self.t_end}) must be >= t_start ({self.t_start})")
+        return self
+
+
+class EntropyOpdLossConfig(_Strict):
+    """Entropy-aware on-policy distillation: forward/reverse KL mixed by the teacher's
+    normalized entropy per token (see losses/entropy_opd.py)."""
+
+    type: Literal["entropy_opd"] = "entropy_opd"
+    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    """Temperature applied to both distributions."""
+    h_max: float | None = Field(None, gt=0.0)
+    """Entropy normalizer; None = log(vocabulary size)."""
+
+
+SdpoLossConfig = Annotated[
+    JsdLossConfig | TaidLossConfig | EntropyOpdLossConfig, Field(discriminator="type")
+]
+
+
+class DpoLossConfig(_Strict):
+    """DPO (Rafailov et al., 2023): needs reference log-probs, computed once with the initial
+    weights."""
+
+    type: Literal["dpo"] = "dpo"
+    beta: float = Field(0.1, gt=0.0, le=100.0)
+    """Inverse temperature of the implicit reward (the paper's beta)."""
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5)
+    """Conservative DPO: assumed probability that a pair's label is flipped."""
+
+
+class SimpoLossConfig(_Strict):
+    """SimPO (Meng et al., "SimPO: Simple Preference Optimization with a Reference-Free
+    Reward", NeurIPS 2024): length-normalized log-probs, no reference model. Defaults are the
+    paper's Llama-3-Base setting (beta 2.0, gamma/beta 0.5)."""
+
+    type: Literal["simpo"] = "simpo"
+    beta: float = Field(2.0, gt=0.0, le=100.0)
+    """Reward scale (the paper uses 2.0-2.5; DPO's 0.1 is far too small here)."""
+    gamma: float = Field(1.0, ge=0.0)
+    """Target reward margin."""
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5)
+    """Assumed probability that a pair's label is flipped."""
+
+
+PreferenceLossConfig = Annotated[DpoLossConfig | SimpoLossConfig, Field(discriminator="type")]
+
+
+def _legacy_loss(data: Any, section: str, fields: dict[str, str]) -> Any:
+    """Accept a channel section written before the loss became a union: ``loss: NAME`` and
+    the flat loss fields (``section.<old>``) move into ``loss`` (``fields``: old -> new)."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    loss = data.get("loss")
+    if isinstance(loss, str):
+        loss = {"type": loss}
+    moved = {new: data.pop(old) for old, new in fields.items() if old in data}
+    if moved:
+        loss = dict(loss or {})
+        loss.setdefault("type", _default_loss_type(section))
+        for key, value in moved.items():
+            if key in loss and loss[key] != value:
+                raise ValueError(f"{section}.{key} is set twice (flat and under loss)")
+            loss[key] = value
+    if loss is not None:
+        data["loss"] = loss
+    return data
+
+
+def _default_loss_type(section: str) -> str:
+    return {"sdpo": "jsd", "replay": "dpo"}[section]
+
+
 class SdpoConfig(_Strict):
     """Channel 2: hint-conditioned self-distillation (SDPO/OPSD)."""
 
+    weight: float = Field(0.0, ge=0.0, le=1000.0)
+    """Weight of the channel in the total loss; 0 disables it at no cost (alias:
+    top-level ``alpha_sdpo``)."""
     hint_sources: list[Literal["feedback", "sibling", "model"]] = Field(
         default_factory=lambda: ["feedback", "sibling"]
     )
@@ -177,14 +291,9 @@ class SdpoConfig(_Strict):
     (with LoRA: the adapter disabled)."""
     ema_decay: float = Field(0.99, gt=0.0, lt=1.0)
     """EMA decay per optimizer step when ``teacher: ema``."""
-    loss: Literal["jsd", "taid", "entropy_opd"] = "jsd"
-    """Divergence between student and hinted teacher on the completion tokens."""
-    jsd_beta: float = Field(0.5, ge=0.0, le=1.0)
-    """Generalized JSD interpolation (0 forward KL, 1 reverse KL)."""
-    temperature: float = Field(1.0, gt=0.0)
-    """Temperature applied to both distributions."""
-    token_clip: float | None = Field(None, gt=0.0)
-    """Optional per-vocabulary-element clip of the divergence (OPSD)."""
+    loss: SdpoLossConfig = Field(default_factory=JsdLossConfig)
+    """Divergence between student and hinted teacher on the completion tokens, keyed on
+    ``type`` (``jsd``, ``taid``, ``entropy_opd``), each with its own settings."""
     feedback_template: str = (
         "A previous attempt at this was wrong. Feedback on it: {feedback}. Answer correctly."
     )
@@ -196,25 +305,80 @@ class SdpoConfig(_Strict):
     hint_model_name: str | None = None
     """Model id at ``hint_model_url``."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_fields(cls, data: Any) -> Any:
+        return _legacy_loss(
+            data,
+            "sdpo",
+            {"jsd_beta": "beta", "temperature": "temperature", "token_clip": "token_clip"},
+        )
+
+    @model_validator(mode="after")
+    def _hint_model_named(self) -> SdpoConfig:
+        if "model" in self.hint_sources and not (self.hint_model_url and self.hint_model_name):
+            raise ValueError("hint_sources has 'model': set hint_model_url and hint_model_name")
+        return self
+
 
 class ReplayChannelConfig(_Strict):
     """Channel 3: preference loss on pairs from multi-teacher trace replay."""
 
+    weight: float = Field(0.0, ge=0.0, le=1000.0)
+    """Weight of the channel in the total loss; 0 disables it at no cost (alias:
+    top-level ``beta_replay``)."""
     dataset: str | None = None
     """Preference data (JSONL or a directory from ``composer-replication pairs``) in TRL's
     conversational format: prompt messages, chosen, rejected."""
-    loss: Literal["dpo", "simpo"] = "dpo"
-    """DPO (needs reference log-probs, computed once with the initial weights) or SimPO."""
-    beta: float = Field(0.1, gt=0.0)
-    """DPO/SimPO inverse temperature."""
-    gamma: float = Field(1.0, ge=0.0)
-    """SimPO target reward margin."""
-    pairs_per_step: int = Field(2, ge=1)
-    """Pairs drawn per optimizer step."""
+    loss: PreferenceLossConfig = Field(default_factory=DpoLossConfig)
+    """Preference loss keyed on ``type``: ``dpo`` (reference log-probs computed once with the
+    initial weights) or ``simpo`` (reference-free), each with its own beta."""
+    pairs_per_step: int = Field(2, ge=1, le=4096)
+    """Pairs drawn per optimizer step (split across its gradient-accumulation micro-batches)."""
     max_length: int = Field(512, ge=8)
     """Token limit of prompt + response (the prompt is truncated from the left)."""
     max_pairs: int = Field(4096, ge=1)
     """At most this many pairs are loaded (reference log-probs are precomputed for each)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_fields(cls, data: Any) -> Any:
+        return _legacy_loss(data, "replay", {"beta": "beta", "gamma": "gamma"})
+
+    @model_validator(mode="after")
+    def _needs_data(self) -> ReplayChannelConfig:
+        if self.weight > 0 and not self.dataset:
+            raise ValueError("weight > 0 needs dataset (a preference JSONL or directory)")
+        return self
+
+
+CHANNEL_SECTIONS = ("sdpo", "replay")
+"""Run-config sections that configure an extra loss channel (each has a ``weight``)."""
+CHANNEL_ALIASES = {"alpha_sdpo": "sdpo", "beta_replay": "replay"}
+"""Top-level weight aliases kept for old configs and commands: ``alpha_sdpo=0.1`` is
+``sdpo.weight=0.1``."""
+
+
+def _move_weight_aliases(data: Any) -> Any:
+    """``alpha_sdpo``/``beta_replay`` at the top level -> ``sdpo.weight``/``replay.weight``."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    for alias, section in CHANNEL_ALIASES.items():
+        if alias not in data:
+            continue
+        value = data.pop(alias)
+        sec = data.get(section) or {}
+        if not isinstance(sec, dict):
+            continue  # the section's own validation reports it
+        sec = dict(sec)
+        if "weight" in sec and sec["weight"] != value:
+            raise ValueError(
+                f"{alias}={value} and {section}.weight={sec['weight']} disagree: set one"
+            )
+        sec["weight"] = value
+        data[section] = sec
+    return data
 
 
 class RunConfig(_Strict):
@@ -230,12 +394,11 @@ class RunConfig(_Strict):
     """Checkpoint every N steps (0 = only at the end)."""
     num_threads: int = Field(0, ge=0)
     """torch CPU threads (0 = leave torch's default)."""
-    alpha_sdpo: float = Field(0.0, ge=0.0)
-    """Weight of channel 2 (hint-conditioned self-distillation); 0 disables it at no cost."""
-    beta_replay: float = Field(0.0, ge=0.0)
-    """Weight of channel 3 (preference loss on replayed-trace pairs); 0 disables it at no cost."""
     resume_from: str | None = None
     """Checkpoint directory to resume from, or ``latest`` for the newest in output_dir."""
+    resume_override_channels: bool = False
+    """Resume even when the checkpoint's channel settings (``sdpo``, ``replay``) differ from
+    this config's (this config's settings then apply from the resumed step on)."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     peft: PeftConfig = Field(default_factory=PeftConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
@@ -250,15 +413,19 @@ class RunConfig(_Strict):
     diloco: DilocoConfig = Field(default_factory=DilocoConfig)
     """DiLoCo outer loop across replicas (off by default; see diloco/)."""
 
-    @model_validator(mode="after")
-    def _channels_need_inputs(self) -> RunConfig:
-        if self.beta_replay > 0 and not self.replay.dataset:
-            raise ValueError("beta_replay > 0 needs replay.dataset (a preference JSONL/dir)")
-        if "model" in self.sdpo.hint_sources and not (
-            self.sdpo.hint_model_url and self.sdpo.hint_model_name
-        ):
-            raise ValueError("sdpo.hint_sources has 'model': set sdpo.hint_model_url and _name")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _weight_aliases(cls, data: Any) -> Any:
+        return _move_weight_aliases(data)
+
+    def channel_settings(self) -> dict[str, dict[str, Any]]:
+        """Settings of every enabled channel (weight > 0), as plain data: what a checkpoint
+        records and a resume compares."""
+        return {
+            name: getattr(self, name).model_dump(mode="json")
+            for name in CHANNEL_SECTIONS
+            if getattr(self, name).weight > 0
+        }
 
 
 class AblationArm(_Strict):
@@ -294,6 +461,52 @@ class AblationConfig(_Strict):
 
 class ConfigError(ValueError):
     """A config file or override that does not validate; the message names the key."""
+
+
+CHANNELS_FILE = "channels.json"
+"""Written into every checkpoint: the enabled channels' settings (``RunConfig.channel_settings``)."""
+
+
+class ChannelSettingsError(ConfigError):
+    """Resuming a checkpoint whose channel settings differ from the config."""
+
+
+def channel_setting_diffs(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``section.key: checkpoint X, config Y`` for every channel setting that differs (a
+    channel enabled on one side only is one line)."""
+    out = []
+    for name in sorted(set(saved) | set(current)):
+        if name not in saved or name not in current:
+            where = "config" if name in current else "checkpoint"
+            out.append(f"{name}: enabled in the {where} only")
+            continue
+        out += [
+            f"{name}.{key}: checkpoint {saved[name].get(key)!r}, config {current[name].get(key)!r}"
+            for key in sorted(set(saved[name]) | set(current[name]))
+            if saved[name].get(key) != current[name].get(key)
+        ]
+    return out
+
+
+def check_resume_channels(
+    checkpoint_dir: str | Path, current: dict[str, Any], override: bool
+) -> list[str]:
+    """Compare the checkpoint's recorded channel settings with ``current``. Differences raise
+    :class:`ChannelSettingsError` (naming each one) unless ``override``; they are returned
+    either way so the caller can warn. A checkpoint without a record counts as no channels."""
+    path = Path(checkpoint_dir) / CHANNELS_FILE
+    try:
+        saved = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError) as err:
+        raise ChannelSettingsError(f"{path}: unreadable channel record: {err}") from None
+    diffs = channel_setting_diffs(saved, current)
+    if diffs and not override:
+        raise ChannelSettingsError(
+            f"resume: {checkpoint_dir} was trained with other channel settings:\n  "
+            + "\n  ".join(diffs)
+            + "\nset resume_override_channels=true to resume with this config's settings"
+        )
+    return diffs
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -334,18 +547,43 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a RunConfig from YAML (default: the shipped quickstart) plus overrides."""
-    path = Path(path) if path is not None else default_config_path()
+def load_yaml_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
+    """The top-level mapping of a YAML file (``{}`` for an empty file). Every config file of the
+    project (run, ablation, teacher pool) is read here; a `ConfigError` names the file, and for
+    a YAML syntax error the line and column."""
+    path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError as err:
-        raise ConfigError(f"config file not found: {path}") from err
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the {what} file: {err}") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        raise ConfigError(_yaml_error_message(path, err)) from None
+    if data is None:
+        return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    data = apply_overrides(data, overrides or [])
+        raise ConfigError(
+            f"{path}: top level must be a mapping (key: value lines), got {type(data).__name__}"
+        )
+    return data
+
+
+def _yaml_error_message(path: Path, err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(err, "problem", None) or str(err)
+    context = getattr(err, "context", None)
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a RunConfig from YAML (default: the shipped quickstart) plus overrides. ``path`` is
+    a file, or the name of a shipped config (`resolve_config_path`)."""
+    path = resolve_config_path(path) if path is not None else default_config_path()
+    data = apply_overrides(load_yaml_mapping(path), overrides or [])
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
@@ -354,39 +592,39 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def load_ablation_config(path: str | Path, overrides: list[str] | None = None) -> AblationConfig:
     """Load an AblationConfig from YAML plus ``key=value`` overrides."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError as err:
-        raise ConfigError(f"config file not found: {path}") from err
-    data = apply_overrides(data, overrides or [])
+    path = resolve_config_path(path)
+    data = apply_overrides(load_yaml_mapping(path, "ablation config"), overrides or [])
     try:
         return AblationConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_validation_error(err, str(path))) from None
 
 
-def resolve_config_path(name: str) -> Path:
-    """A config path as given, or the file of that name under the shipped configs/."""
+def configs_dir() -> Path:
+    """The shipped configs: package data (``composer_replication/configs``), so an installed
+    wheel has them; a repository checkout sees the same directory as ``configs/``."""
+    return Path(__file__).resolve().parent / "configs"
+
+
+def resolve_config_path(name: str | Path) -> Path:
+    """``name`` if it is a file, else the shipped config of that name: ``quickstart.yaml``,
+    ``configs/quickstart.yaml`` and ``teachers/local.yaml`` all resolve from any directory."""
     p = Path(name)
     if p.is_file():
         return p
-    candidate = default_config_path().parent / name
-    if candidate.is_file():
+    shipped = Path(*p.parts[1:]) if len(p.parts) > 1 and p.parts[0] == "configs" else p
+    candidate = configs_dir() / shipped
+    if not p.is_absolute() and candidate.is_file():
         return candidate
-    raise ConfigError(f"config not found: {name}")
+    raise ConfigError(f"config file not found: {name} (nor under the shipped {configs_dir()})")
 
 
 def default_config_path() -> Path:
-    """The shipped ``configs/quickstart.yaml`` (repo checkout) or its packaged copy."""
-    here = Path(__file__).resolve()
-    for candidate in (
-        here.parents[2] / "configs" / DEFAULT_CONFIG,
-        here.parent / "configs" / DEFAULT_CONFIG,
-    ):
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(f"cannot find the default config {DEFAULT_CONFIG}; pass --config")
+    """The shipped ``quickstart.yaml``."""
+    path = configs_dir() / DEFAULT_CONFIG
+    if not path.is_file():
+        raise ConfigError(f"the default config is missing from the package: {path}; pass --config")
+    return path
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -104,7 +104,7 @@ def generate_greedy(
     """Greedy completions for chat prompts, batched with left padding."""
     import torch
 
-    from composer_replication.trainer.data import render_prompt
+    from composer_replication.chat import render_prompt
 
     completions: list[str] = []
     old_side = tokenizer.padding_side

@@ -194,3 +194,76 @@ def apply_lora(model, peft_cfg):
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, lora)
+
+
+# ---- helpers over a loaded model (accelerate / PEFT wrappers included) --------------------
+
+
+def strip_accelerate(model):
+    """The model under accelerate's/DDP's ``.module`` wrapper (a PEFT model stays one)."""
+    return getattr(model, "module", model)
+
+
+def is_peft(model) -> bool:
+    """True for a PEFT model (whose adapter can be disabled to get the base weights)."""
+    return hasattr(strip_accelerate(model), "disable_adapter")
+
+
+def unwrap(model):
+    """The plain transformers model under accelerate (``.module``) and PEFT wrappers."""
+    model = strip_accelerate(model)
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    return model
+
+
+def backbone(model):
+    """The decoder stack whose ``last_hidden_state`` feeds the LM head."""
+    return unwrap(model).base_model
+
+
+def head_weight(model):
+    """The LM head's ``[V, H]`` weight."""
+    return unwrap(model).get_output_embeddings().weight
+
+
+def pad_token_id(tokenizer) -> int:
+    """The tokenizer's pad token id, or 0 for tokenizers without one (the rows it pads are
+    masked out, so the id only has to be a valid index)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+class HiddenCapture:
+    """Records the backbone's ``last_hidden_state`` of every forward while :meth:`active`."""
+
+    def __init__(self, model):
+        self.module = backbone(model)
+        self.states: list = []
+
+    def active(self):
+        """Context manager: hook the backbone for the duration of the block."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def _ctx():
+            handle = self.module.register_forward_hook(
+                lambda _m, _a, out: self.states.append(out.last_hidden_state)
+            )
+            try:
+                yield self
+            finally:
+                handle.remove()
+
+        return _ctx()
+
+    def completion_states(self, n_rows: int, completion_len: int):
+        """``[B, K, H]`` hidden states that predict the ``K`` completion tokens."""
+        import torch
+
+        h = torch.cat(self.states, dim=0)
+        if h.shape[0] != n_rows:
+            raise RuntimeError(
+                f"captured {h.shape[0]} rows of hidden states for a batch of {n_rows}: the "
+                "policy forward did not run as expected (multiple forwards per micro-batch?)"
+            )
+        return h[:, -completion_len - 1 : -1]

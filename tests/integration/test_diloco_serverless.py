@@ -11,12 +11,12 @@ import time
 
 import pytest
 import torch
+from support.diloco_toy import train_single
 
 from composer_replication.diloco.serverless import LocalProcessExecutor, ReplicaFailedError
-from composer_replication.diloco.toy import train_single
 
 pytestmark = pytest.mark.timeout(400)
-ENTRY = "composer_replication.diloco.toy:replica_entrypoint"
+ENTRY = "support.diloco_toy:replica_entrypoint"
 
 
 def _run(tmp_path, n: int, **options) -> list[dict]:

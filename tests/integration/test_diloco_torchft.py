@@ -1,6 +1,6 @@
 """DiLoCo over torchft with real OS processes, a real lighthouse and gloo all-reduce (CPU).
 
-Each replica is ``python -m composer_replication.diloco.toy`` (a tiny MLP regression task);
+Each replica is ``python -m support.diloco_toy`` (a tiny MLP regression task);
 they meet only through torchft. Nothing here mocks the all-reduce.
 """
 
@@ -17,7 +17,7 @@ import torch
 
 os.environ.setdefault("RUST_LOG", "warn")
 
-from composer_replication.diloco.toy import (  # noqa: E402
+from support.diloco_toy import (  # noqa: E402
     SIGN_GRADS,
     SIGN_THETA0,
     run_toy_replicas,

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO.parent / "shared" / "fixtures"
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1"}
-CLI = [sys.executable, "-m", "composer_replication.cli_replay"]
+CLI = [sys.executable, "-m", "composer_replication.cli"]
 
 
 def _free_port() -> int:

@@ -22,6 +22,11 @@ SYNC_LOG = "diloco.jsonl"
 FINAL_FILE = "diloco_final.json"
 
 
+def store_options(cfg: DilocoConfig) -> dict[str, Any]:
+    """fsspec storage options for ``cfg.store_uri`` (an s3 endpoint when one is set)."""
+    return {"endpoint_url": cfg.store_endpoint_url} if cfg.store_endpoint_url else {}
+
+
 class DilocoCallback(TrainerCallback):
     """Attach ``DilocoRuntime`` to the trainer's optimizer for the length of ``train()``.
 
@@ -34,6 +39,7 @@ class DilocoCallback(TrainerCallback):
         self.output_dir = Path(output_dir)
         self.manager = manager
         self.runtime = None
+        self.initial_checksum: str | None = None
         self._t0 = time.monotonic()
 
     def _build_manager(self) -> Any:
@@ -47,6 +53,7 @@ class DilocoCallback(TrainerCallback):
             world_size=self.cfg.replicas,
             timeout_s=self.cfg.timeout_s,
             compression=self.cfg.compression,
+            storage_options=store_options(self.cfg),
         )
         return ObjectStoreManager(reducer)
 
@@ -62,9 +69,10 @@ class DilocoCallback(TrainerCallback):
             self.cfg, model, inner, manager=self._build_manager(), on_sync=self._on_sync
         )
         self.runtime.__enter__()
+        self.initial_checksum = self.runtime.checksum()
         print(
             f"[diloco] replica {self.cfg.replica_id}: outer loop on, H={self.cfg.sync_every}, "
-            f"backend={self.cfg.backend}, checksum {self.runtime.checksum()}",
+            f"backend={self.cfg.backend}, checksum {self.initial_checksum}",
             flush=True,
         )
 
@@ -86,6 +94,7 @@ class DilocoCallback(TrainerCallback):
         final = {
             "replica": self.cfg.replica_id,
             "checksum": rt.checksum(),
+            "initial_checksum": self.initial_checksum,
             "syncs": len(rt.events),
             "inner_steps": rt.observer.inner_steps,
             "manager_step": rt.manager.current_step(),

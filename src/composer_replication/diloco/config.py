@@ -26,7 +26,8 @@ class DilocoConfig(BaseModel):
     min_replicas: int = Field(1, ge=1, le=1024)
     """Smallest quorum that may commit an outer step (fewer alive replicas -> steps wait)."""
     replica_id: int = Field(0, ge=0)
-    """This process's replica index (set by the launcher; picks the data shard and seed)."""
+    """This process's replica index (set by the launcher): it trains on shard ``replica_id`` of
+    ``replicas`` of the train split and samples with ``seed + replica_id``."""
     sync_every: int = Field(50, ge=1, le=1_000_000)
     """H: inner optimizer steps between outer syncs."""
     outer_lr: float = Field(0.7, gt=0.0, le=10.0)
@@ -49,7 +50,11 @@ class DilocoConfig(BaseModel):
     """torchft (gloo/NCCL all-reduce, lighthouse quorum, live recovery) or object_store
     (replicas meet in an fsspec store; for serverless jobs that cannot open sockets)."""
     store_uri: str | None = None
-    """object_store backend: a ``file://`` or ``s3://`` prefix shared by all replicas."""
+    """object_store backend: a ``file://`` or ``s3://`` prefix shared by all replicas (use a
+    fresh prefix per run: a launcher refuses one that already holds rounds)."""
+    store_endpoint_url: str | None = None
+    """object_store backend on ``s3://``: an S3-compatible endpoint (MinIO, R2, a local test
+    server); None = AWS. Credentials and region come from the usual AWS environment."""
     timeout_s: float = Field(600.0, gt=0.0, le=86_400.0)
     """Seconds a replica waits for its peers at a sync before failing with a timeout error."""
 
@@ -63,6 +68,11 @@ class DilocoConfig(BaseModel):
         if self.min_replicas > self.replicas:
             raise ValueError(
                 f"diloco.min_replicas={self.min_replicas} > diloco.replicas={self.replicas}"
+            )
+        if self.replica_id >= self.replicas:
+            raise ValueError(
+                f"diloco.replica_id={self.replica_id} out of range for "
+                f"diloco.replicas={self.replicas}"
             )
         if self.enabled and self.backend == "object_store" and not self.store_uri:
             raise ValueError("diloco.backend=object_store needs diloco.store_uri")

@@ -1,10 +1,13 @@
-"""``composer-replication diloco``: a torchft lighthouse plus N local replicas of the trainer.
+"""``composer-replication diloco``: N local replicas of the trainer under DiLoCo.
 
 Each replica is a separate OS process running the normal training entry point
 (:func:`composer_replication.trainer.run.run_training`) with ``diloco.enabled=true``, its own
-``replica_id``, seed and data shard (``seed + r``, ``env.seed + r``) and its own output directory
-``{output_dir}/replica-{r}``. The launcher streams their output with a ``[rN]`` prefix, waits for
-them, draws the combined curves and prints the checksum of every replica's final weights.
+``replica_id``, data shard ``r`` of ``n``, sampling seed ``seed + r`` and output directory
+``{output_dir}/replica-{r}``. With the torchft backend a lighthouse is started here (unless one
+is given); with the object_store backend the replicas meet only in ``diloco.store_uri``. The
+launcher streams their output with a ``[rN]`` prefix, waits for them, draws the combined curves
+and prints the checksum of every replica's final weights. :func:`launch_with_executor` runs the
+same replicas through a serverless executor instead (``LocalProcessExecutor`` by default).
 
 Several hosts: start one lighthouse (``torchft_lighthouse --min_replicas N --bind [::]:29510``)
 and on each host run ``composer-replication diloco --replicas N --replica-ids 0,1
@@ -24,6 +27,7 @@ from typing import Any
 
 from composer_replication.config import RunConfig, load_config
 from composer_replication.diloco.callback import FINAL_FILE, SYNC_LOG
+from composer_replication.diloco.replica import replica_overrides
 
 PLOT_FILE = "diloco_curves.png"
 SUMMARY_FILE = "diloco_summary.json"
@@ -41,7 +45,7 @@ class ReplicaResult:
 @dataclass
 class LaunchResult:
     replicas: list[ReplicaResult]
-    lighthouse: str
+    lighthouse: str | None
     plot: Path | None
     summary: Path
 
@@ -59,22 +63,25 @@ class LaunchResult:
         return self.ok and len(set(values)) == 1
 
 
-def replica_overrides(
-    cfg: RunConfig, replica: int, n: int, lighthouse: str, threads: int | None
-) -> list[str]:
-    """The per-replica overrides appended after the user's."""
-    out = [
-        "diloco.enabled=true",
-        f"diloco.replicas={n}",
-        f"diloco.replica_id={replica}",
-        f"diloco.lighthouse={lighthouse}",
-        f"output_dir={Path(cfg.output_dir) / f'replica-{replica}'}",
-        f"seed={cfg.seed + replica}",
-        f"env.seed={cfg.env.seed + replica}",
-    ]
-    if threads is not None:
-        out.append(f"num_threads={threads}")
-    return out
+def thread_overrides(overrides: list[str], n_local: int) -> list[str]:
+    """``num_threads=cores / n_local`` unless the user set num_threads."""
+    if any(o.split("=", 1)[0].strip() == "num_threads" for o in overrides):
+        return []
+    return [f"num_threads={max(1, (os.cpu_count() or 1) // n_local)}"]
+
+
+def check_fresh_store(cfg: RunConfig) -> None:
+    """Refuse an object store that already holds rounds (from an earlier run)."""
+    from composer_replication.diloco.callback import store_options
+    from composer_replication.diloco.serverless.allreduce import rounds_at
+
+    d = cfg.diloco
+    left = rounds_at(d.store_uri or "", store_options(d))
+    if left:
+        raise ValueError(
+            f"diloco.store_uri={d.store_uri} already holds rounds {left[:3]} of another run; "
+            "give each run a fresh prefix"
+        )
 
 
 def _stream(proc: subprocess.Popen, prefix: str, echo) -> None:
@@ -105,27 +112,32 @@ def launch_diloco(
     min_replicas: int | None = None,
     echo=print,
 ) -> LaunchResult:
-    """Start the lighthouse (unless ``lighthouse`` is given) and the replicas; wait; summarize."""
+    """Start the replicas as subprocesses (and, for the torchft backend, a lighthouse unless
+    ``lighthouse`` is given); wait; summarize."""
     cfg = load_config(config, [*overrides, f"diloco.replicas={replicas}"])
     ids = replica_ids if replica_ids is not None else list(range(replicas))
     bad = [i for i in ids if not 0 <= i < replicas]
     if bad:
         raise ValueError(f"--replica-ids {bad} out of range for --replicas {replicas}")
+    object_store = cfg.diloco.backend == "object_store"
+    if object_store:
+        check_fresh_store(cfg)
     server = None
-    if lighthouse is None:
+    if lighthouse is None and not object_store:
         server = start_lighthouse(min_replicas or replicas, join_timeout_s=cfg.diloco.timeout_s)
         lighthouse = server.address()
-    user_threads = any(o.split("=", 1)[0].strip() == "num_threads" for o in overrides)
-    threads = None if user_threads else max(1, (os.cpu_count() or 1) // len(ids))
+    threads = thread_overrides(overrides, len(ids))
     env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"), PYTHONUNBUFFERED="1")
-    echo(f"[diloco] lighthouse {lighthouse}; starting replicas {ids} of {replicas}")
+    where = f"object store {cfg.diloco.store_uri}" if object_store else f"lighthouse {lighthouse}"
+    echo(f"[diloco] {where}; starting replicas {ids} of {replicas}")
     procs: list[tuple[int, subprocess.Popen, threading.Thread]] = []
     try:
         for r in ids:
             args = [sys.executable, "-m", "composer_replication.diloco.replica"]
             if config is not None:
                 args += ["--config", str(config)]
-            args += [*overrides, *replica_overrides(cfg, r, replicas, lighthouse, threads)]
+            rep = replica_overrides(cfg, r, replicas, None if object_store else lighthouse, None)
+            args += [*overrides, *threads, *rep]
             p = subprocess.Popen(
                 args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
             )
@@ -142,24 +154,70 @@ def launch_diloco(
         if server is not None:
             server.shutdown()
     results = [_collect(cfg, r, p.returncode) for r, p, _ in procs]
+    return summarize(cfg, results, None if object_store else lighthouse)
+
+
+def launch_with_executor(
+    config: str | Path | None,
+    overrides: list[str],
+    replicas: int,
+    executor: Any = None,
+    timeout_s: float | None = None,
+    echo=print,
+) -> LaunchResult:
+    """Run the replicas through a serverless executor (default: ``LocalProcessExecutor``) with
+    the trainer entrypoint (:func:`~composer_replication.diloco.serverless.train_entry.
+    train_replica`); object_store backend only (the replicas meet in ``diloco.store_uri``)."""
+    from composer_replication.config import dump_config
+    from composer_replication.diloco.serverless import LocalProcessExecutor, ReplicaFailedError
+    from composer_replication.diloco.serverless.train_entry import TRAIN_ENTRYPOINT
+
+    cfg = load_config(config, [*overrides, f"diloco.replicas={replicas}"])
+    if cfg.diloco.backend != "object_store":
+        raise ValueError(
+            "an executor launch needs diloco.backend=object_store and diloco.store_uri "
+            "(serverless replicas cannot reach a torchft lighthouse)"
+        )
+    check_fresh_store(cfg)
+    executor = executor or LocalProcessExecutor(Path(cfg.output_dir) / "executor")
+    args = {"config_yaml": dump_config(cfg), "overrides": thread_overrides(overrides, replicas)}
+    echo(
+        f"[diloco] object store {cfg.diloco.store_uri}; {type(executor).__name__}: "
+        f"{replicas} replicas of {TRAIN_ENTRYPOINT}"
+    )
+    handles = executor.launch_replicas(replicas, TRAIN_ENTRYPOINT, args)
+    try:
+        records = executor.collect(handles, timeout=timeout_s)
+    except ReplicaFailedError as err:  # the others were stopped: no result from any
+        echo(f"[diloco] {err}")
+        records = [None] * replicas
+    results = [
+        ReplicaResult(
+            r,
+            0 if rec and rec.get("final") else 1,
+            Path(cfg.output_dir) / f"replica-{r}",
+            (rec or {}).get("final"),
+            (rec or {}).get("syncs", []),
+        )
+        for r, rec in enumerate(records)
+    ]
+    return summarize(cfg, results, None)
+
+
+def summarize(cfg: RunConfig, results: list[ReplicaResult], lighthouse: str | None) -> LaunchResult:
+    """Plot the replicas' curves and write ``diloco_summary.json``."""
     plot = plot_replicas(results, Path(cfg.output_dir) / PLOT_FILE)
     summary = Path(cfg.output_dir) / SUMMARY_FILE
     summary.parent.mkdir(parents=True, exist_ok=True)
+    result = LaunchResult(results, lighthouse, plot, summary)
+    rows = [{"replica": r.replica, "exit_code": r.exit_code, "final": r.final} for r in results]
     summary.write_text(
         json.dumps(
-            {
-                "lighthouse": lighthouse,
-                "replicas": [
-                    {"replica": r.replica, "exit_code": r.exit_code, "final": r.final}
-                    for r in results
-                ],
-                "weights_equal": len({(r.final or {}).get("checksum") for r in results}) == 1
-                and all(r.final for r in results),
-            },
+            {"lighthouse": lighthouse, "replicas": rows, "weights_equal": result.weights_equal},
             indent=2,
         )
     )
-    return LaunchResult(results, lighthouse, plot, summary)
+    return result
 
 
 def _collect(cfg: RunConfig, replica: int, code: int) -> ReplicaResult:

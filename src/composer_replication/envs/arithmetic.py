@@ -22,12 +22,11 @@ bare guesses. Correctness alone lifted held-out pass@1 from 23% to 89%.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from composer_replication.envs.base import Environment, StepResult, Task
+from composer_replication.envs.base import Environment, StepResult, Task, unit_hash
 
 _NUMBER = re.compile(r"-?\d+")
 _BARE_NUMBER = re.compile(r"^\s*-?\d+\s*\.?\s*$")
@@ -64,11 +63,6 @@ LEVELS: dict[int, Level] = {
 }
 
 PROMPT = "What is {a} {op} {b}? Reply with only the number."
-
-
-def _unit_hash(key: str) -> float:
-    digest = hashlib.sha256(key.encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
 
 
 def extract_answer(text: str, problem: tuple[int, str, int] | None = None) -> int | None:
@@ -120,7 +114,7 @@ class ArithmeticEnv(Environment):
             level = LEVELS[lv]
             for a, b in level.problems():
                 key = f"L{lv}:{a}{level.op}{b}"
-                split = "heldout" if _unit_hash(key) < heldout_fraction else "train"
+                split = "heldout" if unit_hash(key) < heldout_fraction else "train"
                 task = Task(
                     task_id=key,
                     prompt=PROMPT.format(a=a, op=level.op, b=b),
@@ -130,7 +124,7 @@ class ArithmeticEnv(Environment):
                 self._splits[split].append(task)
         # a fixed, level-interleaved order: sorting by hash mixes levels evenly
         for tasks in self._splits.values():
-            tasks.sort(key=lambda t: _unit_hash("order:" + t.task_id))
+            tasks.sort(key=lambda t: unit_hash("order:" + t.task_id))
 
     def tasks(self, split: str) -> list[Task]:
         if split not in self._splits:

@@ -7,9 +7,17 @@ say *what* was wrong ("expected 19, got 8", the failing assertion), not just tha
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
+
+
+def unit_hash(key: str) -> float:
+    """A stable number in [0, 1) from ``key`` (SHA-256): assigns a task to a split or an order
+    that does not depend on Python's hash seed or on the rest of the task set."""
+    digest = hashlib.sha256(key.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
 
 
 @dataclass(frozen=True)
@@ -74,16 +82,3 @@ class Environment(ABC):
         result = self.grade(self._task, action)
         self._task = None
         return result
-
-
-def get_env(name: str, **kwargs: Any) -> Environment:
-    """Build an embedded environment by name (``arithmetic`` or ``humaneval``)."""
-    if name == "arithmetic":
-        from composer_replication.envs.arithmetic import ArithmeticEnv
-
-        return ArithmeticEnv(**kwargs)
-    if name == "humaneval":
-        from composer_replication.envs.humaneval import HumanEvalEnv
-
-        return HumanEvalEnv(**kwargs)
-    raise ValueError(f"unknown environment {name!r}; known: arithmetic, humaneval")

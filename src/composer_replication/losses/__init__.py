@@ -5,11 +5,19 @@
   :func:`chunked_generalized_jsd_loss`, :func:`taid_loss` + :class:`TAIDScheduler`,
   :func:`entropy_aware_opd_loss`
 * channel 3 (replay pairs): :func:`dpo_loss`, :func:`simpo_loss`, :func:`sequence_logps`
-* :func:`compose_loss` sums them with per-channel masks, divisors and metric prefixes.
+* :func:`self_distill_loss` / :func:`preference_loss` dispatch a channel's inputs to those;
+  :func:`compose_loss` sums :class:`ChannelTerm` s (weight, loss, metrics) onto the policy loss.
 """
 
 from .chunked import chunked_generalized_jsd_loss, default_chunk_size
-from .compose import ReplayInputs, SdpoInputs, compose_loss
+from .compose import (
+    ChannelTerm,
+    ReplayInputs,
+    SdpoInputs,
+    compose_loss,
+    preference_loss,
+    self_distill_loss,
+)
 from .entropy_opd import entropy_aware_opd_loss
 from .jsd import generalized_jsd_loss
 from .policy import prime_rl_policy_loss
@@ -17,6 +25,7 @@ from .preference import dpo_loss, sequence_logps, simpo_loss
 from .taid import TAIDScheduler, taid_loss
 
 __all__ = [
+    "ChannelTerm",
     "ReplayInputs",
     "SdpoInputs",
     "TAIDScheduler",
@@ -26,7 +35,9 @@ __all__ = [
     "dpo_loss",
     "entropy_aware_opd_loss",
     "generalized_jsd_loss",
+    "preference_loss",
     "prime_rl_policy_loss",
+    "self_distill_loss",
     "sequence_logps",
     "simpo_loss",
     "taid_loss",

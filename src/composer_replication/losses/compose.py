@@ -1,33 +1,33 @@
-"""``compose_loss``: the three Composer channels summed into one objective.
+"""``compose_loss``: the channels summed into one objective, and the pure per-channel losses.
 
 ::
 
-    total = policy_loss                      # channel 1 (GRPO/DAPO from TRL, or PRIME-RL's loss)
-          + alpha_sdpo  * sdpo_loss          # channel 2: hint self-distillation (JSD / TAID / entropy-OPD)
-          + beta_replay * replay_loss        # channel 3: DPO / SimPO on replayed-trace pairs
+    total = policy_loss                        # channel 1 (GRPO/DAPO from TRL, or PRIME-RL's loss)
+          + sum_c weight_c * loss_c            # extra channels, e.g.
+                                               #   sdpo/:   hint self-distillation (JSD / TAID / entropy-OPD)
+                                               #   replay/: DPO / SimPO on replayed-trace pairs
 
-The caller (e.g. ``ComposerReplicationTrainer._compute_loss``) computes each channel's
-*inputs* (the policy loss from ``GRPOTrainer``, student/teacher logits or hidden states on the
-hinted completion tokens, pair log-probs) and passes them here. Each channel keeps its own
-token/pair mask, its own divisor and its own metrics prefix (``policy/``, ``sdpo/``,
-``replay/``), in the style of PRIME-RL's ``compute_loss`` (per-component normalisation, so
-channels never dilute each other's denominators).
+Each channel object (``composer_replication.channels``) computes its *unweighted* loss with its
+own token/pair mask and divisor (via :func:`self_distill_loss` / :func:`preference_loss`) and
+hands ``compose_loss`` a :class:`ChannelTerm`; ``compose_loss`` only weighs, sums and prefixes
+metrics, in the style of PRIME-RL's ``compute_loss`` (per-component normalisation, so channels
+never dilute each other's denominators).
 
 Contract:
 
-* weight 0 -> the channel is not computed at all (its inputs are not even looked at) and
-  ``total`` *is* ``policy_loss`` (the same tensor: bit-exact with plain GRPO);
-* weight > 0 and inputs missing -> ``ValueError`` naming the channel (never a silent 0);
-* a present channel with no tokens/pairs contributes an exact 0 that still backpropagates,
-  and reports ``<prefix>num_tokens = 0`` / ``num_pairs = 0``.
+* no terms -> ``total`` *is* ``policy_loss`` (the same tensor: bit-exact with plain GRPO);
+  a channel whose weight is 0 is never built, so it never produces a term;
+* a term with no tokens/pairs contributes an exact 0 and says so in its metrics
+  (``<prefix>num_tokens = 0`` / ``num_pairs = 0``), never a silent 0;
+* a negative weight, a non-scalar loss, or two terms with one prefix are errors.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
 from torch import Tensor
 
 from .chunked import TeacherLogitsFn, chunked_generalized_jsd_loss
@@ -35,6 +35,18 @@ from .entropy_opd import entropy_aware_opd_loss
 from .jsd import generalized_jsd_loss
 from .preference import dpo_loss, simpo_loss
 from .taid import taid_loss
+
+
+@dataclass(frozen=True)
+class ChannelTerm:
+    """One channel's contribution: ``weight * loss``, with metrics under ``prefix``."""
+
+    prefix: str
+    """Metrics prefix ending in ``/`` (``sdpo/``, ``replay/``)."""
+    weight: float
+    loss: Tensor
+    """The unweighted scalar loss (already divided by the channel's own divisor)."""
+    metrics: dict[str, Tensor | float] = field(default_factory=dict)
 
 
 @dataclass
@@ -92,54 +104,48 @@ class ReplayInputs:
 
 def compose_loss(
     policy_loss: Tensor,
+    terms: Sequence[ChannelTerm] = (),
     policy_metrics: dict[str, Tensor] | None = None,
-    sdpo: SdpoInputs | None = None,
-    replay: ReplayInputs | None = None,
-    alpha_sdpo: float = 0.0,
-    beta_replay: float = 0.0,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Sum the channels (module docstring) and return ``(total, metrics)``.
+) -> tuple[Tensor, dict[str, Tensor | float]]:
+    """``total = policy_loss + sum(term.weight * term.loss)``; returns ``(total, metrics)``.
 
-    Metrics: ``policy/*`` (``policy/loss`` plus the given ``policy_metrics``), ``sdpo/*`` and
-    ``replay/*`` for computed channels (their ``loss``, the unweighted value, and ``weight``),
-    and ``total/loss``.
+    Metrics: ``policy/loss`` plus ``policy/<k>`` for ``policy_metrics``; per term
+    ``<prefix>loss`` (unweighted), ``<prefix>weight`` and ``<prefix><k>`` for its metrics; and
+    ``total/loss``.
 
-    Example: policy 1.0, sdpo JSD 0.2 with alpha 0.5, replay 0.7 with beta 0 ->
-    total = 1.0 + 0.1 = 1.1 and no ``replay/`` key.
+    Example: policy 1.0, an ``sdpo/`` term of loss 0.2 with weight 0.5 -> total 1.1.
     """
     if not isinstance(policy_loss, Tensor) or policy_loss.dim() != 0:
         raise ValueError("policy_loss must be a scalar tensor (channel 'policy')")
-    for name, w in (("alpha_sdpo", alpha_sdpo), ("beta_replay", beta_replay)):
-        if w < 0:
-            raise ValueError(f"{name} must be >= 0, got {w}")
-    metrics = {"policy/loss": policy_loss.detach()}
+    metrics: dict[str, Tensor | float] = {"policy/loss": policy_loss.detach()}
     for key, value in (policy_metrics or {}).items():
         metrics[f"policy/{key}"] = value.detach() if isinstance(value, Tensor) else value
     total = policy_loss
-    if alpha_sdpo > 0:
-        if sdpo is None:
-            raise ValueError("channel 'sdpo' has alpha_sdpo > 0 but no SdpoInputs were given")
-        loss, m = _sdpo_loss(sdpo)
-        total = total + alpha_sdpo * loss
-        _add(metrics, "sdpo/", loss, m, alpha_sdpo)
-    if beta_replay > 0:
-        if replay is None:
-            raise ValueError("channel 'replay' has beta_replay > 0 but no ReplayInputs were given")
-        loss, m = _replay_loss(replay)
-        total = total + beta_replay * loss
-        _add(metrics, "replay/", loss, m, beta_replay)
+    seen: set[str] = {"policy/", "total/"}
+    for term in terms:
+        _check_term(term, seen)
+        total = total + term.weight * term.loss
+        metrics[f"{term.prefix}loss"] = term.loss.detach()
+        metrics[f"{term.prefix}weight"] = float(term.weight)
+        for key, value in term.metrics.items():
+            metrics[f"{term.prefix}{key}"] = value.detach() if isinstance(value, Tensor) else value
     metrics["total/loss"] = total.detach()
     return total, metrics
 
 
-def _add(metrics: dict, prefix: str, loss: Tensor, m: dict[str, Tensor], weight: float) -> None:
-    metrics[f"{prefix}loss"] = loss.detach()
-    metrics[f"{prefix}weight"] = torch.tensor(float(weight))
-    for key, value in m.items():
-        metrics[f"{prefix}{key}"] = value
+def _check_term(term: ChannelTerm, seen: set[str]) -> None:
+    if not term.prefix.endswith("/") or term.prefix in seen:
+        raise ValueError(f"channel prefix {term.prefix!r} must end in '/' and be unique")
+    seen.add(term.prefix)
+    if term.weight < 0:
+        raise ValueError(f"channel {term.prefix!r}: weight must be >= 0, got {term.weight}")
+    if not isinstance(term.loss, Tensor) or term.loss.dim() != 0:
+        raise ValueError(f"channel {term.prefix!r}: loss must be a scalar tensor")
 
 
-def _sdpo_loss(x: SdpoInputs) -> tuple[Tensor, dict[str, Tensor]]:
+def self_distill_loss(x: SdpoInputs) -> tuple[Tensor, dict[str, Tensor]]:
+    """Channel 2's divergence on its own tokens: dispatch on ``x.kind`` to the pure losses
+    (generalized JSD from logits or, chunked, from hidden states; TAID; entropy-aware OPD)."""
     if x.student_logits is None:
         return _sdpo_chunked(x)
     if x.teacher_logits is None:
@@ -196,7 +202,8 @@ def _sdpo_chunked(x: SdpoInputs) -> tuple[Tensor, dict[str, Tensor]]:
     )
 
 
-def _replay_loss(x: ReplayInputs) -> tuple[Tensor, dict[str, Tensor]]:
+def preference_loss(x: ReplayInputs) -> tuple[Tensor, dict[str, Tensor]]:
+    """Channel 3's pair loss: DPO (needs reference log-probs) or SimPO (reference-free)."""
     if x.kind == "dpo":
         if x.ref_chosen_logps is None or x.ref_rejected_logps is None:
             raise ValueError(

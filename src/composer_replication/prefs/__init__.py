@@ -8,7 +8,13 @@ from .agreement import (
     extract_dpo_pairs,
     extract_pairs,
 )
-from .export import export_pairs, pair_record, pairs_from_journal, replay_and_normalize_trace
+from .export import (
+    export_pairs,
+    normalize_with_backend,
+    pair_record,
+    pairs_from_journal,
+    replay_and_normalize_trace,
+)
 from .normalize import NormalizeConfig, NormalizeReport, normalize_pairs
 from .normalize_dj import DJNormalizer
 
@@ -24,6 +30,7 @@ __all__ = [
     "extract_dpo_pairs",
     "extract_pairs",
     "normalize_pairs",
+    "normalize_with_backend",
     "pair_record",
     "pairs_from_journal",
     "replay_and_normalize_trace",

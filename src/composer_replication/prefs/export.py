@@ -7,10 +7,10 @@ assistant list each), the format ``trl.DPOTrainer`` reads unchanged
 ``n_teachers``, ``cost_usd`` and the original OpenAI messages as JSON (``chosen_json``,
 ``rejected_json``).
 
-``tool_format="text"`` (default) writes tool calls into the message text as
-``<tool_call>{...}</tool_call>`` and tool results as user turns, which every chat template
-renders (SmolLM2's ignores ``tool_calls``); ``"openai"`` keeps OpenAI ``tool_calls`` / ``tool``
-messages for templates that support them.
+``tool_format="text"`` (default) writes tool calls into the message text and tool results as
+user turns (`composer_replication.chat.flatten_messages`: ``<tool_call>`` / ``<tool_response>``
+blocks), which every chat template renders (SmolLM2's ignores ``tool_calls``); ``"openai"``
+keeps OpenAI ``tool_calls`` / ``tool`` messages for templates that support them.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import orjson
 
+from composer_replication.chat import flatten_messages
+
 from .agreement import AgreementStats, DPOPair, Embedder, extract_pairs
 from .normalize import NormalizeConfig, NormalizeReport, normalize_pairs
 
@@ -31,9 +33,7 @@ ToolFormat = Literal["text", "openai"]
 
 def _messages(msgs: Sequence[dict[str, Any]], tool_format: ToolFormat) -> list[dict[str, Any]]:
     if tool_format == "text":
-        from composer_replication.replay.local_model import flatten_message
-
-        return [flatten_message(m) for m in msgs]
+        return flatten_messages(msgs)
     if tool_format != "openai":
         raise ValueError(f"tool_format must be 'text' or 'openai', got {tool_format!r}")
     return [dict(m) for m in msgs]
@@ -107,6 +107,19 @@ class PairsResult:
         )
 
 
+def normalize_with_backend(
+    pairs: Sequence[DPOPair], cfg: NormalizeConfig | None = None
+) -> tuple[list[DPOPair], NormalizeReport]:
+    """Run ``cfg``'s normalization recipe on the engine ``cfg.backend`` names: `normalize_pairs`
+    (native) or data-juicer's `DJNormalizer` (imported only when chosen)."""
+    cfg = cfg or NormalizeConfig()
+    if cfg.backend == "datajuicer":
+        from .normalize_dj import DJNormalizer
+
+        return DJNormalizer(cfg)(pairs)
+    return normalize_pairs(pairs, cfg)
+
+
 def pairs_from_journal(
     db: str | os.PathLike[str],
     *,
@@ -131,7 +144,7 @@ def pairs_from_journal(
         states, actions, agreement_threshold, strategy=strategy, weights=weights,
         embedder=embedder, similarity_threshold=similarity_threshold, costs=costs,
     )  # fmt: skip
-    kept, report = normalize_pairs(pairs, normalize)
+    kept, report = normalize_with_backend(pairs, normalize)
     ds = export_pairs(kept, out_dir, tool_format) if out_dir is not None else None
     return PairsResult(kept, stats, report, ds)
 

@@ -4,8 +4,10 @@ Broder 1997 "On the resemblance and containment of documents"). Each filter repo
 pairs it dropped.
 
 The text of an answer is its content plus one ``name {canonical args}`` line per tool call.
-``NormalizeConfig.backend="datajuicer"`` runs the same recipe with data-juicer's operators
-(`DJNormalizer` in ``normalize_dj.py``, which lists where its statistics are defined differently).
+This module is the native backend. ``NormalizeConfig.backend="datajuicer"`` names the same
+recipe run by data-juicer's operators (`DJNormalizer` in ``normalize_dj.py``, which lists where
+its statistics are defined differently); the caller picks the engine
+(`composer_replication.prefs.export.normalize_with_backend`).
 """
 
 from __future__ import annotations
@@ -123,13 +125,14 @@ def near_duplicates(texts: Sequence[str], cfg: NormalizeConfig) -> set[int]:
 def normalize_pairs(
     pairs: Sequence[DPOPair], cfg: NormalizeConfig | None = None
 ) -> tuple[list[DPOPair], NormalizeReport]:
-    """Apply the filters in order, then near-dup removal; report drops per filter. Runs on
-    ``cfg.backend`` (data-juicer's `DJNormalizer` for ``"datajuicer"``)."""
+    """Apply the filters in order, then near-dup removal; report drops per filter. The native
+    backend only: a config for another backend is refused (`normalize_with_backend` picks)."""
     cfg = cfg or NormalizeConfig()
-    if cfg.backend == "datajuicer":
-        from .normalize_dj import DJNormalizer
-
-        return DJNormalizer(cfg)(pairs)
+    if cfg.backend != "native":
+        raise ValueError(
+            f"normalize_pairs is the native backend, the config asks for {cfg.backend!r}: "
+            "run it with prefs.export.normalize_with_backend (or DJNormalizer)"
+        )
     report = NormalizeReport(input=len(pairs))
     kept = list(pairs)
     for name, keep in _filters(cfg):

@@ -18,9 +18,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from composer_replication.chat import render_prompt
 from composer_replication.traces.schema import TraceState
-
-from .local_model import flatten_message, flatten_messages
 
 
 def mean_token_entropy(logits_TV, mask_T):
@@ -35,11 +34,9 @@ def mean_token_entropy(logits_TV, mask_T):
     return ent, {"gating/tokens": int(n)}
 
 
-def _ids(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
-    out = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
-    )
-    return list(out["input_ids"] if hasattr(out, "keys") else out)
+def _ids(tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
+    text = render_prompt(tokenizer, messages, add_generation_prompt=add_generation_prompt)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def state_entropy(
@@ -49,9 +46,9 @@ def state_entropy(
     """The student's mean token entropy over ``state.action`` (see the module docstring)."""
     import torch
 
-    prompt = flatten_messages(state.prefix) or [{"role": "user", "content": ""}]
+    prompt = state.prefix or [{"role": "user", "content": ""}]
     p_ids = _ids(tokenizer, prompt, add_generation_prompt=True)
-    full = _ids(tokenizer, [*prompt, flatten_message(state.action.as_message())], False)
+    full = _ids(tokenizer, [*prompt, state.action.as_message()], False)
     a_ids = full[len(p_ids) :][:max_action_tokens]
     if not a_ids:
         return 0.0

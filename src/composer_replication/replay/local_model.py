@@ -1,25 +1,19 @@
 """A local Hugging Face chat model that answers OpenAI chat requests: shared by the in-process
 teacher (`LocalHFTeacher`) and the OpenAI-compatible server (`server.py`).
 
-Small chat templates (SmolLM2's, for one) only know ``role`` and ``content``. Messages are
-therefore flattened before templating: an assistant message's ``tool_calls`` become
-``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` lines (the Hermes / Qwen convention), a
-``tool`` message becomes a ``user`` message ``[tool result <id>] ...``, and when the request lists
-``tools`` a system note describes them and that format. Generated text is parsed back: each
-well-formed ``<tool_call>`` block becomes an OpenAI ``tool_calls`` entry.
+Requests are rendered by `composer_replication.chat.render_prompt` (tool calls, tool results and
+listed ``tools`` included, in the format its docstring defines); when the request lists
+``tools``, each well-formed ``<tool_call>`` block of the generated text becomes an OpenAI
+``tool_calls`` entry (`composer_replication.chat.parse_tool_calls`).
 """
 
 from __future__ import annotations
 
-import re
 import threading
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-TOOL_CALL_RE = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+from composer_replication.chat import parse_tool_calls, render_prompt
 
 
 @dataclass
@@ -32,91 +26,6 @@ class Generation:
     completion_tokens: int = 0
     finish_reason: str = "stop"
     truncated_prompt_tokens: int = 0
-
-
-def tool_call_text(call: dict[str, Any]) -> str:
-    """Render one OpenAI tool call as a ``<tool_call>`` line."""
-    fn = call.get("function") or {}
-    args = fn.get("arguments", "{}")
-    try:
-        args_obj = orjson.loads(args) if isinstance(args, str) else args
-    except orjson.JSONDecodeError:
-        args_obj = args
-    body = orjson.dumps({"name": fn.get("name", ""), "arguments": args_obj}).decode()
-    return f"<tool_call>{body}</tool_call>"
-
-
-def flatten_message(msg: dict[str, Any]) -> dict[str, str]:
-    """An OpenAI chat message as a plain ``{role, content}`` message any chat template renders."""
-    role = msg.get("role", "user")
-    content = msg.get("content") or ""
-    if isinstance(content, list):  # content parts: keep the text parts
-        content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-    if role == "tool":
-        return {"role": "user", "content": f"[tool result {msg.get('tool_call_id', '')}] {content}"}
-    if role == "assistant" and msg.get("tool_calls"):
-        calls = "\n".join(tool_call_text(c) for c in msg["tool_calls"])
-        content = f"{content}\n{calls}" if content else calls
-    if role not in ("system", "user", "assistant"):
-        role = "user"
-    return {"role": role, "content": content}
-
-
-def tools_note(tools: list[dict[str, Any]]) -> str:
-    """System text listing the available tools and the call format we parse."""
-    names = []
-    for t in tools:
-        fn = t.get("function", t)
-        desc = fn.get("description", "")
-        names.append(f"- {fn.get('name', '?')}" + (f": {desc}" if desc else ""))
-    return (
-        "You can call these tools:\n"
-        + "\n".join(names)
-        + '\nTo call one, answer with <tool_call>{"name": NAME, "arguments": {...}}</tool_call>.'
-    )
-
-
-def flatten_messages(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-) -> list[dict[str, str]]:
-    """Flatten a whole conversation; tool descriptions join (or become) the system message."""
-    flat = [flatten_message(m) for m in messages]
-    if tools:
-        note = tools_note(tools)
-        if flat and flat[0]["role"] == "system":
-            flat[0] = {"role": "system", "content": f"{flat[0]['content']}\n\n{note}"}
-        else:
-            flat.insert(0, {"role": "system", "content": note})
-    return flat
-
-
-def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """Split generated text into (remaining text, OpenAI tool_calls). Malformed blocks stay text."""
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    pos = 0
-    for m in TOOL_CALL_RE.finditer(text):
-        try:
-            obj = orjson.loads(m.group(1))
-        except orjson.JSONDecodeError:
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            continue
-        kept.append(text[pos : m.start()])
-        pos = m.end()
-        args = obj.get("arguments", {})
-        calls.append(
-            {
-                "id": f"call_{uuid.uuid4().hex[:12]}",
-                "type": "function",
-                "function": {
-                    "name": obj["name"],
-                    "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
-                },
-            }
-        )
-    kept.append(text[pos:])
-    return "".join(kept).strip(), calls
 
 
 class LocalChatModel:
@@ -147,13 +56,8 @@ class LocalChatModel:
         return self
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None):
-        flat = flatten_messages(messages, tools)
-        ids = self.tokenizer.apply_chat_template(
-            flat, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        if hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        ids = list(ids)
+        text = render_prompt(self.tokenizer, messages, tools=tools)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         cut = max(0, len(ids) - self.max_prompt_tokens)
         return ids[cut:], cut
 

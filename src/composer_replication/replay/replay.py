@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from composer_replication.progress import progress_bar
 from composer_replication.traces.schema import TraceState
 
 from .budget import BudgetLedger, worst_case_cost, worst_case_prompt_tokens
@@ -145,8 +145,7 @@ class _Replayer:
         self.cost_by_teacher: dict[str, list[float]] = defaultdict(list)
         self.tokens_ok = [0, 0]  # prompt, completion tokens of successful calls this run
         self.skipped_by_teacher: dict[str, int] = defaultdict(int)  # calls saved by tiers
-        self.progress: Progress | None = None
-        self.task_id: Any = None
+        self.advance: Callable[..., None] | None = None
 
     def tiers(self) -> list[list[Teacher]]:
         if not self.tiered:
@@ -225,12 +224,11 @@ class _Replayer:
         self._advance()
 
     def _advance(self) -> None:
-        if self.progress is None:
+        if self.advance is None:
             return
         r = self.result
-        self.progress.update(
-            self.task_id,
-            advance=1,
+        self.advance(
+            1,
             description=(
                 f"calls {r.calls_sent} (+{r.calls_cached} cached, {r.calls_failed} failed) "
                 f"tok {r.prompt_tokens}/{r.completion_tokens} ${r.cost_usd:.4f}"
@@ -269,8 +267,8 @@ class _Replayer:
             r.states_completed += 1
 
     def _advance_by(self, n: int) -> None:
-        if self.progress is not None:
-            self.progress.update(self.task_id, advance=n)
+        if self.advance is not None:
+            self.advance(n)
 
 
 async def replay_trace(
@@ -341,10 +339,10 @@ async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_t
         async with limit:
             await rp.run_state(state)
 
-    console = progress if isinstance(progress, Console) else Console(stderr=True)
-    with _progress_bar(console, enabled=bool(progress)) as bar:
-        if bar is not None:
-            rp.progress, rp.task_id = bar, bar.add_task("replay", total=len(todo) * len(clients))
+    console = (
+        progress if isinstance(progress, Console) else Console(stderr=True) if progress else None
+    )
+    with progress_bar(console, "replay", total=len(todo) * len(clients)) as rp.advance:
         await asyncio.gather(*(one(s) for s in todo))
     r.budget_exhausted = ledger.exhausted
     r.max_committed_usd = ledger.max_committed_usd
@@ -364,29 +362,3 @@ def _saved_usd(rp: _Replayer, saved_gating: int, n_todo: int, n_all: int) -> flo
     gating = (n_all - n_todo) * sum(per_call.values())
     tiers = sum(per_call[name] * n for name, n in rp.skipped_by_teacher.items())
     return gating + tiers
-
-
-class _progress_bar:
-    def __init__(self, console: Console, enabled: bool):
-        self.enabled = enabled
-        self.bar = (
-            Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=console,
-                transient=False,
-            )  # fmt: skip
-            if enabled
-            else None
-        )
-
-    def __enter__(self) -> Progress | None:
-        if self.bar is not None:
-            self.bar.__enter__()
-        return self.bar
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)

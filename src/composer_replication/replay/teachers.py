@@ -31,12 +31,12 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import orjson
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from composer_replication.config import ConfigError, load_yaml_mapping, resolve_config_path
 
 LOCAL_BASE_URL = "local"
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
@@ -119,19 +119,18 @@ class TeacherPool(BaseModel):
         return self
 
 
-class PoolError(ValueError):
+class PoolError(ConfigError):
     """A teacher pool file is unreadable or invalid; the message names the file and field."""
 
 
 def load_pool(path: str | os.PathLike[str]) -> TeacherPool:
-    """Read and validate a teacher pool YAML file."""
-    p = Path(path)
+    """Read and validate a teacher pool YAML file (a path, or a shipped pool such as
+    ``teachers/local.yaml``)."""
     try:
-        raw = yaml.safe_load(p.read_text())
-    except FileNotFoundError as err:
-        raise PoolError(f"{p}: teacher pool file not found") from err
-    except yaml.YAMLError as err:
-        raise PoolError(f"{p}: invalid YAML: {err}") from err
+        p = resolve_config_path(path)
+        raw = load_yaml_mapping(p, "teacher pool")
+    except ConfigError as err:
+        raise PoolError(str(err)) from None
     try:
         return TeacherPool.model_validate(raw)
     except ValidationError as err:

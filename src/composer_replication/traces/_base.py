@@ -465,3 +465,33 @@ def _redact_tree(value: Any, red: Callable[[str], str]) -> Any:
         items = [_redact_tree(v, red) for v in value]
         return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
     return value
+
+
+def parts_text(
+    content: Any,
+    text_types: frozenset[str],
+    unknown: str,
+    untyped: str | None = None,
+    skip_types: frozenset[str] = frozenset(),
+) -> str:
+    """Text of a list of message content parts (OpenAI chat parts, Responses-API items):
+    strings as they are, parts whose ``type`` is in ``text_types`` by their ``text``, images
+    as ``[image]``, ``skip_types`` dropped, other types as ``unknown.format(type)`` and parts
+    without a type as ``untyped`` (None: dropped). Joined by newlines."""
+    parts = []
+    for c in as_list(content):
+        if isinstance(c, str):
+            parts.append(c)
+            continue
+        ctype = as_str(as_dict(c).get("type"))
+        if ctype in text_types:
+            parts.append(as_str(as_dict(c).get("text")))
+        elif "image" in ctype:
+            parts.append("[image]")
+        elif ctype in skip_types:
+            continue
+        elif ctype:
+            parts.append(unknown.format(ctype))
+        elif untyped is not None:
+            parts.append(untyped)
+    return "\n".join(parts)

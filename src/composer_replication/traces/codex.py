@@ -28,6 +28,7 @@ from ._base import (
     as_str,
     dumps_str,
     make_tool_call,
+    parts_text,
     run_jsonl,
 )
 from .schema import Message, TraceState
@@ -74,22 +75,13 @@ def content_text(content: Any) -> str:
         if "content" in content:
             return content_text(content.get("content"))
         return dumps_str(content)
-    parts = []
-    for c in as_list(content):
-        if isinstance(c, str):
-            parts.append(c)
-            continue
-        c = as_dict(c)
-        ctype = as_str(c.get("type"))
-        if ctype in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
-            parts.append(as_str(c.get("text")))
-        elif "image" in ctype:
-            parts.append("[image]")
-        elif ctype == "encrypted_content":
-            continue
-        else:
-            parts.append(f"[{ctype or 'unknown'} content]")
-    return "\n".join(parts)
+    return parts_text(
+        content,
+        frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"}),
+        unknown="[{} content]",
+        untyped="[unknown content]",
+        skip_types=frozenset({"encrypted_content"}),
+    )
 
 
 def item_to_message(item: dict[str, Any]) -> Message | None:

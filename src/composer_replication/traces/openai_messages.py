@@ -25,6 +25,7 @@ from ._base import (
     dumps_str,
     load_document,
     make_tool_call,
+    parts_text,
     run_jsonl,
 )
 from .schema import TraceState
@@ -88,25 +89,13 @@ def read_message_list(ctx: ReaderContext, session_id: str, msgs: list[Any]) -> I
     yield from ctx.drain()
 
 
-def parts_text(content: Any) -> str:
+def message_text(content: Any) -> str:
+    """Text of an OpenAI chat message's content (a string or a list of parts)."""
     if isinstance(content, str):
         return content
     if content is None:
         return ""
-    parts = []
-    for p in as_list(content):
-        if isinstance(p, str):
-            parts.append(p)
-            continue
-        p = as_dict(p)
-        ptype = as_str(p.get("type"))
-        if ptype in ("text", "input_text", "output_text"):
-            parts.append(as_str(p.get("text")))
-        elif "image" in ptype:
-            parts.append("[image]")
-        elif ptype:
-            parts.append(f"[{ptype} part]")
-    return "\n".join(parts)
+    return parts_text(content, frozenset({"text", "input_text", "output_text"}), "[{} part]")
 
 
 def add_message(b: SessionBuilder, line: int, msg: Any, index: int) -> str | None:
@@ -114,7 +103,7 @@ def add_message(b: SessionBuilder, line: int, msg: Any, index: int) -> str | Non
     if not isinstance(msg, dict):
         return "message_not_an_object"
     role = msg.get("role")
-    text = parts_text(msg.get("content"))
+    text = message_text(msg.get("content"))
     if role in ("system", "developer"):
         b.system(text)
     elif role == "user":

@@ -4,34 +4,45 @@ from __future__ import annotations
 
 import random
 
+from composer_replication.chat import as_messages
 from composer_replication.envs.base import Environment, Task
 
 
-def as_messages(env: Environment, task: Task) -> list[dict[str, str]]:
-    """The conversational prompt of a task (one user turn)."""
-    return [{"role": "user", "content": env.user_message(task)}]
+def shard_tasks(tasks: list[Task], index: int, count: int) -> list[Task]:
+    """Shard ``index`` of ``count`` of ``tasks``: every ``count``-th task from ``index`` on.
 
-
-def render_prompt(tokenizer, prompt: list[dict[str, str]] | str) -> str:
-    """The exact text the model sees: the chat template with a generation prompt, if any.
-
-    Models without a chat template (base models) see the user text as is.
+    The shards are disjoint and together cover ``tasks``; strided rather than contiguous so a
+    split ordered by level (or hash) gives every shard the same mix. DiLoCo assumes each replica
+    trains on its own shard (Douillard et al. 2023, arXiv:2311.08105, Sec. 2).
     """
-    if isinstance(prompt, str):
-        prompt = [{"role": "user", "content": prompt}]
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-    return "\n".join(m["content"] for m in prompt)
+    if not 0 <= index < count:
+        raise ValueError(f"shard index {index} out of range for {count} shards")
+    shard = tasks[index::count]
+    if not shard:
+        raise ValueError(
+            f"shard {index} of {count} is empty: the split has only {len(tasks)} tasks"
+        )
+    return shard
 
 
-def build_prompt_dataset(env: Environment, split: str, n: int, seed: int, conversational: bool):
-    """A ``datasets.Dataset`` of ``n`` prompts drawn (with replacement past the split size) from
-    ``split``, with a ``task_id`` column the reward function uses to find the task."""
+def build_prompt_dataset(
+    env: Environment,
+    split: str,
+    n: int,
+    seed: int,
+    conversational: bool,
+    shard: tuple[int, int] = (0, 1),
+):
+    """A ``datasets.Dataset`` of ``n`` prompts drawn (with replacement past the shard size) from
+    ``split``, with a ``task_id`` column the reward function uses to find the task.
+
+    ``shard=(r, n_shards)`` draws only from shard ``r`` of the split (:func:`shard_tasks`)."""
     from datasets import Dataset
 
     tasks = env.tasks(split)
     if not tasks:
         raise ValueError(f"{env.name}: split {split!r} is empty")
+    tasks = shard_tasks(tasks, *shard)
     rng = random.Random(seed)
     order: list[Task] = []
     while len(order) < n:
@@ -39,5 +50,6 @@ def build_prompt_dataset(env: Environment, split: str, n: int, seed: int, conver
         rng.shuffle(block)
         order.extend(block)
     order = order[:n]
-    prompts = [as_messages(env, t) if conversational else env.user_message(t) for t in order]
+    texts = [env.user_message(t) for t in order]
+    prompts = [as_messages(x) for x in texts] if conversational else texts
     return Dataset.from_dict({"prompt": prompts, "task_id": [t.task_id for t in order]})

@@ -14,11 +14,20 @@ unpadded forward of ``prefix + suffix`` per row up to float rounding
 
 Models whose caches are not plain full-attention KV lists (sliding-window layers, recurrent
 states) take the plain padded forward instead: :func:`supports_prefix_cache`.
+
+Gradient checkpointing (on by default in TRL's GRPOConfig) makes every decoder layer drop its
+``past_key_values`` in training mode, which would silently run the suffixes without their
+prefix. So :func:`forward_with_prefix` pauses the layers' checkpointing flags for its calls
+(free under ``no_grad``, e.g. the SDPO teacher), and :func:`supports_prefix_cache` answers False
+for a training-mode, checkpointing model when gradients are on (replay pairs), so those callers
+keep the user's memory setting and take the padded forward.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,8 +126,31 @@ def supports_prefix_cache(net) -> bool:
         return False
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         return False
+    if torch.is_grad_enabled() and checkpointing_active(net):
+        return False
     params = inspect.signature(net.forward).parameters
     return "position_ids" in params and "past_key_values" in params
+
+
+def checkpointing_active(net) -> bool:
+    """True if ``net`` is in training mode with gradient checkpointing on in some layer (then
+    transformers drops ``past_key_values`` in every checkpointed layer)."""
+    return net.training and any(getattr(m, "gradient_checkpointing", False) for m in net.modules())
+
+
+@contextlib.contextmanager
+def checkpointing_paused(*nets) -> Iterator[None]:
+    """Turn the layers' gradient-checkpointing flags off for the block, then restore them."""
+    flipped = [
+        m for net in nets for m in net.modules() if getattr(m, "gradient_checkpointing", False)
+    ]
+    for m in flipped:
+        m.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for m in flipped:
+            m.gradient_checkpointing = True
 
 
 def forward_with_prefix(prefix_net, net, batch: PrefixBatch, **suffix_kwargs: Any) -> Any:
@@ -126,8 +158,14 @@ def forward_with_prefix(prefix_net, net, batch: PrefixBatch, **suffix_kwargs: An
     them) with a KV cache, expand the cache to the rows, and return ``net``'s output for the
     suffixes (``net`` is the backbone or the full causal LM sharing that backbone).
 
-    Gradients flow through both calls unless the caller is under ``no_grad``.
+    Gradients flow through both calls unless the caller is under ``no_grad``. Gradient
+    checkpointing is paused for both calls (module docstring).
     """
+    with checkpointing_paused(prefix_net, net):
+        return _forward_with_prefix(prefix_net, net, batch, **suffix_kwargs)
+
+
+def _forward_with_prefix(prefix_net, net, batch: PrefixBatch, **suffix_kwargs: Any) -> Any:
     if batch.prefix_ids.shape[1] == 0:  # nothing shared: one plain forward of the suffixes
         pos = (batch.suffix_mask.cumsum(1) - 1).clamp(min=0)
         return net(

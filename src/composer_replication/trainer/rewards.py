@@ -9,18 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from composer_replication.chat import to_text
 from composer_replication.envs.base import Environment, StepResult
-
-
-def completion_text(completion: Any) -> str:
-    """Plain text of a TRL completion (a string, or a list of chat messages)."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list):
-        return "".join(
-            m.get("content", "") for m in completion if isinstance(m.get("content", ""), str)
-        )
-    raise TypeError(f"unexpected completion type {type(completion).__name__}")
 
 
 class EnvReward:
@@ -36,7 +26,7 @@ class EnvReward:
         unknown = [tid for tid in task_id if tid not in self._tasks]
         if unknown:
             raise KeyError(f"reward: unknown task_id {unknown[0]!r} for env {self.env.name!r}")
-        texts = [completion_text(c) for c in completions]
+        texts = [to_text(c) for c in completions]
         if len(texts) != len(task_id):
             raise ValueError(f"reward: {len(texts)} completions for {len(task_id)} task ids")
         results = self.env.grade_batch([self._tasks[tid] for tid in task_id], texts)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from composer_replication.config import RunConfig, dump_config
+from composer_replication.progress import progress_bar
 
 
 @dataclass
@@ -24,6 +25,8 @@ class RunSummary:
     train_seconds: float
     total_seconds: float
     final_checkpoint: Path
+    channel_reports: list[str] = field(default_factory=list)
+    """Channels with weight > 0 that stayed inactive on every step (empty if none)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -93,7 +96,7 @@ def build_reward_funcs(cfg: RunConfig, env) -> list:
 
 
 def build_env(cfg: RunConfig):
-    from composer_replication.envs.base import get_env
+    from composer_replication.envs import get_env
 
     e = cfg.env
     if e.name == "arithmetic":
@@ -101,17 +104,17 @@ def build_env(cfg: RunConfig):
     return get_env("humaneval", heldout_fraction=e.heldout_fraction, sandbox=cfg.sandbox)
 
 
-def build_hint_model(cfg: RunConfig):
-    """The OpenAI-compatible hint model when hint source ``model`` is configured, else None."""
-    if cfg.alpha_sdpo <= 0 or "model" not in cfg.sdpo.hint_sources:
-        return None
-    from composer_replication.hints import OpenAIHintModel
-
-    return OpenAIHintModel(cfg.sdpo.hint_model_url, cfg.sdpo.hint_model_name)
+def data_shard(cfg: RunConfig) -> tuple[int, int]:
+    """(index, count) of this run's slice of the train split: DiLoCo replica r of n trains on
+    shard r of n; a plain run on the whole split."""
+    d = cfg.diloco
+    return (d.replica_id, d.replicas) if d.enabled else (0, 1)
 
 
-def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None):
-    """A ComposerReplicationTrainer wired with our reward, dataset and callbacks."""
+def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_kwargs=None):
+    """A ComposerReplicationTrainer wired with our reward, dataset, channels and callbacks
+    (``channel_kwargs``: extra constructor arguments per channel name, see build_channels)."""
+    from composer_replication.channels import build_channels
     from composer_replication.trainer.callbacks import (
         MetricsJsonlCallback,
         PlotCallback,
@@ -126,6 +129,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None):
         cfg.env.num_train,
         cfg.env.seed,
         conversational=bool(getattr(tokenizer, "chat_template", None)),
+        shard=data_shard(cfg),
     )
     callbacks = [MetricsJsonlCallback(cfg.output_dir), PlotCallback(cfg.output_dir)]
     if console is not None:
@@ -141,11 +145,8 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None):
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=callbacks,
-        alpha_sdpo=cfg.alpha_sdpo,
-        beta_replay=cfg.beta_replay,
-        sdpo=cfg.sdpo,
-        replay=cfg.replay,
-        hint_model=build_hint_model(cfg),
+        channels=build_channels(cfg, **(channel_kwargs or {})),
+        resume_override_channels=cfg.resume_override_channels,
         dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
         max_refills=cfg.grpo.dynamic_sampling.max_refills,
     )
@@ -170,6 +171,17 @@ def resolve_resume(cfg: RunConfig) -> str | None:
     if not Path(cfg.resume_from).is_dir():
         raise FileNotFoundError(f"resume_from: {cfg.resume_from} is not a directory")
     return cfg.resume_from
+
+
+def check_resume(cfg: RunConfig) -> str | None:
+    """The checkpoint to resume from, after checking (before any model loads) that it was
+    trained with this config's channel settings (``resume_override_channels`` to differ)."""
+    from composer_replication.config import check_resume_channels
+
+    resume = resolve_resume(cfg)
+    if resume is not None:
+        check_resume_channels(resume, cfg.channel_settings(), cfg.resume_override_channels)
+    return resume
 
 
 def prepare(cfg: RunConfig):
@@ -197,7 +209,7 @@ def evaluate_run(
     from composer_replication.evaluation import evaluate
 
     n = n or cfg.eval.n
-    with _progress(console, f"eval {tag}", min(n, len(env.tasks(cfg.eval.split)))) as adv:
+    with progress_bar(console, f"eval {tag}", min(n, len(env.tasks(cfg.eval.split)))) as adv:
         return evaluate(
             model,
             tokenizer,
@@ -215,9 +227,9 @@ def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary
     from composer_replication.evaluation import paired_difference
 
     t_start = time.monotonic()
+    resume = check_resume(cfg)
     model, tokenizer, env = prepare(cfg)
     run_dir = Path(cfg.output_dir)
-    resume = resolve_resume(cfg)
     evals = cfg.eval.before_and_after
     base = (
         evaluate_run(cfg, model, tokenizer, env, "base", console) if evals and not resume else None
@@ -241,6 +253,7 @@ def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary
         train_seconds=train_seconds,
         total_seconds=time.monotonic() - t_start,
         final_checkpoint=final,
+        channel_reports=list(trainer.channel_reports),
     )
     (run_dir / "eval.json").write_text(json.dumps(_summary_json(summary), indent=2))
     return summary
@@ -254,32 +267,5 @@ def _summary_json(s: RunSummary) -> dict[str, Any]:
         "train_seconds": s.train_seconds,
         "total_seconds": s.total_seconds,
         "final_checkpoint": str(s.final_checkpoint),
+        "channel_reports": s.channel_reports,
     }
-
-
-class _progress:
-    """Context manager yielding an ``advance(n)`` callback backed by a rich progress bar."""
-
-    def __init__(self, console, label: str, total: int):
-        self.console, self.label, self.total = console, label, total
-        self.bar = None
-
-    def __enter__(self):
-        if self.console is None:
-            return None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        self.bar = Progress(
-            TextColumn(f"[bold]{self.label}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            console=self.console,
-        )
-        self.bar.start()
-        task = self.bar.add_task(self.label, total=self.total)
-        return lambda n: self.bar.advance(task, n)
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-        return False

@@ -1,15 +1,18 @@
-"""``ComposerReplicationTrainer``: TRL's ``GRPOTrainer`` with the hooks the three channels need.
+"""``ComposerReplicationTrainer``: TRL's ``GRPOTrainer`` whose loss is the policy loss plus a
+list of channel objects (``composer_replication.channels``).
 
 Channel 1 is TRL's GRPO loss, unchanged (its loss types, clip-higher ``epsilon_high``, token-level
 aggregation, truncated-completion masking). This subclass adds:
 
-* ``_compute_loss`` as the single place channels compose (``losses.compose_loss``):
-  ``total = policy + alpha_sdpo * self_distill + beta_replay * preference``. With both weights 0
-  it returns exactly what ``GRPOTrainer._compute_loss`` returns (same tensor, same graph), so
-  loss and gradients are bit-identical to plain GRPO, and nothing else is computed.
-* channel 2 (trainer/sdpo.py): failed rollouts get hints; the self-teacher scores the same
-  completion tokens with the hint in context; generalized JSD / TAID / entropy-aware OPD.
-* channel 3 (trainer/replay_channel.py): DPO or SimPO on replayed-trace preference pairs.
+* ``_compute_loss`` as the single place channels compose: each enabled channel returns a
+  ``ChannelTerm`` (its unweighted loss over its own mask and divisor, its metrics) and
+  ``losses.compose_loss`` sums ``policy + sum(weight * loss)``. With no enabled channel it
+  returns exactly what ``GRPOTrainer._compute_loss`` returns (same tensor, same graph), so loss
+  and gradients are bit-identical to plain GRPO, and nothing else is computed.
+* the channel life cycle: ``setup`` once, ``attach`` after each scored generation round,
+  ``term`` per micro-batch, ``after_step`` per optimizer step, ``save``/``load`` with
+  checkpoints (refusing a checkpoint whose channel settings differ, unless told to override),
+  and a report of channels that never did anything.
 * DAPO dynamic sampling (Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at
   Scale", 2025, sec. 3.2), which TRL lacks: groups whose rewards all tie carry no advantage, so
   they are replaced by groups generated from fresh prompts, up to ``max_refills`` extra rounds.
@@ -18,15 +21,22 @@ aggregation, truncated-completion masking). This subclass adds:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from composer_replication.config import ReplayChannelConfig, SdpoConfig
+from composer_replication.channels.base import Channel, LossContext, Rollouts
+from composer_replication.config import CHANNELS_FILE, check_resume_channels
 from composer_replication.losses import compose_loss
+from composer_replication.models import HiddenCapture
+
+log = logging.getLogger(__name__)
 
 # tensors of a generation batch padded on the left (prompts) or the right (completions)
 _LEFT_PADDED = ("prompt_ids", "prompt_mask")
@@ -42,134 +52,104 @@ _RIGHT_PADDED = (
 
 
 class ComposerReplicationTrainer(GRPOTrainer):
-    """GRPO trainer whose loss is the sum of the composer channels.
+    """GRPO trainer whose loss is the policy loss plus the enabled channels' terms.
 
     Extra keyword arguments (all optional):
-        alpha_sdpo, beta_replay: channel weights (0 = channel off, costs nothing).
-        sdpo: SdpoConfig for channel 2 (hint sources, teacher weights, divergence).
-        replay: ReplayChannelConfig for channel 3 (preference dataset, DPO/SimPO).
-        hint_model: callable (prompt, completion, feedback) -> hint, for hint source "model".
+        channels: channel objects (``composer_replication.channels``); those with weight 0 are
+            dropped and cost nothing.
         dynamic_sampling: enable DAPO dynamic sampling.
         max_refills: extra generation rounds per step for dynamic sampling.
+        resume_override_channels: resume a checkpoint whose channel settings differ.
 
-    Channel 2 needs a reward function that keeps its verdicts (``last_results``, as
-    :class:`~composer_replication.trainer.rewards.EnvReward` does): the hints come from them.
+    A channel that needs verdicts (``needs_verdicts``) needs a reward function that keeps them
+    (``last_results``, as :class:`~composer_replication.trainer.rewards.EnvReward` does).
     """
 
     def __init__(
         self,
         *args: Any,
-        alpha_sdpo: float = 0.0,
-        beta_replay: float = 0.0,
-        sdpo: SdpoConfig | None = None,
-        replay: ReplayChannelConfig | None = None,
-        hint_model=None,
+        channels: Sequence[Channel] = (),
         dynamic_sampling: bool = False,
         max_refills: int = 2,
+        resume_override_channels: bool = False,
         **kwargs: Any,
     ):
-        if alpha_sdpo < 0 or beta_replay < 0:
-            raise ValueError("alpha_sdpo and beta_replay must be >= 0")
         super().__init__(*args, **kwargs)
-        self.self_teacher = None
-        self.replay = None
+        self.channels = [c for c in channels if c.enabled]
         self._graded_reward = None
-        if alpha_sdpo > 0:
-            self._graded_reward = _find_graded_reward(self.reward_funcs)
-            from composer_replication.trainer.sdpo import SelfTeacher
-
-            self.self_teacher = SelfTeacher(
-                sdpo or SdpoConfig(),
-                self.processing_class,
-                self.model,
-                self.args.max_steps,
-                hint_model,
-            )
-            self.add_callback(_AfterStep(self))
-        if beta_replay > 0:
-            if replay is None or not replay.dataset:
-                raise ValueError("beta_replay > 0 needs replay=ReplayChannelConfig(dataset=...)")
-            from composer_replication.trainer.replay_channel import ReplayChannel
-
-            self.replay = ReplayChannel(replay, self.processing_class, self.model, self.args.seed)
-        self._last_sdpo_loss: float | None = None
+        if any(c.needs_verdicts for c in self.channels):
+            self._graded_reward = _find_graded_reward(self.reward_funcs, self.channels)
+        for channel in self.channels:
+            channel.setup(self.model, self.processing_class, self.args)
+        if self.channels:
+            self.add_callback(_ChannelCallback(self))
         if dynamic_sampling and self.accelerator.num_processes > 1:
             raise NotImplementedError(
                 "dynamic sampling refills per process; multi-process runs would desynchronize "
                 "TRL's collective reward gathering. Use it with one process per replica."
             )
-        self.alpha_sdpo = alpha_sdpo
-        self.beta_replay = beta_replay
         self.dynamic_sampling = dynamic_sampling
         self.max_refills = max_refills
+        self.resume_override_channels = resume_override_channels
+        self.channel_reports: list[str] = []
         self._refill_rows: Iterator[dict[str, Any]] | None = None
 
-    # ---- checkpoints carry the channels' own state ---------------------------------------
+    def channel(self, name: str) -> Channel | None:
+        """The enabled channel called ``name``, if any."""
+        return next((c for c in self.channels if c.name == name), None)
+
+    # ---- checkpoints carry the channels' settings and state --------------------------------
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        if resume_from_checkpoint and self.self_teacher is not None:
-            self.self_teacher.load(str(resume_from_checkpoint))
-        if resume_from_checkpoint and self.replay is not None:
-            self.replay.load(str(resume_from_checkpoint))
+        if resume_from_checkpoint:
+            current = {c.name: c.settings() for c in self.channels}
+            diffs = check_resume_channels(
+                resume_from_checkpoint, current, self.resume_override_channels
+            )
+            if diffs:
+                log.warning("resuming with changed channel settings: %s", "; ".join(diffs))
+            for channel in self.channels:
+                channel.load(str(resume_from_checkpoint))
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
-        ckpt = f"{self._get_output_dir(trial)}/checkpoint-{self.state.global_step}"
-        if self.self_teacher is not None:
-            self.self_teacher.save(ckpt)
-        if self.replay is not None:
-            self.replay.save(ckpt)
+        ckpt = Path(self._get_output_dir(trial)) / f"checkpoint-{self.state.global_step}"
+        settings = {c.name: c.settings() for c in self.channels}
+        (ckpt / CHANNELS_FILE).write_text(json.dumps(settings, indent=1, sort_keys=True))
+        for channel in self.channels:
+            channel.save(str(ckpt))
 
     # ---- channel composition -------------------------------------------------------------
     def _compute_loss(self, model, inputs):
-        if self.self_teacher is None and self.replay is None:
+        if not self.channels:
             return super()._compute_loss(model, inputs)
-        from composer_replication.trainer.sdpo import HiddenCapture
-
-        capture = HiddenCapture(model) if self.self_teacher is not None else None
+        capture = None
+        if any(c.needs_student_hidden for c in self.channels):
+            capture = HiddenCapture(model)
         with capture.active() if capture is not None else contextlib.nullcontext():
             policy_loss = super()._compute_loss(model, inputs)
         mode = "train" if model.training else "eval"
-        accum = self.current_gradient_accumulation_steps if mode == "train" else 1
-        sdpo_in, extra = None, {}
-        if self.self_teacher is not None:
-            k = inputs["completion_ids"].shape[1]
-            student = capture.completion_states(inputs["completion_ids"].shape[0], k)
-            n_tok = int((inputs["completion_mask"].bool() & inputs["sdpo_hinted"][:, None]).sum())
-            sdpo_in, extra = self.self_teacher.sdpo_inputs(
-                model, inputs, student, divisor=max(n_tok, 1) * accum
-            )
-        replay_in = None
-        if self.replay is not None:
-            replay_in = self.replay.replay_inputs(
-                model, divisor=self.replay.cfg.pairs_per_step * accum
-            )
-        total, metrics = compose_loss(
-            policy_loss,
-            sdpo=sdpo_in,
-            replay=replay_in,
-            alpha_sdpo=self.alpha_sdpo,
-            beta_replay=self.beta_replay,
+        ctx = LossContext(
+            model=model,
+            batch=inputs,
+            mode=mode,
+            grad_accum=self.current_gradient_accumulation_steps if mode == "train" else 1,
+            global_step=self.state.global_step,
         )
-        self._log_channel_metrics(mode, metrics, extra)
-        return total
-
-    def _log_channel_metrics(self, mode: str, metrics: dict, extra: dict) -> None:
+        if capture is not None:
+            comp = inputs["completion_ids"]
+            ctx.student_hidden_BKH = capture.completion_states(comp.shape[0], comp.shape[1])
+        total, metrics = compose_loss(policy_loss, [c.term(ctx) for c in self.channels])
         for key, value in metrics.items():
             self._metrics[mode][key].append(float(value))
-        for key, value in extra.items():
-            self._metrics[mode][f"sdpo/{key}"].append(float(value))
-        if "sdpo/num_tokens" in metrics:
-            active = float(metrics["sdpo/num_tokens"]) > 0
-            self._metrics[mode]["sdpo/active"].append(float(active))
-            self._last_sdpo_loss = float(metrics["sdpo/loss"]) if active else None
+        return total
 
-    # ---- rollouts: dynamic sampling, then hints for channel 2 -----------------------------
+    # ---- rollouts: dynamic sampling, then each channel's batch preparation ------------------
     def _score_round(self, inputs):
-        """One generation + scoring round, with the per-row prompts and verdicts channel 2
-        needs kept alongside (lists travel through TRL's shuffle/split like tensors)."""
+        """One generation + scoring round, with the per-row prompts and verdicts the channels
+        need kept alongside (lists travel through TRL's shuffle/split like tensors)."""
         batch = super()._generate_and_score_completions(inputs)
-        if self.self_teacher is not None:
+        if self._graded_reward is not None:
             results = list(self._graded_reward.last_results)
             if len(results) != len(inputs):
                 raise RuntimeError(
@@ -181,15 +161,16 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         batch = self._dynamic_sampling(inputs) if self.model.training else self._score_round(inputs)
-        if self.self_teacher is not None:
-            results = batch.pop("_results")
-            batch = self.self_teacher.attach(
-                batch,
-                batch.pop("_prompts"),
-                [r.observation for r in results],
-                results,
-                self.num_generations,
+        if self.channels:
+            results = batch.pop("_results", [])
+            rollouts = Rollouts(
+                prompts=batch.pop("_prompts", []),
+                completions=[getattr(r, "observation", None) for r in results],
+                results=results,
+                group_size=self.num_generations,
             )
+            for channel in self.channels:
+                batch = channel.attach(batch, rollouts)
         return batch
 
     def _dynamic_sampling(self, inputs):
@@ -227,24 +208,32 @@ class ComposerReplicationTrainer(GRPOTrainer):
         return [row for row in rows for _ in range(self.num_generations)]
 
 
-class _AfterStep(TrainerCallback):
-    """After each optimizer step: the self-teacher's EMA update and TAID schedule."""
+class _ChannelCallback(TrainerCallback):
+    """After each optimizer step: every channel's ``after_step``; at the end of training: the
+    report of channels that had weight > 0 but never did anything."""
 
     def __init__(self, trainer: ComposerReplicationTrainer):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
-        t = self.trainer
-        t.self_teacher.after_step(t.model, t._last_sdpo_loss, state.global_step)
+        for channel in self.trainer.channels:
+            channel.after_step(self.trainer.model, state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        reports = [r for c in self.trainer.channels if (r := c.idle_report())]
+        for report in reports:
+            log.warning(report)
+        self.trainer.channel_reports = reports
 
 
-def _find_graded_reward(reward_funcs):
+def _find_graded_reward(reward_funcs, channels: Sequence[Channel]):
     for f in reward_funcs:
         if hasattr(f, "last_results"):
             return f
+    names = [c.name for c in channels if c.needs_verdicts]
     raise ValueError(
-        "alpha_sdpo > 0 needs a reward function that keeps its verdicts (`last_results`, e.g. "
-        "EnvReward): the hints are built from the verifier's feedback"
+        f"channel(s) {names} need a reward function that keeps its verdicts (`last_results`, "
+        "e.g. EnvReward): they are built from the verifier's feedback"
     )
 
 

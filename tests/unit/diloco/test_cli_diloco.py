@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from typer.testing import CliRunner
 
-from composer_replication.cli_diloco import diloco_command
+from composer_replication.cli.diloco import diloco_command
 
 app = typer.Typer()
 app.command("diloco", context_settings={"allow_extra_args": True})(diloco_command)
@@ -35,5 +35,30 @@ def test_replica_id_out_of_range():
 def test_help_lists_options():
     res = CliRunner().invoke(app, ["diloco", "--help"])
     assert res.exit_code == 0
-    for opt in ("--replicas", "--config", "--lighthouse", "--replica-ids", "--min-replicas"):
+    for opt in (
+        "--replicas",
+        "--config",
+        "--lighthouse",
+        "--replica-ids",
+        "--min-replicas",
+        "--executor",
+    ):
         assert opt in res.output
+
+
+def test_executor_launch_needs_the_object_store_backend():
+    res = CliRunner().invoke(app, ["diloco", "--replicas", "2", "--executor", "local"])
+    assert res.exit_code == 2 and "diloco.backend=object_store" in res.output
+
+
+def test_unknown_executor():
+    res = CliRunner().invoke(app, ["diloco", "--executor", "modal"])
+    assert res.exit_code == 2 and "only 'local'" in res.output
+
+
+def test_object_store_refuses_a_store_left_from_another_run(tmp_path):
+    (tmp_path / "round-00000000").mkdir()
+    args = ["diloco", "diloco.backend=object_store", f"diloco.store_uri=file://{tmp_path}"]
+    for extra in ([], ["--executor", "local"]):
+        res = CliRunner().invoke(app, [*args, *extra])
+        assert res.exit_code == 2 and "already holds rounds [0]" in res.output

@@ -1,7 +1,7 @@
 import pytest
 
+from composer_replication.envs import get_env
 from composer_replication.envs.arithmetic import LEVELS, ArithmeticEnv, extract_answer, grade_answer
-from composer_replication.envs.base import get_env
 
 
 def test_splits_are_disjoint_and_cover_every_problem():

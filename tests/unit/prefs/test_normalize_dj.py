@@ -17,8 +17,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from composer_replication.cli_replay import pairs_command
+from composer_replication.cli.replay import pairs_command
 from composer_replication.prefs.agreement import DPOPair
+from composer_replication.prefs.export import normalize_with_backend
 from composer_replication.prefs.normalize import (
     NormalizeConfig,
     NormalizeReport,
@@ -153,24 +154,40 @@ def test_dj_texts_shorter_than_a_shingle_are_all_duplicates(dj):
 def test_backend_option_and_report_shape(dj):
     pairs = fixture_pairs()
     cfg = NormalizeConfig(min_words=2, backend="datajuicer")
-    kept, rep = normalize_pairs(pairs, cfg)
+    kept, rep = normalize_with_backend(pairs, cfg)
     assert list(rep.dropped) == ["text_length", "word_count", "special_char_ratio",
                                  "minhash_near_dup"]  # fmt: skip
     assert rep.input == len(pairs) and rep.kept == len(kept)
     assert rep.kept == len(pairs) - sum(rep.dropped.values())
     assert rep.dropped["text_length"] == 1  # the empty answer
-    assert normalize_pairs([], cfg) == ([], NormalizeReport(0, 0, dict.fromkeys(rep.dropped, 0)))
-    _, rep = normalize_pairs(pairs, cfg.model_copy(update={"dedup": False}))
+    empty = normalize_with_backend([], cfg)
+    assert empty == ([], NormalizeReport(0, 0, dict.fromkeys(rep.dropped, 0)))
+    _, rep = normalize_with_backend(pairs, cfg.model_copy(update={"dedup": False}))
     assert "minhash_near_dup" not in rep.dropped
     with pytest.raises(ValueError, match="backend"):
         NormalizeConfig(backend="spark")
+
+
+def test_the_caller_picks_the_backend():
+    """`normalize_pairs` is the native engine and refuses a data-juicer config rather than
+    running the other recipe; `normalize_with_backend` with ``native`` is exactly it."""
+    pairs = fixture_pairs()
+    with pytest.raises(ValueError, match="native backend, the config asks for 'datajuicer'"):
+        normalize_pairs(pairs, NormalizeConfig(backend="datajuicer"))
+    cfg = NormalizeConfig(min_words=2)
+    kept, rep = normalize_with_backend(pairs, cfg)
+    assert (_ids(kept), rep) == (
+        _ids(normalize_pairs(pairs, cfg)[0]),
+        normalize_pairs(pairs, cfg)[1],
+    )
+    assert rep.dropped["word_count"] > 0
 
 
 def test_missing_data_juicer_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "data_juicer", None)  # import raises ImportError
     cfg = NormalizeConfig(backend="datajuicer")
     with pytest.raises(ImportError, match=r"pip install 'composer-replication\[datajuicer\]'"):
-        normalize_pairs([_pair("a", _t("hello world"))], cfg)
+        normalize_with_backend([_pair("a", _t("hello world"))], cfg)
     args = ["missing.db", "--out", "o", "--normalize-backend"]
     r = _pairs_cli([*args, "datajuicer"])
     assert r.exit_code == 2 and "composer-replication[datajuicer]" in " ".join(r.output.split())
@@ -181,8 +198,9 @@ def test_missing_data_juicer_names_the_extra(monkeypatch):
 def test_cli_pairs_with_datajuicer_backend(dj, tmp_path):
     """A journal written directly (two teachers agreeing per state), then `pairs
     --normalize-backend datajuicer`: the summary reports data-juicer's drops."""
+    from support.scripted_openai import synthetic_states
+
     from composer_replication.replay.journal import CallRecord, Journal
-    from composer_replication.replay.testing import synthetic_states
 
     answers = ["run the unit tests and then fix the failing import in utils",
                "RUN THE UNIT TESTS AND THEN FIX THE FAILING IMPORT IN UTILS", "ok",

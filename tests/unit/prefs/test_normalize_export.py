@@ -7,6 +7,8 @@ import asyncio
 
 import orjson
 import pytest
+from support.scripted_openai import Script, ServerThread, make_app
+from support.scripted_openai import synthetic_states as make_states
 
 from composer_replication.prefs.agreement import DPOPair
 from composer_replication.prefs.export import (
@@ -20,8 +22,6 @@ from composer_replication.prefs.normalize import (
     special_char_ratio,
 )
 from composer_replication.replay.teachers import TeacherSpec
-from composer_replication.replay.testing import Script, ServerThread, make_app
-from composer_replication.replay.testing import synthetic_states as make_states
 
 
 def _pair(i: int, chosen: dict, rejected: dict | None = None) -> DPOPair:
@@ -78,7 +78,10 @@ def test_export_trl_conversational_format(tmp_path):
         ds.column_names
     )
     assert ds[1]["chosen"] == [
-        {"role": "assistant", "content": '<tool_call>{"name":"ls","arguments":{}}</tool_call>'}
+        {
+            "role": "assistant",
+            "content": '<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>',
+        }
     ]
     assert orjson.loads(ds[1]["chosen_json"]) == tool_chosen
     lines = (tmp_path / "text" / "pairs.jsonl").read_bytes().splitlines()

@@ -1,16 +1,15 @@
-"""Fixtures for replay tests: the scripted server from `composer_replication.replay.testing`."""
+"""Fixtures for replay tests: the scripted server from `support.scripted_openai`."""
 
 from __future__ import annotations
 
 import pytest
-
-from composer_replication.replay.testing import (  # noqa: F401  (re-exported for tests)
+from support.scripted_openai import (  # noqa: F401  (re-exported for tests)
     Script,
     ServerThread,
     digest,
     make_app,
 )
-from composer_replication.replay.testing import synthetic_states as make_states  # noqa: F401
+from support.scripted_openai import synthetic_states as make_states  # noqa: F401
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from composer_replication.cli_replay import pairs_command, replay_command, serve_command
+from composer_replication.cli.replay import pairs_command, replay_command, serve_command
 
 from .conftest import make_states
 

@@ -21,7 +21,7 @@ SRC = Path(__file__).resolve().parents[3] / "src"
 def _cli(states: Path, pool: Path, db: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     return subprocess.Popen(
-        [sys.executable, "-m", "composer_replication.cli_replay", "replay", str(states),
+        [sys.executable, "-m", "composer_replication.cli", "replay", str(states),
          "--teachers", str(pool), "--budget-usd", "10", "--out", str(db), "--no-progress"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip

@@ -1,5 +1,6 @@
 """The OpenAI-compatible server over a local model (a tiny random Llama with the embedded
-tokenizer), called through the official openai SDK over real HTTP, and tool-call parsing."""
+tokenizer), called through the official openai SDK over real HTTP (its chat rendering and
+tool-call parsing: tests/unit/test_chat.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,7 @@ import asyncio
 import openai
 import pytest
 
-from composer_replication.replay.local_model import (
-    LocalChatModel,
-    flatten_messages,
-    parse_tool_calls,
-)
+from composer_replication.replay.local_model import LocalChatModel
 from composer_replication.replay.server import create_app
 from composer_replication.replay.teachers import OpenAITeacher, TeacherSpec
 
@@ -76,25 +73,3 @@ def test_teacher_client_against_server(served):
 
     resp = asyncio.run(go())
     assert resp.prompt_tokens > 0 and 1 <= resp.completion_tokens <= 4
-
-
-def test_tool_call_round_trip():
-    text = 'Let me look.\n<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call>'
-    rest, calls = parse_tool_calls(text)
-    assert rest == "Let me look."
-    assert calls[0]["function"] == {"name": "bash", "arguments": '{"cmd":"ls"}'}
-    rest, calls = parse_tool_calls("<tool_call>{not json}</tool_call>")
-    assert calls == [] and "not json" in rest
-    flat = flatten_messages(
-        [
-            {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": "", "tool_calls": calls or [
-                {"id": "1", "type": "function",
-                 "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}]},
-            {"role": "tool", "tool_call_id": "1", "content": "a.txt"},
-        ],
-        tools=[{"type": "function", "function": {"name": "bash"}}],
-    )  # fmt: skip
-    assert [m["role"] for m in flat] == ["system", "user", "assistant", "user"]
-    assert "bash" in flat[0]["content"] and "<tool_call>" in flat[2]["content"]
-    assert flat[3]["content"].startswith("[tool result 1]")

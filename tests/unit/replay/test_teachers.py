@@ -63,7 +63,7 @@ def test_pool_yaml_fields(tmp_path):
         ("teachers:\n  - {name: a, base_url: http://x/v1, model: m}\n"
          "  - {name: a, base_url: http://x/v1, model: n}\n", "duplicate teacher names"),
         ("teachers: []\n", "teachers"),
-        ("teachers: [\n", "invalid YAML"),
+        ("teachers: [\n", "not valid YAML"),
         ("teachers:\n  - {name: a, base_url: http://x/v1, model: m, api_key_env: 'sk-abc def'}\n",
          "teachers.0.api_key_env"),
     ],

@@ -6,7 +6,7 @@ import orjson
 import typer
 from typer.testing import CliRunner
 
-from composer_replication.cli_ingest import ingest_command
+from composer_replication.cli.ingest import ingest_command
 from composer_replication.traces import TraceState
 
 app = typer.Typer()

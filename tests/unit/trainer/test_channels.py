@@ -1,6 +1,7 @@
-"""Channels 2 and 3 in the trainer on a tiny random model: the teacher context holds the hint
-and the same completion tokens; reference log-probs are real forwards of the initial model;
-weights switch channels on and off; TAID advances."""
+"""Channels 2 and 3 in the trainer on a tiny random model: what the teacher forward really ran
+(the hint, the problem, the same completion); reference log-probs are real forwards of the
+initial model; pairs per optimizer step; TAID fed with the step's objective; resume refuses
+changed channel settings; a channel that never fired is reported."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import json
 import pytest
 import torch
 
-from composer_replication.config import load_config
-from composer_replication.envs.arithmetic import grade_answer
-from composer_replication.trainer.callbacks import read_metrics
-from composer_replication.trainer.replay_channel import (
+from composer_replication.channels import SelfDistillChannel
+from composer_replication.channels.replay import (
     PreferenceDataError,
     collate,
     load_pairs,
     response_logps,
 )
+from composer_replication.config import SdpoConfig, load_config
+from composer_replication.envs.arithmetic import grade_answer
+from composer_replication.models import backbone
+from composer_replication.trainer.callbacks import read_metrics
 from composer_replication.trainer.run import build_env, build_trainer
 
 
@@ -71,28 +74,52 @@ def _cfg(tmp_path, *extra):
     )
 
 
-def test_teacher_context_holds_hint_and_same_completion(tmp_path, tokenizer, tiny_model):
-    trainer = build_trainer(
-        _cfg(tmp_path, "alpha_sdpo=0.5"), tiny_model, tokenizer, build_env(_cfg(tmp_path))
-    )
+def _record_forwards(net):
+    """Forward pre-hook on ``net`` recording every call's (input_ids, attention_mask)."""
+    calls = []
+
+    def hook(_module, args, kwargs):
+        calls.append((kwargs["input_ids"].clone(), kwargs["attention_mask"].clone()))
+
+    return calls, net.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def test_teacher_forward_runs_hint_problem_and_the_same_completion(tmp_path, tokenizer, tiny_model):
+    """Record what the teacher's forward really received (the prefix-cache path: the group's
+    shared prompt, then each hinted row's rest + completion) and read it back as text: each
+    hinted row's sequence holds the problem, the verifier's feedback naming the right answer,
+    and ends with exactly the tokens the student generated and was graded on."""
+    cfg = _cfg(tmp_path, "alpha_sdpo=0.5", "sdpo.hint_sources=[feedback]")
+    env = build_env(cfg)
+    trainer = build_trainer(cfg, tiny_model, tokenizer, env)
     rows = [trainer.train_dataset[i] for i in range(2)]
     trainer.model.train()
     batch = trainer._generate_and_score_completions([r for r in rows for _ in range(4)])
-    hinted = batch["sdpo_hinted"]
-    assert hinted.any()
-    i = int(hinted.nonzero()[0])
-    teacher_prompt = tokenizer.decode(
-        batch["sdpo_prompt_ids"][i][batch["sdpo_prompt_mask"][i].bool()]
-    )
-    student_prompt = tokenizer.decode(batch["prompt_ids"][i][batch["prompt_mask"][i].bool()])
-    assert batch["sdpo_hint"][i] in teacher_prompt
-    assert batch["sdpo_hint"][i] not in student_prompt
-    assert "Feedback on it: expected" in teacher_prompt
-    # the teacher scores exactly the student's completion tokens
-    ids = torch.cat(
-        [batch["sdpo_prompt_ids"][i : i + 1], batch["completion_ids"][i : i + 1]], dim=1
-    )
-    assert torch.equal(ids[0, -batch["completion_ids"].shape[1] :], batch["completion_ids"][i])
+    hinted = batch["sdpo_hinted"].nonzero().squeeze(1)
+    assert hinted.numel() > 0
+    calls, handle = _record_forwards(backbone(tiny_model))
+    try:
+        trainer.channel("sdpo").teacher_states(tiny_model, batch, hinted)
+    finally:
+        handle.remove()
+    assert len(calls) == 2  # group prefixes once, then the per-row suffixes against the cache
+    (pre_ids, pre_mask), (suf_ids, suf_mask) = calls
+    assert suf_ids.shape[0] == hinted.numel()  # hinted rows only
+    prefixes = [ids[m.bool()].tolist() for ids, m in zip(pre_ids, pre_mask, strict=True)]
+    tasks = {t.task_id: t for t in env.tasks("train")}
+    for k, i in enumerate(hinted.tolist()):
+        suffix = suf_ids[k][suf_mask[k][: suf_ids.shape[1]].bool()].tolist()
+        completion = batch["completion_ids"][i][batch["completion_mask"][i].bool()].tolist()
+        assert suffix[-len(completion) :] == completion
+        row = rows[i // 4]
+        task = tasks[row["task_id"]]
+        texts = [tokenizer.decode(p + suffix) for p in prefixes]
+        seen = [t for t in texts if env.user_message(task) in t]
+        assert len(seen) == 1, texts  # exactly one group prefix belongs to this row's problem
+        answer = task.data["answer"]
+        assert f"Feedback on it: expected {answer}," in seen[0]
+        student = tokenizer.decode(batch["prompt_ids"][i][batch["prompt_mask"][i].bool()])
+        assert "Feedback on it" not in student
 
 
 def test_sdpo_channel_loss_and_gradient(tmp_path, tokenizer, tiny_model):
@@ -124,7 +151,7 @@ def test_reference_logps_equal_an_explicit_forward_of_the_initial_model(
     ref_model = make_tiny_model(len(tokenizer))
     ref_model.load_state_dict(initial)
     ref_model.eval()
-    ch = trainer.replay
+    ch = trainer.channel("replay")
     with torch.no_grad():
         lp = response_logps(ref_model, collate(ch.pairs, ch.pad_id, "cpu"), "sum")
     n = len(ch.pairs)
@@ -138,9 +165,9 @@ def test_reference_logps_equal_an_explicit_forward_of_the_initial_model(
 def test_taid_scheduler_advances_with_training(tmp_path, tokenizer, tiny_model):
     cfg = _cfg(tmp_path, "alpha_sdpo=1.0", "sdpo.loss=taid", "max_steps=3")
     trainer = build_trainer(cfg, tiny_model, tokenizer, build_env(cfg))
-    t0 = trainer.self_teacher.taid.t
+    t0 = trainer.channel("sdpo").taid.t
     trainer.train()
-    assert trainer.self_teacher.taid.t > t0
+    assert trainer.channel("sdpo").taid.t > t0
     ts = [r["sdpo/t"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")]
     assert ts == sorted(ts) and ts[-1] > ts[0]
 
@@ -154,9 +181,9 @@ def test_ema_teacher_tracks_the_policy(tmp_path, tokenizer, tiny_model):
         "optim.learning_rate=1e-2",
     )
     trainer = build_trainer(cfg, tiny_model, tokenizer, build_env(cfg))
-    before = [p.clone() for p in trainer.self_teacher.frozen.parameters()]
+    before = [p.clone() for p in trainer.channel("sdpo").frozen.parameters()]
     trainer.train()
-    after = list(trainer.self_teacher.frozen.parameters())
+    after = list(trainer.channel("sdpo").frozen.parameters())
     live = list(tiny_model.parameters())
     changed = [
         i for i, (a, b) in enumerate(zip(before, after, strict=True)) if not torch.equal(a, b)
@@ -170,15 +197,15 @@ def test_ema_teacher_tracks_the_policy(tmp_path, tokenizer, tiny_model):
     from conftest import make_tiny_model
 
     fresh = build_trainer(cfg, make_tiny_model(len(tokenizer), seed=5), tokenizer, build_env(cfg))
-    fresh.self_teacher.load(str(ckpt))
+    fresh.channel("sdpo").load(str(ckpt))
     assert all(
         torch.equal(a, b)
-        for a, b in zip(fresh.self_teacher.frozen.parameters(), after, strict=True)
+        for a, b in zip(fresh.channel("sdpo").frozen.parameters(), after, strict=True)
     )
 
 
 def test_replay_needs_a_dataset_and_bad_lines_are_named(tmp_path):
-    with pytest.raises(Exception, match="replay.dataset"):
+    with pytest.raises(Exception, match="replay: .*weight > 0 needs dataset"):
         load_config(None, ["beta_replay=0.1", "replay.dataset=null"])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "q", "chosen": "a", "rejected": "b"}\n{"prompt": "q"}\n')
@@ -194,14 +221,14 @@ def test_sdpo_without_a_grading_reward_is_refused(tmp_path, tokenizer, tiny_mode
     from composer_replication.trainer.trainer import ComposerReplicationTrainer
 
     env = build_env(_cfg(tmp_path))
-    with pytest.raises(ValueError, match="last_results"):
+    with pytest.raises(ValueError, match=r"\['sdpo'\] need a reward .*last_results"):
         ComposerReplicationTrainer(
             model=tiny_model,
             reward_funcs=[lambda completions, **k: [0.0] * len(completions)],
             args=build_grpo_args(_cfg(tmp_path)),
             processing_class=tokenizer,
             train_dataset=build_prompt_dataset(env, "train", 8, 0, True),
-            alpha_sdpo=0.1,
+            channels=[SelfDistillChannel(SdpoConfig(weight=0.1))],
         )
 
 

@@ -142,7 +142,7 @@ def test_self_teacher_states_equal_the_plain_teacher_forward(monkeypatch):
     text), scored with and without the prefix cache."""
     from types import SimpleNamespace
 
-    import composer_replication.trainer.sdpo as sdpo
+    import composer_replication.channels.self_distill as sdpo
     from composer_replication.config import SdpoConfig
 
     net = make_tiny_model(VOCAB, seed=4).eval()
@@ -151,10 +151,33 @@ def test_self_teacher_states_equal_the_plain_teacher_forward(monkeypatch):
     batch = {"completion_ids": tails, "completion_mask": masks}
     batch["sdpo_prompt_ids"], batch["sdpo_prompt_mask"] = _left(prompts, max(map(len, prompts)))
     batch["prompt_ids"], batch["prompt_mask"] = _left(student, 6)
-    teacher = sdpo.SelfTeacher(SdpoConfig(), SimpleNamespace(pad_token_id=0), net, 1)
+    teacher = sdpo.SelfDistillChannel(SdpoConfig(weight=1.0))
+    teacher.setup(net, SimpleNamespace(pad_token_id=0), SimpleNamespace(max_steps=1))
     rows = torch.tensor([0, 2, 3, 4])
     shared, _ = teacher.teacher_states(net, batch, rows)
     monkeypatch.setattr(sdpo, "supports_prefix_cache", lambda _net: False)
     plain, _ = teacher.teacher_states(net, batch, rows)
     keep = torch.cat([torch.ones(4, 1, dtype=torch.bool), masks[rows, :-1].bool()], 1)
     torch.testing.assert_close(shared[keep], plain[keep], rtol=1e-4, atol=1e-5)
+
+
+def test_gradient_checkpointing_does_not_drop_the_prefix():
+    """In training mode with gradient checkpointing, transformers drops every layer's
+    past_key_values: forward_with_prefix pauses checkpointing so the suffixes still see their
+    prefix, and with gradients on, supports_prefix_cache sends callers to the padded forward."""
+    model = make_tiny_model(VOCAB, seed=2)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    net = model.model
+    prompt, tail = list(range(10, 30)), torch.tensor([[5, 6, 7, 8]])
+    pb = split_prefixes([prompt], [0], tail, torch.ones_like(tail), 0)
+    ids = torch.tensor([prompt + tail[0].tolist()])
+    with torch.no_grad():
+        assert supports_prefix_cache(net)
+        shared = forward_with_prefix(net, net, pb).last_hidden_state[:, -5:-1]
+        plain = net(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+    torch.testing.assert_close(shared, plain[:, -5:-1], rtol=1e-4, atol=1e-5)
+    assert net.layers[0].gradient_checkpointing  # restored after the call
+    assert not supports_prefix_cache(net)  # grad on + checkpointing: take the padded path
+    model.eval()
+    assert supports_prefix_cache(net)

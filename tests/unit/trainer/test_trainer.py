@@ -9,7 +9,7 @@ import torch
 from trl import GRPOTrainer
 
 from composer_replication.config import load_config
-from composer_replication.envs.base import get_env
+from composer_replication.envs import get_env
 from composer_replication.trainer.callbacks import MetricsJsonlCallback, plot_metrics, read_metrics
 from composer_replication.trainer.data import build_prompt_dataset
 from composer_replication.trainer.rewards import EnvReward

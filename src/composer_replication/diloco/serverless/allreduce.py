@@ -185,16 +185,29 @@ class ObjectStoreAllReduce:
 
     def rounds_on_store(self) -> list[int]:
         """Round ids whose directories still exist (for inspection and tests)."""
-        self.fs.invalidate_cache(self.root)
-        try:
-            names = self.fs.ls(self.root, detail=False)
-        except FileNotFoundError:
-            return []
-        return sorted(
-            int(n.rstrip("/").rsplit("-", 1)[-1])
-            for n in names
-            if "/round-" in f"/{n.rsplit('/', 1)[-1]}"
-        )
+        return _rounds(self.fs, self.root)
+
+
+def _rounds(fs: Any, root: str) -> list[int]:
+    fs.invalidate_cache(root)
+    try:
+        names = fs.ls(root, detail=False)
+    except FileNotFoundError:
+        return []
+    return sorted(
+        int(n.rstrip("/").rsplit("-", 1)[-1])
+        for n in names
+        if "/round-" in f"/{n.rsplit('/', 1)[-1]}"
+    )
+
+
+def rounds_at(uri: str, storage_options: dict[str, Any] | None = None) -> list[int]:
+    """Round ids already under ``uri`` (a launcher refuses a store left over from another run:
+    its round 0 would be read as this run's)."""
+    import fsspec
+
+    fs, root = fsspec.url_to_fs(uri.rstrip("/"), **(storage_options or {}))
+    return _rounds(fs, root)
 
 
 class _Work:

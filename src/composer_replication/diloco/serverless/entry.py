@@ -24,11 +24,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parse_result(log_lines: list[str]):
-    """The entrypoint's result from a job's log lines (None if it never printed one)."""
+    """The entrypoint's result from a job's log lines (``LookupError`` if it printed none)."""
     for line in reversed(log_lines):
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX) :])
-    return None
+    raise LookupError(f"no {RESULT_PREFIX.strip()} line in the job's log")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@ through an object store (``ObjectStoreAllReduce`` on ``s3://``; pass its credent
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from composer_replication.diloco.serverless.executor import (
@@ -19,8 +21,9 @@ from composer_replication.diloco.serverless.executor import (
     ReplicaFailedError,
     ReplicaTimeoutError,
 )
+from composer_replication.diloco.serverless.install import project_source
 
-DEFAULT_PACKAGES = ("composer-replication[diloco,serverless]",)
+IGNORE = [".git", ".venv", "runs", "**/__pycache__", "**/*.pyc"]
 
 
 class ModalCredentialsError(RuntimeError):
@@ -42,33 +45,51 @@ class ModalHandle:
     call: Any
 
 
+def project_image(modal: Any, project: str | Path, python_version: str) -> Any:
+    """A debian-slim image with this project installed from ``project`` (a wheel or project
+    directory copied into the image, or a pip URL), see :mod:`.install`."""
+    src = project_source(project)
+    image = modal.Image.debian_slim(python_version=python_version)
+    if src.kind == "wheel":
+        image = image.add_local_file(src.local, src.remote_path(), copy=True)
+    elif src.kind == "dir":
+        image = image.add_local_dir(src.local, src.remote_path(), copy=True, ignore=IGNORE)
+    return image.pip_install(src.requirement())
+
+
 class ModalExecutor:
     """Start replicas as Modal function calls; same calls as :class:`LocalProcessExecutor`.
 
-    Credentials are checked here (Modal's config: env vars or ``~/.modal.toml``).
+    ``project`` is where the image installs composer-replication from (a wheel, a project
+    directory or a pip URL); ``image`` replaces the built image entirely. ``sdk`` is the
+    ``modal`` module (tests pass a recording stand-in). Credentials are checked here (Modal's
+    config: env vars or ``~/.modal.toml``).
     """
 
     def __init__(
         self,
+        project: str | Path | None = None,
         gpu: str | None = None,
         image: Any = None,
-        packages: tuple[str, ...] = DEFAULT_PACKAGES,
         python_version: str = "3.11",
         timeout_s: int = 7200,
         secrets: tuple[str, ...] = (),
         app_name: str = "composer-replication-diloco",
+        sdk: Any = None,
     ):
-        import modal
-
+        modal = sdk if sdk is not None else importlib.import_module("modal")
         cfg = modal.config.config
         if not (cfg.get("token_id") and cfg.get("token_secret")):
             raise ModalCredentialsError(
                 "ModalExecutor: no Modal token; run `modal token new` or set "
                 "MODAL_TOKEN_ID and MODAL_TOKEN_SECRET"
             )
-        self.image = image or modal.Image.debian_slim(python_version=python_version).pip_install(
-            *packages
-        )
+        if image is None and project is None:
+            raise ValueError(
+                "ModalExecutor: give project= (a wheel, the project directory or a pip URL of "
+                "composer-replication) or a ready image="
+            )
+        self.image = image if image is not None else project_image(modal, project, python_version)
         self.gpu, self.timeout_s = gpu, timeout_s
         self.secret_names = tuple(secrets)
         self.app = modal.App(app_name)

@@ -1,7 +1,6 @@
 """``composer-replication diloco``: run N replicas of a training config under DiLoCo.
 
-The lead registers it with ``app.command("diloco", context_settings=...)(diloco_command)``
-(``allow_extra_args`` so ``key=value`` overrides pass through).
+Registered with ``allow_extra_args`` so ``key=value`` overrides pass through.
 """
 
 from __future__ import annotations
@@ -10,10 +9,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-console = Console()
+from composer_replication.cli.common import CHECK_FAILED, console, exit_on, fail
 
 
 def diloco_command(
@@ -49,30 +47,40 @@ def diloco_command(
             help="smallest quorum the local lighthouse accepts (default: all replicas)",
         ),
     ] = None,
+    executor: Annotated[
+        str | None,
+        typer.Option(
+            "--executor",
+            help="'local': start the replicas through LocalProcessExecutor with the trainer "
+            "entrypoint (object_store backend); default: subprocesses of this launcher",
+        ),
+    ] = None,
 ) -> None:
-    """Train N replicas with the DiLoCo outer loop (torchft); print each replica's final-weight
-    checksum."""
+    """Train N replicas with the DiLoCo outer loop (torchft, or an object store with
+    diloco.backend=object_store); print each replica's final-weight checksum."""
     from composer_replication.config import ConfigError
-    from composer_replication.diloco.launcher import launch_diloco
+    from composer_replication.diloco.launcher import launch_diloco, launch_with_executor
 
+    if executor not in (None, "local"):
+        fail(f"--executor {executor!r}: only 'local' is supported")
     try:
         ids = [int(x) for x in replica_ids.split(",")] if replica_ids else None
     except ValueError:
-        console.print(f"[bold red]error:[/] --replica-ids {replica_ids!r}: expected e.g. 0,1")
-        raise typer.Exit(2) from None
-    try:
-        result = launch_diloco(
-            config,
-            overrides or [],
-            replicas,
-            lighthouse=lighthouse,
-            replica_ids=ids,
-            min_replicas=min_replicas,
-            echo=lambda s: console.print(s, markup=False, highlight=False, soft_wrap=True),
-        )
-    except (ConfigError, ValueError) as err:
-        console.print(f"[bold red]error:[/] {err}")
-        raise typer.Exit(2) from None
+        fail(f"--replica-ids {replica_ids!r}: expected e.g. 0,1")
+    echo = lambda s: console.print(s, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    with exit_on(ConfigError, ValueError):
+        if executor == "local":
+            result = launch_with_executor(config, overrides or [], replicas, echo=echo)
+        else:
+            result = launch_diloco(
+                config,
+                overrides or [],
+                replicas,
+                lighthouse=lighthouse,
+                replica_ids=ids,
+                min_replicas=min_replicas,
+                echo=echo,
+            )
     table = Table(title="DiLoCo replicas")
     for col in ("replica", "exit", "inner steps", "syncs", "final weights checksum"):
         table.add_column(col)
@@ -91,4 +99,4 @@ def diloco_command(
         f"final weights across replicas: {verdict}; plot: {result.plot}; summary: {result.summary}"
     )
     if not result.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(CHECK_FAILED)

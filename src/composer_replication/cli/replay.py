@@ -1,9 +1,6 @@
-"""``composer-replication serve | replay | pairs``.
-
-Register with ``app.command("serve")(serve_command)``, ``app.command("replay")(replay_command)``,
-``app.command("pairs")(pairs_command)``. ``python -m composer_replication.cli_replay`` runs them
-standalone.
-"""
+"""``composer-replication serve | replay | pairs``: a local model as an OpenAI-compatible
+teacher, trace states replayed with a teacher pool into a journal, and the journal turned into a
+preference dataset."""
 
 from __future__ import annotations
 
@@ -14,12 +11,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from composer_replication.cli.common import exit_on, fail
 from composer_replication.traces.schema import TraceState
-
-
-def _fail(message: str, code: int = 2) -> None:
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", markup=True)
-    raise typer.Exit(code)
 
 
 def read_states(path: Path) -> list[TraceState]:
@@ -55,11 +48,9 @@ def serve_command(
     from composer_replication.models import ModelLoadError
     from composer_replication.replay.server import serve
 
-    try:
+    with exit_on(ModelLoadError):
         serve(model, port=port, host=host, served_model_name=served_model_name,
               max_prompt_tokens=max_prompt_tokens)  # fmt: skip
-    except ModelLoadError as err:
-        _fail(str(err))
 
 
 def replay_command(
@@ -94,24 +85,19 @@ def replay_command(
     from composer_replication.replay.teachers import PoolError, load_pool
 
     console = Console(soft_wrap=True)
-    try:
+    with exit_on(PoolError, FileNotFoundError, ValueError):
         pool = load_pool(teachers)
         all_states = read_states(states)[:limit]
-    except (PoolError, FileNotFoundError, ValueError) as err:
-        _fail(str(err))
     selected = _gate(all_states, out, student, gate_threshold, gate_top_percentile, console)
-    try:
-        with Journal(out) as jr:
-            result = asyncio.run(
-                replay_trace(
-                    all_states, pool.teachers, journal=jr, budget_usd=budget_usd,
-                    selected=selected, tiered=tiered, agreement_threshold=agreement_threshold,
-                    min_agreement=min_agreement, infer_tools=not no_tools,
-                    retry_failed=retry_failed, progress=console if progress else False,
-                )
-            )  # fmt: skip
-    except PoolError as err:
-        _fail(str(err))
+    with exit_on(PoolError), Journal(out) as jr:
+        result = asyncio.run(
+            replay_trace(
+                all_states, pool.teachers, journal=jr, budget_usd=budget_usd,
+                selected=selected, tiered=tiered, agreement_threshold=agreement_threshold,
+                min_agreement=min_agreement, infer_tools=not no_tools,
+                retry_failed=retry_failed, progress=console if progress else False,
+            )
+        )  # fmt: skip
     console.print(result.summary(), markup=False)
     for sid, reason in list(result.states_failed.items())[:10]:
         console.print(f"failed {sid}: {reason[:200]}", markup=False)
@@ -166,31 +152,25 @@ def pairs_command(
     from composer_replication.prefs.normalize import NormalizeConfig
 
     if strategy not in ("plurality", "weighted"):
-        _fail(f"--strategy must be plurality or weighted, got {strategy!r}")
+        fail(f"--strategy must be plurality or weighted, got {strategy!r}")
     if tool_format not in ("text", "openai"):
-        _fail(f"--tool-format must be text or openai, got {tool_format!r}")
+        fail(f"--tool-format must be text or openai, got {tool_format!r}")
     if normalize_backend not in ("native", "datajuicer"):
-        _fail(f"--normalize-backend must be native or datajuicer, got {normalize_backend!r}")
+        fail(f"--normalize-backend must be native or datajuicer, got {normalize_backend!r}")
     if normalize_backend == "datajuicer":
-        from rich.markup import escape
-
         from composer_replication.prefs.normalize_dj import require_data_juicer
 
-        try:
+        with exit_on(ImportError):  # before reading the journal and loading MiniLM
             require_data_juicer()
-        except ImportError as err:  # before reading the journal and loading MiniLM
-            _fail(escape(str(err)))
     cfg = NormalizeConfig(min_words=min_words, max_special_char_ratio=max_special_char_ratio,
                           dedup=dedup, backend=normalize_backend)  # fmt: skip
-    try:
+    with exit_on(FileNotFoundError):
         res = pairs_from_journal(
             db, agreement_threshold=agreement_threshold, strategy=strategy,  # type: ignore[arg-type]
             embedder=MiniLMEmbedder() if embeddings else None,
             similarity_threshold=similarity_threshold, normalize=cfg, out_dir=out,
             tool_format=tool_format,  # type: ignore[arg-type]
         )  # fmt: skip
-    except FileNotFoundError as err:
-        _fail(str(err))
     console = Console(soft_wrap=True)
     console.print(res.summary(), markup=False)
     cost = sum(p.cost for p in res.pairs)
@@ -199,12 +179,3 @@ def pairs_command(
         f"(teacher cost of these states ${cost:.6f})",
         markup=False,
     )
-
-
-app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
-app.command("serve")(serve_command)
-app.command("replay")(replay_command)
-app.command("pairs")(pairs_command)
-
-if __name__ == "__main__":  # pragma: no cover
-    app()

@@ -1,4 +1,4 @@
-"""Channel 3 inside the trainer: a preference loss (DPO or SimPO) on pairs from multi-teacher
+"""Channel 3: a preference loss (DPO or SimPO) on pairs from multi-teacher
 trace replay, sampled every step.
 
 DPO's reference log-probs are computed once, with the initial weights, when the trainer is
@@ -30,16 +30,17 @@ import orjson
 import torch
 from torch import Tensor
 
+from composer_replication.channels.base import Channel, LossContext
+from composer_replication.chat import render_prompt, to_text
 from composer_replication.config import ReplayChannelConfig
-from composer_replication.losses import ReplayInputs, sequence_logps
-from composer_replication.trainer.data import render_prompt
+from composer_replication.losses import ReplayInputs, preference_loss, sequence_logps
+from composer_replication.models import backbone, pad_token_id
 from composer_replication.trainer.prefix import (
     forward_with_prefix,
     pad_rows,
     split_prefixes,
     supports_prefix_cache,
 )
-from composer_replication.trainer.sdpo import backbone
 
 
 class PreferenceDataError(ValueError):
@@ -98,28 +99,6 @@ def load_pairs(path: str | Path, max_pairs: int) -> list[dict[str, Any]]:
     return rows
 
 
-def response_text(response: Any) -> str:
-    """Text of a chosen/rejected answer: a string, or assistant messages with tool calls
-    rendered as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` lines."""
-    if isinstance(response, str):
-        return response
-    parts = []
-    for msg in response if isinstance(response, list) else [response]:
-        if msg.get("content"):
-            parts.append(str(msg["content"]))
-        for call in msg.get("tool_calls") or []:
-            fn = call.get("function", call)
-            args = fn.get("arguments", {})
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError:
-                    pass
-            payload = json.dumps({"name": fn.get("name"), "arguments": args}, sort_keys=True)
-            parts.append(f"<tool_call>{payload}</tool_call>")
-    return "\n".join(parts)
-
-
 @dataclass
 class EncodedPair:
     prompt_ids: list[int]
@@ -130,15 +109,11 @@ class EncodedPair:
 def encode_pair(tokenizer, row: dict[str, Any], max_length: int) -> EncodedPair:
     """Tokenize prompt (chat template) and both responses (+ EOS); truncate the prompt from the
     left and the responses from the right so prompt + response <= max_length."""
-    prompt = (
-        row["prompt"]
-        if isinstance(row["prompt"], list)
-        else [{"role": "user", "content": row["prompt"]}]
-    )
-    p_ids = tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"]
+    prompt = render_prompt(tokenizer, row["prompt"])
+    p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    c_ids = tokenizer(response_text(row["chosen"]), add_special_tokens=False)["input_ids"] + eos
-    r_ids = tokenizer(response_text(row["rejected"]), add_special_tokens=False)["input_ids"] + eos
+    c_ids = tokenizer(to_text(row["chosen"]), add_special_tokens=False)["input_ids"] + eos
+    r_ids = tokenizer(to_text(row["rejected"]), add_special_tokens=False)["input_ids"] + eos
     budget_resp = max(max_length // 2, max_length - len(p_ids))
     c_ids, r_ids = c_ids[:budget_resp], r_ids[:budget_resp]
     p_ids = p_ids[-(max_length - max(len(c_ids), len(r_ids))) :]
@@ -196,19 +171,31 @@ def pair_logps(model, pairs: list[EncodedPair], pad_id: int, reduction: str) -> 
     return sequence_logps(logits[:, :-1].float(), tails, mask, reduction=reduction)
 
 
-class ReplayChannel:
-    """Samples preference pairs each step and builds channel-3 inputs."""
+class ReplayChannel(Channel):
+    """Channel 3: each optimizer step draws ``pairs_per_step`` pairs (split across the step's
+    gradient-accumulation micro-batches) and scores them with the policy in train mode; the
+    divisor is the step's pair count, so the step's loss is the mean over its pairs."""
 
-    def __init__(self, cfg: ReplayChannelConfig, tokenizer, model, seed: int, progress=None):
-        self.cfg = cfg
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        rows = load_pairs(cfg.dataset, cfg.max_pairs)
-        self.pairs = [encode_pair(tokenizer, r, cfg.max_length) for r in rows]
-        self.rng = random.Random(seed)
-        self.reduction = "sum" if cfg.loss == "dpo" else "mean"
+    name = "replay"
+    idle_hint = "No pair was scored."
+    STATE_FILE = "replay_channel.json"
+
+    def __init__(self, cfg: ReplayChannelConfig, progress=None):
+        super().__init__(cfg)
+        self.progress = progress
+        self.reduction = "sum" if cfg.loss.type == "dpo" else "mean"
         self.ref: Tensor | None = None
-        if cfg.loss == "dpo":
-            self.ref = self.reference_logps(model, progress)
+        self._step_chunks: list[list[int]] = []
+        self._step_of_chunks = -1
+
+    def setup(self, model, tokenizer, args) -> None:
+        """Load and encode the pairs; DPO's reference log-probs with the initial weights."""
+        self.pad_id = pad_token_id(tokenizer)
+        rows = load_pairs(self.cfg.dataset, self.cfg.max_pairs)
+        self.pairs = [encode_pair(tokenizer, r, self.cfg.max_length) for r in rows]
+        self.rng = random.Random(args.seed)
+        if self.cfg.loss.type == "dpo":
+            self.ref = self.reference_logps(model, self.progress)
 
     @torch.no_grad()
     def reference_logps(self, model, progress=None, batch_pairs: int = 8) -> Tensor:
@@ -227,8 +214,6 @@ class ReplayChannel:
             model.train(was_training)
         return torch.cat(out).cpu()
 
-    STATE_FILE = "replay_channel.json"
-
     def save(self, checkpoint_dir: str) -> None:
         """The pair sampler's RNG state, so a resumed run draws the same pairs."""
         Path(checkpoint_dir, self.STATE_FILE).write_text(json.dumps(self.rng.getstate()))
@@ -237,24 +222,46 @@ class ReplayChannel:
         version, internal, gauss = json.loads(Path(checkpoint_dir, self.STATE_FILE).read_text())
         self.rng.setstate((version, tuple(internal), gauss))
 
-    def sample(self) -> list[int]:
-        return [self.rng.randrange(len(self.pairs)) for _ in range(self.cfg.pairs_per_step)]
+    def draw(self, global_step: int, grad_accum: int) -> list[int]:
+        """This micro-batch's pair indices: the step's ``pairs_per_step`` draws, dealt to its
+        ``grad_accum`` micro-batches in order (a micro-batch may get none)."""
+        if global_step != self._step_of_chunks:
+            n = self.cfg.pairs_per_step
+            idx = [self.rng.randrange(len(self.pairs)) for _ in range(n)]
+            bounds = [n * i // grad_accum for i in range(grad_accum + 1)]
+            self._step_chunks = [idx[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+            self._step_of_chunks = global_step
+        return self._step_chunks.pop(0) if self._step_chunks else []
 
-    def replay_inputs(self, model, divisor: float) -> ReplayInputs:
-        idx = self.sample()
-        device = next(model.parameters()).device
-        lp = pair_logps(model, [self.pairs[i] for i in idx], self.pad_id, self.reduction)
-        n = len(idx)
+    def loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor | float]]:
+        if ctx.mode == "train":
+            idx = self.draw(ctx.global_step, ctx.grad_accum)
+        else:  # evaluation: a fixed set, the training sampler untouched
+            idx = list(range(min(self.cfg.pairs_per_step, len(self.pairs))))
+        if not idx:
+            return _zero(ctx.model), {"num_pairs": 0.0, "active": 0.0}
+        device = next(ctx.model.parameters()).device
+        lp = pair_logps(ctx.model, [self.pairs[i] for i in idx], self.pad_id, self.reduction)
+        n, lc = len(idx), self.cfg.loss
         ref_c = ref_r = None
         if self.ref is not None:
             ref_c, ref_r = self.ref[idx, 0].to(device), self.ref[idx, 1].to(device)
-        return ReplayInputs(
-            policy_chosen_logps=lp[:n],
-            policy_rejected_logps=lp[n:],
-            ref_chosen_logps=ref_c,
-            ref_rejected_logps=ref_r,
-            kind=self.cfg.loss,
-            beta=self.cfg.beta,
-            gamma=self.cfg.gamma,
-            divisor=divisor,
+        loss, metrics = preference_loss(
+            ReplayInputs(
+                policy_chosen_logps=lp[:n],
+                policy_rejected_logps=lp[n:],
+                ref_chosen_logps=ref_c,
+                ref_rejected_logps=ref_r,
+                kind=lc.type,
+                beta=lc.beta,
+                gamma=getattr(lc, "gamma", 0.0),
+                label_smoothing=lc.label_smoothing,
+                divisor=self.cfg.pairs_per_step if ctx.mode == "train" else n,
+            )
         )
+        return loss, {**metrics, "active": 1.0}
+
+
+def _zero(model) -> Tensor:
+    """An exact 0 on the model's device (a micro-batch that drew no pair)."""
+    return torch.zeros((), device=next(model.parameters()).device)

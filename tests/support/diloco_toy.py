@@ -3,8 +3,9 @@
 Task: regress the output of a fixed random "teacher" MLP (16 -> 32 -> 1, tanh) from Gaussian
 inputs, with label noise of std 0.1; the student is a 16 -> 64 -> 1 MLP trained with AdamW on
 MSE. Replica ``r`` draws its inner-step batches from its own shard (a generator seeded by
-``(shard, step)``); the held-out set is shared. This is a harness, not part of the training
-API: ``python -m composer_replication.diloco.toy --help``.
+``(shard, step)``); the held-out set is shared. A test and benchmark harness, not part of the
+library: ``PYTHONPATH=src:tests python -m support.diloco_toy --help``; executors take
+``support.diloco_toy:replica_entrypoint``.
 """
 
 from __future__ import annotations
@@ -332,7 +333,7 @@ def replica_entrypoint(**kwargs: Any) -> dict[str, Any]:
 
 def toy_command(out: str | Path, rank: int, **options: Any) -> list[str]:
     """argv for one toy replica process (``options`` are CLI flags, underscores allowed)."""
-    argv = [sys.executable, "-m", "composer_replication.diloco.toy", "--rank", str(rank)]
+    argv = [sys.executable, "-m", "support.diloco_toy", "--rank", str(rank)]
     argv += ["--out", str(out)]
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
@@ -344,12 +345,13 @@ def toy_command(out: str | Path, rank: int, **options: Any) -> list[str]:
 
 
 def toy_env() -> dict[str, str]:
-    """Child environment: this package importable, torchft's Rust logs at warn."""
-    src = str(Path(__file__).resolve().parents[2])
-    path = os.environ.get("PYTHONPATH", "")
+    """Child environment: this checkout's package and ``tests/support`` importable, torchft's
+    Rust logs at warn."""
+    repo = Path(__file__).resolve().parents[2]
+    paths = [str(repo / "src"), str(repo / "tests"), os.environ.get("PYTHONPATH", "")]
     return dict(
         os.environ,
-        PYTHONPATH=src + (os.pathsep + path if path else ""),
+        PYTHONPATH=os.pathsep.join(p for p in paths if p),
         RUST_LOG="warn",
         OMP_NUM_THREADS="1",
     )

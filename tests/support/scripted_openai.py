@@ -1,9 +1,10 @@
-"""Testing aids for replay: a scripted OpenAI-compatible HTTP server (real HTTP over 127.0.0.1,
+"""Test harness for replay: a scripted OpenAI-compatible HTTP server (real HTTP over 127.0.0.1,
 answers derived from the request, deterministic) with configurable faults (429 with Retry-After,
 500, hangs past the client's timeout, invalid JSON, permanently failing conversations), a helper
 that runs any ASGI app in a uvicorn thread, and synthetic TraceStates.
 
-Used by the test suite and benchmarks; also handy to check a pool/budget setup offline."""
+Used by the test suite and benchmarks (``PYTHONPATH=src:tests python -m support.scripted_openai
+--port N`` serves it); not part of the library."""
 
 from __future__ import annotations
 
@@ -183,7 +184,7 @@ def synthetic_states(n: int, session: str = "s1", tool_every: int = 0):
 
 
 def main() -> None:  # pragma: no cover - used by bench/bench_replay.py
-    """``python -m composer_replication.replay.testing --port N [--delay-s S]``: serve a
+    """``python -m support.scripted_openai --port N [--delay-s S]``: serve a
     fault-free scripted endpoint (answers in ``delay_s``) on 127.0.0.1."""
     import argparse
 

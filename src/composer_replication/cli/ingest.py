@@ -1,7 +1,4 @@
-"""`composer-replication ingest PATH... --out states.jsonl [--format auto]`.
-
-Register with ``app.command("ingest")(ingest_command)``.
-"""
+"""`composer-replication ingest PATH... --out states.jsonl [--format auto]`."""
 
 from __future__ import annotations
 
@@ -12,7 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .traces import FORMATS, IngestReport, UnknownFormatError, ingest
+from composer_replication.cli.common import CHECK_FAILED, fail
+from composer_replication.traces import FORMATS, IngestReport, UnknownFormatError, ingest
 
 
 def ingest_command(
@@ -26,7 +24,6 @@ def ingest_command(
 ) -> None:
     """Turn agent logs into redacted per-step TraceStates (JSON lines)."""
     console = Console()
-    errors = Console(stderr=True)
     tmp = out.with_name(out.name + ".partial")
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -37,12 +34,11 @@ def ingest_command(
                 fh.write(b"\n")
     except (UnknownFormatError, FileNotFoundError, ValueError) as exc:
         tmp.unlink(missing_ok=True)
-        errors.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(code=2) from exc
+        fail(str(exc))
     tmp.replace(out)
     print_summary(run.report, out, console)
     if not run.report.balanced:
-        raise typer.Exit(code=1)
+        raise typer.Exit(CHECK_FAILED)
 
 
 def print_summary(report: IngestReport, out: Path, console: Console) -> None:

@@ -1,0 +1,132 @@
+"""The channel interface: one object per extra loss channel.
+
+A channel owns everything about itself: its config section (with its ``weight``), the batch
+preparation it needs after rollouts are scored, its token or pair mask, its divisor, its loss,
+its metrics prefix and its state across steps and checkpoints. The trainer holds a list of
+channels and loops over it; it names none (``trainer/trainer.py``)::
+
+    setup(model, tokenizer, args)   once, after the trainer is built (teacher copies, references)
+    attach(batch, rollouts)         after each generation round is scored (hints, teacher prompts)
+    term(ctx) -> ChannelTerm        per micro-batch: the unweighted loss over the channel's own
+                                    mask / divisor, its metrics; compose_loss weighs and sums
+    after_step(model, step)         after each optimizer step (EMA teachers, schedules)
+    save(dir) / load(dir)           channel state next to the trainer's checkpoint
+    settings()                      plain-data settings a checkpoint records and resume compares
+
+A channel with ``weight == 0`` is never set up (``enabled``): it costs nothing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from torch import Tensor
+
+from composer_replication.losses import ChannelTerm
+
+
+@dataclass
+class Rollouts:
+    """What a generation round produced, as the channels see it (row order = batch order)."""
+
+    prompts: list[Any]
+    """Per row: the prompt (a string or a list of chat messages)."""
+    completions: list[str]
+    """Per row: the decoded completion."""
+    results: list[Any]
+    """Per row: the verifier's verdict (``.reward``, ``.feedback``, ``.observation``)."""
+    group_size: int
+    """Rows per prompt (GRPO's group); rows of one group are consecutive."""
+
+
+@dataclass
+class LossContext:
+    """One micro-batch's loss call, as the channels see it."""
+
+    model: Any
+    batch: dict[str, Any]
+    mode: Literal["train", "eval"]
+    grad_accum: int
+    """Micro-batches in this optimizer step (1 in eval)."""
+    global_step: int
+    """Optimizer steps completed before this one."""
+    student_hidden_BKH: Tensor | None = None
+    """The policy forward's last hidden states at the completion positions (captured when a
+    channel sets ``needs_student_hidden``)."""
+
+
+class Channel(ABC):
+    """Base class of an extra loss channel (module docstring)."""
+
+    name: ClassVar[str]
+    """Section name in the run config and metrics prefix (``sdpo`` -> ``sdpo/``)."""
+    needs_verdicts: ClassVar[bool] = False
+    """True if :meth:`attach` needs the rollouts' verdicts (a grading reward function)."""
+    needs_student_hidden: ClassVar[bool] = False
+    """True if :meth:`term` needs the policy forward's hidden states."""
+    idle_hint: ClassVar[str] = ""
+    """Why the channel may have had nothing to do, for the end-of-run report."""
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self._active_steps: set[int] = set()
+        self._seen_steps: set[int] = set()
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.name}/"
+
+    @property
+    def weight(self) -> float:
+        return float(self.cfg.weight)
+
+    @property
+    def enabled(self) -> bool:
+        """The one predicate that switches a channel on: weight > 0."""
+        return self.weight > 0
+
+    def setup(self, model: Any, tokenizer: Any, args: Any) -> None:  # noqa: B027 (optional)
+        """Called once by the trainer after it is built (model wrapped, args final)."""
+
+    def attach(self, batch: dict[str, Any], rollouts: Rollouts) -> dict[str, Any]:
+        """Add what :meth:`term` needs to a scored generation batch (default: nothing)."""
+        return batch
+
+    @abstractmethod
+    def loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor | float]]:
+        """The unweighted loss on this micro-batch (own mask, own divisor) and its metrics;
+        the metrics include ``active`` (1.0 if the channel had tokens/pairs here, else 0.0)."""
+
+    def term(self, ctx: LossContext) -> ChannelTerm:
+        """:meth:`loss` as a :class:`ChannelTerm`, recording whether the channel was active."""
+        loss, metrics = self.loss(ctx)
+        if ctx.mode == "train":
+            self._seen_steps.add(ctx.global_step)
+            if float(metrics.get("active", 0.0)) > 0:
+                self._active_steps.add(ctx.global_step)
+        return ChannelTerm(self.prefix, self.weight, loss, metrics)
+
+    def after_step(self, model: Any, global_step: int) -> None:  # noqa: B027 (optional)
+        """Called after every optimizer step."""
+
+    def save(self, checkpoint_dir: str) -> None:  # noqa: B027 (optional)
+        """Write the channel's state next to the trainer's checkpoint."""
+
+    def load(self, checkpoint_dir: str) -> None:  # noqa: B027 (optional)
+        """Restore what :meth:`save` wrote."""
+
+    def settings(self) -> dict[str, Any]:
+        """The channel's settings as plain data (its whole config section, weight included)."""
+        return self.cfg.model_dump(mode="json")
+
+    def idle_report(self) -> str | None:
+        """A sentence if the channel had weight > 0 but stayed inactive on every training step
+        it saw, else None."""
+        if not self._seen_steps or self._active_steps:
+            return None
+        return (
+            f"channel {self.name!r} (weight {self.weight:g}) was inactive on all "
+            f"{len(self._seen_steps)} training steps: it contributed nothing. {self.idle_hint}"
+        ).strip()

@@ -1,0 +1,267 @@
+"""Channel 2: hint-conditioned self-distillation (SDPO / OPSD) as one channel object.
+
+After rollouts are scored, :meth:`SelfDistillChannel.attach` gives every failed completion a
+hint (hints/) and tokenizes the teacher's prompt: the same conversation with the hint inserted.
+In the loss, :meth:`SelfDistillChannel.loss` runs the teacher (live policy, EMA copy, or initial
+weights) under ``no_grad`` on *hinted rows only*, over the teacher prompt followed by the *same*
+completion tokens, and pairs its final hidden states with the student's. The hinted rows of one
+problem share its text: that prefix is run once and its KV cache reused (trainer/prefix.py).
+
+The channel's token mask is :meth:`SelfDistillChannel.token_mask` (completion tokens of hinted
+rows, minus tool-result tokens when the batch has a ``tool_mask``); its divisor is that mask's
+count times the gradient-accumulation steps: one mask for both.
+
+The student side costs no extra forward: TRL's GRPO computes log-probs with a fused LM head
+that never materializes logits, so we capture the backbone's last hidden states from that very
+forward (a forward hook) and feed them, with the LM-head weight, to the chunked fused JSD of
+the loss library, which also never builds ``[B, T, V]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from composer_replication.channels.base import Channel, LossContext, Rollouts
+from composer_replication.chat import as_messages, render_prompt, to_text
+from composer_replication.config import SdpoConfig
+from composer_replication.hints.build import HintTemplates, build_hints, insert_hint
+from composer_replication.losses import SdpoInputs, TAIDScheduler, self_distill_loss
+from composer_replication.models import (
+    backbone,
+    head_weight,
+    is_peft,
+    pad_token_id,
+    strip_accelerate,
+    unwrap,
+)
+from composer_replication.trainer.prefix import (
+    forward_with_prefix,
+    split_prefixes,
+    supports_prefix_cache,
+)
+
+_LOGIT_CHUNK = 256  # rows per chunk when logits are needed (metrics, TAID, entropy-OPD)
+
+
+class SelfDistillChannel(Channel):
+    """Channel 2 (module docstring). ``hint_model``: a callable (prompt, completion, feedback)
+    -> hint for source ``model``; by default the OpenAI-compatible model the config names."""
+
+    name = "sdpo"
+    needs_verdicts = True
+    needs_student_hidden = True
+    idle_hint = (
+        "No rollout got a hint: every reply was right, or no hint source in "
+        "sdpo.hint_sources applied (feedback empty, no successful sibling)."
+    )
+    STATE_FILE = "sdpo_teacher.pt"
+
+    def __init__(self, cfg: SdpoConfig, hint_model=None):
+        super().__init__(cfg)
+        self.hint_model = hint_model
+        self.templates = HintTemplates(feedback=cfg.feedback_template, sibling=cfg.sibling_template)
+        self.frozen = None
+        self.taid: TAIDScheduler | None = None
+        self._step_ce = [0.0, 0.0]  # TAID: token-weighted objective over the step's micro-batches
+
+    def setup(self, model, tokenizer, args) -> None:
+        c = self.cfg
+        self.tokenizer = tokenizer
+        self.pad_id = pad_token_id(tokenizer)
+        if c.teacher == "ema" or (c.teacher == "initial" and not is_peft(model)):
+            self.frozen = copy.deepcopy(unwrap(model)).eval().requires_grad_(False)
+        if c.loss.type == "taid":
+            lc = c.loss
+            self.taid = TAIDScheduler(
+                args.max_steps, lc.t_start, lc.t_end, lc.alpha, lc.momentum, not lc.adaptive
+            )
+        if self.hint_model is None and "model" in c.hint_sources:
+            from composer_replication.hints import OpenAIHintModel
+
+            self.hint_model = OpenAIHintModel(c.hint_model_url, c.hint_model_name)
+
+    # ---- after rollouts are scored --------------------------------------------------------
+    def attach(self, batch: dict[str, Any], rollouts: Rollouts) -> dict[str, Any]:
+        """Add ``sdpo_hinted`` [B], ``sdpo_prompt_ids/mask`` and the hint texts to ``batch``."""
+        prompts = rollouts.prompts
+        hints = build_hints(
+            rollouts.completions,
+            rollouts.results,
+            rollouts.group_size,
+            self.cfg.hint_sources,
+            self.templates,
+            prompts=[to_text(p) for p in prompts],
+            hint_model=self.hint_model,
+        )
+        device = batch["completion_ids"].device
+        hinted = torch.tensor([h is not None for h in hints], dtype=torch.bool, device=device)
+        texts = [
+            render_prompt(self.tokenizer, insert_hint(as_messages(p), h.text))
+            if h is not None
+            else ""
+            for p, h in zip(prompts, hints, strict=True)
+        ]
+        enc = self.tokenizer(
+            texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
+        )
+        batch["sdpo_hinted"] = hinted
+        batch["sdpo_prompt_ids"] = enc["input_ids"].to(device)
+        batch["sdpo_prompt_mask"] = enc["attention_mask"].to(device)
+        batch["sdpo_hint"] = [h.text if h is not None else None for h in hints]
+        batch["sdpo_hint_source"] = [h.source if h is not None else None for h in hints]
+        return batch
+
+    # ---- in the loss ------------------------------------------------------------------------
+    @staticmethod
+    def token_mask(batch: dict[str, Any]) -> Tensor:
+        """``[B, K]`` bool: completion tokens of hinted rows, tool-result tokens excluded."""
+        mask = batch["completion_mask"].bool() & batch["sdpo_hinted"][:, None]
+        if "tool_mask" in batch:
+            mask = mask & batch["tool_mask"].bool()
+        return mask
+
+    def loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor | float]]:
+        batch, student_BKH = ctx.batch, ctx.student_hidden_BKH
+        mask_BK = self.token_mask(batch)
+        divisor = max(int(mask_BK.sum()), 1) * ctx.grad_accum
+        rows = batch["sdpo_hinted"].nonzero().squeeze(1)
+        extra: dict[str, Tensor | float] = {
+            "hinted_frac": rows.numel() / max(len(batch["sdpo_hinted"]), 1)
+        }
+        w_s = head_weight(ctx.model)
+        if rows.numel() == 0:
+            empty = student_BKH[:0].reshape(0, student_BKH.shape[-1])
+            inputs = self._inputs(empty, w_s, empty.detach(), w_s.detach(), divisor)
+        else:
+            t_RKH, w_t = self.teacher_states(ctx.model, batch, rows)
+            keep = mask_BK[rows]
+            s_NH, t_NH = student_BKH[rows][keep], t_RKH[keep]
+            targets = batch["completion_ids"][rows][keep]
+            extra["teacher_student_logprob_gap"] = _logprob_gap(s_NH, w_s, t_NH, w_t, targets)
+            inputs = self._inputs(s_NH, w_s, t_NH, w_t, divisor)
+        loss, metrics = self_distill_loss(inputs)
+        n_tok = float(metrics["num_tokens"])
+        metrics = {**metrics, **extra, "active": float(n_tok > 0)}
+        if self.taid is not None and ctx.mode == "train" and n_tok > 0:
+            self._step_ce[0] += float(metrics["cross_entropy"]) * n_tok
+            self._step_ce[1] += n_tok
+        return loss, metrics
+
+    def _inputs(self, s_NH, w_s, t_NH, w_t, divisor) -> SdpoInputs:
+        lc = self.cfg.loss
+        mask_N = torch.ones(s_NH.shape[0], dtype=torch.bool, device=s_NH.device)
+        if lc.type == "jsd" and (lc.token_clip is None or lc.token_clip_mode == "token"):
+            return SdpoInputs(  # chunked fused-linear path: no [N, V] tensor
+                mask=mask_N,
+                student_hidden=s_NH,
+                student_head_weight=w_s,
+                teacher_hidden=t_NH,
+                teacher_head_weight=w_t,
+                beta=lc.beta,
+                temperature=lc.temperature,
+                token_clip=lc.token_clip,
+                token_clip_mode="token",
+                divisor=divisor,
+            )
+        return SdpoInputs(
+            mask=mask_N,
+            student_logits=s_NH @ w_s.T,
+            teacher_logits=(t_NH @ w_t.T).detach(),
+            kind=lc.type,
+            beta=getattr(lc, "beta", 0.5),
+            token_clip=getattr(lc, "token_clip", None),
+            temperature=getattr(lc, "temperature", 1.0),
+            h_max=getattr(lc, "h_max", None),
+            taid_t=self.taid.t if self.taid else None,
+            divisor=divisor,
+        )
+
+    @contextlib.contextmanager
+    def _teacher(self, model) -> Iterator[tuple[Any, Tensor]]:
+        """(backbone, head weight) of the configured teacher."""
+        if self.frozen is not None:
+            yield backbone(self.frozen), head_weight(self.frozen)
+        elif self.cfg.teacher == "initial":  # LoRA: the base weights are the initial weights
+            with strip_accelerate(model).disable_adapter():
+                yield backbone(model), head_weight(model)
+        else:
+            yield backbone(model), head_weight(model)
+
+    @torch.no_grad()
+    def teacher_states(self, model, batch: dict[str, Any], rows: Tensor) -> tuple[Tensor, Tensor]:
+        """Teacher hidden states ``[R, K, H]`` on the hinted prompt + same completion, and its head."""
+        comp_ids, comp_mask = batch["completion_ids"][rows], batch["completion_mask"][rows]
+        t_ids, t_mask = batch["sdpo_prompt_ids"][rows], batch["sdpo_prompt_mask"][rows]
+        k = comp_ids.shape[1]
+        with self._teacher(model) as (net, weight):
+            if supports_prefix_cache(net):  # a group's problem text is run once, not per row
+                prompts = [ids[m.bool()].tolist() for ids, m in zip(t_ids, t_mask, strict=True)]
+                groups = _group_labels(batch["prompt_ids"][rows], batch["prompt_mask"][rows])
+                pb = split_prefixes(prompts, groups, comp_ids, comp_mask, self.pad_id)
+                out = forward_with_prefix(net, net, pb)
+            else:
+                ids = torch.cat([t_ids, comp_ids], dim=1)
+                mask = torch.cat([t_mask, comp_mask], dim=1)
+                out = net(input_ids=ids, attention_mask=mask, use_cache=False)
+            return out.last_hidden_state[:, -k - 1 : -1], weight.detach()
+
+    # ---- state -------------------------------------------------------------------------------
+    def after_step(self, model, global_step: int) -> None:
+        """EMA update of the teacher copy; TAID's schedule advanced with the step's objective
+        (upstream's cross-entropy value, token-weighted over the step's micro-batches)."""
+        if self.cfg.teacher == "ema":
+            decay = self.cfg.ema_decay
+            with torch.no_grad():
+                for p_t, p in zip(
+                    self.frozen.parameters(), unwrap(model).parameters(), strict=True
+                ):
+                    p_t.lerp_(p.detach(), 1.0 - decay)
+        if self.taid is not None and self._step_ce[1] > 0:
+            self.taid.update_t(self._step_ce[0] / self._step_ce[1], global_step)
+        self._step_ce = [0.0, 0.0]
+
+    def save(self, checkpoint_dir: str) -> None:
+        """EMA teacher weights and TAID schedule, next to the trainer's checkpoint."""
+        state = {
+            "taid": self.taid.state_dict() if self.taid else None,
+            "ema": self.frozen.state_dict() if self.cfg.teacher == "ema" else None,
+        }
+        torch.save(state, f"{checkpoint_dir}/{self.STATE_FILE}")
+
+    def load(self, checkpoint_dir: str) -> None:
+        """Restore what :meth:`save` wrote (a missing file is an error: the run would diverge)."""
+        state = torch.load(f"{checkpoint_dir}/{self.STATE_FILE}", weights_only=False)
+        if self.taid is not None and state["taid"] is not None:
+            self.taid.load_state_dict(state["taid"])
+        if self.cfg.teacher == "ema":
+            self.frozen.load_state_dict(state["ema"])
+
+
+@torch.no_grad()
+def _logprob_gap(s_NH: Tensor, w_s: Tensor, t_NH: Tensor, w_t: Tensor, targets_N: Tensor) -> float:
+    """Mean over tokens of log q_teacher(y) - log p_student(y) at the sampled tokens y
+    (negative where the hinted teacher disowns what the student wrote)."""
+    total, n = 0.0, targets_N.numel()
+    for start in range(0, n, _LOGIT_CHUNK):
+        sl = slice(start, start + _LOGIT_CHUNK)
+        y = targets_N[sl].unsqueeze(1)
+        ls = torch.log_softmax(s_NH[sl].detach() @ w_s.T, dim=-1).gather(1, y)
+        lt = torch.log_softmax(t_NH[sl] @ w_t.T, dim=-1).gather(1, y)
+        total += float((lt - ls).sum())
+    return total / max(n, 1)
+
+
+def _group_labels(prompt_ids_RL: Tensor, prompt_mask_RL: Tensor) -> list[int]:
+    """One label per row, equal for rows whose (student) prompts are equal: the rollouts of
+    one problem, whose hinted teacher prompts share the problem text."""
+    seen: dict[tuple[int, ...], int] = {}
+    return [
+        seen.setdefault(tuple(ids[m.bool()].tolist()), len(seen))
+        for ids, m in zip(prompt_ids_RL, prompt_mask_RL, strict=True)
+    ]

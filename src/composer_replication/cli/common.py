@@ -1,0 +1,52 @@
+"""What every command shares: the consoles, bad-input errors turned into one line and an exit
+code, and quieting library chatter before a long run.
+
+Exit codes: 0 success; 1 the work ran but its check failed (unbalanced ingest, a failed or
+diverged replica); 2 bad input (config, arguments, missing or malformed files), reported before
+any work starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+BAD_INPUT = 2
+"""Exit code of a command refused because of its input."""
+CHECK_FAILED = 1
+"""Exit code of a command that ran but whose result failed its own check."""
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+def fail(message: str, code: int = BAD_INPUT) -> NoReturn:
+    """Print ``error: message`` on stderr (verbatim, no rich markup) and exit with ``code``."""
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message))
+    raise typer.Exit(code)
+
+
+@contextmanager
+def exit_on(*errors: type[Exception], code: int = BAD_INPUT) -> Iterator[None]:
+    """Turn the listed exceptions raised in the block into `fail` (message, then exit ``code``)."""
+    try:
+        yield
+    except errors as err:
+        fail(str(err), code)
+
+
+def quiet_libraries() -> None:
+    """Silence deprecation chatter from transformers/TRL; our own output is the summary."""
+    logging.basicConfig(level=logging.WARNING)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module="trl")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -1,0 +1,105 @@
+"""``composer-replication train`` and ``eval``: one run of a config, and a model on a task split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from composer_replication.cli.common import console, exit_on, quiet_libraries
+from composer_replication.config import ConfigError, dump_config, load_config
+
+
+def train_command(
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="key=value overrides, e.g. max_steps=2 optim.learning_rate=1e-5"),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="YAML run config (default: configs/quickstart.yaml)"),
+    ] = None,
+) -> None:
+    """Train with GRPO (+ channels) on an embedded task; evaluate base and trained model."""
+    with exit_on(ConfigError):
+        cfg = load_config(config, overrides or [])
+    quiet_libraries()
+    console.rule("[bold]composer-replication train")
+    console.print(dump_config(cfg), markup=False)
+    from composer_replication.trainer.run import run_training
+
+    with exit_on(ConfigError):  # e.g. resuming a checkpoint with other channel settings
+        summary = run_training(cfg, console=console)
+    print_train_summary(summary)
+
+
+def format_eval(s: dict) -> str:
+    """``pass% [CI]   reward r`` for an evaluation summary."""
+    return (
+        f"{s['pass_rate']:.1%} [{s['pass_ci95_low']:.1%}, {s['pass_ci95_high']:.1%}]"
+        f"   reward {s['mean_reward']:.3f}"
+    )
+
+
+def print_train_summary(summary) -> None:
+    """Held-out results of base and trained model, their paired difference, and where the run
+    wrote its files."""
+    table = Table(title=f"held-out results ({summary.run_dir})")
+    table.add_column("model")
+    table.add_column("pass@1 greedy [95% CI]   mean reward")
+    if summary.base:
+        table.add_row("base", format_eval(summary.base))
+    if summary.trained:
+        table.add_row("trained", format_eval(summary.trained))
+    if summary.delta:
+        d = summary.delta
+        table.add_row(
+            "trained - base",
+            f"{d['delta_pass_rate']:+.1%} [{d['ci95_low']:+.1%}, {d['ci95_high']:+.1%}] (paired)",
+        )
+    console.print(table)
+    n = summary.base["n"] if summary.base else (summary.trained or {}).get("n")
+    console.print(
+        f"n = {n} held-out problems; train {summary.train_seconds:.0f} s, "
+        f"total {summary.total_seconds:.0f} s; checkpoint: {summary.final_checkpoint}; "
+        f"metrics: {summary.run_dir / 'metrics.jsonl'}; plot: {summary.run_dir / 'training_curves.png'}"
+    )
+    for report in summary.channel_reports:
+        console.print(f"[bold yellow]warning:[/] {report}", highlight=False)
+
+
+def eval_command(
+    model: Annotated[
+        str, typer.Option("--model", help="hub id, local dir, .gguf, or embedded:NAME")
+    ],
+    env: Annotated[str, typer.Option("--env", help="arithmetic or humaneval")] = "arithmetic",
+    split: Annotated[str, typer.Option("--split", help="train or heldout")] = "heldout",
+    n: Annotated[int, typer.Option("--n", min=1, help="number of problems")] = 200,
+    levels: Annotated[
+        str, typer.Option("--levels", help="arithmetic levels, comma-separated")
+    ] = "1,2",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 16,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
+    show: Annotated[int, typer.Option("--show", min=0, help="print this many completions")] = 5,
+) -> None:
+    """Greedy pass@1 and mean reward with 95% CIs on a task split."""
+    from composer_replication.envs import get_env
+    from composer_replication.evaluation import evaluate
+    from composer_replication.models import ModelLoadError, load_model, load_tokenizer
+    from composer_replication.progress import progress_bar
+
+    quiet_libraries()
+    with exit_on(ModelLoadError, ValueError, FileNotFoundError):
+        kwargs = {"levels": [int(x) for x in levels.split(",")]} if env == "arithmetic" else {}
+        environment = get_env(env, **kwargs)
+        tok = load_tokenizer(model)
+        lm = load_model(model)
+    total = min(n, len(environment.tasks(split)))
+    with progress_bar(console, f"eval {env}/{split}", total) as adv:
+        res = evaluate(lm, tok, environment, split, n, max_new_tokens, batch_size, progress=adv)
+    for tid, comp, ok in list(zip(res.task_ids, res.completions, res.passed, strict=True))[:show]:
+        console.print(f"[{'green' if ok else 'red'}]{tid}[/] {comp!r}")
+    s = res.summary()
+    console.print(f"{model} on {env}/{split}: n={s['n']}  pass@1 {format_eval(s)}")

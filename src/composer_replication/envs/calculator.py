@@ -1,0 +1,274 @@
+"""Arithmetic a 135M model cannot do in its head, with a ``calculate(expression)`` tool.
+
+Problems are 3-digit x 2-digit products (``mul``) and ``a * b + c`` (``muladd``). The reward is
+1.0 when the final assistant turn answers the right number (the last integer it writes), else
+0.0. The tool evaluates arithmetic by walking a Python ``ast`` that may only hold numbers,
+``+ - * / // % **`` and unary signs, with bounds on input length, node count, exponent and
+result size: nothing the model writes is ever executed. Errors come back as the tool result.
+
+Grading a multi-turn rollout (a list of chat messages) names the first turn that went wrong
+and why, e.g. "turn 0: called `calc`, the tool is `calculate`", "turn 1: answered 1200, the
+tool returned 1776", "turn 0: no tool call"; ``StepResult.info`` holds ``failed_turn`` (index
+among the assistant turns) and ``reason`` for the turn-level hint. Splits are by a fixed hash
+of the problem, like ``arithmetic``.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+import random
+import re
+from typing import Any
+
+from composer_replication.envs.base import Environment, StepResult, Task, unit_hash
+
+TOOL_NAME = "calculate"
+MAX_EXPRESSION_CHARS = 200
+MAX_NODES = 64
+MAX_EXPONENT = 64
+MAX_MAGNITUDE = 10**30
+SYSTEM_PROMPT = (
+    "You are a helpful assistant. You cannot multiply large numbers in your head: "
+    "use the calculate tool, then reply with only the number."
+)
+PROMPT = "What is {expr}?"
+# Worked exchanges shown before each task: the base 135M model never calls a tool from the tool
+# schema alone (bench/calculator_base_rates.py); 12 * 34 and 56 * 78 + 9 are no task of any split.
+
+
+def _shot(question: str, expression: str, result: str) -> list[dict[str, Any]]:
+    call = {
+        "type": "function",
+        "function": {"name": TOOL_NAME, "arguments": {"expression": expression}},
+    }
+    return [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": TOOL_NAME, "content": result},
+        {"role": "assistant", "content": result},
+    ]
+
+
+FEW_SHOT: list[dict[str, Any]] = _shot("What is 12 * 34?", "12 * 34", "408") + _shot(
+    "What is 56 * 78 + 9?", "56 * 78 + 9", "4377"
+)
+_INT = re.compile(r"-?\d+")
+
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+
+
+class CalculatorError(ValueError):
+    """An expression the calculator refuses; its message is the tool result."""
+
+
+def _check_pow(base: float, exp: float) -> None:
+    if abs(exp) > MAX_EXPONENT:
+        raise CalculatorError(f"exponent {exp} is too large (at most {MAX_EXPONENT})")
+    if base not in (0, 1, -1) and exp > 0 and exp * math.log10(abs(base)) > 30:
+        raise CalculatorError("result is too large")
+
+
+def _eval(node: ast.AST) -> float:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_eval(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow):
+            _check_pow(left, right)
+        try:
+            value = _BINOPS[type(node.op)](left, right)
+        except ZeroDivisionError as err:
+            raise CalculatorError("division by zero") from err
+        if isinstance(value, complex) or abs(value) > MAX_MAGNITUDE:
+            raise CalculatorError("result is too large or not a real number")
+        return value
+    raise CalculatorError(
+        f"only numbers and + - * / // % ** are allowed, not {type(node).__name__}"
+    )
+
+
+def safe_calculate(expression: str) -> str:
+    """The value of an arithmetic ``expression`` as text, or ``error: ...``; never executes it."""
+    if not isinstance(expression, str):
+        return f"error: expression must be a string, got {type(expression).__name__}"
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        return f"error: expression longer than {MAX_EXPRESSION_CHARS} characters"
+    text = expression.replace("×", "*").replace("^", "**").replace(",", "").strip()
+    try:
+        tree = ast.parse(text, mode="eval")
+        if sum(1 for _ in ast.walk(tree)) > MAX_NODES:
+            raise CalculatorError(f"expression has more than {MAX_NODES} parts")
+        value = _eval(tree.body)
+    except CalculatorError as err:
+        return f"error: {err}"
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError, TypeError):
+        return f"error: cannot parse {expression[:40]!r} as arithmetic"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+def _final_number(text: str) -> int | None:
+    numbers = _INT.findall(text.replace(",", ""))
+    return int(numbers[-1]) if numbers else None
+
+
+def _tool_calls(message: dict[str, Any]) -> list[dict[str, Any]]:
+    calls = message.get("tool_calls") or []
+    return [c.get("function", c) for c in calls]
+
+
+def _check_call(call: dict[str, Any]) -> str | None:
+    """Why a tool call is wrong, or None."""
+    name = call.get("name")
+    if name != TOOL_NAME:
+        return f"called `{name}`, the tool is `{TOOL_NAME}`"
+    args = call.get("arguments")
+    if not isinstance(args, dict) or "expression" not in args:
+        return f"called `{TOOL_NAME}` without an `expression` argument"
+    result = safe_calculate(args["expression"])
+    if result.startswith("error"):
+        return f"`{TOOL_NAME}({args['expression']!r})` failed: {result}"
+    return None
+
+
+def grade_conversation(messages: list[dict[str, Any]], expected: int) -> StepResult:
+    """Grade a rollout's messages (assistant and tool turns); names the first failing turn."""
+    assistant = [m for m in messages if m.get("role") == "assistant"]
+    results = [str(m.get("content", "")) for m in messages if m.get("role") == "tool"]
+    final = assistant[-1] if assistant else {"content": ""}
+    got = None if _tool_calls(final) else _final_number(str(final.get("content", "")))
+    info: dict[str, Any] = {"expected": expected, "got": got, "tool_calls": 0}
+    first_error: tuple[int, str] | None = None
+    for turn, message in enumerate(assistant):
+        for call in _tool_calls(message):
+            info["tool_calls"] += 1
+            reason = _check_call(call)
+            if reason and first_error is None:
+                first_error = (turn, reason)
+    if got == expected:
+        return StepResult(str(final.get("content", "")), 1.0, True, True, "correct", info)
+    last = len(assistant) - 1
+    if info["tool_calls"] == 0:
+        failed = (0, "no tool call")
+    elif first_error is not None:
+        failed = first_error
+    elif got is None:
+        failed = (last, f"no final answer after {info['tool_calls']} tool calls")
+    elif str(expected) in results:
+        failed = (last, f"answered {got}, the tool returned {expected}")
+    else:
+        failed = (last, f"answered {got}, expected {expected}; the tool returned {results[-1]}")
+    info.update(failed_turn=failed[0], reason=failed[1])
+    feedback = f"turn {failed[0]}: {failed[1]}"
+    return StepResult(str(final.get("content", "")), 0.0, True, False, feedback, info)
+
+
+class CalculatorEnv(Environment):
+    """Multi-step arithmetic to be solved with the ``calculate`` tool."""
+
+    name = "calculator"
+
+    def __init__(
+        self,
+        kinds: tuple[str, ...] | list[str] = ("mul", "muladd"),
+        per_kind: int = 2000,
+        heldout_fraction: float = 0.2,
+    ):
+        super().__init__()
+        bad = [k for k in kinds if k not in ("mul", "muladd")]
+        if bad:
+            raise ValueError(f"unknown calculator kinds {bad}; known: mul, muladd")
+        self._splits: dict[str, list[Task]] = {"train": [], "heldout": []}
+        for kind in kinds:
+            for expr in _problems(kind, per_kind):
+                split = "heldout" if unit_hash(f"calc:{expr}") < heldout_fraction else "train"
+                answer = int(safe_calculate(expr))
+                task = Task(f"calc:{expr}", PROMPT.format(expr=expr), split, {"answer": answer})
+                self._splits[split].append(task)
+
+    def tasks(self, split: str) -> list[Task]:
+        if split not in self._splits:
+            raise ValueError(f"unknown split {split!r}; use 'train' or 'heldout'")
+        return self._splits[split]
+
+    def privileged_context(self, task: Task) -> str:
+        return f"The correct answer is {task.data['answer']}."
+
+    def grade(self, task: Task, completion: str | list[dict[str, Any]]) -> StepResult:
+        """Grade a final reply (text) or a whole multi-turn rollout (chat messages)."""
+        messages = completion
+        if isinstance(completion, str):
+            messages = [{"role": "assistant", "content": completion}]
+        return grade_conversation(messages, int(task.data["answer"]))
+
+    def rows(
+        self, split: str, system_prompt: str = SYSTEM_PROMPT, few_shot: bool = True
+    ) -> list[dict[str, Any]]:
+        """Conversational rows for TRL (``prompt``, ``answer``, ``task_id``); ``few_shot`` puts
+        worked tool exchanges (:data:`FEW_SHOT`, no task of any split) before the task."""
+        shots = FEW_SHOT if few_shot else []
+        return [
+            {
+                "prompt": [
+                    {"role": "system", "content": system_prompt},
+                    *shots,
+                    {"role": "user", "content": self.user_message(t)},
+                ],
+                "answer": t.data["answer"],
+                "task_id": t.task_id,
+            }
+            for t in self.tasks(split)
+        ]
+
+
+def _problems(kind: str, n: int) -> list[str]:
+    rng = random.Random(f"calculator:{kind}")
+    out: set[str] = set()
+    while len(out) < n:
+        a, b = rng.randint(100, 999), rng.randint(11, 99)
+        out.add(f"{a} * {b}" if kind == "mul" else f"{a} * {b} + {rng.randint(100, 999)}")
+    return sorted(out, key=lambda e: unit_hash("order:" + e))
+
+
+class CalculatorTools:
+    """TRL ``environment_factory`` class: ``reset(**row)`` per rollout, ``calculate`` is the tool."""
+
+    def __init__(self) -> None:
+        self.answer: int | None = None
+        self.calls: list[tuple[str, str]] = []
+
+    def reset(self, **row: Any) -> None:
+        """Start a rollout on a dataset row (its ``answer`` column); the prompt already poses it."""
+        self.answer = row.get("answer")
+        self.calls = []
+
+    def calculate(self, expression: str) -> str:
+        """Evaluate an arithmetic expression and return its value.
+
+        Args:
+            expression: The arithmetic expression, for example "123 * 45 + 6".
+        """
+        result = safe_calculate(expression)
+        self.calls.append((expression, result))
+        return result
+
+
+def calculator_reward(
+    completions: list[list[dict[str, Any]]], answer: list[int], **_: Any
+) -> list[float]:
+    """TRL reward function: 1.0 when a rollout's final turn answers ``answer``."""
+    return [grade_conversation(c, int(a)).reward for c, a in zip(completions, answer, strict=True)]

@@ -1,0 +1,45 @@
+"""A tiny random Llama that follows a script: in its k-th assistant turn it is pushed (a large
+logit bias) to write ``scripts[k]``, so TRL's real tool loop sees real tool calls from a model
+that is still trained by gradient (the bias is a function of the prefix, the same at generation
+and at scoring, so log-probs stay consistent)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaForCausalLM
+
+
+class ScriptedLlama(LlamaForCausalLM):
+    """``set_script(header_ids, scripts)``: after the k-th ``header_ids`` write ``scripts[k]``."""
+
+    bias: float = 30.0
+
+    def set_script(self, header_ids: list[int], scripts: list[list[int]], skip: int = 0) -> None:
+        """``skip``: assistant headers in the prompt itself (few-shot turns) to pass over."""
+        self._header, self._scripts, self._skip = header_ids, scripts, skip
+
+    def _targets(self, row: list[int]) -> list[int | None]:
+        """For each position, the script's next token after it, or None."""
+        out: list[int | None] = [None] * len(row)
+        h, turn, start = len(self._header), -1 - self._skip, None
+        for t in range(len(row)):
+            if row[max(0, t - h + 1) : t + 1] == self._header:
+                turn, start = turn + 1, t + 1
+            if start is None or not 0 <= turn < len(self._scripts):
+                continue
+            script, done = self._scripts[turn], row[start : t + 1]
+            if len(done) < len(script) and script[: len(done)] == done:
+                out[t] = script[len(done)]
+        return out
+
+    def forward(self, input_ids=None, **kwargs):
+        out = super().forward(input_ids=input_ids, **kwargs)
+        keep = out.logits.shape[1]
+        bias = torch.zeros_like(out.logits)
+        for b, row in enumerate(input_ids.tolist()):
+            targets = self._targets(row)[-keep:]
+            for t, tok in enumerate(targets):
+                if tok is not None:
+                    bias[b, t, tok] = self.bias
+        out.logits = out.logits + bias
+        return out
