@@ -53,10 +53,6 @@ class EnvConfig(_Strict):
     """Number of training prompts drawn from the train split."""
     seed: int = 0
     """Seed for drawing problems (the split itself is a fixed hash, independent of seeds)."""
-    timeout_s: float = Field(5.0, gt=0, le=600)
-    """humaneval: wall-clock limit for running a completion against its tests."""
-    memory_mb: int = Field(512, ge=64)
-    """humaneval: address-space limit of the sandboxed process."""
 
     @model_validator(mode="after")
     def _check_levels(self) -> EnvConfig:
@@ -81,6 +77,32 @@ class VllmConfig(_Strict):
     """GPUs one vLLM engine spans (colocate)."""
     max_model_length: int | None = Field(None, ge=1)
     """Context length vLLM allocates for (None = the model's)."""
+
+
+class SandboxConfig(_Strict):
+    """Where and how model-written code runs (envs/sandbox.py, docs/sandbox.md)."""
+
+    unsafe_run_without_isolation: bool = False
+    """Run model-written code without bubblewrap (limits and an audit hook only); the code can
+    then read this user's files and environment. Only for machines that cannot run bwrap."""
+    workers: int = Field(0, ge=0, le=256)
+    """Gradings run in parallel (0 = one per CPU core)."""
+    wall_timeout_s: float = Field(5.0, gt=0, le=600)
+    """Wall-clock limit of one grading (interpreter start, loading and every test call)."""
+    cpu_time_s: int = Field(5, ge=1, le=600)
+    """CPU-seconds limit of the sandboxed process (RLIMIT_CPU)."""
+    memory_mb: int = Field(512, ge=64, le=65536)
+    """Address-space limit of each sandboxed process (RLIMIT_AS)."""
+    file_size_mb: int = Field(16, ge=1, le=4096)
+    """Largest file the code may write (RLIMIT_FSIZE)."""
+    work_dir_mb: int = Field(64, ge=1, le=65536)
+    """Size of the private tmpfs work directory, the only writable place."""
+    max_processes: int = Field(32, ge=1, le=4096)
+    """Processes and threads the code may have at once (RLIMIT_NPROC, per sandbox)."""
+    max_output_kb: int = Field(64, ge=1, le=65536)
+    """stdout/stderr bytes kept from a run (the rest is read and dropped)."""
+    audit_hook: bool = True
+    """Also install the in-process audit hook (a second layer under the OS isolation)."""
 
 
 class GenerationConfig(_Strict):
@@ -428,6 +450,8 @@ class RunConfig(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     peft: PeftConfig = Field(default_factory=PeftConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    """Isolation and limits for model-written code (code environments such as humaneval)."""
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     grpo: GRPOConfigModel = Field(default_factory=GRPOConfigModel)
     optim: OptimConfig = Field(default_factory=OptimConfig)

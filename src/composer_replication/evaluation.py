@@ -145,7 +145,7 @@ def evaluate(
     completions = generate_greedy(
         model, tokenizer, [t.prompt for t in tasks], max_new_tokens, batch_size, progress
     )
-    results = [env.grade(t, c) for t, c in zip(tasks, completions, strict=True)]
+    results = env.grade_batch(tasks, completions)
     return EvalResult(
         env=env.name,
         split=split,

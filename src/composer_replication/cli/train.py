@@ -23,6 +23,7 @@ def train_command(
     ] = None,
 ) -> None:
     """Train with GRPO (+ channels) on an embedded task; evaluate base and trained model."""
+    from composer_replication.envs.sandbox import SandboxUnavailableError
     from composer_replication.models import ModelLoadError
     from composer_replication.trainer.run import check_resume, process_rank, run_training
 
@@ -31,12 +32,12 @@ def train_command(
         check_resume(cfg)  # a missing or mismatched checkpoint fails before anything runs
     quiet_libraries()
     if process_rank()[0] != 0:  # torchrun / accelerate launch: rank 0 speaks for the run
-        with exit_on(ConfigError, ModelLoadError):
+        with exit_on(ConfigError, ModelLoadError, SandboxUnavailableError):
             run_training(cfg, console=None)
         return
     console.rule("[bold]composer-replication train")
     console.print(dump_config(cfg), markup=False)
-    with exit_on(ConfigError, ModelLoadError):  # e.g. a mistyped model id or path
+    with exit_on(ConfigError, ModelLoadError, SandboxUnavailableError):  # e.g. a bad model id
         summary = run_training(cfg, console=console)
     print_train_summary(summary)
 
@@ -89,16 +90,32 @@ def eval_command(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 16,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
     show: Annotated[int, typer.Option("--show", min=0, help="print this many completions")] = 5,
+    unsafe_run_without_isolation: Annotated[
+        bool,
+        typer.Option(
+            "--unsafe-run-without-isolation",
+            help="run model-written code without bubblewrap (unsafe; see docs/sandbox.md)",
+        ),
+    ] = False,
 ) -> None:
     """Greedy pass@1 and mean reward with 95% CIs on a task split."""
+    from composer_replication.config import SandboxConfig
     from composer_replication.envs import get_env
+    from composer_replication.envs.sandbox import SandboxUnavailableError
     from composer_replication.evaluation import evaluate
     from composer_replication.models import ModelLoadError, load_model, load_tokenizer
     from composer_replication.progress import progress_bar
 
     quiet_libraries()
-    with exit_on(ModelLoadError, ValueError, FileNotFoundError):
-        kwargs = {"levels": [int(x) for x in levels.split(",")]} if env == "arithmetic" else {}
+    with exit_on(ModelLoadError, ValueError, FileNotFoundError, SandboxUnavailableError):
+        if env == "arithmetic":
+            kwargs: dict = {"levels": [int(x) for x in levels.split(",")]}
+        elif env == "humaneval":
+            kwargs = {
+                "sandbox": SandboxConfig(unsafe_run_without_isolation=unsafe_run_without_isolation)
+            }
+        else:
+            kwargs = {}
         environment = get_env(env, **kwargs)
         tok = load_tokenizer(model)
         lm = load_model(model)

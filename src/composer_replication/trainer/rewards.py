@@ -23,11 +23,13 @@ class EnvReward:
         self.last_results: list[StepResult] = []
 
     def __call__(self, prompts, completions, task_id, log_metric=None, **_: Any) -> list[float]:
-        results = []
-        for completion, tid in zip(completions, task_id, strict=True):
-            if tid not in self._tasks:
-                raise KeyError(f"reward: unknown task_id {tid!r} for env {self.env.name!r}")
-            results.append(self.env.grade(self._tasks[tid], to_text(completion)))
+        unknown = [tid for tid in task_id if tid not in self._tasks]
+        if unknown:
+            raise KeyError(f"reward: unknown task_id {unknown[0]!r} for env {self.env.name!r}")
+        texts = [to_text(c) for c in completions]
+        if len(texts) != len(task_id):
+            raise ValueError(f"reward: {len(texts)} completions for {len(task_id)} task ids")
+        results = self.env.grade_batch([self._tasks[tid] for tid in task_id], texts)
         self.last_results = results
         if log_metric is not None and results:
             log_metric("env/pass_rate", sum(r.passed for r in results) / len(results))

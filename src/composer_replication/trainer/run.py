@@ -134,12 +134,7 @@ def build_env(cfg: RunConfig):
     e = cfg.env
     if e.name == "arithmetic":
         return get_env("arithmetic", levels=e.levels, heldout_fraction=e.heldout_fraction)
-    return get_env(
-        "humaneval",
-        heldout_fraction=e.heldout_fraction,
-        timeout_s=e.timeout_s,
-        memory_mb=e.memory_mb,
-    )
+    return get_env("humaneval", heldout_fraction=e.heldout_fraction, sandbox=cfg.sandbox)
 
 
 def data_shard(cfg: RunConfig) -> tuple[int, int]:
@@ -263,9 +258,9 @@ def prepare(cfg: RunConfig):
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     seed_everything(cfg.seed)
+    env = build_env(cfg)  # first: a code env refuses to start without its sandbox
     tokenizer = load_tokenizer(cfg.model.name)  # a bad model id fails here, nothing written yet
     model = load_model(cfg.model.name, dtype=cfg.model.dtype, peft=cfg.peft)
-    env = build_env(cfg)
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if process_rank()[0] == 0:

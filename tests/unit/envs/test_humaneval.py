@@ -3,12 +3,8 @@ import json
 
 import pytest
 
-from composer_replication.envs.humaneval import (
-    HumanEvalEnv,
-    build_program,
-    failure_feedback,
-    humaneval_path,
-)
+from composer_replication.config import SandboxConfig
+from composer_replication.envs.humaneval import HumanEvalEnv, build_program, humaneval_path
 
 
 @pytest.fixture(scope="module")
@@ -52,18 +48,15 @@ def test_fenced_whole_function_reply_is_used(env, solutions):
 
 
 def test_infinite_loop_completion_times_out():
-    env = HumanEvalEnv(timeout_s=1.0)
+    env = HumanEvalEnv(sandbox=SandboxConfig(wall_timeout_s=1.0))
     task = env.tasks("heldout")[0]
     result = env.grade(task, "    while True:\n        pass\n")
     assert not result.passed and "timed out" in result.feedback
 
 
-def test_program_assembly_and_feedback():
-    prog = build_program(
-        "def f(x):\n", "    return x\n", "def check(c):\n    assert c(1) == 1\n", "f"
-    )
-    assert prog.endswith("check(f)\n") and "return x" in prog
-    assert failure_feedback("", True, 2.0).startswith("timed out")
-    assert failure_feedback("Traceback\nNameError: name 'y' is not defined\n", False, 1) == (
-        "NameError: name 'y' is not defined"
-    )
+def test_program_assembly():
+    """A body continues the prompt; a whole-function reply keeps only the prompt's imports."""
+    prompt = "from typing import List\n\ndef f(x):\n"
+    assert build_program(prompt, "    return x\n", "f") == prompt + "    return x\n"
+    whole = build_program(prompt, "```python\ndef f(x):\n    return 2 * x\n```", "f")
+    assert whole == "from typing import List\ndef f(x):\n    return 2 * x\n"

@@ -1,0 +1,237 @@
+"""Both halves of the grading wire: the script that serves a candidate function inside the
+sandbox, and the plain-data codec the trusted grader uses to read what it sends back.
+
+The sandboxed process never sees a test. It loads the candidate program, then answers calls:
+the grader sends the arguments, the harness calls the candidate and sends back the value. The
+grader runs the dataset's own assertions on those values in its own process (envs/humaneval.py),
+so nothing the candidate does (exit codes, ``atexit``, signal handlers, printing "passed",
+redefining ``check``, objects whose ``__eq__`` is always true) can produce a pass: only values
+equal to the expected ones can.
+
+Wire format: one frame per line, each the ``repr`` of a tuple of plain data. The trusted side
+parses frames with ``ast.literal_eval`` (never ``eval``, ``pickle`` or ``marshal``), which can
+only build ``None``, bools, numbers, strings, bytes, tuples, lists, dicts and sets; the
+encoder here also refuses subclasses of those (an ``int`` subclass with a custom ``__eq__``),
+NaN, recursion deeper than ``MAX_DEPTH`` and ints longer than CPython's 4300-digit limit.
+Frames from the grader are trusted, so the harness reads them with ``eval`` in an empty
+namespace.
+
+This file runs inside the sandbox as ``python -I -S -B -c <this source> <limits>``: it imports
+only builtin modules (``os``, ``sys``, ``resource``) because every other import would be
+compiled from source under the sandbox's empty pycache prefix (~80 ms for ``json``).
+"""
+
+import os
+import sys
+
+MAX_DEPTH = 64
+INF = float("inf")
+PLAIN_ATOMS = (type(None), bool, int, float, complex, str, bytes)
+PLAIN_CONTAINERS = (list, tuple, dict, set)
+
+
+class NotPlainData(TypeError):
+    """A value that is not plain data (a custom object, a subclass, NaN, a deep structure)."""
+
+
+def check_plain(value, depth=0):
+    """Raise ``NotPlainData`` unless ``value`` is built only from exact builtin plain types."""
+    kind = type(value)
+    if depth > MAX_DEPTH:
+        raise NotPlainData(f"nested deeper than {MAX_DEPTH}")
+    if kind in PLAIN_ATOMS:
+        if kind is float and (value != value or value in (INF, -INF)):
+            raise NotPlainData(f"{value} is not supported")
+        return
+    if kind not in PLAIN_CONTAINERS:
+        raise NotPlainData(f"{kind.__name__} is not plain data")
+    items = value.items() if kind is dict else ((v, None) for v in value)
+    for a, b in items:
+        check_plain(a, depth + 1)
+        check_plain(b, depth + 1)
+
+
+def encode(value):
+    """The literal text of a plain value (``repr`` is the builtin one for checked values)."""
+    check_plain(value)
+    return repr(value)  # ValueError for ints past CPython's 4300-digit limit
+
+
+def decode_frame(line, max_bytes):
+    """Parse one frame sent by the sandbox; untrusted input, plain data out or ``ValueError``."""
+    import ast
+
+    if len(line) > max_bytes:
+        raise ValueError(f"frame of {len(line)} bytes exceeds {max_bytes}")
+    try:
+        frame = ast.literal_eval(line.decode("utf-8"))
+        check_plain(frame)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, UnicodeError) as e:
+        raise ValueError(f"malformed frame: {type(e).__name__}: {str(e)[:200]}") from None
+    if type(frame) is not tuple or not frame or type(frame[0]) is not str:
+        raise ValueError("malformed frame: not a tagged tuple")
+    return frame
+
+
+# ---- sandbox side (runs as __main__ inside the sandbox) ---------------------------------------
+
+
+def _apply_limits(limits):
+    import resource
+
+    for name, value in limits.items():
+        resource.setrlimit(getattr(resource, name), (value, value))
+
+
+def _install_audit_hook(root):
+    """Second layer only (OS isolation is the first): refuse sockets, new processes, native
+    code and writes outside ``root``. State lives in this closure, not in module globals."""
+    realpath, sep, fsdecode = os.path.realpath, os.sep, os.fsdecode
+    blocked = frozenset(
+        "socket.__new__ socket.connect socket.bind subprocess.Popen os.system os.exec "
+        "os.posix_spawn os.spawn os.fork os.forkpty pty.spawn ctypes.dlopen ctypes.dlsym "
+        "ctypes.cdata os.kill os.killpg sqlite3.connect".split()
+    )
+    path_events = frozenset(
+        "os.remove os.rename os.rmdir os.mkdir os.chmod os.chown os.symlink os.link "
+        "os.truncate shutil.rmtree os.utime shutil.copyfile".split()
+    )
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
+
+    def inside(p):
+        if isinstance(p, int):
+            return True
+        try:
+            real = realpath(fsdecode(p))
+        except Exception:
+            return False
+        return real == root or real.startswith(root + sep)
+
+    def hook(event, args):
+        if event in blocked:
+            raise PermissionError(f"sandbox: {event} is not allowed")
+        if event == "open":
+            path, mode, flags = args
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & write_flags
+            )
+            if writing and not inside(path):
+                raise PermissionError(f"sandbox: write outside the work dir: {path!r}")
+        elif event in path_events:
+            for a in args[:2]:
+                if isinstance(a, (str, bytes, os.PathLike)) and not inside(a):
+                    raise PermissionError(f"sandbox: {event} outside the work dir: {a!r}")
+
+    sys.addaudithook(hook)
+
+
+class _Channel:
+    """Line frames over the grader's pipes (kept on private fds; fd 0 becomes /dev/null and
+    fd 1 points at stderr, so the candidate's prints never reach the wire by accident)."""
+
+    def __init__(self):
+        self.rfd, self.wfd = os.dup(0), os.dup(1)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(2, 1)
+        os.close(null)
+        self.buf = b""
+
+    def recv(self):
+        while b"\n" not in self.buf:
+            chunk = os.read(self.rfd, 1 << 16)
+            if not chunk:
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return eval(line.decode("utf-8"), {"__builtins__": {}})  # trusted: the grader's frame
+
+    def send(self, *frame):
+        data = (encode(frame) + "\n").encode("utf-8")
+        while data:
+            data = data[os.write(self.wfd, data) :]
+
+
+def _describe(exc, source_lines):
+    """``Type: message`` plus the candidate's line where it was raised, if any."""
+    text = f"{type(exc).__name__}: {exc}"[:500]
+    tb, line = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "candidate.py":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    if isinstance(exc, SyntaxError) and exc.filename == "candidate.py":
+        line = exc.lineno
+    if line and 0 < line <= len(source_lines):
+        text += f" (line {line}: {source_lines[line - 1].strip()[:120]})"
+    return text
+
+
+def _load(program, entry):
+    """Run the candidate program; return its entry-point function or raise."""
+    namespace = {"__name__": "__main__", "__file__": "candidate.py", "__builtins__": __builtins__}
+    exec(compile(program, "candidate.py", "exec"), namespace)
+    fn = namespace.get(entry)
+    if not callable(fn):
+        raise NameError(f"the program defines no function {entry!r}")
+    return fn
+
+
+def _serve(channel, fn, source_lines):
+    while True:
+        frame = channel.recv()
+        if frame is None:
+            return
+        try:
+            value = fn(*frame[1])
+        except BaseException as e:  # SystemExit/KeyboardInterrupt in the function fail the call
+            channel.send("raised", _describe(e, source_lines))
+            continue
+        try:
+            channel.send("value", value)
+        except (NotPlainData, ValueError, RecursionError) as e:
+            channel.send("raised", f"returned a value that is not plain data: {e}")
+
+
+def _script(audit):
+    """Script mode (``run_python``): run the code read from stdin with normal stdio."""
+    chunks = []
+    while True:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    if audit:
+        _install_audit_hook(os.path.realpath(os.getcwd()))
+    namespace = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
+    exec(compile(b"".join(chunks).decode("utf-8"), "main.py", "exec"), namespace)
+
+
+def main(argv):
+    limits, audit, mode = eval(argv[1], {"__builtins__": {}})
+    _apply_limits(limits)
+    if mode == "script":
+        _script(audit)
+        return
+    channel = _Channel()
+    frame = channel.recv()
+    if frame is None:
+        return
+    _, program, entry = frame
+    source_lines = program.splitlines()
+    if audit:
+        _install_audit_hook(os.path.realpath(os.getcwd()))
+    try:
+        fn = _load(program, entry)
+    except BaseException as e:  # a SyntaxError, NameError or SystemExit while loading
+        channel.send("load_error", _describe(e, source_lines))
+        return
+    channel.send("ready")
+    _serve(channel, fn, source_lines)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,124 @@
+"""Witnesses for sandbox tests: listeners that count connections, a scan for processes left
+behind, a sentinel process an attack may try to kill, and files that must stay untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class Listener:
+    """Accepts connections on a TCP port of 127.0.0.1 and on an abstract unix socket of the
+    host's network namespace; ``connections`` counts them. Stops itself after ``ttl_s``."""
+
+    def __init__(self, ttl_s: float = 600.0):
+        self.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.tcp.bind(("127.0.0.1", 0))
+        self.port = self.tcp.getsockname()[1]
+        self.abstract = f"cr-witness-{uuid.uuid4().hex}"
+        self.unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.unix.bind("\0" + self.abstract)
+        self.connections = 0
+        self._stop = time.monotonic() + ttl_s
+        self._threads = [
+            threading.Thread(target=self._serve, args=(s,), daemon=True)
+            for s in (self.tcp, self.unix)
+        ]
+        for s, t in zip((self.tcp, self.unix), self._threads, strict=True):
+            s.listen(16)
+            s.settimeout(0.2)
+            t.start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        while time.monotonic() < self._stop:
+            try:
+                conn, _ = sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop = 0.0
+        for t in self._threads:
+            t.join(timeout=2)
+        self.tcp.close()
+        self.unix.close()
+
+
+def processes_matching(needle: str) -> list[int]:
+    """Pids whose command line contains ``needle`` (any user, any namespace)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if needle.encode() in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def sandbox_processes() -> set[int]:
+    """Pids of sandboxed interpreters and bwrap processes alive now."""
+    return set(processes_matching("pycache_prefix=")) | set(processes_matching("--unshare-pid"))
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass
+class Arena:
+    """Everything an attack may try to reach, and the checks that it did not."""
+
+    root: Path
+    marker: str = field(default_factory=lambda: f"crmark{uuid.uuid4().hex[:12]}")
+    secret: str = field(default_factory=lambda: f"crsecret{uuid.uuid4().hex}")
+    listener: Listener = field(default_factory=Listener)
+    sentinel: subprocess.Popen | None = None
+    guarded: dict[Path, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sentinel = subprocess.Popen(["sleep", "600"])
+        self.victim = self.root / "victim.txt"
+        self.victim.write_text("keep me")
+        self.guarded[self.victim] = file_digest(self.victim)
+
+    def guard(self, path: Path) -> None:
+        """Record a host file that must be unchanged after every attack."""
+        self.guarded[path] = file_digest(path)
+
+    def escape_path(self, name: str) -> Path:
+        """A host path an attack tries to create; it must never exist."""
+        return self.root / f"{self.marker}-{name}"
+
+    def breaches(self) -> list[str]:
+        """What the attacks achieved (empty when contained)."""
+        out = [f"created {p}" for p in self.root.glob(f"{self.marker}-*")]
+        out += [
+            f"changed {p}" for p, d in self.guarded.items() if not p.exists() or file_digest(p) != d
+        ]
+        if self.listener.connections:
+            out.append(f"{self.listener.connections} connection(s) reached the host")
+        if self.sentinel is None or self.sentinel.poll() is not None:
+            out.append("the sentinel process was killed")
+        left = processes_matching(self.marker)
+        if left:
+            out.append(f"processes left behind: {left}")
+        return out
+
+    def close(self) -> None:
+        self.listener.close()
+        if self.sentinel is not None:
+            self.sentinel.kill()
+            self.sentinel.wait()
