@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+from composer_replication.config import SandboxConfig
 from composer_replication.envs.sandbox import run_python
 
 
@@ -17,14 +18,14 @@ def test_normal_code_runs_and_can_use_its_workdir():
 @pytest.mark.parametrize("code", ["while True: pass", "import time; time.sleep(60)"])
 def test_infinite_loop_is_killed_at_the_timeout(code):
     t0 = time.monotonic()
-    r = run_python(code, timeout_s=1.0)
+    r = run_python(code, SandboxConfig(wall_timeout_s=1.0))
     assert r.timed_out and not r.ok
     assert time.monotonic() - t0 < 10
 
 
 def test_fork_bomb_does_not_spread():
     before = len(os.listdir("/proc"))
-    r = run_python("import os\nwhile True:\n    os.fork()", timeout_s=2.0)
+    r = run_python("import os\nwhile True:\n    os.fork()", SandboxConfig(wall_timeout_s=2.0))
     assert not r.ok
     time.sleep(0.2)
     assert len(os.listdir("/proc")) < before + 20  # no lingering children
@@ -35,7 +36,8 @@ def test_write_outside_the_workdir_is_refused(tmp_path):
     r = run_python(f"open({str(target)!r}, 'w').write('x')")
     assert not r.ok
     assert not target.exists()
-    assert "outside the work dir" in r.stderr
+    # under bwrap the host path is not even visible; in unsafe mode the audit hook refuses it
+    assert "No such file or directory" in r.stderr or "outside the work dir" in r.stderr
 
 
 def test_os_level_escapes_are_refused(tmp_path):
@@ -61,18 +63,21 @@ def test_network_is_refused():
 
 
 def test_memory_limit():
-    r = run_python("x = bytearray(4 * 1024**3)", memory_mb=256)
+    r = run_python("x = bytearray(4 * 1024**3)", SandboxConfig(memory_mb=256))
     assert not r.ok and "MemoryError" in r.stderr
 
 
 def test_output_is_capped():
-    r = run_python("while True: print('x' * 1000)", timeout_s=3.0, max_output_bytes=10_000)
+    r = run_python(
+        "while True: print('x' * 1000)", SandboxConfig(wall_timeout_s=3.0, max_output_kb=10)
+    )
     assert not r.ok
     assert r.output_truncated
-    assert len(r.stdout) <= 10_000
+    assert len(r.stdout) <= 10 * 1024
 
 
-def test_workdir_is_removed():
-    r = run_python("import os; print(os.getcwd())")
+def test_workdir_is_private_and_gone_after_the_run():
+    name = f"private-{uuid.uuid4().hex}.txt"
+    r = run_python(f"import os; open({name!r}, 'w').write('x'); print(os.path.abspath({name!r}))")
     assert r.ok
-    assert not os.path.exists(r.stdout.strip())
+    assert not os.path.exists(r.stdout.strip())  # the file lived on the sandbox's own tmpfs
