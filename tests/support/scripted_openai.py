@@ -34,6 +34,7 @@ class Script:
     hang_s: float = 3.0
     retry_after: str = "0"
     delay_s: float = 0.0
+    drip_s: float = 0.0  # > 0: stream each answer's body one byte per drip_s seconds
     completion_tokens: int = 5
     answer_by_model: bool = False
     seed: int = 0
@@ -47,9 +48,16 @@ def digest(messages) -> str:
     return hashlib.sha1(orjson.dumps(messages)).hexdigest()
 
 
+async def _drip(data: bytes, every_s: float):
+    """Yield ``data`` one byte at a time, each within any sane per-read timeout."""
+    for i in range(len(data)):
+        await asyncio.sleep(every_s)
+        yield data[i : i + 1]
+
+
 def make_app(script: Script):
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     app = FastAPI()
 
@@ -99,7 +107,7 @@ def make_app(script: Script):
             salt = body["model"] if script.answer_by_model else ""
             text = f"Answer {hashlib.sha1((d + salt).encode()).hexdigest()[:6]}"
             prompt_tokens = len(orjson.dumps(body["messages"])) // 4 + 3
-            return {
+            answer = {
                 "id": "x",
                 "object": "chat.completion",
                 "created": int(time.time()),
@@ -117,6 +125,11 @@ def make_app(script: Script):
                     "total_tokens": prompt_tokens + script.completion_tokens,
                 },
             }
+            if script.drip_s:
+                return StreamingResponse(
+                    _drip(orjson.dumps(answer), script.drip_s), media_type="application/json"
+                )
+            return answer
         finally:
             script.in_flight -= 1
 

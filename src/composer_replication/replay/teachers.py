@@ -66,7 +66,8 @@ class TeacherSpec(BaseModel):
     max_concurrency: int = Field(4, ge=1, le=1024)
     """Calls to this teacher in flight at once."""
     timeout_s: float = Field(120.0, gt=0, le=3600)
-    """Per-attempt request timeout, seconds."""
+    """Per-attempt deadline, seconds: the whole attempt (connect, send, and a body that trickles
+    in byte by byte) must finish within it, else it counts as a retryable timeout."""
     tier: int = Field(0, ge=0, le=100)
     """Tiered replay asks tier 0 first and escalates to higher tiers on low agreement."""
     weight: float = Field(1.0, gt=0, le=1000)
@@ -335,13 +336,19 @@ class OpenAITeacher:
         if tools:
             kwargs["tools"] = tools
         try:
-            raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
+            async with asyncio.timeout(self.spec.timeout_s):  # overall deadline, not per read
+                raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
+                body = raw.http_response.content
+        except TimeoutError as err:
+            raise TeacherError(
+                "timeout", f"no complete answer within the {self.spec.timeout_s:g} s deadline"
+            ) from err
         except openai.APIError as err:
             terr = classify_openai_error(err)
             response = getattr(err, "response", None)
             terr.retry_after = parse_retry_after(getattr(response, "headers", None))
             raise terr from err
-        return parse_completion(raw.http_response.content)
+        return parse_completion(body)
 
     async def aclose(self) -> None:
         await self._client.close()
