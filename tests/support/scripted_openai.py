@@ -34,6 +34,8 @@ class Script:
     hang_s: float = 3.0
     retry_after: str = "0"
     delay_s: float = 0.0
+    usage_patch: dict | None = None  # fields overriding the honest usage block (lying servers)
+    no_usage: bool = False  # answer without a usage block
     drip_s: float = 0.0  # > 0: stream each answer's body one byte per drip_s seconds
     completion_tokens: int = 5
     answer_by_model: bool = False
@@ -125,6 +127,9 @@ def make_app(script: Script):
                     "total_tokens": prompt_tokens + script.completion_tokens,
                 },
             }
+            answer["usage"].update(script.usage_patch or {})
+            if script.no_usage:
+                del answer["usage"]
             if script.drip_s:
                 return StreamingResponse(
                     _drip(orjson.dumps(answer), script.drip_s), media_type="application/json"

@@ -25,7 +25,7 @@ from rich.console import Console
 from composer_replication.progress import progress_bar
 from composer_replication.traces.schema import TraceState
 
-from .budget import BudgetLedger, worst_case_cost, worst_case_prompt_tokens
+from .budget import BudgetLedger, billed_usage, worst_case_cost, worst_case_prompt_tokens
 from .journal import CallRecord, Journal, params_hash
 from .teachers import Teacher, TeacherError, TeacherSpec, build_teacher
 
@@ -58,6 +58,7 @@ class ReplayResult:
     calls_saved_tiers: int = 0
     usd_saved_estimate: float | None = None
     errors_by_kind: dict[str, int] = field(default_factory=dict)
+    misreported_usage: dict[str, int] = field(default_factory=dict)  # teacher -> calls this run
     teacher_actions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -79,6 +80,11 @@ class ReplayResult:
             lines.append(
                 f"budget exhausted: stopped cleanly, {self.states_remaining} states remain; "
                 "rerun with a larger --budget-usd to continue"
+            )
+        for name, n in sorted(self.misreported_usage.items()):
+            lines.append(
+                f"teacher {name!r} misreported usage on {n} calls: billed by the bound rule "
+                "(prompt <= local count, completion <= max_tokens); raw usage is in the journal"
             )
         if self.errors_by_kind:
             lines.append("errors: " + ", ".join(f"{k}={v}" for k, v in self.errors_by_kind.items()))
@@ -177,13 +183,13 @@ class _Replayer:
             res = await self.ledger.reserve(worst_case_cost(spec, bound), spec.name)
             if res is None:
                 return BUDGET
-            rec = await self._send(state, teacher, messages, tools, phash)
+            rec = await self._send(state, teacher, messages, tools, phash, bound)
             await self.ledger.settle(res, rec.cost_usd)
         self.journal.record(rec)
         self._account(rec)
         return rec
 
-    async def _send(self, state, teacher, messages, tools, phash) -> CallRecord:
+    async def _send(self, state, teacher, messages, tools, phash, bound: int) -> CallRecord:
         spec = teacher.spec
         base = {"state_id": state.state_id, "teacher": spec.name, "params_hash": phash}
         try:
@@ -193,16 +199,19 @@ class _Replayer:
                 **base, status="error", error_kind=err.kind, error=err.message[:2000],
                 attempts=err.attempts, tier=spec.tier,
             )  # fmt: skip
+        bill = billed_usage(spec, bound, resp)
         return CallRecord(
             **base,
             status="ok",
             response=resp.as_message(),
-            prompt_tokens=resp.prompt_tokens,
-            completion_tokens=resp.completion_tokens,
-            cost_usd=spec.cost_usd(resp.prompt_tokens, resp.completion_tokens),
+            prompt_tokens=bill.prompt_tokens,
+            completion_tokens=bill.completion_tokens,
+            cost_usd=spec.cost_usd(bill.prompt_tokens, bill.completion_tokens),
             attempts=resp.attempts,
             latency_s=resp.latency_s,
             tier=spec.tier,
+            raw_usage=resp.raw_usage,
+            misreport=bill.misreport,
         )
 
     def _account(self, rec: CallRecord) -> None:
@@ -218,6 +227,8 @@ class _Replayer:
                 r.errors_by_kind.get(rec.error_kind or "other", 0) + 1
             )
         else:
+            if rec.misreport:
+                r.misreported_usage[rec.teacher] = r.misreported_usage.get(rec.teacher, 0) + 1
             self.cost_by_teacher[rec.teacher].append(rec.cost_usd)
             self.tokens_ok[0] += rec.prompt_tokens
             self.tokens_ok[1] += rec.completion_tokens

@@ -7,7 +7,11 @@ import time
 
 import pytest
 
+from composer_replication.replay.journal import Journal
+from composer_replication.replay.replay import replay_trace
 from composer_replication.replay.teachers import OpenAITeacher, TeacherError, TeacherSpec
+
+from .conftest import make_states
 
 
 def _spec(url: str, **kw) -> TeacherSpec:
@@ -50,3 +54,58 @@ def test_drip_body_inside_deadline_is_parsed(scripted):
     script.drip_s = 0.001
     resp = _ask(url, max_retries=0, timeout_s=20)
     assert resp.text.startswith("Answer ") and resp.attempts == 1
+
+
+LYING_USAGE = {
+    "string": ({"prompt_tokens": "many", "completion_tokens": "lots"}, False),
+    "huge": ({"prompt_tokens": 10**30, "completion_tokens": 2**70}, False),
+    "negative": ({"prompt_tokens": -(10**9), "completion_tokens": -5}, False),
+    "missing": ({}, True),
+    "over_max_tokens": ({"completion_tokens": 16 * 205}, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LYING_USAGE))
+def test_lying_usage_never_overspends_under_concurrency_16(scripted, tmp_path, case):
+    """Whatever usage the server reports, journaled spend stays <= budget, every billed count is
+    within what was asked (0 <= completion <= max_tokens), the raw usage is journaled, and the
+    teacher is flagged as misreporting in the summary. Runs 2 teachers x concurrency 16."""
+    script, url = scripted
+    script.usage_patch, script.no_usage = LYING_USAGE[case]
+    states = make_states(40)
+    specs = [
+        TeacherSpec(name=f"t{i}", base_url=url, model=f"m{i}", price_in_per_mtok=2.0,
+                    price_out_per_mtok=8.0, max_tokens=16, max_concurrency=16, timeout_s=5)
+        for i in range(2)
+    ]  # fmt: skip
+    budget = 0.004
+    with Journal(tmp_path / "j.db") as jr:
+        r = asyncio.run(replay_trace(states, specs, journal=jr, budget_usd=budget))
+        calls = list(jr.calls("ok"))
+        spend = jr.spent_usd()
+    assert calls and spend <= budget + 1e-12 and r.max_committed_usd <= budget + 1e-12
+    assert all(0 <= c.completion_tokens <= 16 and c.prompt_tokens >= 0 for c in calls)
+    assert all(c.cost_usd >= 0 and c.misreport for c in calls)
+    if not script.no_usage:
+        patched = next(iter(script.usage_patch))
+        sent = script.usage_patch[patched]  # JSON ints past 64 bits come back as floats
+        want = float(sent) if isinstance(sent, int) else sent
+        assert all(c.raw_usage[patched] == want for c in calls)
+    else:
+        assert all(c.raw_usage is None for c in calls)
+    assert sum(r.misreported_usage.values()) == len(calls)
+    assert "misreported usage" in r.summary() and "'t0'" in r.summary()
+
+
+def test_honest_usage_is_billed_as_reported(scripted, tmp_path):
+    """An honest server is billed exactly as it reports and is not flagged."""
+    script, url = scripted
+    spec = TeacherSpec(name="t", base_url=url, model="m", price_in_per_mtok=1.0,
+                       price_out_per_mtok=1.0, max_tokens=16, timeout_s=5)  # fmt: skip
+    with Journal(tmp_path / "j.db") as jr:
+        r = asyncio.run(replay_trace(make_states(3), [spec], journal=jr))
+        calls = list(jr.calls("ok"))
+    assert len(calls) == 3 and not r.misreported_usage
+    assert all(c.completion_tokens == script.completion_tokens for c in calls)
+    assert all(c.raw_usage["prompt_tokens"] == c.prompt_tokens for c in calls)
+    assert all(c.misreport is None for c in calls)
