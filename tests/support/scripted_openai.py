@@ -142,13 +142,13 @@ def make_app(script: Script):
 
 
 class ServerThread:
-    """uvicorn on 127.0.0.1:<free port> in a daemon thread."""
+    """uvicorn on 127.0.0.1:<port> (default: a free one) in a daemon thread."""
 
-    def __init__(self, app):
+    def __init__(self, app, port: int = 0):
         import uvicorn
 
         cfg = uvicorn.Config(
-            app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
+            app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
             timeout_graceful_shutdown=1,
         )  # fmt: skip
         self.server = uvicorn.Server(cfg)

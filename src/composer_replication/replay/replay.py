@@ -30,6 +30,9 @@ from .journal import CallRecord, Journal, params_hash
 from .teachers import Teacher, TeacherError, TeacherSpec, build_teacher
 
 BUDGET = "budget"  # sentinel outcome: the call was not sent because the budget is exhausted
+TRANSIENT_KINDS = frozenset({"connection", "timeout", "rate_limit", "server"})
+"""Journaled failures of these kinds are sent again by the next run (no answer was received, so
+nothing is lost but the retry); other failures are final unless ``retry_failed``."""
 
 
 @dataclass
@@ -59,7 +62,16 @@ class ReplayResult:
     usd_saved_estimate: float | None = None
     errors_by_kind: dict[str, int] = field(default_factory=dict)
     misreported_usage: dict[str, int] = field(default_factory=dict)  # teacher -> calls this run
+    unreachable: dict[str, str] = field(default_factory=dict)  # teacher -> base_url (connection)
     teacher_actions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+
+    def failed_reasons(self) -> dict[str, int]:
+        """Failed states counted by their first error kind (every failed state is counted)."""
+        out: dict[str, int] = defaultdict(int)
+        for reason in self.states_failed.values():
+            kind = reason.split(": ", 2)[1] if reason.count(": ") >= 2 else reason[:40]
+            out[kind] += 1
+        return dict(out)
 
     def summary(self) -> str:
         budget = "none" if self.budget_usd is None else f"${self.budget_usd:.6f}"
@@ -85,6 +97,11 @@ class ReplayResult:
             lines.append(
                 f"teacher {name!r} misreported usage on {n} calls: billed by the bound rule "
                 "(prompt <= local count, completion <= max_tokens); raw usage is in the journal"
+            )
+        for name, url in sorted(self.unreachable.items()):
+            lines.append(
+                f"teacher {name!r}: could not connect to {url}; start that server (or fix "
+                "base_url) and run the same command again: failed connections are retried"
             )
         if self.errors_by_kind:
             lines.append("errors: " + ", ".join(f"{k}={v}" for k, v in self.errors_by_kind.items()))
@@ -146,6 +163,7 @@ class _Replayer:
         self.tiered: bool = kw["tiered"]
         self.agreement_threshold: int = kw["agreement_threshold"]
         self.min_agreement: float = kw["min_agreement"]
+        self.base_urls = {t.spec.name: t.spec.base_url for t in teachers}
         self.sems = {t.spec.name: asyncio.Semaphore(t.spec.max_concurrency) for t in teachers}
         self.result = ReplayResult()
         self.cost_by_teacher: dict[str, list[float]] = defaultdict(list)
@@ -170,7 +188,7 @@ class _Replayer:
         spec = teacher.spec
         messages, tools, phash = self.request(state, spec)
         old = self.journal.get(state.state_id, spec.name, phash)
-        if old is not None and (old.status == "ok" or not self.retry_failed):
+        if old is not None and self._final(old):
             self.result.calls_cached += 1
             if old.status == "ok":  # journaled usage also informs the savings estimate
                 self.cost_by_teacher[old.teacher].append(old.cost_usd)
@@ -188,6 +206,12 @@ class _Replayer:
         self.journal.record(rec)
         self._account(rec)
         return rec
+
+    def _final(self, old: CallRecord) -> bool:
+        """Whether a journaled outcome stands (else the call is sent again)."""
+        if old.status == "ok":
+            return True
+        return not (self.retry_failed or old.error_kind in TRANSIENT_KINDS)
 
     async def _send(self, state, teacher, messages, tools, phash, bound: int) -> CallRecord:
         spec = teacher.spec
@@ -223,6 +247,8 @@ class _Replayer:
         r.cost_usd += rec.cost_usd
         if rec.status == "error":
             r.calls_failed += 1
+            if rec.error_kind == "connection":
+                r.unreachable[rec.teacher] = self.base_urls.get(rec.teacher, "?")
             r.errors_by_kind[rec.error_kind or "other"] = (
                 r.errors_by_kind.get(rec.error_kind or "other", 0) + 1
             )

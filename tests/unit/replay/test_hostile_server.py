@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import socket
 import time
 
 import pytest
+import typer
+import yaml
+from support.scripted_openai import Script, ServerThread, make_app
+from typer.testing import CliRunner
 
+from composer_replication.cli.common import CHECK_FAILED
+from composer_replication.cli.replay import replay_command
 from composer_replication.replay.journal import Journal
 from composer_replication.replay.replay import replay_trace
 from composer_replication.replay.teachers import OpenAITeacher, TeacherError, TeacherSpec
 
 from .conftest import make_states
+
+app = typer.Typer()
+app.command("replay")(replay_command)
+app.command("other")(lambda: None)  # two commands: typer keeps the "replay" subcommand name
+runner = CliRunner()
 
 
 def _spec(url: str, **kw) -> TeacherSpec:
@@ -109,3 +122,44 @@ def test_honest_usage_is_billed_as_reported(scripted, tmp_path):
     assert all(c.completion_tokens == script.completion_tokens for c in calls)
     assert all(c.raw_usage["prompt_tokens"] == c.prompt_tokens for c in calls)
     assert all(c.misreport is None for c in calls)
+
+
+def _cli_files(tmp_path, url: str, n: int, **teacher):
+    sfile = tmp_path / "states.jsonl"
+    sfile.write_bytes(b"".join(s.to_json() + b"\n" for s in make_states(n)))
+    pool = tmp_path / "pool.yaml"
+    spec = {"name": "t0", "base_url": url, "model": "m", "max_tokens": 8, **teacher}
+    pool.write_text(yaml.safe_dump({"teachers": [spec]}))
+    return ["replay", str(sfile), "--teachers", str(pool), "--budget-usd", "1",
+            "--out", str(tmp_path / "r.db"), "--no-progress"]  # fmt: skip
+
+
+def test_all_calls_failing_exits_1_and_counts_every_failed_state(scripted, tmp_path):
+    """100% failures: exit code 1 (calls failed), and all 25 failed states are counted even though
+    only 10 are listed."""
+    script, url = scripted
+    script.always_fail = 1.0
+    r = runner.invoke(app, _cli_files(tmp_path, url, 25, max_retries=0))
+    out = " ".join(r.output.split())
+    assert r.exit_code == CHECK_FAILED == 1, r.output
+    assert "failed states: 25 (server=25)" in out and "and 15 more failed states" in out
+    assert len(re.findall(r"failed \S+: t0: server:", out)) == 10
+
+
+def test_no_server_names_endpoint_and_rerun_retries_connection_failures(tmp_path):
+    """Replay with nothing listening: exit 1, the summary names the URL; after the server starts,
+    the same command sends every call again and succeeds (exit 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    args = _cli_files(tmp_path, url, 3, max_retries=0)
+    r = runner.invoke(app, args)
+    out = " ".join(r.output.split())
+    assert r.exit_code == 1, r.output
+    assert f"could not connect to {url}" in out and "failed connections are retried" in out
+    with ServerThread(make_app(Script()), port=port):
+        r = runner.invoke(app, args)
+    out = " ".join(r.output.split())
+    assert r.exit_code == 0, r.output
+    assert "states: 3 total, 3 completed" in out and "calls: 3 sent" in out
