@@ -48,6 +48,13 @@ CREATE TABLE IF NOT EXISTS calls (
     misreport TEXT,
     PRIMARY KEY (state_id, teacher, params_hash)
 );
+CREATE TABLE IF NOT EXISTS intents (
+    state_id TEXT NOT NULL,
+    teacher TEXT NOT NULL,
+    params_hash TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (state_id, teacher, params_hash)
+);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS scores (state_id TEXT PRIMARY KEY, entropy REAL NOT NULL);
 """
@@ -128,8 +135,30 @@ class Journal:
         ).fetchone()
         return _row_to_record(row) if row else None
 
+    def add_intent(self, state_id: str, teacher: str, phash: str) -> None:
+        """Commit that a call is about to be sent (cleared by `record`): an intent left by a killed
+        run marks a call that may have been paid although its answer was lost."""
+        self.conn.execute(
+            "INSERT OR REPLACE INTO intents VALUES (?,?,?,?)",
+            (state_id, teacher, phash, time.time()),
+        )
+
+    def pending_intents(self) -> int:
+        """Calls sent by an earlier run that never recorded an outcome (possibly paid)."""
+        return int(self.conn.execute("SELECT COUNT(*) FROM intents").fetchone()[0])
+
     def record(self, rec: CallRecord) -> None:
-        """Commit one call outcome (replaces an earlier error for the same key)."""
+        """Commit one call outcome (replaces an earlier error for the same key) and clear its
+        intent, in one transaction."""
+        with self.conn:
+            self.conn.execute("BEGIN")
+            self._insert(rec)
+            self.conn.execute(
+                "DELETE FROM intents WHERE state_id=? AND teacher=? AND params_hash=?",
+                (rec.state_id, rec.teacher, rec.params_hash),
+            )
+
+    def _insert(self, rec: CallRecord) -> None:
         self.conn.execute(
             "INSERT OR REPLACE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (

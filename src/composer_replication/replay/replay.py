@@ -63,6 +63,7 @@ class ReplayResult:
     errors_by_kind: dict[str, int] = field(default_factory=dict)
     misreported_usage: dict[str, int] = field(default_factory=dict)  # teacher -> calls this run
     unreachable: dict[str, str] = field(default_factory=dict)  # teacher -> base_url (connection)
+    calls_maybe_paid_twice: int = 0  # in flight when an earlier run was killed; sent again
     teacher_actions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def failed_reasons(self) -> dict[str, int]:
@@ -97,6 +98,11 @@ class ReplayResult:
             lines.append(
                 f"teacher {name!r} misreported usage on {n} calls: billed by the bound rule "
                 "(prompt <= local count, completion <= max_tokens); raw usage is in the journal"
+            )
+        if self.calls_maybe_paid_twice:
+            lines.append(
+                f"resumed: {self.calls_maybe_paid_twice} calls were in flight when an earlier run "
+                "stopped and were sent again; they may have been paid twice"
             )
         for name, url in sorted(self.unreachable.items()):
             lines.append(
@@ -201,6 +207,7 @@ class _Replayer:
             res = await self.ledger.reserve(worst_case_cost(spec, bound), spec.name)
             if res is None:
                 return BUDGET
+            self.journal.add_intent(state.state_id, spec.name, phash)
             rec = await self._send(state, teacher, messages, tools, phash, bound)
             await self.ledger.settle(res, rec.cost_usd)
         self.journal.record(rec)
@@ -353,6 +360,7 @@ def _check_unique(clients: Sequence[Teacher]) -> None:
 async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_threshold,
                   min_agreement, infer_tools, retry_failed, max_states_in_flight, progress):  # fmt: skip
     jr.add_states(states)
+    maybe_paid_twice = jr.pending_intents()
     known = jr.get_meta("teachers", {})
     jr.set_meta("teachers", {**known, **{t.spec.name: t.spec.model_dump() for t in clients}})
     ledger = BudgetLedger(budget_usd, spent_usd=jr.spent_usd())
@@ -365,6 +373,7 @@ async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_t
     todo = [s for s in states if selected is None or s.state_id in selected]
     r = rp.result
     r.states_total, r.budget_usd = len(states), budget_usd
+    r.calls_maybe_paid_twice = maybe_paid_twice
     r.calls_full_replay = len(states) * len(clients)
     r.states_gated_out = len(states) - len(todo)
     r.calls_saved_gating = r.states_gated_out * len(clients)

@@ -163,3 +163,24 @@ def test_no_server_names_endpoint_and_rerun_retries_connection_failures(tmp_path
     out = " ".join(r.output.split())
     assert r.exit_code == 0, r.output
     assert "states: 3 total, 3 completed" in out and "calls: 3 sent" in out
+
+
+def test_intent_left_by_a_killed_run_is_reported_as_maybe_paid_twice(scripted, tmp_path):
+    """A run killed between send and record leaves its intent: the next run reports the call as
+    possibly paid twice, sends it again and clears the intent; a clean run leaves none."""
+    _, url = scripted
+    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5)
+    states = make_states(3)
+    db = tmp_path / "j.db"
+    r = asyncio.run(replay_trace(states, [spec], journal=db))
+    assert r.calls_maybe_paid_twice == 0
+    with Journal(db) as jr:
+        assert jr.pending_intents() == 0
+        victim = next(jr.calls())
+        jr.conn.execute("DELETE FROM calls WHERE state_id=?", (victim.state_id,))  # kill -9 here
+        jr.add_intent(victim.state_id, victim.teacher, victim.params_hash)
+    r = asyncio.run(replay_trace(states, [spec], journal=db))
+    assert r.calls_maybe_paid_twice == 1 and r.calls_sent == 1
+    assert "1 calls were in flight" in r.summary()
+    with Journal(db) as jr:
+        assert jr.pending_intents() == 0
