@@ -37,6 +37,14 @@ def ingest_command(
         fail(str(exc))
     tmp.replace(out)
     print_summary(run.report, out, console)
+    if not run.report.files:
+        looked = ", ".join(str(p.resolve()) for p in paths)
+        console.print(
+            f"nothing found: no agent log files in {looked} (searched recursively for "
+            f"{', '.join(FORMATS)} logs); {out} is empty",
+            markup=False,
+            soft_wrap=True,
+        )
     if not run.report.balanced:
         raise typer.Exit(CHECK_FAILED)
 
