@@ -34,6 +34,9 @@ class Script:
     hang_s: float = 3.0
     retry_after: str = "0"
     delay_s: float = 0.0
+    usage_patch: dict | None = None  # fields overriding the honest usage block (lying servers)
+    no_usage: bool = False  # answer without a usage block
+    drip_s: float = 0.0  # > 0: stream each answer's body one byte per drip_s seconds
     completion_tokens: int = 5
     answer_by_model: bool = False
     seed: int = 0
@@ -47,9 +50,16 @@ def digest(messages) -> str:
     return hashlib.sha1(orjson.dumps(messages)).hexdigest()
 
 
+async def _drip(data: bytes, every_s: float):
+    """Yield ``data`` one byte at a time, each within any sane per-read timeout."""
+    for i in range(len(data)):
+        await asyncio.sleep(every_s)
+        yield data[i : i + 1]
+
+
 def make_app(script: Script):
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     app = FastAPI()
 
@@ -99,7 +109,7 @@ def make_app(script: Script):
             salt = body["model"] if script.answer_by_model else ""
             text = f"Answer {hashlib.sha1((d + salt).encode()).hexdigest()[:6]}"
             prompt_tokens = len(orjson.dumps(body["messages"])) // 4 + 3
-            return {
+            answer = {
                 "id": "x",
                 "object": "chat.completion",
                 "created": int(time.time()),
@@ -117,6 +127,14 @@ def make_app(script: Script):
                     "total_tokens": prompt_tokens + script.completion_tokens,
                 },
             }
+            answer["usage"].update(script.usage_patch or {})
+            if script.no_usage:
+                del answer["usage"]
+            if script.drip_s:
+                return StreamingResponse(
+                    _drip(orjson.dumps(answer), script.drip_s), media_type="application/json"
+                )
+            return answer
         finally:
             script.in_flight -= 1
 
@@ -124,13 +142,13 @@ def make_app(script: Script):
 
 
 class ServerThread:
-    """uvicorn on 127.0.0.1:<free port> in a daemon thread."""
+    """uvicorn on 127.0.0.1:<port> (default: a free one) in a daemon thread."""
 
-    def __init__(self, app):
+    def __init__(self, app, port: int = 0):
         import uvicorn
 
         cfg = uvicorn.Config(
-            app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
+            app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
             timeout_graceful_shutdown=1,
         )  # fmt: skip
         self.server = uvicorn.Server(cfg)

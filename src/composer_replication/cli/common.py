@@ -2,8 +2,10 @@
 code, and quieting library chatter before a long run.
 
 Exit codes: 0 success; 1 the work ran but its check failed (unbalanced ingest, a failed or
-diverged replica); 2 bad input (config, arguments, missing or malformed files), reported before
-any work starts.
+diverged replica, a replay in which calls failed: the journal keeps what succeeded and a re-run
+retries transient failures); 2 bad input (config, arguments, missing or malformed files),
+reported before any work starts; 3 a replay stopped because its budget ran out and nothing
+failed (resumable: re-run with a larger ``--budget-usd``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ BAD_INPUT = 2
 """Exit code of a command refused because of its input."""
 CHECK_FAILED = 1
 """Exit code of a command that ran but whose result failed its own check."""
+
+BUDGET_EXHAUSTED = 3
+"""Exit code of a replay stopped by its budget with no failed call (resumable)."""
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)

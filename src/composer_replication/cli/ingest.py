@@ -37,6 +37,14 @@ def ingest_command(
         fail(str(exc))
     tmp.replace(out)
     print_summary(run.report, out, console)
+    if not run.report.files:
+        looked = ", ".join(str(p.resolve()) for p in paths)
+        console.print(
+            f"nothing found: no agent log files in {looked} (searched recursively for "
+            f"{', '.join(FORMATS)} logs); {out} is empty",
+            markup=False,
+            soft_wrap=True,
+        )
     if not run.report.balanced:
         raise typer.Exit(CHECK_FAILED)
 
@@ -76,6 +84,8 @@ def print_summary(report: IngestReport, out: Path, console: Console) -> None:
     _counter(console, "redactions by type", report.redactions)
     _counter(console, "unknown record types", report.unknown_record_types())
     _counter(console, "orphaned tool calls/results", report.orphans())
+    for path, why in report.unreadable.items():
+        console.print(f"skipped {path}: {why}", markup=False, soft_wrap=True)
     if report.not_traces:
         console.print(f"not agent logs (ignored): {', '.join(report.not_traces)}")
 

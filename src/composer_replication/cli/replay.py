@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from composer_replication.cli.common import exit_on, fail
+from composer_replication.cli.common import BUDGET_EXHAUSTED, CHECK_FAILED, exit_on, fail
 from composer_replication.traces.schema import TraceState
 
 
@@ -99,8 +99,28 @@ def replay_command(
             )
         )  # fmt: skip
     console.print(result.summary(), markup=False)
-    for sid, reason in list(result.states_failed.items())[:10]:
+    _print_failures(result, console)
+    code = (
+        CHECK_FAILED if result.states_failed else BUDGET_EXHAUSTED if result.budget_exhausted else 0
+    )
+    if code:
+        raise typer.Exit(code)
+
+
+def _print_failures(result, console: Console, shown: int = 10) -> None:
+    """Every failed state counted by error kind, the first ``shown`` with their reason."""
+    if not result.states_failed:
+        return
+    counts = ", ".join(f"{k}={v}" for k, v in sorted(result.failed_reasons().items()))
+    console.print(f"failed states: {len(result.states_failed)} ({counts})", markup=False)
+    for sid, reason in list(result.states_failed.items())[:shown]:
         console.print(f"failed {sid}: {reason[:200]}", markup=False)
+    if len(result.states_failed) > shown:
+        console.print(
+            f"... and {len(result.states_failed) - shown} more failed states "
+            "(all in the journal; --retry-failed also re-sends non-transient failures)",
+            markup=False,
+        )
 
 
 def _gate(states, out: Path, student: str, threshold, top_percentile, console) -> set[str] | None:

@@ -8,6 +8,13 @@ in-flight call holds its worst case, the total can never pass the budget, howeve
 in flight. A call that cannot be reserved waits while other calls are in flight (their unused
 reservation may free room); when nothing is in flight and it still does not fit, the ledger is
 *exhausted* and every later reservation is refused, so the run stops cleanly.
+
+Usage a server reports is not trusted (`billed_usage`): billed prompt tokens are the reported
+count only when it is a count within the local upper bound, else the bound; billed completion
+tokens are the reported count only when it is a count within ``max_tokens``, else the answer's
+UTF-8 byte length (an upper bound on its tokens) capped at ``max_tokens``. A bill therefore never
+exceeds the call's reservation, so journaled spend never exceeds the budget whatever the server
+says; a call whose report was replaced is flagged as misreported.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from .teachers import TeacherSpec
+from .teachers import TeacherResponse, TeacherSpec
 
 PER_MESSAGE_OVERHEAD_TOKENS = 8
 PER_REQUEST_OVERHEAD_TOKENS = 256
@@ -39,6 +46,37 @@ def worst_case_prompt_tokens(
 def worst_case_cost(spec: TeacherSpec, prompt_tokens_bound: int) -> float:
     """Dollars of a call if it uses the bound's prompt tokens and all of ``max_tokens``."""
     return spec.cost_usd(prompt_tokens_bound, spec.max_tokens)
+
+
+@dataclass
+class BilledUsage:
+    """Tokens a call is billed for, and why the server's report was not used (None: it was)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    misreport: str | None = None
+
+
+def billed_usage(spec: TeacherSpec, prompt_bound: int, resp: TeacherResponse) -> BilledUsage:
+    """Bound the billed tokens by what was asked (see the module docstring)."""
+    problems = []
+    prompt = resp.prompt_tokens
+    if prompt is None or prompt > prompt_bound:
+        problems.append(f"prompt_tokens={_show(resp, 'prompt_tokens')}")
+        prompt = prompt_bound
+    completion = resp.completion_tokens
+    if completion is None or completion > spec.max_tokens:
+        problems.append(f"completion_tokens={_show(resp, 'completion_tokens')}")
+        answer = orjson.dumps(resp.as_message()["content"]) + orjson.dumps(resp.tool_calls)
+        completion = min(spec.max_tokens, len(answer))
+    if not isinstance(resp.raw_usage, dict):
+        problems = ["no usage block"]
+    return BilledUsage(prompt, completion, "; ".join(problems) or None)
+
+
+def _show(resp: TeacherResponse, key: str) -> str:
+    raw = resp.raw_usage.get(key) if isinstance(resp.raw_usage, dict) else None
+    return repr(raw)[:40]
 
 
 @dataclass

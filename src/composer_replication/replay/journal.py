@@ -44,11 +44,21 @@ CREATE TABLE IF NOT EXISTS calls (
     latency_s REAL NOT NULL DEFAULT 0,
     tier INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
+    raw_usage BLOB,
+    misreport TEXT,
+    PRIMARY KEY (state_id, teacher, params_hash)
+);
+CREATE TABLE IF NOT EXISTS intents (
+    state_id TEXT NOT NULL,
+    teacher TEXT NOT NULL,
+    params_hash TEXT NOT NULL,
+    created_at REAL NOT NULL,
     PRIMARY KEY (state_id, teacher, params_hash)
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS scores (state_id TEXT PRIMARY KEY, entropy REAL NOT NULL);
 """
+ADDED_CALL_COLUMNS = {"raw_usage": "BLOB", "misreport": "TEXT"}  # journals from older versions
 
 
 def params_hash(request: dict[str, Any]) -> str:
@@ -74,6 +84,8 @@ class CallRecord:
     attempts: int = 1
     latency_s: float = 0.0
     tier: int = 0
+    raw_usage: Any = None  # the server's usage block as sent, for audit
+    misreport: str | None = None  # why the server's usage was not used for billing
 
 
 class Journal:
@@ -86,6 +98,10 @@ class Journal:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.executescript(SCHEMA)
+        have = {r[1] for r in self.conn.execute("PRAGMA table_info(calls)")}
+        for name, kind in ADDED_CALL_COLUMNS.items():
+            if name not in have:
+                self.conn.execute(f"ALTER TABLE calls ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self.conn.close()
@@ -119,10 +135,32 @@ class Journal:
         ).fetchone()
         return _row_to_record(row) if row else None
 
-    def record(self, rec: CallRecord) -> None:
-        """Commit one call outcome (replaces an earlier error for the same key)."""
+    def add_intent(self, state_id: str, teacher: str, phash: str) -> None:
+        """Commit that a call is about to be sent (cleared by `record`): an intent left by a killed
+        run marks a call that may have been paid although its answer was lost."""
         self.conn.execute(
-            "INSERT OR REPLACE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT OR REPLACE INTO intents VALUES (?,?,?,?)",
+            (state_id, teacher, phash, time.time()),
+        )
+
+    def pending_intents(self) -> int:
+        """Calls sent by an earlier run that never recorded an outcome (possibly paid)."""
+        return int(self.conn.execute("SELECT COUNT(*) FROM intents").fetchone()[0])
+
+    def record(self, rec: CallRecord) -> None:
+        """Commit one call outcome (replaces an earlier error for the same key) and clear its
+        intent, in one transaction."""
+        with self.conn:
+            self.conn.execute("BEGIN")
+            self._insert(rec)
+            self.conn.execute(
+                "DELETE FROM intents WHERE state_id=? AND teacher=? AND params_hash=?",
+                (rec.state_id, rec.teacher, rec.params_hash),
+            )
+
+    def _insert(self, rec: CallRecord) -> None:
+        self.conn.execute(
+            "INSERT OR REPLACE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 rec.state_id,
                 rec.teacher,
@@ -138,6 +176,8 @@ class Journal:
                 rec.latency_s,
                 rec.tier,
                 time.time(),
+                orjson.dumps(rec.raw_usage) if rec.raw_usage is not None else None,
+                rec.misreport,
             ),
         )
 
@@ -196,4 +236,6 @@ def _row_to_record(row: tuple) -> CallRecord:
         attempts=row[10],
         latency_s=row[11],
         tier=row[12],
+        raw_usage=orjson.loads(row[14]) if row[14] is not None else None,
+        misreport=row[15],
     )

@@ -25,11 +25,14 @@ from rich.console import Console
 from composer_replication.progress import progress_bar
 from composer_replication.traces.schema import TraceState
 
-from .budget import BudgetLedger, worst_case_cost, worst_case_prompt_tokens
+from .budget import BudgetLedger, billed_usage, worst_case_cost, worst_case_prompt_tokens
 from .journal import CallRecord, Journal, params_hash
 from .teachers import Teacher, TeacherError, TeacherSpec, build_teacher
 
 BUDGET = "budget"  # sentinel outcome: the call was not sent because the budget is exhausted
+TRANSIENT_KINDS = frozenset({"connection", "timeout", "rate_limit", "server"})
+"""Journaled failures of these kinds are sent again by the next run (no answer was received, so
+nothing is lost but the retry); other failures are final unless ``retry_failed``."""
 
 
 @dataclass
@@ -58,7 +61,18 @@ class ReplayResult:
     calls_saved_tiers: int = 0
     usd_saved_estimate: float | None = None
     errors_by_kind: dict[str, int] = field(default_factory=dict)
+    misreported_usage: dict[str, int] = field(default_factory=dict)  # teacher -> calls this run
+    unreachable: dict[str, str] = field(default_factory=dict)  # teacher -> base_url (connection)
+    calls_maybe_paid_twice: int = 0  # in flight when an earlier run was killed; sent again
     teacher_actions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+
+    def failed_reasons(self) -> dict[str, int]:
+        """Failed states counted by their first error kind (every failed state is counted)."""
+        out: dict[str, int] = defaultdict(int)
+        for reason in self.states_failed.values():
+            kind = reason.split(": ", 2)[1] if reason.count(": ") >= 2 else reason[:40]
+            out[kind] += 1
+        return dict(out)
 
     def summary(self) -> str:
         budget = "none" if self.budget_usd is None else f"${self.budget_usd:.6f}"
@@ -79,6 +93,21 @@ class ReplayResult:
             lines.append(
                 f"budget exhausted: stopped cleanly, {self.states_remaining} states remain; "
                 "rerun with a larger --budget-usd to continue"
+            )
+        for name, n in sorted(self.misreported_usage.items()):
+            lines.append(
+                f"teacher {name!r} misreported usage on {n} calls: billed by the bound rule "
+                "(prompt <= local count, completion <= max_tokens); raw usage is in the journal"
+            )
+        if self.calls_maybe_paid_twice:
+            lines.append(
+                f"resumed: {self.calls_maybe_paid_twice} calls were in flight when an earlier run "
+                "stopped and were sent again; they may have been paid twice"
+            )
+        for name, url in sorted(self.unreachable.items()):
+            lines.append(
+                f"teacher {name!r}: could not connect to {url}; start that server (or fix "
+                "base_url) and run the same command again: failed connections are retried"
             )
         if self.errors_by_kind:
             lines.append("errors: " + ", ".join(f"{k}={v}" for k, v in self.errors_by_kind.items()))
@@ -140,6 +169,7 @@ class _Replayer:
         self.tiered: bool = kw["tiered"]
         self.agreement_threshold: int = kw["agreement_threshold"]
         self.min_agreement: float = kw["min_agreement"]
+        self.base_urls = {t.spec.name: t.spec.base_url for t in teachers}
         self.sems = {t.spec.name: asyncio.Semaphore(t.spec.max_concurrency) for t in teachers}
         self.result = ReplayResult()
         self.cost_by_teacher: dict[str, list[float]] = defaultdict(list)
@@ -164,7 +194,7 @@ class _Replayer:
         spec = teacher.spec
         messages, tools, phash = self.request(state, spec)
         old = self.journal.get(state.state_id, spec.name, phash)
-        if old is not None and (old.status == "ok" or not self.retry_failed):
+        if old is not None and self._final(old):
             self.result.calls_cached += 1
             if old.status == "ok":  # journaled usage also informs the savings estimate
                 self.cost_by_teacher[old.teacher].append(old.cost_usd)
@@ -177,13 +207,20 @@ class _Replayer:
             res = await self.ledger.reserve(worst_case_cost(spec, bound), spec.name)
             if res is None:
                 return BUDGET
-            rec = await self._send(state, teacher, messages, tools, phash)
+            self.journal.add_intent(state.state_id, spec.name, phash)
+            rec = await self._send(state, teacher, messages, tools, phash, bound)
             await self.ledger.settle(res, rec.cost_usd)
         self.journal.record(rec)
         self._account(rec)
         return rec
 
-    async def _send(self, state, teacher, messages, tools, phash) -> CallRecord:
+    def _final(self, old: CallRecord) -> bool:
+        """Whether a journaled outcome stands (else the call is sent again)."""
+        if old.status == "ok":
+            return True
+        return not (self.retry_failed or old.error_kind in TRANSIENT_KINDS)
+
+    async def _send(self, state, teacher, messages, tools, phash, bound: int) -> CallRecord:
         spec = teacher.spec
         base = {"state_id": state.state_id, "teacher": spec.name, "params_hash": phash}
         try:
@@ -193,16 +230,19 @@ class _Replayer:
                 **base, status="error", error_kind=err.kind, error=err.message[:2000],
                 attempts=err.attempts, tier=spec.tier,
             )  # fmt: skip
+        bill = billed_usage(spec, bound, resp)
         return CallRecord(
             **base,
             status="ok",
             response=resp.as_message(),
-            prompt_tokens=resp.prompt_tokens,
-            completion_tokens=resp.completion_tokens,
-            cost_usd=spec.cost_usd(resp.prompt_tokens, resp.completion_tokens),
+            prompt_tokens=bill.prompt_tokens,
+            completion_tokens=bill.completion_tokens,
+            cost_usd=spec.cost_usd(bill.prompt_tokens, bill.completion_tokens),
             attempts=resp.attempts,
             latency_s=resp.latency_s,
             tier=spec.tier,
+            raw_usage=resp.raw_usage,
+            misreport=bill.misreport,
         )
 
     def _account(self, rec: CallRecord) -> None:
@@ -214,10 +254,14 @@ class _Replayer:
         r.cost_usd += rec.cost_usd
         if rec.status == "error":
             r.calls_failed += 1
+            if rec.error_kind == "connection":
+                r.unreachable[rec.teacher] = self.base_urls.get(rec.teacher, "?")
             r.errors_by_kind[rec.error_kind or "other"] = (
                 r.errors_by_kind.get(rec.error_kind or "other", 0) + 1
             )
         else:
+            if rec.misreport:
+                r.misreported_usage[rec.teacher] = r.misreported_usage.get(rec.teacher, 0) + 1
             self.cost_by_teacher[rec.teacher].append(rec.cost_usd)
             self.tokens_ok[0] += rec.prompt_tokens
             self.tokens_ok[1] += rec.completion_tokens
@@ -316,6 +360,7 @@ def _check_unique(clients: Sequence[Teacher]) -> None:
 async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_threshold,
                   min_agreement, infer_tools, retry_failed, max_states_in_flight, progress):  # fmt: skip
     jr.add_states(states)
+    maybe_paid_twice = jr.pending_intents()
     known = jr.get_meta("teachers", {})
     jr.set_meta("teachers", {**known, **{t.spec.name: t.spec.model_dump() for t in clients}})
     ledger = BudgetLedger(budget_usd, spent_usd=jr.spent_usd())
@@ -328,6 +373,7 @@ async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_t
     todo = [s for s in states if selected is None or s.state_id in selected]
     r = rp.result
     r.states_total, r.budget_usd = len(states), budget_usd
+    r.calls_maybe_paid_twice = maybe_paid_twice
     r.calls_full_replay = len(states) * len(clients)
     r.states_gated_out = len(states) - len(todo)
     r.calls_saved_gating = r.states_gated_out * len(clients)

@@ -66,7 +66,8 @@ class TeacherSpec(BaseModel):
     max_concurrency: int = Field(4, ge=1, le=1024)
     """Calls to this teacher in flight at once."""
     timeout_s: float = Field(120.0, gt=0, le=3600)
-    """Per-attempt request timeout, seconds."""
+    """Per-attempt deadline, seconds: the whole attempt (connect, send, and a body that trickles
+    in byte by byte) must finish within it, else it counts as a retryable timeout."""
     tier: int = Field(0, ge=0, le=100)
     """Tiered replay asks tier 0 first and escalates to higher tiers on low agreement."""
     weight: float = Field(1.0, gt=0, le=1000)
@@ -147,11 +148,15 @@ class TeacherResponse:
 
     text: str
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    prompt_tokens: int | None = 0
+    """Reported prompt tokens; None when the server's value is missing or not a count."""
+    completion_tokens: int | None = 0
+    """Reported completion tokens; None when missing or not a count."""
     finish_reason: str | None = None
     attempts: int = 1
     latency_s: float = 0.0
+    raw_usage: Any = None
+    """The server's ``usage`` block as sent (journaled for audit, never trusted for billing)."""
 
     def as_message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": self.text}
@@ -241,12 +246,22 @@ def classify_openai_error(err: BaseException) -> TeacherError:
     return TeacherError("other", f"{type(err).__name__}: {err}")
 
 
+def token_count(value: Any) -> int | None:
+    """A reported token count if it is a non-negative integer below 2**53, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if value != value or not 0 <= value < 2**53 or int(value) != value:
+        return None
+    return int(value)
+
+
 def parse_completion(body: bytes) -> TeacherResponse:
     """Validate a chat-completion JSON body; raise ``TeacherError('malformed')`` otherwise."""
     try:
         obj = orjson.loads(body)
         msg = obj["choices"][0]["message"]
-        usage = obj.get("usage") or {}
+        usage = obj.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
         text = msg.get("content") or ""
         calls = msg.get("tool_calls") or []
         if not isinstance(text, str) or not isinstance(calls, list):
@@ -257,9 +272,10 @@ def parse_completion(body: bytes) -> TeacherResponse:
         return TeacherResponse(
             text=text,
             tool_calls=[_clean_call(c) for c in calls],
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
+            prompt_tokens=token_count(usage.get("prompt_tokens")),
+            completion_tokens=token_count(usage.get("completion_tokens")),
             finish_reason=obj["choices"][0].get("finish_reason"),
+            raw_usage=obj.get("usage"),
         )
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as err:
         snippet = body[:120].decode("utf-8", "replace")
@@ -335,13 +351,19 @@ class OpenAITeacher:
         if tools:
             kwargs["tools"] = tools
         try:
-            raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
+            async with asyncio.timeout(self.spec.timeout_s):  # overall deadline, not per read
+                raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
+                body = raw.http_response.content
+        except TimeoutError as err:
+            raise TeacherError(
+                "timeout", f"no complete answer within the {self.spec.timeout_s:g} s deadline"
+            ) from err
         except openai.APIError as err:
             terr = classify_openai_error(err)
             response = getattr(err, "response", None)
             terr.retry_after = parse_retry_after(getattr(response, "headers", None))
             raise terr from err
-        return parse_completion(raw.http_response.content)
+        return parse_completion(body)
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -380,6 +402,10 @@ class LocalHFTeacher:
             completion_tokens=gen.completion_tokens,
             finish_reason=gen.finish_reason,
             latency_s=time.perf_counter() - t0,
+            raw_usage={
+                "prompt_tokens": gen.prompt_tokens,
+                "completion_tokens": gen.completion_tokens,
+            },
         )
 
     async def aclose(self) -> None:

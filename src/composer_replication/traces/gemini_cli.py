@@ -97,13 +97,15 @@ def _text(content: Any) -> str:
 
 def add_message(b: SessionBuilder, line: int, msg: dict[str, Any]) -> str | None:
     mtype = msg.get("type")
+    if not isinstance(mtype, str):  # null, lists, objects: never hashed or compared
+        return "missing_type"
     if mtype == "user":
         b.user(_text(msg.get("content")))
         return None
     if mtype in NOTICE_TYPES:
         return None
     if mtype != "gemini":
-        return "unknown_record_type" if isinstance(mtype, str) else "missing_type"
+        return "unknown_record_type"
     thoughts = []
     for t in as_list(msg.get("thoughts")):
         t = as_dict(t)

@@ -9,6 +9,7 @@ run.report                  # IngestReport: complete once iteration has finished
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -53,6 +54,10 @@ class IngestRun:
 
     def _run(self) -> Iterator[TraceState]:
         for path, explicit in _iter_files(self.paths):
+            why = unreadable_reason(path)
+            if why is not None:
+                self.report.unreadable[str(path)] = why
+                continue
             fmt = self.format
             if fmt == "auto":
                 if explicit:
@@ -84,6 +89,20 @@ def ingest(
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     return IngestRun(paths, format, redactor or Redactor())
+
+
+def unreadable_reason(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a log (FIFO, device, symlink loop, dangling symlink, no
+    permission), or None for a readable regular file. Never opens the file (a FIFO would block)."""
+    try:
+        st = os.stat(path)  # follows symlinks: ELOOP for a loop, ENOENT for a dangling link
+    except OSError as err:
+        return f"{err.strerror or type(err).__name__}"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if not os.access(path, os.R_OK):
+        return "permission denied"
+    return None
 
 
 def _iter_files(paths: list[Path]) -> Iterator[tuple[Path, bool]]:

@@ -66,6 +66,7 @@ class IngestReport:
 
     files: list[FileReport] = field(default_factory=list)
     not_traces: list[str] = field(default_factory=list)  # files under a directory with no format
+    unreadable: dict[str, str] = field(default_factory=dict)  # path -> why it was skipped
     redactions: Counter[str] = field(default_factory=Counter)
 
     @property

@@ -6,6 +6,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
+from composer_replication.cli.common import BUDGET_EXHAUSTED
 from composer_replication.cli.replay import pairs_command, replay_command, serve_command
 
 from .conftest import make_states
@@ -54,7 +55,7 @@ def test_budget_stop_is_clean_and_says_what_remains(scripted, tmp_path):
     r = runner.invoke(app, ["replay", str(sfile), "--teachers", str(pool), "--budget-usd",
                             "0.002", "--out", str(tmp_path / "r.db"), "--no-progress"])  # fmt: skip
     out = _flat(r.output)
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == BUDGET_EXHAUSTED == 3, r.output
     assert "budget exhausted: stopped cleanly" in out and "states remain" in out
 
 

@@ -1,0 +1,186 @@
+"""Replay against a misbehaving server (issue 18): every attempt has an overall deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+
+import pytest
+import typer
+import yaml
+from support.scripted_openai import Script, ServerThread, make_app
+from typer.testing import CliRunner
+
+from composer_replication.cli.common import CHECK_FAILED
+from composer_replication.cli.replay import replay_command
+from composer_replication.replay.journal import Journal
+from composer_replication.replay.replay import replay_trace
+from composer_replication.replay.teachers import OpenAITeacher, TeacherError, TeacherSpec
+
+from .conftest import make_states
+
+app = typer.Typer()
+app.command("replay")(replay_command)
+app.command("other")(lambda: None)  # two commands: typer keeps the "replay" subcommand name
+runner = CliRunner()
+
+
+def _spec(url: str, **kw) -> TeacherSpec:
+    return TeacherSpec(name="t", base_url=url, model="m", **kw)
+
+
+async def _no_sleep(_s: float) -> None:
+    return None
+
+
+def _ask(url: str, **kw):
+    async def go():
+        t = OpenAITeacher(_spec(url, **kw), sleep=_no_sleep)
+        try:
+            return await t.complete([{"role": "user", "content": "q"}])
+        finally:
+            await t.aclose()
+
+    return asyncio.run(go())
+
+
+def test_drip_body_ends_within_deadline_as_retryable_timeout(scripted):
+    """Each byte arrives well within the read timeout (50 ms apart), so only an overall deadline
+    stops it: a ~300-byte body would take ~15 s; two 0.4 s attempts must end in ~1 s."""
+    script, url = scripted
+    script.drip_s = 0.05
+    t0 = time.perf_counter()
+    with pytest.raises(TeacherError) as ei:
+        _ask(url, max_retries=1, timeout_s=0.4)
+    elapsed = time.perf_counter() - t0
+    assert ei.value.kind == "timeout" and ei.value.retryable and ei.value.attempts == 2
+    assert "deadline" in str(ei.value)
+    assert elapsed < 3.0, elapsed
+    assert sum(script.requests.values()) == 2
+
+
+def test_drip_body_inside_deadline_is_parsed(scripted):
+    """A slow but finite streamed body that completes within the deadline is a normal answer."""
+    script, url = scripted
+    script.drip_s = 0.001
+    resp = _ask(url, max_retries=0, timeout_s=20)
+    assert resp.text.startswith("Answer ") and resp.attempts == 1
+
+
+LYING_USAGE = {
+    "string": ({"prompt_tokens": "many", "completion_tokens": "lots"}, False),
+    "huge": ({"prompt_tokens": 10**30, "completion_tokens": 2**70}, False),
+    "negative": ({"prompt_tokens": -(10**9), "completion_tokens": -5}, False),
+    "missing": ({}, True),
+    "over_max_tokens": ({"completion_tokens": 16 * 205}, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LYING_USAGE))
+def test_lying_usage_never_overspends_under_concurrency_16(scripted, tmp_path, case):
+    """Whatever usage the server reports, journaled spend stays <= budget, every billed count is
+    within what was asked (0 <= completion <= max_tokens), the raw usage is journaled, and the
+    teacher is flagged as misreporting in the summary. Runs 2 teachers x concurrency 16."""
+    script, url = scripted
+    script.usage_patch, script.no_usage = LYING_USAGE[case]
+    states = make_states(40)
+    specs = [
+        TeacherSpec(name=f"t{i}", base_url=url, model=f"m{i}", price_in_per_mtok=2.0,
+                    price_out_per_mtok=8.0, max_tokens=16, max_concurrency=16, timeout_s=5)
+        for i in range(2)
+    ]  # fmt: skip
+    budget = 0.004
+    with Journal(tmp_path / "j.db") as jr:
+        r = asyncio.run(replay_trace(states, specs, journal=jr, budget_usd=budget))
+        calls = list(jr.calls("ok"))
+        spend = jr.spent_usd()
+    assert calls and spend <= budget + 1e-12 and r.max_committed_usd <= budget + 1e-12
+    assert all(0 <= c.completion_tokens <= 16 and c.prompt_tokens >= 0 for c in calls)
+    assert all(c.cost_usd >= 0 and c.misreport for c in calls)
+    if not script.no_usage:
+        patched = next(iter(script.usage_patch))
+        sent = script.usage_patch[patched]  # JSON ints past 64 bits come back as floats
+        want = float(sent) if isinstance(sent, int) else sent
+        assert all(c.raw_usage[patched] == want for c in calls)
+    else:
+        assert all(c.raw_usage is None for c in calls)
+    assert sum(r.misreported_usage.values()) == len(calls)
+    assert "misreported usage" in r.summary() and "'t0'" in r.summary()
+
+
+def test_honest_usage_is_billed_as_reported(scripted, tmp_path):
+    """An honest server is billed exactly as it reports and is not flagged."""
+    script, url = scripted
+    spec = TeacherSpec(name="t", base_url=url, model="m", price_in_per_mtok=1.0,
+                       price_out_per_mtok=1.0, max_tokens=16, timeout_s=5)  # fmt: skip
+    with Journal(tmp_path / "j.db") as jr:
+        r = asyncio.run(replay_trace(make_states(3), [spec], journal=jr))
+        calls = list(jr.calls("ok"))
+    assert len(calls) == 3 and not r.misreported_usage
+    assert all(c.completion_tokens == script.completion_tokens for c in calls)
+    assert all(c.raw_usage["prompt_tokens"] == c.prompt_tokens for c in calls)
+    assert all(c.misreport is None for c in calls)
+
+
+def _cli_files(tmp_path, url: str, n: int, **teacher):
+    sfile = tmp_path / "states.jsonl"
+    sfile.write_bytes(b"".join(s.to_json() + b"\n" for s in make_states(n)))
+    pool = tmp_path / "pool.yaml"
+    spec = {"name": "t0", "base_url": url, "model": "m", "max_tokens": 8, **teacher}
+    pool.write_text(yaml.safe_dump({"teachers": [spec]}))
+    return ["replay", str(sfile), "--teachers", str(pool), "--budget-usd", "1",
+            "--out", str(tmp_path / "r.db"), "--no-progress"]  # fmt: skip
+
+
+def test_all_calls_failing_exits_1_and_counts_every_failed_state(scripted, tmp_path):
+    """100% failures: exit code 1 (calls failed), and all 25 failed states are counted even though
+    only 10 are listed."""
+    script, url = scripted
+    script.always_fail = 1.0
+    r = runner.invoke(app, _cli_files(tmp_path, url, 25, max_retries=0))
+    out = " ".join(r.output.split())
+    assert r.exit_code == CHECK_FAILED == 1, r.output
+    assert "failed states: 25 (server=25)" in out and "and 15 more failed states" in out
+    assert len(re.findall(r"failed \S+: t0: server:", out)) == 10
+
+
+def test_no_server_names_endpoint_and_rerun_retries_connection_failures(tmp_path):
+    """Replay with nothing listening: exit 1, the summary names the URL; after the server starts,
+    the same command sends every call again and succeeds (exit 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    args = _cli_files(tmp_path, url, 3, max_retries=0)
+    r = runner.invoke(app, args)
+    out = " ".join(r.output.split())
+    assert r.exit_code == 1, r.output
+    assert f"could not connect to {url}" in out and "failed connections are retried" in out
+    with ServerThread(make_app(Script()), port=port):
+        r = runner.invoke(app, args)
+    out = " ".join(r.output.split())
+    assert r.exit_code == 0, r.output
+    assert "states: 3 total, 3 completed" in out and "calls: 3 sent" in out
+
+
+def test_intent_left_by_a_killed_run_is_reported_as_maybe_paid_twice(scripted, tmp_path):
+    """A run killed between send and record leaves its intent: the next run reports the call as
+    possibly paid twice, sends it again and clears the intent; a clean run leaves none."""
+    _, url = scripted
+    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5)
+    states = make_states(3)
+    db = tmp_path / "j.db"
+    r = asyncio.run(replay_trace(states, [spec], journal=db))
+    assert r.calls_maybe_paid_twice == 0
+    with Journal(db) as jr:
+        assert jr.pending_intents() == 0
+        victim = next(jr.calls())
+        jr.conn.execute("DELETE FROM calls WHERE state_id=?", (victim.state_id,))  # kill -9 here
+        jr.add_intent(victim.state_id, victim.teacher, victim.params_hash)
+    r = asyncio.run(replay_trace(states, [spec], journal=db))
+    assert r.calls_maybe_paid_twice == 1 and r.calls_sent == 1
+    assert "1 calls were in flight" in r.summary()
+    with Journal(db) as jr:
+        assert jr.pending_intents() == 0
