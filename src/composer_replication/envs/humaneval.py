@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication.config import SandboxConfig
-from composer_replication.envs.base import Environment, StepResult, Task
+from composer_replication.envs.base import Environment, StepResult, Task, unit_hash
 from composer_replication.envs.sandbox import CandidateFailure, CandidateSession, Sandbox
 
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.DOTALL)
@@ -149,12 +149,10 @@ class HumanEvalEnv(Environment):
     def __init__(self, heldout_fraction: float = 0.2, sandbox: SandboxConfig | None = None):
         super().__init__()
         self.sandbox = Sandbox(sandbox)
-        self._splits: dict[str, list[Task]] = {"train": [], "heldout": []}
         with gzip.open(humaneval_path(), "rt") as fh:
             for line in fh:
                 row = json.loads(line)
-                h = int.from_bytes(hashlib.sha256(row["task_id"].encode()).digest()[:8], "big")
-                split = "heldout" if h / 2**64 < heldout_fraction else "train"
+                split = "heldout" if unit_hash(row["task_id"]) < heldout_fraction else "train"
                 self._splits[split].append(
                     Task(
                         task_id=row["task_id"],
@@ -163,11 +161,6 @@ class HumanEvalEnv(Environment):
                         data={"test": row["test"], "entry_point": row["entry_point"]},
                     )
                 )
-
-    def tasks(self, split: str) -> list[Task]:
-        if split not in self._splits:
-            raise ValueError(f"unknown split {split!r}; use 'train' or 'heldout'")
-        return self._splits[split]
 
     def user_message(self, task: Task) -> str:
         return (
