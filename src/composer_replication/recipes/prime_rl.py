@@ -30,6 +30,7 @@ term is skipped and reported as ``sdpo/active = 0``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Literal
 
 from torch import Tensor
@@ -49,12 +50,18 @@ class LossOutputs:
     metrics: dict[str, Tensor]
 
 
-def _outputs(loss: Tensor, metrics: dict[str, Tensor]) -> Any:
+@cache
+def _output_type() -> type:
+    """PRIME-RL's ``LossOutputs`` when importable, else ours; looked up once, not per sequence."""
     try:
         from prime_rl.trainer.rl.loss import LossOutputs as Upstream
     except ImportError:
-        return LossOutputs(loss=loss, metrics=metrics)
-    return Upstream(loss=loss, metrics=metrics)
+        return LossOutputs
+    return Upstream
+
+
+def _outputs(loss: Tensor, metrics: dict[str, Tensor]) -> Any:
+    return _output_type()(loss=loss, metrics=metrics)
 
 
 def composer_loss(
