@@ -129,7 +129,14 @@ def supports_prefix_cache(net) -> bool:
     if torch.is_grad_enabled() and checkpointing_active(net):
         return False
     params = inspect.signature(net.forward).parameters
-    return "position_ids" in params and "past_key_values" in params
+    return "position_ids" in params and cache_kwarg(net) in params
+
+
+def cache_kwarg(net) -> str:
+    """The name ``net.forward`` takes its KV cache under: ``cache`` (transformers >= 5.24
+    decoders) or ``past_key_values`` (earlier releases, most ``*ForCausalLM`` wrappers)."""
+    params = inspect.signature(net.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def checkpointing_active(net) -> bool:
@@ -182,8 +189,8 @@ def _forward_with_prefix(prefix_net, net, batch: PrefixBatch, **suffix_kwargs: A
         input_ids=batch.prefix_ids,
         attention_mask=batch.prefix_mask,
         position_ids=pos_prefix,
-        past_key_values=cache,
         use_cache=True,
+        **{cache_kwarg(prefix_net): cache},
     )
     cache.batch_select_indices(batch.row_group)
     prefix_mask_R = batch.prefix_mask.index_select(0, batch.row_group)
@@ -193,7 +200,7 @@ def _forward_with_prefix(prefix_net, net, batch: PrefixBatch, **suffix_kwargs: A
         input_ids=batch.suffix_ids,
         attention_mask=torch.cat([prefix_mask_R, batch.suffix_mask], dim=1),
         position_ids=pos_suffix,
-        past_key_values=cache,
         use_cache=True,
+        **{cache_kwarg(net): cache},
         **suffix_kwargs,
     )
