@@ -229,7 +229,7 @@ def _stdlib_pycache() -> str:
                        capture_output=True, env={"PATH": "/usr/bin:/bin"})  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as e:
         log.warning("could not pre-compile standard-library bytecode for the sandbox: %s", e)
-    for root, dirs, files in os.walk(cache):
+    for root, _dirs, files in os.walk(cache):
         os.chmod(root, 0o755)
         for f in files:
             os.chmod(os.path.join(root, f), 0o644)
