@@ -95,7 +95,7 @@ def main() -> None:
     ensure_tool_template(tok)
     model.eval()
     few_shot = "--few-shot" in sys.argv
-    rows = CalculatorEnv().rows("heldout", few_shot=few_shot)[:n]
+    rows = CalculatorEnv(few_shot=few_shot).rows("heldout")[:n]
     torch.manual_seed(0)
     variants = {"plain": VARIANTS["plain"]} if "--plain" in sys.argv else VARIANTS
     for name, system in variants.items():

@@ -43,8 +43,9 @@ class PeftConfig(_Strict):
 
 
 class EnvConfig(_Strict):
-    name: Literal["arithmetic", "humaneval"] = "arithmetic"
-    """Embedded verifiable task (see envs/)."""
+    name: Literal["arithmetic", "humaneval", "calculator"] = "arithmetic"
+    """Embedded verifiable task (see envs/); ``calculator`` is a multi-turn tool task
+    (rollouts call ``calculate``, bounded by the ``rollout`` section; docs/agents.md)."""
     levels: list[int] = Field(default_factory=lambda: [1, 2])
     """Arithmetic difficulty levels mixed in the train and held-out splits (see envs/arithmetic.py)."""
     heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
@@ -53,6 +54,9 @@ class EnvConfig(_Strict):
     """Number of training prompts drawn from the train split."""
     seed: int = 0
     """Seed for drawing problems (the split itself is a fixed hash, independent of seeds)."""
+    few_shot: bool = True
+    """Tool environments: put worked tool exchanges before each task (the 135M base model
+    never calls a tool from the schema alone; docs/agents.md)."""
 
     @model_validator(mode="after")
     def _check_levels(self) -> EnvConfig:
@@ -121,6 +125,18 @@ class GenerationConfig(_Strict):
     picks colocated or a separate server), mapped onto TRL's ``use_vllm``/``vllm_mode``."""
     vllm: VllmConfig = Field(default_factory=lambda: VllmConfig())
     """vLLM settings, used when ``backend: vllm``."""
+
+
+class RolloutConfig(_Strict):
+    """Bounds on multi-turn tool rollouts (tool environments; docs/agents.md)."""
+
+    max_turns: int = Field(3, ge=1, le=256)
+    """Assistant turns per rollout: after a turn with tool calls, the results are appended
+    and the model continues, at most ``max_turns - 1`` times (TRL's
+    ``max_tool_calling_iterations``). Calls written in the last turn are not run."""
+    max_tool_calls: int = Field(4, ge=0, le=4096)
+    """Tool calls run per rollout; later calls get an error result saying the budget is
+    used up, without running."""
 
 
 class OverlongConfig(_Strict):
@@ -340,6 +356,11 @@ class SdpoConfig(_Strict):
         "A previous attempt at this was wrong. Feedback on it: {feedback}. Answer correctly."
     )
     """Hint text from verifier feedback; ``{feedback}`` is filled in."""
+    turn_scope: Literal["turn", "turn_and_rest", "all"] = "turn"
+    """Multi-turn rollouts whose failure the environment pins to a turn (``failed_turn``):
+    distill on that turn's tokens only (``turn``, Composer's targeted feedback), on that turn
+    and every later one (``turn_and_rest``), or on the whole rollout (``all``). Tool-result
+    tokens never count; single-turn rollouts are one turn."""
     sibling_template: str = "Here is a correct answer to this, for reference:\n{sibling}"
     """Hint text from a successful sibling completion; ``{sibling}`` is filled in."""
     hint_model_url: str | None = None
@@ -453,6 +474,8 @@ class RunConfig(_Strict):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     """Isolation and limits for model-written code (code environments such as humaneval)."""
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Turn and tool-call bounds of multi-turn tool rollouts (tool environments only)."""
     grpo: GRPOConfigModel = Field(default_factory=GRPOConfigModel)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from composer_replication.envs.base import Environment, Task
+from composer_replication.envs.base import Environment, Task, is_tool_env
 
 Z95 = 1.959963984540054
 
@@ -26,6 +26,8 @@ class EvalResult:
     passed: list[bool]
     rewards: list[float]
     completions: list[str] = field(default_factory=list)
+    tool_stats: dict[str, float] | None = None
+    """Tool environments: mean turns and tool calls per rollout, failed-call fraction."""
 
     @property
     def n(self) -> int:
@@ -58,6 +60,7 @@ class EvalResult:
             "mean_reward": self.mean_reward,
             "reward_ci95_low": rlo,
             "reward_ci95_high": rhi,
+            **(self.tool_stats or {}),
         }
 
 
@@ -139,9 +142,18 @@ def evaluate(
     max_new_tokens: int = 16,
     batch_size: int = 32,
     progress=None,
+    max_turns: int = 3,
+    max_tool_calls: int = 4,
 ) -> EvalResult:
-    """Greedy pass@1 and mean reward of ``model`` on the first ``n`` tasks of ``split``."""
+    """Greedy pass@1 and mean reward of ``model`` on the first ``n`` tasks of ``split``.
+
+    A tool environment runs greedy multi-turn episodes (``rollout.run_agent``: at most
+    ``max_turns`` turns and ``max_tool_calls`` tool calls, ``max_new_tokens`` per turn) and
+    reports turns and tool calls per rollout in ``tool_stats``."""
     tasks = select_tasks(env, split, n)
+    if is_tool_env(env):
+        return _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_size,
+                               progress, max_turns, max_tool_calls)  # fmt: skip
     completions = generate_greedy(
         model, tokenizer, [t.prompt for t in tasks], max_new_tokens, batch_size, progress
     )
@@ -154,3 +166,45 @@ def evaluate(
         rewards=[r.reward for r in results],
         completions=completions,
     )
+
+
+def _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_size, progress,
+                    max_turns, max_tool_calls) -> EvalResult:  # fmt: skip
+    from composer_replication.chat_templates import ensure_tool_template
+    from composer_replication.rollout import RolloutStats, bounded_tools, run_agent
+
+    ensure_tool_template(tokenizer)
+    tools = bounded_tools(env.tools_class(), max_tool_calls)
+    rows = [env.row(t) for t in tasks]
+    rollouts = run_agent(model, tokenizer, rows, tools, max_turns, max_new_tokens, batch_size,
+                         progress)  # fmt: skip
+    results = env.grade_batch(tasks, [r.messages for r in rollouts])
+    st = RolloutStats.of(rollouts)
+    return EvalResult(
+        env=env.name,
+        split=split,
+        task_ids=[t.task_id for t in tasks],
+        passed=[r.passed for r in results],
+        rewards=[r.reward for r in results],
+        completions=[_transcript(r.messages) for r in rollouts],
+        tool_stats={
+            "turns_per_rollout": st.turns,
+            "tool_calls_per_rollout": st.tool_calls,
+            "tool_error_frac": st.tool_error_frac,
+        },
+    )
+
+
+def _transcript(messages: list[dict]) -> str:
+    """A one-line view of a rollout: text, ``calculate(...)`` calls and ``-> result``s."""
+    parts = []
+    for m in messages:
+        if m.get("role") == "tool":
+            parts.append(f"-> {m.get('content', '')}")
+            continue
+        if m.get("content"):
+            parts.append(str(m["content"]))
+        for c in m.get("tool_calls") or []:
+            fn = c.get("function", c)
+            parts.append(f"{fn.get('name')}({fn.get('arguments')})")
+    return " | ".join(parts)

@@ -17,6 +17,7 @@ class ScriptedLlama(LlamaForCausalLM):
     def set_script(self, header_ids: list[int], scripts: list[list[int]], skip: int = 0) -> None:
         """``skip``: assistant headers in the prompt itself (few-shot turns) to pass over."""
         self._header, self._scripts, self._skip = header_ids, scripts, skip
+        self.generation_config.use_cache = False  # the script reads the whole row each step
 
     def _targets(self, row: list[int]) -> list[int | None]:
         """For each position, the script's next token after it, or None."""
@@ -35,11 +36,15 @@ class ScriptedLlama(LlamaForCausalLM):
     def forward(self, input_ids=None, **kwargs):
         out = super().forward(input_ids=input_ids, **kwargs)
         keep = out.logits.shape[1]
-        bias = torch.zeros_like(out.logits)
+        rows, cols, toks = [], [], []
         for b, row in enumerate(input_ids.tolist()):
-            targets = self._targets(row)[-keep:]
-            for t, tok in enumerate(targets):
+            for t, tok in enumerate(self._targets(row)[-keep:]):
                 if tok is not None:
-                    bias[b, t, tok] = self.bias
-        out.logits = out.logits + bias
+                    rows.append(b), cols.append(t), toks.append(tok)
+        if rows:  # sparse: no [B, T, V] bias tensor
+            out.logits = out.logits.index_put(
+                (torch.tensor(rows), torch.tensor(cols), torch.tensor(toks)),
+                torch.tensor(self.bias, dtype=out.logits.dtype),
+                accumulate=True,
+            )
         return out

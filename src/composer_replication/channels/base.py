@@ -39,6 +39,9 @@ class Rollouts:
     """Per row: the verifier's verdict (``.reward``, ``.feedback``, ``.observation``)."""
     group_size: int
     """Rows per prompt (GRPO's group); rows of one group are consecutive."""
+    tools: list[Any] | None = None
+    """The tools the prompts were rendered with (tool environments), so a channel that
+    re-renders a prompt (a hinted teacher's) shows the model the same tool schemas."""
 
 
 @dataclass

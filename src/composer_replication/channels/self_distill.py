@@ -11,6 +11,12 @@ The channel's token mask is :meth:`SelfDistillChannel.token_mask` (completion to
 rows, minus tool-result tokens when the batch has a ``tool_mask``); its divisor is that mask's
 count times the gradient-accumulation steps: one mask for both.
 
+Multi-turn tool rollouts (Composer's "targeted RL with textual feedback"): when the verifier
+pins a failure to an assistant turn (``StepResult.info["failed_turn"]``), the mask keeps only
+that turn's tokens (``sdpo.turn_scope``: or that turn and the later ones). The teacher's
+context is then the hinted prompt followed by the rollout's own turns and tool results before
+that turn: the conversation up to the error plus the hint, on the same tokens the student saw.
+
 The student side costs no extra forward: TRL's GRPO computes log-probs with a fused LM head
 that never materializes logits, so we capture the backbone's last hidden states from that very
 forward (a forward hook) and feed them, with the LM-head weight, to the chunked fused JSD of
@@ -40,6 +46,7 @@ from composer_replication.models import (
     strip_accelerate,
     unwrap,
 )
+from composer_replication.rollout import turn_index
 from composer_replication.trainer.prefix import (
     forward_with_prefix,
     split_prefixes,
@@ -102,15 +109,20 @@ class SelfDistillChannel(Channel):
         device = batch["completion_ids"].device
         hinted = torch.tensor([h is not None for h in hints], dtype=torch.bool, device=device)
         texts = [
-            render_prompt(self.tokenizer, insert_hint(as_messages(p), h.text))
+            render_prompt(self.tokenizer, insert_hint(as_messages(p), h.text), tools=rollouts.tools)
             if h is not None
             else ""
             for p, h in zip(prompts, hints, strict=True)
+        ]
+        turns = [
+            _failed_turn(r) if h is not None else -1
+            for r, h in zip(rollouts.results, hints, strict=True)
         ]
         enc = self.tokenizer(
             texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
         )
         batch["sdpo_hinted"] = hinted
+        batch["sdpo_turn"] = torch.tensor(turns, dtype=torch.long, device=device)
         batch["sdpo_prompt_ids"] = enc["input_ids"].to(device)
         batch["sdpo_prompt_mask"] = enc["attention_mask"].to(device)
         batch["sdpo_hint"] = [h.text if h is not None else None for h in hints]
@@ -118,13 +130,22 @@ class SelfDistillChannel(Channel):
         return batch
 
     # ---- in the loss ------------------------------------------------------------------------
-    @staticmethod
-    def token_mask(batch: dict[str, Any]) -> Tensor:
-        """``[B, K]`` bool: completion tokens of hinted rows, tool-result tokens excluded."""
+    def token_mask(self, batch: dict[str, Any]) -> Tensor:
+        """``[B, K]`` bool: completion tokens of hinted rows, tool-result tokens excluded; on
+        rows whose failure is pinned to a turn (``sdpo_turn`` >= 0), only that turn's tokens
+        (``turn_scope: turn``) or that turn's and the later ones' (``turn_and_rest``)."""
         mask = batch["completion_mask"].bool() & batch["sdpo_hinted"][:, None]
-        if "tool_mask" in batch:
-            mask = mask & batch["tool_mask"].bool()
-        return mask
+        if "tool_mask" not in batch:
+            return mask
+        mask = mask & batch["tool_mask"].bool()
+        turn_B = batch.get("sdpo_turn")
+        if turn_B is None or self.cfg.turn_scope == "all":
+            return mask
+        index_BK = turn_index(batch["tool_mask"], batch["completion_mask"])
+        pinned_B1 = (turn_B >= 0)[:, None]
+        same_BK = index_BK == turn_B[:, None]
+        keep_BK = same_BK if self.cfg.turn_scope == "turn" else index_BK >= turn_B[:, None]
+        return mask & (~pinned_B1 | keep_BK)
 
     def loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor | float]]:
         batch, student_BKH = ctx.batch, ctx.student_hidden_BKH
@@ -134,6 +155,8 @@ class SelfDistillChannel(Channel):
         extra: dict[str, Tensor | float] = {
             "hinted_frac": rows.numel() / max(len(batch["sdpo_hinted"]), 1)
         }
+        if "tool_mask" in batch and "sdpo_turn" in batch:
+            extra.update(_turn_metrics(batch["sdpo_turn"], batch["sdpo_hinted"]))
         w_s = head_weight(ctx.model)
         if rows.numel() == 0:
             empty = student_BKH[:0].reshape(0, student_BKH.shape[-1])
@@ -241,6 +264,21 @@ class SelfDistillChannel(Channel):
             self.taid.load_state_dict(state["taid"])
         if self.cfg.teacher == "ema":
             self.frozen.load_state_dict(state["ema"])
+
+
+def _failed_turn(result: Any) -> int:
+    """The assistant turn the verifier blamed (``info["failed_turn"]``), or -1."""
+    turn = (getattr(result, "info", None) or {}).get("failed_turn")
+    return int(turn) if isinstance(turn, int) and turn >= 0 else -1
+
+
+def _turn_metrics(turn_B: Tensor, hinted_B: Tensor) -> dict[str, float]:
+    """How many rows got a turn-level hint, and (when some did) at which turn on average."""
+    pinned = (turn_B >= 0) & hinted_B
+    out = {"turn_hinted_frac": float(pinned.float().mean()) if len(turn_B) else 0.0}
+    if pinned.any():
+        out["hint_turn_mean"] = float(turn_B[pinned].float().mean())
+    return out
 
 
 @torch.no_grad()

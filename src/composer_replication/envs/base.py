@@ -86,3 +86,33 @@ class Environment(ABC):
         result = self.grade(self._task, action)
         self._task = None
         return result
+
+
+class ToolEnvironment(Environment):
+    """A multi-turn environment whose rollouts call tools (TRL's ``environment_factory``).
+
+    ``tools_class()`` is the class TRL instantiates per rollout: ``reset(**row)`` starts an
+    episode on a dataset row and every other public method is a tool (its signature and
+    docstring become the tool's schema). ``row(task)`` is the dataset row for a task: a
+    ``prompt`` (chat messages), ``task_id`` and whatever columns ``reset`` needs. ``grade``
+    receives the rollout's messages (assistant and tool turns) and reports the first failing
+    turn in ``StepResult.info["failed_turn"]`` (index among the assistant turns) with
+    ``info["reason"]``, for the turn-level hint of self-distillation.
+    """
+
+    @abstractmethod
+    def tools_class(self) -> type:
+        """The per-rollout tool holder TRL instantiates (``environment_factory``)."""
+
+    @abstractmethod
+    def row(self, task: Task) -> dict[str, Any]:
+        """The dataset row of ``task``: ``prompt`` (messages), ``task_id`` and reset columns."""
+
+    @abstractmethod
+    def grade(self, task: Task, completion: str | list[dict[str, Any]]) -> StepResult:
+        """Score a rollout (its messages after the prompt, or a final reply as text)."""
+
+
+def is_tool_env(env: Environment) -> bool:
+    """True for environments whose rollouts are multi-turn tool conversations."""
+    return isinstance(env, ToolEnvironment)

@@ -22,7 +22,7 @@ import random
 import re
 from typing import Any
 
-from composer_replication.envs.base import Environment, StepResult, Task, unit_hash
+from composer_replication.envs.base import StepResult, Task, ToolEnvironment, unit_hash
 
 TOOL_NAME = "calculate"
 MAX_EXPRESSION_CHARS = 200
@@ -177,7 +177,7 @@ def grade_conversation(messages: list[dict[str, Any]], expected: int) -> StepRes
     return StepResult(str(final.get("content", "")), 0.0, True, False, feedback, info)
 
 
-class CalculatorEnv(Environment):
+class CalculatorEnv(ToolEnvironment):
     """Multi-step arithmetic to be solved with the ``calculate`` tool."""
 
     name = "calculator"
@@ -187,8 +187,11 @@ class CalculatorEnv(Environment):
         kinds: tuple[str, ...] | list[str] = ("mul", "muladd"),
         per_kind: int = 2000,
         heldout_fraction: float = 0.2,
+        few_shot: bool = True,
+        system_prompt: str = SYSTEM_PROMPT,
     ):
         super().__init__()
+        self.few_shot, self.system_prompt = few_shot, system_prompt
         bad = [k for k in kinds if k not in ("mul", "muladd")]
         if bad:
             raise ValueError(f"unknown calculator kinds {bad}; known: mul, muladd")
@@ -209,24 +212,26 @@ class CalculatorEnv(Environment):
             messages = [{"role": "assistant", "content": completion}]
         return grade_conversation(messages, int(task.data["answer"]))
 
-    def rows(
-        self, split: str, system_prompt: str = SYSTEM_PROMPT, few_shot: bool = True
-    ) -> list[dict[str, Any]]:
-        """Conversational rows for TRL (``prompt``, ``answer``, ``task_id``); ``few_shot`` puts
+    def tools_class(self) -> type:
+        return CalculatorTools
+
+    def row(self, task: Task) -> dict[str, Any]:
+        """TRL row (``prompt``, ``answer``, ``task_id``); with ``few_shot`` the prompt holds
         worked tool exchanges (:data:`FEW_SHOT`, no task of any split) before the task."""
-        shots = FEW_SHOT if few_shot else []
-        return [
-            {
-                "prompt": [
-                    {"role": "system", "content": system_prompt},
-                    *shots,
-                    {"role": "user", "content": self.user_message(t)},
-                ],
-                "answer": t.data["answer"],
-                "task_id": t.task_id,
-            }
-            for t in self.tasks(split)
-        ]
+        shots = FEW_SHOT if self.few_shot else []
+        return {
+            "prompt": [
+                {"role": "system", "content": self.system_prompt},
+                *shots,
+                {"role": "user", "content": self.user_message(task)},
+            ],
+            "answer": task.data["answer"],
+            "task_id": task.task_id,
+        }
+
+    def rows(self, split: str) -> list[dict[str, Any]]:
+        """:meth:`row` of every task of ``split``, in order."""
+        return [self.row(t) for t in self.tasks(split)]
 
 
 def _problems(kind: str, n: int) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from composer_replication.chat import as_messages
-from composer_replication.envs.base import Environment, Task
+from composer_replication.envs.base import Environment, Task, is_tool_env
 
 
 def shard_tasks(tasks: list[Task], index: int, count: int) -> list[Task]:
@@ -50,6 +50,8 @@ def build_prompt_dataset(
         rng.shuffle(block)
         order.extend(block)
     order = order[:n]
+    if is_tool_env(env):  # rows with the env's messages and the columns its tools' reset needs
+        return Dataset.from_list([env.row(t) for t in order])
     texts = [env.user_message(t) for t in order]
     prompts = [as_messages(x) for x in texts] if conversational else texts
     return Dataset.from_dict({"prompt": prompts, "task_id": [t.task_id for t in order]})

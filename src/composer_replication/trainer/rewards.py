@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from composer_replication.chat import to_text
-from composer_replication.envs.base import Environment, StepResult
+from composer_replication.envs.base import Environment, StepResult, is_tool_env
 
 
 class EnvReward:
@@ -21,12 +21,14 @@ class EnvReward:
         self.__name__ = f"{env.name}_reward"  # TRL names metrics after the function
         self._tasks = {t.task_id: t for split in ("train", "heldout") for t in env.tasks(split)}
         self.last_results: list[StepResult] = []
+        self.multi_turn = is_tool_env(env)
 
     def __call__(self, prompts, completions, task_id, log_metric=None, **_: Any) -> list[float]:
         unknown = [tid for tid in task_id if tid not in self._tasks]
         if unknown:
             raise KeyError(f"reward: unknown task_id {unknown[0]!r} for env {self.env.name!r}")
-        texts = [to_text(c) for c in completions]
+        # a tool environment grades the rollout's messages (tool calls and results), others text
+        texts = list(completions) if self.multi_turn else [to_text(c) for c in completions]
         if len(texts) != len(task_id):
             raise ValueError(f"reward: {len(texts)} completions for {len(task_id)} task ids")
         results = self.env.grade_batch([self._tasks[tid] for tid in task_id], texts)

@@ -82,6 +82,7 @@ def build_grpo_args(cfg: RunConfig):
         gradient_accumulation_steps=o.gradient_accumulation_steps,
         num_generations=g.num_generations,
         max_completion_length=g.max_completion_length,
+        max_tool_calling_iterations=cfg.rollout.max_turns - 1,
         temperature=g.temperature,
         top_p=g.top_p,
         loss_type=p.loss_type,
@@ -134,7 +135,20 @@ def build_env(cfg: RunConfig):
     e = cfg.env
     if e.name == "arithmetic":
         return get_env("arithmetic", levels=e.levels, heldout_fraction=e.heldout_fraction)
+    if e.name == "calculator":
+        return get_env("calculator", heldout_fraction=e.heldout_fraction, few_shot=e.few_shot)
     return get_env("humaneval", heldout_fraction=e.heldout_fraction, sandbox=cfg.sandbox)
+
+
+def tool_kwargs(cfg: RunConfig, env) -> dict[str, Any]:
+    """``environment_factory`` for a tool environment (its tools bounded by
+    ``rollout.max_tool_calls``); nothing for single-turn environments."""
+    from composer_replication.envs.base import is_tool_env
+    from composer_replication.rollout import bounded_tools
+
+    if not is_tool_env(env):
+        return {}
+    return {"environment_factory": bounded_tools(env.tools_class(), cfg.rollout.max_tool_calls)}
 
 
 def data_shard(cfg: RunConfig) -> tuple[int, int]:
@@ -182,6 +196,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         resume_override_channels=cfg.resume_override_channels,
         dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
         max_refills=cfg.grpo.dynamic_sampling.max_refills,
+        **tool_kwargs(cfg, env),
     )
     from transformers.trainer_callback import PrinterCallback
 
@@ -253,6 +268,8 @@ def prepare(cfg: RunConfig):
     """Threads, seeds, run dir and config snapshot; returns (model, tokenizer, env)."""
     import torch
 
+    from composer_replication.chat_templates import ensure_tool_template
+    from composer_replication.envs.base import is_tool_env
     from composer_replication.models import load_model, load_tokenizer
 
     if cfg.num_threads:
@@ -260,6 +277,8 @@ def prepare(cfg: RunConfig):
     seed_everything(cfg.seed)
     env = build_env(cfg)  # first: a code env refuses to start without its sandbox
     tokenizer = load_tokenizer(cfg.model.name)  # a bad model id fails here, nothing written yet
+    if is_tool_env(env):
+        ensure_tool_template(tokenizer)  # SmolLM2's own template cannot render tool calls
     model = load_model(cfg.model.name, dtype=cfg.model.dtype, peft=cfg.peft)
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -285,6 +304,8 @@ def evaluate_run(
             cfg.eval.max_new_tokens,
             cfg.eval.batch_size,
             progress=adv,
+            max_turns=cfg.rollout.max_turns,
+            max_tool_calls=cfg.rollout.max_tool_calls,
         )
 
 

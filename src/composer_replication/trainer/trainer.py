@@ -39,6 +39,7 @@ from composer_replication.config import (
 )
 from composer_replication.losses import compose_loss
 from composer_replication.models import HiddenCapture
+from composer_replication.rollout import turn_index
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             "policy",
             "total",
             "dynamic_sampling",
+            "rollout",
             *(c.prefix.rstrip("/") for c in self.channels),
         }
 
@@ -180,6 +182,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
         """One generation + scoring round, with the per-row prompts and verdicts the channels
         need kept alongside (lists travel through TRL's shuffle/split like tensors)."""
         batch = super()._generate_and_score_completions(inputs)
+        if "tool_mask" in batch and self.model.training:
+            turns_B = turn_index(batch["tool_mask"], batch["completion_mask"]).amax(dim=1) + 1
+            self._metrics["train"]["rollout/turns"].append(float(turns_B.float().mean()))
         if self._graded_reward is not None:
             results = list(self._graded_reward.last_results)
             if len(results) != len(inputs):
@@ -199,6 +204,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 completions=[getattr(r, "observation", None) for r in results],
                 results=results,
                 group_size=self.num_generations,
+                tools=self.tools or None,
             )
             for channel in self.channels:
                 batch = channel.attach(batch, rollouts)

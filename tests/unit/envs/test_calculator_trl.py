@@ -4,39 +4,16 @@ from __future__ import annotations
 
 import copy
 
-import torch
 from datasets import Dataset
-from support.scripted_lm import ScriptedLlama
-from transformers import LlamaConfig
+from support.scripted_agent import scripted_calculator_model
 from trl import GRPOConfig, GRPOTrainer
 
 from composer_replication.chat_templates import ensure_tool_template
 from composer_replication.envs.calculator import (
-    FEW_SHOT,
     CalculatorEnv,
     CalculatorTools,
     calculator_reward,
 )
-
-
-def _scripted_model(tok) -> ScriptedLlama:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    model = ScriptedLlama(cfg)
-    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "208 * 67"}}</tool_call><|im_end|>'
-    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    shots = sum(m["role"] == "assistant" for m in FEW_SHOT)  # assistant turns inside the prompt
-    model.set_script(enc("<|im_start|>assistant\n"), [enc(call), enc("13936<|im_end|>")], shots)
-    return model
 
 
 def test_grpo_two_steps_with_tool_mask(tokenizer, tmp_path):
@@ -59,7 +36,7 @@ def test_grpo_two_steps_with_tool_mask(tokenizer, tmp_path):
         generation_kwargs={"use_cache": False},
     )
     trainer = GRPOTrainer(
-        model=_scripted_model(tok),
+        model=scripted_calculator_model(tok),
         reward_funcs=calculator_reward,
         args=args,
         train_dataset=Dataset.from_list(rows),

@@ -1,0 +1,205 @@
+"""Multi-turn tool rollouts: the bounds a run config puts on them, the turn structure of a
+TRL tool batch, and the greedy agent loop held-out evaluation uses.
+
+In training, TRL's ``GRPOTrainer`` runs the loop (``environment_factory``; docs/agents.md): a
+rollout is ONE completion holding every assistant turn and the tool results between them, and
+``tool_mask`` is 0 on the tool-result tokens. :func:`turn_index` recovers the assistant turns
+from that mask. Evaluation runs the same loop greedily here (:func:`run_agent`), with the same
+tool classes, parser and bounds, so a held-out score means what a training reward means.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+BUDGET_EXHAUSTED = "error: the budget of {n} tool calls for this task is used up; answer now"
+
+
+def tool_methods(cls: type) -> dict[str, Callable[..., Any]]:
+    """The tools of an ``environment_factory`` class as TRL sees them: every public function
+    except ``reset`` and ``get_reward``."""
+    return {
+        name: fn
+        for name, fn in inspect.getmembers(cls, predicate=inspect.isfunction)
+        if not name.startswith("_") and name not in ("reset", "get_reward")
+    }
+
+
+def bounded_tools(cls: type, max_calls: int) -> type:
+    """A subclass of ``cls`` whose tools answer ``BUDGET_EXHAUSTED`` after ``max_calls`` calls
+    in one rollout (counted from ``reset``), without running. Signatures and docstrings are
+    kept (``functools.wraps``), so the tool schemas TRL renders are unchanged."""
+
+    def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def tool(self, *args: Any, **kwargs: Any) -> Any:
+            self._cr_calls = getattr(self, "_cr_calls", 0) + 1
+            if self._cr_calls > max_calls:
+                return BUDGET_EXHAUSTED.format(n=max_calls)
+            return fn(self, *args, **kwargs)
+
+        return tool
+
+    def reset(self, **row: Any) -> Any:
+        self._cr_calls = 0
+        return cls.reset(self, **row)
+
+    namespace: dict[str, Any] = {name: guard(fn) for name, fn in tool_methods(cls).items()}
+    namespace["reset"] = functools.wraps(cls.reset)(reset)
+    namespace["__doc__"] = cls.__doc__
+    return type(cls.__name__, (cls,), namespace)
+
+
+def turn_index(tool_mask_BK, completion_mask_BK):
+    """``[B, K]`` long: for each completion token the index of the assistant turn it belongs
+    to (0, 1, ...), -1 on tool-result tokens and padding. Turns are the maximal runs of
+    ``tool_mask == 1`` inside the completion mask (TRL: each tool round appends the tool
+    suffix with mask 0, then the next turn with mask 1)."""
+    import torch
+
+    own_BK = tool_mask_BK.bool() & completion_mask_BK.bool()
+    prev_BK = torch.zeros_like(own_BK)
+    prev_BK[:, 1:] = own_BK[:, :-1]
+    starts_BK = own_BK & ~prev_BK
+    index_BK = starts_BK.long().cumsum(dim=1) - 1
+    return torch.where(own_BK, index_BK, torch.full_like(index_BK, -1))
+
+
+@dataclass
+class AgentRollout:
+    """One greedy agent episode: the messages after the prompt and its tool statistics."""
+
+    messages: list[dict[str, Any]]
+    turns: int
+    tool_calls: int
+    tool_errors: int
+
+
+@dataclass
+class RolloutStats:
+    """Means over rollouts, as ``eval`` reports them."""
+
+    turns: float = 0.0
+    tool_calls: float = 0.0
+    tool_error_frac: float = 0.0
+    """Failed tool calls (unknown tool, bad arguments, an error result) over all calls."""
+    per_rollout: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, rollouts: list[AgentRollout]) -> RolloutStats:
+        n = max(len(rollouts), 1)
+        calls = sum(r.tool_calls for r in rollouts)
+        return cls(
+            turns=sum(r.turns for r in rollouts) / n,
+            tool_calls=calls / n,
+            tool_error_frac=sum(r.tool_errors for r in rollouts) / max(calls, 1),
+            per_rollout=[(r.turns, r.tool_calls, r.tool_errors) for r in rollouts],
+        )
+
+
+def call_tool(instance: Any, call: dict[str, Any]) -> tuple[str, bool]:
+    """Run one parsed tool call on an environment instance the way TRL does: an unknown name
+    or an exception becomes an error result. Returns (content, failed)."""
+    fn = call.get("function", call)
+    name, args = fn.get("name"), fn.get("arguments")
+    tools = tool_methods(type(instance))
+    if name not in tools:
+        return str({"error": f"Tool {name!r} not found."}), True
+    try:
+        result = getattr(instance, name)(**(args if isinstance(args, dict) else {}))
+    except Exception as e:  # a tool's own failure is the model's feedback, as in TRL
+        return str({"error": f"{type(e).__name__}: {e}"}), True
+    text = str(result)
+    return text, text.startswith("error")
+
+
+def run_agent(
+    model: Any,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    tools_class: type,
+    max_turns: int,
+    max_new_tokens: int,
+    batch_size: int,
+    progress: Callable[[int], None] | None = None,
+) -> list[AgentRollout]:
+    """Greedy multi-turn episodes, one per row: generate a turn for every open episode, run the
+    tool calls it makes, append the results, repeat until an episode answers without a call or
+    has had ``max_turns`` turns. ``tools_class`` is instantiated once per row and ``reset`` with
+    the row, as TRL's trainer does."""
+    from trl.chat_template_utils import parse_response
+
+    envs = [tools_class() for _ in rows]
+    for env, row in zip(envs, rows, strict=True):
+        env.reset(**row)
+    schemas = [getattr(envs[0], name) for name in tool_methods(tools_class)] if envs else []
+    convs = [list(row["prompt"]) for row in rows]
+    done: list[AgentRollout | None] = [None] * len(rows)
+    stats = [[0, 0, 0] for _ in rows]  # turns, calls, errors
+    for turn in range(max_turns):
+        open_ = [i for i in range(len(rows)) if done[i] is None]
+        if not open_:
+            break
+        for start in range(0, len(open_), batch_size):
+            idx = open_[start : start + batch_size]
+            ids, prefixes = _generate(model, tokenizer, [convs[i] for i in idx], schemas,
+                                      max_new_tokens)  # fmt: skip
+            for i, out, prefix in zip(idx, ids, prefixes, strict=True):
+                message = parse_response(tokenizer, out, prefix=prefix, tools=schemas)
+                message.setdefault("role", "assistant")
+                convs[i].append(message)
+                stats[i][0] += 1
+                calls = message.get("tool_calls") or []
+                if not calls or turn == max_turns - 1:
+                    done[i] = _finish(convs[i], rows[i], stats[i])
+                    if progress is not None:
+                        progress(1)
+                    continue
+                for call in calls:
+                    content, failed = call_tool(envs[i], call)
+                    name = call.get("function", call).get("name")
+                    convs[i].append({"role": "tool", "name": name, "content": content})
+                    stats[i][1] += 1
+                    stats[i][2] += failed
+    return [
+        r if r is not None else _finish(convs[i], rows[i], stats[i]) for i, r in enumerate(done)
+    ]
+
+
+def _finish(conv: list[dict[str, Any]], row: dict[str, Any], s: list[int]) -> AgentRollout:
+    """Calls written in the last allowed turn are not run (as in TRL) nor counted."""
+    return AgentRollout(conv[len(row["prompt"]) :], turns=s[0], tool_calls=s[1], tool_errors=s[2])
+
+
+def _generate(model, tokenizer, convs, tools, max_new_tokens):
+    import torch
+
+    texts = [
+        tokenizer.apply_chat_template(c, tools=tools, add_generation_prompt=True, tokenize=False)
+        for c in convs
+    ]
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    finally:
+        tokenizer.padding_side = old_side
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    eos, width = tokenizer.eos_token_id, enc["input_ids"].shape[1]
+    ids, prefixes = [], []
+    for k in range(len(convs)):
+        new = out[k, width:].tolist()
+        ids.append(new[: new.index(eos) + 1] if eos in new else new)
+        prefixes.append(enc["input_ids"][k][enc["attention_mask"][k].bool()].tolist())
+    return ids, prefixes

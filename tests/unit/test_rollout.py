@@ -1,0 +1,89 @@
+"""Tool-call bounds, the turn structure of a tool batch, and the greedy agent loop."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from support.scripted_agent import ANSWER, CALL, scripted_calculator_model
+from transformers.utils import get_json_schema
+
+from composer_replication.chat_templates import ensure_tool_template
+from composer_replication.envs.calculator import CalculatorEnv, CalculatorTools
+from composer_replication.rollout import (
+    BUDGET_EXHAUSTED,
+    RolloutStats,
+    bounded_tools,
+    call_tool,
+    run_agent,
+    tool_methods,
+    turn_index,
+)
+
+
+def test_bounded_tools_refuse_past_the_budget_and_reset_per_rollout():
+    cls = bounded_tools(CalculatorTools, max_calls=2)
+    env = cls()
+    env.reset(answer=1)
+    assert [env.calculate("2 * 3"), env.calculate("4 + 4")] == ["6", "8"]
+    assert env.calculate("1 + 1") == BUDGET_EXHAUSTED.format(n=2)
+    assert env.calls == [("2 * 3", "6"), ("4 + 4", "8")]  # the refused call never ran
+    env.reset(answer=2)
+    assert env.calculate("1 + 1") == "2"
+
+
+def test_bounded_tools_keep_the_schema_trl_renders():
+    plain, bounded = CalculatorTools(), bounded_tools(CalculatorTools, 1)()
+    assert get_json_schema(bounded.calculate) == get_json_schema(plain.calculate)
+    assert list(tool_methods(type(bounded))) == ["calculate"]
+
+
+def test_call_tool_reports_unknown_names_and_errors_like_trl():
+    env = CalculatorTools()
+    assert call_tool(env, {"function": {"name": "calc", "arguments": {}}})[1] is True
+    text, failed = call_tool(env, {"function": {"name": "calculate", "arguments": {"x": 1}}})
+    assert failed and "TypeError" in text
+    assert call_tool(env, {"name": "calculate", "arguments": {"expression": "3*3"}}) == ("9", False)
+    assert call_tool(env, {"name": "calculate", "arguments": {"expression": "1/0"}})[1] is True
+
+
+def test_turn_index_numbers_runs_of_model_tokens():
+    # turn 0 (3 tokens), tool result (2), turn 1 (2), padding (2)
+    tool_mask = torch.tensor([[1, 1, 1, 0, 0, 1, 1, 1, 1], [1, 1, 0, 1, 1, 1, 1, 1, 1]])
+    comp_mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0, 0]])
+    assert turn_index(tool_mask, comp_mask).tolist() == [
+        [0, 0, 0, -1, -1, 1, 1, -1, -1],
+        [0, 0, -1, 1, 1, 1, -1, -1, -1],
+    ]
+
+
+def test_run_agent_runs_the_tool_and_grades_the_conversation(tokenizer):
+    tok = copy.deepcopy(tokenizer)
+    ensure_tool_template(tok)
+    env = CalculatorEnv(per_kind=300)
+    task = next(
+        t for t in env.tasks("train") + env.tasks("heldout") if t.task_id == "calc:208 * 67"
+    )
+    other = env.tasks("heldout")[0]
+    model = scripted_calculator_model(tok)
+    rows = [env.row(task), env.row(other)]
+    out = run_agent(model, tok, rows, CalculatorTools, max_turns=3, max_new_tokens=40, batch_size=2)
+    first = out[0].messages
+    assert [m["role"] for m in first] == ["assistant", "tool", "assistant"]
+    assert first[1]["content"] == "13936" and first[2]["content"] == "13936"
+    assert env.grade(task, first).passed and not env.grade(other, out[1].messages).passed
+    assert env.grade(other, out[1].messages).info["failed_turn"] == 1
+    st = RolloutStats.of(out)
+    assert (st.turns, st.tool_calls, st.tool_error_frac) == (2.0, 1.0, 0.0)
+
+
+def test_run_agent_stops_at_max_turns_without_running_the_last_calls(tokenizer):
+    tok = copy.deepcopy(tokenizer)
+    ensure_tool_template(tok)
+    env = CalculatorEnv(per_kind=50)
+    model = scripted_calculator_model(tok, turns=(CALL, CALL, ANSWER))
+    tools = bounded_tools(CalculatorTools, 1)
+    [r] = run_agent(model, tok, [env.row(env.tasks("heldout")[0])], tools, 2, 40, 1)
+    assert [m["role"] for m in r.messages] == ["assistant", "tool", "assistant"]
+    assert r.messages[-1].get("tool_calls")  # written in the last turn, not run
+    assert (r.turns, r.tool_calls) == (2, 1)
