@@ -214,9 +214,15 @@ class EvalConfig(_Strict):
     split: Literal["train", "heldout"] = "heldout"
     """Which split to evaluate on."""
     max_new_tokens: int = Field(16, ge=1)
-    """Greedy decoding length for evaluation."""
+    """Decoding length for evaluation (per turn in tool environments)."""
     batch_size: int = Field(32, ge=1)
     """Prompts decoded together."""
+    temperature: float = Field(0.0, ge=0.0, le=5.0)
+    """0 = greedy pass@1; > 0 = pass@1 of one sample per problem at this temperature (top-p
+    1, no top-k), drawn with ``seed``: base and trained model are evaluated with the same
+    random stream (common random numbers for the paired difference)."""
+    seed: int = 1234
+    """Sampling seed of the evaluation (``temperature`` > 0)."""
     before_and_after: bool = True
     """Evaluate the base model before training and the trained model after, and print both."""
 

@@ -26,6 +26,8 @@ class EvalResult:
     passed: list[bool]
     rewards: list[float]
     completions: list[str] = field(default_factory=list)
+    temperature: float = 0.0
+    """0 = greedy; else one sample per problem at this temperature."""
     tool_stats: dict[str, float] | None = None
     """Tool environments: mean turns and tool calls per rollout, failed-call fraction."""
 
@@ -60,6 +62,7 @@ class EvalResult:
             "mean_reward": self.mean_reward,
             "reward_ci95_low": rlo,
             "reward_ci95_high": rhi,
+            "decoding": "greedy" if self.temperature <= 0 else f"sampled T={self.temperature:g}",
             **(self.tool_stats or {}),
         }
 
@@ -102,9 +105,16 @@ def select_tasks(env: Environment, split: str, n: int) -> list[Task]:
 
 
 def generate_greedy(
-    model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int, progress=None
+    model,
+    tokenizer,
+    prompts: list[str],
+    max_new_tokens: int,
+    batch_size: int,
+    progress=None,
+    temperature: float = 0.0,
 ) -> list[str]:
-    """Greedy completions for chat prompts, batched with left padding."""
+    """Greedy completions for chat prompts, batched with left padding (sampled at
+    ``temperature`` > 0, top-p 1, no top-k)."""
     import torch
 
     from composer_replication.chat import render_prompt
@@ -121,8 +131,8 @@ def generate_greedy(
                 out = model.generate(
                     **enc,
                     max_new_tokens=max_new_tokens,
-                    do_sample=False,
                     pad_token_id=tokenizer.pad_token_id,
+                    **sampling_kwargs(temperature),
                 )
             new = out[:, enc["input_ids"].shape[1] :]
             completions.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
@@ -131,6 +141,13 @@ def generate_greedy(
     finally:
         tokenizer.padding_side = old_side
     return completions
+
+
+def sampling_kwargs(temperature: float) -> dict:
+    """``generate`` arguments: greedy at 0, else plain sampling at ``temperature``."""
+    if temperature <= 0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
 
 
 def evaluate(
@@ -144,19 +161,27 @@ def evaluate(
     progress=None,
     max_turns: int = 3,
     max_tool_calls: int = 4,
+    temperature: float = 0.0,
+    seed: int = 1234,
 ) -> EvalResult:
-    """Greedy pass@1 and mean reward of ``model`` on the first ``n`` tasks of ``split``.
+    """Pass@1 and mean reward of ``model`` on the first ``n`` tasks of ``split``: greedy, or
+    one sample per task at ``temperature`` > 0 (torch seeded with ``seed`` first).
 
     A tool environment runs greedy multi-turn episodes (``rollout.run_agent``: at most
     ``max_turns`` turns and ``max_tool_calls`` tool calls, ``max_new_tokens`` per turn) and
     reports turns and tool calls per rollout in ``tool_stats``."""
     tasks = select_tasks(env, split, n)
+    if temperature > 0:
+        import torch
+
+        torch.manual_seed(seed)
     if is_tool_env(env):
         return _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_size,
-                               progress, max_turns, max_tool_calls)  # fmt: skip
+                               progress, max_turns, max_tool_calls, temperature)  # fmt: skip
     completions = generate_greedy(
-        model, tokenizer, [t.prompt for t in tasks], max_new_tokens, batch_size, progress
-    )
+        model, tokenizer, [t.prompt for t in tasks], max_new_tokens, batch_size, progress,
+        temperature,
+    )  # fmt: skip
     results = env.grade_batch(tasks, completions)
     return EvalResult(
         env=env.name,
@@ -165,11 +190,12 @@ def evaluate(
         passed=[r.passed for r in results],
         rewards=[r.reward for r in results],
         completions=completions,
+        temperature=temperature,
     )
 
 
 def _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_size, progress,
-                    max_turns, max_tool_calls) -> EvalResult:  # fmt: skip
+                    max_turns, max_tool_calls, temperature) -> EvalResult:  # fmt: skip
     from composer_replication.chat_templates import ensure_tool_template
     from composer_replication.rollout import RolloutStats, bounded_tools, run_agent
 
@@ -177,7 +203,7 @@ def _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_s
     tools = bounded_tools(env.tools_class(), max_tool_calls)
     rows = [env.row(t) for t in tasks]
     rollouts = run_agent(model, tokenizer, rows, tools, max_turns, max_new_tokens, batch_size,
-                         progress)  # fmt: skip
+                         progress, temperature)  # fmt: skip
     results = env.grade_batch(tasks, [r.messages for r in rollouts])
     st = RolloutStats.of(rollouts)
     return EvalResult(
@@ -187,6 +213,7 @@ def _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_s
         passed=[r.passed for r in results],
         rewards=[r.reward for r in results],
         completions=[_transcript(r.messages) for r in rollouts],
+        temperature=temperature,
         tool_stats={
             "turns_per_rollout": st.turns,
             "tool_calls_per_rollout": st.tool_calls,

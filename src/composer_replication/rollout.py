@@ -1,10 +1,10 @@
 """Multi-turn tool rollouts: the bounds a run config puts on them, the turn structure of a
-TRL tool batch, and the greedy agent loop held-out evaluation uses.
+TRL tool batch, and the agent loop held-out evaluation uses.
 
 In training, TRL's ``GRPOTrainer`` runs the loop (``environment_factory``; docs/agents.md): a
 rollout is ONE completion holding every assistant turn and the tool results between them, and
 ``tool_mask`` is 0 on the tool-result tokens. :func:`turn_index` recovers the assistant turns
-from that mask. Evaluation runs the same loop greedily here (:func:`run_agent`), with the same
+from that mask. Evaluation runs the same loop here (greedy or sampled) (:func:`run_agent`), with the same
 tool classes, parser and bounds, so a held-out score means what a training reward means.
 """
 
@@ -71,7 +71,7 @@ def turn_index(tool_mask_BK, completion_mask_BK):
 
 @dataclass
 class AgentRollout:
-    """One greedy agent episode: the messages after the prompt and its tool statistics."""
+    """One agent episode: the messages after the prompt and its tool statistics."""
 
     messages: list[dict[str, Any]]
     turns: int
@@ -126,8 +126,10 @@ def run_agent(
     max_new_tokens: int,
     batch_size: int,
     progress: Callable[[int], None] | None = None,
+    temperature: float = 0.0,
 ) -> list[AgentRollout]:
-    """Greedy multi-turn episodes, one per row: generate a turn for every open episode, run the
+    """Multi-turn episodes, one per row (greedy, or sampled at ``temperature`` > 0 with
+    top-p 1 and no top-k, as in training): generate a turn for every open episode, run the
     tool calls it makes, append the results, repeat until an episode answers without a call or
     has had ``max_turns`` turns. ``tools_class`` is instantiated once per row and ``reset`` with
     the row, as TRL's trainer does."""
@@ -147,7 +149,7 @@ def run_agent(
         for start in range(0, len(open_), batch_size):
             idx = open_[start : start + batch_size]
             ids, prefixes = _generate(model, tokenizer, [convs[i] for i in idx], schemas,
-                                      max_new_tokens)  # fmt: skip
+                                      max_new_tokens, temperature)  # fmt: skip
             for i, out, prefix in zip(idx, ids, prefixes, strict=True):
                 message = parse_response(tokenizer, out, prefix=prefix, tools=schemas)
                 message.setdefault("role", "assistant")
@@ -175,7 +177,7 @@ def _finish(conv: list[dict[str, Any]], row: dict[str, Any], s: list[int]) -> Ag
     return AgentRollout(conv[len(row["prompt"]) :], turns=s[0], tool_calls=s[1], tool_errors=s[2])
 
 
-def _generate(model, tokenizer, convs, tools, max_new_tokens):
+def _generate(model, tokenizer, convs, tools, max_new_tokens, temperature=0.0):
     import torch
 
     texts = [
@@ -188,13 +190,13 @@ def _generate(model, tokenizer, convs, tools, max_new_tokens):
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     finally:
         tokenizer.padding_side = old_side
+    from composer_replication.evaluation import sampling_kwargs
+
+    sampling = sampling_kwargs(temperature)
     model.eval()
     with torch.no_grad():
         out = model.generate(
-            **enc,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
+            **enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling
         )
     eos, width = tokenizer.eos_token_id, enc["input_ids"].shape[1]
     ids, prefixes = [], []

@@ -43,11 +43,18 @@ def train_command(
 
 
 def format_eval(s: dict) -> str:
-    """``pass% [CI]   reward r`` for an evaluation summary."""
-    return (
+    """``pass% [CI]   reward r`` for an evaluation summary (plus turns and tool calls per
+    rollout for a tool environment)."""
+    text = (
         f"{s['pass_rate']:.1%} [{s['pass_ci95_low']:.1%}, {s['pass_ci95_high']:.1%}]"
         f"   reward {s['mean_reward']:.3f}"
     )
+    if "turns_per_rollout" in s:
+        text += (
+            f"   turns {s['turns_per_rollout']:.2f}  tool calls {s['tool_calls_per_rollout']:.2f}"
+            f"  failed calls {s['tool_error_frac']:.0%}"
+        )
+    return text
 
 
 def print_train_summary(summary) -> None:
@@ -55,7 +62,8 @@ def print_train_summary(summary) -> None:
     wrote its files."""
     table = Table(title=f"held-out results ({summary.run_dir})")
     table.add_column("model")
-    table.add_column("pass@1 greedy [95% CI]   mean reward")
+    decoding = (summary.base or summary.trained or {}).get("decoding", "greedy")
+    table.add_column(f"pass@1 {decoding} [95% CI]   mean reward")
     if summary.base:
         table.add_row("base", format_eval(summary.base))
     if summary.trained:
@@ -81,13 +89,23 @@ def eval_command(
     model: Annotated[
         str, typer.Option("--model", help="hub id, local dir, .gguf, or embedded:NAME")
     ],
-    env: Annotated[str, typer.Option("--env", help="arithmetic or humaneval")] = "arithmetic",
+    env: Annotated[
+        str, typer.Option("--env", help="arithmetic, humaneval or calculator (tool use)")
+    ] = "arithmetic",
     split: Annotated[str, typer.Option("--split", help="train or heldout")] = "heldout",
     n: Annotated[int, typer.Option("--n", min=1, help="number of problems")] = 200,
     levels: Annotated[
         str, typer.Option("--levels", help="arithmetic levels, comma-separated")
     ] = "1,2",
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 16,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", min=1, help="per turn for tool environments")
+    ] = 16,
+    max_turns: Annotated[
+        int, typer.Option("--max-turns", min=1, help="tool environments: turns per rollout")
+    ] = 3,
+    max_tool_calls: Annotated[
+        int, typer.Option("--max-tool-calls", min=0, help="tool environments: calls per rollout")
+    ] = 4,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
     show: Annotated[int, typer.Option("--show", min=0, help="print this many completions")] = 5,
     unsafe_run_without_isolation: Annotated[
@@ -121,7 +139,8 @@ def eval_command(
         lm = load_model(model)
     total = min(n, len(environment.tasks(split)))
     with progress_bar(console, f"eval {env}/{split}", total) as adv:
-        res = evaluate(lm, tok, environment, split, n, max_new_tokens, batch_size, progress=adv)
+        res = evaluate(lm, tok, environment, split, n, max_new_tokens, batch_size, progress=adv,
+                       max_turns=max_turns, max_tool_calls=max_tool_calls)  # fmt: skip
     for tid, comp, ok in list(zip(res.task_ids, res.completions, res.passed, strict=True))[:show]:
         console.print(f"[{'green' if ok else 'red'}]{tid}[/] {comp!r}")
     s = res.summary()

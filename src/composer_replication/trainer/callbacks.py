@@ -88,6 +88,16 @@ def _plot_heldout(ax, eval_path: Path, last_step: int) -> None:
                     label=f"held-out pass@1, {tag}: {s['pass_rate']:.1%}")  # fmt: skip
 
 
+TOOL_KEYS = (
+    "tools/call_frequency",
+    "tools/failure_frequency",
+    "rollout/turns",
+    "env/pass_rate",
+    "sdpo/turn_hinted_frac",
+)
+"""Metrics of multi-turn tool rollouts drawn in their own panel when present."""
+
+
 def plot_metrics(metrics_path: str | Path, out_path: str | Path | None = None) -> Path | None:
     """Plot reward and loss against step from metrics.jsonl into a PNG; returns its path."""
     import matplotlib
@@ -109,7 +119,10 @@ def plot_metrics(metrics_path: str | Path, out_path: str | Path | None = None) -
         ("loss (channels unweighted; total/loss weighted)", _loss_keys(rows)),
         ("learning rate", ["learning_rate"] if any("learning_rate" in r for r in rows) else []),
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(15, 4))
+    tool_keys = [k for k in TOOL_KEYS if any(k in r for r in rows)]
+    if tool_keys:  # multi-turn tool rollouts: calls, failures, turns and pass rate per step
+        panels.insert(1, ("tool rollouts (per rollout)", tool_keys))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
     for ax, (title, keys) in zip(axes, panels, strict=True):
         for key in keys:
             pts = [(r["step"], r[key]) for r in rows if key in r]

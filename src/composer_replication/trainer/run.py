@@ -290,7 +290,7 @@ def prepare(cfg: RunConfig):
 def evaluate_run(
     cfg: RunConfig, model, tokenizer, env, tag: str, console=None, n: int | None = None
 ):
-    """Greedy held-out evaluation of ``model`` as configured in ``cfg.eval``."""
+    """Held-out evaluation of ``model`` as configured in ``cfg.eval`` (greedy by default)."""
     from composer_replication.evaluation import evaluate
 
     n = n or cfg.eval.n
@@ -306,6 +306,8 @@ def evaluate_run(
             progress=adv,
             max_turns=cfg.rollout.max_turns,
             max_tool_calls=cfg.rollout.max_tool_calls,
+            temperature=cfg.eval.temperature,
+            seed=cfg.eval.seed,
         )
 
 
