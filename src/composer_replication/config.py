@@ -42,6 +42,10 @@ class PeftConfig(_Strict):
     """Module names to adapt, or ``all-linear``."""
 
 
+TOOL_ENVS = ("calculator",)
+"""Environment names whose rollouts are multi-turn tool conversations."""
+
+
 class EnvConfig(_Strict):
     name: Literal["arithmetic", "humaneval", "calculator"] = "arithmetic"
     """Embedded verifiable task (see envs/); ``calculator`` is a multi-turn tool task
@@ -54,9 +58,23 @@ class EnvConfig(_Strict):
     """Number of training prompts drawn from the train split."""
     seed: int = 0
     """Seed for drawing problems (the split itself is a fixed hash, independent of seeds)."""
+    openenv_url: str | None = None
+    """Tool environments: run the tools and the grading on this OpenEnv server (ours served
+    with ``python -m composer_replication.envs.openenv_server``, or any OpenEnv tool
+    environment) through the generic adapter (envs/openenv_adapter.py); prompts still come
+    from ``name``'s tasks. None = tools run in this process."""
     few_shot: bool = True
     """Tool environments: put worked tool exchanges before each task (the 135M base model
     never calls a tool from the schema alone; docs/agents.md)."""
+
+    @model_validator(mode="after")
+    def _openenv_needs_tools(self) -> EnvConfig:
+        if self.openenv_url and self.name not in TOOL_ENVS:
+            raise ValueError(
+                f"env.openenv_url: {self.name!r} is not a tool environment (tool envs: "
+                f"{', '.join(TOOL_ENVS)})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_levels(self) -> EnvConfig:

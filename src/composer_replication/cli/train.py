@@ -23,6 +23,7 @@ def train_command(
     ] = None,
 ) -> None:
     """Train with GRPO (+ channels) on an embedded task; evaluate base and trained model."""
+    from composer_replication.envs.openenv_adapter import OpenEnvError
     from composer_replication.envs.sandbox import SandboxUnavailableError
     from composer_replication.models import ModelLoadError
     from composer_replication.trainer.run import check_resume, process_rank, run_training
@@ -32,12 +33,14 @@ def train_command(
         check_resume(cfg)  # a missing or mismatched checkpoint fails before anything runs
     quiet_libraries()
     if process_rank()[0] != 0:  # torchrun / accelerate launch: rank 0 speaks for the run
-        with exit_on(ConfigError, ModelLoadError, SandboxUnavailableError):
+        with exit_on(ConfigError, ModelLoadError, SandboxUnavailableError, OpenEnvError):
             run_training(cfg, console=None)
         return
     console.rule("[bold]composer-replication train")
     console.print(dump_config(cfg), markup=False)
-    with exit_on(ConfigError, ModelLoadError, SandboxUnavailableError):  # e.g. a bad model id
+    with exit_on(
+        ConfigError, ModelLoadError, SandboxUnavailableError, OpenEnvError
+    ):  # e.g. a bad model id
         summary = run_training(cfg, console=console)
     print_train_summary(summary)
 

@@ -116,7 +116,12 @@ def build_grpo_args(cfg: RunConfig):
 def build_reward_funcs(cfg: RunConfig, env) -> list:
     from composer_replication.trainer.rewards import EnvReward
 
-    funcs: list = [EnvReward(env)]
+    if cfg.env.openenv_url:  # the server grades each rollout (envs/openenv_adapter.py)
+        from composer_replication.envs.openenv_adapter import OpenEnvReward
+
+        funcs: list = [OpenEnvReward(env.name)]
+    else:
+        funcs = [EnvReward(env)]
     if cfg.grpo.overlong.enabled:
         from trl.rewards import get_soft_overlong_punishment
 
@@ -148,7 +153,13 @@ def tool_kwargs(cfg: RunConfig, env) -> dict[str, Any]:
 
     if not is_tool_env(env):
         return {}
-    return {"environment_factory": bounded_tools(env.tools_class(), cfg.rollout.max_tool_calls)}
+    if cfg.env.openenv_url:  # tools (and grading) on an OpenEnv server
+        from composer_replication.envs.openenv_adapter import openenv_tools_class
+
+        tools = openenv_tools_class(cfg.env.openenv_url)
+    else:
+        tools = env.tools_class()
+    return {"environment_factory": bounded_tools(tools, cfg.rollout.max_tool_calls)}
 
 
 def data_shard(cfg: RunConfig) -> tuple[int, int]:
