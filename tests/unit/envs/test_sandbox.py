@@ -81,3 +81,27 @@ def test_workdir_is_private_and_gone_after_the_run():
     r = run_python(f"import os; open({name!r}, 'w').write('x'); print(os.path.abspath({name!r}))")
     assert r.ok
     assert not os.path.exists(r.stdout.strip())  # the file lived on the sandbox's own tmpfs
+
+
+def test_pycache_holds_only_stdlib_bytecode_and_is_read_only():
+    """The warm bytecode bound at /pycache is the standard library's, nothing of any code under
+    test or any installed package, and the candidate cannot add to it."""
+    import sysconfig
+
+    stdlib = os.path.realpath(sysconfig.get_path("stdlib"))
+    code = (
+        "import os\n"
+        "paths = [os.path.join(r, f) for r, _, fs in os.walk('/pycache') for f in fs]\n"
+        "print(len(paths)); print('\\n'.join(paths))\n"
+        "try:\n    open('/pycache/poison.pyc', 'wb').write(b'x'); print('WROTE')\n"
+        "except OSError as e:\n    print('refused', e.errno)\n"
+    )
+    r = run_python(code)
+    assert r.ok, r.stderr
+    lines = r.stdout.split("\n")
+    n, paths = int(lines[0]), [p for p in lines[1 : 1 + int(lines[0])]]
+    assert n > 10 and "typing" in " ".join(paths)  # warmed
+    outside = [p for p in paths if not p[len("/pycache") :].startswith(stdlib + "/")]
+    assert not outside, outside[:3]
+    assert all("site-packages" not in p and "composer_replication" not in p for p in paths)
+    assert "WROTE" not in r.stdout and "refused" in r.stdout
