@@ -120,3 +120,11 @@ def test_hf_jobs_executor_fake_sdk_trainer_replicas_on_s3_real_wire_needs_hf_acc
         )
     _assert_equal_and_trained(result, tiny_model_dir, local=True)
     assert len(api.installs) == 2
+
+
+def test_agent_config_two_replicas_end_equal(tiny_model_dir, tmp_path):
+    """The agent quickstart (tool environment, multi-turn rollouts, tool template) under
+    DiLoCo: 4 inner steps, a sync every 2, equal final weights on both replicas."""
+    overrides = tiny_run_overrides(tiny_model_dir, tmp_path / "run", f"file://{tmp_path}/store")
+    result = launch_diloco("agent_quickstart.yaml", [*overrides, "rollout.max_turns=2"], 2)
+    _assert_equal_and_trained(result, tiny_model_dir, local=True)
