@@ -8,6 +8,10 @@ Each variant runs in a fresh subprocess (so peak RSS is its own); subprocesses a
 
     python bench/bench_step.py                 # 3 rounds x 4 steps per variant
     python bench/bench_step.py --rounds 2 --steps 3
+    python bench/bench_step.py --config agent_quickstart.yaml --rounds 2 --steps 3   # tool rollouts
+
+With ``--config agent_quickstart.yaml`` both trainers run multi-turn tool rollouts on the
+calculator environment (TRL's ``environment_factory``, the same bounded tool class and rows).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ def _pairs_file(tmp: Path) -> Path:
     return path
 
 
-def worker(variant: str, steps: int, threads: int) -> dict:
+def worker(variant: str, steps: int, threads: int, config: str | None = None) -> dict:
     import torch
     from transformers import TrainerCallback
     from trl import GRPOTrainer
@@ -61,6 +65,7 @@ def worker(variant: str, steps: int, threads: int) -> dict:
         build_reward_funcs,
         build_trainer,
         prepare,
+        tool_kwargs,
     )
 
     torch.set_num_threads(threads)
@@ -74,7 +79,7 @@ def worker(variant: str, steps: int, threads: int) -> dict:
     ]
     if variant == "composer":
         overrides += ["alpha_sdpo=0.1", "beta_replay=0.05", f"replay.dataset={_pairs_file(tmp)}"]
-    cfg = load_config(None, overrides)
+    cfg = load_config(config, overrides)
     model, tokenizer, env = prepare(cfg)
     if variant == "composer":
         trainer = build_trainer(cfg, model, tokenizer, env)
@@ -88,6 +93,7 @@ def worker(variant: str, steps: int, threads: int) -> dict:
             args=build_grpo_args(cfg),
             train_dataset=ds,
             processing_class=tokenizer,
+            **tool_kwargs(cfg, env),
         )
 
     times: list[float] = []
@@ -114,9 +120,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--worker", choices=["grpo", "composer"])
+    ap.add_argument("--config", default=None, help="run config (default: the quickstart)")
     args = ap.parse_args()
     if args.worker:
-        print("RESULT " + json.dumps(worker(args.worker, args.steps, args.threads)))
+        print("RESULT " + json.dumps(worker(args.worker, args.steps, args.threads, args.config)))
         return
     results: dict[str, list[dict]] = {"grpo": [], "composer": []}
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TRL_EXPERIMENTAL_SILENCE": "1"}
@@ -131,6 +138,7 @@ def main() -> None:
                 str(args.steps),
                 "--threads",
                 str(args.threads),
+                *(["--config", args.config] if args.config else []),
             ]
             out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
