@@ -268,6 +268,39 @@ class Redactor:
         self._index_triggers()
 
     def redact(self, text: str) -> str:
+        """``text`` with every secret replaced by a typed placeholder, also secrets written
+        inside JSON string escapes in it (tool arguments holding a JSON-encoded command, a
+        JSON string inside a JSON string, ``\\u``-escaped characters), up to
+        ``MAX_ESCAPE_DEPTH`` layers deep (:meth:`_redact_escaped`)."""
+        out = self._redact_plain(text)
+        if "\\" in out and not self.json_text_is_clean(out):  # else no escape can hide one
+            out = self._redact_escaped(out, MAX_ESCAPE_DEPTH)
+        return out
+
+    def _redact_escaped(self, text: str, depth: int) -> str:
+        """Decode one layer of JSON escapes (RFC 8259 sec. 7) wherever they occur in ``text``,
+        redact the decoded view (recursively, for deeper layers), and put each placeholder back
+        over the escaped span of ``text`` that decodes to the secret it replaced. Everything
+        else of ``text`` stays byte for byte."""
+        view, starts = _unescape_with_offsets(text)
+        if view == text or depth <= 0:
+            return text
+        red = self._redact_plain(view)
+        if "\\" in red:
+            red = self._redact_escaped(red, depth - 1)
+        if red == view:
+            return text
+        spans = _replaced_spans(view, red)
+        if spans is None:  # cannot align: keep the decoded, redacted view (never the secret)
+            return red
+        out, pos = [], 0
+        for (a, b), placeholder in spans:
+            out += [text[pos : starts[a]], placeholder]
+            pos = starts[b]
+        out.append(text[pos:])
+        return "".join(out)
+
+    def _redact_plain(self, text: str) -> str:
         if len(text) < 8 or not self.any_trigger(text):
             return text
         todo = self._triggered(text)
@@ -370,6 +403,53 @@ class Redactor:
             self.counts[kind] += text.count(secret)
             text = text.replace(secret, PLACEHOLDER.format(kind))
         return text
+
+
+MAX_ESCAPE_DEPTH = 4
+"""Layers of JSON escaping (a JSON string in a JSON string in ...) that redaction looks into."""
+
+_JSON_ESCAPE = re.compile(r'\\(?:u([0-9a-fA-F]{4})|(["\\/bfnrt]))')
+_SHORT_DECODE = {
+    '"': '"',
+    "\\": "\\",
+    "/": "/",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+}
+_PLACEHOLDER_RX = re.compile(r"<REDACTED:[a-z0-9_]+>")
+
+
+def _unescape_with_offsets(text: str) -> tuple[str, list[int]]:
+    """``text`` with its JSON escapes decoded, and for each decoded character (plus one past
+    the end) the offset in ``text`` where it starts; text outside escapes is kept as is."""
+    parts: list[str] = []
+    starts: list[int] = []
+    pos = 0
+    for m in _JSON_ESCAPE.finditer(text):
+        parts.append(text[pos : m.start()])
+        starts.extend(range(pos, m.start()))
+        parts.append(chr(int(m.group(1), 16)) if m.group(1) else _SHORT_DECODE[m.group(2)])
+        starts.append(m.start())
+        pos = m.end()
+    parts.append(text[pos:])
+    starts.extend(range(pos, len(text) + 1))
+    return "".join(parts), starts
+
+
+def _replaced_spans(view: str, red: str) -> list[tuple[tuple[int, int], str]] | None:
+    """The spans of ``view`` that redaction replaced to give ``red``, with their placeholders
+    (``red`` is ``view`` with some substrings replaced by placeholders). None if the two do not
+    align (then the caller falls back to the redacted view)."""
+    pieces = _PLACEHOLDER_RX.split(red)
+    holders = _PLACEHOLDER_RX.findall(red)
+    rx = "".join(re.escape(p) + ("(.+?)" if i < len(holders) else "") for i, p in enumerate(pieces))
+    m = re.fullmatch(rx, view, flags=re.DOTALL)
+    if m is None:
+        return None
+    return [(m.span(i + 1), h) for i, h in enumerate(holders) if view[slice(*m.span(i + 1))] != h]
 
 
 # JSON's two-character escapes (RFC 8259 section 7) and the character each one decodes to.

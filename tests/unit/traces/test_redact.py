@@ -210,3 +210,90 @@ def test_control_without_redaction_every_planted_secret_reaches_output(tmp_path:
     (tmp_path / "session.jsonl").write_bytes(b"\n".join(_claude_lines(texts)) + b"\n")
     out = b"\n".join(s.to_json() for s in ingest([tmp_path], redactor=_NoRedaction()))
     assert all(value.encode() in out for _, value, _ in CORPUS)
+
+
+def _encodings(text: str) -> dict[str, str]:
+    """``text`` as it can sit inside a log: JSON-escaped once, twice and three times (a command
+    holding JSON inside a tool call's JSON arguments), inside a shell command's escaped JSON,
+    and with ``\\u`` escapes for every letter."""
+    once = orjson.dumps({"cmd": text}).decode()
+    uni = (
+        '"'
+        + "".join(
+            f"\\u{ord(c):04x}" if c.isalpha() else orjson.dumps(c).decode()[1:-1] for c in text
+        )
+        + '"'
+    )
+    return {
+        "json": once,
+        "json_in_json": orjson.dumps({"arguments": once}).decode(),
+        "three_layers": orjson.dumps(orjson.dumps({"arguments": once}).decode()).decode(),
+        "shell_escaped": 'curl -d "' + once.replace('"', '\\"') + '" https://api',
+        "unicode_escaped": '{"t": ' + uni + "}",
+    }
+
+
+def _decoded_layers(text: str) -> str:
+    """Every string reachable by JSON-decoding ``text`` repeatedly, joined (what a reader of
+    the output could recover)."""
+    seen, todo = [text], [text]
+    while todo:
+        cur = todo.pop()
+        for cand in (cur, cur.replace('\\"', '"')):
+            try:
+                val = orjson.loads(cand)
+            except orjson.JSONDecodeError:
+                continue
+            strings = [val] if isinstance(val, str) else []
+            if isinstance(val, dict):
+                strings = [v for v in val.values() if isinstance(v, str)]
+            for s in strings:
+                if s not in seen:
+                    seen.append(s)
+                    todo.append(s)
+    return "\n".join(seen)
+
+
+@pytest.mark.parametrize("encoding", list(_encodings("x")))
+def test_secrets_inside_escaped_layers_are_redacted(encoding: str) -> None:
+    red = Redactor()
+    for kind, secret, text in CORPUS:
+        encoded = _encodings(text)[encoding]
+        out = red.redact(encoded)
+        recovered = _decoded_layers(out)
+        assert secret not in recovered, (kind, encoding, out[:200])
+        assert "<REDACTED:" in out, (kind, encoding)
+
+
+def test_escaped_redaction_keeps_everything_else_byte_for_byte() -> None:
+    secret = "ghp_" + _r(36)
+    inner = orjson.dumps({"password": "p4ssw0rd-is-long", "note": "tabs\there é"}).decode()
+    text = orjson.dumps({"cmd": f"echo {inner} {secret}", "n": 1}).decode()
+    out = Redactor().redact(text)
+    assert secret not in out and "p4ssw0rd-is-long" not in _decoded_layers(out)
+    expected = text.replace(secret, "<REDACTED:github_token>").replace(
+        "p4ssw0rd-is-long", "<REDACTED:secret_assignment>"
+    )
+    assert out == expected
+
+
+def test_ingest_redacts_secrets_in_double_encoded_tool_arguments(tmp_path: Path) -> None:
+    """A Codex function call whose JSON arguments hold a JSON-encoded command with secrets."""
+    secrets = [v for _, v, _ in CORPUS[:6]]
+    command = orjson.dumps({"script": " && ".join(f"echo {s}" for s in secrets)}).decode()
+    args = orjson.dumps({"cmd": command}).decode()
+    lines = [
+        orjson.dumps({"type": "session_meta", "payload": {"id": "nested"}}),
+        orjson.dumps({"type": "response_item", "payload": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}}),
+        orjson.dumps({"type": "response_item", "payload": {
+            "type": "function_call", "name": "exec", "arguments": args, "call_id": "c1"}}),
+        orjson.dumps({"type": "response_item", "payload": {
+            "type": "function_call_output", "call_id": "c1", "output": "ok"}}),
+    ]  # fmt: skip
+    (tmp_path / "rollout-nested.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    run = ingest([tmp_path], redactor=Redactor())
+    out = b"\n".join(s.to_json() for s in run).decode()
+    assert run.report.states >= 1
+    recovered = _decoded_layers(out) + "\n" + out
+    assert not [s for s in secrets if s in recovered]
