@@ -53,6 +53,7 @@ KNOWN_META_TYPES = frozenset(
         "progress",
         "attachment",
         "permission-mode",
+        "cost-state",
         "mode",
         "agent-name",
         "custom-title",

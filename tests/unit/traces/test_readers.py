@@ -125,3 +125,42 @@ def test_codex_compaction_resets_prefix(tmp_path: Path) -> None:
     assert a.meta.segment == 0 and not a.meta.after_compaction
     assert b.meta.after_compaction and b.meta.segment == 1
     assert [m["content"] for m in b.prefix] == ["summary", "two"]
+
+
+def test_claude_code_recent_record_types_and_split_messages(tmp_path):
+    """Record types of recent Claude Code versions are known (not reported as unknown), a
+    stop-hook ``system`` record is read, and one assistant message written as several records
+    (one per content block, same ``message.id``) is one action with its text and tool call."""
+    import orjson
+
+    from composer_replication.traces import ingest
+
+    sid = "recent"
+    meta = [
+        {"type": "cost-state", "sessionId": sid, "costUSD": 0.01},
+        {"type": "mode", "sessionId": sid, "mode": "default"},
+        {"type": "permission-mode", "sessionId": sid, "permissionMode": "default"},
+        {"type": "ai-title", "sessionId": sid, "title": "fix the bug"},
+        {"type": "last-prompt", "sessionId": sid, "lastPrompt": "fix it"},
+    ]
+    user = {"type": "user", "sessionId": sid, "uuid": "u1",
+            "message": {"role": "user", "content": "fix the bug in x.py"}}  # fmt: skip
+    part = {"type": "assistant", "sessionId": sid, "parentUuid": "u1"}
+    text = {**part, "uuid": "a1", "message": {"id": "m1", "role": "assistant", "model": "claude-x",
+            "content": [{"type": "text", "text": "Reading the file."}]}}  # fmt: skip
+    call = {**part, "uuid": "a2", "parentUuid": "a1", "message": {
+        "id": "m1", "role": "assistant", "model": "claude-x",
+        "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {"path": "x.py"}}]}}  # fmt: skip
+    result = {"type": "user", "sessionId": sid, "uuid": "u2", "parentUuid": "a2", "message": {
+        "role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"}]}}  # fmt: skip
+    hook = {"type": "system", "sessionId": sid, "uuid": "s1", "parentUuid": "u2",
+            "subtype": "stop_hook_summary", "content": "Stop hook ran", "level": "info"}  # fmt: skip
+    lines = [*meta, user, text, call, result, hook]
+    (tmp_path / "recent.jsonl").write_bytes(b"\n".join(orjson.dumps(x) for x in lines) + b"\n")
+    run = ingest([tmp_path])
+    states = list(run)  # the report fills as the files are read
+    assert [f.format for f in run.report.files] == ["claude_code"]
+    assert dict(run.report.unknown_record_types()) == {}
+    assert len(states) == 1
+    action = states[0].action
+    assert "Reading the file." in str(action) and "Read" in str(action)
