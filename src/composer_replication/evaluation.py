@@ -183,6 +183,10 @@ def evaluate(
         temperature,
     )  # fmt: skip
     results = env.grade_batch(tasks, completions)
+    return _result(env, split, tasks, results, completions, temperature)
+
+
+def _result(env, split, tasks, results, completions, temperature, tool_stats=None) -> EvalResult:
     return EvalResult(
         env=env.name,
         split=split,
@@ -191,6 +195,7 @@ def evaluate(
         rewards=[r.reward for r in results],
         completions=completions,
         temperature=temperature,
+        tool_stats=tool_stats,
     )
 
 
@@ -206,20 +211,13 @@ def _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_s
                          progress, temperature)  # fmt: skip
     results = env.grade_batch(tasks, [r.messages for r in rollouts])
     st = RolloutStats.of(rollouts)
-    return EvalResult(
-        env=env.name,
-        split=split,
-        task_ids=[t.task_id for t in tasks],
-        passed=[r.passed for r in results],
-        rewards=[r.reward for r in results],
-        completions=[_transcript(r.messages) for r in rollouts],
-        temperature=temperature,
-        tool_stats={
-            "turns_per_rollout": st.turns,
-            "tool_calls_per_rollout": st.tool_calls,
-            "tool_error_frac": st.tool_error_frac,
-        },
-    )
+    stats = {
+        "turns_per_rollout": st.turns,
+        "tool_calls_per_rollout": st.tool_calls,
+        "tool_error_frac": st.tool_error_frac,
+    }
+    texts = [_transcript(r.messages) for r in rollouts]
+    return _result(env, split, tasks, results, texts, temperature, stats)
 
 
 def _transcript(messages: list[dict]) -> str:
