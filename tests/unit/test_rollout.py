@@ -87,3 +87,17 @@ def test_run_agent_stops_at_max_turns_without_running_the_last_calls(tokenizer):
     assert [m["role"] for m in r.messages] == ["assistant", "tool", "assistant"]
     assert r.messages[-1].get("tool_calls")  # written in the last turn, not run
     assert (r.turns, r.tool_calls) == (2, 1)
+
+
+def test_evaluate_on_a_tool_env_reports_turns_and_tool_calls(tokenizer):
+    from composer_replication.evaluation import evaluate
+
+    tok = copy.deepcopy(tokenizer)  # evaluate installs the tool template itself
+    env = CalculatorEnv(per_kind=50)
+    res = evaluate(scripted_calculator_model(tok), tok, env, "heldout", n=2, max_new_tokens=40,
+                   batch_size=2, max_turns=3, max_tool_calls=4)  # fmt: skip
+    s = res.summary()
+    assert s["n"] == 2 and s["decoding"] == "greedy"
+    assert (s["turns_per_rollout"], s["tool_calls_per_rollout"], s["tool_error_frac"]) == (2, 1, 0)
+    assert s["pass_rate"] == 0.0  # "13936" is the answer of another task
+    assert "calculate({'expression': '208 * 67'}) | -> 13936 | 13936" in res.completions[0]
