@@ -118,6 +118,7 @@ def _classify_record(obj: dict[str, Any], first: bool) -> str | None:
         isinstance(obj.get("history"), list)
         or "observation" in obj
         or ("action" in obj and ("source" in obj or "args" in obj))
+        or _is_openhands_sdk_event(obj)
     ):
         return "openhands"
     if t == "message" and isinstance(obj.get("content"), list):
@@ -133,10 +134,20 @@ def _classify_record(obj: dict[str, Any], first: bool) -> str | None:
     return None
 
 
+def _is_openhands_sdk_event(obj: dict[str, Any]) -> bool:
+    """A typed OpenHands SDK event (``kind`` ``MessageEvent``, ``ActionEvent``, ...)."""
+    kind = obj.get("kind")
+    return (
+        isinstance(kind, str)
+        and kind.endswith(("Event", "Observation"))
+        and ("source" in obj or "llm_message" in obj)
+    )
+
+
 def _classify_doc(doc: Any) -> str | None:
     if isinstance(doc, list):
         items = [x for x in doc[:20] if isinstance(x, dict)]
-        if any("action" in x or "observation" in x for x in items):
+        if any("action" in x or "observation" in x or _is_openhands_sdk_event(x) for x in items):
             return "openhands"
         if any("role" in x for x in items):
             return "openai_messages"

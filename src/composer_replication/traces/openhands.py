@@ -15,6 +15,16 @@ Events are actions (``"action"`` key) or observations (``"observation"`` key):
   ``oh_<event id>`` and the text is the action's ``thought``;
 - observations are tool results linked by ``tool_call_metadata.tool_call_id`` or by ``cause``
   (the action's event id); state-change / null observations produce nothing.
+
+The current OpenHands SDK (``software-agent-sdk``) writes typed events with a ``kind`` field
+instead; they are read too: ``SystemPromptEvent`` -> system message; ``MessageEvent``
+(``llm_message`` with text content, ``source`` user or agent) -> user / assistant text;
+``ActionEvent`` -> a tool call from ``tool_call`` (id, name, JSON arguments; ``action`` fields
+when absent), its ``thought`` as the assistant text and ``reasoning_content`` as thinking,
+actions sharing ``llm_response_id`` (parallel calls) forming one step; ``ObservationEvent``
+(``observation.content`` text items), ``AgentErrorEvent`` (``error``) and
+``UserRejectObservation`` (``rejection_reason``) -> the result of their ``tool_call_id``;
+state updates, pauses, condensations and token events produce nothing.
 """
 
 from __future__ import annotations
@@ -82,7 +92,7 @@ def _read_jsonl(ctx: ReaderContext) -> Iterator[TraceState]:
                     ctx.report.skip_item(i, reason)
             r.b.finish()
             return None
-        if "action" in rec or "observation" in rec:
+        if "action" in rec or "observation" in rec or _is_sdk_event(rec):
             if stream is None:
                 stream = _Events(ctx, SessionBuilder(ctx, ctx.path.stem))
             return stream.handle(line, rec)
@@ -103,6 +113,8 @@ class _Events:
 
     def handle(self, line: int, ev: dict[str, Any]) -> str | None:
         self.seq += 1
+        if _is_sdk_event(ev):
+            return self._sdk_event(line, ev["kind"], ev)
         if "action" in ev:
             return self._action(line, ev)
         if "observation" in ev:
@@ -170,6 +182,74 @@ class _Events:
         text = content if isinstance(content, str) else as_str(ev.get("message"))
         self.b.tool_result(call_id, text, line)
         return None
+
+    # ---- OpenHands SDK events (``kind``) --------------------------------------------------
+    def _sdk_event(self, line: int, kind: str, ev: dict[str, Any]) -> str | None:
+        ts = as_str(ev.get("timestamp")) or None
+        if kind == "SystemPromptEvent":
+            self.b.system(_sdk_text(ev.get("system_prompt")))
+        elif kind == "MessageEvent":
+            msg = as_dict(ev.get("llm_message"))
+            role = as_str(msg.get("role")) or (
+                "assistant" if ev.get("source") == "agent" else "user"
+            )
+            text = _sdk_text(msg.get("content"))
+            if role == "assistant":
+                thinking = as_str(msg.get("reasoning_content"))
+                self.b.assistant(line, text, [], thinking, timestamp=ts)
+            elif role == "system":
+                self.b.system(text)
+            else:
+                self.b.user(text)
+        elif kind == "ActionEvent":
+            return self._sdk_action(line, ev, ts)
+        elif kind in ("ObservationEvent", "AgentErrorEvent", "UserRejectObservation"):
+            call_id = as_str(ev.get("tool_call_id"))
+            if not call_id:
+                return "observation_without_call_id"
+            obs = ev.get("observation")
+            text = (
+                _sdk_text(as_dict(obs).get("content")) if kind == "ObservationEvent"
+                else as_str(ev.get("error")) or as_str(ev.get("rejection_reason"))
+            )  # fmt: skip
+            self.b.tool_result(call_id, text, line)
+        return None
+
+    def _sdk_action(self, line: int, ev: dict[str, Any], ts: str | None) -> str | None:
+        tc = as_dict(ev.get("tool_call"))
+        call_id = as_str(tc.get("id")) or as_str(ev.get("tool_call_id"))
+        name = as_str(tc.get("name")) or as_str(ev.get("tool_name"))
+        if not call_id or not name:
+            return "action_without_tool_call"
+        arguments = tc.get("arguments")
+        if not isinstance(arguments, str):
+            action = as_dict(ev.get("action"))
+            arguments = dumps_str(arguments if isinstance(arguments, dict) else
+                                  {k: v for k, v in action.items() if k != "kind"})  # fmt: skip
+        rid = as_str(ev.get("llm_response_id")) or None
+        first = rid is None or rid != self.last_response
+        text = _sdk_text(ev.get("thought")) if first else ""
+        thinking = as_str(ev.get("reasoning_content")) if first else ""
+        self.last_response = rid
+        call = make_tool_call(call_id, name, arguments)
+        self.b.assistant(line, text, [call], thinking, timestamp=ts, response_id=rid)
+        return None
+
+
+def _is_sdk_event(ev: dict[str, Any]) -> bool:
+    """An OpenHands SDK event: a ``kind`` such as ``ActionEvent`` or ``UserRejectObservation``."""
+    kind = ev.get("kind")
+    return isinstance(kind, str) and kind.endswith(("Event", "Observation"))
+
+
+def _sdk_text(content: Any) -> str:
+    """Text of an SDK content field: a string, a ``TextContent`` or a list of them."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        return as_str(content.get("text"))
+    parts = [as_str(as_dict(c).get("text")) for c in as_list(content)]
+    return "\n".join(p for p in parts if p)
 
 
 def _arguments_from_response(tcm: dict[str, Any], call_id: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+import pytest
 
 from composer_replication.traces import ingest
 
@@ -164,3 +165,71 @@ def test_claude_code_recent_record_types_and_split_messages(tmp_path):
     assert len(states) == 1
     action = states[0].action
     assert "Reading the file." in str(action) and "Read" in str(action)
+
+
+def _sdk_events() -> list[dict]:
+    """An OpenHands SDK conversation (typed events with ``kind``), shaped after the SDK's event
+    models: system prompt, user message, two parallel terminal calls from one LLM response, their
+    observations, a state update, an agent error, and the agent's final message."""
+
+    def call(i, cmd):
+        return {"kind": "ActionEvent", "id": f"a{i}", "source": "agent", "timestamp": f"t{i}",
+                "thought": [{"type": "text", "text": "Listing files." if i == 1 else ""}],
+                "reasoning_content": "need the layout" if i == 1 else None,
+                "action": {"kind": "TerminalAction", "command": cmd},
+                "tool_name": "terminal", "tool_call_id": f"c{i}",
+                "tool_call": {"id": f"c{i}", "name": "terminal",
+                              "arguments": orjson.dumps({"command": cmd}).decode(), "origin": "completion"},
+                "llm_response_id": "resp-1"}  # fmt: skip
+
+    def obs(i, text):
+        return {"kind": "ObservationEvent", "id": f"o{i}", "source": "environment",
+                "tool_name": "terminal", "tool_call_id": f"c{i}", "action_id": f"a{i}",
+                "observation": {"kind": "TerminalObservation", "is_error": False,
+                                "content": [{"type": "text", "text": text}]}}  # fmt: skip
+
+    return [
+        {"kind": "SystemPromptEvent", "id": "s", "source": "agent",
+         "system_prompt": {"type": "text", "text": "You are OpenHands agent."}, "tools": []},
+        {"kind": "MessageEvent", "id": "m0", "source": "user",
+         "llm_message": {"role": "user", "content": [{"type": "text", "text": "List the repo."}]}},
+        call(1, "ls"), call(2, "git status"), obs(1, "README.md src"), obs(2, "clean"),
+        {"kind": "ConversationStateUpdateEvent", "id": "u", "source": "environment",
+         "key": "execution_status", "value": "running"},
+        {"kind": "ActionEvent", "id": "a3", "source": "agent", "thought": [],
+         "tool_name": "terminal", "tool_call_id": "c3", "llm_response_id": "resp-2",
+         "tool_call": {"id": "c3", "name": "terminal", "arguments": '{"command": "cat x"}'}},
+        {"kind": "AgentErrorEvent", "id": "e", "source": "agent", "tool_name": "terminal",
+         "tool_call_id": "c3", "error": "x: no such file"},
+        {"kind": "MessageEvent", "id": "m1", "source": "agent",
+         "llm_message": {"role": "assistant", "content": [{"type": "text", "text": "Done."}]}},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", ["json_list", "jsonl"])
+def test_openhands_sdk_event_stream(tmp_path, shape):
+    import orjson
+
+    from composer_replication.traces import ingest
+
+    events = _sdk_events()
+    if shape == "json_list":
+        (tmp_path / "events.json").write_bytes(orjson.dumps(events))
+    else:
+        (tmp_path / "events.jsonl").write_bytes(b"\n".join(orjson.dumps(e) for e in events))
+    run = ingest([tmp_path])
+    states = list(run)
+    assert [f.format for f in run.report.files] == ["openhands"]
+    assert len(states) == 3, [s.action for s in states]
+    first = states[0]
+    assert [m["role"] for m in first.prefix] == ["system", "user"]
+    calls = first.action.tool_calls
+    assert [c["function"]["name"] for c in calls] == ["terminal", "terminal"]  # one response
+    assert "git status" in calls[1]["function"]["arguments"]
+    assert first.action.text == "Listing files." and first.action.thinking == "need the layout"
+    tool_msgs = [m for m in states[1].prefix if m["role"] == "tool"]
+    assert [m["content"] for m in tool_msgs] == ["README.md src", "clean"]
+    assert states[2].action.text == "Done."
+    assert [m["content"] for m in states[2].prefix if m["role"] == "tool"][-1] == "x: no such file"
+    report = run.report.files[0]
+    assert not report.skipped_items and not report.skipped_by_reason and not report.orphans
