@@ -109,9 +109,25 @@ def serve(
     max_prompt_tokens: int = 2048,
     log_level: str = "info",
 ) -> None:
-    """Load ``model`` and serve it until interrupted."""
+    """Load ``model`` and serve it until interrupted; prints the teacher-pool entry to use."""
     import uvicorn
 
     chat_model = LocalChatModel(model, max_prompt_tokens=max_prompt_tokens)
     app = create_app(chat_model, served_model_name or model)
+    print("teacher pool entry for this server (paste under `teachers:` in a pool YAML):")
+    print(pool_entry(host, port, served_model_name or model), flush=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=True)
+
+
+def pool_entry(host: str, port: int, model_id: str) -> str:
+    """The ``teachers:`` YAML list item that points replay at a server started with ``serve``
+    (one line; prices 0: a local model costs nothing per token)."""
+    import json
+
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    if ":" in shown:
+        shown = f"[{shown}]"
+    name = f"{model_id.split('/')[-1].split(':')[-1]}-{port}"
+    name = "".join(c if c.isalnum() or c in "_.:@-" else "-" for c in name)
+    entry = {"name": name, "base_url": f"http://{shown}:{port}/v1", "model": model_id}
+    return "  - " + json.dumps(entry)

@@ -73,3 +73,22 @@ def test_teacher_client_against_server(served):
 
     resp = asyncio.run(go())
     assert resp.prompt_tokens > 0 and 1 <= resp.completion_tokens <= 4
+
+
+@pytest.mark.parametrize(
+    ("host", "model_id", "url"),
+    [
+        ("127.0.0.1", "smol", "http://127.0.0.1:8101/v1"),
+        ("0.0.0.0", "embedded:smollm2-135m-instruct", "http://127.0.0.1:8101/v1"),
+        ("::1", "org/Model", "http://[::1]:8101/v1"),
+    ],
+)
+def test_pool_entry_is_a_valid_teacher_pool_line(tmp_path, host, model_id, url):
+    """What `serve` prints parses, pasted under `teachers:`, as a pool pointing at the server."""
+    from composer_replication.replay.server import pool_entry
+    from composer_replication.replay.teachers import load_pool
+
+    path = tmp_path / "pool.yaml"
+    path.write_text("teachers:\n" + pool_entry(host, 8101, model_id) + "\n")
+    [teacher] = load_pool(path).teachers
+    assert teacher.base_url == url and teacher.model == model_id
