@@ -44,6 +44,7 @@ class Script:
     answered: Counter = field(default_factory=Counter)  # (model, digest) -> 200 answers
     in_flight: int = 0
     max_in_flight: int = 0
+    bodies: list = field(default_factory=list)  # raw request bodies, in arrival order
 
 
 def digest(messages) -> str:
@@ -74,7 +75,9 @@ def make_app(script: Script):
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        body = orjson.loads(await request.body())
+        raw = await request.body()
+        script.bodies.append(raw)
+        body = orjson.loads(raw)
         d = digest(body["messages"])
         key = (body["model"], d)
         script.requests[key] += 1

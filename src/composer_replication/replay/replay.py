@@ -23,6 +23,7 @@ from typing import Any
 from rich.console import Console
 
 from composer_replication.progress import progress_bar
+from composer_replication.traces.redact import Redactor
 from composer_replication.traces.schema import TraceState
 
 from .budget import BudgetLedger, billed_usage, worst_case_cost, worst_case_prompt_tokens
@@ -176,6 +177,7 @@ class _Replayer:
         self.tokens_ok = [0, 0]  # prompt, completion tokens of successful calls this run
         self.skipped_by_teacher: dict[str, int] = defaultdict(int)  # calls saved by tiers
         self.advance: Callable[..., None] | None = None
+        self.redactor = Redactor()
 
     def tiers(self) -> list[list[Teacher]]:
         if not self.tiered:
@@ -186,9 +188,14 @@ class _Replayer:
         return [by_tier[k] for k in sorted(by_tier)]
 
     def request(self, state: TraceState, spec: TeacherSpec) -> tuple[list, list | None, str]:
+        """What is sent to ``spec`` for ``state``: its prefix and tools with every string
+        redacted again (states from our ``ingest`` are already clean, so this changes nothing
+        for them; states written elsewhere never reach a teacher with a secret in them)."""
         tools = self.tools_by_session.get(state.session_id) or None
-        phash = params_hash({**spec.request_params(), "messages": state.prefix, "tools": tools})
-        return state.prefix, tools, phash
+        messages = self.redactor.redact_obj(state.prefix)
+        tools = self.redactor.redact_obj(tools) if tools else None
+        phash = params_hash({**spec.request_params(), "messages": messages, "tools": tools})
+        return messages, tools, phash
 
     async def call(self, state: TraceState, teacher: Teacher) -> CallRecord | str:
         spec = teacher.spec

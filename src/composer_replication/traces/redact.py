@@ -277,6 +277,19 @@ class Redactor:
             out = self._redact_escaped(out, MAX_ESCAPE_DEPTH)
         return out
 
+    def redact_obj(self, obj: object) -> object:
+        """``obj`` (JSON-like: dicts, lists, strings) with every string redacted; a new object
+        only where something changed."""
+        if isinstance(obj, str):
+            return self.redact(obj)
+        if isinstance(obj, list):
+            out = [self.redact_obj(x) for x in obj]
+            return obj if all(a is b for a, b in zip(out, obj, strict=True)) else out
+        if isinstance(obj, dict):
+            new = {k: self.redact_obj(v) for k, v in obj.items()}
+            return obj if all(new[k] is v for k, v in obj.items()) else new
+        return obj
+
     def _redact_escaped(self, text: str, depth: int) -> str:
         """Decode one layer of JSON escapes (RFC 8259 sec. 7) wherever they occur in ``text``,
         redact the decoded view (recursively, for deeper layers), and put each placeholder back

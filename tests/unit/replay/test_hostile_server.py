@@ -184,3 +184,35 @@ def test_intent_left_by_a_killed_run_is_reported_as_maybe_paid_twice(scripted, t
     assert "1 calls were in flight" in r.summary()
     with Journal(db) as jr:
         assert jr.pending_intents() == 0
+
+
+def test_no_secret_reaches_a_teacher_from_states_written_elsewhere(scripted, tmp_path):
+    """States not made by our ingest (a file written by another tool) with secrets in user
+    text, in tool-call arguments holding nested JSON, and in .env lines: the request bodies
+    the teacher receives hold none of them, whatever their encoding."""
+    import json
+
+    from composer_replication.traces.schema import Action, StateMeta, TraceState
+
+    gh, aws = "ghp_" + "Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4J3i2", "AKIA" + "Q7W6E5R4T3Y2U1I0P9O8"
+    pw = "S3cretPassw0rd-xyz"
+    nested = json.dumps({"cmd": json.dumps({"password": pw, "token": gh})})
+    prefix = [
+        {"role": "user", "content": f"deploy with AWS_ACCESS_KEY_ID={aws}"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "bash", "arguments": nested}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": f"# .env\nDB_PASSWORD={pw}\nX=1"},
+    ]  # fmt: skip
+    state = TraceState(state_id="s-secret", session_id="elsewhere", step=0, prefix=prefix,
+                       action=Action(text="ok"),
+                       meta=StateMeta(source_format="openai_messages", file="x", line=1))  # fmt: skip
+    script, url = scripted
+    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5)
+    asyncio.run(replay_trace([state], [spec], journal=tmp_path / "j.db"))
+    assert script.bodies, "the teacher was never called"
+    for raw in script.bodies:
+        text = raw.decode()
+        seen = text + json.dumps(json.loads(text))  # also what one decoding layer shows
+        for secret in (gh, aws, pw):
+            assert secret not in seen and secret not in seen.replace("\\", "")
+        assert "<REDACTED:" in text
