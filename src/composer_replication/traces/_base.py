@@ -115,7 +115,7 @@ def run_jsonl(
                     if reason is None:
                         parsed += 1
                     elif reason == "unknown_record_type":
-                        rep.unknown(lineno, _type_name(obj))
+                        rep.unknown(lineno, ctx.redactor.redact(_type_name(obj)))
                     else:
                         rep.skip(lineno, reason)
                     if ctx.out:  # (ctx.clean_line stays: nothing redacts while we are suspended)
@@ -301,7 +301,8 @@ class SessionBuilder:
             self._open_order.remove(call_id)
             self._append({"role": "tool", "tool_call_id": call_id, "content": text})
             return
-        self.ctx.report.orphan("tool_result_without_call", line, call_id or "<no id>")
+        shown = self.ctx.redactor.redact(call_id) if call_id else "<no id>"
+        self.ctx.report.orphan("tool_result_without_call", line, shown)
         self._close_open_calls()
         label = f"[tool result for unknown call {call_id or '<no id>'}]"
         self._append({"role": "user", "content": f"{label}\n{text}"})
@@ -439,7 +440,8 @@ class SessionBuilder:
         if not self._open_order:
             return
         for cid in self._open_order:
-            self.ctx.report.orphan("tool_call_without_result", self._open_calls[cid], cid)
+            shown = self.ctx.redactor.redact(cid)
+            self.ctx.report.orphan("tool_call_without_result", self._open_calls[cid], shown)
             if append:
                 self._append({"role": "tool", "tool_call_id": cid, "content": NO_RESULT})
         self._open_calls.clear()

@@ -176,7 +176,8 @@ class _ClaudeReader:
             except Exception as exc:  # noqa: BLE001
                 reason = f"reader_error:{type(exc).__name__}"
             if reason == "unknown_record_type":
-                self.ctx.report.unknown_record_types[as_str(item.get("type")) or "<no type>"] += 1
+                kind = self.ctx.redactor.redact(as_str(item.get("type"))) or "<no type>"
+                self.ctx.report.unknown_record_types[kind] += 1  # shown in the report
             if reason is not None:
                 self.ctx.report.skip_item(i, reason)
             yield from self.ctx.drain()

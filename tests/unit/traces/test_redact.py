@@ -297,3 +297,20 @@ def test_ingest_redacts_secrets_in_double_encoded_tool_arguments(tmp_path: Path)
     assert run.report.states >= 1
     recovered = _decoded_layers(out) + "\n" + out
     assert not [s for s in secrets if s in recovered]
+
+
+def test_the_ingest_report_carries_no_secret(tmp_path: Path) -> None:
+    """Strings from the file that reach the report (unknown record types, orphan call ids) are
+    redacted like the states."""
+    gh = "ghp_" + _r(36)
+    lines = [
+        {"type": gh, "sessionId": "r", "uuid": "x0"},
+        {"type": "user", "sessionId": "r", "uuid": "u1", "message": {"role": "user",
+         "content": [{"type": "tool_result", "tool_use_id": gh, "content": "out"}]}},
+    ]  # fmt: skip
+    (tmp_path / "s.jsonl").write_bytes(b"\n".join(orjson.dumps(x) for x in lines) + b"\n")
+    run = ingest([tmp_path], redactor=Redactor())
+    list(run)
+    shown = repr(run.report) + repr(run.report.unknown_record_types())
+    assert run.report.files and gh not in shown
+    assert "<REDACTED:github_token>" in shown
