@@ -9,6 +9,7 @@ run.report                  # IngestReport: complete once iteration has finished
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -54,6 +55,13 @@ class IngestRun:
 
     def _run(self) -> Iterator[TraceState]:
         for path, explicit in _iter_files(self.paths):
+            if path.is_dir():  # an OpenHands SDK events/ directory
+                rep = FileReport(path=str(path), format="openhands")
+                self.report.files.append(rep)
+                yield from READERS["openhands"](
+                    ReaderContext(path, "openhands", rep, self.redactor)
+                )
+                continue
             why = unreadable_reason(path)
             if why is not None:
                 self.report.unreadable[str(path)] = why
@@ -91,6 +99,18 @@ def ingest(
     return IngestRun(paths, format, redactor or Redactor())
 
 
+EVENT_FILE = re.compile(r"^event-\d+-[^/]*\.json$")
+"""One event of an OpenHands SDK conversation (``events/event-00003-<uuid>.json``)."""
+
+
+def is_event_dir(path: Path, files: list[str] | None = None) -> bool:
+    """True for an OpenHands SDK ``events`` directory: named ``events``, holding event files."""
+    if path.name != "events":
+        return False
+    names = files if files is not None else [f.name for f in path.iterdir() if f.is_file()]
+    return any(EVENT_FILE.match(n) for n in names)
+
+
 def unreadable_reason(path: Path) -> str | None:
     """Why ``path`` cannot be read as a log (FIFO, device, symlink loop, dangling symlink, no
     permission), or None for a readable regular file. Never opens the file (a FIFO would block)."""
@@ -106,10 +126,17 @@ def unreadable_reason(path: Path) -> str | None:
 
 
 def _iter_files(paths: list[Path]) -> Iterator[tuple[Path, bool]]:
+    """Log files under ``paths``; an OpenHands SDK ``events/`` directory (one JSON file per
+    event) is yielded once, as the directory, since its files only make sense together."""
     for p in paths:
-        if p.is_dir():
+        if p.is_dir() and is_event_dir(p):
+            yield p, True
+        elif p.is_dir():
             for root, dirs, files in os.walk(p):
                 dirs.sort()
+                if is_event_dir(Path(root), files):
+                    yield Path(root), False
+                    continue
                 for name in sorted(files):
                     if name.endswith(LOG_SUFFIXES):
                         yield Path(root) / name, False

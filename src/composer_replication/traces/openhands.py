@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
+
 from ._base import (
     ReaderContext,
     SessionBuilder,
@@ -56,7 +58,7 @@ def read(ctx: ReaderContext) -> Iterator[TraceState]:
     if ctx.path.suffix == ".jsonl":
         yield from _read_jsonl(ctx)
         return
-    doc = load_document(ctx)
+    doc = _load_event_dir(ctx) if ctx.path.is_dir() else load_document(ctx)
     if doc is None:
         return
     events = doc if isinstance(doc, list) else as_list(as_dict(doc).get("history"))
@@ -64,7 +66,8 @@ def read(ctx: ReaderContext) -> Iterator[TraceState]:
         ctx.report.skip_item(0, "no_events")
         return
     ctx.item_index = True
-    r = _Events(ctx, SessionBuilder(ctx, ctx.path.stem))
+    sid = ctx.session_hint or ctx.path.stem
+    r = _Events(ctx, SessionBuilder(ctx, sid))
     for i, ev in enumerate(events, start=1):
         try:
             reason = r.handle(i, ev) if isinstance(ev, dict) else "not_an_object"
@@ -75,6 +78,36 @@ def read(ctx: ReaderContext) -> Iterator[TraceState]:
         yield from ctx.drain()
     r.b.finish()
     yield from ctx.drain()
+
+
+MAX_EVENT_FILE_BYTES = 64 << 20
+
+
+def _load_event_dir(ctx: ReaderContext) -> list[Any]:
+    """The events of an SDK ``events/`` directory in file order (``event-00000-...``), one
+    file counted as one line of the report; an unreadable or invalid file is skipped."""
+    from .ingest import EVENT_FILE, unreadable_reason
+
+    rep, events = ctx.report, []
+    files = sorted((f for f in ctx.path.iterdir() if EVENT_FILE.match(f.name)),
+                   key=lambda f: (int(f.name.split("-")[1]), f.name))  # fmt: skip
+    for i, f in enumerate(files, start=1):
+        rep.total_lines += 1
+        why = unreadable_reason(f)
+        if why is None and f.stat().st_size > MAX_EVENT_FILE_BYTES:
+            why = "event file too large"
+        if why is None:
+            try:
+                data = f.read_bytes()
+                events.append(orjson.loads(data))
+                rep.parsed += 1
+                rep.bytes += len(data)
+                continue
+            except (OSError, orjson.JSONDecodeError):
+                why = "invalid_json"
+        rep.skip(i, why.replace(" ", "_"))
+    ctx.session_hint = ctx.path.parent.name  # the conversation id
+    return events
 
 
 def _read_jsonl(ctx: ReaderContext) -> Iterator[TraceState]:

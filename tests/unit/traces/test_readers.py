@@ -233,3 +233,31 @@ def test_openhands_sdk_event_stream(tmp_path, shape):
     assert [m["content"] for m in states[2].prefix if m["role"] == "tool"][-1] == "x: no such file"
     report = run.report.files[0]
     assert not report.skipped_items and not report.skipped_by_reason and not report.orphans
+
+
+def test_openhands_sdk_conversation_directory_public_fixture():
+    """A real OpenHands SDK conversation as stored on disk (events/event-NNNNN-<id>.json, from
+    OpenHands/software-agent-sdk, MIT; tests/fixtures/traces/MANIFEST.tsv): one state per agent
+    step, with its tool call, and the observations in the later prefixes."""
+    from composer_replication.traces import ingest
+
+    conv = (
+        Path(__file__).parents[2] / "fixtures/traces/openhands_sdk/cd94562403b9487ebdd4018e3f531dfd"
+    )
+    for target in (conv, conv / "events"):  # found under a directory, or named itself
+        run = ingest([target])
+        states = list(run)
+        [rep] = run.report.files
+        assert rep.format == "openhands" and rep.parsed == rep.total_lines == 8
+        assert not rep.skipped and not rep.orphans and not rep.skipped_items
+        assert [s.session_id for s in states] == ["cd94562403b9487ebdd4018e3f531dfd"] * 3
+        assert [[c["function"]["name"] for c in s.action.tool_calls] for s in states] == [
+            ["terminal"],
+            ["finish"],
+            [],
+        ]
+        assert [m["role"] for m in states[0].prefix] == ["system", "user"]
+        assert "pwd > tool_output.txt" in states[0].action.tool_calls[0]["function"]["arguments"]
+        roles = [m["role"] for m in states[2].prefix]
+        assert roles.count("tool") == 2 and roles[-1] == "user"
+        assert states[2].action.text.startswith("I executed")
