@@ -53,6 +53,21 @@ class IngestRun:
     def __next__(self) -> TraceState:
         return next(self._it)
 
+    def _read_file(self, path: Path, explicit: bool) -> Iterator[TraceState]:
+        fmt = self.format
+        if fmt == "auto":
+            if explicit:
+                fmt = detect_format(path)
+            else:
+                found = sniff(path)
+                if found is None:
+                    self.report.not_traces.append(str(path))
+                    return
+                fmt = found
+        rep = FileReport(path=str(path), format=fmt)
+        self.report.files.append(rep)
+        yield from READERS[fmt](ReaderContext(path, fmt, rep, self.redactor))
+
     def _run(self) -> Iterator[TraceState]:
         for path, explicit in _iter_files(self.paths):
             if path.is_dir():  # an OpenHands SDK events/ directory
@@ -66,20 +81,10 @@ class IngestRun:
             if why is not None:
                 self.report.unreadable[str(path)] = why
                 continue
-            fmt = self.format
-            if fmt == "auto":
-                if explicit:
-                    fmt = detect_format(path)
-                else:
-                    found = sniff(path)
-                    if found is None:
-                        self.report.not_traces.append(str(path))
-                        continue
-                    fmt = found
-            rep = FileReport(path=str(path), format=fmt)
-            self.report.files.append(rep)
-            ctx = ReaderContext(path, fmt, rep, self.redactor)
-            yield from READERS[fmt](ctx)
+            try:  # a file can still fail while read (EIO, a vanished mount): report, go on
+                yield from self._read_file(path, explicit)
+            except OSError as err:
+                self.report.unreadable[str(path)] = f"read failed: {err.strerror or err}"
         self.report.redactions = self.redactor.counts
 
 

@@ -27,8 +27,9 @@ def test_empty_directory_says_nothing_found_and_where(tmp_path):
 
 
 def test_fifo_symlink_loop_dangling_and_unreadable_are_skipped_and_reported(tmp_path):
-    """A FIFO (would block forever if opened), a symlink loop, a dangling symlink and an
-    unreadable file sit next to a real log: ingest finishes, reports each path, ingests the log."""
+    """A FIFO (would block forever if opened), a symlink loop, a dangling symlink, a file that
+    fails while read and a mode-000 file (unreadable unless root) sit next to a real log: ingest
+    finishes, reports each path, ingests the log."""
     src = tmp_path / "logs"
     src.mkdir()
     good = src / "good.jsonl"
@@ -40,6 +41,9 @@ def test_fifo_symlink_loop_dangling_and_unreadable_are_skipped_and_reported(tmp_
     locked = src / "locked.jsonl"
     locked.write_bytes(good.read_bytes())
     locked.chmod(0)
+    # unreadable even for root: a regular file whose read fails (EIO at offset 0 of our own
+    # address space), so the read-error path runs on every machine, as root or not
+    (src / "mem.jsonl").symlink_to("/proc/self/mem")
     out = tmp_path / "states.jsonl"
     try:
         r = runner.invoke(
@@ -48,7 +52,7 @@ def test_fifo_symlink_loop_dangling_and_unreadable_are_skipped_and_reported(tmp_
     finally:
         locked.chmod(0o600)
     assert r.exit_code == 0, r.output
-    for name in ["fifo.jsonl", "loop.jsonl", "dangling.jsonl"] + (
+    for name in ["fifo.jsonl", "loop.jsonl", "dangling.jsonl", "mem.jsonl"] + (
         ["locked.jsonl"] if os.geteuid() != 0 else []
     ):
         assert f"skipped {src / name}:" in r.output, (name, r.output)
