@@ -118,6 +118,7 @@ def generate_greedy(
     import torch
 
     from composer_replication.chat import render_prompt
+    from composer_replication.rollout import sampling_kwargs
 
     completions: list[str] = []
     old_side = tokenizer.padding_side
@@ -141,13 +142,6 @@ def generate_greedy(
     finally:
         tokenizer.padding_side = old_side
     return completions
-
-
-def sampling_kwargs(temperature: float) -> dict:
-    """``generate`` arguments: greedy at 0, else plain sampling at ``temperature``."""
-    if temperature <= 0:
-        return {"do_sample": False}
-    return {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
 
 
 def evaluate(

@@ -19,6 +19,13 @@ from typing import Any
 BUDGET_EXHAUSTED = "error: the budget of {n} tool calls for this task is used up; answer now"
 
 
+def sampling_kwargs(temperature: float) -> dict:
+    """``generate`` arguments: greedy at 0, else plain sampling at ``temperature``."""
+    if temperature <= 0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+
+
 def tool_methods(cls: type) -> dict[str, Callable[..., Any]]:
     """The tools of an ``environment_factory`` class as TRL sees them: every public function
     except ``reset`` and ``get_reward``."""
@@ -190,8 +197,6 @@ def _generate(model, tokenizer, convs, tools, max_new_tokens, temperature=0.0):
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     finally:
         tokenizer.padding_side = old_side
-    from composer_replication.evaluation import sampling_kwargs
-
     sampling = sampling_kwargs(temperature)
     model.eval()
     with torch.no_grad():

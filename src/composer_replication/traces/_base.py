@@ -4,6 +4,9 @@ turns a stream of (user / assistant / tool) events into TraceStates."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -498,3 +501,32 @@ def parts_text(
         elif untyped is not None:
             parts.append(untyped)
     return "\n".join(parts)
+
+
+# ---------------------------------------------------------------- files
+
+
+EVENT_FILE = re.compile(r"^event-\d+-[^/]*\.json$")
+"""One event of an OpenHands SDK conversation (``events/event-00003-<uuid>.json``)."""
+
+
+def is_event_dir(path: Path, files: list[str] | None = None) -> bool:
+    """True for an OpenHands SDK ``events`` directory: named ``events``, holding event files."""
+    if path.name != "events":
+        return False
+    names = files if files is not None else [f.name for f in path.iterdir() if f.is_file()]
+    return any(EVENT_FILE.match(n) for n in names)
+
+
+def unreadable_reason(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a log (FIFO, device, symlink loop, dangling symlink, no
+    permission), or None for a readable regular file. Never opens the file (a FIFO would block)."""
+    try:
+        st = os.stat(path)  # follows symlinks: ELOOP for a loop, ENOENT for a dangling link
+    except OSError as err:
+        return f"{err.strerror or type(err).__name__}"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if not os.access(path, os.R_OK):
+        return "permission denied"
+    return None

@@ -9,13 +9,11 @@ run.report                  # IngestReport: complete once iteration has finished
 from __future__ import annotations
 
 import os
-import re
-import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from . import aider, claude_code, codex, gemini_cli, openai_messages, openhands, swe_agent
-from ._base import ReaderContext
+from ._base import ReaderContext, is_event_dir, unreadable_reason
 from .detect import FORMATS, UnknownFormatError, detect_format, sniff
 from .redact import Redactor
 from .report import FileReport, IngestReport
@@ -102,32 +100,6 @@ def ingest(
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     return IngestRun(paths, format, redactor or Redactor())
-
-
-EVENT_FILE = re.compile(r"^event-\d+-[^/]*\.json$")
-"""One event of an OpenHands SDK conversation (``events/event-00003-<uuid>.json``)."""
-
-
-def is_event_dir(path: Path, files: list[str] | None = None) -> bool:
-    """True for an OpenHands SDK ``events`` directory: named ``events``, holding event files."""
-    if path.name != "events":
-        return False
-    names = files if files is not None else [f.name for f in path.iterdir() if f.is_file()]
-    return any(EVENT_FILE.match(n) for n in names)
-
-
-def unreadable_reason(path: Path) -> str | None:
-    """Why ``path`` cannot be read as a log (FIFO, device, symlink loop, dangling symlink, no
-    permission), or None for a readable regular file. Never opens the file (a FIFO would block)."""
-    try:
-        st = os.stat(path)  # follows symlinks: ELOOP for a loop, ENOENT for a dangling link
-    except OSError as err:
-        return f"{err.strerror or type(err).__name__}"
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file"
-    if not os.access(path, os.R_OK):
-        return "permission denied"
-    return None
 
 
 def _iter_files(paths: list[Path]) -> Iterator[tuple[Path, bool]]:

@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 
 from ._base import (
+    EVENT_FILE,
     ReaderContext,
     SessionBuilder,
     as_dict,
@@ -44,6 +45,7 @@ from ._base import (
     load_document,
     make_tool_call,
     run_jsonl,
+    unreadable_reason,
 )
 from .schema import TraceState
 
@@ -86,8 +88,6 @@ MAX_EVENT_FILE_BYTES = 64 << 20
 def _load_event_dir(ctx: ReaderContext) -> list[Any]:
     """The events of an SDK ``events/`` directory in file order (``event-00000-...``), one
     file counted as one line of the report; an unreadable or invalid file is skipped."""
-    from .ingest import EVENT_FILE, unreadable_reason
-
     rep, events = ctx.report, []
     files = sorted((f for f in ctx.path.iterdir() if EVENT_FILE.match(f.name)),
                    key=lambda f: (int(f.name.split("-")[1]), f.name))  # fmt: skip
