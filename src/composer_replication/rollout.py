@@ -4,8 +4,9 @@ TRL tool batch, and the agent loop held-out evaluation uses.
 In training, TRL's ``GRPOTrainer`` runs the loop (``environment_factory``; docs/agents.md): a
 rollout is ONE completion holding every assistant turn and the tool results between them, and
 ``tool_mask`` is 0 on the tool-result tokens. :func:`turn_index` recovers the assistant turns
-from that mask. Evaluation runs the same loop here (greedy or sampled) (:func:`run_agent`), with the same
-tool classes, parser and bounds, so a held-out score means what a training reward means.
+from that mask. Evaluation runs the same loop here (:func:`run_agent`, greedy or sampled), with
+the same tool classes, parser and bounds, so a held-out score means what a training reward
+means.
 """
 
 from __future__ import annotations
