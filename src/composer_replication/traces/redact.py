@@ -272,9 +272,13 @@ class Redactor:
         inside JSON string escapes in it (tool arguments holding a JSON-encoded command, a
         JSON string inside a JSON string, ``\\u``-escaped characters), up to
         ``MAX_ESCAPE_DEPTH`` layers deep (:meth:`_redact_escaped`)."""
+        return self._redact_layers(text, MAX_ESCAPE_DEPTH)
+
+    def _redact_layers(self, text: str, depth: int) -> str:
+        """The plain pass, then (while ``depth`` > 0) the pass over decoded JSON escapes."""
         out = self._redact_plain(text)
-        if "\\" in out and not self.json_text_is_clean(out):  # else no escape can hide one
-            out = self._redact_escaped(out, MAX_ESCAPE_DEPTH)
+        if depth > 0 and "\\" in out and not self.json_text_is_clean(out):  # else no escape
+            out = self._redact_escaped(out, depth)  # can hide a secret
         return out
 
     def redact_obj(self, obj: object) -> object:
@@ -296,11 +300,9 @@ class Redactor:
         over the escaped span of ``text`` that decodes to the secret it replaced. Everything
         else of ``text`` stays byte for byte."""
         view, starts = _unescape_with_offsets(text)
-        if view == text or depth <= 0:
+        if view == text:
             return text
-        red = self._redact_plain(view)
-        if "\\" in red:
-            red = self._redact_escaped(red, depth - 1)
+        red = self._redact_layers(view, depth - 1)
         if red == view:
             return text
         spans = _replaced_spans(view, red)
@@ -422,16 +424,19 @@ MAX_ESCAPE_DEPTH = 4
 """Layers of JSON escaping (a JSON string in a JSON string in ...) that redaction looks into."""
 
 _JSON_ESCAPE = re.compile(r'\\(?:u([0-9a-fA-F]{4})|(["\\/bfnrt]))')
-_SHORT_DECODE = {
-    '"': '"',
-    "\\": "\\",
-    "/": "/",
-    "b": "\b",
-    "f": "\f",
-    "n": "\n",
-    "r": "\r",
-    "t": "\t",
+# JSON's two-character escapes (RFC 8259 section 7) and the character each one decodes to.
+_SHORT_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "/": "\\/",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
 }
+_SHORT_DECODE = {esc[1]: char for char, esc in _SHORT_ESCAPES.items()}
+"""The inverse: the character after the backslash -> the character it stands for."""
 _PLACEHOLDER_RX = re.compile(r"<REDACTED:[a-z0-9_]+>")
 
 
@@ -463,19 +468,6 @@ def _replaced_spans(view: str, red: str) -> list[tuple[tuple[int, int], str]] | 
     if m is None:
         return None
     return [(m.span(i + 1), h) for i, h in enumerate(holders) if view[slice(*m.span(i + 1))] != h]
-
-
-# JSON's two-character escapes (RFC 8259 section 7) and the character each one decodes to.
-_SHORT_ESCAPES = {
-    '"': '\\"',
-    "\\": "\\\\",
-    "/": "\\/",
-    "\b": "\\b",
-    "\f": "\\f",
-    "\n": "\\n",
-    "\r": "\\r",
-    "\t": "\\t",
-}
 
 
 @lru_cache(maxsize=8)
