@@ -41,7 +41,6 @@ class ReaderContext:
         self.format = fmt
         self.report = report
         self.redactor = redactor
-        self.session_hint: str | None = None  # a session id the container names (event dirs)
         self.out: list[TraceState] = []
         self.item_index = False  # True for whole-document formats: meta.line is an item index
         # True while a record from a raw line with no redaction trigger is handled (set by

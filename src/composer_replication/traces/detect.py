@@ -118,7 +118,7 @@ def _classify_record(obj: dict[str, Any], first: bool) -> str | None:
         isinstance(obj.get("history"), list)
         or "observation" in obj
         or ("action" in obj and ("source" in obj or "args" in obj))
-        or _is_openhands_sdk_event(obj)
+        or _looks_openhands_sdk(obj)
     ):
         return "openhands"
     if t == "message" and isinstance(obj.get("content"), list):
@@ -134,20 +134,22 @@ def _classify_record(obj: dict[str, Any], first: bool) -> str | None:
     return None
 
 
-def _is_openhands_sdk_event(obj: dict[str, Any]) -> bool:
-    """A typed OpenHands SDK event (``kind`` ``MessageEvent``, ``ActionEvent``, ...)."""
+def is_openhands_sdk_event(obj: dict[str, Any]) -> bool:
+    """A typed OpenHands SDK event: a ``kind`` such as ``ActionEvent`` or
+    ``UserRejectObservation`` (the reader's test; detection also wants ``source`` or
+    ``llm_message``, see `_looks_openhands_sdk`)."""
     kind = obj.get("kind")
-    return (
-        isinstance(kind, str)
-        and kind.endswith(("Event", "Observation"))
-        and ("source" in obj or "llm_message" in obj)
-    )
+    return isinstance(kind, str) and kind.endswith(("Event", "Observation"))
+
+
+def _looks_openhands_sdk(obj: dict[str, Any]) -> bool:
+    return is_openhands_sdk_event(obj) and ("source" in obj or "llm_message" in obj)
 
 
 def _classify_doc(doc: Any) -> str | None:
     if isinstance(doc, list):
         items = [x for x in doc[:20] if isinstance(x, dict)]
-        if any("action" in x or "observation" in x or _is_openhands_sdk_event(x) for x in items):
+        if any("action" in x or "observation" in x or _looks_openhands_sdk(x) for x in items):
             return "openhands"
         if any("role" in x for x in items):
             return "openai_messages"

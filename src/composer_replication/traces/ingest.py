@@ -51,36 +51,35 @@ class IngestRun:
     def __next__(self) -> TraceState:
         return next(self._it)
 
-    def _read_file(self, path: Path, explicit: bool) -> Iterator[TraceState]:
-        fmt = self.format
-        if fmt == "auto":
-            if explicit:
-                fmt = detect_format(path)
-            else:
-                found = sniff(path)
-                if found is None:
-                    self.report.not_traces.append(str(path))
-                    return
-                fmt = found
+    def _format(self, path: Path, explicit: bool) -> str | None:
+        """The reader for ``path`` (None: not a log, listed in ``not_traces``)."""
+        if path.is_dir():  # an OpenHands SDK events/ directory (_iter_files)
+            return "openhands"
+        if self.format != "auto":
+            return self.format
+        if explicit:
+            return detect_format(path)
+        found = sniff(path)
+        if found is None:
+            self.report.not_traces.append(str(path))
+        return found
+
+    def _read(self, path: Path, explicit: bool) -> Iterator[TraceState]:
+        fmt = self._format(path, explicit)
+        if fmt is None:
+            return
         rep = FileReport(path=str(path), format=fmt)
         self.report.files.append(rep)
         yield from READERS[fmt](ReaderContext(path, fmt, rep, self.redactor))
 
     def _run(self) -> Iterator[TraceState]:
         for path, explicit in _iter_files(self.paths):
-            if path.is_dir():  # an OpenHands SDK events/ directory
-                rep = FileReport(path=str(path), format="openhands")
-                self.report.files.append(rep)
-                yield from READERS["openhands"](
-                    ReaderContext(path, "openhands", rep, self.redactor)
-                )
-                continue
-            why = unreadable_reason(path)
+            why = None if path.is_dir() else unreadable_reason(path)
             if why is not None:
                 self.report.unreadable[str(path)] = why
                 continue
             try:  # a file can still fail while read (EIO, a vanished mount): report, go on
-                yield from self._read_file(path, explicit)
+                yield from self._read(path, explicit)
             except OSError as err:
                 self.report.unreadable[str(path)] = f"read failed: {err.strerror or err}"
         self.report.redactions = self.redactor.counts

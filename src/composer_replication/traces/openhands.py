@@ -47,6 +47,7 @@ from ._base import (
     run_jsonl,
     unreadable_reason,
 )
+from .detect import is_openhands_sdk_event
 from .schema import TraceState
 
 FORMAT = "openhands"
@@ -68,7 +69,8 @@ def read(ctx: ReaderContext) -> Iterator[TraceState]:
         ctx.report.skip_item(0, "no_events")
         return
     ctx.item_index = True
-    sid = ctx.session_hint or ctx.path.stem
+    # an SDK events/ directory is named after nothing: its conversation is the parent's name
+    sid = ctx.path.parent.name if ctx.path.is_dir() else ctx.path.stem
     r = _Events(ctx, SessionBuilder(ctx, sid))
     for i, ev in enumerate(events, start=1):
         try:
@@ -106,7 +108,6 @@ def _load_event_dir(ctx: ReaderContext) -> list[Any]:
             except (OSError, orjson.JSONDecodeError):
                 why = "invalid_json"
         rep.skip(i, why.replace(" ", "_"))
-    ctx.session_hint = ctx.path.parent.name  # the conversation id
     return events
 
 
@@ -125,7 +126,7 @@ def _read_jsonl(ctx: ReaderContext) -> Iterator[TraceState]:
                     ctx.report.skip_item(i, reason)
             r.b.finish()
             return None
-        if "action" in rec or "observation" in rec or _is_sdk_event(rec):
+        if "action" in rec or "observation" in rec or is_openhands_sdk_event(rec):
             if stream is None:
                 stream = _Events(ctx, SessionBuilder(ctx, ctx.path.stem))
             return stream.handle(line, rec)
@@ -146,7 +147,7 @@ class _Events:
 
     def handle(self, line: int, ev: dict[str, Any]) -> str | None:
         self.seq += 1
-        if _is_sdk_event(ev):
+        if is_openhands_sdk_event(ev):
             return self._sdk_event(line, ev["kind"], ev)
         if "action" in ev:
             return self._action(line, ev)
@@ -267,12 +268,6 @@ class _Events:
         call = make_tool_call(call_id, name, arguments)
         self.b.assistant(line, text, [call], thinking, timestamp=ts, response_id=rid)
         return None
-
-
-def _is_sdk_event(ev: dict[str, Any]) -> bool:
-    """An OpenHands SDK event: a ``kind`` such as ``ActionEvent`` or ``UserRejectObservation``."""
-    kind = ev.get("kind")
-    return isinstance(kind, str) and kind.endswith(("Event", "Observation"))
 
 
 def _sdk_text(content: Any) -> str:
