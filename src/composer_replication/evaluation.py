@@ -161,7 +161,7 @@ def evaluate(
     """Pass@1 and mean reward of ``model`` on the first ``n`` tasks of ``split``: greedy, or
     one sample per task at ``temperature`` > 0 (torch seeded with ``seed`` first).
 
-    A tool environment runs greedy multi-turn episodes (``rollout.run_agent``: at most
+    A tool environment runs multi-turn episodes the same way (``rollout.run_agent``: at most
     ``max_turns`` turns and ``max_tool_calls`` tool calls, ``max_new_tokens`` per turn) and
     reports turns and tool calls per rollout in ``tool_stats``."""
     tasks = select_tasks(env, split, n)

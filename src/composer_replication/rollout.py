@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 BUDGET_EXHAUSTED = "error: the budget of {n} tool calls for this task is used up; answer now"
@@ -95,7 +95,6 @@ class RolloutStats:
     tool_calls: float = 0.0
     tool_error_frac: float = 0.0
     """Failed tool calls (unknown tool, bad arguments, an error result) over all calls."""
-    per_rollout: list[tuple[int, int, int]] = field(default_factory=list)
 
     @classmethod
     def of(cls, rollouts: list[AgentRollout]) -> RolloutStats:
@@ -105,7 +104,6 @@ class RolloutStats:
             turns=sum(r.turns for r in rollouts) / n,
             tool_calls=calls / n,
             tool_error_frac=sum(r.tool_errors for r in rollouts) / max(calls, 1),
-            per_rollout=[(r.turns, r.tool_calls, r.tool_errors) for r in rollouts],
         )
 
 

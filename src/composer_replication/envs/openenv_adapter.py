@@ -68,14 +68,13 @@ class OpenEnvTools:
     def __init__(self) -> None:
         self._session = _client(self.base_url)
         self.rewards: list[float] = []
-        self.done = False
 
     def reset(self, **row: Any) -> str | None:
         """Reset the server's episode with the row's scalar columns; returns the observation
         as text for TRL to append to the prompt, unless it carries the prompt itself."""
         params = {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool))}
         result = self._session.reset(**params)
-        self.rewards, self.done = [], bool(result.done)
+        self.rewards = []
         obs = result.observation if isinstance(result.observation, dict) else {}
         if "prompt" in obs:
             return None  # our servers: the dataset row already holds this prompt
@@ -88,7 +87,6 @@ class OpenEnvTools:
         )
         if result.reward is not None:
             self.rewards.append(float(result.reward))
-        self.done = self.done or bool(result.done)
         obs = result.observation if isinstance(result.observation, dict) else {}
         error = obs.get("error")
         if error:
@@ -137,8 +135,7 @@ def _tool_method(spec: dict[str, Any]):
         notes[arg] = p.get("description") or arg
     tool.__name__ = tool.__qualname__ = name
     tool.__signature__ = inspect.Signature(params, return_annotation=str)
-    tool.__annotations__ = {**{a: p.annotation for a, p in ((x.name, x) for x in params[1:])},
-                            "return": str}  # fmt: skip
+    tool.__annotations__ = {p.name: p.annotation for p in params[1:]} | {"return": str}
     args_doc = "".join(f"    {a}: {d}\n" for a, d in notes.items())
     tool.__doc__ = (
         f"{spec.get('description') or name}\n\nArgs:\n{args_doc}"

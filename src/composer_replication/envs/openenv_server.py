@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from openenv.core.env_server.http_server import create_app
@@ -69,16 +70,32 @@ def tool_specs(cls: type) -> list[Tool]:
     return out
 
 
+@dataclass(frozen=True)
+class Served:
+    """What every session of one served environment shares, built once per app: the
+    environment, its bounded tool class, its tasks by id and the tools' OpenEnv specs."""
+
+    env: ToolEnvironment
+    tools_cls: type
+    tasks: dict[str, Any]
+    specs: list[Tool]
+
+    @classmethod
+    def of(cls, env: ToolEnvironment, max_tool_calls: int) -> Served:
+        tools_cls = bounded_tools(env.tools_class(), max_tool_calls)
+        tasks = {t.task_id: t for split in ("train", "heldout") for t in env.tasks(split)}
+        return cls(env, tools_cls, tasks, tool_specs(tools_cls))
+
+
 class ServedToolEnv(OpenEnvEnvironment):
     """One OpenEnv session over a ToolEnvironment (module docstring)."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, env: ToolEnvironment, max_tool_calls: int = 4):
+    def __init__(self, served: Served):
         super().__init__()
-        self.env = env
-        self.tools_cls = bounded_tools(env.tools_class(), max_tool_calls)
-        self._tasks = {t.task_id: t for s in ("train", "heldout") for t in env.tasks(s)}
+        self.env, self.tools_cls, self._tasks = served.env, served.tools_cls, served.tasks
+        self._specs = served.specs
         self._task = None
         self._tools: Any = None
         self._graded = False
@@ -96,7 +113,7 @@ class ServedToolEnv(OpenEnvEnvironment):
         self._task, self._tools, self._graded = task, self.tools_cls(), False
         self._tools.reset(**row)
         self._state = State(episode_id=episode_id or uuid.uuid4().hex, step_count=0)
-        specs = [t.model_dump() for t in tool_specs(self.tools_cls)]
+        specs = [t.model_dump() for t in self._specs]
         return TaskObservation(task_id=task.task_id, prompt=row["prompt"], tools=specs)
 
     def step(self, action: Action, timeout_s=None, **_) -> Observation:
@@ -104,7 +121,7 @@ class ServedToolEnv(OpenEnvEnvironment):
             raise RuntimeError("step() before reset(): start an episode with reset(task_id=...)")
         self._state.step_count += 1
         if isinstance(action, ListToolsAction):
-            return ListToolsObservation(tools=tool_specs(self.tools_cls))
+            return ListToolsObservation(tools=self._specs)
         if isinstance(action, CallToolAction) and action.tool_name == GRADE_TOOL:
             return self._grade(action.arguments.get("messages"))
         if isinstance(action, CallToolAction):
@@ -126,7 +143,7 @@ class ServedToolEnv(OpenEnvEnvironment):
         call = {"name": action.tool_name, "arguments": action.arguments}
         text, failed = call_tool(self._tools, call)
         error = None
-        if failed and action.tool_name not in tool_methods(self.tools_cls):
+        if failed and all(t.name != action.tool_name for t in self._specs):
             error = ToolError(error_type=ToolErrorType.TOOL_NOT_FOUND, message=text)
         return CallToolObservation(tool_name=action.tool_name, result=text, error=error)
 
@@ -137,8 +154,9 @@ class ServedToolEnv(OpenEnvEnvironment):
 
 def create_env_app(env: ToolEnvironment, max_tool_calls: int = 4, max_concurrent_envs: int = 64):
     """A FastAPI app serving ``env`` over OpenEnv (HTTP + WebSocket sessions)."""
+    served = Served.of(env, max_tool_calls)  # once, not per session
     return create_app(
-        lambda: ServedToolEnv(env, max_tool_calls),
+        lambda: ServedToolEnv(served),
         Action,
         TaskObservation,
         env_name=env.name,
