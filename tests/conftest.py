@@ -35,11 +35,15 @@ def tokenizer(embedded_path):
     return load_tokenizer(embedded_path)
 
 
-def make_tiny_model(vocab_size: int, seed: int = 0, layers: int = 2):
-    """A random 2-layer Llama with the real tokenizer's vocabulary (fast on CPU)."""
+def make_tiny_model(
+    vocab_size: int, seed: int = 0, layers: int = 2, cls=None, max_positions: int = 256
+):
+    """A random 2-layer Llama with the real tokenizer's vocabulary (fast on CPU); ``cls`` a
+    ``LlamaForCausalLM`` subclass (default: the class itself)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    cls = cls or LlamaForCausalLM
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab_size,
@@ -48,10 +52,10 @@ def make_tiny_model(vocab_size: int, seed: int = 0, layers: int = 2):
         num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
     )
-    return LlamaForCausalLM(cfg)
+    return cls(cfg)
 
 
 @pytest.fixture

@@ -4,8 +4,7 @@ calls ``calculate("208 * 67")``, in its second it answers ``13936``: right for t
 
 from __future__ import annotations
 
-import torch
-from transformers import LlamaConfig
+from conftest import make_tiny_model
 
 from composer_replication.envs.calculator import FEW_SHOT
 from support.scripted_lm import ScriptedLlama
@@ -17,18 +16,7 @@ ANSWER = "13936<|im_end|>"
 def scripted_calculator_model(tok, turns: tuple[str, ...] = (CALL, ANSWER), seed: int = 0):
     """A 2-layer random Llama over ``tok``'s vocabulary pushed to write ``turns`` (one per
     assistant turn after the prompt's few-shot turns); ``tok`` must have the tool template."""
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
-    model = ScriptedLlama(cfg)
+    model = make_tiny_model(len(tok), seed, cls=ScriptedLlama, max_positions=1024)
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     shots = sum(m["role"] == "assistant" for m in FEW_SHOT)  # assistant turns inside the prompt
     model.set_script(enc("<|im_start|>assistant\n"), [enc(t) for t in turns], shots)
