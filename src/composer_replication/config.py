@@ -143,6 +143,13 @@ class GenerationConfig(_Strict):
     picks colocated or a separate server), mapped onto TRL's ``use_vllm``/``vllm_mode``."""
     vllm: VllmConfig = Field(default_factory=lambda: VllmConfig())
     """vLLM settings, used when ``backend: vllm``."""
+    shared_prefix: bool = True
+    """Run the prompt tokens rows share (a GRPO group's prompt; a system prompt, tool schemas
+    and worked examples every prompt repeats) once, with the KV cache expanded to the rows, in
+    ``transformers`` generation and in the policy's log-prob forwards (evaluation always does).
+    The same numbers up to float rounding (tests/unit/trainer/test_prefix.py); models with
+    sliding-window or recurrent layers, and gradient checkpointing with gradients on, take the
+    plain padded forward. ``false``: TRL's own padded forwards, bit for bit."""
 
 
 class RolloutConfig(_Strict):

@@ -113,34 +113,26 @@ def generate_greedy(
     progress=None,
     temperature: float = 0.0,
 ) -> list[str]:
-    """Greedy completions for chat prompts, batched with left padding (sampled at
-    ``temperature`` > 0, top-p 1, no top-k)."""
-    import torch
-
+    """Greedy completions for chat prompts, batched (sampled at ``temperature`` > 0, top-p 1,
+    no top-k); the prompt tokens a batch shares are run once (``generate_with_prefix``)."""
     from composer_replication.chat import render_prompt
+    from composer_replication.models import pad_token_id
     from composer_replication.rollout import sampling_kwargs
+    from composer_replication.trainer.prefix import generate_with_prefix
 
     completions: list[str] = []
-    old_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
     model.eval()
-    try:
-        for start in range(0, len(prompts), batch_size):
-            texts = [render_prompt(tokenizer, p) for p in prompts[start : start + batch_size]]
-            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-            with torch.no_grad():
-                out = model.generate(
-                    **enc,
-                    max_new_tokens=max_new_tokens,
-                    pad_token_id=tokenizer.pad_token_id,
-                    **sampling_kwargs(temperature),
-                )
-            new = out[:, enc["input_ids"].shape[1] :]
-            completions.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
-            if progress is not None:
-                progress(len(texts))
-    finally:
-        tokenizer.padding_side = old_side
+    pad = pad_token_id(tokenizer)
+    for start in range(0, len(prompts), batch_size):
+        texts = [render_prompt(tokenizer, p) for p in prompts[start : start + batch_size]]
+        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        new = generate_with_prefix(
+            model, ids, pad, max_new_tokens=max_new_tokens, pad_token_id=pad,
+            **sampling_kwargs(temperature),
+        )  # fmt: skip
+        completions.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+        if progress is not None:
+            progress(len(texts))
     return completions
 
 

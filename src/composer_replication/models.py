@@ -8,6 +8,8 @@ safetensors copy; every later load reads that copy (about 0.1 s instead of ~30 s
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib.util
 import logging
 import os
@@ -258,8 +260,23 @@ def pad_token_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
 
+_CAPTURE_SUSPENDED = contextvars.ContextVar("capture_suspended", default=False)
+
+
+@contextlib.contextmanager
+def capture_suspended():
+    """Backbone forwards in this block are not recorded by :class:`HiddenCapture` (a shared
+    prompt prefix run once into a KV cache: its states predict no completion token)."""
+    token = _CAPTURE_SUSPENDED.set(True)
+    try:
+        yield
+    finally:
+        _CAPTURE_SUSPENDED.reset(token)
+
+
 class HiddenCapture:
-    """Records the backbone's ``last_hidden_state`` of every forward while :meth:`active`."""
+    """Records the backbone's ``last_hidden_state`` of every forward while :meth:`active`
+    (except those under :func:`capture_suspended`)."""
 
     def __init__(self, model):
         self.module = backbone(model)
@@ -271,9 +288,11 @@ class HiddenCapture:
 
         @contextlib.contextmanager
         def _ctx():
-            handle = self.module.register_forward_hook(
-                lambda _m, _a, out: self.states.append(out.last_hidden_state)
-            )
+            def record(_m, _a, out):
+                if not _CAPTURE_SUSPENDED.get():
+                    self.states.append(out.last_hidden_state)
+
+            handle = self.module.register_forward_hook(record)
             try:
                 yield self
             finally:

@@ -183,29 +183,29 @@ def _finish(conv: list[dict[str, Any]], row: dict[str, Any], s: list[int]) -> Ag
     return AgentRollout(conv[len(row["prompt"]) :], turns=s[0], tool_calls=s[1], tool_errors=s[2])
 
 
+def until_eos(ids: list[int], eos_ids: int | list[int]) -> list[int]:
+    """``ids`` up to and including the first end-of-sequence token (TRL's completion cut)."""
+    stops = {eos_ids} if isinstance(eos_ids, int) else set(eos_ids)
+    end = next((i for i, t in enumerate(ids) if t in stops), None)
+    return ids if end is None else ids[: end + 1]
+
+
 def _generate(model, tokenizer, convs, tools, max_new_tokens, temperature=0.0):
-    import torch
+    """One turn for each conversation; the prompt tokens every conversation shares (system
+    prompt, tool schemas, worked examples) are run once (``generate_with_prefix``)."""
+    from composer_replication.models import pad_token_id
+    from composer_replication.trainer.prefix import generate_with_prefix
 
     texts = [
         tokenizer.apply_chat_template(c, tools=tools, add_generation_prompt=True, tokenize=False)
         for c in convs
     ]
-    old_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    finally:
-        tokenizer.padding_side = old_side
-    sampling = sampling_kwargs(temperature)
+    prefixes = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     model.eval()
-    with torch.no_grad():
-        out = model.generate(
-            **enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling
-        )
-    eos, width = tokenizer.eos_token_id, enc["input_ids"].shape[1]
-    ids, prefixes = [], []
-    for k in range(len(convs)):
-        new = out[k, width:].tolist()
-        ids.append(new[: new.index(eos) + 1] if eos in new else new)
-        prefixes.append(enc["input_ids"][k][enc["attention_mask"][k].bool()].tolist())
+    pad = pad_token_id(tokenizer)
+    new_BN = generate_with_prefix(
+        model, prefixes, pad, max_new_tokens=max_new_tokens, pad_token_id=pad,
+        **sampling_kwargs(temperature),
+    )  # fmt: skip
+    ids = [until_eos(row.tolist(), tokenizer.eos_token_id) for row in new_BN.cpu()]
     return ids, prefixes

@@ -18,6 +18,7 @@ class ScriptedLlama(LlamaForCausalLM):
         """``skip``: assistant headers in the prompt itself (few-shot turns) to pass over."""
         self._header, self._scripts, self._skip = header_ids, scripts, skip
         self.generation_config.use_cache = False  # the script reads the whole row each step
+        self.config.prefix_cache = False  # so no forward may run a row's prefix separately
 
     def _targets(self, row: list[int]) -> list[int | None]:
         """For each position, the script's next token after it, or None."""

@@ -35,6 +35,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from composer_replication.models import backbone, capture_suspended
+
 
 @dataclass
 class PrefixBatch:
@@ -117,9 +119,11 @@ def pad_rows(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[Tensor, Te
 
 def supports_prefix_cache(net) -> bool:
     """True for decoders with only full-attention layers whose forward takes explicit
-    ``position_ids`` and ``past_key_values`` (Llama, Qwen2/3, Mistral without a window...)."""
+    ``position_ids`` and ``past_key_values`` (Llama, Qwen2/3, Mistral without a window...).
+    A model whose forward must see whole rows (e.g. a logit rule that reads the prompt) opts
+    out with ``config.prefix_cache = False``."""
     cfg = getattr(net, "config", None)
-    if cfg is None:
+    if cfg is None or getattr(cfg, "prefix_cache", True) is False:
         return False
     layer_types = getattr(cfg, "layer_types", None) or ["full_attention"]
     if any(t != "full_attention" for t in layer_types):
@@ -182,18 +186,7 @@ def _forward_with_prefix(prefix_net, net, batch: PrefixBatch, **suffix_kwargs: A
             use_cache=False,
             **suffix_kwargs,
         )
-    cfg = getattr(prefix_net, "config", None)
-    cache = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
-    pos_prefix = (batch.prefix_mask.cumsum(1) - 1).clamp(min=0)
-    prefix_net(
-        input_ids=batch.prefix_ids,
-        attention_mask=batch.prefix_mask,
-        position_ids=pos_prefix,
-        use_cache=True,
-        **{cache_kwarg(prefix_net): cache},
-    )
-    cache.batch_select_indices(batch.row_group)
-    prefix_mask_R = batch.prefix_mask.index_select(0, batch.row_group)
+    cache, prefix_mask_R = prefill(prefix_net, batch)
     n_prefix = prefix_mask_R.sum(1, keepdim=True)
     pos_suffix = n_prefix + (batch.suffix_mask.cumsum(1) - 1).clamp(min=0)
     return net(
@@ -204,3 +197,84 @@ def _forward_with_prefix(prefix_net, net, batch: PrefixBatch, **suffix_kwargs: A
         **{cache_kwarg(net): cache},
         **suffix_kwargs,
     )
+
+
+def prefill(prefix_net, batch: PrefixBatch) -> tuple[DynamicCache, Tensor]:
+    """Run the group prefixes through ``prefix_net`` (a backbone) into a KV cache and expand
+    it to the rows; returns the cache and the rows' ``[R, P]`` prefix mask. The forward is
+    not seen by :class:`~composer_replication.models.HiddenCapture` (its states predict no
+    completion token)."""
+    cfg = getattr(prefix_net, "config", None)
+    cache = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
+    pos_prefix = (batch.prefix_mask.cumsum(1) - 1).clamp(min=0)
+    with capture_suspended():
+        prefix_net(
+            input_ids=batch.prefix_ids,
+            attention_mask=batch.prefix_mask,
+            position_ids=pos_prefix,
+            use_cache=True,
+            **{cache_kwarg(prefix_net): cache},
+        )
+    cache.batch_select_indices(batch.row_group)
+    return cache, batch.prefix_mask.index_select(0, batch.row_group)
+
+
+def prefix_groups(prompts: list[list[int]]) -> list[int]:
+    """A group label per row for :func:`split_prefixes`, choosing the cheaper of two layouts by
+    the number of tokens run: rows with the same prompt form a group (a GRPO group's
+    generations), or all rows form one group around their common prefix (a system prompt, tool
+    schemas and worked examples that every prompt repeats; later turns of tool rollouts, whose
+    prompts hold different earlier completions)."""
+    keys: dict[tuple[int, ...], int] = {}
+    by_prompt = [keys.setdefault(tuple(p), len(keys)) for p in prompts]
+    cost_by_prompt = sum(len(k) - 1 for k in keys) + len(prompts)
+    shared = min(common_prefix_len(prompts), min(map(len, prompts)) - 1)
+    cost_shared = shared + sum(len(p) - shared for p in prompts)
+    return by_prompt if cost_by_prompt <= cost_shared else [0] * len(prompts)
+
+
+def generate_with_prefix(model, prompts: list[list[int]], pad_id: int, **generate_kwargs: Any):
+    """``model.generate`` on unpadded ``prompts`` whose shared prefixes (:func:`prefix_groups`)
+    are run once: the expanded cache is handed to ``generate``, which then runs only each row's
+    rest. Returns the ``[B, N]`` new tokens (rows that stopped early are padded, as
+    ``generate`` pads them). ``generate`` derives position ids from the attention mask, so
+    the padding between a prefix and a row's rest leaves no gap in the positions; greedy
+    output equals plain left-padded generation (``tests/unit/trainer/test_prefix.py``)."""
+    net = backbone(model)
+    device = next(model.parameters()).device
+    with torch.no_grad(), checkpointing_paused(net):
+        batch = None
+        if supports_prefix_cache(net):
+            empty = torch.zeros((len(prompts), 0), dtype=torch.long, device=device)
+            batch = split_prefixes(prompts, prefix_groups(prompts), empty, empty, pad_id)
+        if batch is None or batch.prefix_ids.shape[1] == 0:  # plain left-padded generation
+            ids, mask = (t.to(device) for t in pad_rows(prompts, pad_id, left=True))
+            out = model.generate(input_ids=ids, attention_mask=mask, **generate_kwargs)
+            return out[:, ids.shape[1] :]
+        cache, prefix_mask_R = prefill(net, batch)
+        ids = torch.cat([batch.prefix_ids.index_select(0, batch.row_group), batch.suffix_ids], 1)
+        mask = torch.cat([prefix_mask_R, batch.suffix_mask], dim=1)
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, **{cache_kwarg(model): cache}, **generate_kwargs
+        )
+    return out[:, ids.shape[1] :]
+
+
+def completion_logps_with_prefix(
+    model, ids_BL: Tensor, mask_BL: Tensor, logits_to_keep: int, pad_id: int, entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """TRL's per-token log-probs (and entropies) of the last ``logits_to_keep`` tokens of
+    ``[prompt (left-padded) | completion (right-padded)]`` rows, through TRL's fused LM head
+    (``model(..., labels=, fused_lm_head=True)``), with each shared prompt prefix
+    (:func:`prefix_groups`) run once instead of once per row. Gradients reach the prefix's
+    keys and values through the expanded cache."""
+    k = logits_to_keep
+    prompts = [
+        row[m.bool()].tolist() for row, m in zip(ids_BL[:, :-k], mask_BL[:, :-k], strict=True)
+    ]
+    batch = split_prefixes(prompts, prefix_groups(prompts), ids_BL[:, -k:], mask_BL[:, -k:], pad_id)
+    labels = batch.suffix_ids.masked_fill(batch.suffix_mask == 0, -100)
+    labels[:, :-k] = -100
+    out = forward_with_prefix(backbone(model), model, batch, labels=labels, fused_lm_head=True)
+    logps = out.log_probs[:, -k:]
+    return logps, out.entropy[:, -k:] if entropy else None

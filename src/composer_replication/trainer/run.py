@@ -207,6 +207,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         resume_override_channels=cfg.resume_override_channels,
         dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
         max_refills=cfg.grpo.dynamic_sampling.max_refills,
+        shared_prefix=cfg.generation.shared_prefix,
         **tool_kwargs(cfg, env),
     )
     from transformers.trainer_callback import PrinterCallback

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 from trl import GRPOTrainer
+from trl.extras.profiling import profiling_context
+from trl.models import unwrap_model_for_generation
 
 from composer_replication.channels.base import Channel, LossContext, Rollouts
 from composer_replication.config import (
@@ -38,8 +40,13 @@ from composer_replication.config import (
     check_resume_channels,
 )
 from composer_replication.losses import compose_loss
-from composer_replication.models import HiddenCapture
-from composer_replication.rollout import turn_index
+from composer_replication.models import HiddenCapture, backbone, pad_token_id
+from composer_replication.rollout import turn_index, until_eos
+from composer_replication.trainer.prefix import (
+    completion_logps_with_prefix,
+    generate_with_prefix,
+    supports_prefix_cache,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +72,10 @@ class ComposerReplicationTrainer(GRPOTrainer):
         dynamic_sampling: enable DAPO dynamic sampling.
         max_refills: extra generation rounds per step for dynamic sampling.
         resume_override_channels: resume a checkpoint whose channel settings differ.
+        shared_prefix: run each shared prompt prefix once (KV cache expanded to the rows) in
+            generation and in the policy's log-prob forwards (trainer/prefix.py); the same
+            numbers up to float rounding, at a fraction of the cost when prompts are long.
+            Off (default): TRL's plain padded forwards, bit for bit.
 
     A channel that needs verdicts (``needs_verdicts``) needs a reward function that keeps them
     (``last_results``, as :class:`~composer_replication.trainer.rewards.EnvReward` does).
@@ -77,6 +88,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         dynamic_sampling: bool = False,
         max_refills: int = 2,
         resume_override_channels: bool = False,
+        shared_prefix: bool = False,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
@@ -93,6 +105,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.dynamic_sampling = dynamic_sampling
         self.max_refills = max_refills
         self.resume_override_channels = resume_override_channels
+        self.shared_prefix = shared_prefix
         self.channel_reports: list[str] = []
         self._refill_rows: Iterator[dict[str, Any]] | None = None
 
@@ -151,6 +164,77 @@ class ComposerReplicationTrainer(GRPOTrainer):
             "rollout",
             *(c.prefix.rstrip("/") for c in self.channels),
         }
+
+    # ---- shared prompt prefixes run once (trainer/prefix.py) ------------------------------
+    def _prefix_ok(self, model) -> bool:
+        return self.shared_prefix and supports_prefix_cache(backbone(model))
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **multimodal,
+    ):
+        if compute_aux_loss or any(v is not None for v in multimodal.values()):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size,
+                compute_entropy, compute_aux_loss, **multimodal,
+            )  # fmt: skip
+        if not self._prefix_ok(model):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
+            )
+        batch_size = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            rows = slice(start, start + batch_size)
+            with self.accelerator.autocast():
+                lp, ent = completion_logps_with_prefix(
+                    model, input_ids[rows], attention_mask[rows], logits_to_keep,
+                    pad_token_id(self.processing_class), compute_entropy,
+                )  # fmt: skip
+            logps.append(lp)
+            entropies.append(ent)
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+    def _generate_single_turn(
+        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
+    ):
+        plain = (
+            self.use_vllm
+            or self.use_transformers_continuous_batching
+            or multimodal_fields
+            or (images is not None and any(i is not None for i in images))
+            or not self._prefix_ok(self.model)
+        )
+        if plain:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        with (
+            profiling_context(self, "transformers.generate"),
+            unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                generation_kwargs=self.generation_kwargs,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+            ) as unwrapped,
+            torch.no_grad(),
+            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+        ):
+            new_BN = generate_with_prefix(
+                unwrapped,
+                [list(p) for p in prompt_ids],
+                pad_token_id(self.processing_class),
+                generation_config=self.generation_config,
+            )
+        return [until_eos(row.tolist(), self.eos_token_ids) for row in new_BN.cpu()], None
 
     # ---- channel composition -------------------------------------------------------------
     def _compute_loss(self, model, inputs):

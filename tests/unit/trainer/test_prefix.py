@@ -6,9 +6,13 @@ import pytest
 import torch
 from conftest import make_tiny_model
 
+from composer_replication.models import HiddenCapture
 from composer_replication.trainer.prefix import (
     common_prefix_len,
+    completion_logps_with_prefix,
     forward_with_prefix,
+    generate_with_prefix,
+    prefix_groups,
     split_prefixes,
     supports_prefix_cache,
 )
@@ -181,3 +185,109 @@ def test_gradient_checkpointing_does_not_drop_the_prefix():
     assert not supports_prefix_cache(net)  # grad on + checkpointing: take the padded path
     model.eval()
     assert supports_prefix_cache(net)
+
+
+def _sharp_model(seed: int):
+    """A tiny random Llama with weights scaled up, so that its next token depends strongly on
+    the context and the positions (the plain random init predicts almost the same token
+    everywhere, which would make output comparisons meaningless)."""
+    net = make_tiny_model(VOCAB, seed=seed).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.dim() == 2:
+                p.mul_(6.0)
+    return net
+
+
+def _agent_prompts():
+    """A shared 14-token "system prompt, tools and examples" then per-row requests of
+    different lengths (so the plain batch is left-padded by different amounts)."""
+    shared = [3, 17, 29, 41, 5, 66, 71, 8, 90, 12, 33, 54, 61, 2]
+    return [shared + [20, 21], shared + [22], shared + [23, 24, 25, 26], shared + [30, 31, 32]]
+
+
+def test_prefix_groups_picks_the_cheaper_layout():
+    # GRPO groups of identical prompts that share nothing else: one group per prompt
+    a, b = [1, 2, 3, 4, 5], [9, 8, 7, 6]
+    assert prefix_groups([a, a, a, b, b, b]) == [0, 0, 0, 1, 1, 1]
+    # distinct prompts around a long common prefix (later turns of tool rollouts): one group.
+    # by prompt: 15 + 14 + 17 + 16 prefix tokens + 4 = 66; shared: 14 + 2 + 1 + 4 + 3 = 24
+    assert prefix_groups(_agent_prompts()) == [0, 0, 0, 0]
+
+
+def test_generate_with_prefix_equals_plain_generation():
+    net = _sharp_model(seed=5)
+    prompts = _agent_prompts()
+    width = max(map(len, prompts))
+    ids, att = _left(prompts, width)
+    kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        ref = net.generate(input_ids=ids, attention_mask=att, **kw)[:, width:]
+    got = generate_with_prefix(net, prompts, pad_id=0, **kw)
+    assert torch.equal(got, ref)
+    # the comparison can fail: the outputs vary by row, and change when the prefix does
+    assert len({tuple(r) for r in ref.tolist()}) == len(prompts)
+    moved = generate_with_prefix(net, [[4] + p for p in prompts], pad_id=0, **kw)
+    assert not torch.equal(moved, ref)
+
+
+def test_generate_with_prefix_sampling_draws_the_same_tokens():
+    net = _sharp_model(seed=6)
+    prompts = _agent_prompts()
+    width = max(map(len, prompts))
+    ids, att = _left(prompts, width)
+    kw = dict(max_new_tokens=12, do_sample=True, temperature=1.0, top_k=0, pad_token_id=0)
+    torch.manual_seed(11)
+    with torch.no_grad():
+        ref = net.generate(input_ids=ids, attention_mask=att, **kw)[:, width:]
+    torch.manual_seed(11)
+    assert torch.equal(generate_with_prefix(net, prompts, pad_id=0, **kw), ref)
+
+
+def _fused(seed: int):
+    from trl.trainer.utils import add_fused_lm_head
+
+    net = _sharp_model(seed)
+    add_fused_lm_head(net, temperature=0.7, outputs=("log_probs", "entropy"))
+    return net.train()
+
+
+@pytest.mark.parametrize("layout", ["by_prompt", "shared"])
+def test_completion_logps_and_gradients_equal_trl_fused_forward(layout):
+    """The policy forward: TRL's fused log-probs/entropies of the completion tokens and the
+    gradients of a masked sum of them, with and without the prefix cache."""
+    if layout == "by_prompt":  # two GRPO groups of two identical prompts each
+        base = _agent_prompts()
+        prompts = [base[0], base[0], base[2], base[2]]
+    else:
+        prompts = _agent_prompts()
+    tails = torch.tensor([[40, 41, 42, 0], [43, 44, 45, 46], [47, 0, 0, 0], [48, 49, 50, 0]])
+    tmask = (tails > 0).long()
+    k = tails.shape[1]
+    ids, att = _left(prompts, max(map(len, prompts)))
+    ids, att = torch.cat([ids, tails], 1), torch.cat([att, tmask], 1)
+    results = []
+    for shared in (False, True):
+        net = _fused(seed=7)
+        capture = HiddenCapture(net)
+        with capture.active():
+            if shared:
+                lp, ent = completion_logps_with_prefix(net, ids, att, k, pad_id=0, entropy=True)
+            else:
+                labels = ids.masked_fill(att == 0, -100)
+                labels[:, :-k] = -100
+                out = net(input_ids=ids, attention_mask=att, labels=labels, fused_lm_head=True)
+                lp, ent = out.log_probs[:, -k:], out.entropy[:, -k:]
+        ((lp * tmask).sum() + 0.1 * (ent * tmask).sum()).backward()
+        states = capture.completion_states(len(prompts), k)
+        grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+        results.append((lp.detach(), ent.detach(), states.detach(), grads))
+    (lp0, ent0, h0, g0), (lp1, ent1, h1, g1) = results
+    keep = tmask.bool()
+    assert lp0[keep].abs().max() > 0.1  # non-trivial log-probs
+    torch.testing.assert_close(lp1[keep], lp0[keep], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ent1[keep], ent0[keep], rtol=1e-4, atol=1e-4)
+    # the hidden-state capture sees the completion rows only (not the prefix forward)
+    torch.testing.assert_close(h1[keep], h0[keep], rtol=1e-4, atol=1e-4)
+    for name, g in g0.items():
+        torch.testing.assert_close(g1[name], g, rtol=1e-3, atol=1e-4, msg=name)

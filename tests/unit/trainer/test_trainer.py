@@ -171,3 +171,69 @@ def test_only_rank_zero_writes_metrics(tmp_path):
     cb.on_train_begin(None, other, None)
     cb.on_log(None, other, None, logs={"reward": 0.5})
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def _grouped_batch(vocab: int):
+    """:func:`_batch` with GRPO's layout: the 4 rows of a group share their prompt (the first
+    group's is 3 tokens shorter, so it is left-padded)."""
+    batch = _batch(vocab, seed=1)
+    g = torch.Generator().manual_seed(2)
+    prompt_ids = torch.randint(1, vocab, (2, 12), generator=g).repeat_interleave(4, dim=0)
+    prompt_mask = torch.ones(8, 12, dtype=torch.long)
+    prompt_mask[:4, :3] = 0
+    batch.update(prompt_ids=prompt_ids.masked_fill(prompt_mask == 0, 0), prompt_mask=prompt_mask)
+    return batch
+
+
+def _pair(tmp_path, tokenizer, tiny_model):
+    cfg = _cfg(tmp_path)
+    env = get_env("arithmetic", levels=[1])
+    kw = dict(
+        reward_funcs=[EnvReward(env)],
+        args=build_grpo_args(cfg),
+        train_dataset=build_prompt_dataset(env, "train", 16, 0, conversational=True),
+        processing_class=tokenizer,
+    )
+    ours = ComposerReplicationTrainer(model=tiny_model, shared_prefix=True, **kw)
+    peer = GRPOTrainer(model=copy.deepcopy(tiny_model), **kw)
+    return ours, peer
+
+
+def test_shared_prefix_loss_and_grads_match_grpo(tmp_path, tokenizer, tiny_model):
+    """``shared_prefix``: each group's prompt runs once; loss and gradients equal TRL's padded
+    forward up to float rounding."""
+    ours, peer = _pair(tmp_path, tokenizer, tiny_model)
+    inputs = _grouped_batch(len(tokenizer))
+    calls = []
+    real = ours._get_per_token_logps_and_entropies
+    ours._get_per_token_logps_and_entropies = lambda *a, **k: calls.append(1) or real(*a, **k)
+    loss_a, grads_a = _loss_and_grads(ours, ours.model, inputs)
+    loss_b, grads_b = _loss_and_grads(peer, peer.model, inputs)
+    assert calls and loss_b.item() != 0.0
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=1e-6)
+    assert len(grads_a) == len(grads_b) > 0
+    for a, b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
+
+
+def test_shared_prefix_generation_draws_what_grpo_draws(
+    tmp_path, tokenizer, tiny_model, monkeypatch
+):
+    import composer_replication.trainer.trainer as trainer_mod
+
+    calls = []
+    real = trainer_mod.generate_with_prefix
+    monkeypatch.setattr(
+        trainer_mod, "generate_with_prefix", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    ours, peer = _pair(tmp_path, tokenizer, tiny_model)
+    shared = tokenizer("<|im_start|>system\nYou are a calculator.<|im_end|>\n")["input_ids"]
+    prompts = [shared + tokenizer(f"What is {n}?")["input_ids"] for n in (7, 123, 45678)]
+    prompts = [p for p in prompts for _ in range(2)]
+    out = []
+    for trainer in (ours, peer):
+        torch.manual_seed(3)
+        ids, _ = trainer._generate_single_turn(prompts, None, {}, 2)
+        out.append(ids)
+    assert calls and out[0] == out[1]
+    assert len({tuple(x) for x in out[0]}) > 1 and max(map(len, out[0])) > 1
