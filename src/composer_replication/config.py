@@ -127,6 +127,27 @@ class SandboxConfig(_Strict):
     """Also install the in-process audit hook (a second layer under the OS isolation)."""
 
 
+class TaskGenConfig(_Strict):
+    """Feature Deletion task generation (``composer-replication tasks generate``;
+    envs/feature_deletion/generate.py)."""
+
+    max_break_share: float = Field(0.5, gt=0.0, le=1.0)
+    """A deletion that fails more than this share of the suite's passing tests is too broad
+    to be a task (it deletes a foundation, not a feature)."""
+    visible_tests: int = Field(3, ge=1, le=1000)
+    """Failing tests the agent may see and run by name; the task's other failing tests stay
+    hidden until grading."""
+    workers: int = Field(0, ge=0, le=256)
+    """Sandboxed suite runs in parallel (0: one per CPU core). Not part of the task set's
+    identity."""
+    suite_timeout_s: float = Field(120.0, gt=0.0, le=3600.0)
+    """Wall-clock (and CPU-seconds) limit of one run of the suite."""
+    memory_mb: int = Field(2048, ge=256, le=65536)
+    """Address-space limit of one run of the suite."""
+    max_candidates: int | None = Field(None, ge=1)
+    """Try only the first N candidate functions (file order); None: all."""
+
+
 class GenerationConfig(_Strict):
     num_generations: int = Field(8, ge=2)
     """Completions sampled per prompt (the GRPO group size)."""

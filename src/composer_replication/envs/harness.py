@@ -90,7 +90,8 @@ def _install_audit_hook(root):
     blocked = frozenset(
         "socket.__new__ socket.connect socket.bind subprocess.Popen os.system os.exec "
         "os.posix_spawn os.spawn os.fork os.forkpty pty.spawn ctypes.dlopen ctypes.dlsym "
-        "ctypes.cdata os.kill os.killpg sqlite3.connect".split()
+        "ctypes.cdata os.kill os.killpg sqlite3.connect gc.get_objects gc.get_referrers "
+        "gc.get_referents".split()
     )
     path_events = frozenset(
         "os.remove os.rename os.rmdir os.mkdir os.chmod os.chown os.symlink os.link "
@@ -105,7 +106,7 @@ def _install_audit_hook(root):
             real = realpath(fsdecode(p))
         except Exception:
             return False
-        return real == root or real.startswith(root + sep)
+        return real == root or real.startswith(root + sep) or real == "/dev/null"
 
     def hook(event, args):
         if event in blocked:
@@ -193,21 +194,27 @@ def _serve(channel, fn, source_lines):
             channel.send("raised", f"returned a value that is not plain data: {e}")
 
 
-def _script(audit):
-    """Script mode (``run_python``): run the code read from stdin with normal stdio."""
-    chunks = []
-    while True:
-        chunk = os.read(0, 1 << 16)
+def _read_exactly(n):
+    chunks, got = [], 0
+    while got < n:
+        chunk = os.read(0, min(1 << 16, n - got))
         if not chunk:
             break
         chunks.append(chunk)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _script(audit):
+    """Script mode (``run_python``): stdin holds an 8-byte length, the code, then bytes the
+    code may read itself from fd 0 (a secret it takes before any untrusted import); run the
+    code with normal stdout/stderr."""
+    size = int.from_bytes(_read_exactly(8), "big")
+    code = _read_exactly(size).decode("utf-8")
     if audit:
         _install_audit_hook(os.path.realpath(os.getcwd()))
     namespace = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
-    exec(compile(b"".join(chunks).decode("utf-8"), "main.py", "exec"), namespace)
+    exec(compile(code, "main.py", "exec"), namespace)
 
 
 def main(argv):

@@ -229,14 +229,22 @@ def _stdlib_pycache() -> str:
                        capture_output=True, env={"PATH": "/usr/bin:/bin"})  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as e:
         log.warning("could not pre-compile standard-library bytecode for the sandbox: %s", e)
-    for root, _dirs, files in os.walk(cache):
-        os.chmod(root, 0o755)
-        for f in files:
-            os.chmod(os.path.join(root, f), 0o644)
+    world_readable(cache)
     return cache
 
 
-def _bwrap_argv(bwrap: str, cfg: SandboxConfig, lay: _Layout) -> list[str]:
+def world_readable(root: str | os.PathLike) -> None:
+    """chmod 755 every directory and 644 every file under ``root`` (so ``nobody``, the
+    sandbox's user when the grader is root, can read a tree bound into the sandbox)."""
+    for dirpath, _dirs, files in os.walk(root):
+        os.chmod(dirpath, 0o755)
+        for f in files:
+            os.chmod(os.path.join(dirpath, f), 0o644)
+
+
+def _bwrap_argv(
+    bwrap: str, cfg: SandboxConfig, lay: _Layout, binds: tuple[str, ...] = ()
+) -> list[str]:
     argv = [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net"]
     argv += ["--unshare-uts", "--unshare-cgroup-try", "--disable-userns", "--die-with-parent"]
     argv += ["--new-session", "--clearenv", "--hostname", "sandbox"]
@@ -248,6 +256,8 @@ def _bwrap_argv(bwrap: str, cfg: SandboxConfig, lay: _Layout) -> list[str]:
         argv += ["--symlink", target, link]
     for m in lay.masks:
         argv += ["--tmpfs", m, "--remount-ro", m]
+    for path in binds:  # extra read-only trees (a repository under test, its test tools)
+        argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", _stdlib_pycache(), PYCACHE]
     argv += ["--size", str(cfg.work_dir_mb * 2**20), "--tmpfs", WORK, "--symlink", WORK, "/tmp"]
     return argv + ["--chdir", WORK, "--"]
@@ -295,7 +305,7 @@ class _Process:
     """A sandboxed harness with deadline-bounded, capped I/O; killed (with its whole PID
     namespace) by ``close``."""
 
-    def __init__(self, bwrap: str | None, cfg: SandboxConfig, mode: str):
+    def __init__(self, bwrap: str | None, cfg: SandboxConfig, mode: str, binds=()):
         self.cfg = cfg
         self.deadline = time.monotonic() + cfg.wall_timeout_s
         lay = _layout()
@@ -305,7 +315,8 @@ class _Process:
             argv = _python_argv(lay.interpreter, _stdlib_pycache(), cfg, mode)
             cwd, preexec = self._tmp, None
         else:
-            argv = _bwrap_argv(bwrap, cfg, lay) + _python_argv(lay.interpreter, PYCACHE, cfg, mode)
+            argv = _bwrap_argv(bwrap, cfg, lay, binds)
+            argv += _python_argv(lay.interpreter, PYCACHE, cfg, mode)
             cwd = "/"
             preexec = _as_nobody(lay.stage, lay.prefix) if os.geteuid() == 0 else None
         self.proc = subprocess.Popen(
@@ -535,16 +546,35 @@ class Sandbox:
         """Load ``program`` and serve ``entry_point`` (use as a context manager)."""
         return CandidateSession(self, program, entry_point)
 
-    def run_python(self, code: str) -> SandboxResult:
-        """Run ``code`` as a script; its exit status and capped output (never a verdict)."""
-        return _run_script(self.bwrap, self.cfg, code)
+    def run_python(
+        self, code: str, binds: tuple[str, ...] = (), stdin: bytes = b""
+    ) -> SandboxResult:
+        """Run ``code`` as a script; its exit status and capped output (never a verdict).
+        ``binds``: host directories (readable by ``nobody`` when the grader is root, see
+        :func:`bindable_dir`) mounted read-only at the same path inside; ``stdin``: bytes the
+        script reads first from fd 0 (``harness.read_stdin_secret``)."""
+        return _run_script(self.bwrap, self.cfg, code, binds, stdin)
 
 
-def _run_script(bwrap: str | None, cfg: SandboxConfig, code: str) -> SandboxResult:
-    p = _Process(bwrap, cfg, "script")
+def bindable_dir(prefix: str) -> str:
+    """A new world-readable directory for :meth:`Sandbox.run_python`'s ``binds``: under
+    ``/var/tmp``, because inside the sandbox ``/tmp`` is a link to the private work dir (a
+    bind under it could not keep its path)."""
+    base = "/var/tmp" if os.access("/var/tmp", os.W_OK) else None
+    if base is None:
+        raise SandboxUnavailableError("/var/tmp is not writable: no place for sandbox binds")
+    path = tempfile.mkdtemp(prefix=prefix, dir=base)
+    os.chmod(path, 0o755)
+    return path
+
+
+def _run_script(
+    bwrap: str | None, cfg: SandboxConfig, code: str, binds: tuple[str, ...] = (), stdin=b""
+) -> SandboxResult:
+    p = _Process(bwrap, cfg, "script", binds)
     returncode = None
     try:
-        p.write(code.encode("utf-8"))
+        p.write(len(code.encode("utf-8")).to_bytes(8, "big") + code.encode("utf-8") + stdin)
         p.proc.stdin.close()
         while p.is_open("out") or p.is_open("err"):
             remaining = p.deadline - time.monotonic()

@@ -1,0 +1,245 @@
+"""The Feature Deletion task generator: delete one function at a time from a tree whose tests
+pass, run the suite in the sandbox, and keep the deletions that break some tests but not too
+many and leave the suite collectable.
+
+Output (``<out>/<name>-<version>/``, a versioned task set):
+
+* ``manifest.json``: the source (spec, name, version, sha256 of the tree), the generator
+  version, the settings, the baseline (tests passing in two clean runs; flaky ones dropped).
+* ``runs.jsonl``: one line per candidate as soon as its run ends (the cache: a second run, or
+  a run resumed after ``kill -9``, skips every candidate already there; a torn last line is
+  dropped).
+* ``tasks.jsonl``: the tasks, written atomically at the end.
+
+A task records the file, the symbol, the deleted lines' span and sha256, the failing test ids
+(the reward), the visible subset of them (shown to the agent; the others are hidden), the
+tests that keep passing (must still pass), and timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from composer_replication.config import SandboxConfig, TaskGenConfig
+from composer_replication.envs.base import unit_hash
+from composer_replication.envs.feature_deletion.candidates import (
+    Candidate,
+    delete_body,
+    find_candidates,
+)
+from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy
+from composer_replication.envs.pytest_suite import SuiteReport, run_suite
+from composer_replication.envs.sandbox import Sandbox
+
+GENERATOR_VERSION = 1
+TASK, STATUSES = "task", ("task", "no_failure", "too_broad", "collect_error", "broken_run")
+
+
+class TaskSetError(RuntimeError):
+    """A task set directory that does not match the requested generation, or a bad baseline."""
+
+
+def suite_sandbox(cfg: TaskGenConfig) -> SandboxConfig:
+    """Sandbox limits for one run of a repository's test suite."""
+    return SandboxConfig(
+        wall_timeout_s=cfg.suite_timeout_s,
+        cpu_time_s=int(cfg.suite_timeout_s),
+        memory_mb=cfg.memory_mb,
+        max_output_kb=4096,
+        work_dir_mb=256,
+        max_processes=64,
+    )
+
+
+@dataclass
+class GenerationSummary:
+    """What a call to :func:`generate_tasks` did."""
+
+    out_dir: Path
+    candidates: int
+    reused: int
+    ran: int
+    tasks: int
+    by_status: dict[str, int]
+    seconds: float
+
+
+def generate_tasks(
+    source: SourceTree,
+    out: Path,
+    cfg: TaskGenConfig,
+    spec: str = "",
+    progress: Callable[..., None] | None = None,
+    on_total: Callable[[int], None] | None = None,
+) -> GenerationSummary:
+    """Generate (or resume, or reuse) the task set of ``source`` under ``out`` (module
+    docstring). ``progress(n)`` is called per finished candidate, ``on_total(n)`` once with
+    the number of candidates."""
+    start = time.monotonic()
+    box = Sandbox(suite_sandbox(cfg))
+    out_dir = Path(out) / source.label
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = _manifest(out_dir, source, cfg, spec, box)
+    passing = manifest["baseline"]["passing"]
+    cands = find_candidates(source.root)
+    if cfg.max_candidates is not None:
+        cands = cands[: cfg.max_candidates]
+    runs_path = out_dir / "runs.jsonl"
+    done = read_runs(runs_path)
+    todo = [c for c in cands if c.key not in done]
+    if on_total is not None:
+        on_total(len(cands))
+    if progress is not None and len(cands) > len(todo):
+        progress(len(cands) - len(todo))
+    workers = cfg.workers or os.cpu_count() or 1
+    with runs_path.open("a", encoding="utf-8") as sink, ThreadPoolExecutor(workers) as pool:
+        futures = [pool.submit(_try, box, source, c, passing, cfg) for c in todo]
+        for fut in as_completed(futures):
+            row = fut.result()
+            sink.write(json.dumps(row, sort_keys=True) + "\n")
+            sink.flush()
+            os.fsync(sink.fileno())
+            done[row["key"]] = row
+            if progress is not None:
+                progress(1)
+    tasks = [_task(source, c, done[c.key], passing, cfg) for c in cands]
+    tasks = [t for t in tasks if t is not None]
+    _write_atomic(out_dir / "tasks.jsonl", "".join(json.dumps(t) + "\n" for t in tasks))
+    by_status: dict[str, int] = {}
+    for c in cands:
+        status = done[c.key]["status"]
+        by_status[status] = by_status.get(status, 0) + 1
+    return GenerationSummary(out_dir, len(cands), len(cands) - len(todo), len(todo), len(tasks),
+                             by_status, time.monotonic() - start)  # fmt: skip
+
+
+def read_runs(path: Path) -> dict[str, dict]:
+    """The cached candidate runs; a torn last line (a killed writer) is cut off the file."""
+    if not path.exists():
+        return {}
+    raw = path.read_bytes()
+    keep = raw[: raw.rfind(b"\n") + 1]
+    if len(keep) != len(raw):
+        with path.open("r+b") as f:
+            f.truncate(len(keep))
+    rows = {}
+    for line in keep.decode("utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and row.get("status") in STATUSES:
+            rows[row["key"]] = row
+    return rows
+
+
+def _manifest(out_dir: Path, source: SourceTree, cfg: TaskGenConfig, spec: str, box) -> dict:
+    path = out_dir / "manifest.json"
+    want = {
+        "generator_version": GENERATOR_VERSION,
+        "source": {"spec": spec, "name": source.name, "version": source.version,
+                   "sha256": source.digest},  # fmt: skip
+        "settings": cfg.model_dump(exclude={"workers"}),
+    }
+    if path.exists():
+        have = json.loads(path.read_text())
+        diff = [k for k in want if have.get(k) != want[k]]
+        if diff:
+            raise TaskSetError(
+                f"{out_dir} holds a task set generated with a different {', '.join(diff)}; "
+                "use another --out directory or remove it"
+            )
+        return have
+    want["baseline"] = baseline(box, source.root)
+    _write_atomic(path, json.dumps(want, indent=1, sort_keys=True) + "\n")
+    return want
+
+
+def baseline(box: Sandbox, root: Path) -> dict:
+    """Tests passing in two clean sandboxed runs of the untouched tree (flaky ones dropped)."""
+    reports = [_run(box, root, {}) for _ in range(2)]
+    bad = next((r for r in reports if not r.ok), None)
+    if bad is not None:
+        raise TaskSetError(
+            "the untouched test suite did not run to the end in the sandbox "
+            f"(timed out: {bad.timed_out}, exit status {bad.exit_status}, "
+            f"tampered: {bad.tampered}); last output:\n{bad.output[-2000:]}"
+        )
+    passing = sorted(reports[0].passing() & reports[1].passing())
+    if not passing:
+        raise TaskSetError("no test of the untouched suite passes in the sandbox")
+    return {
+        "passing": passing,
+        "not_passing": sorted(set(reports[0].outcomes) - set(passing)),
+        "seconds": round(max(r.seconds for r in reports), 3),
+    }
+
+
+def _run(box: Sandbox, root: Path, overrides: dict[str, str]) -> SuiteReport:
+    repo = staged_copy(root, overrides)
+    try:
+        return run_suite(box, str(repo))
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
+
+
+def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg) -> dict:
+    text = (source.root / cand.file).read_text(encoding="utf-8")
+    rep = _run(box, source.root, {cand.file: delete_body(text, cand)})
+    failing = sorted(t for t in passing if not rep.passed(t))
+    if rep.collect_errors:
+        status = "collect_error"
+    elif not rep.ok:
+        status = "broken_run"
+    elif not failing:
+        status = "no_failure"
+    elif len(failing) > cfg.max_break_share * len(passing):
+        status = "too_broad"
+    else:
+        status = TASK
+    return {"key": cand.key, "status": status, "failing": failing if status == TASK else [],
+            "n_failing": len(failing), "seconds": round(rep.seconds, 3)}  # fmt: skip
+
+
+def _task(source: SourceTree, cand: Candidate, run: dict, passing: list[str], cfg) -> dict | None:
+    if run["status"] != TASK:
+        return None
+    failing = run["failing"]
+    visible = sorted(failing, key=lambda t: unit_hash("visible:" + t))[: cfg.visible_tests]
+    return {
+        "task_id": f"{source.label}:{cand.key}",
+        "source": {"name": source.name, "version": source.version, "sha256": source.digest},
+        **cand.to_dict(),
+        "failing_tests": failing,
+        "visible_tests": sorted(visible),
+        "passing_tests": sorted(set(passing) - set(failing)),
+        "suite_seconds": run["seconds"],
+        "generator_version": GENERATOR_VERSION,
+    }
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def load_tasks(task_dir: Path) -> list[dict]:
+    """The tasks of a generated set (``tasks.jsonl``), with a clear error naming a bad line."""
+    path = Path(task_dir) / "tasks.jsonl"
+    if not path.exists():
+        raise TaskSetError(f"{path} does not exist: generate the task set first")
+    tasks = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            tasks.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise TaskSetError(f"{path}:{n}: not JSON ({e.msg})") from e
+    return tasks

@@ -1,0 +1,168 @@
+"""Grading a Feature Deletion submission so that the reward cannot be gamed.
+
+* Only the task's target file is taken from the agent's workspace; it is written into a fresh
+  copy of the source tree (no bytecode, no ``.git``, nothing else of the workspace: a planted
+  ``conftest.py``, an edited test, a ``.pth`` file or a leftover ``.pyc`` never reaches the
+  grading run).
+* The suite runs in the sandbox with the pinned pytest command line and the per-test report
+  (envs/pytest_suite.py): a target test counts only if reported passed (skipped, xfail,
+  errors and missing count as failed), and every test that passed with the feature deleted
+  must still pass (hidden tests included).
+* A static check compares the submitted file with the original: constructs the original did
+  not use and a rebuilt function has no business with (importing pytest or its internals,
+  ``gc``/``ctypes``/frame introspection, ``os._exit``, ``sys.modules`` surgery, reading
+  bytecode) are flagged; a flagged submission scores 0 (``GradeVerdict.flags``).
+
+Reward: ``all_or_nothing`` 1.0 iff every target test passes and nothing regresses, else 0;
+``fraction``: the share of target tests passing, 0 if anything regresses.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from composer_replication.envs.feature_deletion.source import staged_copy
+from composer_replication.envs.pytest_suite import SuiteReport, run_suite
+from composer_replication.envs.sandbox import Sandbox
+
+SUSPICIOUS_MODULES = {"pytest", "_pytest", "pluggy", "gc", "ctypes", "importlib", "marshal",
+                      "atexit", "signal", "faulthandler", "builtins", "site", "unittest",
+                      "doctest", "py_compile", "compileall", "zipimport"}  # fmt: skip
+SUSPICIOUS_CALLS = {"_exit", "_getframe", "currentframe", "settrace", "setprofile",
+                    "addaudithook", "__import__", "exec", "eval"}  # fmt: skip
+SUSPICIOUS_NAMES = {"sys.modules", "sys.meta_path", "sys.path_hooks", "__builtins__", "__code__",
+                    "__globals__", "f_back", "f_globals", "f_locals", "gi_frame", "tb_frame"}  # fmt: skip
+SUSPICIOUS_STRINGS = (".pyc", "__pycache__", "site-packages", "conftest", "junit", "/proc/")
+
+
+@dataclass
+class GradeVerdict:
+    """The outcome of grading one submission."""
+
+    reward: float
+    passed: bool
+    targets_passed: list[str]
+    targets_failed: list[str]
+    regressions: list[str]
+    flags: list[str] = field(default_factory=list)
+    feedback: str = ""
+    report: SuiteReport | None = None
+
+
+def suspicious_constructs(source: str) -> set[str]:
+    """Names of risky constructs in Python ``source`` (module docstring); ``syntax_error``
+    if it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {"syntax_error"}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {f"import:{a.name.split('.')[0]}" for a in node.names
+                      if a.name.split(".")[0] in SUSPICIOUS_MODULES}  # fmt: skip
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.split(".")[0] in SUSPICIOUS_MODULES:
+                found.add(f"import:{node.module.split('.')[0]}")
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            if name in SUSPICIOUS_CALLS:
+                found.add(f"call:{name}")
+        elif isinstance(node, ast.Attribute):
+            dotted = f"{getattr(node.value, 'id', '')}.{node.attr}"
+            if dotted in SUSPICIOUS_NAMES or node.attr in SUSPICIOUS_NAMES:
+                found.add(f"name:{dotted if dotted in SUSPICIOUS_NAMES else node.attr}")
+        elif isinstance(node, ast.Name) and node.id in SUSPICIOUS_NAMES:
+            found.add(f"name:{node.id}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found |= {f"string:{s}" for s in SUSPICIOUS_STRINGS if s in node.value}
+    return found
+
+
+def submission_flags(original: str, submitted: str) -> list[str]:
+    """Risky constructs the submitted file has and the original file had not."""
+    return sorted(suspicious_constructs(submitted) - suspicious_constructs(original))
+
+
+def grade_submission(
+    box: Sandbox,
+    source_root: Path,
+    task: dict,
+    target_text: str,
+    reward: Literal["all_or_nothing", "fraction"] = "all_or_nothing",
+) -> GradeVerdict:
+    """Grade ``target_text`` as the new content of ``task['file']`` (module docstring)."""
+    original = (Path(source_root) / task["file"]).read_text(encoding="utf-8")
+    flags = submission_flags(original, target_text)
+    repo = staged_copy(Path(source_root), {task["file"]: target_text}, prefix="cr-fd-grade-")
+    try:
+        rep = run_suite(box, str(repo))
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
+    targets = task["failing_tests"]
+    ok = [t for t in targets if rep.passed(t)]
+    bad = [t for t in targets if not rep.passed(t)]
+    regressions = [t for t in task["passing_tests"] if not rep.passed(t)]
+    if rep.tampered:
+        flags.append("report_tampered")
+    if flags or regressions or not rep.ok:
+        score = 0.0
+    elif reward == "fraction":
+        score = len(ok) / len(targets)
+    else:
+        score = float(not bad)
+    return GradeVerdict(score, score == 1.0, ok, bad, regressions, flags,
+                        feedback(rep, targets, regressions, flags), rep)  # fmt: skip
+
+
+def feedback(rep: SuiteReport, targets: list[str], regressions: list[str], flags: list[str]) -> str:
+    """What went wrong, in the words the self-distillation hint uses: the failing tests with
+    their first assertion line, regressions, and flags."""
+    if not rep.ok and not rep.tampered:
+        why = "timed out" if rep.timed_out else "did not finish (crash, exit or import error)"
+        lines = [f"the test run {why}"]
+        lines += [f"collection error in {k}: {v}" for k, v in list(rep.collect_errors.items())[:3]]
+        return "\n".join(lines)
+    parts = []
+    n_ok = sum(rep.passed(t) for t in targets)
+    parts.append(f"{n_ok} of {len(targets)} target tests pass")
+    summary = rep.failure_summary(targets)
+    if summary:
+        parts.append(summary)
+    if regressions:
+        parts.append(f"{len(regressions)} tests that passed before now fail:")
+        parts.append(rep.failure_summary(regressions, limit=3))
+    if flags:
+        parts.append("refused: " + ", ".join(flags))
+    return "\n".join(parts)
+
+
+def grade_workspace(
+    box: Sandbox,
+    source_root: Path,
+    task: dict,
+    workspace: Path,
+    reward: Literal["all_or_nothing", "fraction"] = "all_or_nothing",
+) -> GradeVerdict:
+    """Grade an agent's workspace: only the target file is taken (a missing or unreadable
+    one grades as the deleted state); every other change is reported in ``flags``
+    (``workspace.workspace_flags``) without reaching the grading run."""
+    from composer_replication.envs.feature_deletion.workspace import (
+        task_state_text,
+        workspace_flags,
+    )
+
+    target = Path(workspace) / task["file"]
+    try:
+        text = target.read_text(encoding="utf-8") if not target.is_symlink() else None
+    except (OSError, UnicodeDecodeError):
+        text = None
+    verdict = grade_submission(box, source_root, task, text or task_state_text(source_root, task),
+                               reward)  # fmt: skip
+    verdict.flags = workspace_flags(source_root, task, workspace) + verdict.flags
+    return verdict

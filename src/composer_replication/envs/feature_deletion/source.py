@@ -1,0 +1,142 @@
+"""Source trees for Feature Deletion: a local directory, or a PyPI sdist (``name==version``)
+fetched with pip at generation time into the cache (never committed).
+
+The tree is extracted without bytecode (``__pycache__``, ``.pyc``/``.pyo`` are dropped), with
+archive members that would land outside the target (absolute paths, ``..``, links) refused.
+Its digest covers every file's path and content, so a task set knows exactly what it was
+generated from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from composer_replication.models import cache_dir
+
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
+BYTECODE = ("__pycache__", "*.pyc", "*.pyo")
+
+
+class SourceError(RuntimeError):
+    """A source spec that cannot be fetched or unpacked."""
+
+
+@dataclass(frozen=True)
+class SourceTree:
+    """An unpacked tree: ``name`` and ``version`` (``local`` for a directory), its ``root``
+    and the sha256 over its files (:func:`tree_digest`)."""
+
+    name: str
+    version: str
+    root: Path
+    digest: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}-{self.version}"
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over the sorted (relative path, content) of every regular file under ``root``."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def resolve_source(spec: str, cache: Path | None = None) -> SourceTree:
+    """A local directory (used in place) or ``name==version`` (sdist from the package index,
+    unpacked once under ``<cache>/feature_deletion/src``)."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        root = path.resolve()
+        return SourceTree(root.name, "local", root, tree_digest(root))
+    m = _PIN.match(spec)
+    if m is None:
+        raise SourceError(
+            f"{spec!r} is neither a directory nor a pinned package (`toolz==1.2.0`)"
+        )
+    name, version = m.groups()
+    base = (cache or cache_dir()) / "feature_deletion" / "src"
+    root = base / f"{name}-{version}"
+    if not (root / ".complete").exists():
+        _fetch_sdist(name, version, base, root)
+    return SourceTree(name, version, root, (root / ".complete").read_text().strip())
+
+
+def _fetch_sdist(name: str, version: str, base: Path, root: Path) -> None:
+    base.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=base) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               "--no-build-isolation", "-q", "-d", tmp, f"{name}=={version}"]  # fmt: skip
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        archives = [p for p in Path(tmp).iterdir() if p.name.endswith((".tar.gz", ".zip"))]
+        if res.returncode != 0 or not archives:
+            tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
+            raise SourceError(f"pip could not download the sdist of {name}=={version}: "
+                              + " / ".join(tail))  # fmt: skip
+        unpacked = Path(tmp) / "unpacked"
+        extract(archives[0], unpacked)
+        tops = [p for p in unpacked.iterdir()]
+        top = tops[0] if len(tops) == 1 and tops[0].is_dir() else unpacked
+        _drop_bytecode(top)
+        if root.exists():
+            shutil.rmtree(root)
+        shutil.move(str(top), root)
+    (root / ".complete").write_text(tree_digest(root) + "\n")
+
+
+def extract(archive: Path, dest: Path) -> None:
+    """Unpack a .tar.gz or .zip sdist into ``dest``, refusing members outside it and links."""
+    dest.mkdir(parents=True)
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as zf:
+            for info in zf.infolist():
+                _check_member(info.filename, dest)
+            zf.extractall(dest)
+        return
+    with tarfile.open(archive) as tf:
+        for member in tf.getmembers():
+            _check_member(member.name, dest)
+            if not (member.isfile() or member.isdir()):
+                raise SourceError(f"{archive.name}: {member.name} is a link or device")
+        tf.extractall(dest, filter="data")
+
+
+def _check_member(name: str, dest: Path) -> None:
+    target = (dest / name).resolve()
+    if not str(target).startswith(str(dest.resolve()) + os.sep) and target != dest.resolve():
+        raise SourceError(f"archive member {name!r} would land outside the target")
+
+
+def _drop_bytecode(root: Path) -> None:
+    for path in list(root.rglob("__pycache__")):
+        shutil.rmtree(path, ignore_errors=True)
+    for pattern in ("*.pyc", "*.pyo"):
+        for path in root.rglob(pattern):
+            path.unlink()
+
+
+def staged_copy(root: Path, overrides: dict[str, str] | None = None, prefix: str = "cr-fd-"):
+    """A sandbox-bindable copy of ``root`` (no bytecode, no ``.git``) with ``overrides``
+    (relative path -> text) written over it; world-readable; the caller removes it."""
+    from composer_replication.envs.sandbox import bindable_dir, world_readable
+
+    dest = Path(bindable_dir(prefix))
+    ignore = shutil.ignore_patterns(*BYTECODE, ".git", ".complete")
+    shutil.copytree(root, dest, ignore=ignore, dirs_exist_ok=True, symlinks=False)
+    for rel, text in (overrides or {}).items():
+        (dest / rel).write_text(text, encoding="utf-8")
+    world_readable(dest)
+    return dest

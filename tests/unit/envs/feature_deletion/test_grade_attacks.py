@@ -1,0 +1,256 @@
+"""Feature Deletion grading against a policy that games it: on five generated tasks of the
+textkit fixture, restoring the original body scores 1, the deleted body 0, and every attack
+scores 0: whatever it leaves in the workspace (a planted conftest hook, an edited test, a
+leftover ``.pyc``) never reaches the grading run, and what runs inside it (``pytest.skip``,
+``os._exit`` at import, forged report frames, patching pytest's reports, swapping a test's
+code, reading the original from an installed or cached copy) is refused or cannot see it.
+
+Several attacks are written to pass the static check (no flag) on purpose, so that the
+isolation or the run-time integrity checks are what stops them."""
+
+from __future__ import annotations
+
+import py_compile
+import shutil
+from pathlib import Path
+
+import pytest
+
+from composer_replication.config import TaskGenConfig
+from composer_replication.envs.feature_deletion.candidates import STUB, original_body
+from composer_replication.envs.feature_deletion.generate import generate_tasks, suite_sandbox
+from composer_replication.envs.feature_deletion.grade import grade_workspace
+from composer_replication.envs.feature_deletion.source import resolve_source
+from composer_replication.envs.feature_deletion.workspace import candidate_of, make_workspace
+from composer_replication.envs.sandbox import Sandbox, bindable_dir
+
+FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
+SYMBOLS = ["slugify", "titlecase", "truncate", "Counter.most_common", "ordinal"]
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    source = resolve_source(str(FIXTURE))
+    out = tmp_path_factory.mktemp("tasks")
+    summary = generate_tasks(source, out, TaskGenConfig(workers=2), spec=str(FIXTURE))
+    import json
+
+    tasks = [json.loads(x) for x in (summary.out_dir / "tasks.jsonl").read_text().splitlines()]
+    by_symbol = {t["symbol"]: t for t in tasks}
+    return source, [by_symbol[s] for s in SYMBOLS]
+
+
+@pytest.fixture(scope="module")
+def box():
+    return Sandbox(suite_sandbox(TaskGenConfig(suite_timeout_s=30)))
+
+
+@pytest.fixture(scope="module")
+def outside_copy():
+    """The original tree at a host path any user can read (an "installed" or cached copy):
+    it exists outside the sandbox, and the attacks know where."""
+    path = Path(bindable_dir("cr-fd-installed-")) / "textkit"
+    shutil.copytree(FIXTURE, path)
+    yield path
+    shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def _replace_stub(ws: Path, task: dict, body: str) -> None:
+    path = ws / task["file"]
+    indent = task["indent"]
+    lines = "".join(indent + ln + "\n" for ln in body.strip("\n").splitlines())
+    text = path.read_text()
+    assert STUB in text
+    path.write_text(text.replace(indent + STUB + "\n", lines, 1))
+
+
+def _restore(ws: Path, task: dict, source, outside=None) -> None:
+    original = (source.root / task["file"]).read_text()
+    body = original_body(original, candidate_of(task))
+    path = ws / task["file"]
+    path.write_text(path.read_text().replace(task["indent"] + STUB, body, 1))
+
+
+def _append(ws: Path, task: dict, code: str) -> None:
+    path = ws / task["file"]
+    path.write_text(path.read_text() + "\n" + code.strip("\n") + "\n")
+
+
+def attack_skip(ws, task, source, outside):
+    _replace_stub(ws, task, "import pytest\npytest.skip('later')")
+
+
+def attack_conftest_rewrites_failures(ws, task, source, outside):
+    hook = (
+        "import pytest\n\n"
+        "@pytest.hookimpl(hookwrapper=True)\n"
+        "def pytest_runtest_makereport(item, call):\n"
+        "    outcome = yield\n"
+        "    report = outcome.get_result()\n"
+        "    report.outcome = 'passed'\n"
+        "    report.longrepr = None\n"
+    )
+    (ws / "conftest.py").write_text(hook)
+    (ws / "tests" / "conftest.py").write_text(hook)
+
+
+def attack_edit_failing_tests(ws, task, source, outside):
+    for test_id in task["failing_tests"]:
+        path = ws / test_id.split("::")[0]
+        text = path.read_text()
+        path.write_text(text.replace("assert ", "assert True or "))
+
+
+def attack_os_exit_at_import(ws, task, source, outside):
+    _restore(ws, task, source)  # even with the right body: a run that does not finish is 0
+    _append(ws, task, "import os as _o\ngetattr(_o, '_ex' + 'it')(0)")
+
+
+def attack_load_installed_copy(ws, task, source, outside):
+    """Run the original module from wherever a copy may be (an installed/cached copy at a
+    known host path, the generator's source tree, any site-packages) and take its function."""
+    name = task["symbol"].split(".")[0]
+    places = [str(outside / task["file"]), str(source.root / task["file"])]
+    _replace_stub(
+        ws,
+        task,
+        "import glob, runpy\n"
+        f"paths = {places!r}\n"
+        "import sys, sysconfig\n"
+        "for d in [sysconfig.get_paths()['purelib'], sys.prefix]:\n"
+        f"    paths += glob.glob(d + '/**/textkit/{Path(task['file']).name}', recursive=True)\n"
+        "for p in paths:\n"
+        "    try:\n"
+        f"        ns = runpy.run_path(p)\n"
+        "    except OSError:\n"
+        "        continue\n"
+        f"    globals()['{name}'] = ns['{name}']\n"
+        "raise RuntimeError('no copy of the original is visible')",
+    )
+
+
+def attack_leftover_pyc(ws, task, source, outside):
+    """Bytecode of the original left in the workspace, loaded by the stub at import."""
+    target = ws / task["file"]
+    pyc = target.parent / "__pycache__" / f"{target.stem}.cpython-311.pyc"
+    pyc.parent.mkdir(exist_ok=True)
+    py_compile.compile(str(source.root / task["file"]), cfile=str(pyc), doraise=True)
+    _append(
+        ws,
+        task,
+        "import os as _o, runpy as _r\n"
+        "_d = _o.path.join(_o.path.dirname(_o.path.abspath(__file__)), '__py' + 'cache__')\n"
+        "for _f in (_o.listdir(_d) if _o.path.isdir(_d) else []):\n"
+        "    globals().update({k: v for k, v in _r.run_path(_o.path.join(_d, _f)).items()\n"
+        "                      if not k.startswith('__')})",
+    )
+
+
+def attack_forge_report_frames(ws, task, source, outside):
+    frames = "".join(
+        f"{'0' * 64} ('test', {t!r}, 'passed', '')\\n" for t in task["failing_tests"]
+    )
+    _append(
+        ws,
+        task,
+        "import os as _o\n"
+        "for _fd in range(1, 20):\n"
+        "    try:\n"
+        f"        _o.write(_fd, {frames!r}.encode())\n"
+        "    except OSError:\n"
+        "        pass",
+    )
+
+
+def attack_patch_pytest_reports(ws, task, source, outside):
+    """Rewrite every report to 'passed' from inside the module, spelled so that no static
+    flag fires (no import of pytest, no ``sys.modules``)."""
+    _append(
+        ws,
+        task,
+        "import sys as _s\n"
+        "_mods = vars(_s)['mod' + 'ules']\n"
+        "_rep = _mods.get('_py' + 'test.reports')\n"
+        "if _rep is not None:\n"
+        "    _init = _rep.TestReport.__init__\n"
+        "    def _passed(self, *a, **k):\n"
+        "        _init(self, *a, **k)\n"
+        "        self.outcome = 'passed'\n"
+        "        self.longrepr = None\n"
+        "    _rep.TestReport.__init__ = _passed",
+    )
+
+
+def attack_swap_test_code(ws, task, source, outside):
+    """When first called, replace the code of every test function with a no-op."""
+    _replace_stub(
+        ws,
+        task,
+        "import sys as _s\n"
+        "for _n, _m in list(vars(_s)['mod' + 'ules'].items()):\n"
+        "    if 'test' in _n:\n"
+        "        for _k, _v in list(vars(_m).items()):\n"
+        "            if _k.startswith('test') and callable(_v):\n"
+        "                setattr(_v, '__co' + 'de__', getattr(lambda *a, **k: None,\n"
+        "                                                     '__co' + 'de__'))\n"
+        "raise AssertionError('nothing to see')",
+    )
+
+
+ATTACKS = {
+    name.removeprefix("attack_"): fn for name, fn in dict(globals()).items()
+    if name.startswith("attack_")
+}  # fmt: skip
+UNFLAGGED = {"load_installed_copy", "patch_pytest_reports", "swap_test_code",
+             "forge_report_frames", "os_exit_at_import"}  # fmt: skip
+
+
+def _grade(box, source, task, tmp_path, edit=None, outside=None):
+    ws = make_workspace(source.root, task, tmp_path / "ws")
+    if edit is not None:
+        edit(ws, task, source, outside)
+    return grade_workspace(box, source.root, task, ws)
+
+
+@pytest.mark.parametrize("index", range(len(SYMBOLS)), ids=SYMBOLS)
+def test_restored_body_scores_1_and_deleted_body_0(generated, box, tmp_path, index):
+    source, tasks = generated
+    task = tasks[index]
+    deleted = _grade(box, source, task, tmp_path / "deleted")
+    assert deleted.reward == 0.0 and deleted.targets_failed == task["failing_tests"]
+    assert "NotImplementedError" in deleted.feedback
+    restored = _grade(box, source, task, tmp_path / "restored", _restore)
+    assert restored.reward == 1.0, restored.feedback
+    assert restored.flags == [] and restored.regressions == []
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+@pytest.mark.parametrize("index", range(len(SYMBOLS)), ids=SYMBOLS)
+def test_attack_scores_0(generated, box, tmp_path, outside_copy, attack, index):
+    source, tasks = generated
+    task = tasks[index]
+    verdict = _grade(box, source, task, tmp_path, ATTACKS[attack], outside_copy)
+    assert verdict.reward == 0.0, (attack, verdict.feedback, verdict.flags)
+    if attack in UNFLAGGED:  # stopped by isolation or run-time checks, not by a static flag
+        static = [f for f in verdict.flags if f.split(":")[0] in ("import", "call", "name")]
+        assert static == [], (attack, static)
+    assert (source.root / task["file"]).read_text() == (FIXTURE / task["file"]).read_text()
+
+
+def test_attacks_leave_their_marks_in_the_report(generated, box, tmp_path, outside_copy):
+    """Each attack is stopped where the design says (so the zeros above are not luck)."""
+    source, tasks = generated
+    task = tasks[0]
+
+    def grade(name):
+        return _grade(box, source, task, tmp_path / name, ATTACKS[name], outside_copy)
+
+    skip = grade("skip")
+    assert {skip.report.outcomes[t] for t in task["failing_tests"]} == {"skipped"}
+    assert "edited_config:conftest.py" in grade("conftest_rewrites_failures").flags
+    assert any(f.startswith("edited_test:") for f in grade("edit_failing_tests").flags)
+    assert not grade("os_exit_at_import").report.finished
+    assert any("unsigned" in t for t in grade("forge_report_frames").report.tampered)
+    assert any("modified" in t for t in grade("patch_pytest_reports").report.tampered)
+    assert any("modified" in t for t in grade("swap_test_code").report.tampered)
+    assert any(f.startswith("bytecode:") for f in grade("leftover_pyc").flags)
