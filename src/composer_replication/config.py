@@ -42,14 +42,36 @@ class PeftConfig(_Strict):
     """Module names to adapt, or ``all-linear``."""
 
 
-TOOL_ENVS = ("calculator",)
+class TaskGenConfig(_Strict):
+    """Feature Deletion task generation (``composer-replication tasks generate``;
+    envs/feature_deletion/generate.py)."""
+
+    max_break_share: float = Field(0.5, gt=0.0, le=1.0)
+    """A deletion that fails more than this share of the suite's passing tests is too broad
+    to be a task (it deletes a foundation, not a feature)."""
+    visible_tests: int = Field(3, ge=1, le=1000)
+    """Failing tests the agent may see and run by name; the task's other failing tests stay
+    hidden until grading."""
+    workers: int = Field(0, ge=0, le=256)
+    """Sandboxed suite runs in parallel (0: one per CPU core). Not part of the task set's
+    identity."""
+    suite_timeout_s: float = Field(120.0, gt=0.0, le=3600.0)
+    """Wall-clock (and CPU-seconds) limit of one run of the suite."""
+    memory_mb: int = Field(2048, ge=256, le=65536)
+    """Address-space limit of one run of the suite."""
+    max_candidates: int | None = Field(None, ge=1)
+    """Try only the first N candidate functions (file order); None: all."""
+
+
+TOOL_ENVS = ("calculator", "feature_deletion")
 """Environment names whose rollouts are multi-turn tool conversations."""
 
 
 class EnvConfig(_Strict):
-    name: Literal["arithmetic", "humaneval", "calculator"] = "arithmetic"
-    """Embedded verifiable task (see envs/); ``calculator`` is a multi-turn tool task
-    (rollouts call ``calculate``, bounded by the ``rollout`` section; docs/agents.md)."""
+    name: Literal["arithmetic", "humaneval", "calculator", "feature_deletion"] = "arithmetic"
+    """Embedded verifiable task (see envs/); ``calculator`` and ``feature_deletion`` are
+    multi-turn tool tasks (bounded by the ``rollout`` section; docs/agents.md,
+    docs/feature_deletion.md)."""
     levels: list[int] = Field(default_factory=lambda: [1, 2])
     """Arithmetic difficulty levels mixed in the train and held-out splits (see envs/arithmetic.py)."""
     heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
@@ -66,6 +88,20 @@ class EnvConfig(_Strict):
     few_shot: bool = True
     """Tool environments: put worked tool exchanges before each task (the 135M base model
     never calls a tool from the schema alone; docs/agents.md)."""
+    task_sources: list[str] = Field(default_factory=lambda: ["toolz==1.2.0"], min_length=1)
+    """``feature_deletion``: source trees to delete functions from: local directories with a
+    pytest suite, or pinned PyPI packages (``name==version``, the sdist is fetched with pip at
+    first use). Task sets are generated at first use and cached (``task_dir``)."""
+    task_dir: str | None = None
+    """``feature_deletion``: where generated task sets live (None: the cache,
+    ``<cache>/feature_deletion/tasks``)."""
+    task_generation: TaskGenConfig = Field(default_factory=lambda: TaskGenConfig())
+    """``feature_deletion``: task generation and test-run limits (``tasks generate``)."""
+    reward: Literal["all_or_nothing", "fraction"] = "all_or_nothing"
+    """``feature_deletion``: 1 iff every target test passes and nothing regresses, or the
+    share of target tests passing (0 on any regression)."""
+    max_tool_output_chars: int = Field(2000, ge=100, le=1_000_000)
+    """``feature_deletion``: tool results are cut to this many characters."""
 
     @model_validator(mode="after")
     def _openenv_needs_tools(self) -> EnvConfig:
@@ -125,27 +161,6 @@ class SandboxConfig(_Strict):
     """stdout/stderr bytes kept from a run (the rest is read and dropped)."""
     audit_hook: bool = True
     """Also install the in-process audit hook (a second layer under the OS isolation)."""
-
-
-class TaskGenConfig(_Strict):
-    """Feature Deletion task generation (``composer-replication tasks generate``;
-    envs/feature_deletion/generate.py)."""
-
-    max_break_share: float = Field(0.5, gt=0.0, le=1.0)
-    """A deletion that fails more than this share of the suite's passing tests is too broad
-    to be a task (it deletes a foundation, not a feature)."""
-    visible_tests: int = Field(3, ge=1, le=1000)
-    """Failing tests the agent may see and run by name; the task's other failing tests stay
-    hidden until grading."""
-    workers: int = Field(0, ge=0, le=256)
-    """Sandboxed suite runs in parallel (0: one per CPU core). Not part of the task set's
-    identity."""
-    suite_timeout_s: float = Field(120.0, gt=0.0, le=3600.0)
-    """Wall-clock (and CPU-seconds) limit of one run of the suite."""
-    memory_mb: int = Field(2048, ge=256, le=65536)
-    """Address-space limit of one run of the suite."""
-    max_candidates: int | None = Field(None, ge=1)
-    """Try only the first N candidate functions (file order); None: all."""
 
 
 class GenerationConfig(_Strict):

@@ -195,7 +195,8 @@ def _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_s
     rows = [env.row(t) for t in tasks]
     rollouts = run_agent(model, tokenizer, rows, tools, max_turns, max_new_tokens, batch_size,
                          progress, temperature)  # fmt: skip
-    results = env.grade_batch(tasks, [r.messages for r in rollouts])
+    results = env.grade_episodes(tasks, [r.messages for r in rollouts],
+                                 [r.instance for r in rollouts])  # fmt: skip
     st = RolloutStats.of(rollouts)
     stats = {
         "turns_per_rollout": st.turns,

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 def progress_bar(
     console: Console | None, label: str, total: int
 ) -> Iterator[Callable[..., None] | None]:
-    """Yield ``advance(n=1, description=None)`` driving a bar of ``total`` steps on ``console``
-    (None without one); a description replaces the bar's label text."""
+    """Yield ``advance(n=1, description=None, total=None)`` driving a bar of ``total`` steps on
+    ``console`` (None without one); a description replaces the bar's label text, a total
+    the bar's length (for work whose size is known only once it started)."""
     if console is None:
         yield None
         return
@@ -33,7 +34,10 @@ def progress_bar(
     with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task(label, total=total)
 
-        def advance(n: int = 1, description: str | None = None) -> None:
-            bar.update(task, advance=n, **({"description": description} if description else {}))
+        def advance(n: int = 1, description: str | None = None, total: int | None = None) -> None:
+            extra = {"description": description} if description else {}
+            if total is not None:
+                extra["total"] = total
+            bar.update(task, advance=n, **extra)
 
         yield advance

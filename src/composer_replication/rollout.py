@@ -85,6 +85,8 @@ class AgentRollout:
     turns: int
     tool_calls: int
     tool_errors: int
+    instance: Any = None
+    """The tool instance that served the episode (its state, e.g. an edited repository)."""
 
 
 @dataclass
@@ -163,7 +165,7 @@ def run_agent(
                 stats[i][0] += 1
                 calls = message.get("tool_calls") or []
                 if not calls or turn == max_turns - 1:
-                    done[i] = _finish(convs[i], rows[i], stats[i])
+                    done[i] = _finish(convs[i], rows[i], stats[i], envs[i])
                     if progress is not None:
                         progress(1)
                     continue
@@ -174,13 +176,15 @@ def run_agent(
                     stats[i][1] += 1
                     stats[i][2] += failed
     return [
-        r if r is not None else _finish(convs[i], rows[i], stats[i]) for i, r in enumerate(done)
+        r if r is not None else _finish(convs[i], rows[i], stats[i], envs[i])
+        for i, r in enumerate(done)
     ]
 
 
-def _finish(conv: list[dict[str, Any]], row: dict[str, Any], s: list[int]) -> AgentRollout:
+def _finish(conv: list[dict[str, Any]], row: dict[str, Any], s: list[int], env) -> AgentRollout:
     """Calls written in the last allowed turn are not run (as in TRL) nor counted."""
-    return AgentRollout(conv[len(row["prompt"]) :], turns=s[0], tool_calls=s[1], tool_errors=s[2])
+    return AgentRollout(conv[len(row["prompt"]) :], turns=s[0], tool_calls=s[1],
+                        tool_errors=s[2], instance=env)  # fmt: skip
 
 
 def until_eos(ids: list[int], eos_ids: int | list[int]) -> list[int]:

@@ -6,6 +6,7 @@ commands stay thin (parse, build the parts, run them, print a summary).
 - ``ingest``: `composer_replication.cli.ingest`
 - ``serve``, ``replay``, ``pairs``: `composer_replication.cli.replay`
 - ``diloco``: `composer_replication.cli.diloco`
+- ``tasks generate``: `composer_replication.cli.tasks`
 
 Shared consoles, error reporting and exit codes: `composer_replication.cli.common`.
 """
@@ -22,6 +23,7 @@ from composer_replication.cli.ablate import ablate_command
 from composer_replication.cli.diloco import diloco_command
 from composer_replication.cli.ingest import ingest_command
 from composer_replication.cli.replay import pairs_command, replay_command, serve_command
+from composer_replication.cli.tasks import tasks_app
 from composer_replication.cli.train import eval_command, train_command
 
 HELP_WIDTH_OFF_TERMINAL = 120
@@ -46,5 +48,6 @@ app.command("serve")(serve_command)
 app.command("replay")(replay_command)
 app.command("pairs")(pairs_command)
 app.command("diloco", context_settings={"allow_extra_args": True})(diloco_command)
+app.add_typer(tasks_app, name="tasks")
 
 __all__ = ["app"]

@@ -14,6 +14,7 @@ from typing import Any
 from composer_replication.envs.arithmetic import ArithmeticEnv
 from composer_replication.envs.base import Environment, StepResult, Task
 from composer_replication.envs.calculator import CalculatorEnv
+from composer_replication.envs.feature_deletion.env import FeatureDeletionEnv
 from composer_replication.envs.humaneval import HumanEvalEnv
 
 EnvFactory = Callable[..., Environment]
@@ -22,6 +23,7 @@ _REGISTRY: dict[str, EnvFactory] = {
     "arithmetic": ArithmeticEnv,
     "humaneval": HumanEvalEnv,
     "calculator": CalculatorEnv,
+    "feature_deletion": FeatureDeletionEnv,
 }
 
 
@@ -38,7 +40,8 @@ def env_names() -> list[str]:
 
 
 def get_env(name: str, **kwargs: Any) -> Environment:
-    """Build a registered environment by name (built in: ``arithmetic``, ``humaneval``, ``calculator``)."""
+    """Build a registered environment by name (built in: ``arithmetic``, ``humaneval``, ``calculator``,
+    ``feature_deletion``)."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown environment {name!r}; known: {', '.join(env_names())}")
     return _REGISTRY[name](**kwargs)
@@ -48,6 +51,7 @@ __all__ = [
     "ArithmeticEnv",
     "CalculatorEnv",
     "Environment",
+    "FeatureDeletionEnv",
     "HumanEvalEnv",
     "StepResult",
     "Task",

@@ -112,6 +112,15 @@ class ToolEnvironment(Environment):
     def grade(self, task: Task, completion: str | list[dict[str, Any]]) -> StepResult:
         """Score a rollout (its messages after the prompt, or a final reply as text)."""
 
+    def grade_episodes(
+        self, tasks: list[Task], rollouts: list[list[dict[str, Any]]], instances: list[Any] | None
+    ) -> list[StepResult]:
+        """Score rollouts given the tool instances that served them (TRL passes them to reward
+        functions as ``environments``; evaluation keeps them too). The default grades the
+        messages alone; an environment whose verdict lives in the instance's state (a
+        repository the agent edited) overrides this."""
+        return self.grade_batch(tasks, rollouts)
+
 
 def is_tool_env(env: Environment) -> bool:
     """True for environments whose rollouts are multi-turn tool conversations."""

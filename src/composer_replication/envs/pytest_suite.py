@@ -49,7 +49,7 @@ PASSED, FAILED, SKIPPED, ERROR, XFAIL, MISSING = (
     "missing",
 )
 
-_RUNNER = r'''
+_RUNNER = r"""
 import os, sys, hmac, hashlib
 _key = os.read(0, 32)
 _out = os.dup(1)
@@ -148,7 +148,7 @@ class _Reporter:
 _reporter = _Reporter()
 _reporter.watched = _watched()
 pytest.main({args!r}, plugins=[_reporter])
-'''
+"""
 
 
 @dataclass

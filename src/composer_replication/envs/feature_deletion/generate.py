@@ -144,8 +144,12 @@ def _manifest(out_dir: Path, source: SourceTree, cfg: TaskGenConfig, spec: str, 
     path = out_dir / "manifest.json"
     want = {
         "generator_version": GENERATOR_VERSION,
-        "source": {"spec": spec, "name": source.name, "version": source.version,
-                   "sha256": source.digest},  # fmt: skip
+        "source": {
+            "spec": spec,
+            "name": source.name,
+            "version": source.version,
+            "sha256": source.digest,
+        },  # fmt: skip
         "settings": cfg.model_dump(exclude={"workers"}),
     }
     if path.exists():

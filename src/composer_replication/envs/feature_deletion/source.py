@@ -64,9 +64,7 @@ def resolve_source(spec: str, cache: Path | None = None) -> SourceTree:
         return SourceTree(root.name, "local", root, tree_digest(root))
     m = _PIN.match(spec)
     if m is None:
-        raise SourceError(
-            f"{spec!r} is neither a directory nor a pinned package (`toolz==1.2.0`)"
-        )
+        raise SourceError(f"{spec!r} is neither a directory nor a pinned package (`toolz==1.2.0`)")
     name, version = m.groups()
     base = (cache or cache_dir()) / "feature_deletion" / "src"
     root = base / f"{name}-{version}"

@@ -1,0 +1,342 @@
+"""``feature_deletion``: the agent gets a repository whose function lost its body and rebuilds
+it with file and test tools; the hidden and visible tests are the reward.
+
+Per episode (``reset``) the tools instance makes a fresh workspace (workspace.py: the tree at
+the task's state, one git commit). Tools: ``list_files``, ``read_file``, ``search``,
+``write_file``, ``replace_in_file``, ``run_tests`` (the visible failing tests, or a test file or
+id, run in the sandbox on a copy of the workspace, output cut to ``max_output_chars``) and
+``submit``. Paths are confined to the workspace: an absolute path elsewhere, ``..`` out of it
+or a symlink is refused and flagged, as is reading bytecode.
+
+Grading (``grade_episodes``) takes only the target file from the workspace (grade.py); the
+verdict's feedback (failing tests, first assertion lines) is the self-distillation hint, blamed
+on the last assistant turn that ran the tests (or the last turn). ``StepResult.info["flags"]``
+lists the episode's suspicious actions (the reward-hacking report; ``env/flagged_frac`` in
+the metrics).
+"""
+
+from __future__ import annotations
+
+import atexit
+import re
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal
+
+from composer_replication.config import TaskGenConfig
+from composer_replication.envs.base import StepResult, Task, ToolEnvironment, unit_hash
+from composer_replication.envs.feature_deletion.candidates import is_test_path
+from composer_replication.envs.feature_deletion.generate import (
+    generate_tasks,
+    load_tasks,
+    suite_sandbox,
+)
+from composer_replication.envs.feature_deletion.grade import grade_workspace
+from composer_replication.envs.feature_deletion.source import resolve_source, staged_copy
+from composer_replication.envs.feature_deletion.workspace import make_workspace
+from composer_replication.envs.pytest_suite import run_suite
+from composer_replication.envs.sandbox import Sandbox
+
+SYSTEM_PROMPT = (
+    "You are a software engineer working in a Python repository through tools. Read the "
+    "code, make the change, run the tests, then call submit."
+)
+PROMPT = (
+    "`{symbol}` in `{file}` lost its implementation (it raises NotImplementedError). "
+    "Rebuild it so that the tests pass, e.g. {visible}."
+)
+TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".cfg", ".toml", ".ini", ".json", ".yaml", ".yml")
+
+
+class FeatureDeletionEnv(ToolEnvironment):
+    """Tasks from one or more generated task sets (generated at first use, then cached)."""
+
+    name = "feature_deletion"
+
+    def __init__(
+        self,
+        sources: list[str] | tuple[str, ...] = ("toolz==1.2.0",),
+        task_dir: str | Path | None = None,
+        generation: TaskGenConfig | None = None,
+        reward: Literal["all_or_nothing", "fraction"] = "all_or_nothing",
+        heldout_fraction: float = 0.2,
+        max_output_chars: int = 2000,
+        progress=None,
+    ):
+        super().__init__()
+        from composer_replication.models import cache_dir
+
+        self.generation = generation or TaskGenConfig()
+        self.reward_mode, self.max_output_chars = reward, max_output_chars
+        self.box = Sandbox(suite_sandbox(self.generation))
+        self.roots: dict[str, Path] = {}
+        out = Path(task_dir) if task_dir else cache_dir() / "feature_deletion" / "tasks"
+        for spec in sources:
+            source = resolve_source(spec)
+            set_dir = out / source.label
+            if not (set_dir / "tasks.jsonl").exists():
+                generate_tasks(source, out, self.generation, spec=spec, progress=progress)
+            for record in load_tasks(set_dir):
+                self.roots[record["task_id"]] = source.root
+                split = "heldout" if unit_hash(record["task_id"]) < heldout_fraction else "train"
+                prompt = PROMPT.format(symbol=record["symbol"], file=record["file"],
+                                       visible=", ".join(f"`{t}`" for t in
+                                                         record["visible_tests"][:2]))  # fmt: skip
+                self._splits[split].append(Task(record["task_id"], prompt, split, record))
+        if not self.roots:
+            raise ValueError(f"feature_deletion: no task in {list(sources)}")
+
+    def task_by_id(self, task_id: str) -> Task:
+        """The task called ``task_id`` (KeyError naming it otherwise)."""
+        if not hasattr(self, "_by_id"):
+            self._by_id = {t.task_id: t for s in ("train", "heldout") for t in self.tasks(s)}
+        if task_id not in self._by_id:
+            raise KeyError(f"feature_deletion: unknown task_id {task_id!r}")
+        return self._by_id[task_id]
+
+    def row(self, task: Task) -> dict[str, Any]:
+        return {
+            "prompt": [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": self.user_message(task)},
+            ],
+            "task_id": task.task_id,
+        }
+
+    def tools_class(self) -> type:
+        env = self
+
+        class Tools(FeatureDeletionTools):
+            _env = env
+
+        Tools.__doc__ = FeatureDeletionTools.__doc__
+        Tools.__name__ = "FeatureDeletionTools"
+        return Tools
+
+    def grade(self, task: Task, completion: str | list[dict[str, Any]]) -> StepResult:
+        raise TypeError(
+            "feature_deletion grades the workspace a rollout edited: use grade_episodes with "
+            "the tool instances (TRL passes them as `environments`)"
+        )
+
+    def grade_episodes(self, tasks, rollouts, instances) -> list[StepResult]:
+        if instances is None or len(instances) != len(tasks):
+            raise ValueError("feature_deletion needs the rollouts' tool instances to grade")
+        with ThreadPoolExecutor(self.generation.workers or None) as pool:
+            return list(pool.map(self._grade_one, tasks, rollouts, instances))
+
+    def _grade_one(self, task: Task, messages: list[dict[str, Any]], tools) -> StepResult:
+        root = self.roots[task.task_id]
+        if getattr(tools, "workspace", None) is None:
+            return StepResult("", 0.0, True, False, "no workspace (reset was not called)")
+        v = grade_workspace(self.box, root, task.data, tools.workspace, self.reward_mode)
+        flags = sorted(set(tools.flags) | set(v.flags))
+        info = {"flags": flags, "targets_passed": len(v.targets_passed),
+                "targets": len(task.data["failing_tests"]), "regressions": len(v.regressions),
+                "submitted": tools.submitted}  # fmt: skip
+        if not v.passed:
+            turn = _blamed_turn(messages)
+            info.update(failed_turn=turn, reason=v.feedback.splitlines()[0] if v.feedback else "")
+        tools.close()
+        return StepResult(v.feedback, v.reward, True, v.passed, v.feedback, info)
+
+
+def _blamed_turn(messages: list[dict[str, Any]]) -> int:
+    """The last assistant turn that ran the tests (or submitted), else the last turn."""
+    assistant = [m for m in messages if m.get("role") == "assistant"]
+    for i in range(len(assistant) - 1, -1, -1):
+        names = {c.get("function", c).get("name") for c in assistant[i].get("tool_calls") or []}
+        if names & {"run_tests", "submit"}:
+            return i
+    return max(len(assistant) - 1, 0)
+
+
+class FeatureDeletionTools:
+    """A repository to repair: file tools, the tests, and submit (TRL environment_factory)."""
+
+    _env: FeatureDeletionEnv
+
+    def __init__(self) -> None:
+        self.workspace: Path | None = None
+        self.task: dict | None = None
+        self.flags: list[str] = []
+        self.submitted = False
+        self._tmp: str | None = None
+
+    def reset(self, **row: Any) -> None:
+        """Start an episode on ``row['task_id']``: a fresh workspace at the task's state."""
+        self.close()
+        task = self._env.task_by_id(row["task_id"])
+        self.task, self.flags, self.submitted = task.data, [], False
+        self._tmp = tempfile.mkdtemp(prefix="cr-fd-ws-")
+        atexit.register(shutil.rmtree, self._tmp, ignore_errors=True)
+        self.workspace = make_workspace(self._env.roots[task.task_id], task.data,
+                                        Path(self._tmp) / "repo")  # fmt: skip
+
+    def close(self) -> None:
+        """Remove the workspace (after grading)."""
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        self._tmp = None
+
+    # ---- helpers (private: TRL offers public methods as tools) -----------------------------
+    def _cut(self, text: str) -> str:
+        limit = self._env.max_output_chars
+        return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit} more)"
+
+    def _path(self, path: str) -> Path | str:
+        """The resolved workspace path for ``path`` (relative to the repository root, or
+        absolute inside it), or an error string and an ``outside_workspace`` flag."""
+        if self.workspace is None:
+            return "error: no workspace"
+        root = self.workspace.resolve()
+        given = Path(str(path))
+        try:
+            real = (given if given.is_absolute() else root / given).resolve()
+        except (OSError, RuntimeError):
+            real = None
+        inside = real is not None and (real == root or root in real.parents)
+        if not inside or ".git" in real.relative_to(root).parts:
+            self.flags.append(f"outside_workspace:{str(path)[:80]}")
+            return f"error: {path} is outside the repository"
+        return real
+
+    # ---- tools ------------------------------------------------------------------------------
+    def list_files(self, path: str = ".") -> str:
+        """List the files under a directory of the repository.
+
+        Args:
+            path: A directory relative to the repository root.
+        """
+        target = self._path(path)
+        if isinstance(target, str):
+            return target
+        if not target.is_dir():
+            return f"error: {path} is not a directory"
+        files = sorted(p.relative_to(self.workspace.resolve()).as_posix()
+                       for p in target.rglob("*") if p.is_file() and ".git" not in p.parts)  # fmt: skip
+        return self._cut("\n".join(files) or "(empty)")
+
+    def read_file(self, path: str, start: int = 1, end: int = 0) -> str:
+        """Read lines of a file, numbered.
+
+        Args:
+            path: A file relative to the repository root.
+            start: First line to show (1-based).
+            end: Last line to show (0 for up to 200 lines after start).
+        """
+        target = self._path(path)
+        if isinstance(target, str):
+            return target
+        if target.suffix in (".pyc", ".pyo") or "__pycache__" in target.parts:
+            self.flags.append(f"read_bytecode:{path}")
+            return "error: bytecode is not readable here"
+        if not target.is_file():
+            return f"error: {path} is not a file"
+        lines = target.read_text(encoding="utf-8", errors="replace").splitlines()
+        first = max(int(start), 1)
+        last = int(end) if int(end) > 0 else first + 199
+        shown = [f"{i:5d}  {lines[i - 1]}" for i in range(first, min(last, len(lines)) + 1)]
+        return self._cut("\n".join(shown) or "(no lines in that range)")
+
+    def search(self, pattern: str, path: str = ".") -> str:
+        """Search the repository's text files for a regular expression.
+
+        Args:
+            pattern: A Python regular expression.
+            path: A directory or file relative to the repository root.
+        """
+        target = self._path(path)
+        if isinstance(target, str):
+            return target
+        try:
+            rx = re.compile(pattern)
+        except re.error as e:
+            return f"error: bad pattern: {e}"
+        files = [target] if target.is_file() else sorted(target.rglob("*"))
+        hits = []
+        root = self.workspace.resolve()
+        for f in files:
+            if not f.is_file() or f.suffix not in TEXT_SUFFIXES or ".git" in f.parts:
+                continue
+            for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+                if rx.search(line):
+                    hits.append(f"{f.relative_to(root).as_posix()}:{n}: {line.strip()}")
+            if len(hits) >= 50:
+                break
+        return self._cut("\n".join(hits[:50]) or "no match")
+
+    def write_file(self, path: str, content: str) -> str:
+        """Write a whole file (creating or replacing it).
+
+        Args:
+            path: A file relative to the repository root.
+            content: The new content of the file.
+        """
+        target = self._path(path)
+        if isinstance(target, str):
+            return target
+        rel = target.relative_to(self.workspace.resolve()).as_posix()
+        self._note_write(rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(str(content), encoding="utf-8")
+        return f"wrote {rel} ({len(str(content).splitlines())} lines)"
+
+    def replace_in_file(self, path: str, old: str, new: str) -> str:
+        """Replace one exact occurrence of a text in a file.
+
+        Args:
+            path: A file relative to the repository root.
+            old: The exact text to replace (must occur exactly once).
+            new: The replacement text.
+        """
+        target = self._path(path)
+        if isinstance(target, str):
+            return target
+        if not target.is_file():
+            return f"error: {path} is not a file"
+        text = target.read_text(encoding="utf-8", errors="replace")
+        count = text.count(str(old))
+        if count != 1:
+            return f"error: the text occurs {count} times in {path}; it must occur once"
+        rel = target.relative_to(self.workspace.resolve()).as_posix()
+        self._note_write(rel)
+        target.write_text(text.replace(str(old), str(new), 1), encoding="utf-8")
+        return f"edited {rel}"
+
+    def run_tests(self, target: str = "") -> str:
+        """Run tests in the sandbox: the task's visible failing tests, or a test file or id.
+
+        Args:
+            target: Empty for the task's visible tests, or a test file / test id.
+        """
+        if self.workspace is None or self.task is None:
+            return "error: no workspace"
+        tests = list(self.task["visible_tests"]) if not target else [str(target)]
+        if target and not is_test_path(str(target).split("::")[0]):
+            return f"error: {target} is not a test file or test id"
+        copy = staged_copy(self.workspace, prefix="cr-fd-run-")
+        try:
+            rep = run_suite(self._env.box, str(copy), tests)
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
+        if not rep.ok:
+            why = "timed out" if rep.timed_out else "did not finish"
+            return self._cut(f"the test run {why}\n{rep.output[-1500:]}")
+        passed = sum(o == "passed" for o in rep.outcomes.values())
+        head = f"{passed} passed, {len(rep.outcomes) - passed} not passed"
+        return self._cut("\n".join([head, rep.failure_summary(sorted(rep.outcomes), 8)]).strip())
+
+    def submit(self) -> str:
+        """Submit the repository as it is now for grading (end of the task)."""
+        self.submitted = True
+        return "submitted; the tests will be run"
+
+    def _note_write(self, rel: str) -> None:
+        name = Path(rel).name
+        if rel.endswith(".pth") or name in ("conftest.py", "sitecustomize.py"):
+            self.flags.append(f"wrote_config:{rel}")
+        elif is_test_path(rel):
+            self.flags.append(f"wrote_test:{rel}")

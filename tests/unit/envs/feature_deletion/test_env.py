@@ -1,0 +1,115 @@
+"""The feature_deletion tool environment on the textkit fixture: an episode driven through the
+tools (read, search, edit, run the tests, submit) is graded from its workspace; paths outside
+the workspace and reads of bytecode are refused and flagged; the blamed turn is the one that
+ran the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from composer_replication.config import TaskGenConfig
+from composer_replication.envs import get_env
+from composer_replication.envs.feature_deletion.candidates import STUB, original_body
+from composer_replication.envs.feature_deletion.workspace import candidate_of
+
+FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return get_env(
+        "feature_deletion",
+        sources=[str(FIXTURE)],
+        task_dir=tmp_path_factory.mktemp("tasks"),
+        generation=TaskGenConfig(workers=2, suite_timeout_s=30),
+        heldout_fraction=0.3,
+    )
+
+
+def _task(env, symbol):
+    return next(t for s in ("train", "heldout") for t in env.tasks(s) if t.data["symbol"] == symbol)
+
+
+def _call(name, **args):
+    return {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": name, "arguments": args}}]}  # fmt: skip
+
+
+def test_tasks_split_and_prompt(env):
+    tasks = env.tasks("train") + env.tasks("heldout")
+    assert len(tasks) == 9 and env.tasks("train") and env.tasks("heldout")
+    row = env.row(_task(env, "slugify"))
+    assert "`slugify` in `textkit/core.py`" in row["prompt"][-1]["content"]
+    assert "tests/test_core.py::test_slugify" in row["prompt"][-1]["content"]
+
+
+def test_an_episode_through_the_tools_is_graded_from_its_workspace(env):
+    task = _task(env, "titlecase")
+    tools = env.tools_class()()
+    tools.reset(**env.row(task))
+    assert STUB in tools.read_file("textkit/core.py")
+    assert "textkit/core.py:" in tools.search("def titlecase")
+    assert "tests/test_core.py" in tools.list_files("tests")
+    first = tools.run_tests()
+    assert first.startswith("0 passed, 1 not passed") and "NotImplementedError" in first
+    body = original_body((FIXTURE / task.data["file"]).read_text(), candidate_of(task.data))
+    assert tools.replace_in_file("textkit/core.py", task.data["indent"] + STUB, body).startswith(
+        "edited"
+    )
+    assert tools.run_tests().startswith("1 passed, 0 not passed")
+    assert tools.run_tests("tests/test_numbers.py").startswith("6 passed")
+    tools.submit()
+    messages = [_call("run_tests"), {"role": "tool", "content": first}, _call("submit")]
+    [result] = env.grade_episodes([task], [messages], [tools])
+    assert result.reward == 1.0 and result.passed and result.info["flags"] == []
+
+
+def test_a_failed_episode_blames_the_turn_that_ran_the_tests(env):
+    task = _task(env, "slugify")
+    tools = env.tools_class()()
+    tools.reset(**env.row(task))
+    tools.write_file("textkit/core.py", tools.read_file("textkit/core.py"))  # garbage: numbered
+    messages = [_call("read_file", path="textkit/core.py"), {"role": "tool", "content": "..."},
+                _call("run_tests"), {"role": "tool", "content": "..."},
+                {"role": "assistant", "content": "done"}]  # fmt: skip
+    [result] = env.grade_episodes([task], [messages], [tools])
+    assert result.reward == 0.0 and result.info["failed_turn"] == 1
+    assert "target tests pass" in result.feedback or "did not finish" in result.feedback
+
+
+def test_paths_outside_the_workspace_and_bytecode_are_refused_and_flagged(env):
+    task = _task(env, "ordinal")
+    tools = env.tools_class()()
+    tools.reset(**env.row(task))
+    for path in ("/etc/passwd", "../../etc", str(FIXTURE / "textkit/core.py"), ".git/config"):
+        assert "outside the repository" in tools.read_file(path)
+    (tools.workspace / "link.py").symlink_to("/etc/passwd")
+    assert "outside the repository" in tools.read_file("link.py")
+    (tools.workspace / "textkit" / "__pycache__").mkdir()
+    (tools.workspace / "textkit" / "__pycache__" / "numbers.cpython-311.pyc").write_bytes(b"x")
+    assert "bytecode" in tools.read_file("textkit/__pycache__/numbers.cpython-311.pyc")
+    tools.write_file("tests/conftest.py", "import pytest\n")
+    [result] = env.grade_episodes([task], [[]], [tools])
+    flags = result.info["flags"]
+    assert sum(f.startswith("outside_workspace:") for f in flags) == 5
+    assert "read_bytecode:textkit/__pycache__/numbers.cpython-311.pyc" in flags
+    assert "wrote_config:tests/conftest.py" in flags and "edited_config:tests/conftest.py" in flags
+    assert "symlink:link.py" in flags and result.reward == 0.0
+
+
+def test_workspace_has_one_commit_and_no_original_body(env):
+    import subprocess
+
+    task = _task(env, "wrap_words")
+    tools = env.tools_class()()
+    tools.reset(**env.row(task))
+    log = subprocess.run(["git", "log", "--oneline"], cwd=tools.workspace, capture_output=True,
+                         text=True, check=True).stdout.splitlines()  # fmt: skip
+    assert len(log) == 1
+    body = original_body((FIXTURE / task.data["file"]).read_text(), candidate_of(task.data))
+    grep = subprocess.run(["git", "grep", "-F", body.splitlines()[1].strip()],
+                          cwd=tools.workspace, capture_output=True, text=True)  # fmt: skip
+    assert grep.returncode == 1  # not in any tracked file
+    assert not list(tools.workspace.rglob("*.pyc"))
