@@ -134,8 +134,8 @@ class ServedToolEnv(OpenEnvEnvironment):
         if not isinstance(messages, list):
             raise ValueError(f"{GRADE_TOOL} needs arguments.messages, a list of chat messages")
         self._graded = True
-        r = self.env.grade(self._task, messages)
-        info = {k: v for k, v in r.info.items() if isinstance(v, (int, float, str, type(None)))}
+        [r] = self.env.grade_episodes([self._task], [messages], [self._tools])
+        info = {k: v for k, v in r.info.items() if _plain_info(v)}
         verdict = {"passed": r.passed, "feedback": r.feedback, "info": info}
         return CallToolObservation(tool_name=GRADE_TOOL, result=verdict, reward=r.reward, done=True)
 
@@ -150,6 +150,13 @@ class ServedToolEnv(OpenEnvEnvironment):
     @property
     def state(self) -> State:
         return self._state
+
+
+def _plain_info(value: Any) -> bool:
+    """Verdict details that travel to the client: scalars and lists of strings (flags)."""
+    if isinstance(value, list):
+        return all(isinstance(v, str) for v in value)
+    return isinstance(value, (int, float, str, type(None)))
 
 
 def create_env_app(env: ToolEnvironment, max_tool_calls: int = 4, max_concurrent_envs: int = 64):

@@ -147,9 +147,7 @@ def attack_leftover_pyc(ws, task, source, outside):
 
 
 def attack_forge_report_frames(ws, task, source, outside):
-    frames = "".join(
-        f"{'0' * 64} ('test', {t!r}, 'passed', '')\\n" for t in task["failing_tests"]
-    )
+    frames = "".join(f"{'0' * 64} ('test', {t!r}, 'passed', '')\\n" for t in task["failing_tests"])
     _append(
         ws,
         task,
