@@ -93,7 +93,10 @@ def eval_command(
         str, typer.Option("--model", help="hub id, local dir, .gguf, or embedded:NAME")
     ],
     env: Annotated[
-        str, typer.Option("--env", help="arithmetic, humaneval or calculator (tool use)")
+        str,
+        typer.Option(
+            "--env", help="arithmetic, humaneval, calculator or feature_deletion (tool use)"
+        ),
     ] = "arithmetic",
     split: Annotated[str, typer.Option("--split", help="train or heldout")] = "heldout",
     n: Annotated[int, typer.Option("--n", min=1, help="number of problems")] = 200,
@@ -110,6 +113,10 @@ def eval_command(
         int, typer.Option("--max-tool-calls", min=0, help="tool environments: calls per rollout")
     ] = 4,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
+    task_source: Annotated[
+        list[str] | None,
+        typer.Option("--task-source", help="feature_deletion: a directory or name==version"),
+    ] = None,
     show: Annotated[int, typer.Option("--show", min=0, help="print this many completions")] = 5,
     unsafe_run_without_isolation: Annotated[
         bool,
@@ -122,19 +129,25 @@ def eval_command(
     """Greedy pass@1 and mean reward with 95% CIs on a task split."""
     from composer_replication.config import SandboxConfig
     from composer_replication.envs import get_env
+    from composer_replication.envs.feature_deletion.generate import TaskSetError
+    from composer_replication.envs.feature_deletion.source import SourceError
     from composer_replication.envs.sandbox import SandboxUnavailableError
     from composer_replication.evaluation import evaluate
     from composer_replication.models import ModelLoadError, load_model, load_tokenizer
     from composer_replication.progress import progress_bar
 
     quiet_libraries()
-    with exit_on(ModelLoadError, ValueError, FileNotFoundError, SandboxUnavailableError):
+    errors = (ModelLoadError, ValueError, FileNotFoundError, SandboxUnavailableError, SourceError,
+              TaskSetError)  # fmt: skip
+    with exit_on(*errors):
         if env == "arithmetic":
             kwargs: dict = {"levels": [int(x) for x in levels.split(",")]}
         elif env == "humaneval":
             kwargs = {
                 "sandbox": SandboxConfig(unsafe_run_without_isolation=unsafe_run_without_isolation)
             }
+        elif env == "feature_deletion" and task_source:
+            kwargs = {"sources": task_source}
         else:
             kwargs = {}
         environment = get_env(env, **kwargs)
