@@ -1,6 +1,6 @@
 """Time and peak memory of one optimizer step: the three-channel ComposerReplicationTrainer
-(GRPO + hint self-distillation + replay DPO) vs TRL's plain GRPOTrainer, same model, task,
-batch shape and seed, measured in one run.
+(GRPO + hint self-distillation + replay DPO), with and without running shared prompt prefixes
+once, vs TRL's plain GRPOTrainer, same model, task, batch shape and seed, measured in one run.
 
 Each variant runs in a fresh subprocess (so peak RSS is its own); subprocesses alternate
 (A, B, A, B, ...) so a noisy machine slows both alike; per-step times exclude the first
@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+VARIANTS = ("grpo", "composer", "composer_padded")
+"""TRL's GRPOTrainer; our three channels (shared prompt prefixes run once, the default); the
+same with ``generation.shared_prefix=false`` (TRL's padded forwards and generation)."""
 
 
 def _pairs_file(tmp: Path) -> Path:
@@ -77,11 +80,13 @@ def worker(variant: str, steps: int, threads: int, config: str | None = None) ->
         "save_steps=100000",
         f"num_threads={threads}",
     ]
-    if variant == "composer":
+    if variant.startswith("composer"):
         overrides += ["alpha_sdpo=0.1", "beta_replay=0.05", f"replay.dataset={_pairs_file(tmp)}"]
+    if variant == "composer_padded":  # TRL's own padded forwards and generation
+        overrides += ["generation.shared_prefix=false"]
     cfg = load_config(config, overrides)
     model, tokenizer, env = prepare(cfg)
-    if variant == "composer":
+    if variant.startswith("composer"):
         trainer = build_trainer(cfg, model, tokenizer, env)
     else:
         ds = build_prompt_dataset(
@@ -119,16 +124,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--worker", choices=["grpo", "composer"])
+    ap.add_argument("--worker", choices=list(VARIANTS))
     ap.add_argument("--config", default=None, help="run config (default: the quickstart)")
     args = ap.parse_args()
     if args.worker:
         print("RESULT " + json.dumps(worker(args.worker, args.steps, args.threads, args.config)))
         return
-    results: dict[str, list[dict]] = {"grpo": [], "composer": []}
+    results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TRL_EXPERIMENTAL_SILENCE": "1"}
     for r in range(args.rounds):
-        for variant in ("grpo", "composer"):
+        for variant in VARIANTS:
             cmd = [
                 sys.executable,
                 __file__,
@@ -155,11 +160,12 @@ def main() -> None:
     print()
     print("| variant | median step time (s) | peak RSS (MB) |")
     print("| --- | --- | --- |")
-    for v in ("grpo", "composer"):
+    for v in VARIANTS:
         print(f"| {v} | {med[v]:.2f} | {mem[v]:.0f} |")
+    for v in VARIANTS[1:]:
+        print(f"ratio {v} / grpo: time {med[v] / med['grpo']:.2f}x, "
+              f"peak memory {mem[v] / mem['grpo']:.2f}x")  # fmt: skip
     print(
-        f"\nratio composer / grpo: time {med['composer'] / med['grpo']:.2f}x, "
-        f"peak memory {mem['composer'] / mem['grpo']:.2f}x "
         f"({args.rounds} interleaved rounds x {args.steps} steps, first step of each run dropped)"
     )
 

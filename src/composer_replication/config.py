@@ -61,6 +61,13 @@ class TaskGenConfig(_Strict):
     """Address-space limit of one run of the suite."""
     max_candidates: int | None = Field(None, ge=1)
     """Try only the first N candidate functions (file order); None: all."""
+    test_requirements: list[str] = Field(default_factory=list)
+    """The suite's own test dependencies (pip requirement strings, e.g. ``freezegun``),
+    installed next to pytest for the sandboxed runs (fetched from the package index)."""
+    rename_package: bool = False
+    """Rename the source's top-level package (and every word-boundary mention of it) to a
+    name derived from the tree's hash, so a model cannot lean on memorized upstream code
+    (the suite must still pass after the rename)."""
 
 
 TOOL_ENVS = ("calculator", "feature_deletion")

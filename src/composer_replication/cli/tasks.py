@@ -31,6 +31,13 @@ def generate_command(
     ] = 0.5,
     visible_tests: Annotated[int, typer.Option(help="Failing tests the agent may see.")] = 3,
     suite_timeout_s: Annotated[float, typer.Option(help="Limit of one suite run.")] = 120.0,
+    test_requirement: Annotated[
+        list[str] | None,
+        typer.Option(help="A test dependency of the suite (pip requirement; repeatable)."),
+    ] = None,
+    rename_package: Annotated[
+        bool, typer.Option(help="Rename the package against memorized upstream code.")
+    ] = False,
 ) -> None:
     """Delete each function in turn, run the suite in the sandbox, keep the deletions that
     break some tests (resumable: a re-run continues where a killed one stopped)."""
@@ -38,18 +45,20 @@ def generate_command(
 
     from composer_replication.config import TaskGenConfig
     from composer_replication.envs.feature_deletion.generate import TaskSetError, generate_tasks
-    from composer_replication.envs.feature_deletion.source import SourceError, resolve_source
+    from composer_replication.envs.feature_deletion.source import SourceError, prepare_source
     from composer_replication.envs.sandbox import SandboxUnavailableError
     from composer_replication.progress import progress_bar
 
     try:
         cfg = TaskGenConfig(workers=workers, max_candidates=max_candidates,
                             max_break_share=max_break_share, visible_tests=visible_tests,
-                            suite_timeout_s=suite_timeout_s)  # fmt: skip
+                            suite_timeout_s=suite_timeout_s,
+                            test_requirements=test_requirement or [],
+                            rename_package=rename_package)  # fmt: skip
     except ValidationError as e:
         fail(str(e))
     with exit_on(SourceError, TaskSetError, SandboxUnavailableError):
-        tree = resolve_source(source)
+        tree = prepare_source(source, cfg)
         console.print(f"source {tree.label} ({tree.root}), sha256 {tree.digest[:12]}")
         with progress_bar(console, f"deleting functions of {tree.label}", total=0) as advance:
             bar = _Bar(advance)

@@ -234,13 +234,18 @@ def pytest_args(tests: list[str] | None, extra: tuple[str, ...] = ()) -> list[st
 
 
 def run_suite(
-    box: sb.Sandbox, repo: str, tests: list[str] | None = None, extra: tuple[str, ...] = ()
+    box: sb.Sandbox,
+    repo: str,
+    tests: list[str] | None = None,
+    extra: tuple[str, ...] = (),
+    requirements: tuple[str, ...] = (),
 ) -> SuiteReport:
     """Run pytest on ``repo`` (a bindable directory, see ``sandbox.bindable_dir``) inside the
-    sandbox and return the accepted per-test report."""
+    sandbox and return the accepted per-test report; ``requirements``: the suite's own test
+    dependencies (pip requirement strings) installed next to pytest."""
     import time
 
-    tools = pytest_tools()
+    tools = pytest_tools(tuple(requirements))
     key = secrets.token_bytes(32)
     code = _RUNNER.format(tools=tools, repo=repo, args=pytest_args(tests, extra))
     start = time.monotonic()
@@ -250,15 +255,26 @@ def run_suite(
     return rep
 
 
-@lru_cache(maxsize=1)
-def pytest_tools() -> str:
+@lru_cache(maxsize=8)
+def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
     """A world-readable copy of pytest and its pure-Python dependencies (bound read-only into
     every sandboxed run at the same path), with their bytecode and the standard library's
     they import compiled by the trusted interpreter into the sandbox's pycache (so a run does
-    not recompile pytest: ~1 s)."""
+    not recompile pytest: ~1 s). ``requirements`` (a suite's test dependencies, e.g.
+    ``freezegun``) are installed into the same directory with pip (from the package index)."""
     import importlib.util
+    import sys
 
     dest = sb.bindable_dir("cr-pytest-tools-")
+    if requirements:
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", dest,
+               *requirements]  # fmt: skip
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if res.returncode != 0:
+            tail = " / ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+            raise sb.SandboxUnavailableError(
+                f"cannot install test requirements {requirements}: {tail}"
+            )
     for name in TOOL_PACKAGES:
         spec = importlib.util.find_spec(name.removesuffix(".py"))
         if spec is None or spec.origin is None:
@@ -267,7 +283,7 @@ def pytest_tools() -> str:
             raise sb.SandboxUnavailableError(f"pytest's dependency {name!r} is not installed")
         src = Path(spec.origin)
         if src.name == "__init__.py":
-            shutil.copytree(src.parent, Path(dest) / src.parent.name,
+            shutil.copytree(src.parent, Path(dest) / src.parent.name, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
         else:
             shutil.copy2(src, Path(dest) / src.name)

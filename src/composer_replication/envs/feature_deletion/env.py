@@ -34,7 +34,7 @@ from composer_replication.envs.feature_deletion.generate import (
     suite_sandbox,
 )
 from composer_replication.envs.feature_deletion.grade import grade_workspace
-from composer_replication.envs.feature_deletion.source import resolve_source, staged_copy
+from composer_replication.envs.feature_deletion.source import prepare_source, staged_copy
 from composer_replication.envs.feature_deletion.workspace import make_workspace
 from composer_replication.envs.pytest_suite import run_suite
 from composer_replication.envs.sandbox import Sandbox
@@ -74,7 +74,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         self.roots: dict[str, Path] = {}
         out = Path(task_dir) if task_dir else cache_dir() / "feature_deletion" / "tasks"
         for spec in sources:
-            source = resolve_source(spec)
+            source = prepare_source(spec, self.generation)
             set_dir = out / source.label
             if not (set_dir / "tasks.jsonl").exists():
                 generate_tasks(source, out, self.generation, spec=spec, progress=progress)
@@ -319,7 +319,8 @@ class FeatureDeletionTools:
             return f"error: {target} is not a test file or test id"
         copy = staged_copy(self.workspace, prefix="cr-fd-run-")
         try:
-            rep = run_suite(self._env.box, str(copy), tests)
+            reqs = tuple(self.task.get("test_requirements", ()))
+            rep = run_suite(self._env.box, str(copy), tests, requirements=reqs)
         finally:
             shutil.rmtree(copy, ignore_errors=True)
         if not rep.ok:

@@ -161,14 +161,14 @@ def _manifest(out_dir: Path, source: SourceTree, cfg: TaskGenConfig, spec: str, 
                 "use another --out directory or remove it"
             )
         return have
-    want["baseline"] = baseline(box, source.root)
+    want["baseline"] = baseline(box, source.root, tuple(cfg.test_requirements))
     _write_atomic(path, json.dumps(want, indent=1, sort_keys=True) + "\n")
     return want
 
 
-def baseline(box: Sandbox, root: Path) -> dict:
+def baseline(box: Sandbox, root: Path, requirements: tuple[str, ...] = ()) -> dict:
     """Tests passing in two clean sandboxed runs of the untouched tree (flaky ones dropped)."""
-    reports = [_run(box, root, {}) for _ in range(2)]
+    reports = [_run(box, root, {}, requirements) for _ in range(2)]
     bad = next((r for r in reports if not r.ok), None)
     if bad is not None:
         raise TaskSetError(
@@ -186,17 +186,17 @@ def baseline(box: Sandbox, root: Path) -> dict:
     }
 
 
-def _run(box: Sandbox, root: Path, overrides: dict[str, str]) -> SuiteReport:
+def _run(box: Sandbox, root: Path, overrides: dict[str, str], reqs=()) -> SuiteReport:
     repo = staged_copy(root, overrides)
     try:
-        return run_suite(box, str(repo))
+        return run_suite(box, str(repo), requirements=tuple(reqs))
     finally:
         shutil.rmtree(repo, ignore_errors=True)
 
 
 def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg) -> dict:
     text = (source.root / cand.file).read_text(encoding="utf-8")
-    rep = _run(box, source.root, {cand.file: delete_body(text, cand)})
+    rep = _run(box, source.root, {cand.file: delete_body(text, cand)}, cfg.test_requirements)
     failing = sorted(t for t in passing if not rep.passed(t))
     if rep.collect_errors:
         status = "collect_error"
@@ -224,6 +224,7 @@ def _task(source: SourceTree, cand: Candidate, run: dict, passing: list[str], cf
         "failing_tests": failing,
         "visible_tests": sorted(visible),
         "passing_tests": sorted(set(passing) - set(failing)),
+        "test_requirements": list(cfg.test_requirements),
         "suite_seconds": run["seconds"],
         "generator_version": GENERATOR_VERSION,
     }

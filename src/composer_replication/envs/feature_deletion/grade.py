@@ -101,7 +101,7 @@ def grade_submission(
     flags = submission_flags(original, target_text)
     repo = staged_copy(Path(source_root), {task["file"]: target_text}, prefix="cr-fd-grade-")
     try:
-        rep = run_suite(box, str(repo))
+        rep = run_suite(box, str(repo), requirements=tuple(task.get("test_requirements", ())))
     finally:
         shutil.rmtree(repo, ignore_errors=True)
     targets = task["failing_tests"]

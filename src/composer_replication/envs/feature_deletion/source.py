@@ -138,3 +138,45 @@ def staged_copy(root: Path, overrides: dict[str, str] | None = None, prefix: str
         (dest / rel).write_text(text, encoding="utf-8")
     world_readable(dest)
     return dest
+
+
+def prepare_source(spec: str, cfg, cache: Path | None = None) -> SourceTree:
+    """:func:`resolve_source`, then the rename of ``cfg.rename_package`` if asked."""
+    tree = resolve_source(spec, cache)
+    return renamed(tree, cache) if cfg.rename_package else tree
+
+
+def top_package(tree: SourceTree) -> str:
+    """The tree's main importable package: the top-level directory with an ``__init__.py``
+    named like the distribution (``-``/``.`` as ``_``), else the only such directory."""
+    pkgs = sorted(p.name for p in tree.root.iterdir()
+                  if (p / "__init__.py").is_file() and p.name not in ("tests", "test"))  # fmt: skip
+    want = re.sub(r"[-.]", "_", tree.name).lower()
+    if want in pkgs:
+        return want
+    if len(pkgs) == 1:
+        return pkgs[0]
+    raise SourceError(f"{tree.label}: cannot tell the main package among {pkgs}")
+
+
+def renamed(tree: SourceTree, cache: Path | None = None) -> SourceTree:
+    """A copy of ``tree`` whose main package is called ``pkg_<6 hex of the tree's digest>``:
+    the directory and every word-boundary mention in text files are rewritten (so neither
+    the module path nor the identifiers match what a model may have memorized upstream)."""
+    old = top_package(tree)
+    new = f"pkg_{tree.digest[:6]}"
+    base = (cache or cache_dir()) / "feature_deletion" / "src"
+    root = base / f"{tree.label}-as-{new}"
+    if not (root / ".complete").exists():
+        if root.exists():
+            shutil.rmtree(root)
+        shutil.copytree(tree.root, root, ignore=shutil.ignore_patterns(*BYTECODE, ".complete"))
+        word = re.compile(rf"\b{re.escape(old)}\b")
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".cfg", ".toml", ".ini", ".txt", ".rst"):
+                text = path.read_text(encoding="utf-8", errors="replace")
+                path.write_text(word.sub(new, text), encoding="utf-8")
+        (root / old).rename(root / new)
+        (root / ".complete").write_text(tree_digest(root) + "\n")
+    return SourceTree(tree.name, f"{tree.version}-as-{new}", root,
+                      (root / ".complete").read_text().strip())  # fmt: skip

@@ -1,0 +1,141 @@
+"""The Feature Deletion task generator on the textkit fixture: candidates and the deletion,
+tasks from sandboxed runs, the cache (a second run reruns nothing), resuming after a killed
+run (a torn last line), a refused mismatch, and the package rename."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from composer_replication.config import TaskGenConfig
+from composer_replication.envs.feature_deletion.candidates import (
+    STUB,
+    delete_body,
+    find_candidates,
+    is_test_path,
+)
+from composer_replication.envs.feature_deletion.generate import (
+    TaskSetError,
+    generate_tasks,
+    read_runs,
+)
+from composer_replication.envs.feature_deletion.source import (
+    SourceError,
+    extract,
+    renamed,
+    resolve_source,
+)
+
+FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
+CFG = TaskGenConfig(workers=2, suite_timeout_s=30)
+
+
+def test_candidates_skip_tests_and_trivial_bodies(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text(
+        "def one(x): return x\n\n"
+        "def doc_only():\n    '''Nothing.'''\n\n"
+        "def stub():\n    raise NotImplementedError\n\n"
+        "def real(x):\n    '''Doc.'''\n    y = x + 1\n    return y\n\n"
+        "class K:\n    def meth(self):\n        return 1\n"
+    )
+    (tmp_path / "pkg" / "test_m.py").write_text("def test_a():\n    assert 1\n")
+    cands = find_candidates(tmp_path)
+    assert [c.symbol for c in cands] == ["real", "K.meth"]
+    text = (tmp_path / "pkg" / "m.py").read_text()
+    out = delete_body(text, cands[0])
+    assert "'''Doc.'''\n    " + STUB + "\n\nclass K" in out and "y = x + 1" not in out
+    assert is_test_path("tests/helpers.py") and is_test_path("pkg/conftest.py")
+    assert not is_test_path("pkg/core.py")
+    with pytest.raises(ValueError, match="does not hold the recorded body"):
+        delete_body(text.replace("y = x + 1", "y = x + 2"), cands[0])
+
+
+def test_generate_reuses_its_cache_and_resumes_after_a_kill(tmp_path):
+    source = resolve_source(str(FIXTURE))
+    first = generate_tasks(source, tmp_path, CFG, spec="textkit")
+    assert first.tasks == 9 and first.ran == 9 and first.reused == 0
+    tasks = [json.loads(x) for x in (first.out_dir / "tasks.jsonl").read_text().splitlines()]
+    slug = next(t for t in tasks if t["symbol"] == "slugify")
+    assert slug["failing_tests"] == ["tests/test_core.py::test_slugify",
+                                     "tests/test_core.py::test_slugify_sep"]  # fmt: skip
+    assert "tests/test_core.py::test_titlecase" in slug["passing_tests"]
+    assert not set(slug["failing_tests"]) & set(slug["passing_tests"])
+    again = generate_tasks(source, tmp_path, CFG, spec="textkit")
+    assert again.ran == 0 and again.reused == 9 and again.tasks == 9
+    # a killed writer: three complete lines and a torn fourth
+    runs = first.out_dir / "runs.jsonl"
+    lines = runs.read_text().splitlines(keepends=True)
+    runs.write_text("".join(lines[:3]) + lines[3][:20])
+    assert len(read_runs(runs)) == 3 and runs.read_text().endswith("\n")
+    resumed = generate_tasks(source, tmp_path, CFG, spec="textkit")
+    assert resumed.ran == 6 and resumed.reused == 3 and resumed.tasks == 9
+    with pytest.raises(TaskSetError, match="different settings"):
+        generate_tasks(source, tmp_path, TaskGenConfig(max_break_share=0.1), spec="textkit")
+
+
+def test_kill_9_mid_generation_then_resume(tmp_path):
+    """A real kill -9 of a generating process: the re-run reuses what was written."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from composer_replication.config import TaskGenConfig\n"
+        "from composer_replication.envs.feature_deletion.source import resolve_source\n"
+        "from composer_replication.envs.feature_deletion.generate import generate_tasks\n"
+        f"generate_tasks(resolve_source({str(FIXTURE)!r}), Path({str(tmp_path)!r}),\n"
+        "               TaskGenConfig(workers=1, suite_timeout_s=30), spec='textkit')\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    runs = tmp_path / "textkit-local" / "runs.jsonl"
+    import time
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if runs.exists() and runs.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    done_before = len(read_runs(runs))
+    assert 2 <= done_before < 9 and not (tmp_path / "textkit-local" / "tasks.jsonl").exists()
+    resumed = generate_tasks(resolve_source(str(FIXTURE)), tmp_path, CFG, spec="textkit")
+    assert resumed.reused == done_before and resumed.ran == 9 - done_before
+    assert resumed.tasks == 9
+
+
+def test_renamed_package_still_passes_and_hides_the_name(tmp_path):
+    tree = renamed(resolve_source(str(FIXTURE)), cache=tmp_path)
+    new = tree.version.split("-as-")[1]
+    assert (tree.root / new / "core.py").exists() and not (tree.root / "textkit").exists()
+    everything = "".join(p.read_text() for p in tree.root.rglob("*.py"))
+    assert "textkit" not in everything and f"from {new} import" in everything
+    summary = generate_tasks(tree, tmp_path / "tasks", CFG, spec="textkit")
+    assert summary.tasks == 9
+
+
+def test_archives_cannot_write_outside_or_hold_links(tmp_path):
+    import tarfile
+
+    evil = tmp_path / "evil.tar.gz"
+    with tarfile.open(evil, "w:gz") as tf:
+        info = tarfile.TarInfo("../outside.txt")
+        info.size = 0
+        tf.addfile(info)
+    with pytest.raises(SourceError, match="outside the target"):
+        extract(evil, tmp_path / "x")
+    linky = tmp_path / "link.tar.gz"
+    with tarfile.open(linky, "w:gz") as tf:
+        info = tarfile.TarInfo("pkg/link")
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tf.addfile(info)
+    with pytest.raises(SourceError, match="link"):
+        extract(linky, tmp_path / "y")
+
+
+def test_bad_specs_are_clear_errors():
+    with pytest.raises(SourceError, match="neither a directory nor a pinned package"):
+        resolve_source("toolz>=1")
