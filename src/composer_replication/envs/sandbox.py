@@ -175,6 +175,9 @@ def _hidden_dirs(roots: list[str]) -> tuple[str, ...]:
     """Non-stdlib import locations inside the bound trees (site-packages, project sources)."""
     keep = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib")}
     keep.add(sysconfig.get_config_var("DESTSHARED") or "")
+    # sys.path[0] is the script's directory: for a console script (`composer-replication`)
+    # that is the interpreter's bin directory, which must stay visible
+    keep.add(os.path.realpath(sys.executable))
     cands = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
     cands.append(str(Path(__file__).resolve().parents[2]))  # this package's source tree
     out: list[str] = []

@@ -105,3 +105,18 @@ def test_pycache_holds_only_stdlib_bytecode_and_is_read_only():
     assert not outside, outside[:3]
     assert all("site-packages" not in p and "composer_replication" not in p for p in paths)
     assert "WROTE" not in r.stdout and "refused" in r.stdout
+
+
+def test_console_script_directory_on_sys_path_is_not_hidden(monkeypatch):
+    """A console script puts the interpreter's bin directory first on sys.path; hiding it
+    would hide the interpreter itself (bwrap: execvp ... No such file or directory)."""
+    import os
+    import sys
+
+    from composer_replication.envs import sandbox
+
+    bindir = os.path.dirname(os.path.realpath(sys.executable))
+    monkeypatch.setattr(sys, "path", [bindir, *sys.path])
+    roots = [os.path.realpath(sys.base_prefix), "/usr"]
+    hidden = sandbox._hidden_dirs(roots)
+    assert not any(bindir == h or bindir.startswith(h + "/") for h in hidden)

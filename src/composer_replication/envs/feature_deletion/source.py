@@ -77,7 +77,7 @@ def _fetch_sdist(name: str, version: str, base: Path, root: Path) -> None:
     base.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=base) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--no-build-isolation", "-q", "-d", tmp, f"{name}=={version}"]  # fmt: skip
+               "-q", "-d", tmp, f"{name}=={version}"]  # fmt: skip
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         archives = [p for p in Path(tmp).iterdir() if p.name.endswith((".tar.gz", ".zip"))]
         if res.returncode != 0 or not archives:
