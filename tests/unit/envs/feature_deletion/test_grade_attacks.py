@@ -10,6 +10,8 @@ isolation or the run-time integrity checks are what stops them."""
 
 from __future__ import annotations
 
+import json
+import os
 import py_compile
 import shutil
 from pathlib import Path
@@ -17,25 +19,29 @@ from pathlib import Path
 import pytest
 
 from composer_replication.config import TaskGenConfig
+from composer_replication.envs.base import unit_hash
 from composer_replication.envs.feature_deletion.candidates import STUB, original_body
 from composer_replication.envs.feature_deletion.generate import generate_tasks, suite_sandbox
 from composer_replication.envs.feature_deletion.grade import grade_workspace
-from composer_replication.envs.feature_deletion.source import resolve_source
+from composer_replication.envs.feature_deletion.source import resolve_source, tree_digest
 from composer_replication.envs.feature_deletion.workspace import candidate_of, make_workspace
 from composer_replication.envs.sandbox import Sandbox, bindable_dir
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
 SYMBOLS = ["slugify", "titlecase", "truncate", "Counter.most_common", "ordinal"]
+SOURCE = os.environ.get("CR_FD_ATTACK_SOURCE", str(FIXTURE))
+"""Run the same attacks on another source's tasks (the first five, by hash order), e.g.
+``CR_FD_ATTACK_SOURCE=toolz==1.2.0`` (fetched with pip); the default is the vendored fixture."""
 
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
-    source = resolve_source(str(FIXTURE))
+    source = resolve_source(SOURCE)
     out = tmp_path_factory.mktemp("tasks")
-    summary = generate_tasks(source, out, TaskGenConfig(workers=2), spec=str(FIXTURE))
-    import json
-
+    summary = generate_tasks(source, out, TaskGenConfig(workers=2), spec=SOURCE)
     tasks = [json.loads(x) for x in (summary.out_dir / "tasks.jsonl").read_text().splitlines()]
+    if SOURCE != str(FIXTURE):
+        return source, sorted(tasks, key=lambda t: unit_hash(t["task_id"]))[: len(SYMBOLS)]
     by_symbol = {t["symbol"]: t for t in tasks}
     return source, [by_symbol[s] for s in SYMBOLS]
 
@@ -46,11 +52,12 @@ def box():
 
 
 @pytest.fixture(scope="module")
-def outside_copy():
+def outside_copy(generated):
     """The original tree at a host path any user can read (an "installed" or cached copy):
     it exists outside the sandbox, and the attacks know where."""
-    path = Path(bindable_dir("cr-fd-installed-")) / "textkit"
-    shutil.copytree(FIXTURE, path)
+    source, _ = generated
+    path = Path(bindable_dir("cr-fd-installed-")) / source.name
+    shutil.copytree(source.root, path)
     yield path
     shutil.rmtree(path.parent, ignore_errors=True)
 
@@ -118,7 +125,7 @@ def attack_load_installed_copy(ws, task, source, outside):
         f"paths = {places!r}\n"
         "import sys, sysconfig\n"
         "for d in [sysconfig.get_paths()['purelib'], sys.prefix]:\n"
-        f"    paths += glob.glob(d + '/**/textkit/{Path(task['file']).name}', recursive=True)\n"
+        f"    paths += glob.glob(d + '/**/{task['file']}', recursive=True)\n"
         "for p in paths:\n"
         "    try:\n"
         f"        ns = runpy.run_path(p)\n"
@@ -232,7 +239,7 @@ def test_attack_scores_0(generated, box, tmp_path, outside_copy, attack, index):
     if attack in UNFLAGGED:  # stopped by isolation or run-time checks, not by a static flag
         static = [f for f in verdict.flags if f.split(":")[0] in ("import", "call", "name")]
         assert static == [], (attack, static)
-    assert (source.root / task["file"]).read_text() == (FIXTURE / task["file"]).read_text()
+    assert tree_digest(source.root) == source.digest  # the source tree is untouched
 
 
 def test_attacks_leave_their_marks_in_the_report(generated, box, tmp_path, outside_copy):
