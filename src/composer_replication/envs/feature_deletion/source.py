@@ -47,9 +47,11 @@ class SourceTree:
 
 
 def tree_digest(root: Path) -> str:
-    """sha256 over the sorted (relative path, content) of every regular file under ``root``."""
+    """sha256 over the sorted (relative path, content) of every regular file under ``root``
+    (except our ``.complete`` marker, which holds this digest)."""
     h = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+    files = (p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+    for path in sorted(p for p in files if p.relative_to(root).as_posix() != ".complete"):
         h.update(path.relative_to(root).as_posix().encode() + b"\0")
         h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
