@@ -38,6 +38,7 @@ def test_feature_deletion_trains_with_tool_calls_and_graded_rewards(tokenizer, t
             "generation.num_generations=2",
             "generation.max_completion_length=160",
             "env.max_tool_output_chars=200",
+            "env.few_shot=false",  # the script counts assistant turns from the prompt's end
             "rollout.max_turns=2",
             "eval.before_and_after=false",
             "alpha_sdpo=0.5",

@@ -47,6 +47,42 @@ PROMPT = (
     "`{symbol}` in `{file}` lost its implementation (it raises NotImplementedError). "
     "Rebuild it so that the tests pass, e.g. {visible}."
 )
+STUB_LINE = "    raise NotImplementedError  # deleted: rebuild this"
+
+
+def _call(name: str, **arguments: Any) -> dict[str, Any]:
+    fn = {"name": name, "arguments": arguments}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": fn}],
+    }
+
+
+def _result(name: str, content: str) -> dict[str, Any]:
+    return {"role": "tool", "name": name, "content": content}
+
+
+FEW_SHOT: list[dict[str, Any]] = [
+    {
+        "role": "user",
+        "content": PROMPT.format(
+            symbol="double", file="mathy/ops.py", visible="`tests/test_ops.py::test_double`"
+        ),
+    },  # fmt: skip
+    _call("read_file", path="mathy/ops.py"),
+    _result("read_file", '    1  def double(x):\n    2      """Twice x."""\n    3  ' + STUB_LINE),
+    _call("replace_in_file", path="mathy/ops.py", old=STUB_LINE, new="    return 2 * x"),
+    _result("replace_in_file", "edited mathy/ops.py"),
+    _call("run_tests"),
+    _result("run_tests", "1 passed, 0 not passed"),
+    _call("submit"),
+    _result("submit", "submitted; the tests will be run"),
+    {"role": "assistant", "content": "Done."},
+]
+"""A worked episode on a made-up repository (no task of any set), shown before the task with
+``few_shot``: the 135M base model writes no tool call from the schemas alone (measured on
+toolz: 0 calls in 4 rollouts)."""
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".cfg", ".toml", ".ini", ".json", ".yaml", ".yml")
 
 
@@ -63,6 +99,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         reward: Literal["all_or_nothing", "fraction"] = "all_or_nothing",
         heldout_fraction: float = 0.2,
         max_output_chars: int = 2000,
+        few_shot: bool = True,
         progress=None,
     ):
         super().__init__()
@@ -70,6 +107,7 @@ class FeatureDeletionEnv(ToolEnvironment):
 
         self.generation = generation or TaskGenConfig()
         self.reward_mode, self.max_output_chars = reward, max_output_chars
+        self.few_shot = few_shot
         self.box = Sandbox(suite_sandbox(self.generation))
         self.roots: dict[str, Path] = {}
         out = Path(task_dir) if task_dir else cache_dir() / "feature_deletion" / "tasks"
@@ -100,6 +138,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         return {
             "prompt": [
                 {"role": "system", "content": SYSTEM_PROMPT},
+                *(FEW_SHOT if self.few_shot else []),
                 {"role": "user", "content": self.user_message(task)},
             ],
             "task_id": task.task_id,

@@ -42,6 +42,10 @@ def test_tasks_split_and_prompt(env):
     assert len(tasks) == 9 and env.tasks("train") and env.tasks("heldout")
     row = env.row(_task(env, "slugify"))
     assert "`slugify` in `textkit/core.py`" in row["prompt"][-1]["content"]
+    calls = [c["function"]["name"] for m in row["prompt"] for c in m.get("tool_calls", [])]
+    assert calls == ["read_file", "replace_in_file", "run_tests", "submit"]  # the worked episode
+    tools = env.tools_class()()
+    assert set(calls) <= {n for n in dir(tools) if not n.startswith("_")}
     assert "tests/test_core.py::test_slugify" in row["prompt"][-1]["content"]
 
 
