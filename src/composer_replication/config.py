@@ -95,7 +95,9 @@ class EnvConfig(_Strict):
     few_shot: bool = True
     """Tool environments: put worked tool exchanges before each task (the 135M base model
     never calls a tool from the schema alone; docs/agents.md)."""
-    task_sources: list[str] = Field(default_factory=lambda: ["toolz==1.2.0"], min_length=1)
+    task_sources: list[str] = Field(
+        default_factory=lambda: ["toolz==1.2.0", "inflection==0.5.1"], min_length=1
+    )
     """``feature_deletion``: source trees to delete functions from: local directories with a
     pytest suite, or pinned PyPI packages (``name==version``, the sdist is fetched with pip at
     first use). Task sets are generated at first use and cached (``task_dir``)."""

@@ -93,7 +93,7 @@ class FeatureDeletionEnv(ToolEnvironment):
 
     def __init__(
         self,
-        sources: list[str] | tuple[str, ...] = ("toolz==1.2.0",),
+        sources: list[str] | tuple[str, ...] = ("toolz==1.2.0", "inflection==0.5.1"),
         task_dir: str | Path | None = None,
         generation: TaskGenConfig | None = None,
         reward: Literal["all_or_nothing", "fraction"] = "all_or_nothing",
