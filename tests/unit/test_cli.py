@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from composer_replication.cli import app
 from composer_replication.cli.common import BAD_INPUT, exit_on, fail
 
-COMMANDS = ["train", "eval", "ablate", "ingest", "serve", "replay", "pairs", "diloco"]
+COMMANDS = ["train", "eval", "ablate", "ingest", "serve", "replay", "pairs", "diloco", "tasks"]
 
 
 def _flat(text: str) -> str:
@@ -24,7 +24,7 @@ def _flat(text: str) -> str:
 
 
 def test_every_command_is_registered_once():
-    names = [c.name for c in app.registered_commands]
+    names = [c.name for c in app.registered_commands] + [g.name for g in app.registered_groups]
     assert sorted(names) == sorted(COMMANDS)
     result = CliRunner().invoke(app, ["--help"])
     assert result.exit_code == 0

@@ -28,7 +28,9 @@ Layers, outermost first:
   grader fills once per process with the bytecode of common standard-library modules
   (``WARM_MODULES``, compiled by importing them outside the sandbox, no candidate code
   involved): without it every ``from typing import List`` in a candidate recompiles ``typing``
-  from source (~25 ms per grading). Nothing of the code under test is ever compiled there.
+  from source (~25 ms per grading). Feature Deletion adds the bytecode of its private copy of
+  pytest (envs/pytest_suite.py), also compiled by the trusted interpreter. Nothing of the code
+  under test is ever compiled there.
 * **An audit hook** (PEP 578, in envs/harness.py) refusing sockets, processes, native code and
   writes outside the work dir: a second layer only, bypassable from Python, never relied on.
 
