@@ -125,11 +125,10 @@ class FeatureDeletionEnv(ToolEnvironment):
                 self._splits[split].append(Task(record["task_id"], prompt, split, record))
         if not self.roots:
             raise ValueError(f"feature_deletion: no task in {list(sources)}")
+        self._by_id = {t.task_id: t for s in ("train", "heldout") for t in self.tasks(s)}
 
     def task_by_id(self, task_id: str) -> Task:
         """The task called ``task_id`` (KeyError naming it otherwise)."""
-        if not hasattr(self, "_by_id"):
-            self._by_id = {t.task_id: t for s in ("train", "heldout") for t in self.tasks(s)}
         if task_id not in self._by_id:
             raise KeyError(f"feature_deletion: unknown task_id {task_id!r}")
         return self._by_id[task_id]
