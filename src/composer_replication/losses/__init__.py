@@ -24,7 +24,12 @@ from .entropy_opd import entropy_aware_opd_loss
 from .jsd import generalized_jsd_loss
 from .policy import prime_rl_policy_loss
 from .preference import dpo_loss, sequence_logps, simpo_loss
-from .sampled import dapo_clip_loss, sampled_reverse_kl_loss
+from .sampled import (
+    dapo_clip_loss,
+    dapo_clip_per_token,
+    sampled_reverse_kl_loss,
+    sampled_reverse_kl_per_token,
+)
 from .taid import TAIDScheduler, taid_loss
 
 __all__ = [
@@ -35,12 +40,14 @@ __all__ = [
     "chunked_generalized_jsd_loss",
     "compose_loss",
     "dapo_clip_loss",
+    "dapo_clip_per_token",
     "default_chunk_size",
     "dpo_loss",
     "entropy_aware_opd_loss",
     "generalized_jsd_loss",
     "preference_loss",
     "sampled_reverse_kl_loss",
+    "sampled_reverse_kl_per_token",
     "prime_rl_policy_loss",
     "self_distill_loss",
     "sequence_logps",

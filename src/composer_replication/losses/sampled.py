@@ -44,6 +44,35 @@ def _check(**tensors: Tensor) -> None:
             check_float(name, t)
 
 
+def dapo_clip_per_token(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DAPO's clipped surrogate per token, before any reduction (module docstring), and its
+    clip metrics over ``mask``; for engines that reduce the loss themselves (verl's
+    ``agg_loss``)."""
+    _check(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
+    m = mask.bool()
+    ratio = torch.exp(logp - old_logp.detach())
+    clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
+    per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    with torch.no_grad():
+        n = m.sum().clamp_min(1)
+        low = (ratio < 1 - eps_low) & (advantages < 0) & m
+        high = (ratio > 1 + eps_high) & (advantages > 0) & m
+        metrics = {
+            "clip_low_frac": low.sum() / n,
+            "clip_high_frac": high.sum() / n,
+            "importance_ratio": (ratio * m).sum() / n,
+            "num_tokens": m.sum().float(),
+        }
+    return per_token, metrics
+
+
 def dapo_clip_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -61,23 +90,23 @@ def dapo_clip_loss(
     A = -1, r = 0.5 < 1 - 0.2: min(-0.5, -0.8) = -0.8 clipped, loss = 0.8 (no gradient).
     Metrics: ``clip_low_frac``, ``clip_high_frac``, ``importance_ratio``, ``num_tokens``.
     """
-    _check(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
+    per_token, metrics = dapo_clip_per_token(logp, old_logp, advantages, mask, eps_low, eps_high)
+    return _reduce(per_token, mask.bool(), loss_weights, divisor), metrics
+
+
+def sampled_reverse_kl_per_token(
+    logp: Tensor, teacher_logp: Tensor, behaviour_logp: Tensor, mask: Tensor
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The sampled reverse KL to the teacher per token, before any reduction (module
+    docstring), and its metrics over ``mask``."""
+    _check(logp=logp, teacher_logp=teacher_logp, behaviour_logp=behaviour_logp, mask=mask)
     m = mask.bool()
-    ratio = torch.exp(logp - old_logp.detach())
-    clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
-    per_token = -torch.minimum(ratio * advantages, clipped * advantages)
-    loss = _reduce(per_token, m, loss_weights, divisor)
+    gap = (teacher_logp - logp).detach()
+    per_token = -gap * torch.exp(logp - behaviour_logp.detach())
     with torch.no_grad():
         n = m.sum().clamp_min(1)
-        low = (ratio < 1 - eps_low) & (advantages < 0) & m
-        high = (ratio > 1 + eps_high) & (advantages > 0) & m
-        metrics = {
-            "clip_low_frac": low.sum() / n,
-            "clip_high_frac": high.sum() / n,
-            "importance_ratio": (ratio * m).sum() / n,
-            "num_tokens": m.sum().float(),
-        }
-    return loss, metrics
+        metrics = {"reverse_kl": (-gap * m).sum() / n, "num_tokens": m.sum().float()}
+    return per_token, metrics
 
 
 def sampled_reverse_kl_loss(
@@ -96,12 +125,5 @@ def sampled_reverse_kl_loss(
     token down: the teacher likes it less). Metrics: ``reverse_kl`` (mean of logp -
     teacher_logp over the mask), ``num_tokens``.
     """
-    _check(logp=logp, teacher_logp=teacher_logp, behaviour_logp=behaviour_logp, mask=mask)
-    m = mask.bool()
-    gap = (teacher_logp - logp).detach()
-    ratio = torch.exp(logp - behaviour_logp.detach())
-    loss = _reduce(-gap * ratio, m, loss_weights, divisor)
-    with torch.no_grad():
-        n = m.sum().clamp_min(1)
-        metrics = {"reverse_kl": (-gap * m).sum() / n, "num_tokens": m.sum().float()}
-    return loss, metrics
+    per_token, metrics = sampled_reverse_kl_per_token(logp, teacher_logp, behaviour_logp, mask)
+    return _reduce(per_token, mask.bool(), loss_weights, divisor), metrics

@@ -1,0 +1,60 @@
+"""The virtual environment the verl recipe is tested in (verl 0.9 pins transformers < 5.11,
+which our TRL pin excludes, so verl never enters the main environment).
+
+``python tests/support/verl_venv.py`` (or :func:`ensure_verl_venv`) creates it once under
+``~/.cache/composer-replication/`` with ``--system-site-packages`` (the pinned CPU torch and
+pytest come from the main environment; verl, transformers < 5.11 and TransferQueue are
+installed into the venv, which shadows the main environment's transformers), then installs
+this checkout into it without dependencies so verl's ``verl.plugins`` entry point finds our
+plugin. The requirements are ``pyproject.toml``'s ``verl`` extra.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import tomllib
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def verl_requirements() -> list[str]:
+    """The ``verl`` extra of pyproject.toml (one source of truth for the pins)."""
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())
+    return list(meta["project"]["optional-dependencies"]["verl"])
+
+
+def venv_dir() -> Path:
+    reqs = "\n".join(verl_requirements()) + sys.version
+    key = hashlib.sha256(reqs.encode()).hexdigest()[:12]
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return root / "composer-replication" / f"verl-venv-{key}"
+
+
+def _pip(python: Path, *args: str) -> None:
+    cmd = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+
+
+def ensure_verl_venv() -> Path:
+    """The venv's python, creating the venv if needed and (re)installing this checkout."""
+    d = venv_dir()
+    python = d / "bin" / "python"
+    done = d / ".installed"
+    if not done.exists():
+        venv.EnvBuilder(system_site_packages=True, clear=True, with_pip=True).create(d)
+        _pip(python, *verl_requirements())
+        done.write_text("\n".join(verl_requirements()))
+    _pip(python, "--no-deps", "--no-build-isolation", "-e", str(REPO))
+    return python
+
+
+if __name__ == "__main__":
+    print(ensure_verl_venv())
