@@ -111,3 +111,25 @@ def test_a_lying_scoring_server_is_refused(tokenizer, tiny, lie, match):
 def test_unhinted_rows_are_nan():
     ids, lps = unhinted_rows(3, 2)
     assert ids.shape == (5, 1) and all(math.isnan(x) for x in lps[:, 0].tolist())
+
+
+def test_data_writer_and_reward_round_trip(tmp_path):
+    import pandas as pd
+
+    from composer_replication.recipes.verl.data import write
+    from composer_replication.recipes.verl.reward import compute_score
+
+    paths = write(tmp_path, [1])
+    train, test = pd.read_parquet(paths["train"]), pd.read_parquet(paths["test"])
+    assert len(train) > len(test) > 0
+    assert not set(train.extra_info.map(lambda e: e["task_id"])) & set(
+        test.extra_info.map(lambda e: e["task_id"])
+    )
+    row = train.iloc[0]
+    truth = row.reward_model["ground_truth"]
+    good = compute_score(row.data_source, truth, truth, dict(row.extra_info))
+    bad = compute_score(row.data_source, str(int(truth) + 1), truth, dict(row.extra_info))
+    assert (good["score"], bad["score"]) == (1.0, 0.0)
+    assert bad["feedback"] == f"expected {truth}, got {int(truth) + 1}"
+    with pytest.raises(ValueError, match="unknown data_source"):
+        compute_score("gsm8k", "1", "1")

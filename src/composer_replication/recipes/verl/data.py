@@ -16,6 +16,11 @@ from composer_replication.envs.arithmetic import ArithmeticEnv
 from composer_replication.recipes.verl.reward import DATA_SOURCE
 
 
+def _problem(problem: tuple[int, str, int]) -> dict[str, Any]:
+    a, op, b = problem
+    return {"a": a, "op": op, "b": b}
+
+
 def rows(env: ArithmeticEnv, split: str) -> list[dict[str, Any]]:
     """verl dataset rows of one split."""
     return [
@@ -24,7 +29,7 @@ def rows(env: ArithmeticEnv, split: str) -> list[dict[str, Any]]:
             "prompt": [{"role": "user", "content": t.prompt}],
             "ability": "arithmetic",
             "reward_model": {"style": "rule", "ground_truth": str(t.data["answer"])},
-            "extra_info": {"task_id": t.task_id, "problem": list(t.data["problem"])},
+            "extra_info": {"task_id": t.task_id, **_problem(t.data["problem"])},
         }
         for t in env.tasks(split)
     ]

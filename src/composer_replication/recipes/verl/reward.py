@@ -25,6 +25,7 @@ def compute_score(
         raise ValueError(
             f"compute_score: unknown data_source {data_source!r}; this reward knows {DATA_SOURCE!r}"
         )
-    problem = (extra_info or {}).get("problem")
-    result = grade_answer(solution_str, int(ground_truth), tuple(problem) if problem else None)
+    info = extra_info or {}
+    problem = (int(info["a"]), str(info["op"]), int(info["b"])) if "op" in info else None
+    result = grade_answer(solution_str, int(ground_truth), problem)
     return {"score": result.reward, "passed": float(result.passed), "feedback": result.feedback}
