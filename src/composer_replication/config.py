@@ -432,6 +432,12 @@ class SdpoConfig(_Strict):
         "A previous attempt at this was wrong. Feedback on it: {feedback}. Answer correctly."
     )
     """Hint text from verifier feedback; ``{feedback}`` is filled in."""
+    feedback_form: str = Field("verifier", min_length=1, max_length=64)
+    """Which form of the verifier's feedback fills ``{feedback}``: ``verifier`` (its own
+    message; arithmetic's contains the answer) or a form the environment offers in
+    ``StepResult.info["feedback_forms"]`` (arithmetic: ``direction``, ``digits``, ``wrong``,
+    which do not leak the answer). Measure which one the model can use with
+    ``composer-replication hints uplift``."""
     turn_scope: Literal["turn", "turn_and_rest", "all"] = "turn"
     """Multi-turn rollouts whose failure the environment pins to a turn (``failed_turn``):
     distill on that turn's tokens only (``turn``, Composer's targeted feedback), on that turn

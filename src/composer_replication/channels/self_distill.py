@@ -105,6 +105,7 @@ class SelfDistillChannel(Channel):
             self.templates,
             prompts=[to_text(p) for p in prompts],
             hint_model=self.hint_model,
+            feedback_form=self.cfg.feedback_form,
         )
         device = batch["completion_ids"].device
         hinted = torch.tensor([h is not None for h in hints], dtype=torch.bool, device=device)

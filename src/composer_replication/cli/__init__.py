@@ -7,6 +7,7 @@ commands stay thin (parse, build the parts, run them, print a summary).
 - ``serve``, ``replay``, ``pairs``: `composer_replication.cli.replay`
 - ``diloco``: `composer_replication.cli.diloco`
 - ``tasks generate``: `composer_replication.cli.tasks`
+- ``hints uplift``: `composer_replication.cli.hints`
 
 Shared consoles, error reporting and exit codes: `composer_replication.cli.common`.
 """
@@ -21,6 +22,7 @@ import typer.rich_utils
 
 from composer_replication.cli.ablate import ablate_command
 from composer_replication.cli.diloco import diloco_command
+from composer_replication.cli.hints import hints_app
 from composer_replication.cli.ingest import ingest_command
 from composer_replication.cli.replay import pairs_command, replay_command, serve_command
 from composer_replication.cli.tasks import tasks_app
@@ -49,5 +51,6 @@ app.command("replay")(replay_command)
 app.command("pairs")(pairs_command)
 app.command("diloco", context_settings={"allow_extra_args": True})(diloco_command)
 app.add_typer(tasks_app, name="tasks")
+app.add_typer(hints_app, name="hints")
 
 __all__ = ["app"]

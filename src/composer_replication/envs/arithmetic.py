@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from composer_replication.envs.base import Environment, StepResult, Task, unit_hash
+from composer_replication.envs.base import FEEDBACK_FORMS, Environment, StepResult, Task, unit_hash
 
 _NUMBER = re.compile(r"-?\d+")
 _BARE_NUMBER = re.compile(r"^\s*-?\d+\s*\.?\s*$")
@@ -94,7 +94,43 @@ def grade_answer(
     else:
         feedback = f"expected {expected}, got {got}"
     reward = 0.0
-    return StepResult(completion, reward, True, False, feedback, {"expected": expected, "got": got})
+    forms = feedback_forms(expected, got, feedback)
+    info = {"expected": expected, "got": got, FEEDBACK_FORMS: forms}
+    return StepResult(completion, reward, True, False, feedback, info)
+
+
+def _wrong_digits(expected: int, got: int) -> str:
+    """Which digit places of ``got`` differ from ``expected`` (aligned from the right), without
+    saying what they should be."""
+    e, g = str(abs(expected))[::-1], str(abs(got))[::-1]
+    if len(e) != len(g) or (expected < 0) != (got < 0):
+        return f"{got} has the wrong number of digits or sign"
+    places = ("ones", "tens", "hundreds", "thousands")
+    bad = [places[i] if i < len(places) else f"10^{i}" for i in range(len(e)) if e[i] != g[i]]
+    if len(bad) == 1:
+        return f"the {bad[0]} digit of {got} is wrong"
+    return f"the {' and '.join(reversed(bad))} digits of {got} are wrong"
+
+
+def feedback_forms(expected: int, got: int | None, verifier: str) -> dict[str, str]:
+    """Feedback on a wrong answer in several forms, from most to least informative; only
+    ``verifier`` (the grader's message) contains the answer. Hint-uplift measurement
+    (``hints/uplift.py``) compares them; ``sdpo.feedback_form`` picks one for training.
+
+    ``verifier``: the grader's own message (given); ``direction``: too large / too small; ``digits``: which digit places are wrong (a carry
+    error shows as a wrong tens digit); ``wrong``: only that it is wrong (a placebo for the
+    template)."""
+    if got is None:
+        direction = digits = "the reply has no number"
+    else:
+        direction = f"{got} is too {'large' if got > expected else 'small'}"
+        digits = _wrong_digits(expected, got)
+    return {
+        "verifier": verifier,
+        "direction": direction,
+        "digits": digits,
+        "wrong": "the answer is wrong",
+    }
 
 
 class ArithmeticEnv(Environment):

@@ -30,6 +30,12 @@ class Task:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+FEEDBACK_FORMS = "feedback_forms"
+"""``StepResult.info`` key of an environment's alternative feedback texts on a failure, by form
+name (e.g. ``{"direction": "8 is too small", ...}``); ``sdpo.feedback_form`` picks one for the
+hint, ``verifier`` being ``StepResult.feedback`` itself."""
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What ``step`` returns: reward, a pass flag, and feedback explaining the verdict."""

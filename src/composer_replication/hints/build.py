@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from composer_replication.envs.base import StepResult
+from composer_replication.envs.base import FEEDBACK_FORMS, StepResult
 
 SOURCES = ("feedback", "sibling", "model")
 
@@ -45,8 +45,14 @@ def build_hints(
     prompts: Sequence[str] | None = None,
     hint_model: HintModel | Callable[[str, str, str], str] | None = None,
     max_chars: int = 2000,
+    feedback_form: str = "verifier",
 ) -> list[Hint | None]:
     """One hint (or None) per completion; only failed completions get one.
+
+    ``feedback_form`` picks the text of a ``feedback`` hint: ``verifier`` is
+    ``StepResult.feedback``; another name is looked up in the result's
+    ``info["feedback_forms"]`` (environments that offer several forms, e.g. arithmetic's
+    ``direction``/``digits``/``wrong``, which do not contain the answer).
 
     ``completions`` are laid out in groups of ``group_size`` siblings (the same prompt), as in
     a GRPO batch. For each failed completion the first source in ``sources`` that applies wins:
@@ -75,7 +81,7 @@ def build_hints(
                 i,
                 group,
                 completion,
-                result,
+                _with_form(result, feedback_form),
                 completions,
                 results,
                 sources,
@@ -86,6 +92,17 @@ def build_hints(
             )
         )
     return hints
+
+
+def _with_form(result: StepResult, form: str) -> StepResult:
+    """``result`` with ``feedback`` replaced by its ``form`` (``verifier``: unchanged)."""
+    if form == "verifier":
+        return result
+    forms = result.info.get(FEEDBACK_FORMS) or {}
+    if form not in forms:
+        offered = sorted(forms) or "none (only 'verifier')"
+        raise ValueError(f"sdpo.feedback_form={form!r}: this environment's results offer {offered}")
+    return replace(result, feedback=forms[form])
 
 
 def _first_hint(

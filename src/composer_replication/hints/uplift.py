@@ -1,0 +1,357 @@
+"""Does the self-teacher know better? Hint uplift of a model on its own failed replies.
+
+Self-distillation (SDPO, Hübotter et al., arXiv:2601.20802; OPSD, Zhao et al.) pulls the policy
+toward *itself shown a hint*: it can only teach what the hinted model knows better than the
+unhinted one. Before training we measure that gap on the model's own failures, per hint
+source and form:
+
+* ``dlogp_answer``: ``log p(answer | prompt + hint) - log p(answer | prompt)``, the sequence
+  log-prob of the correct answer (the bare number) with and without the hint; how much more
+  likely the hinted teacher makes the right reply.
+* ``dlogp_reply``: the same gap per token on the failed reply itself; this is the signal the
+  channel distills (negative: the teacher disowns the wrong reply).
+* greedy pass rate with the hint vs without it, on the same prompts (paired).
+* ``leak``: the fraction of hints whose text contains the answer. Leaked answers are distilled
+  as a shortcut rather than a skill (RLSD, arXiv:2604.03128); the final gain tracks the
+  initial student/teacher gap (arXiv:2605.30070). Forms that do not contain the answer
+  (``direction``, ``digits``, ``wrong``) are measured separately from those that do
+  (``verifier``, ``sibling``).
+
+Hint sources: ``feedback`` in each form the environment offers
+(``StepResult.info["feedback_forms"]``), ``sibling`` (a successful reply to the same prompt, as
+the channel picks it), ``model`` (the model itself writes a hint from the problem, its reply
+and the verifier's message). ``wrong`` ("the answer is wrong") is the placebo: the template
+without information.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from composer_replication.chat import as_messages, render_prompt
+from composer_replication.envs.base import FEEDBACK_FORMS, Environment, StepResult, Task
+from composer_replication.evaluation import generate_greedy, mean_interval
+from composer_replication.hints.build import HintTemplates, insert_hint
+from composer_replication.models import pad_token_id
+
+MODEL_HINT_PROMPT = (
+    "Problem: {prompt}\nA student replied: {reply}\nThe checker said: {feedback}\n"
+    "Write one short hint for the student. Do not state the answer."
+)
+
+
+@dataclass
+class Failure:
+    """One failed sampled reply and what its group offers as hints."""
+
+    task: Task
+    reply: str
+    result: StepResult
+    sibling: str | None  # the best successful reply to the same prompt, if any
+
+
+@dataclass
+class Measurement:
+    """One (failure, hint form) measurement."""
+
+    task_id: str
+    level: Any
+    form: str
+    hint: str
+    leak: bool
+    dlogp_answer: float
+    dlogp_reply: float
+    passed_plain: bool
+    passed_hinted: bool
+
+
+@dataclass
+class UpliftRow:
+    """Aggregate of one (level, form)."""
+
+    level: Any
+    form: str
+    n: int
+    leak: float
+    dlogp_answer: float
+    dlogp_answer_ci: tuple[float, float]
+    dlogp_reply: float
+    dlogp_reply_ci: tuple[float, float]
+    pass_plain: float
+    pass_hinted: float
+    pass_delta_ci: tuple[float, float]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def sample_failures(
+    model, tokenizer, env: Environment, tasks: Sequence[Task], samples: int,
+    temperature: float, max_new_tokens: int, batch_size: int, progress=None,
+) -> tuple[list[Failure], int, int]:  # fmt: skip
+    """Sample ``samples`` replies per task at ``temperature``; return the failures (with their
+    best successful sibling), the number sampled and the number passed."""
+    prompts = [t.prompt for t in tasks for _ in range(samples)]
+    replies = generate_greedy(
+        model, tokenizer, prompts, max_new_tokens, batch_size, progress, temperature
+    )
+    failures, passed = [], 0
+    for i, task in enumerate(tasks):
+        group = replies[i * samples : (i + 1) * samples]
+        results = [env.grade(task, r) for r in group]
+        wins = [(res.reward, -len(r.strip()), r) for r, res in zip(group, results, strict=True) if res.passed]
+        sibling = max(wins)[2].strip() if wins else None
+        passed += len(wins)
+        failures += [
+            Failure(task, r, res, sibling)
+            for r, res in zip(group, results, strict=True)
+            if not res.passed
+        ]
+    return failures, len(prompts), passed
+
+
+def answer_of(task: Task) -> str:
+    """The correct reply in the form the task asks for (arithmetic: the bare number)."""
+    if "answer" not in task.data:
+        raise ValueError(f"task {task.task_id} has no data['answer'] to measure uplift on")
+    return str(task.data["answer"])
+
+
+def leaks(hint: str, answer: str) -> bool:
+    """Whether ``hint`` contains ``answer`` as a whole token."""
+    return re.search(rf"(?<![\w.-]){re.escape(answer)}(?![\w])", hint) is not None
+
+
+def hint_text(f: Failure, form: str, templates: HintTemplates) -> str | None:
+    """The hint of one form for one failure (None when that form does not apply)."""
+    if form == "sibling":
+        return templates.sibling.format(sibling=f.sibling) if f.sibling else None
+    if form == "verifier":
+        feedback = f.result.feedback
+    else:
+        forms = f.result.info.get(FEEDBACK_FORMS) or {}
+        if form not in forms:
+            raise ValueError(f"hint form {form!r}: the environment offers {sorted(forms)}")
+        feedback = forms[form]
+    return templates.feedback.format(feedback=feedback.strip())
+
+
+def model_hints(
+    model, tokenizer, failures: Sequence[Failure], templates: HintTemplates,
+    max_new_tokens: int, batch_size: int,
+) -> list[str]:  # fmt: skip
+    """Hints the model writes itself (source ``model``), in the channel's ``model`` template."""
+    asks = [
+        MODEL_HINT_PROMPT.format(prompt=f.task.prompt, reply=f.reply.strip(), feedback=f.result.feedback)
+        for f in failures
+    ]  # fmt: skip
+    texts = generate_greedy(model, tokenizer, asks, max_new_tokens, batch_size)
+    return [templates.model.format(hint=t.strip()) if t.strip() else "" for t in texts]
+
+
+@torch.no_grad()
+def continuation_logps(
+    model, tokenizer, contexts: Sequence[Any], continuations: Sequence[str], batch_size: int
+) -> tuple[list[float], list[int]]:
+    """Sum of log-probs of each continuation after its chat context, and its token count."""
+    pad = pad_token_id(tokenizer)
+    sums: list[float] = []
+    counts: list[int] = []
+    for s in range(0, len(contexts), batch_size):
+        rows = []
+        for ctx, cont in zip(
+            contexts[s : s + batch_size], continuations[s : s + batch_size], strict=True
+        ):
+            p = tokenizer(render_prompt(tokenizer, ctx), add_special_tokens=False)["input_ids"]
+            c = tokenizer(cont, add_special_tokens=False)["input_ids"]
+            rows.append((p, c))
+        width = max(len(p) + len(c) for p, c in rows)
+        ids = torch.full((len(rows), width), pad)
+        attn = torch.zeros_like(ids)
+        for i, (p, c) in enumerate(rows):
+            ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+            attn[i, : len(p) + len(c)] = 1
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits.float(), -1)
+        for i, (p, c) in enumerate(rows):
+            pos = torch.arange(len(p) - 1, len(p) + len(c) - 1)
+            sums.append(float(logp[i, pos, torch.tensor(c)].sum()) if c else 0.0)
+            counts.append(len(c))
+    return sums, counts
+
+
+def measure(
+    model, tokenizer, env: Environment, failures: Sequence[Failure], forms: Sequence[str],
+    templates: HintTemplates, max_new_tokens: int, batch_size: int, level_of: Callable[[Task], Any],
+    progress: Callable[[str], None] | None = None,
+) -> list[Measurement]:  # fmt: skip
+    """Every (failure, form) measurement; forms that do not apply to a failure are skipped."""
+    model.eval()
+    plain = [as_messages(f.task.prompt) for f in failures]
+    answers = [answer_of(f.task) for f in failures]
+    s_ans, _ = continuation_logps(model, tokenizer, plain, answers, batch_size)
+    s_rep, n_rep = continuation_logps(
+        model, tokenizer, plain, [f.reply for f in failures], batch_size
+    )
+    greedy = generate_greedy(model, tokenizer, plain, max_new_tokens, batch_size)
+    passed_plain = [env.grade(f.task, g).passed for f, g in zip(failures, greedy, strict=True)]
+    out: list[Measurement] = []
+    for form in forms:
+        if progress:
+            progress(form)
+        if form == "model":
+            hints = model_hints(model, tokenizer, failures, templates, 24, batch_size)
+        else:
+            hints = [hint_text(f, form, templates) for f in failures]
+        idx = [i for i, h in enumerate(hints) if h]
+        if not idx:
+            continue
+        ctx = [insert_hint(plain[i], hints[i]) for i in idx]
+        t_ans, _ = continuation_logps(model, tokenizer, ctx, [answers[i] for i in idx], batch_size)
+        t_rep, _ = continuation_logps(
+            model, tokenizer, ctx, [failures[i].reply for i in idx], batch_size
+        )
+        hinted = generate_greedy(model, tokenizer, ctx, max_new_tokens, batch_size)
+        for j, i in enumerate(idx):
+            f = failures[i]
+            out.append(
+                Measurement(
+                    f.task.task_id, level_of(f.task), form, hints[i], leaks(hints[i], answers[i]),
+                    t_ans[j] - s_ans[i], (t_rep[j] - s_rep[i]) / max(n_rep[i], 1),
+                    passed_plain[i], env.grade(f.task, hinted[j]).passed,
+                )
+            )  # fmt: skip
+    return out
+
+
+def aggregate(ms: Sequence[Measurement]) -> list[UpliftRow]:
+    """Per (level, form): means with normal 95% intervals, and paired pass-rate difference."""
+    rows = []
+    keys = sorted({(str(m.level), m.form) for m in ms}, key=lambda k: (k[0], k[1]))
+    for level, form in keys:
+        g = [m for m in ms if str(m.level) == level and m.form == form]
+        da, dr = [m.dlogp_answer for m in g], [m.dlogp_reply for m in g]
+        dp = [float(m.passed_hinted) - float(m.passed_plain) for m in g]
+        rows.append(
+            UpliftRow(
+                g[0].level, form, len(g), _mean([float(m.leak) for m in g]),
+                _mean(da), mean_interval(da), _mean(dr), mean_interval(dr),
+                _mean([float(m.passed_plain) for m in g]), _mean([float(m.passed_hinted) for m in g]),
+                mean_interval(dp),
+            )
+        )  # fmt: skip
+    return rows
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def markdown(rows: Sequence[UpliftRow]) -> str:
+    """The uplift table (docs/results.md format)."""
+    head = (
+        "| level | hint form | n | hint contains the answer | Δ log p(answer) [95% CI] "
+        "| × p(answer) | Δ log p per token of the failed reply [95% CI] "
+        "| greedy pass: no hint → hint | paired Δ [95% CI] |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    )
+    lines = []
+    for r in rows:
+        (a0, a1), (r0, r1), (p0, p1) = r.dlogp_answer_ci, r.dlogp_reply_ci, r.pass_delta_ci
+        lines.append(
+            f"| {r.level} | {r.form} | {r.n} | {r.leak:.0%} | {r.dlogp_answer:+.2f} "
+            f"[{a0:+.2f}, {a1:+.2f}] | {math.exp(r.dlogp_answer):.2f} | {r.dlogp_reply:+.3f} "
+            f"[{r0:+.3f}, {r1:+.3f}] | {r.pass_plain:.0%} → {r.pass_hinted:.0%} "
+            f"| {r.pass_hinted - r.pass_plain:+.0%} [{p0:+.0%}, {p1:+.0%}] |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def plot(rows: Sequence[UpliftRow], path: Path) -> Path:
+    """Bar chart of Δ log p(answer) per form, one group of bars per level."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = sorted({str(r.level) for r in rows})
+    forms = sorted({r.form for r in rows})
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(levels) * len(forms) / 3, 3.6))
+    width = 0.8 / max(len(forms), 1)
+    for k, form in enumerate(forms):
+        xs, ys, err = [], [], []
+        for j, lv in enumerate(levels):
+            r = next((r for r in rows if str(r.level) == lv and r.form == form), None)
+            if r is not None:
+                xs.append(j + k * width)
+                ys.append(r.dlogp_answer)
+                err.append((r.dlogp_answer_ci[1] - r.dlogp_answer_ci[0]) / 2)
+        ax.bar(xs, ys, width, yerr=err, label=form, capsize=2)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks([j + width * (len(forms) - 1) / 2 for j in range(len(levels))])
+    ax.set_xticklabels([f"level {lv}" for lv in levels])
+    ax.set_ylabel("Δ log p(correct answer)\nhinted − unhinted")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(
+    out: Path, ms: Sequence[Measurement], rows: Sequence[UpliftRow], meta: dict
+) -> None:
+    """``uplift.json`` (every measurement), ``uplift.md`` (the table) and ``uplift.png``."""
+    out.mkdir(parents=True, exist_ok=True)
+    data = {
+        "meta": meta,
+        "rows": [asdict(r) for r in rows],
+        "measurements": [asdict(m) for m in ms],
+    }
+    (out / "uplift.json").write_text(json.dumps(data, indent=1, default=str))
+    (out / "uplift.md").write_text(markdown(rows))
+    plot(rows, out / "uplift.png")
+
+
+def run_uplift(
+    model_ref: str, levels: Sequence[int], prompts: int, samples: int, forms: Sequence[str],
+    out: Path, temperature: float = 1.0, max_new_tokens: int = 16, batch_size: int = 32,
+    seed: int = 0, templates: HintTemplates | None = None, console=None, max_failures: int = 128,
+) -> list[UpliftRow]:  # fmt: skip
+    """Measure hint uplift of ``model_ref`` on arithmetic ``levels`` (the first ``prompts``
+    train problems of each level, ``samples`` replies each; at most ``max_failures`` failures per
+    level, in task order) and write the report to ``out``."""
+    from composer_replication.envs.arithmetic import ArithmeticEnv
+    from composer_replication.models import load_model, load_tokenizer
+    from composer_replication.progress import progress_bar
+
+    torch.manual_seed(seed)
+    tokenizer, model = load_tokenizer(model_ref), load_model(model_ref).eval()
+    templates = templates or HintTemplates()
+    ms: list[Measurement] = []
+    meta: dict[str, Any] = {"model": model_ref, "samples": samples, "temperature": temperature}
+    for level in levels:
+        env = ArithmeticEnv([level])
+        tasks = env.tasks("train")[:prompts]
+        with progress_bar(console, f"level {level}: sampling", len(tasks) * samples) as adv:
+            failures, n, won = sample_failures(
+                model, tokenizer, env, tasks, samples, temperature, max_new_tokens, batch_size, adv
+            )
+        meta[f"level {level}"] = {
+            "prompts": len(tasks), "sampled": n, "passed": won, "failed": len(failures),
+            "measured": min(len(failures), max_failures),
+        }  # fmt: skip
+        failures = failures[:max_failures]
+        with progress_bar(console, f"level {level}: hints", len(forms)) as adv:
+            ms += measure(
+                model, tokenizer, env, failures, forms, templates, max_new_tokens, batch_size,
+                lambda t: t.data["level"], (lambda f: adv(1, f"level {level}: {f}")) if adv else None,
+            )  # fmt: skip
+    rows = aggregate(ms)
+    write_report(out, ms, rows, meta)
+    return rows
