@@ -105,7 +105,11 @@ def sample_failures(
     for i, task in enumerate(tasks):
         group = replies[i * samples : (i + 1) * samples]
         results = [env.grade(task, r) for r in group]
-        wins = [(res.reward, -len(r.strip()), r) for r, res in zip(group, results, strict=True) if res.passed]
+        wins = [
+            (res.reward, -len(r.strip()), r)
+            for r, res in zip(group, results, strict=True)
+            if res.passed
+        ]
         sibling = max(wins)[2].strip() if wins else None
         passed += len(wins)
         failures += [
@@ -350,7 +354,7 @@ def run_uplift(
         with progress_bar(console, f"level {level}: hints", len(forms)) as adv:
             ms += measure(
                 model, tokenizer, env, failures, forms, templates, max_new_tokens, batch_size,
-                lambda t: t.data["level"], (lambda f: adv(1, f"level {level}: {f}")) if adv else None,
+                lambda t: t.data["level"], (lambda f, lv=level: adv(1, f"level {lv}: {f}")) if adv else None,
             )  # fmt: skip
     rows = aggregate(ms)
     write_report(out, ms, rows, meta)
