@@ -23,7 +23,11 @@ from composer_replication.config import (
 
 # two-sided 95% Student-t quantiles by degrees of freedom (seeds - 1)
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
+
+
+def markers(section: str) -> tuple[str, str]:
+    """The begin/end comments around an experiment's section of a results file."""
+    return f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
 
 
 def arm_config(acfg: AblationConfig, arm: AblationArm, seed: int) -> RunConfig:
@@ -211,24 +215,39 @@ def build_trl_sdpo_trainer(cfg: RunConfig, model, tokenizer, env):
     )
 
 
-def summarize(results: list[dict[str, Any]], arms: list[str]) -> list[dict[str, Any]]:
-    """Per arm: mean final pass rate over seeds with a t-interval, and per-seed values."""
+def t_interval(vals: list[float]) -> tuple[float, float, float]:
+    """Mean and two-sided 95% Student-t interval over seeds (half-width 0 for one value)."""
+    mean = statistics.fmean(vals)
+    half = 0.0
+    if len(vals) > 1:
+        half = _T95.get(len(vals) - 1, 1.96) * statistics.stdev(vals) / math.sqrt(len(vals))
+    return mean, mean - half, mean + half
+
+
+def summarize(
+    results: list[dict[str, Any]], arms: list[str], reference: str | None = None
+) -> list[dict[str, Any]]:
+    """Per arm: mean final pass rate over seeds with a t-interval, per-seed values, and the
+    per-seed paired difference to ``reference`` (default: the first arm) with its t-interval."""
+    ref = reference or arms[0]
     rows = []
     for arm in arms:
         rs = [r for r in results if r["arm"] == arm]
         vals = [r["pass_rate"] for r in rs]
-        mean = statistics.fmean(vals)
-        half = 0.0
-        if len(vals) > 1:
-            half = _T95.get(len(vals) - 1, 1.96) * statistics.stdev(vals) / math.sqrt(len(vals))
+        mean, lo, hi = t_interval(vals)
+        diffs = _paired_by_seed(results, arm, ref)
+        d_mean, d_lo, d_hi = t_interval(diffs) if diffs else (math.nan,) * 3
         rows.append(
             {
                 "arm": arm,
                 "mean": mean,
                 # a pass rate lives in [0, 1]; with 3 seeds the t-interval can leave it
-                "ci95_low": max(0.0, mean - half),
-                "ci95_high": min(1.0, mean + half),
-                "vs_first": _paired_by_seed(results, arm, arms[0]),
+                "ci95_low": max(0.0, lo),
+                "ci95_high": min(1.0, hi),
+                "reference": ref,
+                "vs_first": diffs,
+                "paired_mean": d_mean,
+                "paired_ci95": (d_lo, d_hi),
                 "per_seed": vals,
                 "n_heldout": rs[0]["n"] if rs else 0,
                 "reward": statistics.fmean(r["mean_reward"] for r in rs),
@@ -288,39 +307,46 @@ def markdown_table(
     plot: Path,
     base: dict[str, Any] | None = None,
 ) -> str:
+    begin, end = markers(acfg.section)
+    ref = rows[0]["reference"] if rows else "first arm"
     lines = [
-        BEGIN,
-        "## Ablation: what each channel does",
+        begin,
+        f"## {acfg.title}",
         "",
         f"Command: `{command}` (config `{acfg.base_config}` + {acfg.base_overrides}); "
         f"seeds {acfg.seeds}; total wall time {wall_s / 60:.1f} min on this machine.",
         "",
-        f"| arm | final held-out pass@1, mean over seeds [95% t-CI] | per seed | "
-        f"minus {rows[0]['arm'] if rows else 'first arm'}, per seed | mean reward | wall s/run |",
-        "| --- | --- | --- | --- | --- | --- |",
+        f"| arm | final held-out pass@1, mean over seeds [95% t-CI] | per seed | minus {ref}, "
+        "per seed | minus " + ref + ", mean [95% t-CI] | mean reward | wall s/run |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     if base is not None:
         lines.append(
             f"| {base['arm']} | {base['pass_rate']:.1%} [{base['pass_ci95_low']:.1%}, "
-            f"{base['pass_ci95_high']:.1%}] (Wilson) | - | - | {base['mean_reward']:.3f} | - |"
+            f"{base['pass_ci95_high']:.1%}] (Wilson) | - | - | - | {base['mean_reward']:.3f} | - |"
         )
     for r in rows:
         seeds = ", ".join(f"{v:.1%}" for v in r["per_seed"])
         deltas = ", ".join(f"{v:+.1%}" for v in r.get("vs_first", [])) or "-"
+        paired = "-"
+        if r["arm"] != ref and r.get("vs_first"):
+            lo, hi = r["paired_ci95"]
+            paired = f"{r['paired_mean']:+.1%} [{lo:+.1%}, {hi:+.1%}]"
         lines.append(
             f"| {r['arm']} | {r['mean']:.1%} [{r['ci95_low']:.1%}, {r['ci95_high']:.1%}] | "
-            f"{seeds} | {deltas} | {r['reward']:.3f} | {r['wall_s']:.0f} |"
+            f"{seeds} | {deltas} | {paired} | {r['reward']:.3f} | {r['wall_s']:.0f} |"
         )
-    lines += ["", f"![held-out score vs step]({plot.as_posix()})", "", END]
+    lines += ["", f"![held-out score vs step]({plot.as_posix()})", "", end]
     return "\n".join(lines)
 
 
-def write_results(md_path: Path, section: str) -> None:
-    """Replace the ablation section of a markdown file (or append it)."""
+def write_results(md_path: Path, section: str, name: str = "ablation") -> None:
+    """Replace experiment ``name``'s section of a markdown file (or append it)."""
+    begin, end = markers(name)
     text = md_path.read_text() if md_path.is_file() else "# Results\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
         text = head + section + tail
     else:
         text = text.rstrip() + "\n\n" + section + "\n"
@@ -342,17 +368,17 @@ def run_ablation(acfg: AblationConfig, command: str, console=None) -> list[dict[
             results.append(run_arm(acfg, arm, seed, console))
             (out / "results.json").write_text(json.dumps(results, indent=2))
     names = [a.name for a in acfg.arms]
-    rows = summarize(results, names)
+    rows = summarize(results, names, acfg.reference_arm)
     plot = plot_curves(acfg, names, out / "heldout_vs_step.png")
     (out / "summary.json").write_text(json.dumps(rows, indent=2))
     wall = time.monotonic() - t0
-    write_results(
-        out / "results.md", markdown_table(rows, acfg, command, wall, Path(plot.name), base)
-    )
+    table = markdown_table(rows, acfg, command, wall, Path(plot.name), base)
+    write_results(out / "results.md", table, acfg.section)
     if acfg.results_md:
         md = Path(acfg.results_md)
-        docs_plot = md.parent / "ablation_heldout_vs_step.png"
+        docs_plot = md.parent / f"{acfg.section}_heldout_vs_step.png"
         docs_plot.parent.mkdir(parents=True, exist_ok=True)
         docs_plot.write_bytes(plot.read_bytes())
-        write_results(md, markdown_table(rows, acfg, command, wall, Path(docs_plot.name), base))
+        table = markdown_table(rows, acfg, command, wall, Path(docs_plot.name), base)
+        write_results(md, table, acfg.section)
     return rows

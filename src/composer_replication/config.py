@@ -615,6 +615,23 @@ class AblationConfig(_Strict):
     keep_checkpoints: bool = False
     """Keep each arm/seed's ``checkpoint-*`` (weights only, ~0.5 GB each for 135M); by default
     they are deleted once the arm's final evaluation is recorded."""
+    section: str = Field("ablation", pattern=r"^[a-z0-9][a-z0-9-]*$")
+    """Name of this experiment's section in ``results_md`` (between ``<!-- {section}:begin -->``
+    and ``<!-- {section}:end -->``) and of its plot (``{section}_heldout_vs_step.png``), so
+    several experiments share one results file."""
+    title: str = "Ablation: what each channel does"
+    """Heading of the section."""
+    reference_arm: str | None = None
+    """Arm the others are paired against per seed (default: the first arm)."""
+
+    @model_validator(mode="after")
+    def _reference_is_an_arm(self) -> AblationConfig:
+        names = [a.name for a in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"arm names must be unique: {names}")
+        if self.reference_arm is not None and self.reference_arm not in names:
+            raise ValueError(f"reference_arm {self.reference_arm!r} is not an arm: {names}")
+        return self
 
 
 DYNAMIC_SAMPLING_MULTIPROCESS = (

@@ -116,6 +116,44 @@ def test_summary_clips_interval_and_pairs_arms_by_seed():
     assert b["vs_first"] == pytest.approx([0.2, -0.1])
 
 
+def test_paired_difference_interval_against_the_reference_arm():
+    """Arm b minus reference a over 5 seeds: +0.1, +0.2, 0.0, +0.1, +0.1 -> mean 0.1, sd 0.0707,
+    half-width 2.776 * 0.0707 / sqrt(5) = 0.0878; the reference arm need not be first."""
+    a = (0.3, 0.2, 0.5, 0.4, 0.3)
+    b = (0.4, 0.4, 0.5, 0.5, 0.4)
+    results = [
+        {"arm": arm, "seed": s, "pass_rate": p, "n": 10, "mean_reward": 0.0, "wall_s": 1.0}
+        for arm, ps in (("b", b), ("a", a))
+        for s, p in enumerate(ps)
+    ]
+    rb, ra = summarize(results, ["b", "a"], reference="a")
+    assert rb["paired_mean"] == pytest.approx(0.1)
+    lo, hi = rb["paired_ci95"]
+    assert hi - rb["paired_mean"] == pytest.approx(0.0878, abs=1e-4)
+    assert lo == pytest.approx(0.1 - 0.0878, abs=1e-4)
+    assert ra["paired_mean"] == 0.0
+
+
+def test_ablation_config_refuses_an_unknown_reference_and_duplicate_arms():
+    from pydantic import ValidationError
+
+    from composer_replication.config import AblationConfig
+
+    with pytest.raises(ValidationError, match="reference_arm 'x' is not an arm"):
+        AblationConfig(arms=[{"name": "a"}], reference_arm="x")
+    with pytest.raises(ValidationError, match="unique"):
+        AblationConfig(arms=[{"name": "a"}, {"name": "a"}])
+
+
+def test_two_experiments_share_one_results_file(tmp_path):
+    md = tmp_path / "results.md"
+    write_results(md, "<!-- one:begin -->\nA\n<!-- one:end -->", "one")
+    write_results(md, "<!-- two:begin -->\nB\n<!-- two:end -->", "two")
+    write_results(md, "<!-- one:begin -->\nC\n<!-- one:end -->", "one")
+    text = md.read_text()
+    assert "\nA\n" not in text and "C" in text and "B" in text
+
+
 def test_results_section_is_replaced_not_duplicated(tmp_path):
     md = tmp_path / "results.md"
     md.write_text("# Results\n\nquickstart numbers\n")
