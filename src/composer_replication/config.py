@@ -438,6 +438,10 @@ class SdpoConfig(_Strict):
     ``StepResult.info["feedback_forms"]`` (arithmetic: ``direction``, ``digits``, ``wrong``,
     which do not leak the answer). Measure which one the model can use with
     ``composer-replication hints uplift``."""
+    route_failures: bool = False
+    """SDPO's routing (Hübotter et al., arXiv:2601.20802): a failed rollout that got a hint
+    leaves the policy loss (its GRPO advantage is set to 0) and is trained by this channel
+    only; rollouts without a hint keep their advantages."""
     turn_scope: Literal["turn", "turn_and_rest", "all"] = "turn"
     """Multi-turn rollouts whose failure the environment pins to a turn (``failed_turn``):
     distill on that turn's tokens only (``turn``, Composer's targeted feedback), on that turn

@@ -122,6 +122,8 @@ class SelfDistillChannel(Channel):
         enc = self.tokenizer(
             texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
         )
+        if self.cfg.route_failures and "advantages" in batch:
+            batch["advantages"] = batch["advantages"].masked_fill(hinted, 0.0)
         batch["sdpo_hinted"] = hinted
         batch["sdpo_turn"] = torch.tensor(turns, dtype=torch.long, device=device)
         batch["sdpo_prompt_ids"] = enc["input_ids"].to(device)
