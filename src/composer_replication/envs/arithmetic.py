@@ -60,6 +60,11 @@ LEVELS: dict[int, Level] = {
         lambda a, b: a >= b,
     ),
     5: Level("1-digit * 1-digit", range(10), range(10), "*", lambda a, b: a * b),
+    # sparse-reward levels (the embedded 135M model almost never solves them: docs/results.md)
+    6: Level("2-digit * 1-digit", range(10, 100), range(2, 10), "*", lambda a, b: a * b),
+    7: Level(
+        "3-digit + 3-digit", range(100, 1000, 7), range(100, 1000, 7), "+", lambda a, b: a + b
+    ),
 }
 
 PROMPT = "What is {a} {op} {b}? Reply with only the number."
