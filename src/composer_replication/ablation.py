@@ -139,15 +139,30 @@ TRL_SDPO_MAPPING: tuple[tuple[str, str, str], ...] = (
      "our `{feedback}` / `{sibling}` become TRL's `{feedback_raw}` / "
      "`{successful_previous_attempt}`"),
     ("hints only for failed completions", "`dont_reprompt_on_self_success=True`", "same"),
+    ("`sdpo.feedback_form` verifier", "`privileged_context` = the task's reference answer",
+     "other forms (direction, digits, ...) depend on the completion, and TRL's feedback is per "
+     "prompt: refused"),
+    ("`sdpo.route_failures`", "-", "no counterpart: refused"),
 )  # fmt: skip
 """How the ablation's TRL SDPOTrainer peer takes its settings from our run config: (ours, TRL's
 SDPOConfig, how). One source of truth for :func:`trl_sdpo_kwargs` and the table in
 docs/results.md (a test checks that the docs carry :func:`trl_sdpo_mapping_markdown`)."""
 
 
+TRL_SDPO_SETTINGS = "trl_sdpo_config.json"
+"""The peer's run directory records every SDPOConfig field it was given (mapped + GRPO's)."""
+
+
 def trl_sdpo_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """TRL ``SDPOConfig`` fields that carry our ``sdpo`` settings (see TRL_SDPO_MAPPING)."""
     sd = cfg.sdpo
+    if "feedback" in sd.hint_sources and sd.feedback_form != "verifier":
+        raise ConfigError(
+            f"sdpo.feedback_form={sd.feedback_form!r}: TRL's SDPO takes feedback per prompt "
+            "(privileged_context), not per completion; the peer supports 'verifier' only"
+        )
+    if sd.route_failures:
+        raise ConfigError("sdpo.route_failures: TRL's SDPO has no routing; drop it for the peer")
     loss = sd.loss
     alpha = loss.beta if loss.type == "jsd" else 0.5
     kind = {"live": "live", "ema": "ema", "initial": "base"}[sd.teacher]
@@ -200,6 +215,8 @@ def build_trl_sdpo_trainer(cfg: RunConfig, model, tokenizer, env):
     kwargs = {k: v for k, v in grpo.items() if k in fields and k not in derived}
     kwargs.update(trl_sdpo_kwargs(cfg), save_strategy="no")
     args = SDPOConfig(**kwargs)
+    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+    Path(cfg.output_dir, TRL_SDPO_SETTINGS).write_text(json.dumps(kwargs, indent=1, default=str))
     ds = build_prompt_dataset(env, "train", cfg.env.num_train, cfg.env.seed, conversational=True)
     tasks = {t.task_id: t for t in env.tasks("train")}
     ds = ds.add_column(

@@ -186,6 +186,12 @@ def test_trl_peer_takes_its_sdpo_settings_from_the_run_config():
     assert "{successful_previous_attempt}" in args.solution_template
     initial = trl_sdpo_kwargs(load_config(None, ["sdpo.weight=0.1", "sdpo.teacher=initial"]))
     assert initial["teacher_model_kind"] == "base" and initial["use_successful_as_teacher"]
+    from composer_replication.config import ConfigError
+
+    with pytest.raises(ConfigError, match="per prompt"):
+        trl_sdpo_kwargs(load_config(None, ["sdpo.weight=0.1", "sdpo.feedback_form=direction"]))
+    with pytest.raises(ConfigError, match="routing"):
+        trl_sdpo_kwargs(load_config(None, ["sdpo.weight=0.1", "sdpo.route_failures=true"]))
 
 
 def test_peer_arm_without_a_distillation_weight_is_refused(tmp_path):
