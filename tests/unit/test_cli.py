@@ -16,7 +16,18 @@ from typer.testing import CliRunner
 from composer_replication.cli import app
 from composer_replication.cli.common import BAD_INPUT, exit_on, fail
 
-COMMANDS = ["train", "eval", "ablate", "ingest", "serve", "replay", "pairs", "diloco", "tasks", "hints"]
+COMMANDS = [
+    "train",
+    "eval",
+    "ablate",
+    "ingest",
+    "serve",
+    "replay",
+    "pairs",
+    "diloco",
+    "tasks",
+    "hints",
+]
 
 
 def _flat(text: str) -> str:

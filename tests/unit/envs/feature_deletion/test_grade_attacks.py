@@ -28,7 +28,13 @@ from composer_replication.envs.feature_deletion.workspace import candidate_of, m
 from composer_replication.envs.sandbox import Sandbox, bindable_dir
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
-SYMBOLS = ["slugify", "ordinal", "titlecase", "truncate", "Counter.most_common"]  # files: core, numbers
+SYMBOLS = [
+    "slugify",
+    "ordinal",
+    "titlecase",
+    "truncate",
+    "Counter.most_common",
+]  # files: core, numbers
 SOURCE = os.environ.get("CR_FD_ATTACK_SOURCE", str(FIXTURE))
 """Run the same attacks on another source's tasks (the first five, by hash order), e.g.
 ``CR_FD_ATTACK_SOURCE=toolz==1.2.0`` (fetched with pip); the default is the vendored fixture."""
