@@ -47,6 +47,14 @@ def diloco_command(
             help="smallest quorum the local lighthouse accepts (default: all replicas)",
         ),
     ] = None,
+    launcher: Annotated[
+        str,
+        typer.Option(
+            "--launcher",
+            help="'subprocess': one OS process per replica; 'monarch': replicas as actors on a "
+            "Monarch process mesh of this host (pip install torchmonarch)",
+        ),
+    ] = "subprocess",
     executor: Annotated[
         str | None,
         typer.Option(
@@ -63,13 +71,22 @@ def diloco_command(
 
     if executor not in (None, "local"):
         fail(f"--executor {executor!r}: only 'local' is supported")
+    if launcher not in ("subprocess", "monarch"):
+        fail(f"--launcher {launcher!r}: expected 'subprocess' or 'monarch'")
+    if launcher == "monarch" and (executor or replica_ids or min_replicas):
+        fail("--launcher monarch runs every replica on this host: drop --executor, "
+             "--replica-ids and --min-replicas")  # fmt: skip
     try:
         ids = [int(x) for x in replica_ids.split(",")] if replica_ids else None
     except ValueError:
         fail(f"--replica-ids {replica_ids!r}: expected e.g. 0,1")
     echo = lambda s: console.print(s, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
-    with exit_on(ConfigError, ValueError):
-        if executor == "local":
+    with exit_on(ConfigError, ValueError, RuntimeError):
+        if launcher == "monarch":
+            from composer_replication.diloco.monarch import launch_monarch
+
+            result = launch_monarch(config, overrides or [], replicas, lighthouse, echo=echo)
+        elif executor == "local":
             result = launch_with_executor(config, overrides or [], replicas, echo=echo)
         else:
             result = launch_diloco(

@@ -153,7 +153,7 @@ def launch_diloco(
                 p.terminate()
         if server is not None:
             server.shutdown()
-    results = [_collect(cfg, r, p.returncode) for r, p, _ in procs]
+    results = [collect_replica(cfg, r, p.returncode) for r, p, _ in procs]
     return summarize(cfg, results, None if object_store else lighthouse)
 
 
@@ -220,7 +220,8 @@ def summarize(cfg: RunConfig, results: list[ReplicaResult], lighthouse: str | No
     return result
 
 
-def _collect(cfg: RunConfig, replica: int, code: int) -> ReplicaResult:
+def collect_replica(cfg: RunConfig, replica: int, code: int) -> ReplicaResult:
+    """A finished replica's final summary and sync log, read from its output directory."""
     out = Path(cfg.output_dir) / f"replica-{replica}"
     final_path, sync_path = out / FINAL_FILE, out / SYNC_LOG
     final = json.loads(final_path.read_text()) if final_path.is_file() else None
