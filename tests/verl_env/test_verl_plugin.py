@@ -168,19 +168,9 @@ class CharTokenizer:
 
 
 def _tiny(vocab: int, seed: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from conftest import make_tiny_model
 
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    return make_tiny_model(vocab, seed=seed, max_positions=512).eval()
 
 
 def _next_token_logps(model, ids_BS: torch.Tensor, attn_BS: torch.Tensor) -> torch.Tensor:
