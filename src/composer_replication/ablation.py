@@ -274,6 +274,22 @@ def summarize(
     return rows
 
 
+def pick_learning_rates(rows: list[dict[str, Any]], default: float = 1e-5) -> dict[str, float]:
+    """The pre-registered learning-rate pick of a tuning run whose arms are named
+    ``"<arm> lr=<rate>"``: per arm, the rate with the best mean final pass rate; a tie goes to
+    the rate closest (in log scale) to ``default``."""
+    by_arm: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        name, sep, lr = r["arm"].rpartition(" lr=")
+        if not sep:
+            raise ValueError(f"tuning arm {r['arm']!r} is not named '<arm> lr=<rate>'")
+        by_arm.setdefault(name, []).append((float(lr), r["mean"]))
+    return {
+        arm: max(cands, key=lambda c: (c[1], -abs(math.log(c[0] / default))))[0]
+        for arm, cands in by_arm.items()
+    }
+
+
 def plot_curves(acfg: AblationConfig, arms: list[str], out: Path) -> Path:
     """Held-out pass rate vs step, mean over seeds, one line per arm."""
     import matplotlib
@@ -353,6 +369,11 @@ def markdown_table(
             f"| {r['arm']} | {r['mean']:.1%} [{r['ci95_low']:.1%}, {r['ci95_high']:.1%}] | "
             f"{seeds} | {deltas} | {paired} | {r['reward']:.3f} | {r['wall_s']:.0f} |"
         )
+    if rows and all(" lr=" in r["arm"] for r in rows):
+        picks = pick_learning_rates(rows)
+        lines += ["", "Learning rate per arm by the pre-registered rule (best mean final "
+                  "pass@1; ties: closest to 1e-5): "
+                  + ", ".join(f"{a} {lr:g}" for a, lr in picks.items()) + "."]  # fmt: skip
     lines += ["", f"![held-out score vs step]({plot.as_posix()})", "", end]
     return "\n".join(lines)
 

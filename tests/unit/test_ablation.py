@@ -134,6 +134,26 @@ def test_paired_difference_interval_against_the_reference_arm():
     assert ra["paired_mean"] == 0.0
 
 
+def test_learning_rate_pick_follows_the_preregistered_rule():
+    from composer_replication.ablation import pick_learning_rates
+
+    rows = [
+        {"arm": "grpo lr=5.0e-6", "mean": 0.90},
+        {"arm": "grpo lr=1.0e-5", "mean": 0.95},
+        {"arm": "grpo lr=2.0e-5", "mean": 0.93},
+        {"arm": "grpo+sdpo lr=5.0e-6", "mean": 0.80},  # tie with 2e-5: 5e-6 and 2e-5 are
+        {"arm": "grpo+sdpo lr=2.0e-5", "mean": 0.80},  # equally far from 1e-5 in log scale,
+        {"arm": "grpo+sdpo lr=4.0e-6", "mean": 0.70},
+        {"arm": "peer lr=3.0e-5", "mean": 0.5},
+        {"arm": "peer lr=8.0e-6", "mean": 0.5},  # closer to 1e-5 than 3e-5: picked
+    ]
+    picks = pick_learning_rates(rows)
+    assert picks["grpo"] == 1e-5 and picks["peer"] == 8e-6
+    assert picks["grpo+sdpo"] in (5e-6, 2e-5)
+    with pytest.raises(ValueError, match="lr=<rate>"):
+        pick_learning_rates([{"arm": "grpo", "mean": 1.0}])
+
+
 def test_ablation_config_refuses_an_unknown_reference_and_duplicate_arms():
     from pydantic import ValidationError
 
