@@ -6,12 +6,15 @@ Registered with ``allow_extra_args`` so ``key=value`` overrides pass through.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from composer_replication.cli.common import CHECK_FAILED, console, exit_on, fail
+
+if TYPE_CHECKING:
+    from composer_replication.diloco.launcher import LaunchResult
 
 
 def diloco_command(
@@ -74,19 +77,24 @@ def diloco_command(
     if launcher not in ("subprocess", "monarch"):
         fail(f"--launcher {launcher!r}: expected 'subprocess' or 'monarch'")
     if launcher == "monarch" and (executor or replica_ids or min_replicas):
-        fail("--launcher monarch runs every replica on this host: drop --executor, "
-             "--replica-ids and --min-replicas")  # fmt: skip
+        fail(
+            "--launcher monarch runs every replica on this host: drop --executor, "
+            "--replica-ids and --min-replicas"
+        )
     try:
         ids = [int(x) for x in replica_ids.split(",")] if replica_ids else None
     except ValueError:
         fail(f"--replica-ids {replica_ids!r}: expected e.g. 0,1")
     echo = lambda s: console.print(s, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
-    with exit_on(ConfigError, ValueError, RuntimeError):
-        if launcher == "monarch":
-            from composer_replication.diloco.monarch import launch_monarch
+    if launcher == "monarch":
+        from composer_replication.diloco.monarch import MonarchMissingError, launch_monarch
 
+        with exit_on(ConfigError, ValueError, MonarchMissingError):
             result = launch_monarch(config, overrides or [], replicas, lighthouse, echo=echo)
-        elif executor == "local":
+        _print_result(result)
+        return
+    with exit_on(ConfigError, ValueError):
+        if executor == "local":
             result = launch_with_executor(config, overrides or [], replicas, echo=echo)
         else:
             result = launch_diloco(
@@ -98,6 +106,11 @@ def diloco_command(
                 min_replicas=min_replicas,
                 echo=echo,
             )
+    _print_result(result)
+
+
+def _print_result(result: LaunchResult) -> None:
+    """The replicas' table and the verdict; exit 1 unless every replica finished."""
     table = Table(title="DiLoCo replicas")
     for col in ("replica", "exit", "inner steps", "syncs", "final weights checksum"):
         table.add_column(col)

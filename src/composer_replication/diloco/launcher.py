@@ -40,6 +40,7 @@ class ReplicaResult:
     output_dir: Path
     final: dict[str, Any] | None
     syncs: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
 
 
 @dataclass
@@ -210,7 +211,11 @@ def summarize(cfg: RunConfig, results: list[ReplicaResult], lighthouse: str | No
     summary = Path(cfg.output_dir) / SUMMARY_FILE
     summary.parent.mkdir(parents=True, exist_ok=True)
     result = LaunchResult(results, lighthouse, plot, summary)
-    rows = [{"replica": r.replica, "exit_code": r.exit_code, "final": r.final} for r in results]
+    rows = [
+        {"replica": r.replica, "exit_code": r.exit_code, "final": r.final}
+        | ({"error": r.error} if r.error else {})
+        for r in results
+    ]
     summary.write_text(
         json.dumps(
             {"lighthouse": lighthouse, "replicas": rows, "weights_equal": result.weights_equal},
@@ -223,6 +228,12 @@ def summarize(cfg: RunConfig, results: list[ReplicaResult], lighthouse: str | No
 def collect_replica(cfg: RunConfig, replica: int, code: int) -> ReplicaResult:
     """A finished replica's final summary and sync log, read from its output directory."""
     out = Path(cfg.output_dir) / f"replica-{replica}"
+    return ReplicaResult(replica, code, out, *read_replica_output(out))
+
+
+def read_replica_output(out: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """``(final, syncs)`` from a replica's output directory: ``diloco_final.json`` (None
+    until the replica finished) and the rows of ``diloco.jsonl``."""
     final_path, sync_path = out / FINAL_FILE, out / SYNC_LOG
     final = json.loads(final_path.read_text()) if final_path.is_file() else None
     syncs = (
@@ -230,7 +241,7 @@ def collect_replica(cfg: RunConfig, replica: int, code: int) -> ReplicaResult:
         if sync_path.is_file()
         else []
     )
-    return ReplicaResult(replica, code, out, final, syncs)
+    return final, syncs
 
 
 def plot_replicas(results: list[ReplicaResult], out: Path) -> Path | None:
