@@ -22,7 +22,13 @@ import random
 import re
 from typing import Any
 
-from composer_replication.envs.base import StepResult, Task, ToolEnvironment, unit_hash
+from composer_replication.envs.base import (
+    FEEDBACK_FORMS,
+    StepResult,
+    Task,
+    ToolEnvironment,
+    unit_hash,
+)
 
 TOOL_NAME = "calculate"
 MAX_EXPRESSION_CHARS = 200
@@ -162,6 +168,7 @@ def grade_conversation(messages: list[dict[str, Any]], expected: int) -> StepRes
     if got == expected:
         return StepResult(str(final.get("content", "")), 1.0, True, True, "correct", info)
     last = len(assistant) - 1
+    hidden = None  # the verdict without the expected number, where the verdict names it
     if info["tool_calls"] == 0:
         failed = (0, "no tool call")
     elif first_error is not None:
@@ -170,10 +177,18 @@ def grade_conversation(messages: list[dict[str, Any]], expected: int) -> StepRes
         failed = (last, f"no final answer after {info['tool_calls']} tool calls")
     elif str(expected) in results:
         failed = (last, f"answered {got}, the tool returned {expected}")
+        hidden = f"answered {got}, which is not what the tool returned"
     else:
         failed = (last, f"answered {got}, expected {expected}; the tool returned {results[-1]}")
+        hidden = f"answered {got}, which is wrong; the tool returned {results[-1]}"
     info.update(failed_turn=failed[0], reason=failed[1])
     feedback = f"turn {failed[0]}: {failed[1]}"
+    info[FEEDBACK_FORMS] = {
+        "verifier": feedback,
+        # the same verdict and turn without the expected number (tool-use errors never name it)
+        "process": f"turn {failed[0]}: {hidden or failed[1]}",
+        "wrong": f"turn {failed[0]} went wrong",
+    }
     return StepResult(str(final.get("content", "")), 0.0, True, False, feedback, info)
 
 

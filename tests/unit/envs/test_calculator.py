@@ -163,3 +163,23 @@ def test_trl_environment_protocol_and_reward():
         [{"role": "assistant", "content": "1"}],
     ]
     assert calculator_reward(done, [row["answer"]] * 2) == [1.0, 0.0]
+
+
+def test_feedback_forms_hide_the_expected_number():
+    """``process`` keeps the verdict and the turn but never the expected number; tool-use
+    errors are the same in both forms (they never name it)."""
+    cases = [
+        ([_call("calculate", "24 * 74"), {"role": "tool", "content": "1776"},
+          {"role": "assistant", "content": "So it is 1200."}],
+         "turn 1: answered 1200, which is not what the tool returned"),
+        ([_call("calculate", "24 * 75"), {"role": "tool", "content": "1800"},
+          {"role": "assistant", "content": "1800"}],
+         "turn 1: answered 1800, which is wrong; the tool returned 1800"),
+        ([{"role": "assistant", "content": "1200"}], "turn 0: no tool call"),
+    ]  # fmt: skip
+    for msgs, process in cases:
+        r = grade_conversation(msgs, 1776)
+        forms = r.info["feedback_forms"]
+        assert forms["verifier"] == r.feedback and forms["process"] == process
+        assert "1776" not in forms["process"] and "1776" not in forms["wrong"]
+    assert "1776" in grade_conversation(cases[1][0], 1776).info["feedback_forms"]["verifier"]
