@@ -98,3 +98,19 @@ def test_missing_torchmonarch_is_one_line(monkeypatch, tmp_path):
     r = CliRunner().invoke(app, ["diloco", "--launcher", "monarch", f"output_dir={tmp_path}/x"])
     assert r.exit_code == 2, r.output
     assert "pip install torchmonarch" in " ".join(r.output.split())
+
+
+def test_the_controllers_log_records_keep_their_text(tiny_model_dir, tmp_path, caplog):
+    """Monarch's filter would rewrite every later log message of this process to
+    ``[actor=<root>] ...`` (once per launch); the launcher turns that prefix off."""
+    import logging
+
+    overrides = tiny_run_overrides(tiny_model_dir, tmp_path / "run", f"file://{tmp_path}/store")
+    bad = [
+        o if not o.startswith("model.name=") else f"model.name={tmp_path}/nope" for o in overrides
+    ]
+    launch_monarch(None, bad, 2, echo=lambda _: None)
+    log = logging.getLogger("composer_replication.test_after_monarch")
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        log.warning("quorum timed out")
+    assert [r.getMessage() for r in caplog.records] == ["quorum timed out"]

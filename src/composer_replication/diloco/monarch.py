@@ -105,6 +105,19 @@ def prefixed_output(prefix: str) -> Iterator[None]:
         sys.stdout, sys.stderr = saved
 
 
+def plain_python_logs() -> None:
+    """Turn off Monarch's actor prefix on Python log records in this process.
+
+    Monarch adds a filter to every logging handler of a process that uses it (and patches
+    ``Logger.addHandler`` to keep adding it) which rewrites each record's message to
+    ``"[actor=<root>] ..."``; in the controller that changes every later log line of the user's
+    process, once per launch. Its switch is ``monarch.actor.config.prefix_python_logs_with_actor``;
+    the actors' output is prefixed ``[rN]`` by us instead."""
+    from monarch.actor import config as monarch_config
+
+    monarch_config.prefix_python_logs_with_actor = False
+
+
 def train_replica(config: str | None, overrides: list[str], rank: int) -> dict[str, Any]:
     """One replica's training run in this process; its final summary and sync log."""
     from composer_replication.diloco.replica import quiet_logs
@@ -127,6 +140,7 @@ try:
         @endpoint
         def train(self, config: str | None, per_rank: list[list[str]]) -> dict[str, Any]:
             rank = current_rank().rank
+            plain_python_logs()  # our own [rN] prefix instead of Monarch's
             try:
                 with prefixed_output(f"[r{rank}] "):
                     return train_replica(config, per_rank[rank], rank)
@@ -148,6 +162,7 @@ def launch_monarch(
     for the torchft backend, a lighthouse here unless ``lighthouse`` is given); summarize."""
     if ReplicaActor is None:
         raise MonarchMissingError(MISSING)
+    plain_python_logs()
     cfg = load_config(config, [*overrides, f"diloco.replicas={replicas}"])
     object_store = cfg.diloco.backend == "object_store"
     if object_store:
