@@ -81,7 +81,7 @@ def build_hints(
                 i,
                 group,
                 completion,
-                _with_form(result, feedback_form),
+                replace(result, feedback=feedback_in_form(result, feedback_form)),
                 completions,
                 results,
                 sources,
@@ -94,15 +94,29 @@ def build_hints(
     return hints
 
 
-def _with_form(result: StepResult, form: str) -> StepResult:
-    """``result`` with ``feedback`` replaced by its ``form`` (``verifier``: unchanged)."""
+def feedback_in_form(result: StepResult, form: str) -> str:
+    """The verifier's feedback on ``result`` in ``form``: ``verifier`` is ``result.feedback``;
+    another form is looked up in ``result.info["feedback_forms"]`` (ValueError naming the forms
+    the environment offers when it is not there)."""
     if form == "verifier":
-        return result
+        return result.feedback
     forms = result.info.get(FEEDBACK_FORMS) or {}
     if form not in forms:
         offered = sorted(forms) or "none (only 'verifier')"
-        raise ValueError(f"sdpo.feedback_form={form!r}: this environment's results offer {offered}")
-    return replace(result, feedback=forms[form])
+        raise ValueError(
+            f"feedback form {form!r} (sdpo.feedback_form): the environment offers {offered}"
+        )
+    return forms[form]
+
+
+def best_success(completions: Sequence[str], results: Sequence[StepResult]) -> str | None:
+    """The demonstration of a ``sibling`` hint: among the passed completions of a group, the
+    best-rewarded, then the most concise (the first of equals), stripped; None if none passed."""
+    winners = [j for j, r in enumerate(results) if r.passed]
+    if not winners:
+        return None
+    best = max(winners, key=lambda j: (results[j].reward, -len(completions[j].strip())))
+    return completions[best].strip()
 
 
 def _first_hint(
@@ -112,13 +126,9 @@ def _first_hint(
         if source == "feedback" and result.feedback.strip():
             return Hint(tpl.feedback.format(feedback=result.feedback.strip())[:max_chars], source)
         if source == "sibling":
-            winners = [j for j in group if results[j].passed]
-            if winners:
-                # best reward, then the most concise demonstration
-                best = max(winners, key=lambda j: (results[j].reward, -len(completions[j].strip())))
-                return Hint(
-                    tpl.sibling.format(sibling=completions[best].strip())[:max_chars], source
-                )
+            demo = best_success([completions[j] for j in group], [results[j] for j in group])
+            if demo is not None:
+                return Hint(tpl.sibling.format(sibling=demo)[:max_chars], source)
         if source == "model":
             text = hint_model(prompts[i], completion, result.feedback).strip()
             if text:

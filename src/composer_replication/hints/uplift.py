@@ -37,9 +37,14 @@ from typing import Any
 import torch
 
 from composer_replication.chat import as_messages, render_prompt
-from composer_replication.envs.base import FEEDBACK_FORMS, Environment, StepResult, Task
+from composer_replication.envs.base import Environment, StepResult, Task
 from composer_replication.evaluation import generate_greedy, mean_interval
-from composer_replication.hints.build import HintTemplates, insert_hint
+from composer_replication.hints.build import (
+    HintTemplates,
+    best_success,
+    feedback_in_form,
+    insert_hint,
+)
 from composer_replication.models import pad_token_id
 
 MODEL_HINT_PROMPT = (
@@ -105,13 +110,8 @@ def sample_failures(
     for i, task in enumerate(tasks):
         group = replies[i * samples : (i + 1) * samples]
         results = [env.grade(task, r) for r in group]
-        wins = [
-            (res.reward, -len(r.strip()), r)
-            for r, res in zip(group, results, strict=True)
-            if res.passed
-        ]
-        sibling = max(wins)[2].strip() if wins else None
-        passed += len(wins)
+        sibling = best_success(group, results)  # the channel's pick
+        passed += sum(r.passed for r in results)
         failures += [
             Failure(task, r, res, sibling)
             for r, res in zip(group, results, strict=True)
@@ -136,14 +136,7 @@ def hint_text(f: Failure, form: str, templates: HintTemplates) -> str | None:
     """The hint of one form for one failure (None when that form does not apply)."""
     if form == "sibling":
         return templates.sibling.format(sibling=f.sibling) if f.sibling else None
-    if form == "verifier":
-        feedback = f.result.feedback
-    else:
-        forms = f.result.info.get(FEEDBACK_FORMS) or {}
-        if form not in forms:
-            raise ValueError(f"hint form {form!r}: the environment offers {sorted(forms)}")
-        feedback = forms[form]
-    return templates.feedback.format(feedback=feedback.strip())
+    return templates.feedback.format(feedback=feedback_in_form(f.result, form).strip())
 
 
 def model_hints(

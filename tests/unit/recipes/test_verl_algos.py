@@ -84,7 +84,6 @@ def test_hinted_rows_equal_a_direct_forward_of_the_hinted_sequence(tokenizer, ti
     assert ids[p - 1 : p - 1 + r, 0].tolist() == response
     assert (lps[: p - 1] == 0).all() and lps[-1, 0] == 0
     # without the hint the teacher scores differently (the hint is really in the context)
-    plain = logp.new_tensor(0)
     with torch.no_grad():
         full = torch.tensor([prompt_ids + response])
         logp2 = torch.log_softmax(tiny(full).logits.float(), -1)[0]
