@@ -95,6 +95,10 @@ class EnvConfig(_Strict):
     few_shot: bool = True
     """Tool environments: put worked tool exchanges before each task (the 135M base model
     never calls a tool from the schema alone; docs/agents.md)."""
+    shots: int = Field(2, ge=0, le=2)
+    """``calculator`` with ``few_shot``: how many of its two worked exchanges precede each
+    task. The base 135M model passes greedily 100% with 2 and 3% with 1 (T=1: 6% and 0%;
+    docs/agents.md), so 1 is the sparse-reward variant."""
     task_sources: list[str] = Field(
         default_factory=lambda: ["toolz==1.2.0", "inflection==0.5.1"], min_length=1
     )
@@ -118,6 +122,15 @@ class EnvConfig(_Strict):
             raise ValueError(
                 f"env.openenv_url: {self.name!r} is not a tool environment (tool envs: "
                 f"{', '.join(TOOL_ENVS)})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _shots_for_calculator(self) -> EnvConfig:
+        if self.shots != 2 and (self.name != "calculator" or not self.few_shot):
+            raise ValueError(
+                f"env.shots={self.shots}: only the calculator with few_shot=true has shots "
+                f"(env.name={self.name!r}, few_shot={self.few_shot})"
             )
         return self
 

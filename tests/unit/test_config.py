@@ -90,12 +90,22 @@ def test_unknown_nested_key_is_named():
         ("grpo.loss_type=ppo", "grpo.loss_type"),
         ("optim.learning_rate=-1", "optim.learning_rate"),
         ("env.levels=[9]", "env"),
+        ("env.shots=3", "env.shots"),
+        ("env.shots=1", "only the calculator"),
     ],
 )
 def test_out_of_range_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as info:
         load_config(None, [override])
     assert key in str(info.value)
+
+
+def test_calculator_shots_reach_the_env():
+    from composer_replication.trainer.run import build_env
+
+    cfg = load_config("agent_quickstart.yaml", ["env.shots=1"])
+    env = build_env(cfg)
+    assert env.shots == 1 and len(env.row(env.tasks("train")[0])["prompt"]) == 6
 
 
 def test_override_must_be_key_value():

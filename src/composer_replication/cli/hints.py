@@ -11,7 +11,11 @@ from composer_replication.cli.common import console, exit_on
 
 hints_app = typer.Typer(help="Hints for self-distillation.", no_args_is_help=True)
 
-FORMS = ["verifier", "direction", "digits", "wrong", "sibling", "model"]
+FORMS = {
+    "arithmetic": ["verifier", "direction", "digits", "wrong", "sibling", "model"],
+    "calculator": ["verifier", "process", "wrong", "sibling", "model"],
+}
+DEFAULT_FORMS = {"arithmetic": FORMS["arithmetic"], "calculator": FORMS["calculator"][:4]}
 
 
 @hints_app.command("uplift")
@@ -20,29 +24,54 @@ def uplift_command(
         "runs/uplift"
     ),
     model: Annotated[str, typer.Option(help="Model reference.")] = "embedded:smollm2-135m-instruct",
+    env: Annotated[
+        str, typer.Option(help="arithmetic (single turn) or calculator (multi-turn tool agent).")
+    ] = "arithmetic",
     level: Annotated[list[int], typer.Option(help="Arithmetic level (repeatable).")] = [1, 2, 3],  # noqa: B006
+    shots: Annotated[
+        list[int], typer.Option(help="Calculator: worked exchanges in the prompt (repeatable).")
+    ] = [1, 2],  # noqa: B006
     prompts: Annotated[int, typer.Option(min=1, help="Train problems per level.")] = 48,
     samples: Annotated[int, typer.Option(min=1, help="Sampled replies per problem.")] = 8,
     form: Annotated[
-        list[str], typer.Option(help=f"Hint form (repeatable): {', '.join(FORMS)}.")
-    ] = FORMS,  # noqa: B006
+        list[str] | None,
+        typer.Option(
+            help="Hint form (repeatable; default: the env's forms but 'model'): "
+            + "; ".join(f"{e}: {', '.join(f)}" for e, f in FORMS.items())
+        ),
+    ] = None,  # fmt: skip
     temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature.")] = 1.0,
-    max_new_tokens: Annotated[int, typer.Option(min=1)] = 16,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Per reply or turn (default 16; calculator 48).")
+    ] = None,
     seed: Annotated[int, typer.Option()] = 0,
     max_failures: Annotated[int, typer.Option(min=1, help="Failures measured per level.")] = 128,
 ) -> None:
     """Sample replies, keep the failed ones, and measure per hint form how much the hint raises
-    the correct answer's log-prob and the greedy pass rate (writes uplift.md/.json/.png)."""
+    the correct answer's log-prob and the greedy pass rate (writes uplift.md/.json/.png). On
+    the calculator the hint goes at the turn the verifier blamed, as in training."""
     from composer_replication.hints.uplift import markdown, run_uplift
+    from composer_replication.hints.uplift_turns import run_uplift_calculator
 
-    unknown = [f for f in form if f not in FORMS]
+    if env not in FORMS:
+        console.print(f"[red]error:[/red] unknown --env {env!r}; known: {', '.join(FORMS)}")
+        raise typer.Exit(2)
+    form = form or DEFAULT_FORMS[env]
+    unknown = [f for f in form if f not in FORMS[env]]
     if unknown:
-        console.print(f"[red]error:[/red] unknown --form {unknown}; known: {FORMS}")
+        console.print(f"[red]error:[/red] unknown --form {unknown} for {env}; known: {FORMS[env]}")
         raise typer.Exit(2)
     with exit_on(ValueError):
-        rows = run_uplift(
-            model, level, prompts, samples, form, out, temperature, max_new_tokens, seed=seed,
-            console=console, max_failures=max_failures,
-        )  # fmt: skip
+        if env == "calculator":
+            rows = run_uplift_calculator(
+                model, shots, prompts, samples, form, out, temperature,
+                max_new_tokens=max_new_tokens or 48, seed=seed, console=console,
+                max_failures=max_failures,
+            )  # fmt: skip
+        else:
+            rows = run_uplift(
+                model, level, prompts, samples, form, out, temperature, max_new_tokens or 16,
+                seed=seed, console=console, max_failures=max_failures,
+            )  # fmt: skip
     console.print(markdown(rows), markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {out / 'uplift.md'}, {out / 'uplift.json'}, {out / 'uplift.png'}")

@@ -204,9 +204,14 @@ class CalculatorEnv(ToolEnvironment):
         heldout_fraction: float = 0.2,
         few_shot: bool = True,
         system_prompt: str = SYSTEM_PROMPT,
+        shots: int = 2,
     ):
         super().__init__()
-        self.few_shot, self.system_prompt = few_shot, system_prompt
+        if not 0 <= shots <= len(FEW_SHOT) // 4:
+            raise ValueError(
+                f"shots={shots}: the calculator has {len(FEW_SHOT) // 4} worked exchanges"
+            )
+        self.few_shot, self.system_prompt, self.shots = few_shot, system_prompt, shots
         bad = [k for k in kinds if k not in ("mul", "muladd")]
         if bad:
             raise ValueError(f"unknown calculator kinds {bad}; known: mul, muladd")
@@ -214,7 +219,8 @@ class CalculatorEnv(ToolEnvironment):
             for expr in _problems(kind, per_kind):
                 split = "heldout" if unit_hash(f"calc:{expr}") < heldout_fraction else "train"
                 answer = int(safe_calculate(expr))
-                task = Task(f"calc:{expr}", PROMPT.format(expr=expr), split, {"answer": answer})
+                data = {"answer": answer, "expression": expr}
+                task = Task(f"calc:{expr}", PROMPT.format(expr=expr), split, data)
                 self._splits[split].append(task)
 
     def privileged_context(self, task: Task) -> str:
@@ -230,10 +236,21 @@ class CalculatorEnv(ToolEnvironment):
     def tools_class(self) -> type:
         return CalculatorTools
 
+    def reference_turn(self, task: Task, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The right assistant turn after ``history`` (the rollout's messages so far): the
+        answer once a tool result holds it, else the ``calculate`` call of the problem (the
+        worked exchanges' form). Hint uplift measures its log-prob at the failed turn."""
+        answer = str(task.data["answer"])
+        if any(m.get("role") == "tool" and str(m.get("content", "")).strip() == answer
+               for m in history):  # fmt: skip
+            return {"role": "assistant", "content": answer}
+        return _shot("", task.data["expression"], "")[1]
+
     def row(self, task: Task) -> dict[str, Any]:
         """TRL row (``prompt``, ``answer``, ``task_id``); with ``few_shot`` the prompt holds
-        worked tool exchanges (:data:`FEW_SHOT`, no task of any split) before the task."""
-        shots = FEW_SHOT if self.few_shot else []
+        the first ``shots`` worked tool exchanges (:data:`FEW_SHOT`, no task of any split)
+        before the task."""
+        shots = FEW_SHOT[: 4 * self.shots] if self.few_shot else []
         return {
             "prompt": [
                 {"role": "system", "content": self.system_prompt},

@@ -76,6 +76,10 @@ class Measurement:
     dlogp_reply: float
     passed_plain: bool
     passed_hinted: bool
+    turn: int = 0
+    """Multi-turn rollouts: the assistant turn the verifier blamed (where the hint goes)."""
+    reason: str = ""
+    """Multi-turn rollouts: the verifier's reason for that turn."""
 
 
 @dataclass
@@ -132,8 +136,9 @@ def leaks(hint: str, answer: str) -> bool:
     return re.search(rf"(?<![\w.-]){re.escape(answer)}(?![\w])", hint) is not None
 
 
-def hint_text(f: Failure, form: str, templates: HintTemplates) -> str | None:
-    """The hint of one form for one failure (None when that form does not apply)."""
+def hint_text(f: Any, form: str, templates: HintTemplates) -> str | None:
+    """The hint of one form for one failure (a :class:`Failure` or anything with its
+    ``result`` and ``sibling``; None when that form does not apply)."""
     if form == "sibling":
         return templates.sibling.format(sibling=f.sibling) if f.sibling else None
     return templates.feedback.format(feedback=feedback_in_form(f.result, form).strip())
@@ -154,9 +159,11 @@ def model_hints(
 
 @torch.no_grad()
 def continuation_logps(
-    model, tokenizer, contexts: Sequence[Any], continuations: Sequence[str], batch_size: int
-) -> tuple[list[float], list[int]]:
-    """Sum of log-probs of each continuation after its chat context, and its token count."""
+    model, tokenizer, contexts: Sequence[Any], continuations: Sequence[str], batch_size: int,
+    tools: Sequence[Any] | None = None,
+) -> tuple[list[float], list[int]]:  # fmt: skip
+    """Sum of log-probs of each continuation after its chat context (rendered with ``tools``),
+    and its token count."""
     pad = pad_token_id(tokenizer)
     sums: list[float] = []
     counts: list[int] = []
@@ -165,7 +172,8 @@ def continuation_logps(
         for ctx, cont in zip(
             contexts[s : s + batch_size], continuations[s : s + batch_size], strict=True
         ):
-            p = tokenizer(render_prompt(tokenizer, ctx), add_special_tokens=False)["input_ids"]
+            text = render_prompt(tokenizer, ctx, tools=tools)
+            p = tokenizer(text, add_special_tokens=False)["input_ids"]
             c = tokenizer(cont, add_special_tokens=False)["input_ids"]
             rows.append((p, c))
         width = max(len(p) + len(c) for p, c in rows)
@@ -291,7 +299,7 @@ def plot(rows: Sequence[UpliftRow], path: Path) -> Path:
         ax.bar(xs, ys, width, yerr=err, label=form, capsize=2)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks([j + width * (len(forms) - 1) / 2 for j in range(len(levels))])
-    ax.set_xticklabels([f"level {lv}" for lv in levels])
+    ax.set_xticklabels([f"level {lv}" if lv.isdigit() else lv for lv in levels])
     ax.set_ylabel("Δ log p(correct answer)\nhinted − unhinted")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()

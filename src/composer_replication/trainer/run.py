@@ -141,7 +141,8 @@ def build_env(cfg: RunConfig):
     if e.name == "arithmetic":
         return get_env("arithmetic", levels=e.levels, heldout_fraction=e.heldout_fraction)
     if e.name == "calculator":
-        return get_env("calculator", heldout_fraction=e.heldout_fraction, few_shot=e.few_shot)
+        return get_env("calculator", heldout_fraction=e.heldout_fraction, few_shot=e.few_shot,
+                       shots=e.shots)  # fmt: skip
     if e.name == "feature_deletion":
         return get_env("feature_deletion", sources=e.task_sources, task_dir=e.task_dir,
                        generation=e.task_generation, reward=e.reward,
