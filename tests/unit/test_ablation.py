@@ -229,3 +229,35 @@ def test_docs_show_the_mapping_table():
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "results.md").read_text()
     assert trl_sdpo_mapping_markdown() in docs
+
+
+def test_heldout_curve_of_a_tool_env_uses_the_runs_rollout_budget(tmp_path, monkeypatch):
+    """The score-vs-step points of an agent run are episodes under the run's rollout budget,
+    like its final evaluation (not evaluate()'s defaults)."""
+    import composer_replication.evaluation as evaluation
+    from composer_replication.trainer.callbacks import HeldoutEvalCallback
+
+    seen = {}
+
+    class Res:
+        pass_rate, mean_reward, n = 0.5, 0.5, 2
+
+        def pass_ci(self):
+            return 0.1, 0.9
+
+    def fake_evaluate(*args, **kwargs):
+        seen.update(kwargs)
+        return Res()
+
+    monkeypatch.setattr(evaluation, "evaluate", fake_evaluate)
+    cb = HeldoutEvalCallback(tmp_path, None, None, 5, 2, 48, 8, max_turns=2, max_tool_calls=1)
+
+    class Model:
+        training = True
+
+        def train(self, mode):
+            self.training = mode
+
+    cb._eval(Model(), 0)
+    assert (seen["max_turns"], seen["max_tool_calls"]) == (2, 1)
+    assert json.loads((tmp_path / "heldout.jsonl").read_text())["pass_rate"] == 0.5

@@ -222,7 +222,9 @@ HELDOUT_FILE = "heldout.jsonl"
 
 class HeldoutEvalCallback(TrainerCallback):
     """Greedy held-out pass rate every ``every`` optimizer steps (and at step 0), appended to
-    ``heldout.jsonl`` in the run dir: the data of score-vs-step curves."""
+    ``heldout.jsonl`` in the run dir: the data of score-vs-step curves. Tool environments run
+    episodes of at most ``max_turns`` turns and ``max_tool_calls`` calls (the run's
+    ``rollout`` budget, as its final evaluation)."""
 
     def __init__(
         self,
@@ -233,19 +235,23 @@ class HeldoutEvalCallback(TrainerCallback):
         n: int,
         max_new_tokens: int,
         batch_size: int = 64,
+        max_turns: int = 3,
+        max_tool_calls: int = 4,
     ):
         self.path = Path(run_dir) / HELDOUT_FILE
         self.env, self.tokenizer = env, tokenizer
         self.every, self.n = every, n
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+        self.max_turns, self.max_tool_calls = max_turns, max_tool_calls
 
     def _eval(self, model, step: int) -> None:
         from composer_replication.evaluation import evaluate
 
         was_training = model.training
         res = evaluate(
-            model, self.tokenizer, self.env, "heldout", self.n, self.max_new_tokens, self.batch_size
-        )
+            model, self.tokenizer, self.env, "heldout", self.n, self.max_new_tokens,
+            self.batch_size, max_turns=self.max_turns, max_tool_calls=self.max_tool_calls,
+        )  # fmt: skip
         model.train(was_training)
         lo, hi = res.pass_ci()
         row = {
