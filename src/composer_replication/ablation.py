@@ -293,7 +293,8 @@ def pick_learning_rates(rows: list[dict[str, Any]], default: float = 1e-5) -> di
 
 
 def plot_curves(acfg: AblationConfig, arms: list[str], out: Path) -> Path:
-    """Held-out pass rate vs step, mean over seeds, one line per arm."""
+    """Held-out pass rate vs step, mean over the finished seeds, one line per arm (a killed
+    run's partial curve is left out)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -305,7 +306,7 @@ def plot_curves(acfg: AblationConfig, arms: list[str], out: Path) -> Path:
         by_step: dict[int, list[float]] = {}
         for seed in acfg.seeds:
             path = Path(acfg.output_dir) / arm / f"seed{seed}" / "heldout.jsonl"
-            if not path.is_file():
+            if not (path.is_file() and path.with_name("final_eval.json").is_file()):
                 continue
             for line in path.read_bytes().splitlines():
                 row = orjson.loads(line)
@@ -341,12 +342,18 @@ def markdown_table(
     wall_s: float,
     plot: Path,
     base: dict[str, Any] | None = None,
+    done: tuple[int, int] | None = None,
 ) -> str:
+    """The section of ``results_md``; ``done`` = (finished runs, planned runs) marks a partial
+    report (``ablate --report``) in its heading."""
     begin, end = markers(acfg.section)
     ref = rows[0]["reference"] if rows else "first arm"
+    partial = ""
+    if done is not None and done[0] < done[1]:
+        partial = f" (in progress: {done[0]} of {done[1]} runs finished)"
     lines = [
         begin,
-        f"## {acfg.title}",
+        f"## {acfg.title}{partial}",
         "",
         f"Command: `{command}` (config `{acfg.base_config}` + {acfg.base_overrides}); "
         f"seeds {acfg.seeds}; total wall time {wall_s / 60:.1f} min on this machine.",
@@ -394,31 +401,54 @@ def write_results(md_path: Path, section: str, name: str = "ablation") -> None:
     md_path.write_text(text)
 
 
-def run_ablation(acfg: AblationConfig, command: str, console=None) -> list[dict[str, Any]]:
-    """Every arm x seed (interleaved by seed so a noisy machine hits all arms alike)."""
+def finished_results(acfg: AblationConfig) -> list[dict[str, Any]]:
+    """The final results of the arm/seed runs already finished under ``output_dir``."""
+    out = []
+    for seed in acfg.seeds:
+        for arm in acfg.arms:
+            path = Path(arm_config(acfg, arm, seed).output_dir, "final_eval.json")
+            if path.is_file():
+                out.append(json.loads(path.read_text()))
+    return out
+
+
+def run_ablation(
+    acfg: AblationConfig, command: str, console=None, train: bool = True
+) -> list[dict[str, Any]]:
+    """Every arm x seed (interleaved by seed so a noisy machine hits all arms alike), then the
+    table. ``train=False`` (``ablate --report``) trains nothing: it tabulates the runs already
+    finished, marked as partial when some are missing (the wall time is then their sum)."""
     t0 = time.monotonic()
     out = Path(acfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    base = base_result(acfg, console)
-    results = []
-    for seed in acfg.seeds:
-        for arm in acfg.arms:
-            if console is not None:
-                console.rule(f"[bold]{arm.name} / seed {seed}")
-            results.append(run_arm(acfg, arm, seed, console))
-            (out / "results.json").write_text(json.dumps(results, indent=2))
-    names = [a.name for a in acfg.arms]
+    if train:
+        base = base_result(acfg, console)
+        results = []
+        for seed in acfg.seeds:
+            for arm in acfg.arms:
+                if console is not None:
+                    console.rule(f"[bold]{arm.name} / seed {seed}")
+                results.append(run_arm(acfg, arm, seed, console))
+                (out / "results.json").write_text(json.dumps(results, indent=2))
+    else:
+        base_path = out / "base_eval.json"
+        base = json.loads(base_path.read_text()) if base_path.is_file() else None
+        results = finished_results(acfg)
+        if not results:
+            raise ConfigError(f"ablate --report: no finished run under {out}")
+    names = [a.name for a in acfg.arms if any(r["arm"] == a.name for r in results)]
     rows = summarize(results, names, acfg.reference_arm)
     plot = plot_curves(acfg, names, out / "heldout_vs_step.png")
     (out / "summary.json").write_text(json.dumps(rows, indent=2))
-    wall = time.monotonic() - t0
-    table = markdown_table(rows, acfg, command, wall, Path(plot.name), base)
+    wall = time.monotonic() - t0 if train else sum(r.get("wall_s", 0.0) for r in results)
+    done = (len(results), len(acfg.arms) * len(acfg.seeds))
+    table = markdown_table(rows, acfg, command, wall, Path(plot.name), base, done)
     write_results(out / "results.md", table, acfg.section)
     if acfg.results_md:
         md = Path(acfg.results_md)
         docs_plot = md.parent / f"{acfg.section}_heldout_vs_step.png"
         docs_plot.parent.mkdir(parents=True, exist_ok=True)
         docs_plot.write_bytes(plot.read_bytes())
-        table = markdown_table(rows, acfg, command, wall, Path(docs_plot.name), base)
+        table = markdown_table(rows, acfg, command, wall, Path(docs_plot.name), base, done)
         write_results(md, table, acfg.section)
     return rows

@@ -261,3 +261,38 @@ def test_heldout_curve_of_a_tool_env_uses_the_runs_rollout_budget(tmp_path, monk
     cb._eval(Model(), 0)
     assert (seen["max_turns"], seen["max_tool_calls"]) == (2, 1)
     assert json.loads((tmp_path / "heldout.jsonl").read_text())["pass_rate"] == 0.5
+
+
+def test_report_tabulates_the_finished_runs_without_training(tmp_path):
+    """`ablate --report` on a half-done experiment: the finished arm/seeds only, marked as
+    partial; nothing trains (a killed run without final_eval.json is not counted)."""
+    from typer.testing import CliRunner
+
+    from composer_replication.cli import app
+
+    out, md = tmp_path / "out", tmp_path / "results.md"
+    cfg_path = tmp_path / "a.yaml"
+    cfg_path.write_text(yaml.safe_dump({
+        "seeds": [1, 2], "output_dir": str(out), "results_md": str(md), "section": "ev",
+        "arms": [{"name": "grpo"}, {"name": "sd", "overrides": ["sdpo.weight=0.1"]}],
+    }))  # fmt: skip
+    finished = {("grpo", 1): 0.5, ("grpo", 2): 0.7, ("sd", 1): 0.6}
+    for (arm, seed), rate in finished.items():
+        run = out / arm / f"seed{seed}"
+        run.mkdir(parents=True)
+        res = {"arm": arm, "seed": seed, "pass_rate": rate, "n": 10, "mean_reward": rate,
+               "wall_s": 60.0}  # fmt: skip
+        (run / "final_eval.json").write_text(json.dumps(res))
+        (run / "heldout.jsonl").write_text(json.dumps({"step": 0, "pass_rate": rate}) + "\n")
+    killed = out / "sd" / "seed2"
+    killed.mkdir(parents=True)
+    (killed / "heldout.jsonl").write_text(json.dumps({"step": 0, "pass_rate": 0.0}) + "\n")
+    r = CliRunner().invoke(app, ["ablate", "--config", str(cfg_path), "--report"])
+    assert r.exit_code == 0, r.output
+    text = md.read_text()
+    assert "(in progress: 3 of 4 runs finished)" in text and "total wall time 3.0 min" in text
+    assert "| sd | 60.0% [60.0%, 60.0%] | 60.0% | +10.0% |" in text
+    empty = tmp_path / "b.yaml"
+    empty.write_text(cfg_path.read_text().replace(str(out), str(tmp_path / "none")))
+    r = CliRunner().invoke(app, ["ablate", "--config", str(empty), "--report"])
+    assert r.exit_code != 0 and "no finished run" in r.output

@@ -150,7 +150,8 @@ def test_help_off_a_terminal_never_cuts_an_option_name():
 )
 def test_a_mistyped_model_fails_in_seconds_with_one_line(model, message, tmp_path):
     """The hub is unreachable (HF_ENDPOINT points at a closed local port): one error line, exit
-    2, no traceback, nothing written, well under 10 s (transformers alone retries for ~50 s)."""
+    2, no traceback, nothing written, and no retry loop: transformers alone retries for ~50 s
+    on top of the CLI's start-up (5-15 s here, more on a loaded machine)."""
     env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
     start = time.monotonic()
     proc = subprocess.run(
@@ -164,4 +165,6 @@ def test_a_mistyped_model_fails_in_seconds_with_one_line(model, message, tmp_pat
     err_lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert _flat(" ".join(err_lines)).startswith(f"error: {message}")
     assert not (tmp_path / "run").exists()
-    assert elapsed < 10, elapsed  # the behaviour under test is "fails fast", not a benchmark
+    # the behaviour under test is "does not retry", not a benchmark: the bound sits between a
+    # loaded machine's start-up (~15 s seen with two training runs alongside) and start-up + ~50 s
+    assert elapsed < 40, elapsed

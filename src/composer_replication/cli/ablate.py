@@ -19,6 +19,13 @@ def ablate_command(
     config: Annotated[Path, typer.Option("--config", "-c", help="ablation YAML")] = Path(
         "configs/ablation.yaml"
     ),
+    report: Annotated[
+        bool,
+        typer.Option(
+            "--report",
+            help="Train nothing: tabulate the runs already finished (marked as partial).",
+        ),
+    ] = False,
 ) -> None:
     """Train every arm (GRPO, +SDPO, +replay, all, TRL SDPO peer) for every seed; write the
     results table and a held-out-vs-step plot into the run directory (and into the docs with
@@ -36,7 +43,8 @@ def ablate_command(
         + str(config)
         + "".join(f" {o}" for o in overrides or [])
     )
-    rows = run_ablation(acfg, command, console)
+    with exit_on(ConfigError):
+        rows = run_ablation(acfg, command, console, train=not report)
     table = Table(title="ablation: final held-out pass@1 (mean over seeds, 95% t-CI)")
     for col in ("arm", "mean [95% CI]", "per seed"):
         table.add_column(col)
