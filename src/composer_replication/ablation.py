@@ -348,15 +348,15 @@ def markdown_table(
     report (``ablate --report``) in its heading."""
     begin, end = markers(acfg.section)
     ref = rows[0]["reference"] if rows else "first arm"
-    partial = ""
-    if done is not None and done[0] < done[1]:
-        partial = f" (in progress: {done[0]} of {done[1]} runs finished)"
+    partial = done is not None and done[0] < done[1]
+    heading = f" (in progress: {done[0]} of {done[1]} runs finished)" if partial else ""
+    wall = "sum of the finished runs' wall times" if partial else "total wall time"
     lines = [
         begin,
-        f"## {acfg.title}{partial}",
+        f"## {acfg.title}{heading}",
         "",
         f"Command: `{command}` (config `{acfg.base_config}` + {acfg.base_overrides}); "
-        f"seeds {acfg.seeds}; total wall time {wall_s / 60:.1f} min on this machine.",
+        f"seeds {acfg.seeds}; {wall} {wall_s / 60:.1f} min on this machine.",
         "",
         f"| arm | final held-out pass@1, mean over seeds [95% t-CI] | per seed | minus {ref}, "
         "per seed | minus " + ref + ", mean [95% t-CI] | mean reward | wall s/run |",
@@ -372,19 +372,27 @@ def markdown_table(
         deltas = ", ".join(f"{v:+.1%}" for v in r.get("vs_first", [])) or "-"
         paired = "-"
         if r["arm"] != ref and r.get("vs_first"):
-            lo, hi = r["paired_ci95"]
-            paired = f"{r['paired_mean']:+.1%} [{lo:+.1%}, {hi:+.1%}]"
+            paired = _with_interval(r["paired_mean"], r["paired_ci95"], len(r["vs_first"]), "+")
+        mean = _with_interval(r["mean"], (r["ci95_low"], r["ci95_high"]), len(r["per_seed"]))
         lines.append(
-            f"| {r['arm']} | {r['mean']:.1%} [{r['ci95_low']:.1%}, {r['ci95_high']:.1%}] | "
-            f"{seeds} | {deltas} | {paired} | {r['reward']:.3f} | {r['wall_s']:.0f} |"
+            f"| {r['arm']} | {mean} | {seeds} | {deltas} | {paired} | {r['reward']:.3f} | "
+            f"{r['wall_s']:.0f} |"
         )
     if rows and all(" lr=" in r["arm"] for r in rows):
         picks = pick_learning_rates(rows)
-        lines += ["", "Learning rate per arm by the pre-registered rule (best mean final "
-                  "pass@1; ties: closest to 1e-5): "
+        so_far = " so far (final once every rate has run)" if partial else ""
+        lines += ["", f"Learning rate per arm by the pre-registered rule{so_far} (best mean "
+                  "final pass@1; ties: closest to 1e-5): "
                   + ", ".join(f"{a} {lr:g}" for a, lr in picks.items()) + "."]  # fmt: skip
     lines += ["", f"![held-out score vs step]({plot.as_posix()})", "", end]
     return "\n".join(lines)
+
+
+def _with_interval(value: float, ci: tuple[float, float], n: int, sign: str = "") -> str:
+    """``value [lo, hi]`` as percentages; one seed has no interval (``value (1 seed)``)."""
+    if n < 2:
+        return f"{value:{sign}.1%} (1 seed)"
+    return f"{value:{sign}.1%} [{ci[0]:{sign}.1%}, {ci[1]:{sign}.1%}]"
 
 
 def write_results(md_path: Path, section: str, name: str = "ablation") -> None:

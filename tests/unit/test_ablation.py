@@ -290,8 +290,10 @@ def test_report_tabulates_the_finished_runs_without_training(tmp_path):
     r = CliRunner().invoke(app, ["ablate", "--config", str(cfg_path), "--report"])
     assert r.exit_code == 0, r.output
     text = md.read_text()
-    assert "(in progress: 3 of 4 runs finished)" in text and "total wall time 3.0 min" in text
-    assert "| sd | 60.0% [60.0%, 60.0%] | 60.0% | +10.0% |" in text
+    assert "(in progress: 3 of 4 runs finished)" in text
+    assert "sum of the finished runs' wall times 3.0 min" in text
+    assert "| sd | 60.0% (1 seed) | 60.0% | +10.0% | +10.0% (1 seed) |" in text
+    assert "| grpo | 60.0% [0.0%, 100.0%] | 50.0%, 70.0% |" in text  # 12.706 * 0.1 clipped
     empty = tmp_path / "b.yaml"
     empty.write_text(cfg_path.read_text().replace(str(out), str(tmp_path / "none")))
     r = CliRunner().invoke(app, ["ablate", "--config", str(empty), "--report"])
