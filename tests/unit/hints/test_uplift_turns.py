@@ -81,10 +81,10 @@ def test_failures_are_cut_at_the_blamed_turn_and_measured_there(tool_tok):
     """The scripted model calls calculate('208 * 67') then answers 13936: every other task fails
     at turn 1 ("answered 13936, expected ..."), after a right call and its tool result."""
     env = CalculatorEnv(per_kind=300)
-    tasks = [t for t in env.tasks("heldout") if t.task_id != "calc:208 * 67"][:2]
+    tasks = [t for t in env.tasks("heldout") if t.task_id != "calc:208 * 67"][:1]
     model = scripted_calculator_model(tool_tok)
-    failures, n, won = sample_turn_failures(model, tool_tok, env, tasks, 2, 0.0, 2, 2, 40, 4)
-    assert (n, won, len(failures)) == (4, 0, 4)
+    failures, n, won = sample_turn_failures(model, tool_tok, env, tasks, 2, 0.0, 2, 2, 34, 2)
+    assert (n, won, len(failures)) == (2, 0, 2)
     f = failures[0]
     assert [m["role"] for m in f.history] == ["assistant", "tool"]
     assert f.history[1]["content"] == "13936" and f.turn["content"] == "13936"
@@ -97,11 +97,11 @@ def test_failures_are_cut_at_the_blamed_turn_and_measured_there(tool_tok):
         model, tool_tok, [ctx, ctx], [turn_text(tool_tok, ctx, f.turn, tools), ref], 2, tools
     )
     assert s_rep > s_ref + 20
-    forms = ["verifier", "process", "wrong"]
-    ms = measure_turns(model, tool_tok, env, failures[:2], forms, HintTemplates(), 40, 4, "2 shots")
-    assert len(ms) == 6 and {m.turn for m in ms} == {1}
-    by = {m.form: m for m in ms if m.task_id == f.task.task_id}
-    assert by["verifier"].leak and not by["process"].leak and not by["wrong"].leak
+    forms = ["verifier", "process"]
+    ms = measure_turns(model, tool_tok, env, failures[:1], forms, HintTemplates(), 34, 2, "2 shots")
+    assert len(ms) == 2 and {m.turn for m in ms} == {1}
+    by = {m.form: m for m in ms}
+    assert by["verifier"].leak and not by["process"].leak
     assert "turn 1: answered 13936" in by["process"].hint
     assert not any(m.passed_plain or m.passed_hinted for m in ms)  # the script answers 13936
 
