@@ -19,8 +19,9 @@ from composer_replication.chat import render_prompt
 from composer_replication.chat_templates import ensure_tool_template
 from composer_replication.envs.calculator import CalculatorEnv
 from composer_replication.hints.build import HintTemplates, insert_hint
-from composer_replication.hints.uplift_turns import tool_schemas, turn_text
+from composer_replication.hints.uplift_turns import turn_text
 from composer_replication.models import DEFAULT_MODEL, load_model, load_tokenizer
+from composer_replication.rollout import tool_functions
 
 HINTS = {"no hint": None, "process": "turn 0: no tool call", "placebo": "turn 0 went wrong"}
 
@@ -38,12 +39,13 @@ def main(n: int = 16, shots: int = 1) -> None:
     tok, model = load_tokenizer(DEFAULT_MODEL), load_model(DEFAULT_MODEL).eval()
     ensure_tool_template(tok)
     env = CalculatorEnv(shots=shots)
-    tools = tool_schemas(env.tools_class())
+    tools = tool_functions(env.tools_class()())
     tpl = HintTemplates()
     stats: dict[str, dict[str, list[float]]] = {k: {} for k in HINTS}
     for task in env.tasks("train")[:n]:
         prompt = env.row(task)["prompt"]
         call = turn_text(tok, prompt, env.reference_turn(task, []), tools)
+        call_first = tok(call, add_special_tokens=False)["input_ids"][0]
         greedy_first = None
         for name, feedback in HINTS.items():
             ctx = (
@@ -52,7 +54,6 @@ def main(n: int = 16, shots: int = 1) -> None:
                 else insert_hint(prompt, tpl.feedback.format(feedback=feedback))
             )
             per_tok, first = token_logps(model, tok, ctx, call, tools)
-            call_first = tok(call, add_special_tokens=False)["input_ids"][0]
             greedy_first = int(first.argmax()) if greedy_first is None else greedy_first
             row = stats[name]
             for key, val in (

@@ -25,6 +25,10 @@ from composer_replication.config import (
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
+FINAL_EVAL = "final_eval.json"
+"""An arm/seed run's final held-out result; its presence marks the run as finished."""
+
+
 def markers(section: str) -> tuple[str, str]:
     """The begin/end comments around an experiment's section of a results file."""
     return f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
@@ -62,7 +66,7 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
     from composer_replication.trainer.run import build_trainer, evaluate_run, prepare
 
     cfg = arm_config(acfg, arm, seed)
-    done = Path(cfg.output_dir, "final_eval.json")
+    done = Path(cfg.output_dir, FINAL_EVAL)
     if done.is_file():  # finished by an earlier, interrupted `ablate`: keep it
         if console is not None:
             console.print(f"[dim]{arm.name} seed {seed}: reusing {done}")
@@ -95,7 +99,7 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
         "wall_s": time.monotonic() - t0,
         "run_dir": cfg.output_dir,
     }
-    Path(cfg.output_dir, "final_eval.json").write_text(json.dumps(result, indent=2))
+    done.write_text(json.dumps(result, indent=2))
     if not acfg.keep_checkpoints:
         for ckpt in Path(cfg.output_dir).glob("checkpoint-*"):
             shutil.rmtree(ckpt)
@@ -306,7 +310,7 @@ def plot_curves(acfg: AblationConfig, arms: list[str], out: Path) -> Path:
         by_step: dict[int, list[float]] = {}
         for seed in acfg.seeds:
             path = Path(acfg.output_dir) / arm / f"seed{seed}" / "heldout.jsonl"
-            if not (path.is_file() and path.with_name("final_eval.json").is_file()):
+            if not (path.is_file() and path.with_name(FINAL_EVAL).is_file()):
                 continue
             for line in path.read_bytes().splitlines():
                 row = orjson.loads(line)
@@ -414,7 +418,7 @@ def finished_results(acfg: AblationConfig) -> list[dict[str, Any]]:
     out = []
     for seed in acfg.seeds:
         for arm in acfg.arms:
-            path = Path(arm_config(acfg, arm, seed).output_dir, "final_eval.json")
+            path = Path(arm_config(acfg, arm, seed).output_dir, FINAL_EVAL)
             if path.is_file():
                 out.append(json.loads(path.read_text()))
     return out

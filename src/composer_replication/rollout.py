@@ -37,6 +37,12 @@ def tool_methods(cls: type) -> dict[str, Callable[..., Any]]:
     }
 
 
+def tool_functions(instance: Any) -> list[Callable[..., Any]]:
+    """The bound tool methods of an environment instance: what prompts are rendered with (the
+    chat template turns them into tool schemas) and what replies are parsed against."""
+    return [getattr(instance, name) for name in tool_methods(type(instance))]
+
+
 def bounded_tools(cls: type, max_calls: int) -> type:
     """A subclass of ``cls`` whose tools answer ``BUDGET_EXHAUSTED`` after ``max_calls`` calls
     in one rollout (counted from ``reset``), without running. Signatures and docstrings are
@@ -146,7 +152,7 @@ def run_agent(
     envs = [tools_class() for _ in rows]
     for env, row in zip(envs, rows, strict=True):
         env.reset(**row)
-    schemas = [getattr(envs[0], name) for name in tool_methods(tools_class)] if envs else []
+    schemas = tool_functions(envs[0]) if envs else []
     convs = [list(row["prompt"]) for row in rows]
     done: list[AgentRollout | None] = [None] * len(rows)
     stats = [[0, 0, 0] for _ in rows]  # turns, calls, errors

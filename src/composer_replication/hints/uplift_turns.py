@@ -41,7 +41,7 @@ from composer_replication.hints.uplift import (
     leaks,
     write_report,
 )
-from composer_replication.rollout import bounded_tools, run_agent, tool_methods
+from composer_replication.rollout import bounded_tools, run_agent, tool_functions
 
 
 @dataclass
@@ -80,12 +80,6 @@ def split_at_turn(messages: list[dict[str, Any]], k: int) -> tuple[list[dict], d
                 return messages[:i], m
             seen += 1
     return None
-
-
-def tool_schemas(tools_class: type) -> list[Any]:
-    """The tool functions the prompts are rendered with (as ``run_agent`` renders them)."""
-    inst = tools_class()
-    return [getattr(inst, name) for name in tool_methods(tools_class)]
 
 
 def turn_text(tokenizer, context: list[dict], message: dict, tools: Sequence[Any]) -> str:
@@ -175,7 +169,7 @@ def measure_turns(
     if not hasattr(env, "reference_turn"):
         raise ValueError(f"environment {env.name!r} has no reference_turn: cannot measure uplift")
     model.eval()
-    tools = tool_schemas(env.tools_class())
+    tools = tool_functions(env.tools_class()())
     plain = [f.prompt + f.history for f in failures]
     refs = [turn_text(tokenizer, c, env.reference_turn(f.task, f.history), tools)
             for c, f in zip(plain, failures, strict=True)]  # fmt: skip
@@ -192,7 +186,7 @@ def measure_turns(
         if form == "model":
             hints = model_turn_hints(model, tokenizer, failures, templates, batch_size)
         else:
-            hints = [hint_text(f, form, templates) for f in failures]  # type: ignore[arg-type]
+            hints = [hint_text(f, form, templates) for f in failures]
         idx = [i for i, h in enumerate(hints) if h]
         if not idx:
             continue

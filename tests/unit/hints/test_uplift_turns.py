@@ -18,9 +18,9 @@ from composer_replication.hints.uplift_turns import (
     reason_kind,
     sample_turn_failures,
     split_at_turn,
-    tool_schemas,
     turn_text,
 )
+from composer_replication.rollout import tool_functions
 
 CALL = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
     "name": "calculate", "arguments": {"expression": "208 * 67"}}}]}  # fmt: skip
@@ -54,7 +54,7 @@ def test_reference_turn_is_the_call_then_the_number():
 def test_turn_text_is_the_templates_rendering_of_the_turn(tool_tok):
     env = CalculatorEnv(per_kind=50)
     prompt = env.row(env.tasks("train")[0])["prompt"]
-    tools = tool_schemas(env.tools_class())
+    tools = tool_functions(env.tools_class()())
     text = turn_text(tool_tok, prompt, CALL, tools)
     assert text.startswith("<tool_call>") and '"208 * 67"' in text and "<|im_end|>" in text
     assert turn_text(tool_tok, prompt, {"role": "assistant", "content": "42"}, tools).startswith(
@@ -90,7 +90,7 @@ def test_failures_are_cut_at_the_blamed_turn_and_measured_there(tool_tok):
     assert f.history[1]["content"] == "13936" and f.turn["content"] == "13936"
     assert (f.turns_left, f.calls_left) == (1, 1)
     # the cut is aligned: the scripted turn is certain after the history, the reference is not
-    tools = tool_schemas(env.tools_class())
+    tools = tool_functions(env.tools_class()())
     ctx = f.prompt + f.history
     ref = turn_text(tool_tok, ctx, env.reference_turn(f.task, f.history), tools)
     (s_rep, s_ref), _ = continuation_logps(
