@@ -86,8 +86,8 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
             acfg.eval_n_during,
             cfg.eval.max_new_tokens,
             cfg.eval.batch_size,
-            cfg.rollout.max_turns,
-            cfg.rollout.max_tool_calls,
+            max_turns=cfg.rollout.max_turns,
+            max_tool_calls=cfg.rollout.max_tool_calls,
         )
     )
     trainer.train()

@@ -13,11 +13,15 @@ CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "208 * 67"}
 ANSWER = "13936<|im_end|>"
 
 
-def scripted_calculator_model(tok, turns: tuple[str, ...] = (CALL, ANSWER), seed: int = 0):
+def scripted_calculator_model(
+    tok, turns: tuple[str, ...] = (CALL, ANSWER), seed: int = 0, shots: int | None = None
+):
     """A 2-layer random Llama over ``tok``'s vocabulary pushed to write ``turns`` (one per
-    assistant turn after the prompt's few-shot turns); ``tok`` must have the tool template."""
+    assistant turn after the prompt's ``shots`` few-shot assistant turns; default: all of
+    ``FEW_SHOT``'s); ``tok`` must have the tool template."""
     model = make_tiny_model(len(tok), seed, cls=ScriptedLlama, max_positions=1024)
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    shots = sum(m["role"] == "assistant" for m in FEW_SHOT)  # assistant turns inside the prompt
+    if shots is None:
+        shots = sum(m["role"] == "assistant" for m in FEW_SHOT)
     model.set_script(enc("<|im_start|>assistant\n"), [enc(t) for t in turns], shots)
     return model

@@ -9,7 +9,8 @@ result size: nothing the model writes is ever executed. Errors come back as the 
 Grading a multi-turn rollout (a list of chat messages) names the first turn that went wrong
 and why, e.g. "turn 0: called `calc`, the tool is `calculate`", "turn 1: answered 1200, the
 tool returned 1776", "turn 0: no tool call"; ``StepResult.info`` holds ``failed_turn`` (index
-among the assistant turns) and ``reason`` for the turn-level hint. Splits are by a fixed hash
+among the assistant turns), ``reason`` for the turn-level hint and ``reason_kind`` (the reason
+without its numbers: ``no tool call``, ``answered``, ...). Splits are by a fixed hash
 of the problem, like ``arithmetic``.
 """
 
@@ -137,17 +138,20 @@ def _tool_calls(message: dict[str, Any]) -> list[dict[str, Any]]:
     return [c.get("function", c) for c in calls]
 
 
-def _check_call(call: dict[str, Any]) -> str | None:
-    """Why a tool call is wrong, or None."""
+def _check_call(call: dict[str, Any]) -> tuple[str, str] | None:
+    """(the kind of error, why the tool call is wrong), or None when it is right."""
     name = call.get("name")
     if name != TOOL_NAME:
-        return f"called `{name}`, the tool is `{TOOL_NAME}`"
+        return "called another tool", f"called `{name}`, the tool is `{TOOL_NAME}`"
     args = call.get("arguments")
     if not isinstance(args, dict) or "expression" not in args:
-        return f"called `{TOOL_NAME}` without an `expression` argument"
+        return (
+            "call without an expression",
+            f"called `{TOOL_NAME}` without an `expression` argument",
+        )
     result = safe_calculate(args["expression"])
     if result.startswith("error"):
-        return f"`{TOOL_NAME}({args['expression']!r})` failed: {result}"
+        return "calculate() failed", f"`{TOOL_NAME}({args['expression']!r})` failed: {result}"
     return None
 
 
@@ -158,35 +162,39 @@ def grade_conversation(messages: list[dict[str, Any]], expected: int) -> StepRes
     final = assistant[-1] if assistant else {"content": ""}
     got = None if _tool_calls(final) else _final_number(str(final.get("content", "")))
     info: dict[str, Any] = {"expected": expected, "got": got, "tool_calls": 0}
-    first_error: tuple[int, str] | None = None
+    first_error: tuple[int, str, str] | None = None
     for turn, message in enumerate(assistant):
         for call in _tool_calls(message):
             info["tool_calls"] += 1
-            reason = _check_call(call)
-            if reason and first_error is None:
-                first_error = (turn, reason)
+            error = _check_call(call)
+            if error and first_error is None:
+                first_error = (turn, *error)
     if got == expected:
         return StepResult(str(final.get("content", "")), 1.0, True, True, "correct", info)
     last = len(assistant) - 1
     hidden = None  # the verdict without the expected number, where the verdict names it
     if info["tool_calls"] == 0:
-        failed = (0, "no tool call")
+        failed = (0, "no tool call", "no tool call")
     elif first_error is not None:
         failed = first_error
     elif got is None:
-        failed = (last, f"no final answer after {info['tool_calls']} tool calls")
+        failed = (last, "no final answer", f"no final answer after {info['tool_calls']} tool calls")
     elif str(expected) in results:
-        failed = (last, f"answered {got}, the tool returned {expected}")
+        failed = (last, "answered", f"answered {got}, the tool returned {expected}")
         hidden = f"answered {got}, which is not what the tool returned"
     else:
-        failed = (last, f"answered {got}, expected {expected}; the tool returned {results[-1]}")
+        failed = (
+            last,
+            "answered",
+            f"answered {got}, expected {expected}; the tool returned {results[-1]}",
+        )
         hidden = f"answered {got}, which is wrong; the tool returned {results[-1]}"
-    info.update(failed_turn=failed[0], reason=failed[1])
-    feedback = f"turn {failed[0]}: {failed[1]}"
+    info.update(failed_turn=failed[0], reason_kind=failed[1], reason=failed[2])
+    feedback = f"turn {failed[0]}: {failed[2]}"
     info[FEEDBACK_FORMS] = {
         "verifier": feedback,
         # the same verdict and turn without the expected number (tool-use errors never name it)
-        "process": f"turn {failed[0]}: {hidden or failed[1]}",
+        "process": f"turn {failed[0]}: {hidden or failed[2]}",
         "wrong": f"turn {failed[0]} went wrong",
     }
     return StepResult(str(final.get("content", "")), 0.0, True, False, feedback, info)

@@ -31,6 +31,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -190,48 +191,92 @@ def continuation_logps(
     return sums, counts
 
 
-def measure(
-    model, tokenizer, env: Environment, failures: Sequence[Failure], forms: Sequence[str],
-    templates: HintTemplates, max_new_tokens: int, batch_size: int, level_of: Callable[[Task], Any],
+@dataclass
+class Probe:
+    """Where uplift is measured: per failure, the unhinted context, the right continuation and
+    the failed one after it, and how the setting hints a context and plays it out greedily."""
+
+    plain: list[Any]
+    """The student's contexts (chat messages)."""
+    answers: list[str]
+    """The right continuation after each context (the teacher should make it likelier)."""
+    replies: list[str]
+    """The failed continuation after each context (what the channel distills on)."""
+    hinted: Callable[[int, str], Any]
+    """(failure index, hint) -> the teacher's context."""
+    greedy_pass: Callable[[list[int], list[Any]], list[bool]]
+    """(failure indices, their contexts) -> whether greedy decoding from there passes."""
+    model_hints: Callable[[], list[str]]
+    """Hints the model writes itself, one per failure (source ``model``)."""
+    tools: Sequence[Any] | None = None
+    """Tool schemas the contexts are rendered with."""
+
+
+def measure_probe(
+    model, tokenizer, failures: Sequence[Any], probe: Probe, forms: Sequence[str],
+    templates: HintTemplates, batch_size: int, label: Callable[[Any], dict[str, Any]],
     progress: Callable[[str], None] | None = None,
 ) -> list[Measurement]:  # fmt: skip
-    """Every (failure, form) measurement; forms that do not apply to a failure are skipped."""
+    """Every (failure, form) measurement; forms that do not apply to a failure are skipped.
+    ``label(failure)`` gives the measurement's ``level`` (and ``turn``, ``reason``)."""
     model.eval()
-    plain = [as_messages(f.task.prompt) for f in failures]
-    answers = [answer_of(f.task) for f in failures]
-    s_ans, _ = continuation_logps(model, tokenizer, plain, answers, batch_size)
-    s_rep, n_rep = continuation_logps(
-        model, tokenizer, plain, [f.reply for f in failures], batch_size
-    )
-    greedy = generate_greedy(model, tokenizer, plain, max_new_tokens, batch_size)
-    passed_plain = [env.grade(f.task, g).passed for f, g in zip(failures, greedy, strict=True)]
+    logps = partial(continuation_logps, model, tokenizer, batch_size=batch_size, tools=probe.tools)
+    s_ans, _ = logps(probe.plain, probe.answers)
+    s_rep, n_rep = logps(probe.plain, probe.replies)
+    passed_plain = probe.greedy_pass(list(range(len(failures))), probe.plain)
     out: list[Measurement] = []
     for form in forms:
         if progress:
             progress(form)
         if form == "model":
-            hints = model_hints(model, tokenizer, failures, templates, 24, batch_size)
+            hints = probe.model_hints()
         else:
             hints = [hint_text(f, form, templates) for f in failures]
         idx = [i for i, h in enumerate(hints) if h]
         if not idx:
             continue
-        ctx = [insert_hint(plain[i], hints[i]) for i in idx]
-        t_ans, _ = continuation_logps(model, tokenizer, ctx, [answers[i] for i in idx], batch_size)
-        t_rep, _ = continuation_logps(
-            model, tokenizer, ctx, [failures[i].reply for i in idx], batch_size
-        )
-        hinted = generate_greedy(model, tokenizer, ctx, max_new_tokens, batch_size)
+        ctx = [probe.hinted(i, hints[i]) for i in idx]
+        t_ans, _ = logps(ctx, [probe.answers[i] for i in idx])
+        t_rep, _ = logps(ctx, [probe.replies[i] for i in idx])
+        passed_hinted = probe.greedy_pass(idx, ctx)
         for j, i in enumerate(idx):
             f = failures[i]
             out.append(
                 Measurement(
-                    f.task.task_id, level_of(f.task), form, hints[i], leaks(hints[i], answers[i]),
-                    t_ans[j] - s_ans[i], (t_rep[j] - s_rep[i]) / max(n_rep[i], 1),
-                    passed_plain[i], env.grade(f.task, hinted[j]).passed,
+                    task_id=f.task.task_id, form=form, hint=hints[i],
+                    leak=leaks(hints[i], answer_of(f.task)),
+                    dlogp_answer=t_ans[j] - s_ans[i],
+                    dlogp_reply=(t_rep[j] - s_rep[i]) / max(n_rep[i], 1),
+                    passed_plain=passed_plain[i], passed_hinted=passed_hinted[j], **label(f),
                 )
             )  # fmt: skip
     return out
+
+
+def measure(
+    model, tokenizer, env: Environment, failures: Sequence[Failure], forms: Sequence[str],
+    templates: HintTemplates, max_new_tokens: int, batch_size: int, level_of: Callable[[Task], Any],
+    progress: Callable[[str], None] | None = None,
+) -> list[Measurement]:  # fmt: skip
+    """Every (failure, form) measurement on single-turn replies."""
+    plain = [as_messages(f.task.prompt) for f in failures]
+
+    def greedy_pass(idx: list[int], contexts: list[Any]) -> list[bool]:
+        replies = generate_greedy(model, tokenizer, contexts, max_new_tokens, batch_size)
+        return [env.grade(failures[i].task, r).passed for i, r in zip(idx, replies, strict=True)]
+
+    probe = Probe(
+        plain=plain,
+        answers=[answer_of(f.task) for f in failures],
+        replies=[f.reply for f in failures],
+        hinted=lambda i, hint: insert_hint(plain[i], hint),
+        greedy_pass=greedy_pass,
+        model_hints=lambda: model_hints(model, tokenizer, failures, templates, 24, batch_size),
+    )
+    return measure_probe(
+        model, tokenizer, failures, probe, forms, templates, batch_size,
+        lambda f: {"level": level_of(f.task)}, progress,
+    )  # fmt: skip
 
 
 def aggregate(ms: Sequence[Measurement]) -> list[UpliftRow]:

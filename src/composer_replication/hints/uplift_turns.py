@@ -33,12 +33,10 @@ from composer_replication.hints.build import HintTemplates, best_success, insert
 from composer_replication.hints.uplift import (
     MODEL_HINT_PROMPT,
     Measurement,
+    Probe,
     UpliftRow,
     aggregate,
-    answer_of,
-    continuation_logps,
-    hint_text,
-    leaks,
+    measure_probe,
     write_report,
 )
 from composer_replication.rollout import bounded_tools, run_agent, tool_functions
@@ -168,48 +166,33 @@ def measure_turns(
     """Every (failure, form) measurement at the failed turn."""
     if not hasattr(env, "reference_turn"):
         raise ValueError(f"environment {env.name!r} has no reference_turn: cannot measure uplift")
-    model.eval()
     tools = tool_functions(env.tools_class()())
     plain = [f.prompt + f.history for f in failures]
-    refs = [turn_text(tokenizer, c, env.reference_turn(f.task, f.history), tools)
-            for c, f in zip(plain, failures, strict=True)]  # fmt: skip
-    reps = [turn_text(tokenizer, c, f.turn, tools) for c, f in zip(plain, failures, strict=True)]
-    s_ans, _ = continuation_logps(model, tokenizer, plain, refs, batch_size, tools)
-    s_rep, n_rep = continuation_logps(model, tokenizer, plain, reps, batch_size, tools)
-    passed_plain = continue_greedy(
-        model, tokenizer, env, failures, plain, max_new_tokens, batch_size
-    )
-    out: list[Measurement] = []
-    for form in forms:
-        if progress:
-            progress(form)
-        if form == "model":
-            hints = model_turn_hints(model, tokenizer, failures, templates, batch_size)
-        else:
-            hints = [hint_text(f, form, templates) for f in failures]
-        idx = [i for i, h in enumerate(hints) if h]
-        if not idx:
-            continue
-        ctx = [insert_hint(failures[i].prompt, hints[i]) + failures[i].history for i in idx]
-        t_ans, _ = continuation_logps(
-            model, tokenizer, ctx, [refs[i] for i in idx], batch_size, tools
-        )
-        t_rep, _ = continuation_logps(
-            model, tokenizer, ctx, [reps[i] for i in idx], batch_size, tools
-        )
+
+    def greedy_pass(idx: list[int], contexts: list[Any]) -> list[bool]:
         sub = [failures[i] for i in idx]
-        hinted = continue_greedy(model, tokenizer, env, sub, ctx, max_new_tokens, batch_size)
-        for j, i in enumerate(idx):
-            f = failures[i]
-            out.append(
-                Measurement(
-                    f.task.task_id, group, form, hints[i], leaks(hints[i], answer_of(f.task)),
-                    t_ans[j] - s_ans[i], (t_rep[j] - s_rep[i]) / max(n_rep[i], 1),
-                    passed_plain[i], hinted[j], turn=int(f.result.info["failed_turn"]),
-                    reason=str(f.result.info.get("reason", "")),
-                )
-            )  # fmt: skip
-    return out
+        return continue_greedy(model, tokenizer, env, sub, contexts, max_new_tokens, batch_size)
+
+    probe = Probe(
+        plain=plain,
+        answers=[
+            turn_text(tokenizer, c, env.reference_turn(f.task, f.history), tools)
+            for c, f in zip(plain, failures, strict=True)
+        ],  # fmt: skip
+        replies=[
+            turn_text(tokenizer, c, f.turn, tools) for c, f in zip(plain, failures, strict=True)
+        ],
+        hinted=lambda i, hint: insert_hint(failures[i].prompt, hint) + failures[i].history,
+        greedy_pass=greedy_pass,
+        model_hints=lambda: model_turn_hints(model, tokenizer, failures, templates, batch_size),
+        tools=tools,
+    )
+    return measure_probe(
+        model, tokenizer, failures, probe, forms, templates, batch_size,
+        lambda f: {"level": group, "turn": int(f.result.info["failed_turn"]),
+                   "reason": str(f.result.info.get("reason", ""))},
+        progress,
+    )  # fmt: skip
 
 
 def run_uplift_calculator(
@@ -256,20 +239,9 @@ def run_uplift_calculator(
     return rows
 
 
-def reason_kind(reason: str) -> str:
-    """A failure reason without its numbers (``answered 1200, ...`` -> ``answered``)."""
-    if reason.startswith("called `calculate` without"):
-        return "call without an expression"
-    if reason.startswith("called `"):
-        return "called another tool"
-    if reason.startswith("`calculate("):
-        return "calculate() failed"
-    return reason.split(" ", 1)[0] if reason.startswith("answered") else reason.split(" after")[0]
-
-
 def _reason_counts(failures: Sequence[TurnFailure]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for f in failures:
-        k = reason_kind(str(f.result.info.get("reason", "")))
+        k = str(f.result.info.get("reason_kind", f.result.info.get("reason", "")))
         counts[k] = counts.get(k, 0) + 1
     return counts

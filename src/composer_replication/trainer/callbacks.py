@@ -234,9 +234,10 @@ class HeldoutEvalCallback(TrainerCallback):
         every: int,
         n: int,
         max_new_tokens: int,
-        batch_size: int = 64,
-        max_turns: int = 3,
-        max_tool_calls: int = 4,
+        batch_size: int,
+        *,
+        max_turns: int,
+        max_tool_calls: int,
     ):
         self.path = Path(run_dir) / HELDOUT_FILE
         self.env, self.tokenizer = env, tokenizer

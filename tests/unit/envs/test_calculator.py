@@ -94,6 +94,7 @@ def test_grade_right_answer_after_tool_call():
 def test_grade_no_tool_call_names_turn_0():
     r = grade_conversation([{"role": "assistant", "content": "The answer is 1200."}], 1776)
     assert (r.reward, r.info["failed_turn"], r.info["reason"]) == (0.0, 0, "no tool call")
+    assert r.info["reason_kind"] == "no tool call"
     assert r.feedback == "turn 0: no tool call"
 
 
@@ -106,6 +107,7 @@ def test_grade_wrong_tool_name():
     r = grade_conversation(msgs, 1776)
     assert r.info["failed_turn"] == 0
     assert r.info["reason"] == "called `calc`, the tool is `calculate`"
+    assert r.info["reason_kind"] == "called another tool"
 
 
 def test_grade_ignores_tool_result_answers_otherwise():
@@ -116,6 +118,7 @@ def test_grade_ignores_tool_result_answers_otherwise():
     ]
     r = grade_conversation(msgs, 1776)
     assert (r.info["failed_turn"], r.info["reason"]) == (1, "answered 1200, the tool returned 1776")
+    assert r.info["reason_kind"] == "answered"
 
 
 def test_grade_wrong_expression_and_bad_call_and_no_final():
@@ -126,10 +129,13 @@ def test_grade_wrong_expression_and_bad_call_and_no_final():
     ]
     r = grade_conversation(msgs, 1776)
     assert r.info["reason"] == "answered 1800, expected 1776; the tool returned 1800"
+    assert r.info["reason_kind"] == "answered"
     r = grade_conversation([_call("calculate"), {"role": "assistant", "content": "3"}], 1776)
     assert r.info["reason"] == "called `calculate` without an `expression` argument"
+    assert r.info["reason_kind"] == "call without an expression"
     r = grade_conversation([_call("calculate", "2 ** 999")], 1776)
     assert r.info["failed_turn"] == 0 and "failed: error" in r.info["reason"]
+    assert r.info["reason_kind"] == "calculate() failed"
     r = grade_conversation(
         [
             _call("calculate", "24 * 74"),
@@ -139,6 +145,7 @@ def test_grade_wrong_expression_and_bad_call_and_no_final():
         1776,
     )
     assert (r.info["failed_turn"], r.info["reason"]) == (1, "no final answer after 2 tool calls")
+    assert r.info["reason_kind"] == "no final answer"
 
 
 def test_splits_disjoint_fixed_and_registered():

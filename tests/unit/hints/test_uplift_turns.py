@@ -15,7 +15,6 @@ from composer_replication.hints.build import HintTemplates
 from composer_replication.hints.uplift import continuation_logps
 from composer_replication.hints.uplift_turns import (
     measure_turns,
-    reason_kind,
     sample_turn_failures,
     split_at_turn,
     turn_text,
@@ -70,13 +69,6 @@ def test_shots_cut_the_worked_exchanges():
         CalculatorEnv(per_kind=20, shots=3)
 
 
-def test_reason_kinds():
-    assert reason_kind("no tool call") == "no tool call"
-    assert reason_kind("called `calc`, the tool is `calculate`") == "called another tool"
-    assert reason_kind("answered 1, the tool returned 2") == "answered"
-    assert reason_kind("no final answer after 2 tool calls") == "no final answer"
-
-
 def test_failures_are_cut_at_the_blamed_turn_and_measured_there(tool_tok):
     """The scripted model calls calculate('208 * 67') then answers 13936: every other task fails
     at turn 1 ("answered 13936, expected ..."), after a right call and its tool result."""
@@ -106,6 +98,21 @@ def test_failures_are_cut_at_the_blamed_turn_and_measured_there(tool_tok):
     assert not any(m.passed_plain or m.passed_hinted for m in ms)  # the script answers 13936
 
 
+def test_model_written_hints_at_the_failed_turn(tool_tok):
+    """Source ``model``: the model writes the hint itself. With no worked exchange, the scripted
+    model writes "The answer is 5." in every first assistant turn: its rollouts fail at turn 0
+    (no tool call), and asked for a hint it writes the same line, which becomes the hint."""
+    env = CalculatorEnv(per_kind=50, shots=0)
+    model = scripted_calculator_model(tool_tok, turns=("The answer is 5.<|im_end|>",), shots=0)
+    failures, n, won = sample_turn_failures(model, tool_tok, env, env.tasks("train")[:2], 1, 0.0,
+                                            2, 2, 12, 2)  # fmt: skip
+    assert (n, won, len(failures)) == (2, 0, 2)
+    ms = measure_turns(model, tool_tok, env, failures, ["model"], HintTemplates(), 12, 2, "0 shots")
+    assert [m.hint for m in ms] == ["Hint: The answer is 5."] * 2
+    assert all(m.turn == 0 and m.reason == "no tool call" for m in ms)
+    assert not any(m.leak or m.passed_plain or m.passed_hinted for m in ms)
+
+
 def test_cli_calculator_report_on_a_tiny_model(tmp_path, tokenizer, tiny_model):
     from composer_replication.cli import app
 
@@ -115,12 +122,13 @@ def test_cli_calculator_report_on_a_tiny_model(tmp_path, tokenizer, tiny_model):
     out = tmp_path / "uplift"
     args = ["hints", "uplift", "--env", "calculator", "--shots", "1", "--out", str(out),
             "--model", str(model_dir), "--prompts", "1", "--samples", "2", "--form", "process",
-            "--max-new-tokens", "4"]  # fmt: skip
+            "--form", "model", "--max-new-tokens", "4"]  # fmt: skip
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     data = json.loads((out / "uplift.json").read_text())
     assert data["meta"]["1 shot"]["sampled"] == 2
     assert data["meta"]["1 shot"]["reasons"] == {"no tool call": 2}  # a random model calls nothing
+    # the random model writes only newlines when asked for a hint: no `model` hint, no row
     assert {m["form"] for m in data["measurements"]} == {"process"}
     bad = CliRunner().invoke(app, ["hints", "uplift", "--env", "calculator", "--form", "digits"])
     assert bad.exit_code == 2 and "unknown --form" in bad.output
