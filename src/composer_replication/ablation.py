@@ -149,6 +149,7 @@ TRL_SDPO_MAPPING: tuple[tuple[str, str, str], ...] = (
      "other forms (direction, digits, ...) depend on the completion, and TRL's feedback is per "
      "prompt: refused"),
     ("`sdpo.route_failures`", "-", "no counterpart: refused"),
+    ("`sdpo.contrast` placebo", "-", "no counterpart: refused"),
 )  # fmt: skip
 """How the ablation's TRL SDPOTrainer peer takes its settings from our run config: (ours, TRL's
 SDPOConfig, how). One source of truth for :func:`trl_sdpo_kwargs` and the table in
@@ -169,6 +170,10 @@ def trl_sdpo_kwargs(cfg: RunConfig) -> dict[str, Any]:
         )
     if sd.route_failures:
         raise ConfigError("sdpo.route_failures: TRL's SDPO has no routing; drop it for the peer")
+    if sd.contrast != "none":
+        raise ConfigError(
+            f"sdpo.contrast={sd.contrast!r}: TRL's SDPO has no contrast teacher; drop it for the peer"
+        )
     loss = sd.loss
     alpha = loss.beta if loss.type == "jsd" else 0.5
     kind = {"live": "live", "ema": "ema", "initial": "base"}[sd.teacher]

@@ -460,6 +460,14 @@ class SdpoConfig(_Strict):
     distill on that turn's tokens only (``turn``, Composer's targeted feedback), on that turn
     and every later one (``turn_and_rest``), or on the whole rollout (``all``). Tool-result
     tokens never count; single-turn rollouts are one turn."""
+    contrast: Literal["none", "placebo"] = "none"
+    """``placebo``: the teacher's logits are the student's plus ``contrast_scale`` times the
+    difference between the hinted and a placebo-hinted teacher (the feedback template with the
+    environment's content-free verdict, e.g. "the answer is wrong"). What any hint does to the
+    model (at 135M: flatten it) cancels; what this hint says remains. Costs one more teacher
+    forward per hinted row. ``none``: the hinted teacher itself (SDPO/OPSD)."""
+    contrast_scale: float = Field(1.0, gt=0.0, le=16.0)
+    """Scale ``g`` of the hint-minus-placebo logits when ``contrast: placebo``."""
     sibling_template: str = "Here is a correct answer to this, for reference:\n{sibling}"
     """Hint text from a successful sibling completion; ``{sibling}`` is filled in."""
     hint_model_url: str | None = None

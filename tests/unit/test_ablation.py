@@ -212,6 +212,8 @@ def test_trl_peer_takes_its_sdpo_settings_from_the_run_config():
         trl_sdpo_kwargs(load_config(None, ["sdpo.weight=0.1", "sdpo.feedback_form=direction"]))
     with pytest.raises(ConfigError, match="routing"):
         trl_sdpo_kwargs(load_config(None, ["sdpo.weight=0.1", "sdpo.route_failures=true"]))
+    with pytest.raises(ConfigError, match="contrast"):
+        trl_sdpo_kwargs(load_config(None, ["sdpo.weight=0.1", "sdpo.contrast=placebo"]))
 
 
 def test_peer_arm_without_a_distillation_weight_is_refused(tmp_path):

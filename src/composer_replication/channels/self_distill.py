@@ -17,6 +17,10 @@ that turn's tokens (``sdpo.turn_scope``: or that turn and the later ones). The t
 context is then the hinted prompt followed by the rollout's own turns and tool results before
 that turn: the conversation up to the error plus the hint, on the same tokens the student saw.
 
+With ``sdpo.contrast: placebo`` the teacher also runs on a placebo-hinted prompt (the same
+template with a content-free verdict) and the target becomes the student's logits plus the
+hinted-minus-placebo logits (losses/contrast.py): the template's own effect cancels.
+
 The student side costs no extra forward: TRL's GRPO computes log-probs with a fused LM head
 that never materializes logits, so we capture the backbone's last hidden states from that very
 forward (a forward hook) and feed them, with the LM-head weight, to the chunked fused JSD of
@@ -36,8 +40,18 @@ from torch import Tensor
 from composer_replication.channels.base import Channel, LossContext, Rollouts
 from composer_replication.chat import as_messages, render_prompt, to_text
 from composer_replication.config import SdpoConfig
-from composer_replication.hints.build import HintTemplates, build_hints, insert_hint
-from composer_replication.losses import SdpoInputs, TAIDScheduler, self_distill_loss
+from composer_replication.hints.build import (
+    HintTemplates,
+    build_hints,
+    insert_hint,
+    placebo_feedback,
+)
+from composer_replication.losses import (
+    SdpoInputs,
+    TAIDScheduler,
+    contrast_teacher_states,
+    self_distill_loss,
+)
 from composer_replication.models import (
     backbone,
     head_weight,
@@ -119,18 +133,33 @@ class SelfDistillChannel(Channel):
             _failed_turn(r) if h is not None else -1
             for r, h in zip(rollouts.results, hints, strict=True)
         ]
-        enc = self.tokenizer(
-            texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
-        )
         if self.cfg.route_failures and "advantages" in batch:
             batch["advantages"] = batch["advantages"].masked_fill(hinted, 0.0)
         batch["sdpo_hinted"] = hinted
         batch["sdpo_turn"] = torch.tensor(turns, dtype=torch.long, device=device)
-        batch["sdpo_prompt_ids"] = enc["input_ids"].to(device)
-        batch["sdpo_prompt_mask"] = enc["attention_mask"].to(device)
+        self._tokenize(batch, "sdpo_prompt", texts)
+        if self.cfg.contrast == "placebo":  # the same template with a content-free verdict
+            placebos = [
+                render_prompt(self.tokenizer, insert_hint(as_messages(p), self._placebo(r)),
+                              tools=rollouts.tools) if h is not None else ""
+                for p, r, h in zip(prompts, rollouts.results, hints, strict=True)
+            ]  # fmt: skip
+            self._tokenize(batch, "sdpo_placebo", placebos)
         batch["sdpo_hint"] = [h.text if h is not None else None for h in hints]
         batch["sdpo_hint_source"] = [h.source if h is not None else None for h in hints]
         return batch
+
+    def _placebo(self, result: Any) -> str:
+        return self.templates.feedback.format(feedback=placebo_feedback(result))
+
+    def _tokenize(self, batch: dict[str, Any], key: str, texts: list[str]) -> None:
+        """Left-padded ``{key}_ids`` / ``{key}_mask`` of the teacher prompts ``texts``."""
+        enc = self.tokenizer(
+            texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
+        )
+        device = batch["completion_ids"].device
+        batch[f"{key}_ids"] = enc["input_ids"].to(device)
+        batch[f"{key}_mask"] = enc["attention_mask"].to(device)
 
     # ---- in the loss ------------------------------------------------------------------------
     def token_mask(self, batch: dict[str, Any]) -> Tensor:
@@ -168,6 +197,11 @@ class SelfDistillChannel(Channel):
             t_RKH, w_t = self.teacher_states(ctx.model, batch, rows)
             keep = mask_BK[rows]
             s_NH, t_NH = student_BKH[rows][keep], t_RKH[keep]
+            if self.cfg.contrast == "placebo":
+                p_NH = self.teacher_states(ctx.model, batch, rows, "sdpo_placebo")[0][keep]
+                t_NH, w_t = contrast_teacher_states(
+                    s_NH, w_s, t_NH, p_NH, w_t, self.cfg.contrast_scale
+                )
             targets = batch["completion_ids"][rows][keep]
             extra["teacher_student_logprob_gap"] = _logprob_gap(s_NH, w_s, t_NH, w_t, targets)
             inputs = self._inputs(s_NH, w_s, t_NH, w_t, divisor)
@@ -220,10 +254,14 @@ class SelfDistillChannel(Channel):
             yield backbone(model), head_weight(model)
 
     @torch.no_grad()
-    def teacher_states(self, model, batch: dict[str, Any], rows: Tensor) -> tuple[Tensor, Tensor]:
-        """Teacher hidden states ``[R, K, H]`` on the hinted prompt + same completion, and its head."""
+    def teacher_states(
+        self, model, batch: dict[str, Any], rows: Tensor, prompt: str = "sdpo_prompt"
+    ) -> tuple[Tensor, Tensor]:
+        """Teacher hidden states ``[R, K, H]`` on the hinted prompt (``prompt``: the batch's
+        ``{prompt}_ids/mask``; ``sdpo_placebo``: the placebo-hinted one) + the same completion,
+        and its head."""
         comp_ids, comp_mask = batch["completion_ids"][rows], batch["completion_mask"][rows]
-        t_ids, t_mask = batch["sdpo_prompt_ids"][rows], batch["sdpo_prompt_mask"][rows]
+        t_ids, t_mask = batch[f"{prompt}_ids"][rows], batch[f"{prompt}_mask"][rows]
         k = comp_ids.shape[1]
         with self._teacher(model) as (net, weight):
             if supports_prefix_cache(net):  # a group's problem text is run once, not per row

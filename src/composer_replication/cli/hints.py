@@ -12,10 +12,12 @@ from composer_replication.cli.common import console, exit_on
 hints_app = typer.Typer(help="Hints for self-distillation.", no_args_is_help=True)
 
 FORMS = {
-    "arithmetic": ["verifier", "direction", "digits", "wrong", "sibling", "model"],
+    "arithmetic": ["verifier", "direction", "digits", "wrong", "sibling", "model",
+                   "verifier/contrast", "direction/contrast", "digits/contrast"],
     "calculator": ["verifier", "process", "wrong", "sibling", "model"],
-}
-DEFAULT_FORMS = {"arithmetic": FORMS["arithmetic"], "calculator": FORMS["calculator"][:4]}
+}  # fmt: skip
+"""Hint forms per env; ``<form>/contrast``: the placebo-contrast teacher (single turn)."""
+DEFAULT_FORMS = {"arithmetic": FORMS["arithmetic"][:6], "calculator": FORMS["calculator"][:4]}
 
 
 @hints_app.command("uplift")
@@ -46,6 +48,10 @@ def uplift_command(
     ] = None,
     seed: Annotated[int, typer.Option()] = 0,
     max_failures: Annotated[int, typer.Option(min=1, help="Failures measured per level.")] = 128,
+    contrast_scale: Annotated[
+        float,
+        typer.Option(min=0.0, help="Scale g of the '/contrast' forms' hint-minus-placebo logits."),
+    ] = 1.0,
 ) -> None:
     """Sample replies, keep the failed ones, and measure per hint form how much the hint raises
     the correct answer's log-prob and the greedy pass rate (writes uplift.md/.json/.png). On
@@ -72,6 +78,7 @@ def uplift_command(
             rows = run_uplift(
                 model, level, prompts, samples, form, out, temperature, max_new_tokens or 16,
                 seed=seed, console=console, max_failures=max_failures,
+                contrast_scale=contrast_scale,
             )  # fmt: skip
     console.print(markdown(rows), markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {out / 'uplift.md'}, {out / 'uplift.json'}, {out / 'uplift.png'}")

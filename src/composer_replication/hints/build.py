@@ -109,6 +109,19 @@ def feedback_in_form(result: StepResult, form: str) -> str:
     return forms[form]
 
 
+PLACEBO_FORM = "wrong"
+"""The feedback form without information (arithmetic: "the answer is wrong")."""
+PLACEBO_FEEDBACK = "the answer is wrong"
+"""The placebo's text where the environment offers no ``wrong`` form."""
+
+
+def placebo_feedback(result: StepResult) -> str:
+    """The content-free verdict on ``result``: the environment's ``wrong`` feedback form (the
+    calculator names the turn: "turn 1 went wrong"), else :data:`PLACEBO_FEEDBACK`."""
+    forms = result.info.get(FEEDBACK_FORMS) or {}
+    return forms.get(PLACEBO_FORM) or PLACEBO_FEEDBACK
+
+
 def best_success(completions: Sequence[str], results: Sequence[StepResult]) -> str | None:
     """The demonstration of a ``sibling`` hint: among the passed completions of a group, the
     best-rewarded, then the most concise (the first of equals), stripped; None if none passed."""

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from composer_replication.chat import as_messages, render_prompt
 from composer_replication.envs.base import Environment, StepResult, Task
@@ -45,6 +46,7 @@ from composer_replication.hints.build import (
     best_success,
     feedback_in_form,
     insert_hint,
+    placebo_feedback,
 )
 from composer_replication.models import pad_token_id
 
@@ -81,6 +83,9 @@ class Measurement:
     """Multi-turn rollouts: the assistant turn the verifier blamed (where the hint goes)."""
     reason: str = ""
     """Multi-turn rollouts: the verifier's reason for that turn."""
+    dentropy_reply: float = 0.0
+    """Teacher minus student entropy (nats), averaged over the failed reply's positions:
+    positive where the hint makes the teacher less sure (distilling it flattens the student)."""
 
 
 @dataclass
@@ -98,6 +103,8 @@ class UpliftRow:
     pass_plain: float
     pass_hinted: float
     pass_delta_ci: tuple[float, float]
+    dentropy_reply: float = math.nan
+    dentropy_reply_ci: tuple[float, float] = (math.nan, math.nan)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -158,37 +165,117 @@ def model_hints(
     return [templates.model.format(hint=t.strip()) if t.strip() else "" for t in texts]
 
 
+@dataclass
+class ContinuationStats:
+    """Per continuation: the sum of its tokens' log-probs, its token count, and the mean
+    entropy (nats) of the predictive distribution at its positions."""
+
+    logp: list[float]
+    tokens: list[int]
+    entropy: list[float]
+
+
+def _token_rows(tokenizer, contexts: Sequence[Any], tools) -> list[list[int]]:
+    return [
+        tokenizer(render_prompt(tokenizer, c, tools=tools), add_special_tokens=False)["input_ids"]
+        for c in contexts
+    ]
+
+
+def _next_logits(model, rows: list[list[int]], keep: list[int], pad: int) -> list[Tensor]:
+    """One forward over right-padded ``rows``; per row, the float32 logits ``[keep[i], V]``
+    at its last ``keep[i]`` positions' predecessors (what predicts its last ``keep[i]``
+    tokens; ``keep[i] = 0`` takes the last position, the next-token prediction)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad)
+    attn = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], attn[i, : len(r)] = torch.tensor(r), 1
+    logits = model(input_ids=ids, attention_mask=attn).logits.float()
+    out = []
+    for i, (r, k) in enumerate(zip(rows, keep, strict=True)):
+        lo = len(r) - 1 - k if k else len(r) - 1
+        out.append(logits[i, lo : len(r) - 1 if k else len(r)])
+    return out
+
+
 @torch.no_grad()
+def continuation_stats(
+    model, tokenizer, contexts: Sequence[Sequence[Any]], continuations: Sequence[str],
+    batch_size: int, tools: Sequence[Any] | None = None, weights: Sequence[float] = (1.0,),
+) -> ContinuationStats:  # fmt: skip
+    """Log-prob and entropy of each continuation under a mixture of the model's logits:
+    ``z = sum_k weights[k] * logits(contexts[k][i] + continuation)``, renormalized per position.
+    ``contexts`` holds one list of chat contexts per term (rendered with ``tools``). One term
+    with weight 1 is the model's own distribution; ``[plain, hinted, placebo]`` with
+    ``[1, g, -g]`` is the placebo-contrast teacher (:func:`contrast_logits`)."""
+    if len(contexts) != len(weights):
+        raise ValueError(f"{len(contexts)} context lists for {len(weights)} weights")
+    pad = pad_token_id(tokenizer)
+    out = ContinuationStats([], [], [])
+    for s in range(0, len(continuations), batch_size):
+        conts = [tokenizer(c, add_special_tokens=False)["input_ids"]
+                 for c in continuations[s : s + batch_size]]  # fmt: skip
+        mixed: list[Tensor] | None = None
+        for ctx, w in zip(contexts, weights, strict=True):
+            rows = [p + c for p, c in zip(_token_rows(tokenizer, ctx[s : s + batch_size], tools),
+                                          conts, strict=True)]  # fmt: skip
+            part = _next_logits(model, rows, [max(len(c), 1) for c in conts], pad)
+            mixed = [w * x for x in part] if mixed is None else [m + w * x for m, x in zip(mixed, part, strict=True)]  # fmt: skip
+        for z, c in zip(mixed or [], conts, strict=True):
+            logp = torch.log_softmax(z, -1)
+            out.logp.append(float(logp[torch.arange(len(c)), torch.tensor(c)].sum()) if c else 0.0)
+            out.tokens.append(len(c))
+            out.entropy.append(float(-(logp.exp() * logp).sum(-1).mean()))
+    return out
+
+
 def continuation_logps(
     model, tokenizer, contexts: Sequence[Any], continuations: Sequence[str], batch_size: int,
     tools: Sequence[Any] | None = None,
 ) -> tuple[list[float], list[int]]:  # fmt: skip
     """Sum of log-probs of each continuation after its chat context (rendered with ``tools``),
     and its token count."""
+    st = continuation_stats(model, tokenizer, [contexts], continuations, batch_size, tools)
+    return st.logp, st.tokens
+
+
+@torch.no_grad()
+def greedy_mixture(
+    model, tokenizer, contexts: Sequence[Sequence[Any]], weights: Sequence[float],
+    max_new_tokens: int, batch_size: int,
+) -> list[str]:  # fmt: skip
+    """Greedy replies decoded from the logit mixture of :func:`continuation_stats` (each step
+    takes the argmax of ``sum_k weights[k] * logits(contexts[k][i] + reply so far)``), as in
+    classifier-free guidance for language models (Sanchez et al., arXiv:2306.17806). No KV
+    cache: for measurement on short replies."""
     pad = pad_token_id(tokenizer)
-    sums: list[float] = []
-    counts: list[int] = []
-    for s in range(0, len(contexts), batch_size):
-        rows = []
-        for ctx, cont in zip(
-            contexts[s : s + batch_size], continuations[s : s + batch_size], strict=True
-        ):
-            text = render_prompt(tokenizer, ctx, tools=tools)
-            p = tokenizer(text, add_special_tokens=False)["input_ids"]
-            c = tokenizer(cont, add_special_tokens=False)["input_ids"]
-            rows.append((p, c))
-        width = max(len(p) + len(c) for p, c in rows)
-        ids = torch.full((len(rows), width), pad)
-        attn = torch.zeros_like(ids)
-        for i, (p, c) in enumerate(rows):
-            ids[i, : len(p) + len(c)] = torch.tensor(p + c)
-            attn[i, : len(p) + len(c)] = 1
-        logp = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits.float(), -1)
-        for i, (p, c) in enumerate(rows):
-            pos = torch.arange(len(p) - 1, len(p) + len(c) - 1)
-            sums.append(float(logp[i, pos, torch.tensor(c)].sum()) if c else 0.0)
-            counts.append(len(c))
-    return sums, counts
+    eos = model.generation_config.eos_token_id
+    stops = set(eos if isinstance(eos, list) else [eos if eos is not None else pad])
+    replies: list[str] = []
+    for s in range(0, len(contexts[0]), batch_size):
+        prompts = [_token_rows(tokenizer, ctx[s : s + batch_size], None) for ctx in contexts]
+        gen: list[list[int]] = [[] for _ in prompts[0]]
+        live = list(range(len(gen)))
+        for _ in range(max_new_tokens):
+            z = None
+            for rows, w in zip(prompts, weights, strict=True):
+                last = _next_logits(model, [rows[i] + gen[i] for i in live], [0] * len(live), pad)
+                z = [w * x[-1] for x in last] if z is None else [a + w * x[-1] for a, x in zip(z, last, strict=True)]  # fmt: skip
+            for i, zi in zip(live, z or [], strict=True):
+                gen[i].append(int(zi.argmax()))
+            live = [i for i in live if gen[i][-1] not in stops]
+            if not live:
+                break
+        replies += [tokenizer.decode([t for t in g if t not in stops], skip_special_tokens=True)
+                    for g in gen]  # fmt: skip
+    return replies
+
+
+CONTRAST = "/contrast"
+"""Suffix of a form measured as the placebo-contrast teacher: ``verifier/contrast`` is the
+student's logits plus the difference between the ``verifier``-hinted and the placebo-hinted
+(``wrong``) logits (:func:`composer_replication.losses.contrast_logits`)."""
 
 
 @dataclass
@@ -210,44 +297,62 @@ class Probe:
     """Hints the model writes itself, one per failure (source ``model``)."""
     tools: Sequence[Any] | None = None
     """Tool schemas the contexts are rendered with."""
+    greedy_mixture_pass: Callable[[list[int], list[list[Any]], list[float]], list[bool]] | None = (
+        None
+    )
+    """(failure indices, one context list per mixture term, weights) -> whether greedy decoding
+    from the logit mixture passes; None where contrast forms are not measured."""
 
 
 def measure_probe(
     model, tokenizer, failures: Sequence[Any], probe: Probe, forms: Sequence[str],
     templates: HintTemplates, batch_size: int, label: Callable[[Any], dict[str, Any]],
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, contrast_scale: float = 1.0,
 ) -> list[Measurement]:  # fmt: skip
     """Every (failure, form) measurement; forms that do not apply to a failure are skipped.
-    ``label(failure)`` gives the measurement's ``level`` (and ``turn``, ``reason``)."""
+    ``label(failure)`` gives the measurement's ``level`` (and ``turn``, ``reason``). A form
+    ``<form>/contrast`` measures the placebo-contrast teacher with scale ``contrast_scale``."""
     model.eval()
-    logps = partial(continuation_logps, model, tokenizer, batch_size=batch_size, tools=probe.tools)
-    s_ans, _ = logps(probe.plain, probe.answers)
-    s_rep, n_rep = logps(probe.plain, probe.replies)
+    stats = partial(continuation_stats, model, tokenizer, batch_size=batch_size, tools=probe.tools)
+    s_ans, s_rep = stats([probe.plain], probe.answers), stats([probe.plain], probe.replies)
     passed_plain = probe.greedy_pass(list(range(len(failures))), probe.plain)
     out: list[Measurement] = []
     for form in forms:
         if progress:
             progress(form)
-        if form == "model":
+        base = form.removesuffix(CONTRAST)
+        if base == "model":
             hints = probe.model_hints()
         else:
-            hints = [hint_text(f, form, templates) for f in failures]
+            hints = [hint_text(f, base, templates) for f in failures]
         idx = [i for i, h in enumerate(hints) if h]
         if not idx:
             continue
-        ctx = [probe.hinted(i, hints[i]) for i in idx]
-        t_ans, _ = logps(ctx, [probe.answers[i] for i in idx])
-        t_rep, _ = logps(ctx, [probe.replies[i] for i in idx])
-        passed_hinted = probe.greedy_pass(idx, ctx)
+        terms, weights = [[probe.hinted(i, hints[i]) for i in idx]], [1.0]
+        if form.endswith(CONTRAST):
+            if probe.greedy_mixture_pass is None:
+                raise ValueError(f"form {form!r}: contrast forms are measured on single-turn tasks")
+            verdicts = [placebo_feedback(failures[i].result) for i in idx]
+            placebo = [probe.hinted(i, templates.feedback.format(feedback=v))
+                       for i, v in zip(idx, verdicts, strict=True)]  # fmt: skip
+            terms = [[probe.plain[i] for i in idx], terms[0], placebo]
+            weights = [1.0, contrast_scale, -contrast_scale]
+        t_ans = stats(terms, [probe.answers[i] for i in idx], weights=weights)
+        t_rep = stats(terms, [probe.replies[i] for i in idx], weights=weights)
+        if len(terms) == 1:
+            passed_hinted = probe.greedy_pass(idx, terms[0])
+        else:
+            passed_hinted = probe.greedy_mixture_pass(idx, terms, weights)
         for j, i in enumerate(idx):
-            f = failures[i]
+            f, n_rep = failures[i], max(s_rep.tokens[i], 1)
             out.append(
                 Measurement(
                     task_id=f.task.task_id, form=form, hint=hints[i],
                     leak=leaks(hints[i], answer_of(f.task)),
-                    dlogp_answer=t_ans[j] - s_ans[i],
-                    dlogp_reply=(t_rep[j] - s_rep[i]) / max(n_rep[i], 1),
-                    passed_plain=passed_plain[i], passed_hinted=passed_hinted[j], **label(f),
+                    dlogp_answer=t_ans.logp[j] - s_ans.logp[i],
+                    dlogp_reply=(t_rep.logp[j] - s_rep.logp[i]) / n_rep,
+                    passed_plain=passed_plain[i], passed_hinted=passed_hinted[j],
+                    dentropy_reply=t_rep.entropy[j] - s_rep.entropy[i], **label(f),
                 )
             )  # fmt: skip
     return out
@@ -256,13 +361,17 @@ def measure_probe(
 def measure(
     model, tokenizer, env: Environment, failures: Sequence[Failure], forms: Sequence[str],
     templates: HintTemplates, max_new_tokens: int, batch_size: int, level_of: Callable[[Task], Any],
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, contrast_scale: float = 1.0,
 ) -> list[Measurement]:  # fmt: skip
     """Every (failure, form) measurement on single-turn replies."""
     plain = [as_messages(f.task.prompt) for f in failures]
 
     def greedy_pass(idx: list[int], contexts: list[Any]) -> list[bool]:
         replies = generate_greedy(model, tokenizer, contexts, max_new_tokens, batch_size)
+        return [env.grade(failures[i].task, r).passed for i, r in zip(idx, replies, strict=True)]
+
+    def greedy_mixture_pass(idx: list[int], terms: list[list[Any]], weights: list[float]):
+        replies = greedy_mixture(model, tokenizer, terms, weights, max_new_tokens, batch_size)
         return [env.grade(failures[i].task, r).passed for i, r in zip(idx, replies, strict=True)]
 
     probe = Probe(
@@ -272,10 +381,11 @@ def measure(
         hinted=lambda i, hint: insert_hint(plain[i], hint),
         greedy_pass=greedy_pass,
         model_hints=lambda: model_hints(model, tokenizer, failures, templates, 24, batch_size),
+        greedy_mixture_pass=greedy_mixture_pass,
     )
     return measure_probe(
         model, tokenizer, failures, probe, forms, templates, batch_size,
-        lambda f: {"level": level_of(f.task)}, progress,
+        lambda f: {"level": level_of(f.task)}, progress, contrast_scale,
     )  # fmt: skip
 
 
@@ -287,12 +397,13 @@ def aggregate(ms: Sequence[Measurement]) -> list[UpliftRow]:
         g = [m for m in ms if str(m.level) == level and m.form == form]
         da, dr = [m.dlogp_answer for m in g], [m.dlogp_reply for m in g]
         dp = [float(m.passed_hinted) - float(m.passed_plain) for m in g]
+        dh = [m.dentropy_reply for m in g]
         rows.append(
             UpliftRow(
                 g[0].level, form, len(g), _mean([float(m.leak) for m in g]),
                 _mean(da), mean_interval(da), _mean(dr), mean_interval(dr),
                 _mean([float(m.passed_plain) for m in g]), _mean([float(m.passed_hinted) for m in g]),
-                mean_interval(dp),
+                mean_interval(dp), _mean(dh), mean_interval(dh),
             )
         )  # fmt: skip
     return rows
@@ -307,16 +418,19 @@ def markdown(rows: Sequence[UpliftRow]) -> str:
     head = (
         "| level | hint form | n | hint contains the answer | Δ log p(answer) [95% CI] "
         "| × p(answer) | Δ log p per token of the failed reply [95% CI] "
+        "| Δ entropy per token on the failed reply [95% CI] "
         "| greedy pass: no hint → hint | paired Δ [95% CI] |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
     )
     lines = []
     for r in rows:
         (a0, a1), (r0, r1), (p0, p1) = r.dlogp_answer_ci, r.dlogp_reply_ci, r.pass_delta_ci
+        h0, h1 = r.dentropy_reply_ci
         lines.append(
             f"| {r.level} | {r.form} | {r.n} | {r.leak:.0%} | {r.dlogp_answer:+.2f} "
             f"[{a0:+.2f}, {a1:+.2f}] | {math.exp(r.dlogp_answer):.2f} | {r.dlogp_reply:+.3f} "
-            f"[{r0:+.3f}, {r1:+.3f}] | {r.pass_plain:.0%} → {r.pass_hinted:.0%} "
+            f"[{r0:+.3f}, {r1:+.3f}] | {r.dentropy_reply:+.3f} [{h0:+.3f}, {h1:+.3f}] "
+            f"| {r.pass_plain:.0%} → {r.pass_hinted:.0%} "
             f"| {r.pass_hinted - r.pass_plain:+.0%} [{p0:+.0%}, {p1:+.0%}] |"
         )
     return head + "\n".join(lines) + "\n"
@@ -372,6 +486,7 @@ def run_uplift(
     model_ref: str, levels: Sequence[int], prompts: int, samples: int, forms: Sequence[str],
     out: Path, temperature: float = 1.0, max_new_tokens: int = 16, batch_size: int = 32,
     seed: int = 0, templates: HintTemplates | None = None, console=None, max_failures: int = 128,
+    contrast_scale: float = 1.0,
 ) -> list[UpliftRow]:  # fmt: skip
     """Measure hint uplift of ``model_ref`` on arithmetic ``levels`` (the first ``prompts``
     train problems of each level, ``samples`` replies each; at most ``max_failures`` failures per
@@ -384,7 +499,8 @@ def run_uplift(
     tokenizer, model = load_tokenizer(model_ref), load_model(model_ref).eval()
     templates = templates or HintTemplates()
     ms: list[Measurement] = []
-    meta: dict[str, Any] = {"model": model_ref, "samples": samples, "temperature": temperature}
+    meta: dict[str, Any] = {"model": model_ref, "samples": samples, "temperature": temperature,
+                            "contrast_scale": contrast_scale}  # fmt: skip
     for level in levels:
         env = ArithmeticEnv([level])
         tasks = env.tasks("train")[:prompts]
@@ -401,6 +517,7 @@ def run_uplift(
             ms += measure(
                 model, tokenizer, env, failures, forms, templates, max_new_tokens, batch_size,
                 lambda t: t.data["level"], (lambda f, lv=level: adv(1, f"level {lv}: {f}")) if adv else None,
+                contrast_scale,
             )  # fmt: skip
     rows = aggregate(ms)
     write_report(out, ms, rows, meta)

@@ -7,6 +7,8 @@
   :func:`chunked_generalized_jsd_loss`, :func:`taid_loss` + :class:`TAIDScheduler`,
   :func:`entropy_aware_opd_loss`
 * channel 3 (replay pairs): :func:`dpo_loss`, :func:`simpo_loss`, :func:`sequence_logps`
+* the placebo-contrast teacher of channel 2: :func:`contrast_logits`,
+  :func:`contrast_teacher_states`
 * :func:`self_distill_loss` / :func:`preference_loss` dispatch a channel's inputs to those;
   :func:`compose_loss` sums :class:`ChannelTerm` s (weight, loss, metrics) onto the policy loss.
 """
@@ -20,6 +22,7 @@ from .compose import (
     preference_loss,
     self_distill_loss,
 )
+from .contrast import contrast_logits, contrast_teacher_states
 from .entropy_opd import entropy_aware_opd_loss
 from .jsd import generalized_jsd_loss
 from .policy import prime_rl_policy_loss
@@ -39,6 +42,8 @@ __all__ = [
     "TAIDScheduler",
     "chunked_generalized_jsd_loss",
     "compose_loss",
+    "contrast_logits",
+    "contrast_teacher_states",
     "dapo_clip_loss",
     "dapo_clip_per_token",
     "default_chunk_size",

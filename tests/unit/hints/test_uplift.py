@@ -16,6 +16,8 @@ from composer_replication.hints.uplift import (
     Measurement,
     aggregate,
     continuation_logps,
+    continuation_stats,
+    greedy_mixture,
     hint_text,
     leaks,
     markdown,
@@ -62,6 +64,57 @@ def test_continuation_logps_equal_a_direct_forward(tokenizer, tiny_model):
         logp = torch.log_softmax(tiny_model(torch.tensor([p + c])).logits[0], -1)
     want = sum(float(logp[len(p) - 1 + i, t]) for i, t in enumerate(c))
     assert n == len(c) and s == pytest.approx(want, abs=1e-4)
+
+
+def test_mixture_stats_by_hand(tokenizer, tiny_model):
+    """The logit mixture ``z = logits(a) + 2 * (logits(b) - logits(c))`` over the continuation,
+    its log-prob and mean entropy, against a direct forward; with ``b == c`` the placebo
+    contrast cancels and the stats are the plain model's."""
+    from composer_replication.chat import render_prompt
+
+    q = [{"role": "user", "content": "What is 2 + 2?"}]
+    a, b, c = q, insert_hint(q, "It is 4."), insert_hint(q, "The answer is wrong.")
+    cont = "4 ok"
+    got = continuation_stats(tiny_model, tokenizer, [[a], [b], [c]], [cont], 4, weights=[1, 2, -2])
+    ids = tokenizer(cont, add_special_tokens=False)["input_ids"]
+
+    def logits(ctx):
+        p = tokenizer(render_prompt(tokenizer, ctx), add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            out = tiny_model(torch.tensor([p + ids])).logits[0].float()
+        return out[len(p) - 1 : len(p) - 1 + len(ids)]
+
+    logp = torch.log_softmax(logits(a) + 2 * (logits(b) - logits(c)), -1)
+    want = float(logp[torch.arange(len(ids)), torch.tensor(ids)].sum())
+    ent = float(-(logp.exp() * logp).sum(-1).mean())
+    assert got.tokens == [len(ids)] and got.logp[0] == pytest.approx(want, abs=1e-3)
+    assert got.entropy[0] == pytest.approx(ent, abs=1e-4)
+    same = continuation_stats(tiny_model, tokenizer, [[a], [b], [b]], [cont], 4, weights=[1, 1, -1])
+    plain = continuation_stats(tiny_model, tokenizer, [[a]], [cont], 4)
+    assert same.logp[0] == pytest.approx(plain.logp[0], abs=1e-3)
+    assert same.entropy[0] == pytest.approx(plain.entropy[0], abs=1e-3)
+
+
+def test_greedy_mixture_decodes_the_mixed_argmax(tokenizer, tiny_model):
+    """With the hint and the placebo equal, contrast decoding is plain greedy decoding; the
+    reply follows the mixed logits' argmax token by token."""
+    from composer_replication.evaluation import generate_greedy
+
+    qs = [[{"role": "user", "content": f"What is {k} + 2?"}] for k in (1, 5)]
+    hinted = [insert_hint(q, "Add two.") for q in qs]
+    plain = generate_greedy(tiny_model, tokenizer, qs, 5, 2)
+    same = greedy_mixture(tiny_model, tokenizer, [qs, hinted, hinted], [1.0, 1.0, -1.0], 5, 1)
+    assert same == plain
+    mixed = greedy_mixture(tiny_model, tokenizer, [qs, hinted], [1.0, 3.0], 1, 2)
+    from composer_replication.chat import render_prompt
+
+    def last(ctx):
+        p = tokenizer(render_prompt(tokenizer, ctx), add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            return tiny_model(torch.tensor([p])).logits[0, -1].float()
+
+    first = [int((last(q) + 3 * last(h)).argmax()) for q, h in zip(qs, hinted, strict=True)]
+    assert mixed == [tokenizer.decode([t], skip_special_tokens=True) for t in first]
 
 
 def test_aggregate_hand_worked():
