@@ -18,6 +18,7 @@ from composer_replication.config import (
     ConfigError,
     RunConfig,
     load_config,
+    nested_diffs,
     resolve_config_path,
 )
 
@@ -68,6 +69,7 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
     cfg = arm_config(acfg, arm, seed)
     done = Path(cfg.output_dir, FINAL_EVAL)
     if done.is_file():  # finished by an earlier, interrupted `ablate`: keep it
+        check_reusable(cfg)
         if console is not None:
             console.print(f"[dim]{arm.name} seed {seed}: reusing {done}")
         return json.loads(done.read_text())
@@ -104,6 +106,26 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
         for ckpt in Path(cfg.output_dir).glob("checkpoint-*"):
             shutil.rmtree(ckpt)
     return result
+
+
+def check_reusable(cfg: RunConfig) -> None:
+    """A finished run is reused only if it was trained with ``cfg`` (its ``config.yaml``, read
+    with today's defaults, equal but for ``output_dir``); else ConfigError naming what differs.
+    So two experiments may share runs by pointing at one directory, and an edited arm is never
+    silently answered by its old run."""
+    saved = Path(cfg.output_dir, "config.yaml")
+    if not saved.is_file():
+        raise ConfigError(f"{saved}: missing; cannot tell what {cfg.output_dir} was trained with")
+    diffs = nested_diffs(
+        load_config(saved, []).model_dump(exclude={"output_dir"}),
+        cfg.model_dump(exclude={"output_dir"}),
+    )
+    if diffs:
+        raise ConfigError(
+            f"{cfg.output_dir} finished with another config (saved -> this arm):\n  "
+            + "\n  ".join(diffs[:10])
+            + "\nrename the arm or move that run directory away"
+        )
 
 
 def base_result(acfg: AblationConfig, console=None) -> dict[str, Any]:

@@ -696,6 +696,17 @@ def channel_setting_diffs(saved: dict[str, Any], current: dict[str, Any]) -> lis
     return out
 
 
+def nested_diffs(old: Any, new: Any, path: str = "") -> list[str]:
+    """``a.b: X -> Y`` for every leaf where two nested dicts (config dumps) differ."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            line
+            for key in sorted(set(old) | set(new), key=str)
+            for line in nested_diffs(old.get(key), new.get(key), f"{path}.{key}" if path else str(key))
+        ]  # fmt: skip
+    return [] if old == new else [f"{path}: {old!r} -> {new!r}"]
+
+
 def check_resume_channels(
     checkpoint_dir: str | Path, current: dict[str, Any], override: bool
 ) -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from composer_replication.ablation import run_ablation, summarize, write_results
-from composer_replication.config import load_ablation_config
+from composer_replication.config import ConfigError, load_ablation_config
 
 
 @pytest.fixture
@@ -90,6 +90,12 @@ def test_ablation_runs_every_arm_and_writes_results(tmp_path, tiny_dir):
     assert (tmp_path / "out" / "grpo" / "seed0" / "final_eval.json").read_text() == first
     assert (tmp_path / "out" / "all" / "seed0" / "final_eval.json").is_file()
     assert [r["arm"] for r in rows2] == ["grpo", "all", "trl-sdpo"]
+
+    # a finished run is reused only for the config it was trained with
+    edited = acfg.model_copy(deep=True)
+    edited.arms[0].overrides.append("optim.learning_rate=3e-5")
+    with pytest.raises(ConfigError, match=r"optim.learning_rate: 1e-05 -> 3e-05"):
+        run_ablation(edited, "composer-replication ablate --config test.yaml")
 
 
 def test_summary_t_interval_hand_worked():
@@ -206,7 +212,6 @@ def test_trl_peer_takes_its_sdpo_settings_from_the_run_config():
     assert "{successful_previous_attempt}" in args.solution_template
     initial = trl_sdpo_kwargs(load_config(None, ["sdpo.weight=0.1", "sdpo.teacher=initial"]))
     assert initial["teacher_model_kind"] == "base" and initial["use_successful_as_teacher"]
-    from composer_replication.config import ConfigError
 
     with pytest.raises(ConfigError, match="per prompt"):
         trl_sdpo_kwargs(load_config(None, ["sdpo.weight=0.1", "sdpo.feedback_form=direction"]))
