@@ -240,6 +240,32 @@ def continuation_logps(
     return st.logp, st.tokens
 
 
+class _CachedRows:
+    """Left-padded rows run once, then extended one token per step with their KV cache
+    (position ids from the attention mask, so padding does not shift positions)."""
+
+    def __init__(self, model, rows: list[list[int]], pad: int):
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad)
+        self.mask = torch.zeros_like(ids)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r) :], self.mask[i, width - len(r) :] = torch.tensor(r), 1
+        self.model, self.cache = model, None
+        self.pos = (self.mask.cumsum(-1) - 1).clamp(min=0)
+        self.logits = self._run(ids, self.pos)
+
+    def _run(self, ids: Tensor, pos: Tensor) -> Tensor:
+        out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=pos,
+                         cache=self.cache, use_cache=True)  # fmt: skip
+        self.cache = out.cache
+        return out.logits[:, -1].float()
+
+    def step(self, tokens_B: Tensor) -> None:
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], 1)
+        self.pos = self.pos[:, -1:] + 1
+        self.logits = self._run(tokens_B[:, None], self.pos)
+
+
 @torch.no_grad()
 def greedy_mixture(
     model, tokenizer, contexts: Sequence[Sequence[Any]], weights: Sequence[float],
@@ -247,28 +273,27 @@ def greedy_mixture(
 ) -> list[str]:  # fmt: skip
     """Greedy replies decoded from the logit mixture of :func:`continuation_stats` (each step
     takes the argmax of ``sum_k weights[k] * logits(contexts[k][i] + reply so far)``), as in
-    classifier-free guidance for language models (Sanchez et al., arXiv:2306.17806). No KV
-    cache: for measurement on short replies."""
+    classifier-free guidance for language models (Sanchez et al., arXiv:2306.17806)."""
     pad = pad_token_id(tokenizer)
     eos = model.generation_config.eos_token_id
-    stops = set(eos if isinstance(eos, list) else [eos if eos is not None else pad])
+    stops = torch.tensor(eos if isinstance(eos, list) else [eos if eos is not None else pad])
     replies: list[str] = []
     for s in range(0, len(contexts[0]), batch_size):
-        prompts = [_token_rows(tokenizer, ctx[s : s + batch_size], None) for ctx in contexts]
-        gen: list[list[int]] = [[] for _ in prompts[0]]
-        live = list(range(len(gen)))
+        terms = [_CachedRows(model, _token_rows(tokenizer, ctx[s : s + batch_size], None), pad)
+                 for ctx in contexts]  # fmt: skip
+        gen_BT = torch.empty((len(terms[0].mask), 0), dtype=torch.long)
+        done_B = torch.zeros(len(terms[0].mask), dtype=torch.bool)
         for _ in range(max_new_tokens):
-            z = None
-            for rows, w in zip(prompts, weights, strict=True):
-                last = _next_logits(model, [rows[i] + gen[i] for i in live], [0] * len(live), pad)
-                z = [w * x[-1] for x in last] if z is None else [a + w * x[-1] for a, x in zip(z, last, strict=True)]  # fmt: skip
-            for i, zi in zip(live, z or [], strict=True):
-                gen[i].append(int(zi.argmax()))
-            live = [i for i in live if gen[i][-1] not in stops]
-            if not live:
+            z_BV = sum(w * t.logits for t, w in zip(terms, weights, strict=True))
+            tok_B = z_BV.argmax(-1).masked_fill(done_B, pad)
+            gen_BT = torch.cat([gen_BT, tok_B[:, None]], 1)
+            done_B |= torch.isin(tok_B, stops)
+            if done_B.all():
                 break
-        replies += [tokenizer.decode([t for t in g if t not in stops], skip_special_tokens=True)
-                    for g in gen]  # fmt: skip
+            for t in terms:
+                t.step(tok_B)
+        replies += [tokenizer.decode([t for t in g.tolist() if t not in stops.tolist()],
+                                     skip_special_tokens=True) for g in gen_BT]  # fmt: skip
     return replies
 
 

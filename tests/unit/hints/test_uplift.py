@@ -100,10 +100,11 @@ def test_greedy_mixture_decodes_the_mixed_argmax(tokenizer, tiny_model):
     reply follows the mixed logits' argmax token by token."""
     from composer_replication.evaluation import generate_greedy
 
-    qs = [[{"role": "user", "content": f"What is {k} + 2?"}] for k in (1, 5)]
-    hinted = [insert_hint(q, "Add two.") for q in qs]
-    plain = generate_greedy(tiny_model, tokenizer, qs, 5, 2)
-    same = greedy_mixture(tiny_model, tokenizer, [qs, hinted, hinted], [1.0, 1.0, -1.0], 5, 1)
+    qs = [[{"role": "user", "content": t}] for t in ("What is 1 + 2?", "Say what 15 + 27 is.")]
+    hinted = [insert_hint(q, "Add two." * (k + 1)) for k, q in enumerate(qs)]
+    plain = generate_greedy(tiny_model, tokenizer, qs, 5, 1)
+    # batched: rows of unequal length, left-padded, with a KV cache
+    same = greedy_mixture(tiny_model, tokenizer, [qs, hinted, hinted], [1.0, 1.0, -1.0], 5, 2)
     assert same == plain
     mixed = greedy_mixture(tiny_model, tokenizer, [qs, hinted], [1.0, 3.0], 1, 2)
     from composer_replication.chat import render_prompt
@@ -115,6 +116,21 @@ def test_greedy_mixture_decodes_the_mixed_argmax(tokenizer, tiny_model):
 
     first = [int((last(q) + 3 * last(h)).argmax()) for q, h in zip(qs, hinted, strict=True)]
     assert mixed == [tokenizer.decode([t], skip_special_tokens=True) for t in first]
+    # three tokens of a mixture against full forwards without a cache, token by token
+    want = []
+    for q, h in zip(qs, hinted, strict=True):
+        rows = [tokenizer(render_prompt(tokenizer, c), add_special_tokens=False)["input_ids"]
+                for c in (q, h)]  # fmt: skip
+        for _ in range(3):
+            with torch.no_grad():
+                z = sum(
+                    w * tiny_model(torch.tensor([r])).logits[0, -1]
+                    for r, w in zip(rows, (1.0, -1.0))
+                )
+            rows = [r + [int(z.argmax())] for r in rows]
+        want.append(tokenizer.decode(rows[0][-3:], skip_special_tokens=True))
+    assert greedy_mixture(tiny_model, tokenizer, [qs, hinted], [1.0, -1.0], 3, 2) == want
+    assert len(set(want[0])) > 1  # not one repeated token: the mixture changes the reply
 
 
 def test_aggregate_hand_worked():
