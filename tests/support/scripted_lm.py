@@ -34,8 +34,10 @@ class ScriptedLlama(LlamaForCausalLM):
                 out[t] = script[len(done)]
         return out
 
-    def forward(self, input_ids=None, **kwargs):
-        out = super().forward(input_ids=input_ids, **kwargs)
+    def forward(self, input_ids=None, logits_to_keep=0, **kwargs):
+        # ``logits_to_keep`` named in the signature: generate() then asks for the last position's
+        # logits only (it looks for the name), not a [B, T, V] tensor per decoding step
+        out = super().forward(input_ids=input_ids, logits_to_keep=logits_to_keep, **kwargs)
         keep = out.logits.shape[1]
         rows, cols, toks = [], [], []
         for b, row in enumerate(input_ids.tolist()):
