@@ -403,8 +403,8 @@ def markdown_table(
         deltas = ", ".join(f"{v:+.1%}" for v in r.get("vs_first", [])) or "-"
         paired = "-"
         if r["arm"] != ref and r.get("vs_first"):
-            paired = _with_interval(r["paired_mean"], r["paired_ci95"], len(r["vs_first"]), "+")
-        mean = _with_interval(r["mean"], (r["ci95_low"], r["ci95_high"]), len(r["per_seed"]))
+            paired = with_interval(r["paired_mean"], r["paired_ci95"], len(r["vs_first"]), "+")
+        mean = with_interval(r["mean"], (r["ci95_low"], r["ci95_high"]), len(r["per_seed"]))
         lines.append(
             f"| {r['arm']} | {mean} | {seeds} | {deltas} | {paired} | {r['reward']:.3f} | "
             f"{r['wall_s']:.0f} |"
@@ -419,7 +419,7 @@ def markdown_table(
     return "\n".join(lines)
 
 
-def _with_interval(value: float, ci: tuple[float, float], n: int, sign: str = "") -> str:
+def with_interval(value: float, ci: tuple[float, float], n: int, sign: str = "") -> str:
     """``value [lo, hi]`` as percentages; one seed has no interval (``value (1 seed)``)."""
     if n < 2:
         return f"{value:{sign}.1%} (1 seed)"

@@ -30,7 +30,7 @@ def ablate_command(
     """Train every arm (GRPO, +SDPO, +replay, all, TRL SDPO peer) for every seed; write the
     results table and a held-out-vs-step plot into the run directory (and into the docs with
     results_md=docs/results.md)."""
-    from composer_replication.ablation import arm_config, run_ablation
+    from composer_replication.ablation import arm_config, run_ablation, with_interval
     from composer_replication.config import load_ablation_config, resolve_config_path
 
     with exit_on(ConfigError):
@@ -51,7 +51,7 @@ def ablate_command(
     for r in rows:
         table.add_row(
             r["arm"],
-            f"{r['mean']:.1%} [{r['ci95_low']:.1%}, {r['ci95_high']:.1%}]",
+            with_interval(r["mean"], (r["ci95_low"], r["ci95_high"]), len(r["per_seed"])),
             ", ".join(f"{v:.1%}" for v in r["per_seed"]),
         )
     console.print(table)
