@@ -125,7 +125,7 @@ def test_greedy_mixture_decodes_the_mixed_argmax(tokenizer, tiny_model):
             with torch.no_grad():
                 z = sum(
                     w * tiny_model(torch.tensor([r])).logits[0, -1]
-                    for r, w in zip(rows, (1.0, -1.0))
+                    for r, w in zip(rows, (1.0, -1.0), strict=True)
                 )
             rows = [r + [int(z.argmax())] for r in rows]
         want.append(tokenizer.decode(rows[0][-3:], skip_special_tokens=True))

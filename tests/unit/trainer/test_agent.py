@@ -128,3 +128,30 @@ def test_tool_result_tokens_carry_no_gradient(agent):
     _, grads_c = _loss_and_grads(trainer, unmasked, state)
     _, grads_d = _loss_and_grads(trainer, control, state)
     assert (grads_c - grads_d).abs().max() > 1e-2 * scale
+
+
+def test_contrast_teacher_on_tool_rollouts(tokenizer, tmp_path):
+    """``sdpo.contrast=placebo`` on multi-turn rollouts: the placebo goes where the hint goes,
+    in the calculator's own content-free form ("turn 1 went wrong"). A placebo equal to the
+    hint makes the teacher the student: the loss is then the policy loss alone (the same as
+    with no hinted row), while the real placebo adds a distillation term."""
+    tok = copy.deepcopy(tokenizer)
+    ensure_tool_template(tok)
+    cfg = _cfg(tmp_path, "alpha_sdpo=0.5", "sdpo.hint_sources=[feedback]", "sdpo.contrast=placebo")
+    trainer = build_trainer(cfg, scripted_calculator_model(tok), tok, build_env(cfg))
+    trainer.current_gradient_accumulation_steps = 1
+    batch = _scored_batch(trainer)
+    hinted = batch["sdpo_hinted"]
+    assert hinted.any()
+    placebo = tok.decode(batch["sdpo_placebo_ids"][hinted][0])
+    assert "turn 1 went wrong" in placebo and "turn 1: answered" not in placebo
+    same = {**batch, "sdpo_placebo_ids": batch["sdpo_prompt_ids"],
+            "sdpo_placebo_mask": batch["sdpo_prompt_mask"]}  # fmt: skip
+    none = {**batch, "sdpo_hinted": torch.zeros_like(hinted)}
+    with torch.no_grad():
+        real, equal, policy = (
+            float(trainer._compute_loss(trainer.model, b)) for b in (batch, same, none)
+        )
+    # the scripted turns are near one-hot in every context, so the real term is small (6e-8
+    # measured) but present, and the equal placebo's is exactly 0
+    assert abs(equal - policy) < 1e-3 * abs(real - policy)
