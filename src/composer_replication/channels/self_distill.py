@@ -44,7 +44,7 @@ from composer_replication.hints.build import (
     HintTemplates,
     build_hints,
     insert_hint,
-    placebo_feedback,
+    placebo_hint,
 )
 from composer_replication.losses import (
     SdpoInputs,
@@ -140,7 +140,7 @@ class SelfDistillChannel(Channel):
         self._tokenize(batch, "sdpo_prompt", texts)
         if self.cfg.contrast == "placebo":  # the same template with a content-free verdict
             placebos = [
-                render_prompt(self.tokenizer, insert_hint(as_messages(p), self._placebo(r)),
+                render_prompt(self.tokenizer, insert_hint(as_messages(p), placebo_hint(r, self.templates)),
                               tools=rollouts.tools) if h is not None else ""
                 for p, r, h in zip(prompts, rollouts.results, hints, strict=True)
             ]  # fmt: skip
@@ -148,9 +148,6 @@ class SelfDistillChannel(Channel):
         batch["sdpo_hint"] = [h.text if h is not None else None for h in hints]
         batch["sdpo_hint_source"] = [h.source if h is not None else None for h in hints]
         return batch
-
-    def _placebo(self, result: Any) -> str:
-        return self.templates.feedback.format(feedback=placebo_feedback(result))
 
     def _tokenize(self, batch: dict[str, Any], key: str, texts: list[str]) -> None:
         """Left-padded ``{key}_ids`` / ``{key}_mask`` of the teacher prompts ``texts``."""

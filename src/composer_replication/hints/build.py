@@ -122,6 +122,12 @@ def placebo_feedback(result: StepResult) -> str:
     return forms.get(PLACEBO_FORM) or PLACEBO_FEEDBACK
 
 
+def placebo_hint(result: StepResult, templates: HintTemplates) -> str:
+    """The placebo of the contrast teacher: the feedback template around
+    :func:`placebo_feedback`."""
+    return templates.feedback.format(feedback=placebo_feedback(result))
+
+
 def best_success(completions: Sequence[str], results: Sequence[StepResult]) -> str | None:
     """The demonstration of a ``sibling`` hint: among the passed completions of a group, the
     best-rewarded, then the most concise (the first of equals), stripped; None if none passed."""

@@ -46,8 +46,9 @@ from composer_replication.hints.build import (
     best_success,
     feedback_in_form,
     insert_hint,
-    placebo_feedback,
+    placebo_hint,
 )
+from composer_replication.losses import contrast_weights
 from composer_replication.models import pad_token_id
 
 MODEL_HINT_PROMPT = (
@@ -184,19 +185,17 @@ def _token_rows(tokenizer, contexts: Sequence[Any], tools) -> list[list[int]]:
 
 def _next_logits(model, rows: list[list[int]], keep: list[int], pad: int) -> list[Tensor]:
     """One forward over right-padded ``rows``; per row, the float32 logits ``[keep[i], V]``
-    at its last ``keep[i]`` positions' predecessors (what predicts its last ``keep[i]``
-    tokens; ``keep[i] = 0`` takes the last position, the next-token prediction)."""
+    that predict its last ``keep[i]`` tokens."""
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad)
     attn = torch.zeros_like(ids)
     for i, r in enumerate(rows):
         ids[i, : len(r)], attn[i, : len(r)] = torch.tensor(r), 1
     logits = model(input_ids=ids, attention_mask=attn).logits.float()
-    out = []
-    for i, (r, k) in enumerate(zip(rows, keep, strict=True)):
-        lo = len(r) - 1 - k if k else len(r) - 1
-        out.append(logits[i, lo : len(r) - 1 if k else len(r)])
-    return out
+    return [
+        logits[i, len(r) - 1 - k : len(r) - 1]
+        for i, (r, k) in enumerate(zip(rows, keep, strict=True))
+    ]
 
 
 @torch.no_grad()
@@ -208,7 +207,7 @@ def continuation_stats(
     ``z = sum_k weights[k] * logits(contexts[k][i] + continuation)``, renormalized per position.
     ``contexts`` holds one list of chat contexts per term (rendered with ``tools``). One term
     with weight 1 is the model's own distribution; ``[plain, hinted, placebo]`` with
-    ``[1, g, -g]`` is the placebo-contrast teacher (:func:`contrast_logits`)."""
+    :func:`~composer_replication.losses.contrast_weights` is the placebo-contrast teacher."""
     if len(contexts) != len(weights):
         raise ValueError(f"{len(contexts)} context lists for {len(weights)} weights")
     pad = pad_token_id(tokenizer)
@@ -357,11 +356,9 @@ def measure_probe(
         if form.endswith(CONTRAST):
             if probe.greedy_mixture_pass is None:
                 raise ValueError(f"form {form!r}: contrast forms are measured on single-turn tasks")
-            verdicts = [placebo_feedback(failures[i].result) for i in idx]
-            placebo = [probe.hinted(i, templates.feedback.format(feedback=v))
-                       for i, v in zip(idx, verdicts, strict=True)]  # fmt: skip
+            placebo = [probe.hinted(i, placebo_hint(failures[i].result, templates)) for i in idx]
             terms = [[probe.plain[i] for i in idx], terms[0], placebo]
-            weights = [1.0, contrast_scale, -contrast_scale]
+            weights = list(contrast_weights(contrast_scale))
         t_ans = stats(terms, [probe.answers[i] for i in idx], weights=weights)
         t_rep = stats(terms, [probe.replies[i] for i in idx], weights=weights)
         if len(terms) == 1:
@@ -391,13 +388,15 @@ def measure(
     """Every (failure, form) measurement on single-turn replies."""
     plain = [as_messages(f.task.prompt) for f in failures]
 
-    def greedy_pass(idx: list[int], contexts: list[Any]) -> list[bool]:
-        replies = generate_greedy(model, tokenizer, contexts, max_new_tokens, batch_size)
+    def passed(idx: list[int], replies: list[str]) -> list[bool]:
         return [env.grade(failures[i].task, r).passed for i, r in zip(idx, replies, strict=True)]
 
+    def greedy_pass(idx: list[int], contexts: list[Any]) -> list[bool]:
+        return passed(idx, generate_greedy(model, tokenizer, contexts, max_new_tokens, batch_size))
+
     def greedy_mixture_pass(idx: list[int], terms: list[list[Any]], weights: list[float]):
-        replies = greedy_mixture(model, tokenizer, terms, weights, max_new_tokens, batch_size)
-        return [env.grade(failures[i].task, r).passed for i, r in zip(idx, replies, strict=True)]
+        mixed = greedy_mixture(model, tokenizer, terms, weights, max_new_tokens, batch_size)
+        return passed(idx, mixed)
 
     probe = Probe(
         plain=plain,

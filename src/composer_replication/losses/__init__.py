@@ -8,7 +8,7 @@
   :func:`entropy_aware_opd_loss`
 * channel 3 (replay pairs): :func:`dpo_loss`, :func:`simpo_loss`, :func:`sequence_logps`
 * the placebo-contrast teacher of channel 2: :func:`contrast_logits`,
-  :func:`contrast_teacher_states`
+  :func:`contrast_teacher_states`, :func:`contrast_weights`
 * :func:`self_distill_loss` / :func:`preference_loss` dispatch a channel's inputs to those;
   :func:`compose_loss` sums :class:`ChannelTerm` s (weight, loss, metrics) onto the policy loss.
 """
@@ -22,7 +22,7 @@ from .compose import (
     preference_loss,
     self_distill_loss,
 )
-from .contrast import contrast_logits, contrast_teacher_states
+from .contrast import contrast_logits, contrast_teacher_states, contrast_weights
 from .entropy_opd import entropy_aware_opd_loss
 from .jsd import generalized_jsd_loss
 from .policy import prime_rl_policy_loss
@@ -44,6 +44,7 @@ __all__ = [
     "compose_loss",
     "contrast_logits",
     "contrast_teacher_states",
+    "contrast_weights",
     "dapo_clip_loss",
     "dapo_clip_per_token",
     "default_chunk_size",

@@ -23,6 +23,12 @@ import torch
 from torch import Tensor
 
 
+def contrast_weights(scale: float) -> tuple[float, float, float]:
+    """The contrast teacher as a mixture of logits: ``(1, g, -g)`` on (student, hinted,
+    placebo), as :func:`contrast_logits` computes it (``hints uplift`` mixes them this way)."""
+    return 1.0, scale, -scale
+
+
 def contrast_logits(
     student_logits_NV: Tensor, hinted_logits_NV: Tensor, placebo_logits_NV: Tensor, scale: float
 ) -> Tensor:
