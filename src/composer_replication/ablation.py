@@ -451,24 +451,44 @@ def finished_results(acfg: AblationConfig) -> list[dict[str, Any]]:
     return out
 
 
+def selected_arms(acfg: AblationConfig, only: list[str] | None) -> list[AblationArm]:
+    """The arms named in ``only`` (all when None), in the config's order; an unknown name is a
+    ConfigError listing the arms there are."""
+    names = [a.name for a in acfg.arms]
+    unknown = [n for n in only or [] if n not in names]
+    if unknown:
+        raise ConfigError(f"--arm {unknown[0]!r}: no such arm; the arms are {names}")
+    return [a for a in acfg.arms if only is None or a.name in only]
+
+
 def run_ablation(
-    acfg: AblationConfig, command: str, console=None, train: bool = True
+    acfg: AblationConfig,
+    command: str,
+    console=None,
+    train: bool = True,
+    only: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Every arm x seed (interleaved by seed so a noisy machine hits all arms alike), then the
     table. ``train=False`` (``ablate --report``) trains nothing: it tabulates the runs already
-    finished, marked as partial when some are missing (the wall time is then their sum)."""
+    finished, marked as partial when some are missing (the wall time is then their sum).
+    ``only`` (``ablate --arm``) trains just those arms, so that two processes can share one
+    experiment without racing for the same run; the table then holds every finished run."""
     t0 = time.monotonic()
     out = Path(acfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    arms = selected_arms(acfg, only)
     if train:
         base = base_result(acfg, console)
         results = []
         for seed in acfg.seeds:
-            for arm in acfg.arms:
+            for arm in arms:
                 if console is not None:
                     console.rule(f"[bold]{arm.name} / seed {seed}")
                 results.append(run_arm(acfg, arm, seed, console))
-                (out / "results.json").write_text(json.dumps(results, indent=2))
+                if only is None:
+                    (out / "results.json").write_text(json.dumps(results, indent=2))
+        if only is not None:  # the table is of every finished run, as with --report
+            results = finished_results(acfg)
     else:
         base_path = out / "base_eval.json"
         base = json.loads(base_path.read_text()) if base_path.is_file() else None
@@ -479,7 +499,8 @@ def run_ablation(
     rows = summarize(results, names, acfg.reference_arm)
     plot = plot_curves(acfg, names, out / "heldout_vs_step.png")
     (out / "summary.json").write_text(json.dumps(rows, indent=2))
-    wall = time.monotonic() - t0 if train else sum(r.get("wall_s", 0.0) for r in results)
+    whole = train and only is None
+    wall = time.monotonic() - t0 if whole else sum(r.get("wall_s", 0.0) for r in results)
     done = (len(results), len(acfg.arms) * len(acfg.seeds))
     table = markdown_table(rows, acfg, command, wall, Path(plot.name), base, done)
     write_results(out / "results.md", table, acfg.section)

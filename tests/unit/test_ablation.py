@@ -305,3 +305,45 @@ def test_report_tabulates_the_finished_runs_without_training(tmp_path):
     empty.write_text(cfg_path.read_text().replace(str(out), str(tmp_path / "none")))
     r = CliRunner().invoke(app, ["ablate", "--config", str(empty), "--report"])
     assert r.exit_code != 0 and "no finished run" in r.output
+
+
+def test_arm_option_trains_only_the_named_arms(tmp_path, monkeypatch):
+    """`ablate --arm sd`: only `sd` trains; the table holds every finished run (here the
+    earlier `grpo` one too); an unknown arm is refused with the names there are."""
+    from typer.testing import CliRunner
+
+    from composer_replication import ablation
+    from composer_replication.cli import app
+
+    out, md = tmp_path / "out", tmp_path / "results.md"
+    cfg_path = tmp_path / "a.yaml"
+    cfg_path.write_text(yaml.safe_dump({
+        "seeds": [1], "output_dir": str(out), "results_md": str(md), "section": "ev",
+        "arms": [{"name": "grpo"}, {"name": "sd", "overrides": ["sdpo.weight=0.1"]},
+                 {"name": "other", "overrides": ["sdpo.weight=0.2"]}],
+    }))  # fmt: skip
+    trained = []
+
+    def fake_run_arm(acfg, arm, seed, console=None):  # records the call, writes a result
+        trained.append(arm.name)
+        res = {"arm": arm.name, "seed": seed, "pass_rate": 0.25, "n": 8, "mean_reward": 0.25,
+               "wall_s": 30.0}  # fmt: skip
+        run = out / arm.name / f"seed{seed}"
+        run.mkdir(parents=True)
+        (run / "final_eval.json").write_text(json.dumps(res))
+        (run / "heldout.jsonl").write_text(json.dumps({"step": 0, "pass_rate": 0.25}) + "\n")
+        return res
+
+    monkeypatch.setattr(ablation, "run_arm", fake_run_arm)
+    monkeypatch.setattr(ablation, "base_result", lambda acfg, console=None: None)
+    fake_run_arm(load_ablation_config(cfg_path), load_ablation_config(cfg_path).arms[0], 1)
+    trained.clear()
+    r = CliRunner().invoke(app, ["ablate", "--config", str(cfg_path), "--arm", "sd"])
+    assert r.exit_code == 0, r.output
+    assert trained == ["sd"]
+    text = md.read_text()
+    assert "(in progress: 2 of 3 runs finished)" in text
+    assert "| grpo |" in text and "| sd |" in text and "| other |" not in text
+    r = CliRunner().invoke(app, ["ablate", "--config", str(cfg_path), "--arm", "nope"])
+    assert r.exit_code != 0 and "'nope': no such arm" in r.output and "'other'" in r.output
+    assert trained == ["sd"]

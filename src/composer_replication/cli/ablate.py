@@ -26,25 +26,40 @@ def ablate_command(
             help="Train nothing: tabulate the runs already finished (marked as partial).",
         ),
     ] = False,
+    arm: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--arm",
+            help="Train only this arm (repeatable), e.g. to split one experiment over two "
+            "processes; the table then holds every finished run.",
+        ),
+    ] = None,
 ) -> None:
     """Train every arm (GRPO, +SDPO, +replay, all, TRL SDPO peer) for every seed; write the
     results table and a held-out-vs-step plot into the run directory (and into the docs with
     results_md=docs/results.md)."""
-    from composer_replication.ablation import arm_config, run_ablation, with_interval
+    from composer_replication.ablation import (
+        arm_config,
+        run_ablation,
+        selected_arms,
+        with_interval,
+    )
     from composer_replication.config import load_ablation_config, resolve_config_path
 
     with exit_on(ConfigError):
         acfg = load_ablation_config(resolve_config_path(str(config)), overrides or [])
-        for arm in acfg.arms:  # validate every arm's run config before training anything
-            arm_config(acfg, arm, acfg.seeds[0])
+        for each in acfg.arms:  # validate every arm's run config before training anything
+            arm_config(acfg, each, acfg.seeds[0])
+        selected_arms(acfg, arm)
     quiet_libraries()
     command = (
         "composer-replication ablate --config "
         + str(config)
         + "".join(f" {o}" for o in overrides or [])
+        + "".join(f" --arm {a!r}" for a in arm or [])
     )
     with exit_on(ConfigError):
-        rows = run_ablation(acfg, command, console, train=not report)
+        rows = run_ablation(acfg, command, console, train=not report, only=arm)
     table = Table(title="ablation: final held-out pass@1 (mean over seeds, 95% t-CI)")
     for col in ("arm", "mean [95% CI]", "per seed"):
         table.add_column(col)
