@@ -55,3 +55,24 @@ def test_control_without_the_channel_nothing_moves(tmp_path, tokenizer):
     cfg, env, model, *_ = setup_case(tmp_path, tokenizer, weight=0.0)
     before, after, _ = train_one_step(cfg, env, model, tokenizer)
     torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+def test_the_weight_does_not_set_the_step_when_the_channel_is_the_only_gradient(
+    tmp_path, tokenizer
+):
+    """Why a small ``sdpo.weight`` is no protection in the sparse regime (docs/results.md,
+    regime (b)): with every reply wrong the policy loss's gradient is 0, and Adam's update
+    ``m / (sqrt(v) + eps)`` is invariant to the scale of the only gradient left. So the channel
+    at weight 0.1 takes the same lr-sized first step as at weight 1 (where ``|g| >> eps``)."""
+    steps = {}
+    for weight in (1.0, 0.1):
+        cfg, env, model, h_S, states, right = setup_case(tmp_path / str(weight), tokenizer, weight)
+        W0 = model.lm_head.weight.detach().clone()
+        p_S, p_T = torch.softmax(W0 @ h_S, -1), torch.softmax(W0 @ states["wrong"], -1)
+        g, _ = adam_first_step(p_S, p_T, h_S)  # at weight 1; at 0.1 it is 0.1 * g
+        before, after, _ = train_one_step(cfg, env, model, tokenizer)
+        steps[weight] = (after - before, g.abs() > 1000 * EPS)
+    (dW_1, clear), (dW_01, _) = steps[1.0], steps[0.1]
+    assert clear.sum() > 10
+    assert dW_1[clear].abs().min() > 0.99 * LR  # a full lr-sized step per entry...
+    torch.testing.assert_close(dW_01[clear], dW_1[clear], rtol=1e-2, atol=0)  # ...at 0.1 too
