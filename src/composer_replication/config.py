@@ -455,6 +455,12 @@ class SdpoConfig(_Strict):
     """SDPO's routing (Hübotter et al., arXiv:2601.20802): a failed rollout that got a hint
     leaves the policy loss (its GRPO advantage is set to 0) and is trained by this channel
     only; rollouts without a hint keep their advantages."""
+    gate: Literal["none", "policy_signal"] = "none"
+    """``policy_signal``: hint failures only in groups whose rewards differ, where GRPO's
+    advantage is non-zero, so the channel never steps alone. Adam's update does not depend on
+    the gradient's scale: when every group's rewards are equal (the sparse regime before a
+    first success) the channel is the only gradient and ``weight`` no longer limits its step
+    (docs/results.md, regime (b)). ``none``: every failure can be hinted."""
     turn_scope: Literal["turn", "turn_and_rest", "all"] = "turn"
     """Multi-turn rollouts whose failure the environment pins to a turn (``failed_turn``):
     distill on that turn's tokens only (``turn``, Composer's targeted feedback), on that turn

@@ -121,6 +121,8 @@ class SelfDistillChannel(Channel):
             hint_model=self.hint_model,
             feedback_form=self.cfg.feedback_form,
         )
+        if self.cfg.gate == "policy_signal":
+            hints = _gate_on_policy_signal(hints, rollouts)
         device = batch["completion_ids"].device
         hinted = torch.tensor([h is not None for h in hints], dtype=torch.bool, device=device)
         texts = [
@@ -302,6 +304,17 @@ class SelfDistillChannel(Channel):
             self.taid.load_state_dict(state["taid"])
         if self.cfg.teacher == "ema":
             self.frozen.load_state_dict(state["ema"])
+
+
+def _gate_on_policy_signal(hints: list[Any], rollouts: Rollouts) -> list[Any]:
+    """``hints`` with those of groups whose rewards are all equal (GRPO advantage 0) dropped."""
+    g = rollouts.group_size
+    rewards = [float(r.reward) for r in rollouts.results]
+    out = list(hints)
+    for start in range(0, len(rewards), g):
+        if len(set(rewards[start : start + g])) == 1:
+            out[start : start + g] = [None] * g
+    return out
 
 
 def _failed_turn(result: Any) -> int:
