@@ -23,13 +23,21 @@ import torch
 from support.constructed_sdpo import EPS, LR, adam_first_step, setup_case, train_one_step
 
 
-def test_one_step_moves_the_right_token_up_by_the_predicted_amount(tmp_path, tokenizer):
-    cfg, env, model, h_S, states, right = setup_case(tmp_path, tokenizer, weight=1.0)
-    h_T = states["wrong"]
+@pytest.fixture(scope="module")
+def weight_one_step(tmp_path_factory, tokenizer):
+    """The constructed case trained one step at ``sdpo.weight=1`` (shared by two tests)."""
+    cfg, env, model, h_S, states, right = setup_case(
+        tmp_path_factory.mktemp("w1"), tokenizer, weight=1.0
+    )
     W0 = model.lm_head.weight.detach().clone()
-    p_S, p_T = torch.softmax(W0 @ h_S, -1), torch.softmax(W0 @ h_T, -1)
-    assert p_T[right] > 5 * p_S[right]  # the constructed gap
+    p_S, p_T = torch.softmax(W0 @ h_S, -1), torch.softmax(W0 @ states["wrong"], -1)
     before, after, trainer = train_one_step(cfg, env, model, tokenizer)
+    return h_S, right, p_S, p_T, before, after, trainer
+
+
+def test_one_step_moves_the_right_token_up_by_the_predicted_amount(weight_one_step):
+    h_S, right, p_S, p_T, before, after, trainer = weight_one_step
+    assert p_T[right] > 5 * p_S[right]  # the constructed gap
     rewards = [r["reward"] for r in trainer.state.log_history if "reward" in r]
     assert rewards == [0.0]  # every reply wrong: GRPO contributes no gradient
 
@@ -58,21 +66,19 @@ def test_control_without_the_channel_nothing_moves(tmp_path, tokenizer):
 
 
 def test_the_weight_does_not_set_the_step_when_the_channel_is_the_only_gradient(
-    tmp_path, tokenizer
+    tmp_path, tokenizer, weight_one_step
 ):
     """Why a small ``sdpo.weight`` is no protection in the sparse regime (docs/results.md,
     regime (b)): with every reply wrong the policy loss's gradient is 0, and Adam's update
     ``m / (sqrt(v) + eps)`` is invariant to the scale of the only gradient left. So the channel
     at weight 0.1 takes the same lr-sized first step as at weight 1 (where ``|g| >> eps``)."""
-    steps = {}
-    for weight in (1.0, 0.1):
-        cfg, env, model, h_S, states, right = setup_case(tmp_path / str(weight), tokenizer, weight)
-        W0 = model.lm_head.weight.detach().clone()
-        p_S, p_T = torch.softmax(W0 @ h_S, -1), torch.softmax(W0 @ states["wrong"], -1)
-        g, _ = adam_first_step(p_S, p_T, h_S)  # at weight 1; at 0.1 it is 0.1 * g
-        before, after, _ = train_one_step(cfg, env, model, tokenizer)
-        steps[weight] = (after - before, g.abs() > 1000 * EPS)
-    (dW_1, clear), (dW_01, _) = steps[1.0], steps[0.1]
+    h_S, _, p_S, p_T, before_1, after_1, _ = weight_one_step
+    g, _ = adam_first_step(p_S, p_T, h_S)  # at weight 1; at 0.1 it is 0.1 * g
+    clear = g.abs() > 1000 * EPS
+    cfg, env, model, *_ = setup_case(tmp_path, tokenizer, weight=0.1)
+    before, after, _ = train_one_step(cfg, env, model, tokenizer)
+    torch.testing.assert_close(before, before_1, rtol=0, atol=0)  # the same starting point
+    dW_1, dW_01 = after_1 - before_1, after - before
     assert clear.sum() > 10
     assert dW_1[clear].abs().min() > 0.99 * LR  # a full lr-sized step per entry...
     torch.testing.assert_close(dW_01[clear], dW_1[clear], rtol=1e-2, atol=0)  # ...at 0.1 too
