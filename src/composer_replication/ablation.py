@@ -473,10 +473,10 @@ def run_ablation(
     finished, marked as partial when some are missing (the wall time is then their sum).
     ``only`` (``ablate --arm``) trains just those arms, so that two processes can share one
     experiment without racing for the same run; the table then holds every finished run."""
+    arms = selected_arms(acfg, only)
     t0 = time.monotonic()
     out = Path(acfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    arms = selected_arms(acfg, only)
     if train:
         base = base_result(acfg, console)
         results = []

@@ -456,8 +456,8 @@ class SdpoConfig(_Strict):
     leaves the policy loss (its GRPO advantage is set to 0) and is trained by this channel
     only; rollouts without a hint keep their advantages."""
     gate: Literal["none", "policy_signal"] = "none"
-    """``policy_signal``: hint failures only in groups whose rewards differ, where GRPO's
-    advantage is non-zero, so the channel never steps alone. Adam's update does not depend on
+    """``policy_signal``: hint failures only in groups whose GRPO advantages are not all zero
+    (their rewards differ), so the channel never steps alone. Adam's update does not depend on
     the gradient's scale: when every group's rewards are equal (the sparse regime before a
     first success) the channel is the only gradient and ``weight`` no longer limits its step
     (docs/results.md, regime (b)). ``none``: every failure can be hinted."""

@@ -336,7 +336,8 @@ def test_arm_option_trains_only_the_named_arms(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ablation, "run_arm", fake_run_arm)
     monkeypatch.setattr(ablation, "base_result", lambda acfg, console=None: None)
-    fake_run_arm(load_ablation_config(cfg_path), load_ablation_config(cfg_path).arms[0], 1)
+    acfg = load_ablation_config(cfg_path)
+    fake_run_arm(acfg, acfg.arms[0], 1)  # grpo finished earlier
     trained.clear()
     r = CliRunner().invoke(app, ["ablate", "--config", str(cfg_path), "--arm", "sd"])
     assert r.exit_code == 0, r.output

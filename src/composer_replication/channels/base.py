@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+import torch
 from torch import Tensor
 
 from composer_replication.losses import ChannelTerm
@@ -42,6 +43,13 @@ class Rollouts:
     tools: list[Any] | None = None
     """The tools the prompts were rendered with (tool environments), so a channel that
     re-renders a prompt (a hinted teacher's) shows the model the same tool schemas."""
+
+
+def informative_groups(advantages_B: Tensor, group_size: int, tol: float = 1e-6) -> list[int]:
+    """Indices of groups whose advantages are not all (numerically) zero: where GRPO has a
+    gradient (DAPO's dynamic sampling keeps these; ``sdpo.gate`` hints only in these)."""
+    adv_GN = advantages_B.view(-1, group_size)
+    return torch.nonzero(adv_GN.abs().amax(dim=1) > tol).flatten().tolist()
 
 
 @dataclass

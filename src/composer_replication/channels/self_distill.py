@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from composer_replication.channels.base import Channel, LossContext, Rollouts
+from composer_replication.channels.base import Channel, LossContext, Rollouts, informative_groups
 from composer_replication.chat import as_messages, render_prompt, to_text
 from composer_replication.config import SdpoConfig
 from composer_replication.hints.build import (
@@ -122,7 +122,7 @@ class SelfDistillChannel(Channel):
             feedback_form=self.cfg.feedback_form,
         )
         if self.cfg.gate == "policy_signal":
-            hints = _gate_on_policy_signal(hints, rollouts)
+            hints = _gate_on_policy_signal(hints, batch["advantages"], rollouts.group_size)
         device = batch["completion_ids"].device
         hinted = torch.tensor([h is not None for h in hints], dtype=torch.bool, device=device)
         texts = [
@@ -306,15 +306,10 @@ class SelfDistillChannel(Channel):
             self.frozen.load_state_dict(state["ema"])
 
 
-def _gate_on_policy_signal(hints: list[Any], rollouts: Rollouts) -> list[Any]:
-    """``hints`` with those of groups whose rewards are all equal (GRPO advantage 0) dropped."""
-    g = rollouts.group_size
-    rewards = [float(r.reward) for r in rollouts.results]
-    out = list(hints)
-    for start in range(0, len(rewards), g):
-        if len(set(rewards[start : start + g])) == 1:
-            out[start : start + g] = [None] * g
-    return out
+def _gate_on_policy_signal(hints: list[Any], advantages_B: Tensor, group_size: int) -> list[Any]:
+    """``hints`` with those of groups whose GRPO advantages are all zero dropped."""
+    keep = set(informative_groups(advantages_B, group_size))
+    return [h if i // group_size in keep else None for i, h in enumerate(hints)]
 
 
 def _failed_turn(result: Any) -> int:

@@ -38,19 +38,13 @@ def ablate_command(
     """Train every arm (GRPO, +SDPO, +replay, all, TRL SDPO peer) for every seed; write the
     results table and a held-out-vs-step plot into the run directory (and into the docs with
     results_md=docs/results.md)."""
-    from composer_replication.ablation import (
-        arm_config,
-        run_ablation,
-        selected_arms,
-        with_interval,
-    )
+    from composer_replication.ablation import arm_config, run_ablation, with_interval
     from composer_replication.config import load_ablation_config, resolve_config_path
 
     with exit_on(ConfigError):
         acfg = load_ablation_config(resolve_config_path(str(config)), overrides or [])
         for each in acfg.arms:  # validate every arm's run config before training anything
             arm_config(acfg, each, acfg.seeds[0])
-        selected_arms(acfg, arm)
     quiet_libraries()
     command = (
         "composer-replication ablate --config "

@@ -33,7 +33,12 @@ from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.models import unwrap_model_for_generation
 
-from composer_replication.channels.base import Channel, LossContext, Rollouts
+from composer_replication.channels.base import (
+    Channel,
+    LossContext,
+    Rollouts,
+    informative_groups,
+)
 from composer_replication.config import (
     CHANNELS_FILE,
     DYNAMIC_SAMPLING_MULTIPROCESS,
@@ -356,12 +361,6 @@ def _find_graded_reward(reward_funcs, channels: Sequence[Channel]):
         f"channel(s) {names} need a reward function that keeps its verdicts (`last_results`, "
         "e.g. EnvReward): they are built from the verifier's feedback"
     )
-
-
-def informative_groups(advantages_B: torch.Tensor, group_size: int, tol: float = 1e-6) -> list[int]:
-    """Indices of groups whose advantages are not all (numerically) zero."""
-    adv_GN = advantages_B.view(-1, group_size)
-    return torch.nonzero(adv_GN.abs().amax(dim=1) > tol).flatten().tolist()
 
 
 def _cycle_shuffled(dataset, seed: int) -> Iterator[dict[str, Any]]:

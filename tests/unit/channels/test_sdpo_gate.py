@@ -1,5 +1,5 @@
-"""``sdpo.gate=policy_signal``: failures are hinted only in groups whose rewards differ (GRPO's
-advantage non-zero there), so the channel never takes an optimizer step alone."""
+"""``sdpo.gate=policy_signal``: failures are hinted only in groups whose GRPO advantages are not
+all zero (their rewards differ), so the channel never takes an optimizer step alone."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ def _hinted(tokenizer, gate: str) -> list[bool]:
     ch.tokenizer = tokenizer
     replies = ["7", "8", "9", "6", "5", "4"]  # 3 + 4 in groups of 2: right/wrong, then all wrong
     results = [grade_answer(r, 7) for r in replies]
-    batch = {"completion_ids": torch.zeros(6, 2, dtype=torch.long)}
+    rewards_GN = torch.tensor([r.reward for r in results]).view(3, 2)
+    adv = (rewards_GN - rewards_GN.mean(dim=1, keepdim=True)).flatten()  # GRPO's, unscaled
+    batch = {"completion_ids": torch.zeros(6, 2, dtype=torch.long), "advantages": adv}
     rollouts = Rollouts(["What is 3 + 4?"] * 6, replies, results, group_size=2)
     return ch.attach(batch, rollouts)["sdpo_hinted"].tolist()
 
