@@ -29,6 +29,36 @@ _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
 FINAL_EVAL = "final_eval.json"
 """An arm/seed run's final held-out result; its presence marks the run as finished."""
 
+TRAIN_REWARD_KEYS = ("reward", "self_distillation/reward_mean")
+"""A step's mean training reward in metrics.jsonl: our trainer's key, then TRL SDPOTrainer's."""
+
+
+def training_signal(run_dir: Path) -> dict[str, Any]:
+    """What a run's training rollouts earned, read from its ``metrics.jsonl``: the mean reward
+    over its steps (``train_reward``) and the first step in which any rollout was rewarded
+    (``first_rewarded_step``; None if none was). On a sparse task GRPO learns nothing before
+    that step (every group's advantages are 0), so it tells a seed that never took off from an
+    arm that failed. Neither key is there when the run left no metrics."""
+    path = run_dir / "metrics.jsonl"
+    rewards: list[tuple[int, float]] = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            key = next((k for k in TRAIN_REWARD_KEYS if k in row), None)
+            if key is not None:
+                rewards.append((int(row["step"]), float(row[key])))
+    if not rewards:
+        return {}
+    return {
+        "train_reward": statistics.fmean(r for _, r in rewards),
+        "first_rewarded_step": next((s for s, r in rewards if r > 0), None),
+    }
+
+
+def load_result(final_eval: Path) -> dict[str, Any]:
+    """A finished run's result (its ``final_eval.json``) with its training signal."""
+    return {**json.loads(final_eval.read_text()), **training_signal(final_eval.parent)}
+
 
 def markers(section: str) -> tuple[str, str]:
     """The begin/end comments around an experiment's section of a results file."""
@@ -72,7 +102,7 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
         check_reusable(cfg)
         if console is not None:
             console.print(f"[dim]{arm.name} seed {seed}: reusing {done}")
-        return json.loads(done.read_text())
+        return load_result(done)
     t0 = time.monotonic()
     model, tokenizer, env = prepare(cfg)
     if arm.trainer == "trl_sdpo":
@@ -105,7 +135,7 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
     if not acfg.keep_checkpoints:
         for ckpt in Path(cfg.output_dir).glob("checkpoint-*"):
             shutil.rmtree(ckpt)
-    return result
+    return {**result, **training_signal(done.parent)}
 
 
 def check_reusable(cfg: RunConfig) -> None:
@@ -301,10 +331,30 @@ def summarize(
                 "per_seed": vals,
                 "n_heldout": rs[0]["n"] if rs else 0,
                 "reward": statistics.fmean(r["mean_reward"] for r in rs),
+                "train_reward": _mean_known(r.get("train_reward") for r in rs),
+                "first_rewarded": [r.get("first_rewarded_step", math.nan) for r in rs],
                 "wall_s": statistics.fmean(r["wall_s"] for r in rs),
             }
         )
     return rows
+
+
+def _mean_known(values) -> float:
+    """The mean of the values that are not None (NaN when none is known)."""
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else math.nan
+
+
+def _num(value: float) -> str:
+    """A table number with 3 decimals, "-" when unknown (NaN)."""
+    return "-" if math.isnan(value) else f"{value:.3f}"
+
+
+def _first_rewarded(steps: list[Any]) -> str:
+    """Per seed: the first rewarded training step, "never", or "-" (no metrics recorded)."""
+    return ", ".join(
+        "never" if s is None else "-" if isinstance(s, float) else str(s) for s in steps
+    )
 
 
 def pick_learning_rates(rows: list[dict[str, Any]], default: float = 1e-5) -> dict[str, float]:
@@ -390,13 +440,16 @@ def markdown_table(
         f"seeds {acfg.seeds}; {wall} {wall_s / 60:.1f} min on this machine.",
         "",
         f"| arm | final held-out pass@1, mean over seeds [95% t-CI] | per seed | minus {ref}, "
-        "per seed | minus " + ref + ", mean [95% t-CI] | mean reward | wall s/run |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "per seed | minus " + ref + ", mean [95% t-CI] | held-out mean reward | "
+        "training reward, mean over steps | first rewarded training step, per seed | "
+        "wall s/run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     if base is not None:
         lines.append(
             f"| {base['arm']} | {base['pass_rate']:.1%} [{base['pass_ci95_low']:.1%}, "
-            f"{base['pass_ci95_high']:.1%}] (Wilson) | - | - | - | {base['mean_reward']:.3f} | - |"
+            f"{base['pass_ci95_high']:.1%}] (Wilson) | - | - | - | {base['mean_reward']:.3f} "
+            "| - | - | - |"
         )
     for r in rows:
         seeds = ", ".join(f"{v:.1%}" for v in r["per_seed"])
@@ -407,6 +460,7 @@ def markdown_table(
         mean = with_interval(r["mean"], (r["ci95_low"], r["ci95_high"]), len(r["per_seed"]))
         lines.append(
             f"| {r['arm']} | {mean} | {seeds} | {deltas} | {paired} | {r['reward']:.3f} | "
+            f"{_num(r['train_reward'])} | {_first_rewarded(r['first_rewarded'])} | "
             f"{r['wall_s']:.0f} |"
         )
     if rows and all(" lr=" in r["arm"] for r in rows):
@@ -447,7 +501,7 @@ def finished_results(acfg: AblationConfig) -> list[dict[str, Any]]:
         for arm in acfg.arms:
             path = Path(arm_config(acfg, arm, seed).output_dir, FINAL_EVAL)
             if path.is_file():
-                out.append(json.loads(path.read_text()))
+                out.append(load_result(path))
     return out
 
 

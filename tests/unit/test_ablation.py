@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from composer_replication.ablation import run_ablation, summarize, write_results
-from composer_replication.config import ConfigError, load_ablation_config
+from composer_replication.config import AblationConfig, ConfigError, load_ablation_config
 
 
 @pytest.fixture
@@ -348,3 +348,48 @@ def test_arm_option_trains_only_the_named_arms(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["ablate", "--config", str(cfg_path), "--arm", "nope"])
     assert r.exit_code != 0 and "'nope': no such arm" in r.output and "'other'" in r.output
     assert trained == ["sd"]
+
+
+def test_training_signal_reads_both_trainers_metrics(tmp_path):
+    """Rewards 0, 0, 0.25, 0 -> mean 0.0625, first rewarded step 3 (our trainer's ``reward``);
+    TRL SDPOTrainer's ``self_distillation/reward_mean`` the same way; all-zero -> None (never);
+    no metrics.jsonl -> nothing known."""
+    from composer_replication.ablation import training_signal
+
+    def write(name, key, rewards):
+        run = tmp_path / name
+        run.mkdir()
+        rows = [{"step": i + 1, key: r, "loss": 0.0} for i, r in enumerate(rewards)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return run
+
+    ours = training_signal(write("ours", "reward", [0.0, 0.0, 0.25, 0.0]))
+    assert ours == {"train_reward": pytest.approx(0.0625), "first_rewarded_step": 3}
+    trl = training_signal(write("trl", "self_distillation/reward_mean", [0.0, 0.5]))
+    assert trl == {"train_reward": pytest.approx(0.25), "first_rewarded_step": 2}
+    never = training_signal(write("never", "reward", [0.0, 0.0]))
+    assert never == {"train_reward": 0.0, "first_rewarded_step": None}
+    assert training_signal(tmp_path / "missing") == {}
+
+
+def test_report_shows_each_seeds_training_signal(tmp_path):
+    """The table gives the mean training reward over steps and, per seed, the first rewarded
+    step: "never" for a seed whose rollouts were never rewarded, "-" where no metrics exist."""
+    from composer_replication.ablation import run_ablation
+
+    out = tmp_path / "out"
+    acfg = AblationConfig.model_validate(
+        {"seeds": [1, 2, 3], "output_dir": str(out), "section": "ev", "arms": [{"name": "a"}]}
+    )
+    for seed, rewards in ((1, [0.0, 0.5]), (2, [0.0, 0.0]), (3, None)):
+        run = out / "a" / f"seed{seed}"
+        run.mkdir(parents=True)
+        res = {"arm": "a", "seed": seed, "pass_rate": 0.5, "n": 10, "mean_reward": 0.5,
+               "wall_s": 60.0}  # fmt: skip
+        (run / "final_eval.json").write_text(json.dumps(res))
+        if rewards is not None:
+            rows = [{"step": i + 1, "reward": r} for i, r in enumerate(rewards)]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_ablation(acfg, "ablate --report", train=False)
+    text = (out / "results.md").read_text()
+    assert "| 0.500 | 0.125 | 2, never, - | 60 |" in text  # (0.25 + 0.0) / 2 seeds known
