@@ -1,8 +1,9 @@
 """Generalized Jensen-Shannon divergence for on-policy distillation (GKD / OPSD).
 
 Paper: Agarwal et al., "On-Policy Distillation of Language Models: Learning from
-Self-Generated Mistakes" (GKD), arXiv:2306.13649, Eq. (1); used by OPSD (Zhao et al.,
-arXiv:2601.20802) for hint-conditioned self-distillation.
+Self-Generated Mistakes" (GKD), arXiv:2306.13649, Eq. (1); used for hint-conditioned
+self-distillation by OPSD (Zhao et al.) and SDPO (Hübotter et al., "Reinforcement Learning via
+Self-Distillation", arXiv:2601.20802).
 
 With student distribution ``p = softmax(s / tau)`` and teacher ``q = softmax(t / tau)``
 over the vocabulary, and the mixture ``m = (1 - beta) * p + beta * q``::
