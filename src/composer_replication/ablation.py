@@ -39,14 +39,13 @@ def training_signal(run_dir: Path) -> dict[str, Any]:
     (``first_rewarded_step``; None if none was). On a sparse task GRPO learns nothing before
     that step (every group's advantages are 0), so it tells a seed that never took off from an
     arm that failed. Neither key is there when the run left no metrics."""
-    path = run_dir / "metrics.jsonl"
+    from composer_replication.trainer.callbacks import METRICS_FILE, read_metrics
+
     rewards: list[tuple[int, float]] = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            row = json.loads(line) if line.strip() else {}
-            key = next((k for k in TRAIN_REWARD_KEYS if k in row), None)
-            if key is not None:
-                rewards.append((int(row["step"]), float(row[key])))
+    for row in read_metrics(run_dir / METRICS_FILE):
+        key = next((k for k in TRAIN_REWARD_KEYS if k in row), None)
+        if key is not None:
+            rewards.append((int(row["step"]), float(row[key])))
     if not rewards:
         return {}
     return {
