@@ -331,29 +331,30 @@ def summarize(
                 "n_heldout": rs[0]["n"] if rs else 0,
                 "reward": statistics.fmean(r["mean_reward"] for r in rs),
                 "train_reward": _mean_known(r.get("train_reward") for r in rs),
-                "first_rewarded": [r.get("first_rewarded_step", math.nan) for r in rs],
+                "first_rewarded": [_first_rewarded(r) for r in rs],
                 "wall_s": statistics.fmean(r["wall_s"] for r in rs),
             }
         )
     return rows
 
 
-def _mean_known(values) -> float:
-    """The mean of the values that are not None (NaN when none is known)."""
+def _mean_known(values) -> float | None:
+    """The mean of the values that are not None (None when none is known)."""
     known = [v for v in values if v is not None]
-    return statistics.fmean(known) if known else math.nan
+    return statistics.fmean(known) if known else None
 
 
-def _num(value: float) -> str:
-    """A table number with 3 decimals, "-" when unknown (NaN)."""
-    return "-" if math.isnan(value) else f"{value:.3f}"
+def _num(value: float | None) -> str:
+    """A table number with 3 decimals, "-" when unknown."""
+    return "-" if value is None else f"{value:.3f}"
 
 
-def _first_rewarded(steps: list[Any]) -> str:
-    """Per seed: the first rewarded training step, "never", or "-" (no metrics recorded)."""
-    return ", ".join(
-        "never" if s is None else "-" if isinstance(s, float) else str(s) for s in steps
-    )
+def _first_rewarded(result: dict[str, Any]) -> str:
+    """A run's first rewarded training step, "never", or "-" (no metrics recorded)."""
+    if "first_rewarded_step" not in result:
+        return "-"
+    step = result["first_rewarded_step"]
+    return "never" if step is None else str(step)
 
 
 def pick_learning_rates(rows: list[dict[str, Any]], default: float = 1e-5) -> dict[str, float]:
@@ -459,7 +460,7 @@ def markdown_table(
         mean = with_interval(r["mean"], (r["ci95_low"], r["ci95_high"]), len(r["per_seed"]))
         lines.append(
             f"| {r['arm']} | {mean} | {seeds} | {deltas} | {paired} | {r['reward']:.3f} | "
-            f"{_num(r['train_reward'])} | {_first_rewarded(r['first_rewarded'])} | "
+            f"{_num(r['train_reward'])} | {', '.join(r['first_rewarded'])} | "
             f"{r['wall_s']:.0f} |"
         )
     if rows and all(" lr=" in r["arm"] for r in rows):
