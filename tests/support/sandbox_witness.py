@@ -7,6 +7,7 @@ import hashlib
 import os
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -104,7 +105,7 @@ class Arena:
 
     def breaches(self) -> list[str]:
         """What the attacks achieved (empty when contained)."""
-        out = [f"created {p}" for p in self.root.glob(f"{self.marker}-*")]
+        out = [f"created {p}" for p in self._created()]
         out += [
             f"changed {p}" for p, d in self.guarded.items() if not p.exists() or file_digest(p) != d
         ]
@@ -117,7 +118,14 @@ class Arena:
             out.append(f"processes left behind: {left}")
         return out
 
+    def _created(self) -> list[Path]:
+        """Marker files on the host, in the arena and in the host's temporary directory."""
+        places = (self.root, Path(tempfile.gettempdir()))
+        return [p for place in places for p in place.glob(f"{self.marker}-*")]
+
     def close(self) -> None:
+        for path in self._created():  # the unsandboxed control's landings
+            path.unlink()
         self.listener.close()
         if self.sentinel is not None:
             self.sentinel.kill()

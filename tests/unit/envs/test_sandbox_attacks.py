@@ -12,6 +12,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 from support.sandbox_witness import Arena, sandbox_processes
@@ -188,4 +190,6 @@ def test_control_without_isolation_the_witnesses_see_the_breach(task, arena):
     host and the arena reports it."""
     bare = HumanEvalEnv(sandbox=SandboxConfig(unsafe_run_without_isolation=True, audit_hook=False))
     bare.grade(task, _fill(ATTACKS["write_outside"], arena))
-    assert any("created" in b for b in arena.breaches())
+    breaches = arena.breaches()
+    assert f"created {arena.escape_path('plain.txt')}" in breaches
+    assert f"created {Path(tempfile.gettempdir()) / f'{arena.marker}-tmp.txt'}" in breaches
