@@ -194,10 +194,10 @@ def _serve(channel, fn, source_lines):
             channel.send("raised", f"returned a value that is not plain data: {e}")
 
 
-def _read_exactly(n):
+def _read_exactly(n, fd=0):
     chunks, got = [], 0
     while got < n:
-        chunk = os.read(0, min(1 << 16, n - got))
+        chunk = os.read(fd, min(1 << 16, n - got))
         if not chunk:
             break
         chunks.append(chunk)
@@ -217,11 +217,145 @@ def _script(audit):
     exec(compile(code, "main.py", "exec"), namespace)
 
 
+MAX_ITEMS = 100_000
+"""Module mode: an iterator the served function returns is sent as at most this many items."""
+
+
+def _recv_pickle(fd):
+    """One length-prefixed pickle from the suite's process (module mode); None at EOF."""
+    import pickle
+
+    head = _read_exactly(8, fd)
+    if len(head) < 8:
+        return None
+    return pickle.loads(_read_exactly(int.from_bytes(head, "big"), fd))
+
+
+def _resolve(module, symbol):
+    """The plain function behind ``symbol`` (``f`` or ``Class.f``) of ``module``: unwrapped
+    from classmethod, staticmethod, property and ``functools.wraps`` decorators, because the
+    suite's process applies the decorators to its own forwarding function."""
+    import importlib
+
+    obj = importlib.import_module(module)
+    for part in symbol.split("."):
+        space = vars(obj) if hasattr(obj, "__dict__") else {}
+        obj = space[part] if part in space else getattr(obj, part)
+    if isinstance(obj, (classmethod, staticmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        obj = obj.fget
+    for _ in range(32):
+        if not hasattr(obj, "__wrapped__"):
+            break
+        obj = obj.__wrapped__
+    return obj
+
+
+def _reply(fn, args, kwargs):
+    """The frame answering one call: its plain value (or which argument it returned, for
+    ``return self``), an iterator's items, or the raised exception's module, name and
+    arguments; with the new state of the arguments it may have changed (``_effects``)."""
+    try:
+        value = fn(*args, **kwargs)
+        effects = _effects(args)
+        same = [i for i, a in enumerate(args) if a is value and type(a) not in PLAIN_ATOMS]
+        if same:
+            return ("argument", same[0], effects)
+        if hasattr(value, "__next__") and type(value) not in PLAIN_CONTAINERS:
+            items = []
+            for item in value:
+                if len(items) == MAX_ITEMS:
+                    raise OverflowError(f"the returned iterator has more than {MAX_ITEMS} items")
+                items.append(item)
+            return ("iterator", items, effects)
+        return ("value", value, effects)
+    except Exception as e:
+        kind = type(e)
+        return ("raised", str(kind.__module__), str(kind.__qualname__), _plain_args(e))
+    except BaseException as e:  # SystemExit, KeyboardInterrupt: a failed call, nothing more
+        return ("raised", "builtins", "RuntimeError", (f"{type(e).__name__}: {_text(e)}",))
+
+
+def _effects(args):
+    """``[(index, state)]`` for each positional argument whose state is plain data after the
+    call: a list, dict or set itself, or an object's attribute dict (``self.counts = {}``)."""
+    out = []
+    for i, a in enumerate(args):
+        state = a if type(a) in (list, dict, set) else getattr(a, "__dict__", None)
+        if type(state) is not dict and type(a) not in (list, dict, set):
+            continue
+        try:
+            check_plain(state)
+        except (NotPlainData, RecursionError):
+            continue
+        out.append((i, state))
+    return out
+
+
+def _text(exc):
+    try:
+        return str(exc)[:500]
+    except Exception:
+        return type(exc).__name__
+
+
+def _plain_args(exc):
+    """An exception's arguments if they are plain data, else its message."""
+    try:
+        check_plain(exc.args)
+        encode(exc.args)
+        return exc.args
+    except Exception:
+        return (_text(exc),)
+
+
+def _serve_module(root, audit):
+    """Module mode (Feature Deletion's split grading, sandbox.ModuleServer): the suite's
+    process sends ``("load", module, symbol, sys_path)`` then ``("call", args, kwargs)``
+    pickles on fd 0; each is answered on fd 1 with a plain-data frame (``_reply``). ``sys_path`` entries
+    starting with ``{root}`` are rebased onto this tree. Nothing of the tree's output reaches
+    anyone: fds 1 and 2 point at /dev/null once the channel is set up."""
+    channel = _Channel()
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    load = _recv_pickle(channel.rfd)
+    if load is None:
+        return
+    _, module, symbol, path = load
+    sys.path[:0] = [p.replace("{root}", root, 1) for p in path]
+    if audit:
+        _install_audit_hook(os.path.realpath(os.getcwd()))
+    os.chdir(root)
+    try:
+        fn = _resolve(module, symbol)
+    except BaseException as e:
+        channel.send("load_error", f"{type(e).__name__}: {e}"[:500])
+        return
+    channel.send("ready")
+    while True:
+        frame = _recv_pickle(channel.rfd)
+        if frame is None:
+            return
+        reply = _reply(fn, frame[1], frame[2])
+        try:
+            channel.send(*reply)
+        except (NotPlainData, ValueError, RecursionError) as e:
+            what = "iterator items" if reply[0] == "iterator" else "a value"
+            why = f"returned {what} that cannot cross to the tests' process: {e}"[:500]
+            channel.send("raised", "builtins", "TypeError", (why,))
+
+
 def main(argv):
-    limits, audit, mode = eval(argv[1], {"__builtins__": {}})
+    limits, audit, mode, root = eval(argv[1], {"__builtins__": {}})
     _apply_limits(limits)
     if mode == "script":
         _script(audit)
+        return
+    if mode == "module":
+        _serve_module(root, audit)
         return
     channel = _Channel()
     frame = channel.recv()

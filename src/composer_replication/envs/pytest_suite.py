@@ -20,8 +20,11 @@ How the run is pinned down:
   repository code is imported, and the trusted side drops frames with a wrong tag, a repeated
   test, or arriving after the final one. Code under test can still reach that secret from
   inside the process (``gc``, frames, ``/proc/self/mem``; the audit hook refuses the first),
-  so this raises the bar against printed or forged reports; it is not a proof (the sandbox
-  module's docstring explains why HumanEval grading avoids in-process verdicts altogether).
+  so this raises the bar against printed or forged reports; it is not a proof.
+* That is why grading passes ``served``: the function under grading then runs in a sandbox
+  of its own and the suite calls it through a forwarding stub (envs/forward_client.py), so
+  no submitted code runs in this process at all. Without ``served`` (the agent's own
+  ``run_tests``, task generation on the original tree) the checks above are what there is.
 """
 
 from __future__ import annotations
@@ -61,6 +64,10 @@ sys.path[:0] = [{tools!r}, {repo!r}]
 os.chdir({repo!r})
 os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+_forward = {forward!r}
+if _forward is not None:
+    import _cr_forward
+    _cr_forward.connect(_forward[0], _forward[1], {repo!r})
 import pytest
 
 
@@ -239,20 +246,33 @@ def run_suite(
     tests: list[str] | None = None,
     extra: tuple[str, ...] = (),
     requirements: tuple[str, ...] = (),
+    served: str | None = None,
 ) -> SuiteReport:
     """Run pytest on ``repo`` (a bindable directory, see ``sandbox.bindable_dir``) inside the
     sandbox and return the accepted per-test report; ``requirements``: the suite's own test
-    dependencies (pip requirement strings) installed next to pytest."""
+    dependencies (pip requirement strings) installed next to pytest. ``served``: a second
+    tree, imported in a sandbox of its own, whose function the suite's forwarding stub calls
+    (split grading, envs/forward_client.py)."""
     import time
 
     tools = pytest_tools(tuple(requirements))
     key = secrets.token_bytes(32)
-    code = _RUNNER.format(tools=tools, repo=repo, args=pytest_args(tests, extra))
     start = time.monotonic()
-    res = box.run_python(code, binds=(tools, repo), stdin=key)
+    if served is None:
+        code = _runner(tools, repo, tests, extra, None)
+        res = box.run_python(code, binds=(tools, repo), stdin=key)
+    else:
+        with box.module_server(served, binds=(tools,)) as server:
+            code = _runner(tools, repo, tests, extra, server.client_fds)
+            res = box.run_python(code, binds=(tools, repo), stdin=key, pass_fds=server.client_fds)
     rep = parse_frames(res.stdout, key)
     rep.timed_out, rep.output, rep.seconds = res.timed_out, res.stderr, time.monotonic() - start
     return rep
+
+
+def _runner(tools: str, repo: str, tests, extra, forward: tuple[int, int] | None) -> str:
+    args = pytest_args(tests, extra)
+    return _RUNNER.format(tools=tools, repo=repo, args=args, forward=forward)
 
 
 @lru_cache(maxsize=8)
@@ -287,6 +307,9 @@ def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
                             ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
         else:
             shutil.copy2(src, Path(dest) / src.name)
+    here = Path(__file__).parent
+    shutil.copy2(here / "forward_client.py", Path(dest) / "_cr_forward.py")
+    shutil.copy2(here / "harness.py", Path(dest) / "_cr_wire.py")
     _warm(dest)
     sb.world_readable(dest)
     import atexit
@@ -304,6 +327,7 @@ def _warm(tools: str) -> None:
         import sys
         sys.path.insert(0, {tools!r})
         import pytest, _pytest.junitxml, _pytest.doctest, _pytest.tmpdir, _pytest.monkeypatch
+        import _cr_forward, _cr_wire
         import hmac, hashlib, unittest, doctest, tempfile, shutil, fnmatch, glob
         pytest.main(["-q", "-p", "no:cacheprovider", {empty!r}])
     """)

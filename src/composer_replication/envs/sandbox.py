@@ -215,7 +215,8 @@ def _layout() -> _Layout:
 
 WARM_MODULES = (
     "typing collections itertools functools math re string heapq bisect hashlib random "
-    "fractions decimal statistics datetime operator copy json dataclasses enum ast textwrap"
+    "fractions decimal statistics datetime operator copy json dataclasses enum ast textwrap "
+    "pickle importlib"
 ).split()
 
 
@@ -268,7 +269,9 @@ def _bwrap_argv(
     return argv + ["--chdir", WORK, "--"]
 
 
-def _python_argv(interpreter: str, pycache: str, cfg: SandboxConfig, mode: str) -> list[str]:
+def _python_argv(
+    interpreter: str, pycache: str, cfg: SandboxConfig, mode: str, root: str = ""
+) -> list[str]:
     limits = {
         "RLIMIT_AS": cfg.memory_mb * 2**20,
         "RLIMIT_CPU": cfg.cpu_time_s,
@@ -277,7 +280,7 @@ def _python_argv(interpreter: str, pycache: str, cfg: SandboxConfig, mode: str) 
         "RLIMIT_NOFILE": 64,
         "RLIMIT_CORE": 0,
     }
-    spec = repr((limits, cfg.audit_hook, mode))
+    spec = repr((limits, cfg.audit_hook, mode, root))
     flags = ["-I", "-S", "-B", "-X", f"pycache_prefix={pycache}"]
     return [interpreter, *flags, "-c", HARNESS_SOURCE, spec]
 
@@ -308,37 +311,52 @@ def _as_nobody(stage: str | None, prefix: str):
 
 class _Process:
     """A sandboxed harness with deadline-bounded, capped I/O; killed (with its whole PID
-    namespace) by ``close``."""
+    namespace) by ``close``. ``wire``: (stdin, stdout) fds to give the harness instead of pipes
+    to this process (module mode talks to another sandbox, not to the grader); ``pass_fds``:
+    fds the sandboxed process inherits at the same numbers; ``root``: module mode's tree."""
 
-    def __init__(self, bwrap: str | None, cfg: SandboxConfig, mode: str, binds=()):
+    def __init__(
+        self,
+        bwrap: str | None,
+        cfg: SandboxConfig,
+        mode: str,
+        binds=(),
+        wire: tuple[int, int] | None = None,
+        pass_fds: tuple[int, ...] = (),
+        root: str = "",
+    ):
         self.cfg = cfg
         self.deadline = time.monotonic() + cfg.wall_timeout_s
         lay = _layout()
         self._tmp = None
         if bwrap is None:  # unsafe: the same harness as a plain subprocess in a temp dir
             self._tmp = tempfile.mkdtemp(prefix="cr-unsafe-")
-            argv = _python_argv(lay.interpreter, _stdlib_pycache(), cfg, mode)
+            argv = _python_argv(lay.interpreter, _stdlib_pycache(), cfg, mode, root)
             cwd, preexec = self._tmp, None
         else:
             argv = _bwrap_argv(bwrap, cfg, lay, binds)
-            argv += _python_argv(lay.interpreter, PYCACHE, cfg, mode)
+            argv += _python_argv(lay.interpreter, PYCACHE, cfg, mode, root)
             cwd = "/"
             preexec = _as_nobody(lay.stage, lay.prefix) if os.geteuid() == 0 else None
+        stdin, stdout = wire or (subprocess.PIPE, subprocess.PIPE)
         self.proc = subprocess.Popen(
             argv,
             cwd=cwd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
+            stdin=stdin,
+            stdout=stdout,
             stderr=subprocess.PIPE,
             env={"PATH": "/usr/bin:/bin"},
             start_new_session=True,
             preexec_fn=preexec,
+            pass_fds=pass_fds,
         )
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            os.set_blocking(f.fileno(), False)
         self._sel = selectors.DefaultSelector()
-        self._sel.register(self.proc.stdout, selectors.EVENT_READ, "out")
-        self._sel.register(self.proc.stderr, selectors.EVENT_READ, "err")
+        for f, name in ((self.proc.stdout, "out"), (self.proc.stderr, "err")):
+            if f is not None:
+                os.set_blocking(f.fileno(), False)
+                self._sel.register(f, selectors.EVENT_READ, name)
+        if self.proc.stdin is not None:
+            os.set_blocking(self.proc.stdin.fileno(), False)
         self.out, self.err = bytearray(), bytearray()
         out_cap = MAX_FRAME_BYTES + 1 if mode == "serve" else cfg.max_output_kb * 1024
         self.caps = {"out": out_cap, "err": cfg.max_output_kb * 1024}
@@ -419,7 +437,8 @@ class _Process:
         self.proc.wait()
         _wait_gone(inside)
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            f.close()
+            if f is not None:
+                f.close()
         self._sel.close()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
@@ -552,13 +571,71 @@ class Sandbox:
         return CandidateSession(self, program, entry_point)
 
     def run_python(
-        self, code: str, binds: tuple[str, ...] = (), stdin: bytes = b""
+        self,
+        code: str,
+        binds: tuple[str, ...] = (),
+        stdin: bytes = b"",
+        pass_fds: tuple[int, ...] = (),
     ) -> SandboxResult:
         """Run ``code`` as a script; its exit status and capped output (never a verdict).
         ``binds``: host directories (readable by ``nobody`` when the grader is root, see
         :func:`bindable_dir`) mounted read-only at the same path inside; ``stdin``: bytes the
-        script reads first from fd 0 (``harness.read_stdin_secret``)."""
-        return _run_script(self.bwrap, self.cfg, code, binds, stdin)
+        script reads first from fd 0; ``pass_fds``: open fds it inherits (a
+        :class:`ModuleServer`'s ``client_fds``)."""
+        return _run_script(self.bwrap, self.cfg, code, binds, stdin, pass_fds)
+
+    def module_server(self, root: str, binds: tuple[str, ...] = ()) -> ModuleServer:
+        """Serve calls to a function of the tree ``root`` from another sandbox (use as a
+        context manager; see :class:`ModuleServer`)."""
+        return ModuleServer(self, root, binds)
+
+
+class ModuleServer:
+    """A function of an untrusted tree, served from its own sandbox to a second sandboxed
+    process (Feature Deletion's split grading, envs/forward_client.py).
+
+    Two pipes join the processes directly: ``client_fds`` (requests in, replies out) are
+    passed to the client's ``run_python``; the server's ends are its stdin and stdout. The
+    client sends pickled calls (it is the trusted side's code, so the server may unpickle
+    them); the server sends back only plain-data frames (``harness.encode``), which the client
+    decodes with ``harness.decode_frame``. The two sandboxes share no process, file system or
+    memory: code in the tree cannot touch the client's interpreter, only the values it returns.
+    """
+
+    def __init__(self, sandbox: Sandbox, root: str, binds: tuple[str, ...] = ()):
+        self._sandbox, self._root, self._binds = sandbox, root, (*binds, root)
+        self._p: _Process | None = None
+        self.client_fds: tuple[int, int] = (-1, -1)
+
+    def __enter__(self) -> ModuleServer:
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        try:
+            self._p = _Process(self._sandbox.bwrap, self._sandbox.cfg, "module", self._binds,
+                               wire=(req_r, rep_w), root=self._root)  # fmt: skip
+        except BaseException:
+            for fd in (req_w, rep_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (req_r, rep_w):
+                os.close(fd)
+        self.client_fds = (req_w, rep_r)
+        return self
+
+    def __exit__(self, et: type | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        for fd in self.client_fds:
+            os.close(fd)
+        if self._p is not None:
+            self._p.close()
+
+    @property
+    def stderr(self) -> str:
+        """What the served tree printed (capped; untrusted text)."""
+        if self._p is None:
+            return ""
+        self._p.drain()
+        return self._p.stderr
 
 
 def bindable_dir(prefix: str) -> str:
@@ -574,9 +651,14 @@ def bindable_dir(prefix: str) -> str:
 
 
 def _run_script(
-    bwrap: str | None, cfg: SandboxConfig, code: str, binds: tuple[str, ...] = (), stdin=b""
+    bwrap: str | None,
+    cfg: SandboxConfig,
+    code: str,
+    binds: tuple[str, ...] = (),
+    stdin=b"",
+    pass_fds: tuple[int, ...] = (),
 ) -> SandboxResult:
-    p = _Process(bwrap, cfg, "script", binds)
+    p = _Process(bwrap, cfg, "script", binds, pass_fds=pass_fds)
     returncode = None
     try:
         p.write(len(code.encode("utf-8")).to_bytes(8, "big") + code.encode("utf-8") + stdin)

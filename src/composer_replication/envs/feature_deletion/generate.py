@@ -1,6 +1,7 @@
 """The Feature Deletion task generator: delete one function at a time from a tree whose tests
 pass, run the suite in the sandbox, and keep the deletions that break some tests but not too
-many and leave the suite collectable.
+many and leave the suite collectable, and whose original code passes the suite under split
+grading (the way submissions are graded, grade.split_run; else ``not_forwardable``).
 
 Output (``<out>/<name>-<version>/``, a versioned task set):
 
@@ -34,12 +35,14 @@ from composer_replication.envs.feature_deletion.candidates import (
     delete_body,
     find_candidates,
 )
+from composer_replication.envs.feature_deletion.grade import split_run
 from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy
 from composer_replication.envs.pytest_suite import SuiteReport, run_suite
 from composer_replication.envs.sandbox import Sandbox
 
-GENERATOR_VERSION = 1
-TASK, STATUSES = "task", ("task", "no_failure", "too_broad", "collect_error", "broken_run")
+GENERATOR_VERSION = 2
+TASK = "task"
+STATUSES = ("task", "no_failure", "too_broad", "collect_error", "broken_run", "not_forwardable")
 
 
 class TaskSetError(RuntimeError):
@@ -206,10 +209,21 @@ def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg) -> d
         status = "no_failure"
     elif len(failing) > cfg.max_break_share * len(passing):
         status = "too_broad"
+    elif not _forwardable(box, source, cand, text, passing, cfg):
+        status = "not_forwardable"
     else:
         status = TASK
     return {"key": cand.key, "status": status, "failing": failing if status == TASK else [],
             "n_failing": len(failing), "seconds": round(rep.seconds, 3)}  # fmt: skip
+
+
+def _forwardable(box, source: SourceTree, cand: Candidate, text: str, passing, cfg) -> bool:
+    """The original code passes every baseline test under split grading (grade.split_run):
+    only such a deletion can be graded (a function taking callables or returning its own
+    objects cannot cross between the two sandboxes)."""
+    task = {**cand.to_dict(), "test_requirements": list(cfg.test_requirements)}
+    rep = split_run(box, source.root, task, text)
+    return all(rep.passed(t) for t in passing)
 
 
 def _task(source: SourceTree, cand: Candidate, run: dict, passing: list[str], cfg) -> dict | None:

@@ -4,7 +4,11 @@
   copy of the source tree (no bytecode, no ``.git``, nothing else of the workspace: a planted
   ``conftest.py``, an edited test, a ``.pth`` file or a leftover ``.pyc`` never reaches the
   grading run).
-* The suite runs in the sandbox with the pinned pytest command line and the per-test report
+* Split grading (:func:`split_run`): the suite runs on a pristine copy whose target function
+  forwards each call to a second sandbox that imports the submitted file
+  (envs/forward_client.py); only plain data comes back, so nothing the submission does can
+  reach pytest, the report or the values the assertions compare.
+* The suite runs with the pinned pytest command line and the per-test report
   (envs/pytest_suite.py): a target test counts only if reported passed (skipped, xfail,
   errors and missing count as failed), and every test that passed with the feature deleted
   must still pass (hidden tests included).
@@ -25,7 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from composer_replication.envs.feature_deletion.forward import forwarding_text
 from composer_replication.envs.feature_deletion.source import staged_copy
+from composer_replication.envs.feature_deletion.workspace import candidate_of, task_state_text
 from composer_replication.envs.pytest_suite import SuiteReport, run_suite
 from composer_replication.envs.sandbox import Sandbox
 
@@ -99,11 +105,7 @@ def grade_submission(
     """Grade ``target_text`` as the new content of ``task['file']`` (module docstring)."""
     original = (Path(source_root) / task["file"]).read_text(encoding="utf-8")
     flags = submission_flags(original, target_text)
-    repo = staged_copy(Path(source_root), {task["file"]: target_text}, prefix="cr-fd-grade-")
-    try:
-        rep = run_suite(box, str(repo), requirements=tuple(task.get("test_requirements", ())))
-    finally:
-        shutil.rmtree(repo, ignore_errors=True)
+    rep = split_run(box, Path(source_root), task, target_text)
     targets = task["failing_tests"]
     ok = [t for t in targets if rep.passed(t)]
     bad = [t for t in targets if not rep.passed(t)]
@@ -118,6 +120,21 @@ def grade_submission(
         score = float(not bad)
     return GradeVerdict(score, score == 1.0, ok, bad, regressions, flags,
                         feedback(rep, targets, regressions, flags), rep)  # fmt: skip
+
+
+def split_run(box: Sandbox, source_root: Path, task: dict, target_text: str) -> SuiteReport:
+    """The suite on a copy of the tree whose target function forwards to ``target_text``
+    loaded in a sandbox of its own (envs/forward_client.py): the tests never share an
+    interpreter with the submission."""
+    suite_text = forwarding_text(task_state_text(source_root, task), candidate_of(task))
+    served = staged_copy(source_root, {task["file"]: target_text}, prefix="cr-fd-served-")
+    repo = staged_copy(source_root, {task["file"]: suite_text}, prefix="cr-fd-grade-")
+    try:
+        reqs = tuple(task.get("test_requirements", ()))
+        return run_suite(box, str(repo), requirements=reqs, served=str(served))
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
+        shutil.rmtree(served, ignore_errors=True)
 
 
 def feedback(rep: SuiteReport, targets: list[str], regressions: list[str], flags: list[str]) -> str:
@@ -152,10 +169,7 @@ def grade_workspace(
     """Grade an agent's workspace: only the target file is taken (a missing or unreadable
     one grades as the deleted state); every other change is reported in ``flags``
     (``workspace.workspace_flags``) without reaching the grading run."""
-    from composer_replication.envs.feature_deletion.workspace import (
-        task_state_text,
-        workspace_flags,
-    )
+    from composer_replication.envs.feature_deletion.workspace import workspace_flags
 
     target = Path(workspace) / task["file"]
     try:

@@ -1,9 +1,11 @@
 """Feature Deletion grading against a policy that games it: on five generated tasks of the
 textkit fixture, restoring the original body scores 1, the deleted body 0, and every attack
 scores 0: whatever it leaves in the workspace (a planted conftest hook, an edited test, a
-leftover ``.pyc``) never reaches the grading run, and what runs inside it (``pytest.skip``,
-``os._exit`` at import, forged report frames, patching pytest's reports, swapping a test's
-code, reading the original from an installed or cached copy) is refused or cannot see it.
+leftover ``.pyc``) never reaches the grading run, and what runs when the submission is
+imported (``pytest.skip``, ``os._exit`` at import, forged report frames, patching pytest's
+reports or its runner, swapping a test's code, an object equal to everything, reading the
+original from an installed or cached copy) runs in a sandbox of its own, apart from pytest
+and the tests (split grading, envs/forward_client.py), and cannot reach them.
 
 Several attacks are written to pass the static check (no flag) on purpose, so that the
 isolation or the run-time integrity checks are what stops them."""
@@ -22,9 +24,14 @@ from composer_replication.config import TaskGenConfig
 from composer_replication.envs.base import unit_hash
 from composer_replication.envs.feature_deletion.candidates import STUB, original_body
 from composer_replication.envs.feature_deletion.generate import generate_tasks, suite_sandbox
-from composer_replication.envs.feature_deletion.grade import grade_workspace
-from composer_replication.envs.feature_deletion.source import resolve_source, tree_digest
+from composer_replication.envs.feature_deletion.grade import grade_workspace, submission_flags
+from composer_replication.envs.feature_deletion.source import (
+    resolve_source,
+    staged_copy,
+    tree_digest,
+)
 from composer_replication.envs.feature_deletion.workspace import candidate_of, make_workspace
+from composer_replication.envs.pytest_suite import run_suite
 from composer_replication.envs.sandbox import Sandbox, bindable_dir
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
@@ -212,12 +219,69 @@ def attack_swap_test_code(ws, task, source, outside):
     )
 
 
+def attack_rebind_runner_globals(ws, task, source, outside):
+    """Replace module-level names pytest's runner looks up on every test (its call wrapper)
+    with a version that swallows the test's exception; the function stays deleted."""
+    _append(
+        ws,
+        task,
+        "import sys as _s\n"
+        "_run = vars(_s)['mod' + 'ules'].get('_py' + 'test.runner')\n"
+        "if _run is not None:\n"
+        "    _Orig = _run.CallInfo\n"
+        "    class _Quiet(_Orig):\n"
+        "        @classmethod\n"
+        "        def from_call(cls, func, when, reraise=None):\n"
+        "            def swallowed():\n"
+        "                try:\n"
+        "                    return func()\n"
+        "                except Exception:\n"
+        "                    return None\n"
+        "            return _Orig.from_call(swallowed if when == 'call' else func, when, reraise)\n"
+        "    _run.CallInfo = _Quiet",
+    )
+
+
+def attack_equal_to_everything(ws, task, source, outside):
+    """Return a str subclass that compares equal to any expected value (no pytest touched)."""
+    _replace_stub(
+        ws,
+        task,
+        "class _Everything(str):\n"
+        "    def __eq__(self, other):\n"
+        "        return True\n"
+        "    def __ne__(self, other):\n"
+        "        return False\n"
+        "    __hash__ = str.__hash__\n"
+        "return _Everything('x')",
+    )
+
+
+def attack_patch_builtins_in_shared_process(ws, task, source, outside):
+    """Make every ``assert`` comparison the tests do succeed by patching the comparison
+    helpers pytest's assertion rewriting and the tests' modules share with the target."""
+    _append(
+        ws,
+        task,
+        "import sys as _s\n"
+        "for _n, _m in list(vars(_s)['mod' + 'ules'].items()):\n"
+        "    if _n.startswith('test') or _n.startswith('tests'):\n"
+        "        vars(_m)['@py_assert1'] = None\n"
+        "_ar = vars(_s)['mod' + 'ules'].get('_py' + 'test.assertion.rewrite')\n"
+        "if _ar is not None:\n"
+        "    _ar._call_reprcompare = lambda *a, **k: None\n"
+        "    _ar._format_explanation = lambda *a, **k: ''\n"
+        "    _ar._should_repr_global_name = lambda *a, **k: False",
+    )
+
+
 ATTACKS = {
     name.removeprefix("attack_"): fn for name, fn in dict(globals()).items()
     if name.startswith("attack_")
 }  # fmt: skip
 UNFLAGGED = {"load_installed_copy", "patch_pytest_reports", "swap_test_code",
-             "forge_report_frames", "os_exit_at_import"}  # fmt: skip
+             "forge_report_frames", "os_exit_at_import", "rebind_runner_globals",
+             "equal_to_everything", "patch_builtins_in_shared_process"}  # fmt: skip
 
 
 def _grade(box, source, task, tmp_path, edit=None, outside=None):
@@ -253,20 +317,50 @@ def test_attack_scores_0(generated, box, tmp_path, outside_copy, attack, index):
 
 
 def test_attacks_leave_their_marks_in_the_report(generated, box, tmp_path, outside_copy):
-    """Each attack is stopped where the design says (so the zeros above are not luck)."""
+    """Each attack is stopped where the design says (so the zeros above are not luck): what
+    it leaves in the workspace is flagged and never graded; what runs in the submission's
+    own sandbox reaches neither pytest nor the report, so the report stays intact and the
+    target tests fail on what the function returned or raised."""
     source, tasks = generated
     task = tasks[0]
 
-    def grade(name):
-        return _grade(box, source, task, tmp_path / name, ATTACKS[name], outside_copy)
+    verdicts = {}
 
-    skip = grade("skip")
-    outcomes = {skip.report.outcomes[t] for t in task["failing_tests"]}
-    assert "skipped" in outcomes and "passed" not in outcomes
+    def grade(name):
+        if name not in verdicts:
+            verdicts[name] = _grade(box, source, task, tmp_path / name, ATTACKS[name],
+                                    outside_copy)  # fmt: skip
+        return verdicts[name]
+
     assert "edited_config:conftest.py" in grade("conftest_rewrites_failures").flags
     assert any(f.startswith("edited_test:") for f in grade("edit_failing_tests").flags)
-    assert not grade("os_exit_at_import").report.finished
-    assert any("unsigned" in t for t in grade("forge_report_frames").report.tampered)
-    assert any("modified" in t for t in grade("patch_pytest_reports").report.tampered)
-    assert any("modified" in t for t in grade("swap_test_code").report.tampered)
     assert any(f.startswith("bytecode:") for f in grade("leftover_pyc").flags)
+    in_own_sandbox = ["skip", "os_exit_at_import", "forge_report_frames", "patch_pytest_reports",
+                      "swap_test_code", "rebind_runner_globals", "equal_to_everything",
+                      "patch_builtins_in_shared_process"]  # fmt: skip
+    for name in in_own_sandbox:
+        verdict = grade(name)
+        assert verdict.report.ok and verdict.report.tampered == [], name
+        assert verdict.targets_failed == task["failing_tests"], name
+    exited = grade("os_exit_at_import").feedback
+    assert "gone" in exited or "could not be loaded" in exited
+    assert "not plain data" in grade("equal_to_everything").feedback
+
+
+@pytest.mark.parametrize("attack", ["rebind_runner_globals", "equal_to_everything"])
+def test_control_in_one_process_the_same_attacks_pass(generated, box, tmp_path, attack):
+    """Not vacuous: run the suite in the submission's interpreter (the design split grading
+    replaced) and these two attacks make every target test report passed, unflagged."""
+    source, tasks = generated
+    task = tasks[0]
+    ws = make_workspace(source.root, task, tmp_path / "ws")
+    ATTACKS[attack](ws, task, source, None)
+    text = (ws / task["file"]).read_text()
+    assert submission_flags((source.root / task["file"]).read_text(), text) == []
+    repo = staged_copy(source.root, {task["file"]: text})
+    try:
+        rep = run_suite(box, str(repo))
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
+    assert rep.ok and rep.tampered == []
+    assert all(rep.passed(t) for t in task["failing_tests"])

@@ -1,0 +1,122 @@
+"""Split grading end to end on a small tree: the suite's stub forwards to the submission's
+sandbox, and what crosses back (values, iterators, ``return self``, changed state, raised
+exceptions of the tree's classes) behaves in the tests as it would in one process."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from composer_replication.config import SandboxConfig
+from composer_replication.envs.feature_deletion.candidates import delete_body, find_candidates
+from composer_replication.envs.feature_deletion.forward import forwarding_text
+from composer_replication.envs.feature_deletion.source import staged_copy
+from composer_replication.envs.pytest_suite import run_suite
+from composer_replication.envs.sandbox import Sandbox
+
+MODULE = """
+class Empty(ValueError):
+    pass
+
+
+class Bag:
+    def __init__(self):
+        self.items = []
+
+    def add(self, x):
+        self.items.append(x)
+        return self
+
+
+def countdown(n):
+    while n > 0:
+        yield n
+        n -= 1
+
+
+def first(values):
+    if not values:
+        raise Empty("nothing in", len(values))
+    return values[0]
+
+
+def apply(fn, x):
+    return fn(x)
+"""
+TESTS = """
+import pytest
+from pkg.mod import Bag, Empty, apply, countdown, first
+
+
+def test_bag():
+    bag = Bag()
+    assert bag.add(1).add(2) is bag
+    assert bag.items == [1, 2]
+
+
+def test_countdown():
+    it = countdown(3)
+    assert next(it) == 3 and list(it) == [2, 1]
+
+
+def test_first():
+    assert first([4, 5]) == 4
+    with pytest.raises(Empty, match="nothing in"):
+        first([])
+
+
+def test_apply():
+    assert apply(abs, -3) == 3
+
+
+def test_apply_lambda():
+    assert apply(lambda v: v + 1, 1) == 2
+"""
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tree")
+    (root / "pkg").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "mod.py").write_text(textwrap.dedent(MODULE))
+    (root / "tests").mkdir()
+    (root / "tests" / "test_mod.py").write_text(textwrap.dedent(TESTS))
+    return root
+
+
+@pytest.fixture(scope="module")
+def box():
+    return Sandbox(SandboxConfig(wall_timeout_s=30, cpu_time_s=30))
+
+
+def _split(box, root: Path, symbol: str):
+    cand = next(c for c in find_candidates(root) if c.symbol == symbol)
+    original = (root / cand.file).read_text()
+    suite = staged_copy(root, {cand.file: forwarding_text(delete_body(original, cand), cand)})
+    served = staged_copy(root)
+    try:
+        return run_suite(box, str(suite), served=str(served))
+    finally:
+        shutil.rmtree(suite, ignore_errors=True)
+        shutil.rmtree(served, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "symbol, test",
+    [("Bag.__init__", "test_bag"), ("Bag.add", "test_bag"), ("countdown", "test_countdown"),
+     ("first", "test_first"), ("apply", "test_apply")],
+)  # fmt: skip
+def test_forwarded_function_passes_its_tests(box, tree, symbol, test):
+    rep = _split(box, tree, symbol)
+    assert rep.ok, rep.output[-2000:]
+    assert rep.outcomes[f"tests/test_mod.py::{test}"] == "passed", rep.details
+
+
+def test_a_lambda_argument_cannot_cross_and_the_test_fails_with_the_reason(box, tree):
+    rep = _split(box, tree, "apply")
+    assert rep.outcomes["tests/test_mod.py::test_apply_lambda"] == "failed"
+    assert "cannot send these arguments" in rep.details["tests/test_mod.py::test_apply_lambda"]
