@@ -273,9 +273,12 @@ class FeatureDeletionTools:
             return "error: bytecode is not readable here"
         if not target.is_file():
             return f"error: {path} is not a file"
+        try:  # model-written: "abc", a float, or past int()'s 4300-digit limit
+            first, last = max(int(start), 1), int(end)
+        except (TypeError, ValueError, OverflowError):
+            return "error: start and end must be line numbers"
+        last = last if last > 0 else first + 199
         lines = target.read_text(encoding="utf-8", errors="replace").splitlines()
-        first = max(int(start), 1)
-        last = int(end) if int(end) > 0 else first + 199
         shown = [f"{i:5d}  {lines[i - 1]}" for i in range(first, min(last, len(lines)) + 1)]
         return self._cut("\n".join(shown) or "(no lines in that range)")
 

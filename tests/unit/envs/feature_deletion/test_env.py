@@ -86,6 +86,16 @@ def test_search_is_literal_so_no_pattern_can_hang_the_trainer(env):
     tools.close()
 
 
+def test_read_file_refuses_line_numbers_that_are_not_numbers(env):
+    """``start``/``end`` come from the model: text, or more digits than ``int()`` reads."""
+    tools = env.tools_class()()
+    tools.reset(**env.row(_task(env, "slugify")))
+    for bad in ({"start": "9" * 5000}, {"end": "two"}, {"start": float("inf")}):
+        assert tools.read_file("textkit/core.py", **bad).startswith("error: start and end")
+    assert tools.read_file("textkit/core.py", start="2", end="2").startswith("    2  ")
+    tools.close()
+
+
 def test_a_failed_episode_blames_the_turn_that_ran_the_tests(env):
     task = _task(env, "slugify")
     tools = env.tools_class()()
