@@ -9,10 +9,14 @@ redefining ``check``, objects whose ``__eq__`` is always true) can produce a pas
 equal to the expected ones can.
 
 Wire format: one frame per line, each the ``repr`` of a tuple of plain data. The trusted side
-parses frames with ``ast.literal_eval`` (never ``eval``, ``pickle`` or ``marshal``), which can
-only build ``None``, bools, numbers, strings, bytes, tuples, lists, dicts and sets; the
-encoder here also refuses subclasses of those (an ``int`` subclass with a custom ``__eq__``),
-NaN, recursion deeper than ``MAX_DEPTH`` and ints longer than CPython's 4300-digit limit.
+parses frames with :func:`literal` (``ast.literal_eval``'s grammar; never ``eval``, ``pickle``
+or ``marshal``), which can only build ``None``, bools, numbers, strings, bytes, tuples, lists,
+dicts and sets, and refuses a set or dict whose keys share one hash (hash flooding: building it
+would take the grader quadratic time after the sandbox's deadline). Both sides refuse, in
+:func:`check_plain`, subclasses of those types (an ``int`` subclass with a custom ``__eq__``),
+NaN, recursion deeper than ``MAX_DEPTH`` and ints wider than ``MAX_INT_BITS`` (``str()`` of
+one past CPython's 4300-digit limit raises ``ValueError`` in whoever prints it). Text made
+from candidate data on the trusted side goes through :func:`preview` (bounded, never raises).
 Frames from the grader are trusted, so the harness reads them with ``eval`` in an empty
 namespace.
 
@@ -25,6 +29,8 @@ import os
 import sys
 
 MAX_DEPTH = 64
+MAX_INT_BITS = 14_000  # 4215 decimal digits at most: under CPython's 4300-digit str() limit
+MAX_EQUAL_HASHES = 16  # per set or dict; distinct plain values collide only when made to
 INF = float("inf")
 PLAIN_ATOMS = (type(None), bool, int, float, complex, str, bytes)
 PLAIN_CONTAINERS = (list, tuple, dict, set)
@@ -42,6 +48,8 @@ def check_plain(value, depth=0):
     if kind in PLAIN_ATOMS:
         if kind is float and (value != value or value in (INF, -INF)):
             raise NotPlainData(f"{value} is not supported")
+        if kind is int and value.bit_length() > MAX_INT_BITS:  # before anything prints it
+            raise NotPlainData(f"an int of {value.bit_length()} bits exceeds {MAX_INT_BITS}")
         return
     if kind not in PLAIN_CONTAINERS:
         raise NotPlainData(f"{kind.__name__} is not plain data")
@@ -54,23 +62,68 @@ def check_plain(value, depth=0):
 def encode(value):
     """The literal text of a plain value (``repr`` is the builtin one for checked values)."""
     check_plain(value)
-    return repr(value)  # ValueError for ints past CPython's 4300-digit limit
+    return repr(value)
 
 
 def decode_frame(line, max_bytes):
     """Parse one frame sent by the sandbox; untrusted input, plain data out or ``ValueError``."""
-    import ast
-
     if len(line) > max_bytes:
         raise ValueError(f"frame of {len(line)} bytes exceeds {max_bytes}")
     try:
-        frame = ast.literal_eval(line.decode("utf-8"))
+        frame = literal(line.decode("utf-8"))
         check_plain(frame)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, UnicodeError) as e:
         raise ValueError(f"malformed frame: {type(e).__name__}: {str(e)[:200]}") from None
     if type(frame) is not tuple or not frame or type(frame[0]) is not str:
         raise ValueError("malformed frame: not a tagged tuple")
     return frame
+
+
+def literal(text: str) -> object:
+    """``ast.literal_eval(text)`` for untrusted text, except that a set or dict whose keys share
+    one hash is refused (``ValueError``) before it is built: inserting n colliding keys costs
+    n**2 / 2 comparisons (~11 s of grader CPU for a 1 MB frame of ``k * (2**61 - 1)``)."""
+    import ast
+
+    def build(node):
+        kind = type(node)
+        if kind is ast.Constant:
+            return node.value
+        if kind is ast.Tuple or kind is ast.List:
+            items = [build(e) for e in node.elts]
+            return tuple(items) if kind is ast.Tuple else items
+        if kind is ast.Set:
+            return set(_few_equal_hashes([build(e) for e in node.elts]))
+        if kind is ast.Dict:
+            if None in node.keys:
+                raise ValueError("malformed node: ** in a dict")
+            keys = _few_equal_hashes([build(k) for k in node.keys])
+            return dict(zip(keys, [build(v) for v in node.values], strict=True))
+        return ast.literal_eval(node)  # signed and complex numbers, set(): no keys inside
+
+    return build(ast.parse(text.lstrip(" \t"), mode="eval").body)
+
+
+def _few_equal_hashes(keys: list) -> list:
+    """``keys``, or ``ValueError`` if more than ``MAX_EQUAL_HASHES`` of them share a hash
+    (``TypeError`` for an unhashable key, as building the set or dict would raise)."""
+    counts = {}
+    for key in keys:
+        h = hash(key)
+        counts[h] = counts.get(h, 0) + 1
+        if counts[h] > MAX_EQUAL_HASHES:
+            raise ValueError(f"more than {MAX_EQUAL_HASHES} keys share one hash (hash flooding)")
+    return keys
+
+
+def preview(value: object, limit: int = 300, show=repr) -> str:
+    """``show(value)`` (``repr`` or ``str``) cut to ``limit`` characters; never raises, for
+    text the trusted side makes from candidate data (feedback, error messages)."""
+    try:
+        text = show(value)
+    except Exception:  # an int past the str() digit limit, a failing __str__
+        text = f"<unprintable {type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # ---- sandbox side (runs as __main__ inside the sandbox) ---------------------------------------
