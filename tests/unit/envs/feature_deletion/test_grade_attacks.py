@@ -6,14 +6,19 @@ leftover ``.pyc``) never reaches the grading run, and what runs inside it (``pyt
 code, reading the original from an installed or cached copy) is refused or cannot see it.
 
 Several attacks are written to pass the static check (no flag) on purpose, so that the
-isolation or the run-time integrity checks are what stops them."""
+isolation or the run-time integrity checks are what stops them. Nothing the code under test
+writes to the report channel, signed or not, makes the grader raise: it is refused and
+scores 0."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import py_compile
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +30,7 @@ from composer_replication.envs.feature_deletion.generate import generate_tasks, 
 from composer_replication.envs.feature_deletion.grade import grade_workspace
 from composer_replication.envs.feature_deletion.source import resolve_source, tree_digest
 from composer_replication.envs.feature_deletion.workspace import candidate_of, make_workspace
+from composer_replication.envs.pytest_suite import parse_frames
 from composer_replication.envs.sandbox import Sandbox, bindable_dir
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
@@ -212,12 +218,28 @@ def attack_swap_test_code(ws, task, source, outside):
     )
 
 
+def attack_report_non_ascii_line(ws, task, source, outside):
+    """An odd line on every fd, the report's included: recorded as tampering, never raised
+    (``hmac.compare_digest`` raised TypeError on a non-ASCII tag)."""
+    _restore(ws, task, source)
+    _append(
+        ws,
+        task,
+        "import os as _o\n"
+        "for _fd in range(1, 20):\n"
+        "    try:\n"
+        "        _o.write(_fd, '\\u00e9 x\\n'.encode())\n"
+        "    except OSError:\n"
+        "        pass",
+    )
+
+
 ATTACKS = {
     name.removeprefix("attack_"): fn for name, fn in dict(globals()).items()
     if name.startswith("attack_")
 }  # fmt: skip
 UNFLAGGED = {"load_installed_copy", "patch_pytest_reports", "swap_test_code",
-             "forge_report_frames", "os_exit_at_import"}  # fmt: skip
+             "forge_report_frames", "os_exit_at_import", "report_non_ascii_line"}  # fmt: skip
 
 
 def _grade(box, source, task, tmp_path, edit=None, outside=None):
@@ -270,3 +292,45 @@ def test_attacks_leave_their_marks_in_the_report(generated, box, tmp_path, outsi
     assert any("modified" in t for t in grade("patch_pytest_reports").report.tampered)
     assert any("modified" in t for t in grade("swap_test_code").report.tampered)
     assert any(f.startswith("bytecode:") for f in grade("leftover_pyc").flags)
+    assert any("unsigned" in t for t in grade("report_non_ascii_line").report.tampered)
+
+
+KEY = b"k" * 32
+M61 = (1 << 61) - 1  # ints that differ by a multiple of it share one hash
+
+
+def _sign(body: str) -> str:
+    return hmac.new(KEY, body.encode(), hashlib.sha256).hexdigest() + " " + body
+
+
+ODD_LINES = {
+    "non_ascii_tag": "\u00e9 x",  # compare_digest raised TypeError on non-ASCII str
+    "lone_surrogate": "\ud800 x",  # not even encodable as UTF-8
+    # signed (code under test can reach the key), but not a frame the runner sends:
+    "too_few_fields": _sign("('test',)"),
+    "too_many_fields": _sign("('test', 't', 'passed', '', 'extra')"),
+    "str_count": _sign("('collected', 'three')"),
+    "bool_status": _sign("('finished', True)"),
+    "list_test_id": _sign("('test', ['t'], 'passed', '')"),
+    "int_past_str_limit": _sign("('collected', 0x" + "f" * 5000 + ")"),
+    "unknown_tag": _sign("('shout', 'x')"),
+    "not_a_tuple": _sign("1"),
+    "empty_tuple": _sign("()"),
+    "unparseable": _sign("(["),
+    "too_deep": _sign("(" * 300 + ")" * 300),
+    "hash_flooded_set": _sign(
+        "('test', {" + ",".join(str(k * M61) for k in range(30_000)) + "}, 'passed', '')"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD_LINES))
+def test_parse_frames_records_any_odd_line_as_tampering(name):
+    """Whatever the code under test writes to the report fd, signed or not, is recorded as
+    tampering within a bounded time (the set of colliding ints is hash flooding)."""
+    ok = [_sign("('collected', 1)"), _sign("('test', 't', 'passed', '')"), _sign("('finished', 0)")]
+    assert parse_frames("\n".join(ok), KEY).passed("t")
+    start = time.monotonic()
+    rep = parse_frames("\n".join([ok[0], ODD_LINES[name], *ok[1:]]), KEY)
+    assert rep.tampered and not rep.passed("t") and not rep.ok
+    assert time.monotonic() - start < 2.0
