@@ -7,8 +7,8 @@ code, reading the original from an installed or cached copy) is refused or canno
 
 Several attacks are written to pass the static check (no flag) on purpose, so that the
 isolation or the run-time integrity checks are what stops them. Nothing the code under test
-writes to the report channel, signed or not, makes the grader raise: it is refused and
-scores 0."""
+writes to the report channel, signed or not, and no unparseable submission makes the grader
+raise: they are refused and score 0."""
 
 from __future__ import annotations
 
@@ -27,7 +27,11 @@ from composer_replication.config import TaskGenConfig
 from composer_replication.envs.base import unit_hash
 from composer_replication.envs.feature_deletion.candidates import STUB, original_body
 from composer_replication.envs.feature_deletion.generate import generate_tasks, suite_sandbox
-from composer_replication.envs.feature_deletion.grade import grade_workspace
+from composer_replication.envs.feature_deletion.grade import (
+    grade_workspace,
+    submission_flags,
+    suspicious_constructs,
+)
 from composer_replication.envs.feature_deletion.source import resolve_source, tree_digest
 from composer_replication.envs.feature_deletion.workspace import candidate_of, make_workspace
 from composer_replication.envs.pytest_suite import parse_frames
@@ -234,6 +238,13 @@ def attack_report_non_ascii_line(ws, task, source, outside):
     )
 
 
+def attack_nesting_too_deep_to_parse(ws, task, source, outside):
+    """An expression nested 3000 deep: ``ast.parse`` in the static check raises RecursionError
+    (not SyntaxError); the submission is unparseable, so flagged."""
+    _restore(ws, task, source)
+    _append(ws, task, "_x = " + "~" * 3000 + "1")
+
+
 ATTACKS = {
     name.removeprefix("attack_"): fn for name, fn in dict(globals()).items()
     if name.startswith("attack_")
@@ -293,6 +304,7 @@ def test_attacks_leave_their_marks_in_the_report(generated, box, tmp_path, outsi
     assert any("modified" in t for t in grade("swap_test_code").report.tampered)
     assert any(f.startswith("bytecode:") for f in grade("leftover_pyc").flags)
     assert any("unsigned" in t for t in grade("report_non_ascii_line").report.tampered)
+    assert "syntax_error" in grade("nesting_too_deep_to_parse").flags
 
 
 KEY = b"k" * 32
@@ -334,3 +346,13 @@ def test_parse_frames_records_any_odd_line_as_tampering(name):
     rep = parse_frames("\n".join([ok[0], ODD_LINES[name], *ok[1:]]), KEY)
     assert rep.tampered and not rep.passed("t") and not rep.ok
     assert time.monotonic() - start < 2.0
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["_x = " + "~" * 3000 + "1\n", "_x = " + "~" * 100_000 + "1\n", "x = 1\0\n", "def f(:\n"],
+    ids=["recursion", "memory", "nul", "syntax"],
+)
+def test_unparseable_submissions_are_flagged_not_raised(source):
+    assert suspicious_constructs(source) == {"syntax_error"}
+    assert submission_flags("x = 1\n", source) == ["syntax_error"]
