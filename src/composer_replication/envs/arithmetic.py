@@ -26,7 +26,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from composer_replication.envs.base import FEEDBACK_FORMS, Environment, StepResult, Task, unit_hash
+from composer_replication.envs.base import (
+    FEEDBACK_FORMS,
+    Environment,
+    StepResult,
+    Task,
+    answer_int,
+    unit_hash,
+)
 
 _NUMBER = re.compile(r"-?\d+")
 _BARE_NUMBER = re.compile(r"^\s*-?\d+\s*\.?\s*$")
@@ -72,16 +79,17 @@ PROMPT = "What is {a} {op} {b}? Reply with only the number."
 
 def extract_answer(text: str, problem: tuple[int, str, int] | None = None) -> int | None:
     """The first integer of ``text`` after echoes of ``problem`` (a, op, b) are removed; without
-    a problem, the number after the first ``=`` if any, else the first integer; else None."""
+    a problem, the number after the first ``=`` if any, else the first integer; else None (also
+    for a number longer than ``MAX_ANSWER_DIGITS``, which is no right answer)."""
     if problem is not None:
         a, op, b = problem
         text = re.sub(rf"(?<!\d){a}\s*{re.escape(op)}\s*{b}(?!\d)", " ", text)
     elif "=" in text:
         tail = _NUMBER.search(text.split("=", 1)[1])
         if tail:
-            return int(tail.group())
+            return answer_int(tail.group())
     m = _NUMBER.search(text)
-    return int(m.group()) if m else None
+    return answer_int(m.group()) if m else None
 
 
 def grade_answer(

@@ -20,6 +20,19 @@ def unit_hash(key: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
+MAX_ANSWER_DIGITS = 600
+"""The longest number read from a model's reply (:func:`answer_int`): far above any answer of
+our environments, and below 640, the lowest limit ``sys.set_int_max_str_digits`` accepts, so the
+conversion never raises whatever the interpreter's setting."""
+
+
+def answer_int(digits: str) -> int | None:
+    """The integer ``digits`` spells (a ``-?\\d+`` match in model text), or None if it is longer
+    than :data:`MAX_ANSWER_DIGITS`: such a number is no right answer, and ``int()`` of more than
+    4300 digits raises ``ValueError`` in the grader instead of scoring 0."""
+    return int(digits) if len(digits) <= MAX_ANSWER_DIGITS else None
+
+
 @dataclass(frozen=True)
 class Task:
     """One problem: the prompt shown to the model and what the verifier needs to grade it."""

@@ -28,6 +28,7 @@ from composer_replication.envs.base import (
     StepResult,
     Task,
     ToolEnvironment,
+    answer_int,
     unit_hash,
 )
 
@@ -129,8 +130,9 @@ def safe_calculate(expression: str) -> str:
 
 
 def _final_number(text: str) -> int | None:
+    """The last integer of ``text`` (None if there is none or it is absurdly long)."""
     numbers = _INT.findall(text.replace(",", ""))
-    return int(numbers[-1]) if numbers else None
+    return answer_int(numbers[-1]) if numbers else None
 
 
 def _tool_calls(message: dict[str, Any]) -> list[dict[str, Any]]:

@@ -13,26 +13,35 @@ This file is copied into the test tools directory as ``_cr_forward`` (with harne
 ``_cr_wire``) and imported by the sandboxed suite; it uses only the standard library. The
 forwarding body that calls :func:`call` is written by ``feature_deletion.forward``.
 
-What crosses: arguments that pickle (plain data, instances of the tree's classes, builtin
-functions; not lambdas); back, a plain value, an iterator's items (returned as an iterator),
-which argument was returned (``return self``), or a raised exception (rebuilt from a builtin
-or tree class by name, else a ``RuntimeError``), together with the new state of arguments
-that is plain data (a list, dict or set argument, an object's attribute dict: ``self.x = 1``
-in a method lands on the suite's own ``self``). A function that takes callables, returns
-objects of its own classes or keeps state elsewhere cannot be graded this way; the task
-generator keeps only tasks whose original code passes its tests through this path.
+What crosses:
+* To the rebuilt code: arguments by pickle (plain data, instances of the tree's classes),
+  except functions, bound methods and iterators, which cross as handles: the rebuilt code
+  gets a proxy, and calling it (or ``next``) asks this process to run the original on plain
+  arguments (harness.py's module mode).
+* Back: a plain value; which argument was returned (``return self``); a handle for a
+  callable or iterator it returned (a :class:`RemoteFunction` / :class:`RemoteIterator`
+  here, whose calls go back over); or a raised exception, rebuilt from a builtin or tree
+  class by name, else a ``RuntimeError``. With it, the new state of arguments that is plain
+  data (a list, dict or set argument, an object's attribute dict: ``self.x = 1`` in a
+  method lands on the suite's own ``self``).
+A function that returns objects of its own classes (other than callables), or keeps state
+elsewhere, cannot be graded this way; the task generator keeps only tasks whose original
+code passes its tests through this path.
 """
 
 import builtins
+import io
 import os
 import pickle
 import select
 import sys
+import types
 
 import _cr_wire
 
 MAX_FRAME_BYTES = 1 << 20
 _state = {"fds": None, "root": "", "symbol": None, "dead": ""}
+_OURS = {}  # handle -> a callable or iterator of this process the other side holds a proxy for
 
 
 def connect(request_fd, reply_fd, root):
@@ -52,12 +61,86 @@ def call(symbol, module, args, kwargs):
         _load(module, symbol)
     elif _state["symbol"] != symbol:
         raise ForwardingError(f"only {_state['symbol']} is served, not {symbol}")
+    return _exchange(("call", None, args, kwargs), args, symbol)
+
+
+class RemoteFunction:
+    """A callable the rebuilt code returned (``compose(f, g)``); it stays over there."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def __call__(self, *args, **kwargs):
+        return _exchange(("call", self._handle, args, kwargs), args, "function")
+
+
+class RemoteIterator:
+    """An iterator the rebuilt code returned (a generator); each ``next`` is one exchange."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return _exchange(("next", self._handle), (), "iterator")
+
+
+class _Pickler(pickle.Pickler):
+    """Functions, bound methods and iterators cross as handles (the other side calls back),
+    proxies of the other side's objects as their handles; everything else by value."""
+
+    def persistent_id(self, obj):
+        if isinstance(obj, (RemoteFunction, RemoteIterator)):
+            return ("theirs", obj._handle)
+        if isinstance(obj, (types.FunctionType, types.MethodType)) or (
+            hasattr(type(obj), "__next__") and not isinstance(obj, type)
+        ):
+            _OURS[len(_OURS)] = obj
+            return ("it" if hasattr(type(obj), "__next__") else "fn", len(_OURS) - 1)
+        return None
+
+
+def _dumps(message):
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(message)
+    return buf.getvalue()
+
+
+def _exchange(message, args, what):
+    """Send a call or ``next``; run the other side's callbacks until its answer."""
+    if _state["dead"]:
+        raise ForwardingError(_state["dead"])
     try:
-        payload = pickle.dumps(("call", args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = _dumps(message)
     except Exception as e:
-        raise TypeError(f"cannot send these arguments to the rebuilt {symbol}: {e}") from None
+        raise TypeError(f"cannot send these arguments to the rebuilt {what}: {e}") from None
     _send(payload)
-    return _result(_receive(), args)
+    while True:
+        frame = _receive()
+        if frame[0] != "callback":
+            return _result(frame, args)
+        _callback(frame)
+
+
+def _callback(frame):
+    """Run one of this side's functions (or advance an iterator) for the other side, on the
+    plain arguments it sent, and send back the value or the exception."""
+    ok = len(frame) == 5 and type(frame[1]) is int and frame[1] in _OURS
+    if not ok or frame[2] not in ("call", "next"):
+        _die("the rebuilt code's process sent a malformed callback")
+    obj = _OURS[frame[1]]
+    try:
+        value = obj(*frame[3], **frame[4]) if frame[2] == "call" else next(obj)
+        reply = ("reply", "value", value)
+    except Exception as e:
+        reply = ("reply", "raised", e)
+    try:
+        payload = _dumps(reply)
+    except Exception as e:
+        payload = _dumps(("reply", "raised", RuntimeError(f"cannot send the reply back: {e}")))
+    _send(payload)
 
 
 def _load(module, symbol):
@@ -107,14 +190,18 @@ def _receive():
 
 def _result(frame, args):
     kind = frame[0]
-    if kind in ("value", "iterator", "argument") and len(frame) == 3:
+    if kind in ("value", "argument", "function", "iterator", "theirs") and len(frame) == 3:
         _apply(frame[2], args)
         if kind == "value":
             return frame[1]
-        if kind == "iterator" and type(frame[1]) is list:
-            return iter(frame[1])
-        if kind == "argument" and type(frame[1]) is int and 0 <= frame[1] < len(args):
+        if type(frame[1]) is int and kind == "argument" and 0 <= frame[1] < len(args):
             return args[frame[1]]
+        if type(frame[1]) is int and kind == "function":
+            return RemoteFunction(frame[1])
+        if type(frame[1]) is int and kind == "iterator":
+            return RemoteIterator(frame[1])
+        if type(frame[1]) is int and kind == "theirs" and frame[1] in _OURS:
+            return _OURS[frame[1]]
     if kind == "raised" and len(frame) == 4 and type(frame[3]) is tuple:
         raise _exception(frame[1], frame[2], frame[3])
     _die("the rebuilt code's process sent a malformed reply")

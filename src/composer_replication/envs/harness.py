@@ -9,10 +9,14 @@ redefining ``check``, objects whose ``__eq__`` is always true) can produce a pas
 equal to the expected ones can.
 
 Wire format: one frame per line, each the ``repr`` of a tuple of plain data. The trusted side
-parses frames with ``ast.literal_eval`` (never ``eval``, ``pickle`` or ``marshal``), which can
-only build ``None``, bools, numbers, strings, bytes, tuples, lists, dicts and sets; the
-encoder here also refuses subclasses of those (an ``int`` subclass with a custom ``__eq__``),
-NaN, recursion deeper than ``MAX_DEPTH`` and ints longer than CPython's 4300-digit limit.
+parses frames with :func:`literal` (``ast.literal_eval``'s grammar; never ``eval``, ``pickle``
+or ``marshal``), which can only build ``None``, bools, numbers, strings, bytes, tuples, lists,
+dicts and sets, and refuses a set or dict whose keys share one hash (hash flooding: building it
+would take the grader quadratic time after the sandbox's deadline). Both sides refuse, in
+:func:`check_plain`, subclasses of those types (an ``int`` subclass with a custom ``__eq__``),
+NaN, recursion deeper than ``MAX_DEPTH`` and ints wider than ``MAX_INT_BITS`` (``str()`` of
+one past CPython's 4300-digit limit raises ``ValueError`` in whoever prints it). Text made
+from candidate data on the trusted side goes through :func:`preview` (bounded, never raises).
 Frames from the grader are trusted, so the harness reads them with ``eval`` in an empty
 namespace.
 
@@ -25,6 +29,8 @@ import os
 import sys
 
 MAX_DEPTH = 64
+MAX_INT_BITS = 14_000  # 4215 decimal digits at most: under CPython's 4300-digit str() limit
+MAX_EQUAL_HASHES = 16  # per set or dict; distinct plain values collide only when made to
 INF = float("inf")
 PLAIN_ATOMS = (type(None), bool, int, float, complex, str, bytes)
 PLAIN_CONTAINERS = (list, tuple, dict, set)
@@ -42,6 +48,8 @@ def check_plain(value, depth=0):
     if kind in PLAIN_ATOMS:
         if kind is float and (value != value or value in (INF, -INF)):
             raise NotPlainData(f"{value} is not supported")
+        if kind is int and value.bit_length() > MAX_INT_BITS:  # before anything prints it
+            raise NotPlainData(f"an int of {value.bit_length()} bits exceeds {MAX_INT_BITS}")
         return
     if kind not in PLAIN_CONTAINERS:
         raise NotPlainData(f"{kind.__name__} is not plain data")
@@ -54,23 +62,68 @@ def check_plain(value, depth=0):
 def encode(value):
     """The literal text of a plain value (``repr`` is the builtin one for checked values)."""
     check_plain(value)
-    return repr(value)  # ValueError for ints past CPython's 4300-digit limit
+    return repr(value)
 
 
 def decode_frame(line, max_bytes):
     """Parse one frame sent by the sandbox; untrusted input, plain data out or ``ValueError``."""
-    import ast
-
     if len(line) > max_bytes:
         raise ValueError(f"frame of {len(line)} bytes exceeds {max_bytes}")
     try:
-        frame = ast.literal_eval(line.decode("utf-8"))
+        frame = literal(line.decode("utf-8"))
         check_plain(frame)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, UnicodeError) as e:
         raise ValueError(f"malformed frame: {type(e).__name__}: {str(e)[:200]}") from None
     if type(frame) is not tuple or not frame or type(frame[0]) is not str:
         raise ValueError("malformed frame: not a tagged tuple")
     return frame
+
+
+def literal(text: str) -> object:
+    """``ast.literal_eval(text)`` for untrusted text, except that a set or dict whose keys share
+    one hash is refused (``ValueError``) before it is built: inserting n colliding keys costs
+    n**2 / 2 comparisons (~11 s of grader CPU for a 1 MB frame of ``k * (2**61 - 1)``)."""
+    import ast
+
+    def build(node):
+        kind = type(node)
+        if kind is ast.Constant:
+            return node.value
+        if kind is ast.Tuple or kind is ast.List:
+            items = [build(e) for e in node.elts]
+            return tuple(items) if kind is ast.Tuple else items
+        if kind is ast.Set:
+            return set(_few_equal_hashes([build(e) for e in node.elts]))
+        if kind is ast.Dict:
+            if None in node.keys:
+                raise ValueError("malformed node: ** in a dict")
+            keys = _few_equal_hashes([build(k) for k in node.keys])
+            return dict(zip(keys, [build(v) for v in node.values], strict=True))
+        return ast.literal_eval(node)  # signed and complex numbers, set(): no keys inside
+
+    return build(ast.parse(text.lstrip(" \t"), mode="eval").body)
+
+
+def _few_equal_hashes(keys: list) -> list:
+    """``keys``, or ``ValueError`` if more than ``MAX_EQUAL_HASHES`` of them share a hash
+    (``TypeError`` for an unhashable key, as building the set or dict would raise)."""
+    counts = {}
+    for key in keys:
+        h = hash(key)
+        counts[h] = counts.get(h, 0) + 1
+        if counts[h] > MAX_EQUAL_HASHES:
+            raise ValueError(f"more than {MAX_EQUAL_HASHES} keys share one hash (hash flooding)")
+    return keys
+
+
+def preview(value: object, limit: int = 300, show=repr) -> str:
+    """``show(value)`` (``repr`` or ``str``) cut to ``limit`` characters; never raises, for
+    text the trusted side makes from candidate data (feedback, error messages)."""
+    try:
+        text = show(value)
+    except Exception:  # an int past the str() digit limit, a failing __str__
+        text = f"<unprintable {type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # ---- sandbox side (runs as __main__ inside the sandbox) ---------------------------------------
@@ -217,18 +270,77 @@ def _script(audit):
     exec(compile(code, "main.py", "exec"), namespace)
 
 
-MAX_ITEMS = 100_000
-"""Module mode: an iterator the served function returns is sent as at most this many items."""
+# ---- module mode: Feature Deletion's split grading (sandbox.ModuleServer) -------------------
+#
+# The suite's process (envs/forward_client.py) sends length-prefixed pickles on fd 0: ("load",
+# module, symbol, sys_path), ("call", handle, args, kwargs), ("next", handle), and ("reply",
+# "value"|"raised", payload) answering a callback. This side answers on fd 1 with plain-data
+# frames only. Callables and iterators cross as handles, never as code: a test's lambda
+# arrives as _TheirFunction (calling it asks the suite to run it on plain arguments), and a
+# function or iterator this side returns stays here, named by a number.
+
+_MINE = {}  # handle -> a callable or iterator of this side the suite holds a proxy for
+_IO = {}  # "rfd", "channel"
+
+
+class _TheirFunction:
+    """A callable of the suite's process (a test's lambda); calling it runs it there."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def __call__(self, *args, **kwargs):
+        return _ask(("callback", self._handle, "call", args, kwargs))
+
+
+class _TheirIterator(_TheirFunction):
+    """An iterator of the suite's process; each ``next`` is one exchange."""
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return _ask(("callback", self._handle, "next", (), {}))
 
 
 def _recv_pickle(fd):
-    """One length-prefixed pickle from the suite's process (module mode); None at EOF."""
+    """One length-prefixed pickle from the suite's process; None at EOF. Handles in it
+    become proxies (``_TheirFunction``) or this side's own objects again."""
     import pickle
+
+    class Unpickler(pickle.Unpickler):
+        def persistent_load(self, pid):
+            kind, handle = pid
+            if kind == "fn":
+                return _TheirFunction(handle)
+            if kind == "it":
+                return _TheirIterator(handle)
+            return _MINE[handle]
+
+    import io
 
     head = _read_exactly(8, fd)
     if len(head) < 8:
         return None
-    return pickle.loads(_read_exactly(int.from_bytes(head, "big"), fd))
+    return Unpickler(io.BytesIO(_read_exactly(int.from_bytes(head, "big"), fd))).load()
+
+
+def _ask(frame):
+    """Send a callback request and serve the suite's nested calls until its reply."""
+    try:
+        _IO["channel"].send(*frame)
+    except (NotPlainData, ValueError, RecursionError) as e:
+        raise TypeError(f"cannot pass these arguments to the tests' function: {e}") from None
+    while True:
+        msg = _recv_pickle(_IO["rfd"])
+        if msg is None:
+            raise SystemExit(0)  # the suite is gone
+        if msg[0] != "reply":
+            _answer(msg)
+            continue
+        if msg[1] == "value":
+            return msg[2]
+        raise msg[2]
 
 
 def _resolve(module, symbol):
@@ -252,23 +364,37 @@ def _resolve(module, symbol):
     return obj
 
 
-def _reply(fn, args, kwargs):
-    """The frame answering one call: its plain value (or which argument it returned, for
-    ``return self``), an iterator's items, or the raised exception's module, name and
-    arguments; with the new state of the arguments it may have changed (``_effects``)."""
+def _answer(msg):
+    """Run one call or ``next`` the suite asked for and send the reply frame."""
+    if msg[0] == "call":
+        fn = _MINE.get(msg[1]) if msg[1] is not None else _IO["fn"]
+        reply = _reply(lambda: fn(*msg[2], **msg[3]), msg[2])
+    else:
+        reply = _reply(lambda: next(_MINE[msg[1]]), ())
     try:
-        value = fn(*args, **kwargs)
+        _IO["channel"].send(*reply)
+    except (NotPlainData, ValueError, RecursionError) as e:
+        why = f"returned a value that cannot cross to the tests' process: {e}"[:500]
+        _IO["channel"].send("raised", "builtins", "TypeError", (why,))
+
+
+def _reply(run, args):
+    """The frame answering one call: its plain value; which argument it returned (``return
+    self``); a handle for a callable or iterator it returned; or the raised exception's
+    module, name and arguments. With the new state of the arguments (``_effects``)."""
+    try:
+        value = run()
         effects = _effects(args)
         same = [i for i, a in enumerate(args) if a is value and type(a) not in PLAIN_ATOMS]
         if same:
             return ("argument", same[0], effects)
-        if hasattr(value, "__next__") and type(value) not in PLAIN_CONTAINERS:
-            items = []
-            for item in value:
-                if len(items) == MAX_ITEMS:
-                    raise OverflowError(f"the returned iterator has more than {MAX_ITEMS} items")
-                items.append(item)
-            return ("iterator", items, effects)
+        if isinstance(value, _TheirFunction):
+            return ("theirs", value._handle, effects)
+        plain = type(value) in PLAIN_ATOMS or type(value) in PLAIN_CONTAINERS
+        if not plain and (callable(value) or hasattr(value, "__next__")):
+            _MINE[len(_MINE)] = value
+            kind = "iterator" if hasattr(value, "__next__") else "function"
+            return (kind, len(_MINE) - 1, effects)
         return ("value", value, effects)
     except Exception as e:
         kind = type(e)
@@ -311,16 +437,15 @@ def _plain_args(exc):
 
 
 def _serve_module(root, audit):
-    """Module mode (Feature Deletion's split grading, sandbox.ModuleServer): the suite's
-    process sends ``("load", module, symbol, sys_path)`` then ``("call", args, kwargs)``
-    pickles on fd 0; each is answered on fd 1 with a plain-data frame (``_reply``). ``sys_path`` entries
-    starting with ``{root}`` are rebased onto this tree. Nothing of the tree's output reaches
-    anyone: fds 1 and 2 point at /dev/null once the channel is set up."""
+    """Serve the symbol the suite's first message names (see the section comment). Its
+    ``sys_path`` entries starting with ``{root}`` are rebased onto this tree. Nothing of the
+    tree's output reaches anyone: fds 1 and 2 point at /dev/null once the channel is set up."""
     channel = _Channel()
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.dup2(null, 2)
     os.close(null)
+    _IO.update(channel=channel, rfd=channel.rfd)
     load = _recv_pickle(channel.rfd)
     if load is None:
         return
@@ -330,22 +455,16 @@ def _serve_module(root, audit):
         _install_audit_hook(os.path.realpath(os.getcwd()))
     os.chdir(root)
     try:
-        fn = _resolve(module, symbol)
+        _IO["fn"] = _resolve(module, symbol)
     except BaseException as e:
         channel.send("load_error", f"{type(e).__name__}: {e}"[:500])
         return
     channel.send("ready")
     while True:
-        frame = _recv_pickle(channel.rfd)
-        if frame is None:
+        msg = _recv_pickle(channel.rfd)
+        if msg is None:
             return
-        reply = _reply(fn, frame[1], frame[2])
-        try:
-            channel.send(*reply)
-        except (NotPlainData, ValueError, RecursionError) as e:
-            what = "iterator items" if reply[0] == "iterator" else "a value"
-            why = f"returned {what} that cannot cross to the tests' process: {e}"[:500]
-            channel.send("raised", "builtins", "TypeError", (why,))
+        _answer(msg)
 
 
 def main(argv):

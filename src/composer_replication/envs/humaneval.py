@@ -36,6 +36,7 @@ from typing import Any
 
 from composer_replication.config import SandboxConfig
 from composer_replication.envs.base import Environment, StepResult, Task, unit_hash
+from composer_replication.envs.harness import preview
 from composer_replication.envs.sandbox import CandidateFailure, CandidateSession, Sandbox
 
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.DOTALL)
@@ -128,13 +129,12 @@ def run_check(task: Task, session: CandidateSession) -> str | None:
         namespace["check"](candidate)
     except CandidateFailure as e:
         return e.feedback
-    except AssertionError as e:
-        got = repr(candidate.last)
-        got = got if len(got) <= 200 else got[:200] + "..."
-        detail = f" ({e})" if str(e) else ""
+    except AssertionError as e:  # candidate values become text only through preview (harness)
+        got, message = preview(candidate.last, 200), preview(e, 200, str)
+        detail = f" ({message})" if message else ""
         return f"failing test: {_assert_line(e, task.data['test'])}{detail} (got {got})"
     except Exception as e:  # the tests choked on a returned value (wrong type, ...)
-        return f"the tests failed on a returned value: {type(e).__name__}: {str(e)[:200]}"
+        return f"the tests failed on a returned value: {type(e).__name__}: {preview(e, 200, str)}"
     if session.calls == 0:
         return "the tests made no call to the function"
     return None

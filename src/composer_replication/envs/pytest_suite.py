@@ -29,7 +29,6 @@ How the run is pinned down:
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import hmac
 import secrets
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from composer_replication.envs import harness
 from composer_replication.envs import sandbox as sb
 
 TOOL_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py.py")
@@ -203,17 +203,48 @@ class SuiteReport:
         return "\n".join(lines + ([f"... and {more} more"] if more > 0 else []))
 
 
+FRAME_FIELDS = {"test": (str, str, str), "tampered": (str,), "collect_error": (str, str),
+                "collected": (int,), "finished": (int,)}  # fmt: skip
+"""The frames the runner emits: tag -> types of the fields after it."""
+
+
+def _signed(tag: str, body: str, key: bytes) -> bool:
+    """Whether ``tag`` is the HMAC of ``body``; compared as bytes, since the code under test
+    can write any text to the report fd (``compare_digest`` raises on non-ASCII ``str``)."""
+    want = hmac.new(key, body.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+    return hmac.compare_digest(tag.encode("utf-8", "surrogatepass"), want.encode())
+
+
+def _well_formed(body: str) -> tuple | None:
+    """The frame in ``body`` if it is one the runner emits (``FRAME_FIELDS``, ints of at most
+    32 bits), else None. Code under test may reach the key and sign anything (module
+    docstring), so a signed frame must still never make the trusted side raise."""
+    try:
+        frame = harness.literal(body)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if type(frame) is not tuple or not frame or type(frame[0]) is not str:
+        return None
+    fields = FRAME_FIELDS.get(frame[0])
+    if fields is None or len(frame) != len(fields) + 1:
+        return None
+    typed = all(type(v) is t for v, t in zip(frame[1:], fields, strict=True))
+    return frame if typed and all(v.bit_length() <= 32 for v in frame if type(v) is int) else None
+
+
 def parse_frames(stdout: str, key: bytes) -> SuiteReport:
-    """Accept the frames a run wrote (``tag repr(tuple)`` lines) whose HMAC is right; record
-    why any other line or frame was refused."""
+    """Accept the frames a run wrote (``tag repr(tuple)`` lines) whose HMAC is right and whose
+    fields are well formed; record why any other line or frame was refused."""
     rep = SuiteReport()
     for line in stdout.splitlines():
         tag, _, body = line.partition(" ")
-        want = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(tag, want):
+        if not _signed(tag, body, key):
             rep.tampered.append(f"unsigned line on the report channel: {line[:80]!r}")
             continue
-        frame = ast.literal_eval(body)
+        frame = _well_formed(body)
+        if frame is None:
+            rep.tampered.append(f"malformed signed frame on the report channel: {line[:80]!r}")
+            continue
         if rep.finished:
             rep.tampered.append(f"frame after the end of the session: {frame[:2]!r}")
         elif frame[0] == "test":

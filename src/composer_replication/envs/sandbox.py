@@ -73,6 +73,7 @@ NOBODY = 65534
 WORK = "/work"
 PYCACHE = "/pycache"
 MAX_FRAME_BYTES = 1 << 20
+MAX_MESSAGE_CHARS = 700  # of a load error or exception the harness reports (its own are ~640)
 HARNESS_SOURCE = Path(harness.__file__).read_text()
 CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE = 0x00020000, 4096, 16384, 1 << 18
 
@@ -496,7 +497,7 @@ class CandidateSession:
             self._send(("load", self._program, self._entry))
             frame = self._recv("before the tests ran")
             if frame[0] == "load_error" and len(frame) == 2:
-                raise CandidateFailure(str(frame[1]))
+                raise CandidateFailure(harness.preview(frame[1], MAX_MESSAGE_CHARS, str))
             if frame != ("ready",):
                 raise CandidateFailure("the program corrupted the result channel")
         except BaseException:
@@ -521,7 +522,7 @@ class CandidateSession:
         if frame[0] == "value" and len(frame) == 2:
             return frame[1]
         if frame[0] == "raised" and len(frame) == 2:
-            raise CandidateFailure(f"raised {frame[1]}")
+            raise CandidateFailure(f"raised {harness.preview(frame[1], MAX_MESSAGE_CHARS, str)}")
         raise CandidateFailure("the program corrupted the result channel")
 
     def _send(self, frame: tuple) -> None:

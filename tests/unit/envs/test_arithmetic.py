@@ -2,6 +2,7 @@ import pytest
 
 from composer_replication.envs import get_env
 from composer_replication.envs.arithmetic import LEVELS, ArithmeticEnv, extract_answer, grade_answer
+from composer_replication.envs.base import MAX_ANSWER_DIGITS, answer_int
 
 
 def test_splits_are_disjoint_and_cover_every_problem():
@@ -50,6 +51,21 @@ def test_answers_are_right():
 )
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9" * 4301, "12 + 7 = " + "9" * 4301, "19 = " + "1" * 601])
+def test_an_absurdly_long_number_is_no_answer(text):
+    """``int()`` of more than 4300 digits raises ValueError: such a reply must grade 0, not crash
+    the grader."""
+    assert extract_answer(text) is None
+    env = ArithmeticEnv(levels=[1])
+    result = env.grade(env.tasks("train")[0], text)
+    assert result.reward == 0.0 and not result.passed
+
+
+def test_answer_int_reads_up_to_max_answer_digits():
+    assert answer_int("7" * MAX_ANSWER_DIGITS) == int("7" * MAX_ANSWER_DIGITS)
+    assert answer_int("7" * (MAX_ANSWER_DIGITS + 1)) is None
 
 
 @pytest.mark.parametrize(

@@ -91,6 +91,20 @@ def test_grade_right_answer_after_tool_call():
     assert (r.reward, r.passed, r.info["tool_calls"]) == (1.0, True, 1)
 
 
+@pytest.mark.parametrize("digits", [4301, 20000])
+def test_grade_an_absurdly_long_final_number_scores_0(digits):
+    """``int()`` of more than 4300 digits raises ValueError: the reply is simply wrong."""
+    msgs = [
+        _call("calculate", "347 * 29"),
+        {"role": "tool", "name": "calculate", "content": "10063"},
+        {"role": "assistant", "content": "The answer is " + "9" * digits},
+    ]
+    r = grade_conversation(msgs, 10063)
+    assert (r.reward, r.passed, r.info["got"]) == (0.0, False, None)
+    env = CalculatorEnv(per_kind=5)
+    assert env.grade(env.tasks("train")[0], "9" * digits).reward == 0.0
+
+
 def test_grade_no_tool_call_names_turn_0():
     r = grade_conversation([{"role": "assistant", "content": "The answer is 1200."}], 1776)
     assert (r.reward, r.info["failed_turn"], r.info["reason"]) == (0.0, 0, "no tool call")

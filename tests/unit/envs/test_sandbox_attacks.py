@@ -13,6 +13,8 @@ import gzip
 import json
 import os
 import tempfile
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -138,6 +140,24 @@ ATTACKS: dict[str, str] = {
     ),
 }
 
+RAW_FRAMES: dict[str, tuple[str, str]] = {
+    "load_error_int_past_str_limit": ("load_error", '"0x" + "f" * 200_000'),
+    "value_int_past_str_limit": ("value", '"0x" + "f" * 200_000'),
+    "load_error_1mb_message": ("load_error", 'repr("x" * 1_000_000)'),
+    "load_error_hash_flooded_set": (
+        "load_error",
+        '"{" + ",".join(str(k * M) for k in range(40_000)) + "}"',
+    ),
+    "value_hash_flooded_dict_keys": (
+        "value",
+        '"{" + ",".join(f"({k * M},): 0" for k in range(30_000)) + "}"',
+    ),
+}
+"""Frames the harness never sends, written straight to its wire (whichever fd it is) at load
+time (``load_error``) or from inside the function (``value``): tag and an expression for the
+payload's text, under the 1 MB frame cap. ``M = 2**61 - 1``: ints that differ by multiples of
+it (and tuples of them) share one hash, so a set or dict of them is built in quadratic time."""
+
 
 @pytest.fixture(scope="module")
 def env():
@@ -193,3 +213,29 @@ def test_control_without_isolation_the_witnesses_see_the_breach(task, arena):
     breaches = arena.breaches()
     assert f"created {arena.escape_path('plain.txt')}" in breaches
     assert f"created {Path(tempfile.gettempdir()) / f'{arena.marker}-tmp.txt'}" in breaches
+
+
+@pytest.mark.parametrize("name", sorted(RAW_FRAMES))
+def test_raw_wire_frames_neither_crash_nor_stall_the_grader(name, env, task):
+    """A frame holding an int whose ``str()`` raises, a set or dict whose keys share one hash, or
+    a 1 MB message scores 0 with short feedback, and the grader's own work on it ends within
+    the sandbox's wall timeout (hash flooding cost it ~11 s of CPU past the deadline)."""
+    tag, payload = RAW_FRAMES[name]
+    write = (
+        "import os, time\n"
+        "M = (1 << 61) - 1\n"
+        f'_frame = ("({tag!r}, " + {payload} + ")\\n").encode()\n'
+        "for _fd in range(3, 20):\n"
+        "    try: os.write(_fd, _frame)\n"
+        "    except OSError: pass\n"
+    )
+    if tag == "load_error":  # module level, after the function
+        completion = "    return None\n" + write + "os._exit(0)\n"
+    else:
+        completion = textwrap.indent(write + "time.sleep(60)\n", "    ")
+    start = time.monotonic()
+    result = env.grade(task, completion)
+    elapsed = time.monotonic() - start
+    assert result.reward == 0.0 and not result.passed, result.feedback[:300]
+    assert len(result.feedback) <= 1000, result.feedback[:300]
+    assert elapsed < env.sandbox.cfg.wall_timeout_s, (elapsed, result.feedback[:300])

@@ -2,11 +2,12 @@
 it with file and test tools; the hidden and visible tests are the reward.
 
 Per episode (``reset``) the tools instance makes a fresh workspace (workspace.py: the tree at
-the task's state, one git commit). Tools: ``list_files``, ``read_file``, ``search``,
-``write_file``, ``replace_in_file``, ``run_tests`` (the visible failing tests, or a test file or
-id, run in the sandbox on a copy of the workspace, output cut to ``max_output_chars``) and
-``submit``. Paths are confined to the workspace: an absolute path elsewhere, ``..`` out of it
-or a symlink is refused and flagged, as is reading bytecode.
+the task's state, one git commit). Tools: ``list_files``, ``read_file``, ``search`` (literal
+text, never a regex: it runs in the trainer's process), ``write_file``, ``replace_in_file``,
+``run_tests`` (the visible failing tests, or a test file or id, run in the sandbox on a copy of
+the workspace, output cut to ``max_output_chars``) and ``submit``. Paths are confined to the
+workspace: an absolute path elsewhere, ``..`` out of it or a symlink is refused and flagged, as
+is reading bytecode.
 
 Grading (``grade_episodes``) takes only the target file from the workspace (grade.py); the
 verdict's feedback (failing tests, first assertion lines) is the self-distillation hint, blamed
@@ -18,7 +19,6 @@ the metrics).
 from __future__ import annotations
 
 import atexit
-import re
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -273,26 +273,31 @@ class FeatureDeletionTools:
             return "error: bytecode is not readable here"
         if not target.is_file():
             return f"error: {path} is not a file"
+        try:  # model-written: "abc", a float, or past int()'s 4300-digit limit
+            first, last = max(int(start), 1), int(end)
+        except (TypeError, ValueError, OverflowError):
+            return "error: start and end must be line numbers"
+        last = last if last > 0 else first + 199
         lines = target.read_text(encoding="utf-8", errors="replace").splitlines()
-        first = max(int(start), 1)
-        last = int(end) if int(end) > 0 else first + 199
         shown = [f"{i:5d}  {lines[i - 1]}" for i in range(first, min(last, len(lines)) + 1)]
         return self._cut("\n".join(shown) or "(no lines in that range)")
 
     def search(self, pattern: str, path: str = ".") -> str:
-        """Search the repository's text files for a regular expression.
+        """Find the lines of the repository's text files that contain an exact text.
 
         Args:
-            pattern: A Python regular expression.
+            pattern: The text to find, matched literally and case-sensitively (not a regular
+                expression).
             path: A directory or file relative to the repository root.
         """
+        # Literal on purpose: this runs in the trainer's process on files the agent wrote,
+        # and a policy-written regex can backtrack for days (``^((a+)+)+$`` on ``a...a!``).
         target = self._path(path)
         if isinstance(target, str):
             return target
-        try:
-            rx = re.compile(pattern)
-        except re.error as e:
-            return f"error: bad pattern: {e}"
+        needle = str(pattern)
+        if not needle:
+            return "error: empty pattern"
         files = [target] if target.is_file() else sorted(target.rglob("*"))
         hits = []
         root = self.workspace.resolve()
@@ -300,7 +305,7 @@ class FeatureDeletionTools:
             if not f.is_file() or f.suffix not in TEXT_SUFFIXES or ".git" in f.parts:
                 continue
             for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
-                if rx.search(line):
+                if needle in line:
                     hits.append(f"{f.relative_to(root).as_posix()}:{n}: {line.strip()}")
             if len(hits) >= 50:
                 break

@@ -61,10 +61,12 @@ class GradeVerdict:
 
 def suspicious_constructs(source: str) -> set[str]:
     """Names of risky constructs in Python ``source`` (module docstring); ``syntax_error``
-    if it does not parse."""
+    if it does not parse: a syntax error, NUL bytes (``ValueError`` on older Pythons), or
+    nesting too deep for the parser (``RecursionError``, ``MemoryError``: ``~~~...~1`` a few
+    thousand deep), all of which an agent can write on purpose; the grader must not raise."""
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {"syntax_error"}
     found: set[str] = set()
     for node in ast.walk(tree):

@@ -5,6 +5,7 @@ ran the tests."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,31 @@ def test_an_episode_through_the_tools_is_graded_from_its_workspace(env):
     messages = [_call("run_tests"), {"role": "tool", "content": first}, _call("submit")]
     [result] = env.grade_episodes([task], [messages], [tools])
     assert result.reward == 1.0 and result.passed and result.info["flags"] == []
+
+
+def test_search_is_literal_so_no_pattern_can_hang_the_trainer(env):
+    """``search`` runs in the trainer's process on files the agent wrote: a regex such as
+    ``^((a+)+)+$`` would backtrack for days on ``a...a!``, so the pattern is plain text."""
+    tools = env.tools_class()()
+    tools.reset(**env.row(_task(env, "slugify")))
+    tools.write_file("notes.txt", "a+b\naaa\n" + "a" * 30 + "!\n")
+    assert tools.search("a+", "notes.txt") == "notes.txt:1: a+b"
+    start = time.monotonic()
+    assert tools.search("^((a+)+)+$", "notes.txt") == "no match"
+    assert time.monotonic() - start < 1.0
+    assert tools.search("", "notes.txt").startswith("error")
+    assert "textkit/core.py:" in tools.search("def slugify(")
+    tools.close()
+
+
+def test_read_file_refuses_line_numbers_that_are_not_numbers(env):
+    """``start``/``end`` come from the model: text, or more digits than ``int()`` reads."""
+    tools = env.tools_class()()
+    tools.reset(**env.row(_task(env, "slugify")))
+    for bad in ({"start": "9" * 5000}, {"end": "two"}, {"start": float("inf")}):
+        assert tools.read_file("textkit/core.py", **bad).startswith("error: start and end")
+    assert tools.read_file("textkit/core.py", start="2", end="2").startswith("    2  ")
+    tools.close()
 
 
 def test_a_failed_episode_blames_the_turn_that_ran_the_tests(env):

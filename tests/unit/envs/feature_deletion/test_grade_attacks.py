@@ -8,14 +8,20 @@ original from an installed or cached copy) runs in a sandbox of its own, apart f
 and the tests (split grading, envs/forward_client.py), and cannot reach them.
 
 Several attacks are written to pass the static check (no flag) on purpose, so that the
-isolation or the run-time integrity checks are what stops them."""
+isolation or the run-time integrity checks are what stops them. Nothing the code under test
+writes to the report channel, signed or not, and no unparseable submission makes the grader
+raise: they are refused and score 0."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import py_compile
 import shutil
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,14 +30,18 @@ from composer_replication.config import TaskGenConfig
 from composer_replication.envs.base import unit_hash
 from composer_replication.envs.feature_deletion.candidates import STUB, original_body
 from composer_replication.envs.feature_deletion.generate import generate_tasks, suite_sandbox
-from composer_replication.envs.feature_deletion.grade import grade_workspace, submission_flags
+from composer_replication.envs.feature_deletion.grade import (
+    grade_workspace,
+    submission_flags,
+    suspicious_constructs,
+)
 from composer_replication.envs.feature_deletion.source import (
     resolve_source,
     staged_copy,
     tree_digest,
 )
 from composer_replication.envs.feature_deletion.workspace import candidate_of, make_workspace
-from composer_replication.envs.pytest_suite import run_suite
+from composer_replication.envs.pytest_suite import parse_frames, run_suite
 from composer_replication.envs.sandbox import Sandbox, bindable_dir
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
@@ -275,13 +285,38 @@ def attack_patch_builtins_in_shared_process(ws, task, source, outside):
     )
 
 
+def attack_report_non_ascii_line(ws, task, source, outside):
+    """An odd line on every fd, the report's included: recorded as tampering, never raised
+    (``hmac.compare_digest`` raised TypeError on a non-ASCII tag)."""
+    _restore(ws, task, source)
+    _append(
+        ws,
+        task,
+        "import os as _o\n"
+        "for _fd in range(1, 20):\n"
+        "    try:\n"
+        "        _o.write(_fd, '\\u00e9 x\\n'.encode())\n"
+        "    except OSError:\n"
+        "        pass",
+    )
+
+
+def attack_nesting_too_deep_to_parse(ws, task, source, outside):
+    """An expression nested 20000 deep: ``ast.parse`` in the static check raises MemoryError
+    (past the parser's fixed nesting limit, whatever the recursion limit; not SyntaxError);
+    the submission is unparseable, so flagged."""
+    _restore(ws, task, source)
+    _append(ws, task, "_x = " + "~" * 20_000 + "1")
+
+
 ATTACKS = {
     name.removeprefix("attack_"): fn for name, fn in dict(globals()).items()
     if name.startswith("attack_")
 }  # fmt: skip
 UNFLAGGED = {"load_installed_copy", "patch_pytest_reports", "swap_test_code",
              "forge_report_frames", "os_exit_at_import", "rebind_runner_globals",
-             "equal_to_everything", "patch_builtins_in_shared_process"}  # fmt: skip
+             "equal_to_everything", "patch_builtins_in_shared_process",
+             "report_non_ascii_line"}  # fmt: skip
 
 
 def _grade(box, source, task, tmp_path, edit=None, outside=None):
@@ -337,7 +372,7 @@ def test_attacks_leave_their_marks_in_the_report(generated, box, tmp_path, outsi
     assert any(f.startswith("bytecode:") for f in grade("leftover_pyc").flags)
     in_own_sandbox = ["skip", "os_exit_at_import", "forge_report_frames", "patch_pytest_reports",
                       "swap_test_code", "rebind_runner_globals", "equal_to_everything",
-                      "patch_builtins_in_shared_process"]  # fmt: skip
+                      "patch_builtins_in_shared_process", "report_non_ascii_line"]  # fmt: skip
     for name in in_own_sandbox:
         verdict = grade(name)
         assert verdict.report.ok and verdict.report.tampered == [], name
@@ -345,6 +380,7 @@ def test_attacks_leave_their_marks_in_the_report(generated, box, tmp_path, outsi
     exited = grade("os_exit_at_import").feedback
     assert "gone" in exited or "could not be loaded" in exited
     assert "not plain data" in grade("equal_to_everything").feedback
+    assert "syntax_error" in grade("nesting_too_deep_to_parse").flags
 
 
 @pytest.mark.parametrize("attack", ["rebind_runner_globals", "equal_to_everything"])
@@ -364,3 +400,61 @@ def test_control_in_one_process_the_same_attacks_pass(generated, box, tmp_path, 
         shutil.rmtree(repo, ignore_errors=True)
     assert rep.ok and rep.tampered == []
     assert all(rep.passed(t) for t in task["failing_tests"])
+
+
+KEY = b"k" * 32
+M61 = (1 << 61) - 1  # ints that differ by a multiple of it share one hash
+
+
+def _sign(body: str) -> str:
+    return hmac.new(KEY, body.encode(), hashlib.sha256).hexdigest() + " " + body
+
+
+ODD_LINES = {
+    "non_ascii_tag": "\u00e9 x",  # compare_digest raised TypeError on non-ASCII str
+    "lone_surrogate": "\ud800 x",  # not even encodable as UTF-8
+    # signed (code under test can reach the key), but not a frame the runner sends:
+    "too_few_fields": _sign("('test',)"),
+    "too_many_fields": _sign("('test', 't', 'passed', '', 'extra')"),
+    "str_count": _sign("('collected', 'three')"),
+    "bool_status": _sign("('finished', True)"),
+    "list_test_id": _sign("('test', ['t'], 'passed', '')"),
+    "int_past_str_limit": _sign("('collected', 0x" + "f" * 5000 + ")"),
+    "unknown_tag": _sign("('shout', 'x')"),
+    "not_a_tuple": _sign("1"),
+    "empty_tuple": _sign("()"),
+    "unparseable": _sign("(["),
+    "too_deep": _sign("(" * 300 + ")" * 300),
+    "hash_flooded_set": _sign(
+        "('test', {" + ",".join(str(k * M61) for k in range(30_000)) + "}, 'passed', '')"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD_LINES))
+def test_parse_frames_records_any_odd_line_as_tampering(name):
+    """Whatever the code under test writes to the report fd, signed or not, is recorded as
+    tampering within a bounded time (the set of colliding ints is hash flooding)."""
+    ok = [_sign("('collected', 1)"), _sign("('test', 't', 'passed', '')"), _sign("('finished', 0)")]
+    assert parse_frames("\n".join(ok), KEY).passed("t")
+    start = time.monotonic()
+    rep = parse_frames("\n".join([ok[0], ODD_LINES[name], *ok[1:]]), KEY)
+    assert rep.tampered and not rep.passed("t") and not rep.ok
+    assert time.monotonic() - start < 2.0
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["_x = " + "~" * 3000 + "1\n", "_x = " + "~" * 100_000 + "1\n", "x = 1\0\n", "def f(:\n"],
+    ids=["recursion", "memory", "nul", "syntax"],
+)
+def test_unparseable_submissions_are_flagged_not_raised(source):
+    """``recursion`` needs the default recursion limit (another test's library may raise it:
+    then 3000 levels parse), so the test sets it."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    try:
+        assert suspicious_constructs(source) == {"syntax_error"}
+        assert submission_flags("x = 1\n", source) == ["syntax_error"]
+    finally:
+        sys.setrecursionlimit(limit)
