@@ -98,7 +98,11 @@ class _Pickler(pickle.Pickler):
             hasattr(type(obj), "__next__") and not isinstance(obj, type)
         ):
             _OURS[len(_OURS)] = obj
-            return ("it" if hasattr(type(obj), "__next__") else "fn", len(_OURS) - 1)
+            if hasattr(type(obj), "__next__"):
+                return ("it", len(_OURS) - 1)
+            names = (getattr(obj, "__name__", ""), getattr(obj, "__qualname__", ""))
+            doc = obj.__doc__ if isinstance(obj.__doc__, str) else None
+            return ("fn", len(_OURS) - 1, (*map(str, names), doc))
         return None
 
 

@@ -284,10 +284,12 @@ _IO = {}  # "rfd", "channel"
 
 
 class _TheirFunction:
-    """A callable of the suite's process (a test's lambda); calling it runs it there."""
+    """A callable of the suite's process (a test's lambda); calling it runs it there. It
+    carries the original's name, qualified name and docstring (code inspects them)."""
 
-    def __init__(self, handle):
+    def __init__(self, handle, names=("", "", None)):
         self._handle = handle
+        self.__name__, self.__qualname__, self.__doc__ = names
 
     def __call__(self, *args, **kwargs):
         return _ask(("callback", self._handle, "call", args, kwargs))
@@ -310,9 +312,9 @@ def _recv_pickle(fd):
 
     class Unpickler(pickle.Unpickler):
         def persistent_load(self, pid):
-            kind, handle = pid
+            kind, handle = pid[:2]
             if kind == "fn":
-                return _TheirFunction(handle)
+                return _TheirFunction(handle, pid[2])
             if kind == "it":
                 return _TheirIterator(handle)
             return _MINE[handle]
@@ -344,23 +346,26 @@ def _ask(frame):
 
 
 def _resolve(module, symbol):
-    """The plain function behind ``symbol`` (``f`` or ``Class.f``) of ``module``: unwrapped
-    from classmethod, staticmethod, property and ``functools.wraps`` decorators, because the
-    suite's process applies the decorators to its own forwarding function."""
+    """The function the ``def`` of ``symbol`` (``f`` or ``Class.f``) in ``module`` made, under
+    whatever wraps it there (classmethod, staticmethod, property, ``functools.wraps``, a
+    partial or curry object's ``func``): the suite's process applies the wrappers to its own
+    forwarding function, so this side must call the bare function."""
     import importlib
 
     obj = importlib.import_module(module)
     for part in symbol.split("."):
         space = vars(obj) if hasattr(obj, "__dict__") else {}
         obj = space[part] if part in space else getattr(obj, part)
-    if isinstance(obj, (classmethod, staticmethod)):
-        obj = obj.__func__
-    if isinstance(obj, property):
-        obj = obj.fget
-    for _ in range(32):
-        if not hasattr(obj, "__wrapped__"):
-            break
-        obj = obj.__wrapped__
+    seen, todo = [], [obj]
+    while todo and len(seen) < 64:
+        cand = todo.pop(0)
+        seen.append(cand)
+        if getattr(cand, "__qualname__", None) == symbol and type(cand).__name__ == "function":
+            return cand
+        for name in ("__wrapped__", "__func__", "fget", "func"):
+            inner = getattr(cand, name, None)
+            if inner is not None and not any(inner is s for s in seen):
+                todo.append(inner)
     return obj
 
 

@@ -142,9 +142,20 @@ def ensure_isolation(cfg: SandboxConfig) -> str | None:
     return path
 
 
+PROBE_TIMEOUT_S = 60.0
+"""The start-up check's deadline: generous, because a loaded machine can take seconds to
+start an interpreter, and a slow start is not a broken sandbox."""
+
+
 @lru_cache(maxsize=8)
 def _probe(bwrap: str) -> None:
-    res = _run_script(bwrap, SandboxConfig(), "import os; print(os.getpid())")
+    cfg = SandboxConfig(wall_timeout_s=PROBE_TIMEOUT_S, cpu_time_s=max(1, int(PROBE_TIMEOUT_S)))
+    res = _run_script(bwrap, cfg, "import os; print(os.getpid())")
+    if res.timed_out:
+        raise SandboxUnavailableError(
+            f"`{bwrap}` did not start a sandboxed interpreter within {PROBE_TIMEOUT_S:g} s "
+            "(the machine may be overloaded, or bwrap hangs); nothing was run."
+        )
     if not res.ok or res.stdout.strip() not in ("1", "2"):
         raise SandboxUnavailableError(
             f"`{bwrap}` is installed but could not create the sandbox "

@@ -1,8 +1,10 @@
 """The sandbox must contain hostile code: none of these may hang, escape or write outside."""
 
 import os
+import shutil
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +125,20 @@ def test_console_script_directory_on_sys_path_is_not_hidden(monkeypatch):
     roots = [os.path.realpath(sys.base_prefix), "/usr"]
     hidden = sandbox._hidden_dirs(roots)
     assert not any(bindir == h or bindir.startswith(h + "/") for h in hidden)
+
+
+def test_a_bwrap_that_hangs_is_reported_as_slow_not_as_broken(monkeypatch):
+    """On a loaded machine the start-up check may be slow; the error must say so instead of
+    telling the user to install bubblewrap."""
+    from composer_replication.envs import sandbox as sb
+
+    home = Path(sb.bindable_dir("cr-fake-bwrap-"))  # the grader may run it as nobody
+    fake = home / "bwrap"
+    fake.write_text("#!/bin/sh\nsleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sb, "PROBE_TIMEOUT_S", 0.5)
+    try:
+        with pytest.raises(sb.SandboxUnavailableError, match="did not start .* within 0.5 s"):
+            sb._probe.__wrapped__(str(fake))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
