@@ -35,6 +35,9 @@ def ingest_command(
     except (UnknownFormatError, FileNotFoundError, ValueError) as exc:
         tmp.unlink(missing_ok=True)
         fail(str(exc))
+    except BaseException:  # Ctrl-C or a bug: no half-written .partial is left behind
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(out)
     print_summary(run.report, out, console)
     if not run.report.files:

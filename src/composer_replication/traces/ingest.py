@@ -82,6 +82,11 @@ class IngestRun:
                 yield from self._read(path, explicit)
             except OSError as err:
                 self.report.unreadable[str(path)] = f"read failed: {err.strerror or err}"
+            except UnknownFormatError:
+                raise  # a file named explicitly that is no log: bad input, the caller says so
+            except Exception as err:  # noqa: BLE001 - a bug on one odd file must not end the run
+                why = f"reader failed: {type(err).__name__}: {err}"[:300]
+                self.report.unreadable[str(path)] = why
         self.report.redactions = self.redactor.counts
 
 
