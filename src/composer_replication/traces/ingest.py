@@ -36,10 +36,17 @@ LOG_SUFFIXES = (".jsonl", ".json", ".traj", ".md", ".ndjson")
 class IngestRun:
     """Iterator of TraceStates plus the `IngestReport` it fills while iterating."""
 
-    def __init__(self, paths: Iterable[str | os.PathLike[str]], fmt: str, redactor: Redactor):
+    def __init__(
+        self,
+        paths: Iterable[str | os.PathLike[str]],
+        fmt: str,
+        redactor: Redactor,
+        exclude: Iterable[str | os.PathLike[str]] = (),
+    ):
         if fmt != "auto" and fmt not in READERS:
             raise ValueError(f"unknown format {fmt!r}; choose auto or one of {', '.join(FORMATS)}")
         self.paths = [Path(p).expanduser() for p in paths]
+        self.exclude = {os.path.realpath(Path(p).expanduser()) for p in exclude}
         self.format = fmt
         self.redactor = redactor
         self.report = IngestReport()
@@ -73,7 +80,7 @@ class IngestRun:
         yield from READERS[fmt](ReaderContext(path, fmt, rep, self.redactor))
 
     def _run(self) -> Iterator[TraceState]:
-        for path, explicit in _iter_files(self.paths):
+        for path, explicit in _iter_files(self.paths, self.exclude):
             why = None if path.is_dir() else unreadable_reason(path)
             if why is not None:
                 self.report.unreadable[str(path)] = why
@@ -95,20 +102,29 @@ def ingest(
     format: str = "auto",
     *,
     redactor: Redactor | None = None,
+    exclude: Iterable[str | os.PathLike[str]] = (),
 ) -> IngestRun:
     """Read agent logs into TraceStates (secrets redacted). ``paths`` may be files or directories
     (searched recursively for ``*.jsonl``, ``*.json``, ``*.traj``, ``*.md``). With
     ``format="auto"`` each file's format is detected; a file named explicitly whose format is
     unknown raises `UnknownFormatError`, one found under a directory is listed in
-    ``report.not_traces``."""
+    ``report.not_traces``. Files in ``exclude`` are never read (the output of an earlier run
+    written inside an input directory is not a log)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    return IngestRun(paths, format, redactor or Redactor())
+    return IngestRun(paths, format, redactor or Redactor(), exclude)
 
 
-def _iter_files(paths: list[Path]) -> Iterator[tuple[Path, bool]]:
-    """Log files under ``paths``; an OpenHands SDK ``events/`` directory (one JSON file per
-    event) is yielded once, as the directory, since its files only make sense together."""
+def _iter_files(paths: list[Path], exclude: set[str] = frozenset()) -> Iterator[tuple[Path, bool]]:
+    """Log files under ``paths`` except those whose real path is in ``exclude``; an OpenHands
+    SDK ``events/`` directory (one JSON file per event) is yielded once, as the directory, since
+    its files only make sense together."""
+    for path, explicit in _walk(paths):
+        if not exclude or os.path.realpath(path) not in exclude:
+            yield path, explicit
+
+
+def _walk(paths: list[Path]) -> Iterator[tuple[Path, bool]]:
     for p in paths:
         if p.is_dir() and is_event_dir(p):
             yield p, True

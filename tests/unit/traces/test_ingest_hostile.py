@@ -57,3 +57,53 @@ def test_fifo_symlink_loop_dangling_and_unreadable_are_skipped_and_reported(tmp_
     ):
         assert f"skipped {src / name}:" in r.output, (name, r.output)
     assert b'"2+2?"' in out.read_bytes()  # the real log was ingested
+
+
+def _log(path):
+    msgs = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    path.write_bytes(orjson.dumps({"messages": msgs}) + b"\n")
+    return path.read_bytes()
+
+
+def test_out_that_is_the_input_is_refused_and_the_log_kept(tmp_path):
+    """``ingest X --out X`` (also through a symlink) used to overwrite the user's log."""
+    log = tmp_path / "session.jsonl"
+    before = _log(log)
+    (tmp_path / "alias.jsonl").symlink_to(log)
+    for out in (log, tmp_path / "alias.jsonl"):
+        r = runner.invoke(app, ["ingest", str(log), "--out", str(out)])
+        assert r.exit_code == 2, r.output
+        assert "would overwrite the log it reads" in r.output
+        assert log.read_bytes() == before
+
+
+def test_out_naming_a_log_inside_an_input_directory_is_refused(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    before = _log(logs / "session.jsonl")
+    r = runner.invoke(app, ["ingest", str(logs), "--out", str(logs / "session.jsonl")])
+    assert r.exit_code == 2, r.output
+    assert "inside the input directory" in r.output
+    assert (logs / "session.jsonl").read_bytes() == before
+
+
+def test_out_that_is_a_directory_is_a_clear_error(tmp_path):
+    log = tmp_path / "session.jsonl"
+    _log(log)
+    (tmp_path / "outdir").mkdir()
+    r = runner.invoke(app, ["ingest", str(log), "--out", str(tmp_path / "outdir")])
+    assert r.exit_code == 2, r.output
+    assert "is a directory" in r.output
+    assert not (tmp_path / "outdir.partial").exists()
+
+
+def test_rerun_with_out_inside_the_input_directory_does_not_read_its_own_output(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _log(logs / "session.jsonl")
+    out = logs / "states.jsonl"
+    for _ in range(2):
+        r = runner.invoke(app, ["ingest", str(logs), "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        assert len(out.read_bytes().splitlines()) == 1
+        assert str(out) not in r.output.replace("\n", "")
