@@ -10,11 +10,13 @@ reservation may free room); when nothing is in flight and it still does not fit,
 *exhausted* and every later reservation is refused, so the run stops cleanly.
 
 Usage a server reports is not trusted (`billed_usage`): billed prompt tokens are the reported
-count only when it is a count within the local upper bound, else the bound; billed completion
-tokens are the reported count only when it is a count within ``max_tokens``, else the answer's
-UTF-8 byte length (an upper bound on its tokens) capped at ``max_tokens``. A bill therefore never
-exceeds the call's reservation, so journaled spend never exceeds the budget whatever the server
-says; a call whose report was replaced is flagged as misreported.
+count only when it is a count between a local lower bound (`min_tokens`) and the local upper
+bound, else the upper bound; billed completion tokens are the reported count only when it is a
+count between the answer's lower bound and ``max_tokens``, else the answer's UTF-8 byte length
+(an upper bound on its tokens) capped at ``max_tokens``. A bill therefore never exceeds the
+call's reservation, so journaled spend never exceeds the budget whatever the server says, and a
+report too low to be true (0 tokens for a page of text) is billed as the worst case instead of
+as free; a call whose report was replaced is flagged as misreported.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from .teachers import TeacherResponse, TeacherSpec
 
 PER_MESSAGE_OVERHEAD_TOKENS = 8
 PER_REQUEST_OVERHEAD_TOKENS = 256
+MAX_CHARS_PER_TOKEN = 8
+"""Characters one token covers at most, on average over a text, for the lower bound: real
+tokenizers average about 4 characters of English or code per token (long whitespace runs
+aside), so a count below characters/8 is not a real count."""
 
 
 def worst_case_prompt_tokens(
@@ -41,6 +47,34 @@ def worst_case_prompt_tokens(
     server adds."""
     n = len(orjson.dumps(messages)) + (len(orjson.dumps(tools)) if tools else 0)
     return n + PER_MESSAGE_OVERHEAD_TOKENS * len(messages) + PER_REQUEST_OVERHEAD_TOKENS
+
+
+def min_tokens(chars: int, cap: int | None = None) -> int:
+    """Fewest tokens a text of ``chars`` characters can plausibly have: ``chars / 8`` rounded
+    down, at least 1 for any non-empty text, at most ``cap`` (a completion cut at
+    ``max_tokens`` may be denser than average)."""
+    floor = max(1, chars // MAX_CHARS_PER_TOKEN) if chars else 0
+    return floor if cap is None else min(cap, floor)
+
+
+def prompt_chars(messages: list[dict[str, Any]]) -> int:
+    """Characters of the text a prompt carries (message contents, tool-call names and
+    arguments): what `min_tokens` bounds from below."""
+    n = 0
+    for m in messages:
+        content = m.get("content")
+        n += len(content) if isinstance(content, str) else 0
+        n += _calls_chars(m.get("tool_calls"))
+    return n
+
+
+def _calls_chars(calls: Any) -> int:
+    n = 0
+    for c in calls if isinstance(calls, list) else ():
+        fn = c.get("function") if isinstance(c, dict) else None
+        if isinstance(fn, dict):
+            n += sum(len(v) for v in (fn.get("name"), fn.get("arguments")) if isinstance(v, str))
+    return n
 
 
 def worst_case_cost(spec: TeacherSpec, prompt_tokens_bound: int) -> float:
@@ -57,16 +91,28 @@ class BilledUsage:
     misreport: str | None = None
 
 
-def billed_usage(spec: TeacherSpec, prompt_bound: int, resp: TeacherResponse) -> BilledUsage:
-    """Bound the billed tokens by what was asked (see the module docstring)."""
+def billed_usage(
+    spec: TeacherSpec, prompt_bound: int, resp: TeacherResponse, prompt_floor: int = 0
+) -> BilledUsage:
+    """Bound the billed tokens from above by what was asked and from below by what was
+    exchanged (``prompt_floor``: `min_tokens` of the prompt; see the module docstring)."""
     problems = []
     prompt = resp.prompt_tokens
     if prompt is None or prompt > prompt_bound:
         problems.append(f"prompt_tokens={_show(resp, 'prompt_tokens')}")
         prompt = prompt_bound
+    elif prompt < prompt_floor:
+        problems.append(f"prompt_tokens={prompt} < {prompt_floor} for the prompt's text")
+        prompt = prompt_bound
     completion = resp.completion_tokens
-    if completion is None or completion > spec.max_tokens:
+    chars = len(resp.text) + _calls_chars(resp.tool_calls)
+    floor = min_tokens(chars, cap=spec.max_tokens)
+    if completion is not None and completion < floor:
+        problems.append(f"completion_tokens={completion} < {floor} for {chars} characters")
+        completion = None
+    elif completion is None or completion > spec.max_tokens:
         problems.append(f"completion_tokens={_show(resp, 'completion_tokens')}")
+    if completion is None or completion > spec.max_tokens:
         answer = orjson.dumps(resp.as_message()["content"]) + orjson.dumps(resp.tool_calls)
         completion = min(spec.max_tokens, len(answer))
     if not isinstance(resp.raw_usage, dict):

@@ -26,7 +26,14 @@ from composer_replication.progress import progress_bar
 from composer_replication.traces.redact import Redactor
 from composer_replication.traces.schema import TraceState
 
-from .budget import BudgetLedger, billed_usage, worst_case_cost, worst_case_prompt_tokens
+from .budget import (
+    BudgetLedger,
+    billed_usage,
+    min_tokens,
+    prompt_chars,
+    worst_case_cost,
+    worst_case_prompt_tokens,
+)
 from .journal import CallRecord, Journal, params_hash
 from .teachers import Teacher, TeacherError, TeacherSpec, build_teacher
 
@@ -98,7 +105,8 @@ class ReplayResult:
         for name, n in sorted(self.misreported_usage.items()):
             lines.append(
                 f"teacher {name!r} misreported usage on {n} calls: billed by the bound rule "
-                "(prompt <= local count, completion <= max_tokens); raw usage is in the journal"
+                "(a count above the local upper bound or max_tokens, or below the local lower bound "
+                "for the text exchanged, is billed at the upper bound); raw usage is in the journal"
             )
         if self.calls_maybe_paid_twice:
             lines.append(
@@ -237,7 +245,8 @@ class _Replayer:
                 **base, status="error", error_kind=err.kind, error=err.message[:2000],
                 attempts=err.attempts, tier=spec.tier,
             )  # fmt: skip
-        bill = billed_usage(spec, bound, resp)
+        floor = min_tokens(prompt_chars(messages)) if messages else 0
+        bill = billed_usage(spec, bound, resp, prompt_floor=floor)
         return CallRecord(
             **base,
             status="ok",

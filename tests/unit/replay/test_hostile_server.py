@@ -75,6 +75,7 @@ LYING_USAGE = {
     "negative": ({"prompt_tokens": -(10**9), "completion_tokens": -5}, False),
     "missing": ({}, True),
     "over_max_tokens": ({"completion_tokens": 16 * 205}, False),
+    "zero": ({"prompt_tokens": 0, "completion_tokens": 0}, False),  # too low: not free
 }
 
 
