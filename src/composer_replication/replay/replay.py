@@ -72,6 +72,7 @@ class ReplayResult:
     misreported_usage: dict[str, int] = field(default_factory=dict)  # teacher -> calls this run
     unreachable: dict[str, str] = field(default_factory=dict)  # teacher -> base_url (connection)
     calls_maybe_paid_twice: int = 0  # in flight when an earlier run was killed; sent again
+    lost_usd: float = 0.0  # worst case of every attempt killed runs left in flight (all runs)
     teacher_actions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def failed_reasons(self) -> dict[str, int]:
@@ -111,7 +112,12 @@ class ReplayResult:
         if self.calls_maybe_paid_twice:
             lines.append(
                 f"resumed: {self.calls_maybe_paid_twice} calls were in flight when an earlier run "
-                "stopped and were sent again; they may have been paid twice"
+                "stopped and may have been paid although no answer was recorded"
+            )
+        if self.lost_usd:
+            lines.append(
+                f"${self.lost_usd:.6f}: worst case of calls lost in flight by stopped runs, "
+                "counted against the budget (their provider may have billed them)"
             )
         for name, url in sorted(self.unreachable.items()):
             lines.append(
@@ -222,12 +228,20 @@ class _Replayer:
             res = await self.ledger.reserve(worst_case_cost(spec, bound), spec.name)
             if res is None:
                 return BUDGET
-            self.journal.add_intent(state.state_id, spec.name, phash)
+            intent = self.journal.add_intent(state.state_id, spec.name, phash, res.amount)
             rec = await self._send(state, teacher, messages, tools, phash, bound)
             await self.ledger.settle(res, rec.cost_usd)
-        self.journal.record(rec)
+        self.journal.record(rec, intent)
         self._account(rec)
         return rec
+
+    def worst_case_usd(self, state: TraceState | None, teacher: str) -> float:
+        """The reservation a call of ``state`` to ``teacher`` holds (0 if either is unknown)."""
+        spec = next((t.spec for t in self.teachers if t.spec.name == teacher), None)
+        if state is None or spec is None:
+            return 0.0
+        messages, tools, _ = self.request(state, spec)
+        return worst_case_cost(spec, worst_case_prompt_tokens(messages, tools))
 
     def _final(self, old: CallRecord) -> bool:
         """Whether a journaled outcome stands (else the call is sent again)."""
@@ -376,16 +390,18 @@ def _check_unique(clients: Sequence[Teacher]) -> None:
 async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_threshold,
                   min_agreement, infer_tools, retry_failed, max_states_in_flight, progress):  # fmt: skip
     jr.add_states(states)
-    maybe_paid_twice = jr.pending_intents()
     known = jr.get_meta("teachers", {})
     jr.set_meta("teachers", {**known, **{t.spec.name: t.spec.model_dump() for t in clients}})
-    ledger = BudgetLedger(budget_usd, spent_usd=jr.spent_usd())
+    ledger = BudgetLedger(budget_usd)
     rp = _Replayer(
         clients, jr, ledger,
         tools_by_session=session_tools(states) if infer_tools else {},
         retry_failed=retry_failed, tiered=tiered,
         agreement_threshold=agreement_threshold, min_agreement=min_agreement,
     )  # fmt: skip
+    # attempts a killed run left in flight may have been billed: their worst case is spent
+    maybe_paid_twice, _ = jr.adopt_lost_intents(lambda s, t: rp.worst_case_usd(jr.state(s), t))
+    ledger.spent_usd = ledger.max_committed_usd = jr.spent_usd() + jr.lost_usd()
     todo = [s for s in states if selected is None or s.state_id in selected]
     r = rp.result
     r.states_total, r.budget_usd = len(states), budget_usd
@@ -409,6 +425,7 @@ async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_t
     r.budget_exhausted = ledger.exhausted
     r.max_committed_usd = ledger.max_committed_usd
     r.journal_cost_usd = jr.spent_usd()
+    r.lost_usd = jr.lost_usd()
     r.usd_saved_estimate = _saved_usd(rp, r.calls_saved_gating, len(todo), len(states))
     return r
 
