@@ -39,6 +39,11 @@ def fail(message: str, code: int = BAD_INPUT) -> NoReturn:
     raise typer.Exit(code)
 
 
+def warn(message: str) -> None:
+    """Print ``warning: message`` on stderr (verbatim): something was skipped, the run goes on."""
+    err_console.print(Text.assemble(("warning:", "bold yellow"), " ", message))
+
+
 @contextmanager
 def exit_on(*errors: type[Exception], code: int = BAD_INPUT) -> Iterator[None]:
     """Turn the listed exceptions raised in the block into `fail` (message, then exit ``code``)."""

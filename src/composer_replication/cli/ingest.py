@@ -139,6 +139,9 @@ def print_summary(report: IngestReport, out: Path, console: Console) -> None:
     _counter(console, "orphaned tool calls/results", report.orphans())
     for path, why in report.unreadable.items():
         console.print(f"skipped {path}: {why}", markup=False, soft_wrap=True)
+    if report.duplicates:
+        shown = ", ".join(report.duplicates[:10])
+        console.print(f"read once (given more than once): {shown}", markup=False, soft_wrap=True)
     if report.not_traces:
         console.print(f"not agent logs (ignored): {', '.join(report.not_traces)}")
 

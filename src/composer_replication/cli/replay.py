@@ -11,23 +11,33 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from composer_replication.cli.common import BUDGET_EXHAUSTED, CHECK_FAILED, exit_on, fail
+from composer_replication.cli.common import BUDGET_EXHAUSTED, CHECK_FAILED, exit_on, fail, warn
 from composer_replication.traces.schema import TraceState
 
 
 def read_states(path: Path) -> list[TraceState]:
-    """TraceStates from a JSONL file written by ``ingest``; errors name the file and line."""
+    """TraceStates from a JSONL file written by ``ingest``; errors name the file and line. A
+    state id seen before is dropped with a warning (replayed twice, it would be paid twice)."""
     if not path.is_file():
         raise FileNotFoundError(f"states file not found: {path}")
-    states = []
+    states: list[TraceState] = []
+    first_line: dict[str, int] = {}
+    dups: list[str] = []
     with open(path, "rb") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                states.append(TraceState.from_json(line))
+                state = TraceState.from_json(line)
             except ValueError as err:
                 raise ValueError(f"{path}:{n}: not a TraceState: {err}") from err
+            if state.state_id in first_line:
+                dups.append(f"{path}:{n} (= line {first_line[state.state_id]})")
+                continue
+            first_line[state.state_id] = n
+            states.append(state)
+    if dups:
+        warn(f"{len(dups)} duplicate state ids skipped: {', '.join(dups[:5])}")
     return states
 
 

@@ -53,6 +53,7 @@ class ReplayResult:
     states_failed: dict[str, str] = field(default_factory=dict)  # state_id -> reason
     states_remaining: int = 0  # not finished because the budget ran out
     states_gated_out: int = 0
+    states_duplicate: int = 0  # dropped: same state_id as an earlier state (replayed once)
     calls_sent: int = 0
     calls_cached: int = 0
     calls_failed: int = 0
@@ -98,6 +99,8 @@ class ReplayResult:
             f"{self.calls_saved_gating}, tiers {self.calls_saved_tiers}"
             + (f", ~${self.usd_saved_estimate:.6f}" if self.usd_saved_estimate is not None else ""),
         ]
+        if self.states_duplicate:
+            lines.append(f"{self.states_duplicate} duplicate state ids replayed once")
         if self.budget_exhausted:
             lines.append(
                 f"budget exhausted: stopped cleanly, {self.states_remaining} states remain; "
@@ -389,6 +392,7 @@ def _check_unique(clients: Sequence[Teacher]) -> None:
 
 async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_threshold,
                   min_agreement, infer_tools, retry_failed, max_states_in_flight, progress):  # fmt: skip
+    states, duplicates = _unique(states)
     jr.add_states(states)
     known = jr.get_meta("teachers", {})
     jr.set_meta("teachers", {**known, **{t.spec.name: t.spec.model_dump() for t in clients}})
@@ -406,6 +410,7 @@ async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_t
     r = rp.result
     r.states_total, r.budget_usd = len(states), budget_usd
     r.calls_maybe_paid_twice = maybe_paid_twice
+    r.states_duplicate = duplicates
     r.calls_full_replay = len(states) * len(clients)
     r.states_gated_out = len(states) - len(todo)
     r.calls_saved_gating = r.states_gated_out * len(clients)
@@ -428,6 +433,15 @@ async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_t
     r.lost_usd = jr.lost_usd()
     r.usd_saved_estimate = _saved_usd(rp, r.calls_saved_gating, len(todo), len(states))
     return r
+
+
+def _unique(states: Sequence[TraceState]) -> tuple[list[TraceState], int]:
+    """``states`` with each state id once (first kept), and how many were dropped: a duplicate
+    would be sent and paid again, and its journal row would overwrite the first one's."""
+    by_id: dict[str, TraceState] = {}
+    for s in states:
+        by_id.setdefault(s.state_id, s)
+    return list(by_id.values()), len(states) - len(by_id)
 
 
 def _saved_usd(rp: _Replayer, saved_gating: int, n_todo: int, n_all: int) -> float | None:

@@ -80,7 +80,7 @@ class IngestRun:
         yield from READERS[fmt](ReaderContext(path, fmt, rep, self.redactor))
 
     def _run(self) -> Iterator[TraceState]:
-        for path, explicit in _iter_files(self.paths, self.exclude):
+        for path, explicit in _iter_files(self.paths, self.exclude, self.report.duplicates):
             why = None if path.is_dir() else unreadable_reason(path)
             if why is not None:
                 self.report.unreadable[str(path)] = why
@@ -115,13 +115,25 @@ def ingest(
     return IngestRun(paths, format, redactor or Redactor(), exclude)
 
 
-def _iter_files(paths: list[Path], exclude: set[str] = frozenset()) -> Iterator[tuple[Path, bool]]:
-    """Log files under ``paths`` except those whose real path is in ``exclude``; an OpenHands
-    SDK ``events/`` directory (one JSON file per event) is yielded once, as the directory, since
-    its files only make sense together."""
+def _iter_files(
+    paths: list[Path], exclude: set[str] = frozenset(), duplicates: list[str] | None = None
+) -> Iterator[tuple[Path, bool]]:
+    """Log files under ``paths`` except those whose real path is in ``exclude``, each real file
+    once (a file named directly and found in a directory, a symlink to a file already seen:
+    read twice, its states would be replayed and paid twice); later sightings are appended to
+    ``duplicates``. An OpenHands SDK ``events/`` directory (one JSON file per event) is yielded
+    once, as the directory, since its files only make sense together."""
+    seen: set[str] = set()
     for path, explicit in _walk(paths):
-        if not exclude or os.path.realpath(path) not in exclude:
-            yield path, explicit
+        real = os.path.realpath(path)
+        if real in exclude:
+            continue
+        if real in seen:
+            if duplicates is not None:
+                duplicates.append(str(path))
+            continue
+        seen.add(real)
+        yield path, explicit
 
 
 def _walk(paths: list[Path]) -> Iterator[tuple[Path, bool]]:

@@ -134,3 +134,27 @@ def test_tools_are_inferred_per_session(scripted):
     assert [t["function"]["name"] for t in tools["s1"]] == ["bash"]
     assert tier_settled({"a": {"content": "X  y"}, "b": {"content": "x y"}}, 2, 0.6)
     assert not tier_settled({"a": {"content": "x"}, "b": {"content": "z"}}, 2, 0.6)
+
+
+def test_duplicate_state_ids_are_replayed_and_paid_once(scripted, tmp_path):
+    """The same states twice (e.g. a file ingested twice): each call is sent once, and the
+    journal's spend equals what was paid."""
+    script, url = scripted
+    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, price_in_per_mtok=1.0,
+                       price_out_per_mtok=2.0, timeout_s=5)  # fmt: skip
+    states = make_states(4)
+    with Journal(tmp_path / "j.db") as jr:
+        r = asyncio.run(replay_trace(states + states, [spec], journal=jr, budget_usd=1))
+        assert r.cost_usd == pytest.approx(jr.spent_usd())
+    assert sum(script.requests.values()) == 4 == r.calls_sent
+    assert r.states_duplicate == 4 and "4 duplicate state ids replayed once" in r.summary()
+
+
+def test_read_states_drops_repeated_ids_with_a_warning(tmp_path, capsys):
+    from composer_replication.cli.replay import read_states
+
+    f = tmp_path / "s.jsonl"
+    lines = [s.to_json() + b"\n" for s in make_states(2)]
+    f.write_bytes(b"".join(lines + lines))
+    assert [s.state_id for s in read_states(f)] == ["st0000", "st0001"]
+    assert "2 duplicate state ids skipped" in " ".join(capsys.readouterr().err.split())

@@ -107,3 +107,18 @@ def test_rerun_with_out_inside_the_input_directory_does_not_read_its_own_output(
         assert r.exit_code == 0, r.output
         assert len(out.read_bytes().splitlines()) == 1
         assert str(out) not in r.output.replace("\n", "")
+
+
+def test_a_file_reached_twice_is_read_once(tmp_path):
+    """A file named directly and found in its directory, a symlink to it and a directory
+    given twice: its states are written once (twice, they would be replayed and paid twice)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _log(logs / "session.jsonl")
+    (logs / "alias.jsonl").symlink_to(logs / "session.jsonl")
+    out = tmp_path / "states.jsonl"
+    args = ["ingest", str(logs), str(logs / "session.jsonl"), str(logs), "--out", str(out)]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert len(out.read_bytes().splitlines()) == 1
+    assert "read once (given more than once)" in r.output
