@@ -90,7 +90,7 @@ def replay_command(
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:
     """Replay states with a teacher pool into a resumable journal, within a hard budget."""
-    from composer_replication.replay.journal import Journal
+    from composer_replication.replay.journal import Journal, JournalError
     from composer_replication.replay.replay import replay_trace
     from composer_replication.replay.teachers import PoolError, load_pool
 
@@ -99,7 +99,7 @@ def replay_command(
         pool = load_pool(teachers)
         all_states = read_states(states)[:limit]
     selected = _gate(all_states, out, student, gate_threshold, gate_top_percentile, console)
-    with exit_on(PoolError), Journal(out) as jr:
+    with exit_on(PoolError, JournalError), Journal(out) as jr:
         result = asyncio.run(
             replay_trace(
                 all_states, pool.teachers, journal=jr, budget_usd=budget_usd,

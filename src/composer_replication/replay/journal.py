@@ -15,11 +15,13 @@ from then on, so killing and resuming a replay cannot spend past its budget.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,6 +108,14 @@ class CallRecord:
     misreport: str | None = None  # why the server's usage was not used for billing
 
 
+class JournalError(Exception):
+    """The journal cannot be used (not a journal, corrupt, busy); the message names the file."""
+
+
+class JournalBusy(JournalError):
+    """Another process replays into the same journal right now."""
+
+
 class Journal:
     """SQLite journal of a replay (see the module docstring)."""
 
@@ -142,6 +152,32 @@ class Journal:
 
     def close(self) -> None:
         self.conn.close()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold ``<journal>.lock`` (``flock``, released by the kernel when the process dies) for
+        a replay: two replays of one journal would each enforce the budget alone. A sidecar
+        file, never the database itself: closing any descriptor of the database would drop
+        SQLite's own POSIX locks. Raises `JournalBusy` naming the journal."""
+        if str(self.path) == ":memory:":
+            yield
+            return
+        lock = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                raise JournalBusy(
+                    f"{self.path} is in use by another replay (pid {holder}); wait for it to "
+                    "finish or replay into another --out"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def __enter__(self) -> Journal:
         return self

@@ -374,9 +374,10 @@ async def replay_trace(
     _check_unique(clients)
     jr = journal if isinstance(journal, Journal) else Journal(journal)
     try:
-        return await _replay(states, clients, jr, budget_usd, selected, tiered,
-                             agreement_threshold, min_agreement, infer_tools, retry_failed,
-                             max_states_in_flight, progress)  # fmt: skip
+        with jr.exclusive():  # one replay per journal at a time: one budget ceiling
+            return await _replay(states, clients, jr, budget_usd, selected, tiered,
+                                 agreement_threshold, min_agreement, infer_tools, retry_failed,
+                                 max_states_in_flight, progress)  # fmt: skip
     finally:
         for t in owned:
             await t.aclose()

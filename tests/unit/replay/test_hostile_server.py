@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import socket
 import time
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 
 from composer_replication.cli.common import CHECK_FAILED
 from composer_replication.cli.replay import replay_command
-from composer_replication.replay.journal import Journal
+from composer_replication.replay.journal import Journal, JournalBusy
 from composer_replication.replay.replay import replay_trace
 from composer_replication.replay.teachers import OpenAITeacher, TeacherError, TeacherSpec
 
@@ -217,3 +218,19 @@ def test_no_secret_reaches_a_teacher_from_states_written_elsewhere(scripted, tmp
         for secret in (gh, aws, pw):
             assert secret not in seen and secret not in seen.replace("\\", "")
         assert "<REDACTED:" in text
+
+
+def test_second_replay_of_a_journal_in_use_is_refused(scripted, tmp_path):
+    """Two replays of one journal at once would each enforce the budget alone: while one holds
+    the journal, another gets exit 2 naming it and sends nothing."""
+    script, url = scripted
+    args = _cli_files(tmp_path, url, 3)
+    db = tmp_path / "r.db"
+    with Journal(db) as holder, holder.exclusive():
+        r = runner.invoke(app, args)
+        with pytest.raises(JournalBusy, match="in use by another replay"):
+            asyncio.run(replay_trace(make_states(1), [_spec(url)], journal=db))
+    assert r.exit_code == 2, r.output
+    assert f"{db} is in use by another replay (pid {os.getpid()})" in " ".join(r.output.split())
+    assert sum(script.requests.values()) == 0
+    assert runner.invoke(app, args).exit_code == 0  # released: the next run goes ahead
