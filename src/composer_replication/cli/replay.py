@@ -110,6 +110,8 @@ def replay_command(
         )  # fmt: skip
     console.print(result.summary(), markup=False)
     _print_failures(result, console)
+    if result.journal_error:
+        fail(result.journal_failure(), CHECK_FAILED)
     code = (
         CHECK_FAILED if result.states_failed else BUDGET_EXHAUSTED if result.budget_exhausted else 0
     )

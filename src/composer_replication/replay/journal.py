@@ -66,6 +66,8 @@ CREATE TABLE IF NOT EXISTS lost_calls (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS scores (state_id TEXT PRIMARY KEY, entropy REAL NOT NULL);
 """
+BUSY_TIMEOUT_S = 5.0
+"""Seconds a write waits for another process's lock on the database before it fails."""
 ADDED_CALL_COLUMNS = {"raw_usage": "BLOB", "misreport": "TEXT"}  # journals from older versions
 INTENTS = """
 CREATE TABLE IF NOT EXISTS intents (
@@ -122,7 +124,9 @@ class Journal:
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=30)
+        # a short busy wait: it blocks the replay's event loop (and the calls in flight) while
+        # another process holds a write lock; after it the write fails and the run stops
+        self.conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=BUSY_TIMEOUT_S)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.executescript(SCHEMA)

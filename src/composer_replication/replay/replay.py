@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+import orjson
 from rich.console import Console
 
 from composer_replication.progress import progress_bar
@@ -34,10 +37,11 @@ from .budget import (
     worst_case_cost,
     worst_case_prompt_tokens,
 )
-from .journal import CallRecord, Journal, params_hash
+from .journal import CallRecord, Journal, JournalError, params_hash
 from .teachers import Teacher, TeacherError, TeacherSpec, build_teacher
 
 BUDGET = "budget"  # sentinel outcome: the call was not sent because the budget is exhausted
+JOURNAL = "journal"  # sentinel outcome: not sent because the journal can no longer be written
 TRANSIENT_KINDS = frozenset({"connection", "timeout", "rate_limit", "server"})
 """Journaled failures of these kinds are sent again by the next run (no answer was received, so
 nothing is lost but the retry); other failures are final unless ``retry_failed``."""
@@ -52,6 +56,10 @@ class ReplayResult:
     states_completed: int = 0
     states_failed: dict[str, str] = field(default_factory=dict)  # state_id -> reason
     states_remaining: int = 0  # not finished because the budget ran out
+    states_not_started: int = 0  # not finished because the journal could not be written
+    journal_error: str | None = None  # why the journal could not be written (the run stopped)
+    calls_unrecorded: int = 0  # outcomes the journal refused (saved in ``unrecorded_path``)
+    unrecorded_path: str | None = None  # None with calls_unrecorded > 0: those answers are lost
     states_gated_out: int = 0
     states_duplicate: int = 0  # dropped: same state_id as an earlier state (replayed once)
     calls_sent: int = 0
@@ -76,6 +84,20 @@ class ReplayResult:
     lost_usd: float = 0.0  # worst case of every attempt killed runs left in flight (all runs)
     teacher_actions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
+    def journal_failure(self) -> str:
+        line = (
+            f"journal write failed ({self.journal_error}): no new call was started after it, "
+            f"{self.states_not_started} states not started"
+        )
+        if self.calls_unrecorded and self.unrecorded_path:
+            return line + (
+                f"; {self.calls_unrecorded} paid answers the journal refused are saved in "
+                f"{self.unrecorded_path}"
+            )
+        if self.calls_unrecorded:
+            return line + f"; {self.calls_unrecorded} paid answers could not be saved (lost)"
+        return line
+
     def failed_reasons(self) -> dict[str, int]:
         """Failed states counted by their first error kind (every failed state is counted)."""
         out: dict[str, int] = defaultdict(int)
@@ -99,6 +121,8 @@ class ReplayResult:
             f"{self.calls_saved_gating}, tiers {self.calls_saved_tiers}"
             + (f", ~${self.usd_saved_estimate:.6f}" if self.usd_saved_estimate is not None else ""),
         ]
+        if self.journal_error:
+            lines.append(self.journal_failure())
         if self.states_duplicate:
             lines.append(f"{self.states_duplicate} duplicate state ids replayed once")
         if self.budget_exhausted:
@@ -195,6 +219,7 @@ class _Replayer:
         self.skipped_by_teacher: dict[str, int] = defaultdict(int)  # calls saved by tiers
         self.advance: Callable[..., None] | None = None
         self.redactor = Redactor()
+        self.unrecorded: list[CallRecord] = []  # outcomes the journal refused to store
 
     def tiers(self) -> list[list[Teacher]]:
         if not self.tiered:
@@ -227,16 +252,36 @@ class _Replayer:
             self._advance()
             return old
         async with self.sems[spec.name]:
+            if self.result.journal_error:
+                return JOURNAL
             bound = worst_case_prompt_tokens(messages, tools)
             res = await self.ledger.reserve(worst_case_cost(spec, bound), spec.name)
             if res is None:
                 return BUDGET
-            intent = self.journal.add_intent(state.state_id, spec.name, phash, res.amount)
+            try:
+                intent = self.journal.add_intent(state.state_id, spec.name, phash, res.amount)
+            except sqlite3.Error as err:  # nothing sent yet: stop here, nothing is lost
+                self._journal_failed(err)
+                await self.ledger.settle(res, 0.0)
+                return JOURNAL
             rec = await self._send(state, teacher, messages, tools, phash, bound)
             await self.ledger.settle(res, rec.cost_usd)
-        self.journal.record(rec, intent)
+        self._record(rec, intent)
         self._account(rec)
         return rec
+
+    def _record(self, rec: CallRecord, intent: int) -> None:
+        """Journal an outcome; if the journal refuses it (locked, disk full, I/O error) keep the
+        paid answer in memory, to be saved next to the journal, and start no new call."""
+        try:
+            self.journal.record(rec, intent)
+        except sqlite3.Error as err:
+            self._journal_failed(err)
+            self.unrecorded.append(rec)
+
+    def _journal_failed(self, err: sqlite3.Error) -> None:
+        if not self.result.journal_error:
+            self.result.journal_error = f"{self.journal.path}: {type(err).__name__}: {err}"
 
     def worst_case_usd(self, state: TraceState | None, teacher: str) -> float:
         """The reservation a call of ``state`` to ``teacher`` holds (0 if either is unknown)."""
@@ -322,6 +367,9 @@ class _Replayer:
         tiers = self.tiers()
         for i, group in enumerate(tiers):
             outcomes = await asyncio.gather(*(self.call(state, t) for t in group))
+            if JOURNAL in outcomes:
+                r.states_not_started += 1
+                return
             if BUDGET in outcomes:
                 r.states_remaining += 1
                 return
@@ -394,9 +442,12 @@ def _check_unique(clients: Sequence[Teacher]) -> None:
 async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_threshold,
                   min_agreement, infer_tools, retry_failed, max_states_in_flight, progress):  # fmt: skip
     states, duplicates = _unique(states)
-    jr.add_states(states)
-    known = jr.get_meta("teachers", {})
-    jr.set_meta("teachers", {**known, **{t.spec.name: t.spec.model_dump() for t in clients}})
+    try:
+        jr.add_states(states)
+        known = jr.get_meta("teachers", {})
+        jr.set_meta("teachers", {**known, **{t.spec.name: t.spec.model_dump() for t in clients}})
+    except sqlite3.Error as err:  # before any call: bad input, nothing to lose
+        raise JournalError(f"{jr.path}: cannot write the journal: {err}") from err
     ledger = BudgetLedger(budget_usd)
     rp = _Replayer(
         clients, jr, ledger,
@@ -429,11 +480,27 @@ async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_t
     with progress_bar(console, "replay", total=len(todo) * len(clients)) as rp.advance:
         await asyncio.gather(*(one(s) for s in todo))
     r.budget_exhausted = ledger.exhausted
+    save_unrecorded(rp.unrecorded, jr.path, r)
     r.max_committed_usd = ledger.max_committed_usd
     r.journal_cost_usd = jr.spent_usd()
     r.lost_usd = jr.lost_usd()
     r.usd_saved_estimate = _saved_usd(rp, r.calls_saved_gating, len(todo), len(states))
     return r
+
+
+def save_unrecorded(recs: list[CallRecord], journal: Path, r: ReplayResult) -> None:
+    """Write outcomes the journal refused to ``<journal>.unrecorded.jsonl`` (appended: a
+    later run may add more), so paid answers survive a journal that cannot be written."""
+    r.calls_unrecorded = len(recs)
+    if not recs:
+        return
+    path = journal.with_name(journal.name + ".unrecorded.jsonl")
+    try:
+        with open(path, "ab") as fh:
+            fh.writelines(orjson.dumps(asdict(rec)) + b"\n" for rec in recs)
+    except OSError:
+        return  # the summary says the answers are lost
+    r.unrecorded_path = str(path)
 
 
 def _unique(states: Sequence[TraceState]) -> tuple[list[TraceState], int]:

@@ -158,3 +158,33 @@ def test_read_states_drops_repeated_ids_with_a_warning(tmp_path, capsys):
     f.write_bytes(b"".join(lines + lines))
     assert [s.state_id for s in read_states(f)] == ["st0000", "st0001"]
     assert "2 duplicate state ids skipped" in " ".join(capsys.readouterr().err.split())
+
+
+def test_journal_write_failure_stops_new_calls_and_keeps_paid_answers(scripted, tmp_path):
+    """The journal refuses a write (database is locked / disk full) after two calls: no new call
+    is started, the run ends with a summary naming the journal, and the answer the journal
+    refused is saved next to it instead of being lost."""
+    import sqlite3
+
+    import orjson
+
+    script, url = scripted
+    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5,
+                       max_concurrency=1)  # fmt: skip
+    jr = Journal(tmp_path / "j.db")
+    real, n = jr.record, [0]
+
+    def record(rec, intent=None):
+        n[0] += 1
+        if n[0] == 3:
+            raise sqlite3.OperationalError("database is locked")
+        real(rec, intent)
+
+    jr.record = record
+    with jr:
+        r = asyncio.run(replay_trace(make_states(6), [spec], journal=jr, max_states_in_flight=1))
+    assert sum(script.requests.values()) == 3 and r.calls_unrecorded == 1
+    assert "database is locked" in r.summary() and str(tmp_path / "j.db") in r.summary()
+    assert r.states_not_started == 3
+    saved = (tmp_path / "j.db.unrecorded.jsonl").read_bytes().splitlines()
+    assert orjson.loads(saved[0])["response"]["content"].startswith("Answer ")
