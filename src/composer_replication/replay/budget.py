@@ -6,8 +6,9 @@ A reservation is granted only if ``spent + reserved + amount <= budget``; when t
 the reservation is replaced by the cost computed from the returned ``usage``. Because every
 in-flight call holds its worst case, the total can never pass the budget, however many calls are
 in flight. A call that cannot be reserved waits while other calls are in flight (their unused
-reservation may free room); when nothing is in flight and it still does not fit, the ledger is
-*exhausted* and every later reservation is refused, so the run stops cleanly.
+reservation may free room); when nothing is in flight and it still does not fit, that call is
+refused (its state is skipped and reported) and later, smaller calls that fit still go ahead:
+the run stops only when nothing left fits.
 
 Usage a server reports is not trusted (`billed_usage`): billed prompt tokens are the reported
 count only when it is a count between a local lower bound (`min_tokens`) and the local upper
@@ -149,7 +150,8 @@ class BudgetLedger:
         self.spent_usd = spent_usd
         self.reserved_usd = 0.0
         self.in_flight = 0
-        self.exhausted = False
+        self.refused = 0  # calls refused because their worst case did not fit
+        self.smallest_refused_usd: float | None = None
         self.max_committed_usd = spent_usd  # highest spent+reserved ever seen (tests assert on it)
         self.calls_settled = 0
         self.overruns = 0  # calls whose real cost exceeded their reservation (a bad usage report)
@@ -161,10 +163,15 @@ class BudgetLedger:
             return True
         return self.spent_usd + self.reserved_usd + amount <= self.budget_usd + 1e-12
 
+    @property
+    def exhausted(self) -> bool:
+        """Whether some call was refused because the budget could not cover it."""
+        return self.refused > 0
+
     def try_reserve(self, amount: float, teacher: str = "") -> Reservation | None:
         """Reserve now or return None (never waits)."""
         with self._lock:
-            if self.exhausted or not self._fits(amount):
+            if not self._fits(amount):
                 return None
             self.reserved_usd += amount
             self.in_flight += 1
@@ -172,19 +179,25 @@ class BudgetLedger:
             return Reservation(amount, teacher)
 
     async def reserve(self, amount: float, teacher: str = "") -> Reservation | None:
-        """Reserve, waiting for in-flight calls to settle if needed; None once exhausted."""
+        """Reserve, waiting for in-flight calls to settle if needed; None when ``amount`` does
+        not fit even with nothing in flight (only this call is refused: a smaller one may fit)."""
         if self._cond is None:
             self._cond = asyncio.Condition()
         async with self._cond:
             while True:
                 res = self.try_reserve(amount, teacher)
-                if res is not None or self.exhausted:
+                if res is not None:
                     return res
                 if self.in_flight == 0:
-                    self.exhausted = True
-                    self._cond.notify_all()
+                    self._refuse(amount)
                     return None
                 await self._cond.wait()
+
+    def _refuse(self, amount: float) -> None:
+        with self._lock:
+            self.refused += 1
+            low = self.smallest_refused_usd
+            self.smallest_refused_usd = amount if low is None else min(low, amount)
 
     def _finish(self, res: Reservation, actual: float) -> None:
         with self._lock:

@@ -40,7 +40,7 @@ from .budget import (
 from .journal import CallRecord, Journal, JournalError, params_hash
 from .teachers import Teacher, TeacherError, TeacherSpec, build_teacher
 
-BUDGET = "budget"  # sentinel outcome: the call was not sent because the budget is exhausted
+BUDGET = "budget"  # sentinel outcome: not sent, its worst case does not fit the budget left
 JOURNAL = "journal"  # sentinel outcome: not sent because the journal can no longer be written
 TRANSIENT_KINDS = frozenset({"connection", "timeout", "rate_limit", "server"})
 """Journaled failures of these kinds are sent again by the next run (no answer was received, so
@@ -71,7 +71,8 @@ class ReplayResult:
     cost_usd: float = 0.0  # spent by this run
     journal_cost_usd: float = 0.0  # everything the journal has spent, all runs
     budget_usd: float | None = None
-    budget_exhausted: bool = False
+    budget_exhausted: bool = False  # some state was skipped: its worst case did not fit
+    smallest_refused_usd: float | None = None
     max_committed_usd: float = 0.0
     calls_full_replay: int = 0  # states x teachers, before gating and tiers
     calls_saved_gating: int = 0
@@ -126,9 +127,11 @@ class ReplayResult:
         if self.states_duplicate:
             lines.append(f"{self.states_duplicate} duplicate state ids replayed once")
         if self.budget_exhausted:
+            need = self.smallest_refused_usd or 0.0
             lines.append(
-                f"budget exhausted: stopped cleanly, {self.states_remaining} states remain; "
-                "rerun with a larger --budget-usd to continue"
+                f"budget exhausted: stopped cleanly, {self.states_remaining} states remain "
+                f"(skipped: their worst case did not fit what was left; the smallest needs "
+                f"${need:.6f}); rerun with a larger --budget-usd to continue"
             )
         for name, n in sorted(self.misreported_usage.items()):
             lines.append(
@@ -480,6 +483,7 @@ async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_t
     with progress_bar(console, "replay", total=len(todo) * len(clients)) as rp.advance:
         await asyncio.gather(*(one(s) for s in todo))
     r.budget_exhausted = ledger.exhausted
+    r.smallest_refused_usd = ledger.smallest_refused_usd
     save_unrecorded(rp.unrecorded, jr.path, r)
     r.max_committed_usd = ledger.max_committed_usd
     r.journal_cost_usd = jr.spent_usd()

@@ -33,10 +33,11 @@ def test_reserve_refuses_what_does_not_fit():
         b = await led.reserve(0.5)
         assert b is not None and led.spent_usd == pytest.approx(0.2)
         await led.settle(b, 0.5)
-        return await led.reserve(0.5)  # 0.3 left, nothing in flight -> exhausted
+        return await led.reserve(0.5)  # 0.3 left, nothing in flight -> refused
 
     assert asyncio.run(go()) is None
-    assert led.exhausted and led.try_reserve(0.0) is None
+    assert led.exhausted and led.smallest_refused_usd == 0.5
+    assert led.try_reserve(0.3) is not None  # a call that fits still goes ahead
     assert led.max_committed_usd <= 1.0 + 1e-12
 
 
@@ -150,3 +151,22 @@ def test_plausible_low_usage_is_trusted():
     bill = billed_usage(spec, 1000, _resp("y" * 400, 50, 16), prompt_floor=50)
     assert (bill.prompt_tokens, bill.completion_tokens, bill.misreport) == (50, 16, None)
     assert billed_usage(spec, 1000, _resp("", 50, 0), prompt_floor=1).misreport is None
+
+
+def test_a_state_that_does_not_fit_is_skipped_and_the_rest_replayed(scripted, tmp_path):
+    """One state whose worst case alone exceeds the budget comes first: it is skipped and
+    reported, and the small states after it are still replayed (it used to stop the run)."""
+    script, url = scripted
+    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, price_in_per_mtok=1.0,
+                       price_out_per_mtok=1.0, timeout_s=5)  # fmt: skip
+    states = make_states(5)
+    states[0].prefix[1]["content"] = "x" * 20_000  # worst case ~$0.02
+    small = worst_case_prompt_tokens(states[1].prefix) + 8
+    budget = 5 * small / 1e6
+    with Journal(tmp_path / "j.db") as jr:
+        r = asyncio.run(replay_trace(states, [spec], journal=jr, budget_usd=budget,
+                                     max_states_in_flight=1))  # fmt: skip
+        assert jr.spent_usd() <= budget
+    assert r.states_completed == 4 and r.states_remaining == 1 and r.budget_exhausted
+    assert sum(script.requests.values()) == 4
+    assert "1 states remain" in r.summary() and "the smallest needs $0.02" in r.summary()
