@@ -19,8 +19,10 @@ A pool is a YAML file validated by pydantic (field names are fixed so scripts ca
 
 Remote teachers use the official ``openai`` SDK (``AsyncOpenAI`` with ``max_retries=0``); retries
 live here, at the network edge: exponential backoff with full jitter on 429, 5xx, timeouts and
-connection errors, honouring ``Retry-After`` / ``retry-after-ms``. A response that is not a valid
-chat completion is a `TeacherError` with ``kind="malformed"`` (recorded, never a crash).
+connection errors, honouring ``Retry-After`` / ``retry-after-ms`` up to ``backoff_cap_s`` (a
+longer requested wait fails the call at once, saying so; a re-run retries it). A response that is
+not a valid chat completion is a `TeacherError` with ``kind="malformed"`` (recorded, never a
+crash).
 """
 
 from __future__ import annotations
@@ -222,10 +224,11 @@ def backoff_delay(
     attempt: int, retry_after: float | None, base: float = 0.5, cap: float = 30.0
 ) -> float:
     """Full-jitter exponential backoff (AWS architecture blog, "Exponential Backoff and Jitter"):
-    ``uniform(0, min(cap, base * 2**attempt))``; a server's Retry-After is a floor (capped at 5 min)."""
+    ``uniform(0, min(cap, base * 2**attempt))``; a server's Retry-After is a floor, itself capped
+    at ``cap`` (the pool's ``backoff_cap_s`` is the longest any retry waits)."""
     delay = random.uniform(0, min(cap, base * 2**attempt))
     if retry_after is not None:
-        delay = max(delay, min(retry_after, 300.0))
+        delay = max(delay, min(retry_after, cap))
     return delay
 
 
@@ -326,6 +329,8 @@ class OpenAITeacher:
                 err.attempts = attempt + 1
                 if not err.retryable or attempt == self.spec.max_retries:
                     raise
+                if err.retry_after is not None and err.retry_after > self.spec.backoff_cap_s:
+                    raise self._too_long_to_wait(err) from None
                 await self._sleep(
                     backoff_delay(
                         attempt, err.retry_after, self.spec.backoff_base_s, self.spec.backoff_cap_s
@@ -336,6 +341,15 @@ class OpenAITeacher:
             resp.latency_s = time.perf_counter() - t0
             return resp
         raise AssertionError("unreachable")
+
+    def _too_long_to_wait(self, err: TeacherError) -> TeacherError:
+        """Fail fast when a server asks for a longer wait than ``backoff_cap_s``: sleeping for it
+        would stall the run silently; a re-run retries the call (the error stays transient)."""
+        err.message += (
+            f"; the server asked to wait {err.retry_after:g} s (Retry-After), more than "
+            f"backoff_cap_s={self.spec.backoff_cap_s:g} s: not retried in this run"
+        )
+        return err
 
     async def _once(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None

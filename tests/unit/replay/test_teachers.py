@@ -110,7 +110,8 @@ def test_backoff_is_jittered_exponential_and_honours_retry_after():
         d = [backoff_delay(attempt, None, base=0.5, cap=4) for _ in range(200)]
         assert 0 <= min(d) and max(d) <= min(4, 0.5 * 2**attempt)
         assert len(set(d)) > 100  # jitter
-    assert backoff_delay(0, 7.0, base=0.5, cap=4) >= 7.0
+    assert backoff_delay(0, 3.0, base=0.5, cap=4) >= 3.0
+    assert backoff_delay(0, 1e9, base=0.5, cap=4) <= 4  # Retry-After never waits past the cap
 
 
 def test_parse_completion_rejects_malformed():
@@ -168,7 +169,7 @@ def test_client_honours_retry_after_header(scripted):
         sleeps.append(s)
 
     async def go():
-        t = OpenAITeacher(_spec(url, max_retries=2), sleep=fake_sleep)
+        t = OpenAITeacher(_spec(url, max_retries=2, backoff_cap_s=5), sleep=fake_sleep)
         try:
             await t.complete([{"role": "user", "content": "q"}])
         finally:
@@ -178,6 +179,33 @@ def test_client_honours_retry_after_header(scripted):
         asyncio.run(go())
     assert ei.value.kind == "rate_limit" and ei.value.attempts == 3
     assert sleeps and all(s >= 2.0 for s in sleeps)
+
+
+def test_retry_after_longer_than_the_backoff_cap_fails_fast_and_says_so(scripted):
+    """``Retry-After: 1000000000`` used to sleep 300 s per retry in silence: a wait longer than
+    ``backoff_cap_s`` is not slept; the call fails at once (transient: a re-run retries it) with
+    the requested wait in its message."""
+    script, url = scripted
+    script.p429, script.retry_after = 1.0, "1000000000"
+    sleeps: list[float] = []
+
+    async def fake_sleep(s: float) -> None:
+        sleeps.append(s)
+
+    async def go():
+        t = OpenAITeacher(_spec(url, max_retries=5, backoff_cap_s=0.2), sleep=fake_sleep)
+        try:
+            await t.complete([{"role": "user", "content": "q"}])
+        finally:
+            await t.aclose()
+
+    with pytest.raises(TeacherError) as ei:
+        asyncio.run(go())
+    assert ei.value.kind == "rate_limit" and ei.value.retryable and ei.value.attempts == 1
+    assert "asked to wait 1e+09 s (Retry-After), more than backoff_cap_s=0.2 s" in str(
+        ei.value.message
+    )
+    assert sleeps == []
 
 
 def test_client_times_out_and_reports_malformed(scripted):
