@@ -286,10 +286,16 @@ def parse_completion(body: bytes) -> TeacherResponse:
 
 
 def _clean_call(c: dict[str, Any]) -> dict[str, Any]:
+    """One tool call in our shape. Its id must be a string (missing or null: ``""``, a server
+    that does not number calls): an integer id would reach the journal and later break the
+    preference dataset's typed columns, so it makes the answer malformed here, at the edge."""
     fn = c["function"]
     args = fn.get("arguments", "{}")
+    call_id = c.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise TypeError(f"tool call id must be a string, got {type(call_id).__name__}")
     return {
-        "id": c.get("id", ""),
+        "id": call_id or "",
         "type": "function",
         "function": {
             "name": fn["name"],

@@ -122,12 +122,20 @@ def test_parse_completion_rejects_malformed():
     )
     assert ok.text == "hi" and ok.prompt_tokens == 3 and ok.completion_tokens == 2
     assert ok.tool_calls[0]["function"]["arguments"] == '{"a":1}'
+    no_id = parse_completion(
+        b'{"choices":[{"message":{"content":"","tool_calls":[{"id":null,"type":"function",'
+        b'"function":{"name":"f","arguments":"{}"}}]}}]}'
+    )
+    assert no_id.tool_calls[0]["id"] == ""
     for bad in (
         b'{"choices": [',
         b"{}",
         b'{"choices": []}',
         b"[1]",
         b'{"choices":[{"message":1}]}',
+        # a non-string tool-call id broke `pairs --tool-format openai` after pairs.jsonl
+        b'{"choices":[{"message":{"content":"","tool_calls":[{"id":7,"type":"function",'
+        b'"function":{"name":"f","arguments":"{}"}}]}}]}',
     ):
         with pytest.raises(TeacherError) as ei:
             parse_completion(bad)
