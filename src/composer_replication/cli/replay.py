@@ -98,7 +98,8 @@ def replay_command(
     with exit_on(PoolError, FileNotFoundError, ValueError):
         pool = load_pool(teachers)
         all_states = read_states(states)[:limit]
-    selected = _gate(all_states, out, student, gate_threshold, gate_top_percentile, console)
+    with exit_on(JournalError):
+        selected = _gate(all_states, out, student, gate_threshold, gate_top_percentile, console)
     with exit_on(PoolError, JournalError), Journal(out) as jr:
         result = asyncio.run(
             replay_trace(
@@ -182,6 +183,7 @@ def pairs_command(
     from composer_replication.prefs.agreement import MiniLMEmbedder
     from composer_replication.prefs.export import pairs_from_journal
     from composer_replication.prefs.normalize import NormalizeConfig
+    from composer_replication.replay.journal import JournalError
 
     if strategy not in ("plurality", "weighted"):
         fail(f"--strategy must be plurality or weighted, got {strategy!r}")
@@ -196,7 +198,7 @@ def pairs_command(
             require_data_juicer()
     cfg = NormalizeConfig(min_words=min_words, max_special_char_ratio=max_special_char_ratio,
                           dedup=dedup, backend=normalize_backend)  # fmt: skip
-    with exit_on(FileNotFoundError):
+    with exit_on(FileNotFoundError, JournalError):
         res = pairs_from_journal(
             db, agreement_threshold=agreement_threshold, strategy=strategy,  # type: ignore[arg-type]
             embedder=MiniLMEmbedder() if embeddings else None,

@@ -124,6 +124,16 @@ class Journal:
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._open()
+        except sqlite3.DatabaseError as err:  # a text file, a torn copy, bad pages
+            if hasattr(self, "conn"):
+                self.conn.close()
+            raise JournalError(
+                f"{self.path}: not a replay journal, or a damaged one (SQLite: {err})"
+            ) from err
+
+    def _open(self) -> None:
         # a short busy wait: it blocks the replay's event loop (and the calls in flight) while
         # another process holds a write lock; after it the write fails and the run stops
         self.conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=BUSY_TIMEOUT_S)
