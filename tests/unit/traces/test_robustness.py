@@ -216,3 +216,34 @@ def test_reader_crash_on_one_file_is_reported_and_the_run_goes_on(tmp_path: Path
     run = ingest([logs])
     assert len(list(run)) == 1
     assert "TypeError: boom" in run.report.unreadable[str(logs / "a.jsonl")]
+
+
+def _calls_answered_in_order(prefix: list[dict]) -> bool:
+    """Every assistant tool call is followed by exactly one tool message for its id."""
+    for i, m in enumerate(prefix):
+        ids = [c["id"] for c in m.get("tool_calls") or []]
+        after = [x.get("tool_call_id") for x in prefix[i + 1 : i + 1 + len(ids)]]
+        if ids and (len(set(ids)) != len(ids) or after != ids):
+            return False
+    return True
+
+
+def test_repeated_tool_call_ids_in_one_action_keep_the_prefix_valid(tmp_path: Path) -> None:
+    """Two calls ``T1`` in one assistant message (then two ``T1`` results) used to give a prefix
+    with two ``T1`` calls and one tool message; the copy is renamed ``T1#2``, gets the second
+    result, and is reported."""
+    call = {"type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    msgs = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "T1", **call}] * 2},
+        {"role": "tool", "tool_call_id": "T1", "content": "one"},
+        {"role": "tool", "tool_call_id": "T1", "content": "two"},
+        {"role": "assistant", "content": "done"},
+    ]
+    log = tmp_path / "chat.jsonl"
+    log.write_bytes(orjson.dumps({"messages": msgs}) + b"\n")
+    run = ingest([log])
+    last = list(run)[-1]
+    assert _calls_answered_in_order(last.prefix)
+    assert [m.get("content") for m in last.prefix[2:4]] == ["one", "two"]
+    assert run.report.orphans() == {"duplicate_tool_call_id": 1}
