@@ -61,6 +61,7 @@ class ReplayResult:
     calls_unrecorded: int = 0  # outcomes the journal refused (saved in ``unrecorded_path``)
     unrecorded_path: str | None = None  # None with calls_unrecorded > 0: those answers are lost
     states_gated_out: int = 0
+    states_skipped_empty: int = 0  # empty prefix: nothing to send (not a failure)
     states_duplicate: int = 0  # dropped: same state_id as an earlier state (replayed once)
     calls_sent: int = 0
     calls_cached: int = 0
@@ -122,6 +123,11 @@ class ReplayResult:
             f"{self.calls_saved_gating}, tiers {self.calls_saved_tiers}"
             + (f", ~${self.usd_saved_estimate:.6f}" if self.usd_saved_estimate is not None else ""),
         ]
+        if self.states_skipped_empty:
+            lines.append(
+                f"{self.states_skipped_empty} states skipped: empty prefix (the session's "
+                "opening action), nothing to send to a teacher"
+            )
         if self.journal_error:
             lines.append(self.journal_failure())
         if self.states_duplicate:
@@ -362,8 +368,8 @@ class _Replayer:
 
     async def run_state(self, state: TraceState) -> None:
         r = self.result
-        if not state.prefix:
-            r.states_failed[state.state_id] = "empty prefix: nothing to send to a teacher"
+        if not state.prefix:  # a session's opening action: there is no question to ask
+            r.states_skipped_empty += 1
             return
         answers: dict[str, dict[str, Any]] = {}
         errors: list[str] = []
