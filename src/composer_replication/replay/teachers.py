@@ -47,7 +47,7 @@ RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 class TeacherSpec(BaseModel):
     """One teacher of a pool (see the module docstring for the YAML shape)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # "12" is no int
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/@-]+$")
     """Unique name in the pool; journal rows and pair provenance use it."""
@@ -108,7 +108,7 @@ class TeacherSpec(BaseModel):
 class TeacherPool(BaseModel):
     """A YAML teacher pool: ``teachers: [TeacherSpec, ...]`` with unique names."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # "12" is no int
 
     teachers: list[TeacherSpec] = Field(min_length=1)
     """The teachers; order is kept (ties in consensus break in this order)."""

@@ -66,6 +66,11 @@ def test_pool_yaml_fields(tmp_path):
         ("teachers: [\n", "not valid YAML"),
         ("teachers:\n  - {name: a, base_url: http://x/v1, model: m, api_key_env: 'sk-abc def'}\n",
          "teachers.0.api_key_env"),
+        # strict types: a quoted number or a boolean is no count (both were coerced)
+        ("teachers:\n  - {name: a, base_url: http://x/v1, model: m, max_tokens: '12'}\n",
+         "teachers.0.max_tokens: Input should be a valid integer"),
+        ("teachers:\n  - {name: a, base_url: http://x/v1, model: m, tier: true}\n",
+         "teachers.0.tier: Input should be a valid integer"),
     ],
 )  # fmt: skip
 def test_pool_errors_name_file_and_field(tmp_path, yaml_text, needle):
