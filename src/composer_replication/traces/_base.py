@@ -26,6 +26,7 @@ from .schema import (
 
 NO_RESULT = "[no tool result recorded]"
 MAX_PATH_ENTRIES = 50_000  # bound for per-session uuid bookkeeping (Claude Code rewinds)
+BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark, skipped at the start of a file
 READ_BLOCK = 64 * 1024  # bytes of raw lines scanned and decoded at once (64 KB: stays in L2)
 
 # A record handler returns None when the line was used, or a skip reason.
@@ -88,6 +89,8 @@ def run_jsonl(
         with open(ctx.path, "rb") as fh:
             for block, pos, size in _line_spans(fh):
                 rep.bytes += size - pos
+                if lineno == 0 and block.startswith(BOM):  # Windows editors: not line 1's JSON
+                    pos = len(BOM)
                 view, find = memoryview(block), block.find
                 # sorted end offsets of trigger matches; a line holds those in (start, end]
                 hits: list[int] = []
@@ -190,6 +193,7 @@ def load_document(ctx: ReaderContext) -> Any:
     rep = ctx.report
     data = ctx.path.read_bytes()
     rep.bytes += len(data)
+    data = data.removeprefix(BOM)
     n = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
     rep.total_lines += n
     if not data.strip():

@@ -39,7 +39,7 @@ def detect_format(path: Path) -> str:
 def sniff(path: Path) -> str | None:
     name = path.name
     with open(path, "rb") as fh:
-        head = fh.read(HEAD_BYTES)
+        head = fh.read(HEAD_BYTES).removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM
     if name.endswith(".md"):
         return "aider" if _looks_aider(head) else None
     if name.endswith((".traj", ".traj.json")):

@@ -31,6 +31,12 @@ READERS: dict[str, Callable[[ReaderContext], Iterator[TraceState]]] = {
 assert set(READERS) == set(FORMATS)
 
 LOG_SUFFIXES = (".jsonl", ".json", ".traj", ".md", ".ndjson")
+COMPRESSED_SUFFIXES = tuple(s + ".gz" for s in LOG_SUFFIXES)  # listed as unreadable, not skipped
+NOT_UTF8 = {
+    b"\x1f\x8b": "gzip-compressed: decompress it first (gunzip)",
+    b"\xff\xfe": "UTF-16/32 text, not UTF-8: convert it first (iconv -t UTF-8)",
+    b"\xfe\xff": "UTF-16 text, not UTF-8: convert it first (iconv -t UTF-8)",
+}
 
 
 class IngestRun:
@@ -81,7 +87,7 @@ class IngestRun:
 
     def _run(self) -> Iterator[TraceState]:
         for path, explicit in _iter_files(self.paths, self.exclude, self.report.duplicates):
-            why = None if path.is_dir() else unreadable_reason(path)
+            why = None if path.is_dir() else unreadable_reason(path) or encoding_problem(path)
             if why is not None:
                 self.report.unreadable[str(path)] = why
                 continue
@@ -136,6 +142,22 @@ def _iter_files(
         yield path, explicit
 
 
+def encoding_problem(path: Path) -> str | None:
+    """Why a file's bytes cannot be a UTF-8 log (gzip, UTF-16/32), from its first bytes; read
+    line by line, such a file would only be skipped line after line, with exit code 0."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+    except OSError:
+        return None  # the read itself reports it
+    for magic, why in NOT_UTF8.items():
+        if head.startswith(magic):
+            return why
+    if b"\x00" in head:
+        return "NUL bytes: UTF-16/32 text or binary, not a UTF-8 log"
+    return None
+
+
 def _walk(paths: list[Path]) -> Iterator[tuple[Path, bool]]:
     for p in paths:
         if p.is_dir() and is_event_dir(p):
@@ -147,7 +169,7 @@ def _walk(paths: list[Path]) -> Iterator[tuple[Path, bool]]:
                     yield Path(root), False
                     continue
                 for name in sorted(files):
-                    if name.endswith(LOG_SUFFIXES):
+                    if name.endswith(LOG_SUFFIXES + COMPRESSED_SUFFIXES):
                         yield Path(root) / name, False
         elif p.is_file():
             yield p, True

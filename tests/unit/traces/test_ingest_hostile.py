@@ -122,3 +122,29 @@ def test_a_file_reached_twice_is_read_once(tmp_path):
     assert r.exit_code == 0, r.output
     assert len(out.read_bytes().splitlines()) == 1
     assert "read once (given more than once)" in r.output
+
+
+def test_bom_utf16_gzip_and_gz_files_are_read_or_reported(tmp_path):
+    """A UTF-8 BOM no longer costs line 1 (nor rejects a .json document); UTF-16 or gzip bytes
+    in a .jsonl file and a .jsonl.gz file in a directory are listed as unreadable, with why,
+    instead of being skipped line by line (or ignored) with exit 0."""
+    import gzip
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    msgs = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    line = orjson.dumps({"messages": msgs}) + b"\n"
+    (logs / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + line)
+    (logs / "bom.json").write_bytes(b"\xef\xbb\xbf" + orjson.dumps(msgs))
+    (logs / "utf16.jsonl").write_bytes(line.decode().encode("utf-16"))
+    (logs / "zipped.jsonl").write_bytes(gzip.compress(line))
+    (logs / "old.jsonl.gz").write_bytes(gzip.compress(line))
+    out = tmp_path / "states.jsonl"
+    r = runner.invoke(app, ["ingest", str(logs), "--out", str(out)])
+    flat = " ".join(r.output.split())
+    assert r.exit_code == 0, r.output
+    assert len(out.read_bytes().splitlines()) == 2  # one state from each BOM file
+    assert "skipped lines by reason: none" in flat
+    assert f"skipped {logs / 'utf16.jsonl'}: UTF-16/32 text" in flat
+    assert f"skipped {logs / 'zipped.jsonl'}: gzip-compressed" in flat
+    assert f"skipped {logs / 'old.jsonl.gz'}: gzip-compressed" in flat
