@@ -81,6 +81,7 @@ class ReplayResult:
     usd_saved_estimate: float | None = None
     errors_by_kind: dict[str, int] = field(default_factory=dict)
     misreported_usage: dict[str, int] = field(default_factory=dict)  # teacher -> calls this run
+    flagged_answers: dict[str, int] = field(default_factory=dict)  # "teacher: why" -> calls
     unreachable: dict[str, str] = field(default_factory=dict)  # teacher -> base_url (connection)
     calls_maybe_paid_twice: int = 0  # in flight when an earlier run was killed; sent again
     lost_usd: float = 0.0  # worst case of every attempt killed runs left in flight (all runs)
@@ -139,6 +140,8 @@ class ReplayResult:
                 f"(skipped: their worst case did not fit what was left; the smallest needs "
                 f"${need:.6f}); rerun with a larger --budget-usd to continue"
             )
+        for what, n in sorted(self.flagged_answers.items()):
+            lines.append(f"flagged answers: {what} on {n} calls (answers kept)")
         for name, n in sorted(self.misreported_usage.items()):
             lines.append(
                 f"teacher {name!r} misreported usage on {n} calls: billed by the bound rule "
@@ -318,6 +321,9 @@ class _Replayer:
             )  # fmt: skip
         floor = min_tokens(prompt_chars(messages)) if messages else 0
         bill = billed_usage(spec, bound, resp, prompt_floor=floor)
+        for why in resp.anomalies:
+            key = f"teacher {spec.name!r} {why}"
+            self.result.flagged_answers[key] = self.result.flagged_answers.get(key, 0) + 1
         return CallRecord(
             **base,
             status="ok",

@@ -159,6 +159,8 @@ class TeacherResponse:
     latency_s: float = 0.0
     raw_usage: Any = None
     """The server's ``usage`` block as sent (journaled for audit, never trusted for billing)."""
+    anomalies: list[str] = field(default_factory=list)
+    """Odd but usable: another model answered, several choices came back (`parse_completion`)."""
 
     def as_message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": self.text}
@@ -258,8 +260,10 @@ def token_count(value: Any) -> int | None:
     return int(value)
 
 
-def parse_completion(body: bytes) -> TeacherResponse:
-    """Validate a chat-completion JSON body; raise ``TeacherError('malformed')`` otherwise."""
+def parse_completion(body: bytes, model: str | None = None) -> TeacherResponse:
+    """Validate a chat-completion JSON body; raise ``TeacherError('malformed')`` otherwise. An
+    answer that is valid but odd for the request (another ``model`` than ``model``, more than
+    the one choice asked for) is kept and flagged in ``anomalies``."""
     try:
         obj = orjson.loads(body)
         msg = obj["choices"][0]["message"]
@@ -279,10 +283,29 @@ def parse_completion(body: bytes) -> TeacherResponse:
             completion_tokens=token_count(usage.get("completion_tokens")),
             finish_reason=obj["choices"][0].get("finish_reason"),
             raw_usage=obj.get("usage"),
+            anomalies=_anomalies(obj, model),
         )
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as err:
         snippet = body[:120].decode("utf-8", "replace")
         raise TeacherError("malformed", f"{type(err).__name__}: {err}; body={snippet!r}") from err
+
+
+def _anomalies(obj: dict[str, Any], model: str | None) -> list[str]:
+    """What is odd about a valid answer: the server says another model answered (a dated or
+    provider-prefixed name of the same model is fine), or it sent several choices (one was
+    asked for; the first is used, and the others may have been billed)."""
+    out = []
+    served = obj.get("model")
+    if model and isinstance(served, str) and not _same_model(served, model):
+        out.append(f"answered by model {served[:80]!r} (asked {model!r})")
+    if len(obj["choices"]) != 1:
+        out.append(f"{len(obj['choices'])} choices (1 asked; the first is used)")
+    return out
+
+
+def _same_model(served: str, asked: str) -> bool:
+    a, b = (m.rsplit("/", 1)[-1].lower() for m in (served, asked))
+    return a.startswith(b) or b.startswith(a)
 
 
 def _clean_call(c: dict[str, Any]) -> dict[str, Any]:
@@ -383,7 +406,7 @@ class OpenAITeacher:
             response = getattr(err, "response", None)
             terr.retry_after = parse_retry_after(getattr(response, "headers", None))
             raise terr from err
-        return parse_completion(body)
+        return parse_completion(body, self.spec.model)
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from composer_replication.replay.teachers import (
@@ -259,3 +260,19 @@ def test_connection_refused_is_retried_then_reported():
     with pytest.raises(TeacherError) as ei:
         asyncio.run(go())
     assert ei.value.kind == "connection" and ei.value.attempts == 3
+
+
+def test_answer_from_another_model_or_with_several_choices_is_flagged():
+    """A response for another model, or with 5 choices when one was asked, was accepted
+    silently: it is kept (the first choice) and flagged; a dated or provider-prefixed name of
+    the requested model is not."""
+
+    def body(model: str, n: int = 1) -> bytes:
+        choice = {"message": {"content": "hi"}, "finish_reason": "stop"}
+        return orjson.dumps({"model": model, "choices": [choice] * n})
+
+    assert parse_completion(body("gpt-4o-2024-08-06"), "openai/gpt-4o").anomalies == []
+    odd = parse_completion(body("gpt-evil", n=5), "m")
+    assert odd.text == "hi"
+    assert odd.anomalies == ["answered by model 'gpt-evil' (asked 'm')",
+                             "5 choices (1 asked; the first is used)"]  # fmt: skip
