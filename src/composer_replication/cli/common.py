@@ -29,6 +29,9 @@ CHECK_FAILED = 1
 BUDGET_EXHAUSTED = 3
 """Exit code of a replay stopped by its budget with no failed call (resumable)."""
 
+INTERRUPTED = 130
+"""Exit code after Ctrl-C (128 + SIGINT), as a shell reports it."""
+
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 

@@ -11,7 +11,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from composer_replication.cli.common import BUDGET_EXHAUSTED, CHECK_FAILED, exit_on, fail, warn
+from composer_replication.cli.common import (
+    BUDGET_EXHAUSTED,
+    CHECK_FAILED,
+    INTERRUPTED,
+    exit_on,
+    fail,
+    warn,
+)
 from composer_replication.traces.schema import TraceState
 
 
@@ -91,7 +98,7 @@ def replay_command(
 ) -> None:
     """Replay states with a teacher pool into a resumable journal, within a hard budget."""
     from composer_replication.replay.journal import Journal, JournalError
-    from composer_replication.replay.replay import replay_trace
+    from composer_replication.replay.replay import ReplayResult, replay_trace
     from composer_replication.replay.teachers import PoolError, load_pool
 
     console = Console(soft_wrap=True)
@@ -100,15 +107,22 @@ def replay_command(
         all_states = read_states(states)[:limit]
     with exit_on(JournalError):
         selected = _gate(all_states, out, student, gate_threshold, gate_top_percentile, console)
-    with exit_on(PoolError, JournalError), Journal(out) as jr:
-        result = asyncio.run(
-            replay_trace(
-                all_states, pool.teachers, journal=jr, budget_usd=budget_usd,
-                selected=selected, tiered=tiered, agreement_threshold=agreement_threshold,
-                min_agreement=min_agreement, infer_tools=not no_tools,
-                retry_failed=retry_failed, progress=console if progress else False,
-            )
-        )  # fmt: skip
+    result = ReplayResult()
+    try:
+        with exit_on(PoolError, JournalError), Journal(out) as jr:
+            asyncio.run(
+                replay_trace(
+                    all_states, pool.teachers, journal=jr, budget_usd=budget_usd,
+                    selected=selected, tiered=tiered, agreement_threshold=agreement_threshold,
+                    min_agreement=min_agreement, infer_tools=not no_tools,
+                    retry_failed=retry_failed, progress=console if progress else False,
+                    result=result,
+                )
+            )  # fmt: skip
+    except KeyboardInterrupt:  # Ctrl-C: say what was done before exiting 130
+        result.interrupted = True
+        console.print(result.summary(), markup=False)
+        raise typer.Exit(INTERRUPTED) from None
     console.print(result.summary(), markup=False)
     _print_failures(result, console)
     if result.journal_error:

@@ -86,6 +86,7 @@ class ReplayResult:
     calls_maybe_paid_twice: int = 0  # in flight when an earlier run was killed; sent again
     lost_usd: float = 0.0  # worst case of every attempt killed runs left in flight (all runs)
     teacher_actions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    interrupted: bool = False  # cancelled (Ctrl-C): calls in flight were abandoned
 
     def journal_failure(self) -> str:
         line = (
@@ -124,6 +125,11 @@ class ReplayResult:
             f"{self.calls_saved_gating}, tiers {self.calls_saved_tiers}"
             + (f", ~${self.usd_saved_estimate:.6f}" if self.usd_saved_estimate is not None else ""),
         ]
+        if self.interrupted:
+            lines.append(
+                "interrupted: calls in flight were abandoned (a resumed run counts their worst "
+                "case as spent, since they may have been billed); run the same command to resume"
+            )
         if self.states_skipped_empty:
             lines.append(
                 f"{self.states_skipped_empty} states skipped: empty prefix (the session's "
@@ -225,7 +231,7 @@ class _Replayer:
         self.min_agreement: float = kw["min_agreement"]
         self.base_urls = {t.spec.name: t.spec.base_url for t in teachers}
         self.sems = {t.spec.name: asyncio.Semaphore(t.spec.max_concurrency) for t in teachers}
-        self.result = ReplayResult()
+        self.result: ReplayResult = kw.get("result") or ReplayResult()
         self.cost_by_teacher: dict[str, list[float]] = defaultdict(list)
         self.tokens_ok = [0, 0]  # prompt, completion tokens of successful calls this run
         self.skipped_by_teacher: dict[str, int] = defaultdict(int)  # calls saved by tiers
@@ -425,12 +431,15 @@ async def replay_trace(
     retry_failed: bool = False,
     max_states_in_flight: int | None = None,
     progress: bool | Console = False,
+    result: ReplayResult | None = None,
 ) -> ReplayResult:
     """Replay ``states`` with ``teachers`` (specs are turned into clients and closed after).
 
     ``selected``: ids of states chosen by VOI gating (others are counted as gated out).
     ``tiered``: ask tiers in order, escalating while `tier_settled` is False.
     The budget covers the whole journal: spend recorded by earlier runs counts against it.
+    ``result``: filled in place and also complete when the run is cancelled (Ctrl-C), so a
+    caller can still report what was done.
     """
     owned = [build_teacher(t) for t in teachers if isinstance(t, TeacherSpec)]
     clients: list[Teacher] = [t for t in teachers if not isinstance(t, TeacherSpec)] + owned
@@ -440,7 +449,7 @@ async def replay_trace(
         with jr.exclusive():  # one replay per journal at a time: one budget ceiling
             return await _replay(states, clients, jr, budget_usd, selected, tiered,
                                  agreement_threshold, min_agreement, infer_tools, retry_failed,
-                                 max_states_in_flight, progress)  # fmt: skip
+                                 max_states_in_flight, progress, result)  # fmt: skip
     finally:
         for t in owned:
             await t.aclose()
@@ -455,7 +464,8 @@ def _check_unique(clients: Sequence[Teacher]) -> None:
 
 
 async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_threshold,
-                  min_agreement, infer_tools, retry_failed, max_states_in_flight, progress):  # fmt: skip
+                  min_agreement, infer_tools, retry_failed, max_states_in_flight, progress,
+                  result):  # fmt: skip
     states, duplicates = _unique(states)
     try:
         jr.add_states(states)
@@ -468,7 +478,7 @@ async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_t
         clients, jr, ledger,
         tools_by_session=session_tools(states) if infer_tools else {},
         retry_failed=retry_failed, tiered=tiered,
-        agreement_threshold=agreement_threshold, min_agreement=min_agreement,
+        agreement_threshold=agreement_threshold, min_agreement=min_agreement, result=result,
     )  # fmt: skip
     # attempts a killed run left in flight may have been billed: their worst case is spent
     maybe_paid_twice, _ = jr.adopt_lost_intents(lambda s, t: rp.worst_case_usd(jr.state(s), t))
@@ -492,16 +502,29 @@ async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_t
     console = (
         progress if isinstance(progress, Console) else Console(stderr=True) if progress else None
     )
-    with progress_bar(console, "replay", total=len(todo) * len(clients)) as rp.advance:
-        await asyncio.gather(*(one(s) for s in todo))
+    try:
+        with progress_bar(console, "replay", total=len(todo) * len(clients)) as rp.advance:
+            await asyncio.gather(*(one(s) for s in todo))
+    except asyncio.CancelledError:
+        r.interrupted = True
+        raise
+    finally:  # also when cancelled: the summary is of what was done
+        _finish(rp, ledger, jr, len(todo), len(states))
+    return r
+
+
+def _finish(rp: _Replayer, ledger: BudgetLedger, jr: Journal, n_todo: int, n_all: int) -> None:
+    """Fill the end-of-run fields of the result."""
+    r = rp.result
     r.budget_exhausted = ledger.exhausted
     r.smallest_refused_usd = ledger.smallest_refused_usd
     save_unrecorded(rp.unrecorded, jr.path, r)
     r.max_committed_usd = ledger.max_committed_usd
-    r.journal_cost_usd = jr.spent_usd()
-    r.lost_usd = jr.lost_usd()
-    r.usd_saved_estimate = _saved_usd(rp, r.calls_saved_gating, len(todo), len(states))
-    return r
+    r.usd_saved_estimate = _saved_usd(rp, r.calls_saved_gating, n_todo, n_all)
+    try:
+        r.journal_cost_usd, r.lost_usd = jr.spent_usd(), jr.lost_usd()
+    except sqlite3.Error:  # the journal failed (reported): these stay unknown
+        pass
 
 
 def save_unrecorded(recs: list[CallRecord], journal: Path, r: ReplayResult) -> None:

@@ -132,3 +132,25 @@ def test_intents_of_an_older_journal_are_migrated_one_per_attempt(tmp_path):
         assert jr.pending_intents() == 1
         assert jr.adopt_lost_intents(lambda s, t: 0.25) == (1, 0.25)
         assert jr.pending_intents() == 0 and jr.lost_usd() == 0.25
+
+
+def test_ctrl_c_prints_the_summary_and_exits_130(scripted, tmp_path):
+    """SIGINT while calls are in flight: exit 130 after the summary of what was done (it used
+    to exit 130 with nothing said)."""
+    script, url = scripted
+    script.delay_s = 0.5
+    sfile = tmp_path / "states.jsonl"
+    sfile.write_bytes(b"".join(s.to_json() + b"\n" for s in make_states(40)))
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(yaml.safe_dump({"teachers": [
+        {"name": "t0", "base_url": url, "model": "m", "max_tokens": 8, "max_concurrency": 2}
+    ]}))  # fmt: skip
+    proc = _cli(sfile, pool, tmp_path / "r.db")
+    deadline = time.monotonic() + 60
+    while sum(script.answered.values()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out = " ".join(proc.communicate(timeout=60)[0].decode().split())
+    assert proc.returncode == 130, out
+    assert "states: 40 total" in out and "interrupted: calls in flight were abandoned" in out
+    assert "Traceback" not in out
