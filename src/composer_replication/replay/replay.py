@@ -42,7 +42,7 @@ from .teachers import Teacher, TeacherError, TeacherSpec, build_teacher
 
 BUDGET = "budget"  # sentinel outcome: not sent, its worst case does not fit the budget left
 JOURNAL = "journal"  # sentinel outcome: not sent because the journal can no longer be written
-TRANSIENT_KINDS = frozenset({"connection", "timeout", "rate_limit", "server"})
+TRANSIENT_KINDS = frozenset({"connection", "transport", "timeout", "rate_limit", "server"})
 """Journaled failures of these kinds are sent again by the next run (no answer was received, so
 nothing is lost but the retry); other failures are final unless ``retry_failed``."""
 
@@ -83,6 +83,7 @@ class ReplayResult:
     misreported_usage: dict[str, int] = field(default_factory=dict)  # teacher -> calls this run
     flagged_answers: dict[str, int] = field(default_factory=dict)  # "teacher: why" -> calls
     unreachable: dict[str, str] = field(default_factory=dict)  # teacher -> base_url (connection)
+    broken: dict[str, str] = field(default_factory=dict)  # teacher -> a transport error seen
     calls_maybe_paid_twice: int = 0  # in flight when an earlier run was killed; sent again
     lost_usd: float = 0.0  # worst case of every attempt killed runs left in flight (all runs)
     teacher_actions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
@@ -168,6 +169,11 @@ class ReplayResult:
             lines.append(
                 f"teacher {name!r}: could not connect to {url}; start that server (or fix "
                 "base_url) and run the same command again: failed connections are retried"
+            )
+        for name, why in sorted(self.broken.items()):
+            lines.append(
+                f"teacher {name!r}: the server answered but the exchange broke ({why[:200]}); "
+                "a re-run retries these calls"
             )
         if self.errors_by_kind:
             lines.append("errors: " + ", ".join(f"{k}={v}" for k, v in self.errors_by_kind.items()))
@@ -355,6 +361,8 @@ class _Replayer:
             r.calls_failed += 1
             if rec.error_kind == "connection":
                 r.unreachable[rec.teacher] = self.base_urls.get(rec.teacher, "?")
+            elif rec.error_kind == "transport":
+                r.broken[rec.teacher] = rec.error or "?"
             r.errors_by_kind[rec.error_kind or "other"] = (
                 r.errors_by_kind.get(rec.error_kind or "other", 0) + 1
             )

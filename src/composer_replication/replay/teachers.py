@@ -169,7 +169,11 @@ class TeacherResponse:
         return msg
 
 
-ErrorKind = Literal["rate_limit", "server", "timeout", "connection", "malformed", "client", "other"]
+ErrorKind = Literal[
+    "rate_limit", "server", "timeout", "connection", "transport", "malformed", "client", "other"
+]
+"""``connection``: nothing answered at the address (refused, DNS); ``transport``: a server
+answered but the exchange broke (connection reset, redirect loop, protocol error)."""
 
 
 class TeacherError(Exception):
@@ -185,7 +189,7 @@ class TeacherError(Exception):
 
     @property
     def retryable(self) -> bool:
-        return self.kind in ("rate_limit", "server", "timeout", "connection")
+        return self.kind in ("rate_limit", "server", "timeout", "connection", "transport")
 
 
 class Teacher(Protocol):
@@ -241,7 +245,7 @@ def classify_openai_error(err: BaseException) -> TeacherError:
     if isinstance(err, openai.APITimeoutError):
         return TeacherError("timeout", str(err))
     if isinstance(err, openai.APIConnectionError):
-        return TeacherError("connection", str(err))
+        return _transport_error(err)
     if isinstance(err, openai.APIStatusError):
         status = err.status_code
         kind: ErrorKind = (
@@ -249,6 +253,16 @@ def classify_openai_error(err: BaseException) -> TeacherError:
         )
         return TeacherError(kind, f"HTTP {status}: {str(err)[:300]}", status=status)
     return TeacherError("other", f"{type(err).__name__}: {err}")
+
+
+def _transport_error(err: BaseException) -> TeacherError:
+    """Tell "nothing listens there" from "the server broke the exchange": the SDK says
+    "Connection error." for both; the transport error it wraps says which. Matched by class
+    name: the SDK's HTTP library is ``httpx`` or a fork of it, depending on its version."""
+    cause = err.__cause__
+    if cause is None or any(k.__name__ == "ConnectError" for k in type(cause).__mro__):
+        return TeacherError("connection", f"could not connect: {cause or err}")
+    return TeacherError("transport", f"{type(cause).__name__}: {cause}"[:300])
 
 
 def token_count(value: Any) -> int | None:

@@ -6,7 +6,9 @@ import asyncio
 import os
 import re
 import socket
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import typer
@@ -234,3 +236,49 @@ def test_second_replay_of_a_journal_in_use_is_refused(scripted, tmp_path):
     assert f"{db} is in use by another replay (pid {os.getpid()})" in " ".join(r.output.split())
     assert sum(script.requests.values()) == 0
     assert runner.invoke(app, args).exit_code == 0  # released: the next run goes ahead
+
+
+class _Broken(BaseHTTPRequestHandler):
+    """POST /loop/...: a redirect to itself, forever; POST /close/...: hang up, no answer."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path.startswith("/loop/"):
+            self.send_response(307)
+            self.send_header("Location", self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.mark.parametrize(("mode", "cause"), [("loop", "TooManyRedirects"),
+                                             ("close", "RemoteProtocolError")])  # fmt: skip
+def test_broken_exchange_is_not_reported_as_could_not_connect(mode, cause):
+    """A redirect loop or a server hanging up used to be reported as "could not connect ...
+    start that server": the error says what happened and stays retryable."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/{mode}/v1"
+        with pytest.raises(TeacherError) as ei:
+            _ask(url, max_retries=0, timeout_s=10)
+    finally:
+        srv.shutdown()
+    assert ei.value.kind == "transport" and ei.value.retryable
+    assert ei.value.message.startswith(cause)
+
+
+def test_nothing_listening_is_could_not_connect():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(TeacherError) as ei:
+        _ask(f"http://127.0.0.1:{port}/v1", max_retries=0)
+    assert ei.value.kind == "connection" and "could not connect" in ei.value.message
