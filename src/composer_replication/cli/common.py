@@ -29,6 +29,9 @@ CHECK_FAILED = 1
 BUDGET_EXHAUSTED = 3
 """Exit code of a replay stopped by its budget with no failed call (resumable)."""
 
+INTERRUPTED = 130
+"""Exit code after Ctrl-C (128 + SIGINT), as a shell reports it."""
+
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -37,6 +40,11 @@ def fail(message: str, code: int = BAD_INPUT) -> NoReturn:
     """Print ``error: message`` on stderr (verbatim, no rich markup) and exit with ``code``."""
     err_console.print(Text.assemble(("error:", "bold red"), " ", message))
     raise typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    """Print ``warning: message`` on stderr (verbatim): something was skipped, the run goes on."""
+    err_console.print(Text.assemble(("warning:", "bold yellow"), " ", message))
 
 
 @contextmanager

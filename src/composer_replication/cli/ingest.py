@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +11,13 @@ from rich.console import Console
 from rich.table import Table
 
 from composer_replication.cli.common import CHECK_FAILED, fail
-from composer_replication.traces import FORMATS, IngestReport, UnknownFormatError, ingest
+from composer_replication.traces import (
+    FORMATS,
+    IngestReport,
+    TraceState,
+    UnknownFormatError,
+    ingest,
+)
 
 
 def ingest_command(
@@ -24,10 +31,14 @@ def ingest_command(
 ) -> None:
     """Turn agent logs into redacted per-step TraceStates (JSON lines)."""
     console = Console()
+    check_out(out, paths)
     tmp = out.with_name(out.name + ".partial")
-    out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        run = ingest(paths, format)
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"--out {out}: cannot create its directory: {exc.strerror or exc}")
+    try:
+        run = ingest(paths, format, exclude=[out])
         with open(tmp, "wb") as fh:
             for state in run:
                 fh.write(state.to_json())
@@ -35,6 +46,12 @@ def ingest_command(
     except (UnknownFormatError, FileNotFoundError, ValueError) as exc:
         tmp.unlink(missing_ok=True)
         fail(str(exc))
+    except OSError as exc:  # the output cannot be written (permissions, disk full)
+        tmp.unlink(missing_ok=True)
+        fail(f"--out {out}: cannot write {exc.filename or tmp}: {exc.strerror or exc}")
+    except BaseException:  # Ctrl-C or a bug: no half-written .partial is left behind
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(out)
     print_summary(run.report, out, console)
     if not run.report.files:
@@ -47,6 +64,42 @@ def ingest_command(
         )
     if not run.report.balanced:
         raise typer.Exit(CHECK_FAILED)
+
+
+def check_out(out: Path, paths: list[Path]) -> None:
+    """Refuse an ``--out`` that would destroy an input: the input file itself (also through a
+    symlink or hard link), or a log inside an input directory. A states file written there by
+    an earlier run is fine: `ingest` leaves it out of the input (``exclude``)."""
+    if out.is_dir():
+        fail(f"--out {out} is a directory; give the path of the JSONL file to write")
+    target = out.resolve()
+    for p in paths:
+        given = p.expanduser()
+        if given.is_file() and (given.resolve() == target or _same_file(given, out)):
+            fail(f"--out {out} is the input {p}: ingest would overwrite the log it reads")
+        if given.is_dir() and target.is_relative_to(given.resolve()) and out.is_file():
+            if not _is_states_file(out):
+                fail(
+                    f"--out {out} is a file inside the input directory {p} that is not a states "
+                    "file from an earlier ingest: it would be overwritten; choose another --out"
+                )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _is_states_file(path: Path) -> bool:
+    """True for an empty file or one whose first line is a TraceState (an earlier output)."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline()
+        return not first.strip() or TraceState.from_json(first) is not None
+    except (OSError, ValueError):
+        return False
 
 
 def print_summary(report: IngestReport, out: Path, console: Console) -> None:
@@ -86,6 +139,9 @@ def print_summary(report: IngestReport, out: Path, console: Console) -> None:
     _counter(console, "orphaned tool calls/results", report.orphans())
     for path, why in report.unreadable.items():
         console.print(f"skipped {path}: {why}", markup=False, soft_wrap=True)
+    if report.duplicates:
+        shown = ", ".join(report.duplicates[:10])
+        console.print(f"read once (given more than once): {shown}", markup=False, soft_wrap=True)
     if report.not_traces:
         console.print(f"not agent logs (ignored): {', '.join(report.not_traces)}")
 

@@ -11,23 +11,40 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from composer_replication.cli.common import BUDGET_EXHAUSTED, CHECK_FAILED, exit_on, fail
+from composer_replication.cli.common import (
+    BUDGET_EXHAUSTED,
+    CHECK_FAILED,
+    INTERRUPTED,
+    exit_on,
+    fail,
+    warn,
+)
 from composer_replication.traces.schema import TraceState
 
 
 def read_states(path: Path) -> list[TraceState]:
-    """TraceStates from a JSONL file written by ``ingest``; errors name the file and line."""
+    """TraceStates from a JSONL file written by ``ingest``; errors name the file and line. A
+    state id seen before is dropped with a warning (replayed twice, it would be paid twice)."""
     if not path.is_file():
         raise FileNotFoundError(f"states file not found: {path}")
-    states = []
+    states: list[TraceState] = []
+    first_line: dict[str, int] = {}
+    dups: list[str] = []
     with open(path, "rb") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                states.append(TraceState.from_json(line))
+                state = TraceState.from_json(line)
             except ValueError as err:
                 raise ValueError(f"{path}:{n}: not a TraceState: {err}") from err
+            if state.state_id in first_line:
+                dups.append(f"{path}:{n} (= line {first_line[state.state_id]})")
+                continue
+            first_line[state.state_id] = n
+            states.append(state)
+    if dups:
+        warn(f"{len(dups)} duplicate state ids skipped: {', '.join(dups[:5])}")
     return states
 
 
@@ -80,26 +97,36 @@ def replay_command(
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:
     """Replay states with a teacher pool into a resumable journal, within a hard budget."""
-    from composer_replication.replay.journal import Journal
-    from composer_replication.replay.replay import replay_trace
+    from composer_replication.replay.journal import Journal, JournalError
+    from composer_replication.replay.replay import ReplayResult, replay_trace
     from composer_replication.replay.teachers import PoolError, load_pool
 
     console = Console(soft_wrap=True)
     with exit_on(PoolError, FileNotFoundError, ValueError):
         pool = load_pool(teachers)
         all_states = read_states(states)[:limit]
-    selected = _gate(all_states, out, student, gate_threshold, gate_top_percentile, console)
-    with exit_on(PoolError), Journal(out) as jr:
-        result = asyncio.run(
-            replay_trace(
-                all_states, pool.teachers, journal=jr, budget_usd=budget_usd,
-                selected=selected, tiered=tiered, agreement_threshold=agreement_threshold,
-                min_agreement=min_agreement, infer_tools=not no_tools,
-                retry_failed=retry_failed, progress=console if progress else False,
-            )
-        )  # fmt: skip
+    with exit_on(JournalError):
+        selected = _gate(all_states, out, student, gate_threshold, gate_top_percentile, console)
+    result = ReplayResult()
+    try:
+        with exit_on(PoolError, JournalError), Journal(out) as jr:
+            asyncio.run(
+                replay_trace(
+                    all_states, pool.teachers, journal=jr, budget_usd=budget_usd,
+                    selected=selected, tiered=tiered, agreement_threshold=agreement_threshold,
+                    min_agreement=min_agreement, infer_tools=not no_tools,
+                    retry_failed=retry_failed, progress=console if progress else False,
+                    result=result,
+                )
+            )  # fmt: skip
+    except KeyboardInterrupt:  # Ctrl-C: say what was done before exiting 130
+        result.interrupted = True
+        console.print(result.summary(), markup=False)
+        raise typer.Exit(INTERRUPTED) from None
     console.print(result.summary(), markup=False)
     _print_failures(result, console)
+    if result.journal_error:
+        fail(result.journal_failure(), CHECK_FAILED)
     code = (
         CHECK_FAILED if result.states_failed else BUDGET_EXHAUSTED if result.budget_exhausted else 0
     )
@@ -170,6 +197,7 @@ def pairs_command(
     from composer_replication.prefs.agreement import MiniLMEmbedder
     from composer_replication.prefs.export import pairs_from_journal
     from composer_replication.prefs.normalize import NormalizeConfig
+    from composer_replication.replay.journal import JournalError
 
     if strategy not in ("plurality", "weighted"):
         fail(f"--strategy must be plurality or weighted, got {strategy!r}")
@@ -184,7 +212,7 @@ def pairs_command(
             require_data_juicer()
     cfg = NormalizeConfig(min_words=min_words, max_special_char_ratio=max_special_char_ratio,
                           dedup=dedup, backend=normalize_backend)  # fmt: skip
-    with exit_on(FileNotFoundError):
+    with exit_on(FileNotFoundError, JournalError):
         res = pairs_from_journal(
             db, agreement_threshold=agreement_threshold, strategy=strategy,  # type: ignore[arg-type]
             embedder=MiniLMEmbedder() if embeddings else None,

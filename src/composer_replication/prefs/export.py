@@ -16,6 +16,7 @@ keeps OpenAI ``tool_calls`` / ``tool`` messages for templates that support them.
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,13 +133,16 @@ def pairs_from_journal(
     tool_format: ToolFormat = "text",
 ) -> PairsResult:
     """Read a replay journal, extract pairs, normalize them, and (with ``out_dir``) export."""
-    from composer_replication.replay.journal import Journal
+    from composer_replication.replay.journal import Journal, JournalError
 
     if not Path(db).is_file():
         raise FileNotFoundError(f"replay journal not found: {db}")
     with Journal(db) as jr:
-        states, actions, costs = jr.states(), jr.teacher_actions(), jr.costs_by_state()
-        teachers = jr.get_meta("teachers", {})
+        try:
+            states, actions, costs = jr.states(), jr.teacher_actions(), jr.costs_by_state()
+            teachers = jr.get_meta("teachers", {})
+        except (sqlite3.DatabaseError, ValueError) as err:  # damaged pages or rows
+            raise JournalError(f"{db}: damaged replay journal: {err}") from err
     weights = {name: spec.get("weight", 1.0) for name, spec in teachers.items()}
     pairs, stats = extract_pairs(
         states, actions, agreement_threshold, strategy=strategy, weights=weights,

@@ -6,15 +6,18 @@ A reservation is granted only if ``spent + reserved + amount <= budget``; when t
 the reservation is replaced by the cost computed from the returned ``usage``. Because every
 in-flight call holds its worst case, the total can never pass the budget, however many calls are
 in flight. A call that cannot be reserved waits while other calls are in flight (their unused
-reservation may free room); when nothing is in flight and it still does not fit, the ledger is
-*exhausted* and every later reservation is refused, so the run stops cleanly.
+reservation may free room); when nothing is in flight and it still does not fit, that call is
+refused (its state is skipped and reported) and later, smaller calls that fit still go ahead:
+the run stops only when nothing left fits.
 
 Usage a server reports is not trusted (`billed_usage`): billed prompt tokens are the reported
-count only when it is a count within the local upper bound, else the bound; billed completion
-tokens are the reported count only when it is a count within ``max_tokens``, else the answer's
-UTF-8 byte length (an upper bound on its tokens) capped at ``max_tokens``. A bill therefore never
-exceeds the call's reservation, so journaled spend never exceeds the budget whatever the server
-says; a call whose report was replaced is flagged as misreported.
+count only when it is a count between a local lower bound (`min_tokens`) and the local upper
+bound, else the upper bound; billed completion tokens are the reported count only when it is a
+count between the answer's lower bound and ``max_tokens``, else the answer's UTF-8 byte length
+(an upper bound on its tokens) capped at ``max_tokens``. A bill therefore never exceeds the
+call's reservation, so journaled spend never exceeds the budget whatever the server says, and a
+report too low to be true (0 tokens for a page of text) is billed as the worst case instead of
+as free; a call whose report was replaced is flagged as misreported.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ from .teachers import TeacherResponse, TeacherSpec
 
 PER_MESSAGE_OVERHEAD_TOKENS = 8
 PER_REQUEST_OVERHEAD_TOKENS = 256
+MAX_CHARS_PER_TOKEN = 8
+"""Characters one token covers at most, on average over a text, for the lower bound: real
+tokenizers average about 4 characters of English or code per token (long whitespace runs
+aside), so a count below characters/8 is not a real count."""
 
 
 def worst_case_prompt_tokens(
@@ -41,6 +48,34 @@ def worst_case_prompt_tokens(
     server adds."""
     n = len(orjson.dumps(messages)) + (len(orjson.dumps(tools)) if tools else 0)
     return n + PER_MESSAGE_OVERHEAD_TOKENS * len(messages) + PER_REQUEST_OVERHEAD_TOKENS
+
+
+def min_tokens(chars: int, cap: int | None = None) -> int:
+    """Fewest tokens a text of ``chars`` characters can plausibly have: ``chars / 8`` rounded
+    down, at least 1 for any non-empty text, at most ``cap`` (a completion cut at
+    ``max_tokens`` may be denser than average)."""
+    floor = max(1, chars // MAX_CHARS_PER_TOKEN) if chars else 0
+    return floor if cap is None else min(cap, floor)
+
+
+def prompt_chars(messages: list[dict[str, Any]]) -> int:
+    """Characters of the text a prompt carries (message contents, tool-call names and
+    arguments): what `min_tokens` bounds from below."""
+    n = 0
+    for m in messages:
+        content = m.get("content")
+        n += len(content) if isinstance(content, str) else 0
+        n += _calls_chars(m.get("tool_calls"))
+    return n
+
+
+def _calls_chars(calls: Any) -> int:
+    n = 0
+    for c in calls if isinstance(calls, list) else ():
+        fn = c.get("function") if isinstance(c, dict) else None
+        if isinstance(fn, dict):
+            n += sum(len(v) for v in (fn.get("name"), fn.get("arguments")) if isinstance(v, str))
+    return n
 
 
 def worst_case_cost(spec: TeacherSpec, prompt_tokens_bound: int) -> float:
@@ -57,16 +92,28 @@ class BilledUsage:
     misreport: str | None = None
 
 
-def billed_usage(spec: TeacherSpec, prompt_bound: int, resp: TeacherResponse) -> BilledUsage:
-    """Bound the billed tokens by what was asked (see the module docstring)."""
+def billed_usage(
+    spec: TeacherSpec, prompt_bound: int, resp: TeacherResponse, prompt_floor: int = 0
+) -> BilledUsage:
+    """Bound the billed tokens from above by what was asked and from below by what was
+    exchanged (``prompt_floor``: `min_tokens` of the prompt; see the module docstring)."""
     problems = []
     prompt = resp.prompt_tokens
     if prompt is None or prompt > prompt_bound:
         problems.append(f"prompt_tokens={_show(resp, 'prompt_tokens')}")
         prompt = prompt_bound
+    elif prompt < prompt_floor:
+        problems.append(f"prompt_tokens={prompt} < {prompt_floor} for the prompt's text")
+        prompt = prompt_bound
     completion = resp.completion_tokens
-    if completion is None or completion > spec.max_tokens:
+    chars = len(resp.text) + _calls_chars(resp.tool_calls)
+    floor = min_tokens(chars, cap=spec.max_tokens)
+    if completion is not None and completion < floor:
+        problems.append(f"completion_tokens={completion} < {floor} for {chars} characters")
+        completion = None
+    elif completion is None or completion > spec.max_tokens:
         problems.append(f"completion_tokens={_show(resp, 'completion_tokens')}")
+    if completion is None or completion > spec.max_tokens:
         answer = orjson.dumps(resp.as_message()["content"]) + orjson.dumps(resp.tool_calls)
         completion = min(spec.max_tokens, len(answer))
     if not isinstance(resp.raw_usage, dict):
@@ -103,7 +150,8 @@ class BudgetLedger:
         self.spent_usd = spent_usd
         self.reserved_usd = 0.0
         self.in_flight = 0
-        self.exhausted = False
+        self.refused = 0  # calls refused because their worst case did not fit
+        self.smallest_refused_usd: float | None = None
         self.max_committed_usd = spent_usd  # highest spent+reserved ever seen (tests assert on it)
         self.calls_settled = 0
         self.overruns = 0  # calls whose real cost exceeded their reservation (a bad usage report)
@@ -115,10 +163,15 @@ class BudgetLedger:
             return True
         return self.spent_usd + self.reserved_usd + amount <= self.budget_usd + 1e-12
 
+    @property
+    def exhausted(self) -> bool:
+        """Whether some call was refused because the budget could not cover it."""
+        return self.refused > 0
+
     def try_reserve(self, amount: float, teacher: str = "") -> Reservation | None:
         """Reserve now or return None (never waits)."""
         with self._lock:
-            if self.exhausted or not self._fits(amount):
+            if not self._fits(amount):
                 return None
             self.reserved_usd += amount
             self.in_flight += 1
@@ -126,19 +179,25 @@ class BudgetLedger:
             return Reservation(amount, teacher)
 
     async def reserve(self, amount: float, teacher: str = "") -> Reservation | None:
-        """Reserve, waiting for in-flight calls to settle if needed; None once exhausted."""
+        """Reserve, waiting for in-flight calls to settle if needed; None when ``amount`` does
+        not fit even with nothing in flight (only this call is refused: a smaller one may fit)."""
         if self._cond is None:
             self._cond = asyncio.Condition()
         async with self._cond:
             while True:
                 res = self.try_reserve(amount, teacher)
-                if res is not None or self.exhausted:
+                if res is not None:
                     return res
                 if self.in_flight == 0:
-                    self.exhausted = True
-                    self._cond.notify_all()
+                    self._refuse(amount)
                     return None
                 await self._cond.wait()
+
+    def _refuse(self, amount: float) -> None:
+        with self._lock:
+            self.refused += 1
+            low = self.smallest_refused_usd
+            self.smallest_refused_usd = amount if low is None else min(low, amount)
 
     def _finish(self, res: Reservation, actual: float) -> None:
         with self._lock:

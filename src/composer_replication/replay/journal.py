@@ -6,15 +6,22 @@ request (model, base_url, max_tokens, temperature, messages, tools). Each outcom
 its own transaction before the next step depends on it; SQLite in WAL mode keeps every committed
 transaction through a SIGKILL of the process, so a resumed run skips every call it finds here and
 a re-run of a finished replay sends no request.
+
+Before each attempt is sent an *intent* row with its reserved worst case is committed, and the
+outcome's transaction deletes it. Intents still pending when a run starts belong to attempts a
+killed run may have been billed for: they become ``lost_calls`` whose worst case counts as spent
+from then on, so killing and resuming a replay cannot spend past its budget.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,17 +55,32 @@ CREATE TABLE IF NOT EXISTS calls (
     misreport TEXT,
     PRIMARY KEY (state_id, teacher, params_hash)
 );
-CREATE TABLE IF NOT EXISTS intents (
+CREATE TABLE IF NOT EXISTS lost_calls (
+    id INTEGER PRIMARY KEY,
     state_id TEXT NOT NULL,
     teacher TEXT NOT NULL,
     params_hash TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    PRIMARY KEY (state_id, teacher, params_hash)
+    worst_usd REAL NOT NULL,
+    created_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS scores (state_id TEXT PRIMARY KEY, entropy REAL NOT NULL);
 """
+BUSY_TIMEOUT_S = 5.0
+"""Seconds a write waits for another process's lock on the database before it fails."""
 ADDED_CALL_COLUMNS = {"raw_usage": "BLOB", "misreport": "TEXT"}  # journals from older versions
+INTENTS = """
+CREATE TABLE IF NOT EXISTS intents (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    state_id TEXT NOT NULL,
+    teacher TEXT NOT NULL,
+    params_hash TEXT NOT NULL,
+    worst_usd REAL,
+    created_at REAL NOT NULL
+)"""
+"""One row per attempt to send a call (not per call key: a call sent by three killed runs may
+have been paid three times). ``worst_usd`` is the reservation it held; NULL in rows migrated from
+journals of older versions, which keyed intents by call and kept no amount."""
 
 
 def params_hash(request: dict[str, Any]) -> str:
@@ -88,13 +110,33 @@ class CallRecord:
     misreport: str | None = None  # why the server's usage was not used for billing
 
 
+class JournalError(Exception):
+    """The journal cannot be used (not a journal, corrupt, busy); the message names the file."""
+
+
+class JournalBusy(JournalError):
+    """Another process replays into the same journal right now."""
+
+
 class Journal:
     """SQLite journal of a replay (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=30)
+        try:
+            self._open()
+        except sqlite3.DatabaseError as err:  # a text file, a torn copy, bad pages
+            if hasattr(self, "conn"):
+                self.conn.close()
+            raise JournalError(
+                f"{self.path}: not a replay journal, or a damaged one (SQLite: {err})"
+            ) from err
+
+    def _open(self) -> None:
+        # a short busy wait: it blocks the replay's event loop (and the calls in flight) while
+        # another process holds a write lock; after it the write fails and the run stops
+        self.conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=BUSY_TIMEOUT_S)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.executescript(SCHEMA)
@@ -102,9 +144,54 @@ class Journal:
         for name, kind in ADDED_CALL_COLUMNS.items():
             if name not in have:
                 self.conn.execute(f"ALTER TABLE calls ADD COLUMN {name} {kind}")
+        self._migrate_intents()
+
+    def _migrate_intents(self) -> None:
+        """Older journals keyed intents by call (``INSERT OR REPLACE`` merged repeated attempts);
+        their rows are kept, one per attempt, with an unknown amount."""
+        cols = {r[1] for r in self.conn.execute("PRAGMA table_info(intents)")}
+        if "id" in cols:
+            return
+        with self.conn:
+            self.conn.execute("BEGIN")
+            if cols:
+                self.conn.execute("ALTER TABLE intents RENAME TO intents_v0")
+            self.conn.execute(INTENTS)
+            if cols:
+                self.conn.execute(
+                    "INSERT INTO intents (state_id, teacher, params_hash, created_at) "
+                    "SELECT state_id, teacher, params_hash, created_at FROM intents_v0"
+                )
+                self.conn.execute("DROP TABLE intents_v0")
 
     def close(self) -> None:
         self.conn.close()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold ``<journal>.lock`` (``flock``, released by the kernel when the process dies) for
+        a replay: two replays of one journal would each enforce the budget alone. A sidecar
+        file, never the database itself: closing any descriptor of the database would drop
+        SQLite's own POSIX locks. Raises `JournalBusy` naming the journal."""
+        if str(self.path) == ":memory:":
+            yield
+            return
+        lock = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                raise JournalBusy(
+                    f"{self.path} is in use by another replay (pid {holder}); wait for it to "
+                    "finish or replay into another --out"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def __enter__(self) -> Journal:
         return self
@@ -123,6 +210,12 @@ class Journal:
                 "INSERT OR IGNORE INTO states (state_id, ord, state_json) VALUES (?, ?, ?)", rows
             )
 
+    def state(self, state_id: str) -> TraceState | None:
+        row = self.conn.execute(
+            "SELECT state_json FROM states WHERE state_id=?", (state_id,)
+        ).fetchone()
+        return TraceState.from_json(row[0]) if row else None
+
     def states(self) -> list[TraceState]:
         rows = self.conn.execute("SELECT state_json FROM states ORDER BY ord").fetchall()
         return [TraceState.from_json(r[0]) for r in rows]
@@ -135,28 +228,51 @@ class Journal:
         ).fetchone()
         return _row_to_record(row) if row else None
 
-    def add_intent(self, state_id: str, teacher: str, phash: str) -> None:
-        """Commit that a call is about to be sent (cleared by `record`): an intent left by a killed
-        run marks a call that may have been paid although its answer was lost."""
-        self.conn.execute(
-            "INSERT OR REPLACE INTO intents VALUES (?,?,?,?)",
-            (state_id, teacher, phash, time.time()),
+    def add_intent(
+        self, state_id: str, teacher: str, phash: str, worst_usd: float | None = None
+    ) -> int:
+        """Commit that a call is about to be sent, with the worst case it reserved; returns the
+        intent's id, which `record` clears. An intent left by a killed run marks an attempt that
+        may have been paid although its answer was lost (`adopt_lost_intents`)."""
+        cur = self.conn.execute(
+            "INSERT INTO intents (state_id, teacher, params_hash, worst_usd, created_at) "
+            "VALUES (?,?,?,?,?)",
+            (state_id, teacher, phash, worst_usd, time.time()),
         )
+        return int(cur.lastrowid or 0)
 
     def pending_intents(self) -> int:
-        """Calls sent by an earlier run that never recorded an outcome (possibly paid)."""
+        """Attempts sent by an earlier run that never recorded an outcome (possibly paid)."""
         return int(self.conn.execute("SELECT COUNT(*) FROM intents").fetchone()[0])
 
-    def record(self, rec: CallRecord) -> None:
-        """Commit one call outcome (replaces an earlier error for the same key) and clear its
-        intent, in one transaction."""
+    def adopt_lost_intents(self, worst_for: Callable[[str, str], float]) -> tuple[int, float]:
+        """Turn every pending intent (only a run that holds the journal's lock may call this:
+        then no pending intent is live) into a lost call whose worst case counts as spent
+        forever, since the provider may have billed it. ``worst_for(state_id, teacher)`` prices
+        intents migrated without an amount. Returns (intents adopted, their worst case)."""
+        rows = self.conn.execute(
+            "SELECT id, state_id, teacher, params_hash, worst_usd, created_at FROM intents"
+        ).fetchall()
+        lost = [(*r[:4], r[4] if r[4] is not None else worst_for(r[1], r[2]), r[5]) for r in rows]
+        with self.conn:
+            self.conn.execute("BEGIN")
+            self.conn.executemany("INSERT INTO lost_calls VALUES (?,?,?,?,?,?)", lost)
+            self.conn.executemany("DELETE FROM intents WHERE id=?", [(r[0],) for r in rows])
+        return len(lost), sum(r[4] for r in lost)
+
+    def lost_usd(self) -> float:
+        """Worst case of every attempt lost in flight by a killed run (counted as spent)."""
+        q = "SELECT COALESCE(SUM(worst_usd), 0) FROM lost_calls"
+        return float(self.conn.execute(q).fetchone()[0])
+
+    def record(self, rec: CallRecord, intent_id: int | None = None) -> None:
+        """Commit one call outcome (replaces an earlier error for the same key) and clear the
+        intent of this attempt (only that one), in one transaction."""
         with self.conn:
             self.conn.execute("BEGIN")
             self._insert(rec)
-            self.conn.execute(
-                "DELETE FROM intents WHERE state_id=? AND teacher=? AND params_hash=?",
-                (rec.state_id, rec.teacher, rec.params_hash),
-            )
+            if intent_id is not None:
+                self.conn.execute("DELETE FROM intents WHERE id=?", (intent_id,))
 
     def _insert(self, rec: CallRecord) -> None:
         self.conn.execute(

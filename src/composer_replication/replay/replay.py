@@ -15,23 +15,34 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+import orjson
 from rich.console import Console
 
 from composer_replication.progress import progress_bar
 from composer_replication.traces.redact import Redactor
 from composer_replication.traces.schema import TraceState
 
-from .budget import BudgetLedger, billed_usage, worst_case_cost, worst_case_prompt_tokens
-from .journal import CallRecord, Journal, params_hash
+from .budget import (
+    BudgetLedger,
+    billed_usage,
+    min_tokens,
+    prompt_chars,
+    worst_case_cost,
+    worst_case_prompt_tokens,
+)
+from .journal import CallRecord, Journal, JournalError, params_hash
 from .teachers import Teacher, TeacherError, TeacherSpec, build_teacher
 
-BUDGET = "budget"  # sentinel outcome: the call was not sent because the budget is exhausted
-TRANSIENT_KINDS = frozenset({"connection", "timeout", "rate_limit", "server"})
+BUDGET = "budget"  # sentinel outcome: not sent, its worst case does not fit the budget left
+JOURNAL = "journal"  # sentinel outcome: not sent because the journal can no longer be written
+TRANSIENT_KINDS = frozenset({"connection", "transport", "timeout", "rate_limit", "server"})
 """Journaled failures of these kinds are sent again by the next run (no answer was received, so
 nothing is lost but the retry); other failures are final unless ``retry_failed``."""
 
@@ -45,7 +56,13 @@ class ReplayResult:
     states_completed: int = 0
     states_failed: dict[str, str] = field(default_factory=dict)  # state_id -> reason
     states_remaining: int = 0  # not finished because the budget ran out
+    states_not_started: int = 0  # not finished because the journal could not be written
+    journal_error: str | None = None  # why the journal could not be written (the run stopped)
+    calls_unrecorded: int = 0  # outcomes the journal refused (saved in ``unrecorded_path``)
+    unrecorded_path: str | None = None  # None with calls_unrecorded > 0: those answers are lost
     states_gated_out: int = 0
+    states_skipped_empty: int = 0  # empty prefix: nothing to send (not a failure)
+    states_duplicate: int = 0  # dropped: same state_id as an earlier state (replayed once)
     calls_sent: int = 0
     calls_cached: int = 0
     calls_failed: int = 0
@@ -55,7 +72,8 @@ class ReplayResult:
     cost_usd: float = 0.0  # spent by this run
     journal_cost_usd: float = 0.0  # everything the journal has spent, all runs
     budget_usd: float | None = None
-    budget_exhausted: bool = False
+    budget_exhausted: bool = False  # some state was skipped: its worst case did not fit
+    smallest_refused_usd: float | None = None
     max_committed_usd: float = 0.0
     calls_full_replay: int = 0  # states x teachers, before gating and tiers
     calls_saved_gating: int = 0
@@ -63,9 +81,27 @@ class ReplayResult:
     usd_saved_estimate: float | None = None
     errors_by_kind: dict[str, int] = field(default_factory=dict)
     misreported_usage: dict[str, int] = field(default_factory=dict)  # teacher -> calls this run
+    flagged_answers: dict[str, int] = field(default_factory=dict)  # "teacher: why" -> calls
     unreachable: dict[str, str] = field(default_factory=dict)  # teacher -> base_url (connection)
+    broken: dict[str, str] = field(default_factory=dict)  # teacher -> a transport error seen
     calls_maybe_paid_twice: int = 0  # in flight when an earlier run was killed; sent again
+    lost_usd: float = 0.0  # worst case of every attempt killed runs left in flight (all runs)
     teacher_actions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    interrupted: bool = False  # cancelled (Ctrl-C): calls in flight were abandoned
+
+    def journal_failure(self) -> str:
+        line = (
+            f"journal write failed ({self.journal_error}): no new call was started after it, "
+            f"{self.states_not_started} states not started"
+        )
+        if self.calls_unrecorded and self.unrecorded_path:
+            return line + (
+                f"; {self.calls_unrecorded} paid answers the journal refused are saved in "
+                f"{self.unrecorded_path}"
+            )
+        if self.calls_unrecorded:
+            return line + f"; {self.calls_unrecorded} paid answers could not be saved (lost)"
+        return line
 
     def failed_reasons(self) -> dict[str, int]:
         """Failed states counted by their first error kind (every failed state is counted)."""
@@ -90,25 +126,54 @@ class ReplayResult:
             f"{self.calls_saved_gating}, tiers {self.calls_saved_tiers}"
             + (f", ~${self.usd_saved_estimate:.6f}" if self.usd_saved_estimate is not None else ""),
         ]
-        if self.budget_exhausted:
+        if self.interrupted:
             lines.append(
-                f"budget exhausted: stopped cleanly, {self.states_remaining} states remain; "
-                "rerun with a larger --budget-usd to continue"
+                "interrupted: calls in flight were abandoned (a resumed run counts their worst "
+                "case as spent, since they may have been billed); run the same command to resume"
             )
+        if self.states_skipped_empty:
+            lines.append(
+                f"{self.states_skipped_empty} states skipped: empty prefix (the session's "
+                "opening action), nothing to send to a teacher"
+            )
+        if self.journal_error:
+            lines.append(self.journal_failure())
+        if self.states_duplicate:
+            lines.append(f"{self.states_duplicate} duplicate state ids replayed once")
+        if self.budget_exhausted:
+            need = self.smallest_refused_usd or 0.0
+            lines.append(
+                f"budget exhausted: stopped cleanly, {self.states_remaining} states remain "
+                f"(skipped: their worst case did not fit what was left; the smallest needs "
+                f"${need:.6f}); rerun with a larger --budget-usd to continue"
+            )
+        for what, n in sorted(self.flagged_answers.items()):
+            lines.append(f"flagged answers: {what} on {n} calls (answers kept)")
         for name, n in sorted(self.misreported_usage.items()):
             lines.append(
                 f"teacher {name!r} misreported usage on {n} calls: billed by the bound rule "
-                "(prompt <= local count, completion <= max_tokens); raw usage is in the journal"
+                "(a count above the local upper bound or max_tokens, or below the local lower bound "
+                "for the text exchanged, is billed at the upper bound); raw usage is in the journal"
             )
         if self.calls_maybe_paid_twice:
             lines.append(
                 f"resumed: {self.calls_maybe_paid_twice} calls were in flight when an earlier run "
-                "stopped and were sent again; they may have been paid twice"
+                "stopped and may have been paid although no answer was recorded"
+            )
+        if self.lost_usd:
+            lines.append(
+                f"${self.lost_usd:.6f}: worst case of calls lost in flight by stopped runs, "
+                "counted against the budget (their provider may have billed them)"
             )
         for name, url in sorted(self.unreachable.items()):
             lines.append(
                 f"teacher {name!r}: could not connect to {url}; start that server (or fix "
                 "base_url) and run the same command again: failed connections are retried"
+            )
+        for name, why in sorted(self.broken.items()):
+            lines.append(
+                f"teacher {name!r}: the server answered but the exchange broke ({why[:200]}); "
+                "a re-run retries these calls"
             )
         if self.errors_by_kind:
             lines.append("errors: " + ", ".join(f"{k}={v}" for k, v in self.errors_by_kind.items()))
@@ -172,12 +237,13 @@ class _Replayer:
         self.min_agreement: float = kw["min_agreement"]
         self.base_urls = {t.spec.name: t.spec.base_url for t in teachers}
         self.sems = {t.spec.name: asyncio.Semaphore(t.spec.max_concurrency) for t in teachers}
-        self.result = ReplayResult()
+        self.result: ReplayResult = kw.get("result") or ReplayResult()
         self.cost_by_teacher: dict[str, list[float]] = defaultdict(list)
         self.tokens_ok = [0, 0]  # prompt, completion tokens of successful calls this run
         self.skipped_by_teacher: dict[str, int] = defaultdict(int)  # calls saved by tiers
         self.advance: Callable[..., None] | None = None
         self.redactor = Redactor()
+        self.unrecorded: list[CallRecord] = []  # outcomes the journal refused to store
 
     def tiers(self) -> list[list[Teacher]]:
         if not self.tiered:
@@ -210,16 +276,44 @@ class _Replayer:
             self._advance()
             return old
         async with self.sems[spec.name]:
+            if self.result.journal_error:
+                return JOURNAL
             bound = worst_case_prompt_tokens(messages, tools)
             res = await self.ledger.reserve(worst_case_cost(spec, bound), spec.name)
             if res is None:
                 return BUDGET
-            self.journal.add_intent(state.state_id, spec.name, phash)
+            try:
+                intent = self.journal.add_intent(state.state_id, spec.name, phash, res.amount)
+            except sqlite3.Error as err:  # nothing sent yet: stop here, nothing is lost
+                self._journal_failed(err)
+                await self.ledger.settle(res, 0.0)
+                return JOURNAL
             rec = await self._send(state, teacher, messages, tools, phash, bound)
             await self.ledger.settle(res, rec.cost_usd)
-        self.journal.record(rec)
+        self._record(rec, intent)
         self._account(rec)
         return rec
+
+    def _record(self, rec: CallRecord, intent: int) -> None:
+        """Journal an outcome; if the journal refuses it (locked, disk full, I/O error) keep the
+        paid answer in memory, to be saved next to the journal, and start no new call."""
+        try:
+            self.journal.record(rec, intent)
+        except sqlite3.Error as err:
+            self._journal_failed(err)
+            self.unrecorded.append(rec)
+
+    def _journal_failed(self, err: sqlite3.Error) -> None:
+        if not self.result.journal_error:
+            self.result.journal_error = f"{self.journal.path}: {type(err).__name__}: {err}"
+
+    def worst_case_usd(self, state: TraceState | None, teacher: str) -> float:
+        """The reservation a call of ``state`` to ``teacher`` holds (0 if either is unknown)."""
+        spec = next((t.spec for t in self.teachers if t.spec.name == teacher), None)
+        if state is None or spec is None:
+            return 0.0
+        messages, tools, _ = self.request(state, spec)
+        return worst_case_cost(spec, worst_case_prompt_tokens(messages, tools))
 
     def _final(self, old: CallRecord) -> bool:
         """Whether a journaled outcome stands (else the call is sent again)."""
@@ -237,7 +331,11 @@ class _Replayer:
                 **base, status="error", error_kind=err.kind, error=err.message[:2000],
                 attempts=err.attempts, tier=spec.tier,
             )  # fmt: skip
-        bill = billed_usage(spec, bound, resp)
+        floor = min_tokens(prompt_chars(messages)) if messages else 0
+        bill = billed_usage(spec, bound, resp, prompt_floor=floor)
+        for why in resp.anomalies:
+            key = f"teacher {spec.name!r} {why}"
+            self.result.flagged_answers[key] = self.result.flagged_answers.get(key, 0) + 1
         return CallRecord(
             **base,
             status="ok",
@@ -263,6 +361,8 @@ class _Replayer:
             r.calls_failed += 1
             if rec.error_kind == "connection":
                 r.unreachable[rec.teacher] = self.base_urls.get(rec.teacher, "?")
+            elif rec.error_kind == "transport":
+                r.broken[rec.teacher] = rec.error or "?"
             r.errors_by_kind[rec.error_kind or "other"] = (
                 r.errors_by_kind.get(rec.error_kind or "other", 0) + 1
             )
@@ -288,14 +388,17 @@ class _Replayer:
 
     async def run_state(self, state: TraceState) -> None:
         r = self.result
-        if not state.prefix:
-            r.states_failed[state.state_id] = "empty prefix: nothing to send to a teacher"
+        if not state.prefix:  # a session's opening action: there is no question to ask
+            r.states_skipped_empty += 1
             return
         answers: dict[str, dict[str, Any]] = {}
         errors: list[str] = []
         tiers = self.tiers()
         for i, group in enumerate(tiers):
             outcomes = await asyncio.gather(*(self.call(state, t) for t in group))
+            if JOURNAL in outcomes:
+                r.states_not_started += 1
+                return
             if BUDGET in outcomes:
                 r.states_remaining += 1
                 return
@@ -336,21 +439,25 @@ async def replay_trace(
     retry_failed: bool = False,
     max_states_in_flight: int | None = None,
     progress: bool | Console = False,
+    result: ReplayResult | None = None,
 ) -> ReplayResult:
     """Replay ``states`` with ``teachers`` (specs are turned into clients and closed after).
 
     ``selected``: ids of states chosen by VOI gating (others are counted as gated out).
     ``tiered``: ask tiers in order, escalating while `tier_settled` is False.
     The budget covers the whole journal: spend recorded by earlier runs counts against it.
+    ``result``: filled in place and also complete when the run is cancelled (Ctrl-C), so a
+    caller can still report what was done.
     """
     owned = [build_teacher(t) for t in teachers if isinstance(t, TeacherSpec)]
     clients: list[Teacher] = [t for t in teachers if not isinstance(t, TeacherSpec)] + owned
     _check_unique(clients)
     jr = journal if isinstance(journal, Journal) else Journal(journal)
     try:
-        return await _replay(states, clients, jr, budget_usd, selected, tiered,
-                             agreement_threshold, min_agreement, infer_tools, retry_failed,
-                             max_states_in_flight, progress)  # fmt: skip
+        with jr.exclusive():  # one replay per journal at a time: one budget ceiling
+            return await _replay(states, clients, jr, budget_usd, selected, tiered,
+                                 agreement_threshold, min_agreement, infer_tools, retry_failed,
+                                 max_states_in_flight, progress, result)  # fmt: skip
     finally:
         for t in owned:
             await t.aclose()
@@ -365,22 +472,30 @@ def _check_unique(clients: Sequence[Teacher]) -> None:
 
 
 async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_threshold,
-                  min_agreement, infer_tools, retry_failed, max_states_in_flight, progress):  # fmt: skip
-    jr.add_states(states)
-    maybe_paid_twice = jr.pending_intents()
-    known = jr.get_meta("teachers", {})
-    jr.set_meta("teachers", {**known, **{t.spec.name: t.spec.model_dump() for t in clients}})
-    ledger = BudgetLedger(budget_usd, spent_usd=jr.spent_usd())
+                  min_agreement, infer_tools, retry_failed, max_states_in_flight, progress,
+                  result):  # fmt: skip
+    states, duplicates = _unique(states)
+    try:
+        jr.add_states(states)
+        known = jr.get_meta("teachers", {})
+        jr.set_meta("teachers", {**known, **{t.spec.name: t.spec.model_dump() for t in clients}})
+    except sqlite3.Error as err:  # before any call: bad input, nothing to lose
+        raise JournalError(f"{jr.path}: cannot write the journal: {err}") from err
+    ledger = BudgetLedger(budget_usd)
     rp = _Replayer(
         clients, jr, ledger,
         tools_by_session=session_tools(states) if infer_tools else {},
         retry_failed=retry_failed, tiered=tiered,
-        agreement_threshold=agreement_threshold, min_agreement=min_agreement,
+        agreement_threshold=agreement_threshold, min_agreement=min_agreement, result=result,
     )  # fmt: skip
+    # attempts a killed run left in flight may have been billed: their worst case is spent
+    maybe_paid_twice, _ = jr.adopt_lost_intents(lambda s, t: rp.worst_case_usd(jr.state(s), t))
+    ledger.spent_usd = ledger.max_committed_usd = jr.spent_usd() + jr.lost_usd()
     todo = [s for s in states if selected is None or s.state_id in selected]
     r = rp.result
     r.states_total, r.budget_usd = len(states), budget_usd
     r.calls_maybe_paid_twice = maybe_paid_twice
+    r.states_duplicate = duplicates
     r.calls_full_replay = len(states) * len(clients)
     r.states_gated_out = len(states) - len(todo)
     r.calls_saved_gating = r.states_gated_out * len(clients)
@@ -395,13 +510,53 @@ async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_t
     console = (
         progress if isinstance(progress, Console) else Console(stderr=True) if progress else None
     )
-    with progress_bar(console, "replay", total=len(todo) * len(clients)) as rp.advance:
-        await asyncio.gather(*(one(s) for s in todo))
-    r.budget_exhausted = ledger.exhausted
-    r.max_committed_usd = ledger.max_committed_usd
-    r.journal_cost_usd = jr.spent_usd()
-    r.usd_saved_estimate = _saved_usd(rp, r.calls_saved_gating, len(todo), len(states))
+    try:
+        with progress_bar(console, "replay", total=len(todo) * len(clients)) as rp.advance:
+            await asyncio.gather(*(one(s) for s in todo))
+    except asyncio.CancelledError:
+        r.interrupted = True
+        raise
+    finally:  # also when cancelled: the summary is of what was done
+        _finish(rp, ledger, jr, len(todo), len(states))
     return r
+
+
+def _finish(rp: _Replayer, ledger: BudgetLedger, jr: Journal, n_todo: int, n_all: int) -> None:
+    """Fill the end-of-run fields of the result."""
+    r = rp.result
+    r.budget_exhausted = ledger.exhausted
+    r.smallest_refused_usd = ledger.smallest_refused_usd
+    save_unrecorded(rp.unrecorded, jr.path, r)
+    r.max_committed_usd = ledger.max_committed_usd
+    r.usd_saved_estimate = _saved_usd(rp, r.calls_saved_gating, n_todo, n_all)
+    try:
+        r.journal_cost_usd, r.lost_usd = jr.spent_usd(), jr.lost_usd()
+    except sqlite3.Error:  # the journal failed (reported): these stay unknown
+        pass
+
+
+def save_unrecorded(recs: list[CallRecord], journal: Path, r: ReplayResult) -> None:
+    """Write outcomes the journal refused to ``<journal>.unrecorded.jsonl`` (appended: a
+    later run may add more), so paid answers survive a journal that cannot be written."""
+    r.calls_unrecorded = len(recs)
+    if not recs:
+        return
+    path = journal.with_name(journal.name + ".unrecorded.jsonl")
+    try:
+        with open(path, "ab") as fh:
+            fh.writelines(orjson.dumps(asdict(rec)) + b"\n" for rec in recs)
+    except OSError:
+        return  # the summary says the answers are lost
+    r.unrecorded_path = str(path)
+
+
+def _unique(states: Sequence[TraceState]) -> tuple[list[TraceState], int]:
+    """``states`` with each state id once (first kept), and how many were dropped: a duplicate
+    would be sent and paid again, and its journal row would overwrite the first one's."""
+    by_id: dict[str, TraceState] = {}
+    for s in states:
+        by_id.setdefault(s.state_id, s)
+    return list(by_id.values()), len(states) - len(by_id)
 
 
 def _saved_usd(rp: _Replayer, saved_gating: int, n_todo: int, n_all: int) -> float | None:

@@ -19,8 +19,10 @@ A pool is a YAML file validated by pydantic (field names are fixed so scripts ca
 
 Remote teachers use the official ``openai`` SDK (``AsyncOpenAI`` with ``max_retries=0``); retries
 live here, at the network edge: exponential backoff with full jitter on 429, 5xx, timeouts and
-connection errors, honouring ``Retry-After`` / ``retry-after-ms``. A response that is not a valid
-chat completion is a `TeacherError` with ``kind="malformed"`` (recorded, never a crash).
+connection errors, honouring ``Retry-After`` / ``retry-after-ms`` up to ``backoff_cap_s`` (a
+longer requested wait fails the call at once, saying so; a re-run retries it). A response that is
+not a valid chat completion is a `TeacherError` with ``kind="malformed"`` (recorded, never a
+crash).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 class TeacherSpec(BaseModel):
     """One teacher of a pool (see the module docstring for the YAML shape)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # "12" is no int
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/@-]+$")
     """Unique name in the pool; journal rows and pair provenance use it."""
@@ -106,7 +108,7 @@ class TeacherSpec(BaseModel):
 class TeacherPool(BaseModel):
     """A YAML teacher pool: ``teachers: [TeacherSpec, ...]`` with unique names."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # "12" is no int
 
     teachers: list[TeacherSpec] = Field(min_length=1)
     """The teachers; order is kept (ties in consensus break in this order)."""
@@ -157,6 +159,8 @@ class TeacherResponse:
     latency_s: float = 0.0
     raw_usage: Any = None
     """The server's ``usage`` block as sent (journaled for audit, never trusted for billing)."""
+    anomalies: list[str] = field(default_factory=list)
+    """Odd but usable: another model answered, several choices came back (`parse_completion`)."""
 
     def as_message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": self.text}
@@ -165,7 +169,11 @@ class TeacherResponse:
         return msg
 
 
-ErrorKind = Literal["rate_limit", "server", "timeout", "connection", "malformed", "client", "other"]
+ErrorKind = Literal[
+    "rate_limit", "server", "timeout", "connection", "transport", "malformed", "client", "other"
+]
+"""``connection``: nothing answered at the address (refused, DNS); ``transport``: a server
+answered but the exchange broke (connection reset, redirect loop, protocol error)."""
 
 
 class TeacherError(Exception):
@@ -181,7 +189,7 @@ class TeacherError(Exception):
 
     @property
     def retryable(self) -> bool:
-        return self.kind in ("rate_limit", "server", "timeout", "connection")
+        return self.kind in ("rate_limit", "server", "timeout", "connection", "transport")
 
 
 class Teacher(Protocol):
@@ -222,10 +230,11 @@ def backoff_delay(
     attempt: int, retry_after: float | None, base: float = 0.5, cap: float = 30.0
 ) -> float:
     """Full-jitter exponential backoff (AWS architecture blog, "Exponential Backoff and Jitter"):
-    ``uniform(0, min(cap, base * 2**attempt))``; a server's Retry-After is a floor (capped at 5 min)."""
+    ``uniform(0, min(cap, base * 2**attempt))``; a server's Retry-After is a floor, itself capped
+    at ``cap`` (the pool's ``backoff_cap_s`` is the longest any retry waits)."""
     delay = random.uniform(0, min(cap, base * 2**attempt))
     if retry_after is not None:
-        delay = max(delay, min(retry_after, 300.0))
+        delay = max(delay, min(retry_after, cap))
     return delay
 
 
@@ -236,7 +245,7 @@ def classify_openai_error(err: BaseException) -> TeacherError:
     if isinstance(err, openai.APITimeoutError):
         return TeacherError("timeout", str(err))
     if isinstance(err, openai.APIConnectionError):
-        return TeacherError("connection", str(err))
+        return _transport_error(err)
     if isinstance(err, openai.APIStatusError):
         status = err.status_code
         kind: ErrorKind = (
@@ -244,6 +253,16 @@ def classify_openai_error(err: BaseException) -> TeacherError:
         )
         return TeacherError(kind, f"HTTP {status}: {str(err)[:300]}", status=status)
     return TeacherError("other", f"{type(err).__name__}: {err}")
+
+
+def _transport_error(err: BaseException) -> TeacherError:
+    """Tell "nothing listens there" from "the server broke the exchange": the SDK says
+    "Connection error." for both; the transport error it wraps says which. Matched by class
+    name: the SDK's HTTP library is ``httpx`` or a fork of it, depending on its version."""
+    cause = err.__cause__
+    if cause is None or any(k.__name__ == "ConnectError" for k in type(cause).__mro__):
+        return TeacherError("connection", f"could not connect: {cause or err}")
+    return TeacherError("transport", f"{type(cause).__name__}: {cause}"[:300])
 
 
 def token_count(value: Any) -> int | None:
@@ -255,8 +274,10 @@ def token_count(value: Any) -> int | None:
     return int(value)
 
 
-def parse_completion(body: bytes) -> TeacherResponse:
-    """Validate a chat-completion JSON body; raise ``TeacherError('malformed')`` otherwise."""
+def parse_completion(body: bytes, model: str | None = None) -> TeacherResponse:
+    """Validate a chat-completion JSON body; raise ``TeacherError('malformed')`` otherwise. An
+    answer that is valid but odd for the request (another ``model`` than ``model``, more than
+    the one choice asked for) is kept and flagged in ``anomalies``."""
     try:
         obj = orjson.loads(body)
         msg = obj["choices"][0]["message"]
@@ -276,17 +297,42 @@ def parse_completion(body: bytes) -> TeacherResponse:
             completion_tokens=token_count(usage.get("completion_tokens")),
             finish_reason=obj["choices"][0].get("finish_reason"),
             raw_usage=obj.get("usage"),
+            anomalies=_anomalies(obj, model),
         )
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as err:
         snippet = body[:120].decode("utf-8", "replace")
         raise TeacherError("malformed", f"{type(err).__name__}: {err}; body={snippet!r}") from err
 
 
+def _anomalies(obj: dict[str, Any], model: str | None) -> list[str]:
+    """What is odd about a valid answer: the server says another model answered (a dated or
+    provider-prefixed name of the same model is fine), or it sent several choices (one was
+    asked for; the first is used, and the others may have been billed)."""
+    out = []
+    served = obj.get("model")
+    if model and isinstance(served, str) and not _same_model(served, model):
+        out.append(f"answered by model {served[:80]!r} (asked {model!r})")
+    if len(obj["choices"]) != 1:
+        out.append(f"{len(obj['choices'])} choices (1 asked; the first is used)")
+    return out
+
+
+def _same_model(served: str, asked: str) -> bool:
+    a, b = (m.rsplit("/", 1)[-1].lower() for m in (served, asked))
+    return a.startswith(b) or b.startswith(a)
+
+
 def _clean_call(c: dict[str, Any]) -> dict[str, Any]:
+    """One tool call in our shape. Its id must be a string (missing or null: ``""``, a server
+    that does not number calls): an integer id would reach the journal and later break the
+    preference dataset's typed columns, so it makes the answer malformed here, at the edge."""
     fn = c["function"]
     args = fn.get("arguments", "{}")
+    call_id = c.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise TypeError(f"tool call id must be a string, got {type(call_id).__name__}")
     return {
-        "id": c.get("id", ""),
+        "id": call_id or "",
         "type": "function",
         "function": {
             "name": fn["name"],
@@ -326,6 +372,8 @@ class OpenAITeacher:
                 err.attempts = attempt + 1
                 if not err.retryable or attempt == self.spec.max_retries:
                     raise
+                if err.retry_after is not None and err.retry_after > self.spec.backoff_cap_s:
+                    raise self._too_long_to_wait(err) from None
                 await self._sleep(
                     backoff_delay(
                         attempt, err.retry_after, self.spec.backoff_base_s, self.spec.backoff_cap_s
@@ -336,6 +384,15 @@ class OpenAITeacher:
             resp.latency_s = time.perf_counter() - t0
             return resp
         raise AssertionError("unreachable")
+
+    def _too_long_to_wait(self, err: TeacherError) -> TeacherError:
+        """Fail fast when a server asks for a longer wait than ``backoff_cap_s``: sleeping for it
+        would stall the run silently; a re-run retries the call (the error stays transient)."""
+        err.message += (
+            f"; the server asked to wait {err.retry_after:g} s (Retry-After), more than "
+            f"backoff_cap_s={self.spec.backoff_cap_s:g} s: not retried in this run"
+        )
+        return err
 
     async def _once(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
@@ -363,7 +420,7 @@ class OpenAITeacher:
             response = getattr(err, "response", None)
             terr.retry_after = parse_retry_after(getattr(response, "headers", None))
             raise terr from err
-        return parse_completion(body)
+        return parse_completion(body, self.spec.model)
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -26,6 +26,7 @@ from .schema import (
 
 NO_RESULT = "[no tool result recorded]"
 MAX_PATH_ENTRIES = 50_000  # bound for per-session uuid bookkeeping (Claude Code rewinds)
+BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark, skipped at the start of a file
 READ_BLOCK = 64 * 1024  # bytes of raw lines scanned and decoded at once (64 KB: stays in L2)
 
 # A record handler returns None when the line was used, or a skip reason.
@@ -88,6 +89,8 @@ def run_jsonl(
         with open(ctx.path, "rb") as fh:
             for block, pos, size in _line_spans(fh):
                 rep.bytes += size - pos
+                if lineno == 0 and block.startswith(BOM):  # Windows editors: not line 1's JSON
+                    pos = len(BOM)
                 view, find = memoryview(block), block.find
                 # sorted end offsets of trigger matches; a line holds those in (start, end]
                 hits: list[int] = []
@@ -190,6 +193,7 @@ def load_document(ctx: ReaderContext) -> Any:
     rep = ctx.report
     data = ctx.path.read_bytes()
     rep.bytes += len(data)
+    data = data.removeprefix(BOM)
     n = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
     rep.total_lines += n
     if not data.strip():
@@ -250,6 +254,9 @@ class SessionBuilder:
     - a tool result whose call is unknown is reported orphaned and kept as a user message, so the
       prefix stays valid OpenAI chat; calls left without a result when the conversation moves on
       are reported orphaned and get a ``[no tool result recorded]`` tool message;
+    - a call id repeated inside one action is renamed ``<id>#2``, ``#3``... (reported as
+      ``duplicate_tool_call_id``) and the next results for that id go to the renamed calls in
+      order, so every call is followed by exactly its own tool message;
     - all text is redacted here, the single entry point for content.
     """
 
@@ -274,6 +281,7 @@ class SessionBuilder:
         self._pending_rid: str | None = None
         self._open_calls: dict[str, int] = {}  # call id -> line of the call
         self._open_order: list[str] = []
+        self._renamed: dict[str, list[str]] = {}  # repeated call id -> its renamed calls
         self.step = 0
         self.segment = 0
         self.after_compaction = False
@@ -299,6 +307,8 @@ class SessionBuilder:
             text = self.ctx.redact(text)
         if not call_id and self._open_order:
             call_id = self._open_order[0]
+        if call_id not in self._open_calls and self._renamed.get(call_id):
+            call_id = self._renamed[call_id].pop(0)  # the next copy of a repeated id
         if call_id and call_id in self._open_calls:
             del self._open_calls[call_id]
             self._open_order.remove(call_id)
@@ -344,9 +354,23 @@ class SessionBuilder:
             if not clean:
                 fn = tc["function"]
                 fn["arguments"] = self._redact_arguments(fn["arguments"])
+            if act.tool_calls and any(c["id"] == tc["id"] for c in act.tool_calls):
+                self._rename_repeated(tc, act, line)
             act.tool_calls.append(tc)
         if model and not self._pending_model:
             self._pending_model = model
+
+    def _rename_repeated(self, tc: dict[str, Any], act: Action, line: int) -> None:
+        """Give a call whose id is already used in this action a fresh one: two calls ``T1``
+        followed by one ``T1`` result is no valid conversation for a teacher."""
+        cid = tc["id"]
+        used = {c["id"] for c in act.tool_calls}
+        k = 2
+        while f"{cid}#{k}" in used:
+            k += 1
+        tc["id"] = f"{cid}#{k}"
+        self._renamed.setdefault(cid, []).append(tc["id"])
+        self.ctx.report.orphan("duplicate_tool_call_id", line, self.ctx.redactor.redact(cid))
 
     def compact(self, replacement: Iterable[Message] = ()) -> None:
         """Context was compacted: the prefix restarts from ``replacement`` (e.g. a summary)."""
@@ -449,6 +473,7 @@ class SessionBuilder:
                 self._append({"role": "tool", "tool_call_id": cid, "content": NO_RESULT})
         self._open_calls.clear()
         self._open_order.clear()
+        self._renamed.clear()
 
     def _append(self, msg: Message) -> None:
         self.messages.append(msg)

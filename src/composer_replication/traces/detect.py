@@ -39,7 +39,7 @@ def detect_format(path: Path) -> str:
 def sniff(path: Path) -> str | None:
     name = path.name
     with open(path, "rb") as fh:
-        head = fh.read(HEAD_BYTES)
+        head = fh.read(HEAD_BYTES).removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM
     if name.endswith(".md"):
         return "aider" if _looks_aider(head) else None
     if name.endswith((".traj", ".traj.json")):
@@ -105,7 +105,7 @@ def _vote_jsonl(lines: list[bytes]) -> str | None:
 
 
 def _classify_record(obj: dict[str, Any], first: bool) -> str | None:
-    t = obj.get("type")
+    t = _str_type(obj)  # a dict/list "type" must not reach the set lookups below (unhashable)
     if t in CODEX_TYPES and "payload" in obj:
         return "codex"
     if "parentUuid" in obj or "sessionId" in obj and t in CLAUDE_TYPES or "leafUuid" in obj:
@@ -124,7 +124,7 @@ def _classify_record(obj: dict[str, Any], first: bool) -> str | None:
     if t == "message" and isinstance(obj.get("content"), list):
         content = obj["content"]
         if any(
-            isinstance(c, dict) and c.get("type") in ("input_text", "output_text") for c in content
+            isinstance(c, dict) and _str_type(c) in ("input_text", "output_text") for c in content
         ):
             return "codex"
     if first and set(obj) <= {"id", "timestamp", "instructions", "git"} and "id" in obj:
@@ -132,6 +132,13 @@ def _classify_record(obj: dict[str, Any], first: bool) -> str | None:
     if isinstance(obj.get("messages"), list) or "role" in obj:
         return "openai_messages"
     return None
+
+
+def _str_type(obj: dict[str, Any]) -> str | None:
+    """The record's ``type`` when it is a string, else None: detection is total over any JSON
+    value, so a record with an odd ``type`` votes for nothing instead of ending the run."""
+    t = obj.get("type")
+    return t if isinstance(t, str) else None
 
 
 def is_openhands_sdk_event(obj: dict[str, Any]) -> bool:
@@ -153,7 +160,7 @@ def _classify_doc(doc: Any) -> str | None:
             return "openhands"
         if any("role" in x for x in items):
             return "openai_messages"
-        if any(x.get("type") in ("user", "assistant") and "message" in x for x in items):
+        if any(_str_type(x) in ("user", "assistant") and "message" in x for x in items):
             return "claude_code"
         return None
     if not isinstance(doc, dict):
@@ -170,7 +177,7 @@ def _classify_doc(doc: Any) -> str | None:
         if (
             "sessionId" in doc
             or "projectHash" in doc
-            or any(isinstance(m, dict) and m.get("type") in ("user", "gemini") for m in msgs[:5])
+            or any(isinstance(m, dict) and _str_type(m) in ("user", "gemini") for m in msgs[:5])
         ):
             return "gemini_cli"
         return "openai_messages"

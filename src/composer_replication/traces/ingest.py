@@ -31,15 +31,28 @@ READERS: dict[str, Callable[[ReaderContext], Iterator[TraceState]]] = {
 assert set(READERS) == set(FORMATS)
 
 LOG_SUFFIXES = (".jsonl", ".json", ".traj", ".md", ".ndjson")
+COMPRESSED_SUFFIXES = tuple(s + ".gz" for s in LOG_SUFFIXES)  # listed as unreadable, not skipped
+NOT_UTF8 = {
+    b"\x1f\x8b": "gzip-compressed: decompress it first (gunzip)",
+    b"\xff\xfe": "UTF-16/32 text, not UTF-8: convert it first (iconv -t UTF-8)",
+    b"\xfe\xff": "UTF-16 text, not UTF-8: convert it first (iconv -t UTF-8)",
+}
 
 
 class IngestRun:
     """Iterator of TraceStates plus the `IngestReport` it fills while iterating."""
 
-    def __init__(self, paths: Iterable[str | os.PathLike[str]], fmt: str, redactor: Redactor):
+    def __init__(
+        self,
+        paths: Iterable[str | os.PathLike[str]],
+        fmt: str,
+        redactor: Redactor,
+        exclude: Iterable[str | os.PathLike[str]] = (),
+    ):
         if fmt != "auto" and fmt not in READERS:
             raise ValueError(f"unknown format {fmt!r}; choose auto or one of {', '.join(FORMATS)}")
         self.paths = [Path(p).expanduser() for p in paths]
+        self.exclude = {os.path.realpath(Path(p).expanduser()) for p in exclude}
         self.format = fmt
         self.redactor = redactor
         self.report = IngestReport()
@@ -73,8 +86,8 @@ class IngestRun:
         yield from READERS[fmt](ReaderContext(path, fmt, rep, self.redactor))
 
     def _run(self) -> Iterator[TraceState]:
-        for path, explicit in _iter_files(self.paths):
-            why = None if path.is_dir() else unreadable_reason(path)
+        for path, explicit in _iter_files(self.paths, self.exclude, self.report.duplicates):
+            why = None if path.is_dir() else unreadable_reason(path) or encoding_problem(path)
             if why is not None:
                 self.report.unreadable[str(path)] = why
                 continue
@@ -82,6 +95,11 @@ class IngestRun:
                 yield from self._read(path, explicit)
             except OSError as err:
                 self.report.unreadable[str(path)] = f"read failed: {err.strerror or err}"
+            except UnknownFormatError:
+                raise  # a file named explicitly that is no log: bad input, the caller says so
+            except Exception as err:  # noqa: BLE001 - a bug on one odd file must not end the run
+                why = f"reader failed: {type(err).__name__}: {err}"[:300]
+                self.report.unreadable[str(path)] = why
         self.report.redactions = self.redactor.counts
 
 
@@ -90,20 +108,57 @@ def ingest(
     format: str = "auto",
     *,
     redactor: Redactor | None = None,
+    exclude: Iterable[str | os.PathLike[str]] = (),
 ) -> IngestRun:
     """Read agent logs into TraceStates (secrets redacted). ``paths`` may be files or directories
     (searched recursively for ``*.jsonl``, ``*.json``, ``*.traj``, ``*.md``). With
     ``format="auto"`` each file's format is detected; a file named explicitly whose format is
     unknown raises `UnknownFormatError`, one found under a directory is listed in
-    ``report.not_traces``."""
+    ``report.not_traces``. Files in ``exclude`` are never read (the output of an earlier run
+    written inside an input directory is not a log)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    return IngestRun(paths, format, redactor or Redactor())
+    return IngestRun(paths, format, redactor or Redactor(), exclude)
 
 
-def _iter_files(paths: list[Path]) -> Iterator[tuple[Path, bool]]:
-    """Log files under ``paths``; an OpenHands SDK ``events/`` directory (one JSON file per
-    event) is yielded once, as the directory, since its files only make sense together."""
+def _iter_files(
+    paths: list[Path], exclude: set[str] = frozenset(), duplicates: list[str] | None = None
+) -> Iterator[tuple[Path, bool]]:
+    """Log files under ``paths`` except those whose real path is in ``exclude``, each real file
+    once (a file named directly and found in a directory, a symlink to a file already seen:
+    read twice, its states would be replayed and paid twice); later sightings are appended to
+    ``duplicates``. An OpenHands SDK ``events/`` directory (one JSON file per event) is yielded
+    once, as the directory, since its files only make sense together."""
+    seen: set[str] = set()
+    for path, explicit in _walk(paths):
+        real = os.path.realpath(path)
+        if real in exclude:
+            continue
+        if real in seen:
+            if duplicates is not None:
+                duplicates.append(str(path))
+            continue
+        seen.add(real)
+        yield path, explicit
+
+
+def encoding_problem(path: Path) -> str | None:
+    """Why a file's bytes cannot be a UTF-8 log (gzip, UTF-16/32), from its first bytes; read
+    line by line, such a file would only be skipped line after line, with exit code 0."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+    except OSError:
+        return None  # the read itself reports it
+    for magic, why in NOT_UTF8.items():
+        if head.startswith(magic):
+            return why
+    if b"\x00" in head:
+        return "NUL bytes: UTF-16/32 text or binary, not a UTF-8 log"
+    return None
+
+
+def _walk(paths: list[Path]) -> Iterator[tuple[Path, bool]]:
     for p in paths:
         if p.is_dir() and is_event_dir(p):
             yield p, True
@@ -114,7 +169,7 @@ def _iter_files(paths: list[Path]) -> Iterator[tuple[Path, bool]]:
                     yield Path(root), False
                     continue
                 for name in sorted(files):
-                    if name.endswith(LOG_SUFFIXES):
+                    if name.endswith(LOG_SUFFIXES + COMPRESSED_SUFFIXES):
                         yield Path(root) / name, False
         elif p.is_file():
             yield p, True

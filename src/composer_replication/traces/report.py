@@ -67,6 +67,7 @@ class IngestReport:
     files: list[FileReport] = field(default_factory=list)
     not_traces: list[str] = field(default_factory=list)  # files under a directory with no format
     unreadable: dict[str, str] = field(default_factory=dict)  # path -> why it was skipped
+    duplicates: list[str] = field(default_factory=list)  # paths of files already read once
     redactions: Counter[str] = field(default_factory=Counter)
 
     @property

@@ -91,10 +91,13 @@ class TraceState:
 
     @classmethod
     def from_json(cls, data: bytes | str) -> TraceState:
-        """Inverse of `to_json`. Raises ValueError naming the missing/invalid field."""
+        """Inverse of `to_json`. Raises ValueError naming the missing/invalid field (such as
+        ``field prefix[1]: expected an object, got int``): states written by other tools are
+        checked here, before a replay journals them or sends them anywhere."""
         obj = orjson.loads(data)
         if not isinstance(obj, dict):
             raise ValueError("TraceState JSON must be an object")
+        check_types(obj)
         try:
             return cls(
                 state_id=obj["state_id"],
@@ -112,6 +115,118 @@ class TraceState:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+STATE_TYPES: dict[str, tuple[type, ...]] = {
+    "state_id": (str,),
+    "session_id": (str,),
+    "step": (int,),
+    "prefix": (list,),
+    "action": (dict,),
+    "meta": (dict,),
+    "schema_version": (int,),
+}
+ACTION_TYPES: dict[str, tuple[type, ...]] = {
+    "text": (str,),
+    "tool_calls": (list,),
+    "thinking": (str,),
+}
+META_TYPES: dict[str, tuple[type, ...]] = {
+    "source_format": (str,),
+    "file": (str,),
+    "line": (int,),
+    "model": (str, type(None)),
+    "timestamp": (str, type(None)),
+    "subagent_id": (str, type(None)),
+    "is_sidechain": (bool,),
+    "after_compaction": (bool,),
+    "segment": (int,),
+    "line_is_item_index": (bool,),
+}
+ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+
+
+class FieldError(ValueError):
+    """A TraceState field of the wrong type; the message names the field's path."""
+
+    def __init__(self, where: str, expected: str, got: Any):
+        super().__init__(f"field {where}: expected {expected}, got {_kind(got)}")
+
+
+KIND_NAMES = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    int: "an integer",
+    bool: "a boolean",
+    float: "a number",
+    type(None): "null",
+}
+
+
+def _kind(x: Any) -> str:
+    return KIND_NAMES.get(type(x), type(x).__name__)
+
+
+def _check(obj: dict[str, Any], types: dict[str, tuple[type, ...]], where: str) -> None:
+    """Type-check the fields of ``obj`` that ``types`` names (missing ones are left to the
+    constructor, which names them); a bool is not an int here."""
+    for key, allowed in types.items():
+        if key in obj:
+            v = obj[key]
+            if not isinstance(v, allowed) or (isinstance(v, bool) and bool not in allowed):
+                names = " or ".join(KIND_NAMES[t] for t in allowed)
+                raise FieldError(f"{where}{key}", names, v)
+
+
+def check_types(obj: dict[str, Any]) -> None:
+    """Raise `FieldError` if a field of a decoded TraceState has the wrong type, down to each
+    prefix message and tool call (the shapes in the module docstring)."""
+    _check(obj, STATE_TYPES, "")
+    for i, msg in enumerate(obj.get("prefix") or ()):
+        _check_message(msg, f"prefix[{i}]")
+    action = obj.get("action")
+    if isinstance(action, dict):
+        _check(action, ACTION_TYPES, "action.")
+        _check_calls(action.get("tool_calls"), "action.tool_calls")
+    if isinstance(obj.get("meta"), dict):
+        _check(obj["meta"], META_TYPES, "meta.")
+
+
+def _check_message(msg: Any, where: str) -> None:
+    if not isinstance(msg, dict):
+        raise FieldError(where, "an object", msg)
+    role = msg.get("role")
+    if not isinstance(role, str) or role not in ROLES:  # (a list role is unhashable)
+        raise FieldError(f"{where}.role", "one of " + ", ".join(sorted(ROLES)), role)
+    content = msg.get("content")
+    if not isinstance(content, (str, list, type(None))):
+        raise FieldError(f"{where}.content", "a string, a list of parts or null", content)
+    for j, part in enumerate(content if isinstance(content, list) else ()):
+        if not isinstance(part, dict):
+            raise FieldError(f"{where}.content[{j}]", "an object", part)
+    if msg["role"] == "tool" and not isinstance(msg.get("tool_call_id"), str):
+        raise FieldError(f"{where}.tool_call_id", "a string", msg.get("tool_call_id"))
+    _check_calls(msg.get("tool_calls"), f"{where}.tool_calls")
+
+
+def _check_calls(calls: Any, where: str) -> None:
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise FieldError(where, "a list", calls)
+    for k, call in enumerate(calls):
+        at = f"{where}[{k}]"
+        if not isinstance(call, dict):
+            raise FieldError(at, "an object", call)
+        if not isinstance(call.get("id"), str):
+            raise FieldError(f"{at}.id", "a string", call.get("id"))
+        fn = call.get("function")
+        if not isinstance(fn, dict):
+            raise FieldError(f"{at}.function", "an object", fn)
+        for key in ("name", "arguments"):
+            if not isinstance(fn.get(key), str):
+                raise FieldError(f"{at}.function.{key}", "a string", fn.get(key))
 
 
 def message_digest(prev: bytes, message: Message) -> bytes:

@@ -8,10 +8,16 @@ import random
 
 import pytest
 
-from composer_replication.replay.budget import BudgetLedger, worst_case_prompt_tokens
+from composer_replication.replay.budget import (
+    BudgetLedger,
+    billed_usage,
+    min_tokens,
+    prompt_chars,
+    worst_case_prompt_tokens,
+)
 from composer_replication.replay.journal import Journal
 from composer_replication.replay.replay import replay_trace
-from composer_replication.replay.teachers import TeacherSpec
+from composer_replication.replay.teachers import TeacherResponse, TeacherSpec
 
 from .conftest import make_states
 
@@ -27,10 +33,11 @@ def test_reserve_refuses_what_does_not_fit():
         b = await led.reserve(0.5)
         assert b is not None and led.spent_usd == pytest.approx(0.2)
         await led.settle(b, 0.5)
-        return await led.reserve(0.5)  # 0.3 left, nothing in flight -> exhausted
+        return await led.reserve(0.5)  # 0.3 left, nothing in flight -> refused
 
     assert asyncio.run(go()) is None
-    assert led.exhausted and led.try_reserve(0.0) is None
+    assert led.exhausted and led.smallest_refused_usd == 0.5
+    assert led.try_reserve(0.3) is not None  # a call that fits still goes ahead
     assert led.max_committed_usd <= 1.0 + 1e-12
 
 
@@ -117,3 +124,49 @@ def test_budget_spans_resumed_runs(scripted, tmp_path):
     r3 = asyncio.run(replay_trace(states, [spec], journal=db, budget_usd=1.0))
     assert r3.states_completed == 30 and not r3.budget_exhausted
     assert r3.calls_cached >= r1.states_completed
+
+
+def _resp(text: str, prompt: int | None, completion: int | None) -> TeacherResponse:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+    return TeacherResponse(text, [], prompt, completion, raw_usage=usage)
+
+
+def test_usage_reported_too_low_is_billed_at_the_upper_bound():
+    """A server claiming 0 tokens for a 1000-character answer to a non-empty prompt is not free:
+    both counts are replaced by the worst-case bound and the call is flagged."""
+    spec = TeacherSpec(name="t", base_url="http://x/v1", model="m", max_tokens=64)
+    msgs = [{"role": "user", "content": "word " * 100}]
+    bound, floor = worst_case_prompt_tokens(msgs), min_tokens(prompt_chars(msgs))
+    assert floor == 500 // 8
+    bill = billed_usage(spec, bound, _resp("word " * 200, 0, 0), prompt_floor=floor)
+    assert (bill.prompt_tokens, bill.completion_tokens) == (bound, 64)
+    assert "prompt_tokens=0 <" in bill.misreport and "completion_tokens=0 <" in bill.misreport
+    bill = billed_usage(spec, bound, _resp("x" * 40, 120, 2), prompt_floor=floor)  # 40/8 = 5 > 2
+    assert bill.completion_tokens == len('"' + "x" * 40 + '"[]') and bill.prompt_tokens == 120
+
+
+def test_plausible_low_usage_is_trusted():
+    """Counts at or above characters/8 are real (dense code, a reply cut at max_tokens)."""
+    spec = TeacherSpec(name="t", base_url="http://x/v1", model="m", max_tokens=16)
+    bill = billed_usage(spec, 1000, _resp("y" * 400, 50, 16), prompt_floor=50)
+    assert (bill.prompt_tokens, bill.completion_tokens, bill.misreport) == (50, 16, None)
+    assert billed_usage(spec, 1000, _resp("", 50, 0), prompt_floor=1).misreport is None
+
+
+def test_a_state_that_does_not_fit_is_skipped_and_the_rest_replayed(scripted, tmp_path):
+    """One state whose worst case alone exceeds the budget comes first: it is skipped and
+    reported, and the small states after it are still replayed (it used to stop the run)."""
+    script, url = scripted
+    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, price_in_per_mtok=1.0,
+                       price_out_per_mtok=1.0, timeout_s=5)  # fmt: skip
+    states = make_states(5)
+    states[0].prefix[1]["content"] = "x" * 20_000  # worst case ~$0.02
+    small = worst_case_prompt_tokens(states[1].prefix) + 8
+    budget = 5 * small / 1e6
+    with Journal(tmp_path / "j.db") as jr:
+        r = asyncio.run(replay_trace(states, [spec], journal=jr, budget_usd=budget,
+                                     max_states_in_flight=1))  # fmt: skip
+        assert jr.spent_usd() <= budget
+    assert r.states_completed == 4 and r.states_remaining == 1 and r.budget_exhausted
+    assert sum(script.requests.values()) == 4
+    assert "1 states remain" in r.summary() and "the smallest needs $0.02" in r.summary()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import typer
 import yaml
 from typer.testing import CliRunner
@@ -77,3 +78,38 @@ def test_bad_inputs_name_the_file_and_field(tmp_path):
     assert r.exit_code == 2 and "replay journal not found" in _flat(r.output)
     r = runner.invoke(app, ["serve", "--model", str(tmp_path / "nomodel.gguf"), "--port", "1"])
     assert r.exit_code == 2 and "GGUF file not found" in _flat(r.output)
+
+
+def test_badly_typed_state_is_bad_input_before_anything_is_journaled(tmp_path):
+    sfile, pool = _files(tmp_path, "http://127.0.0.1:9/v1", n=3)
+    lines = sfile.read_bytes().splitlines()
+    bad = orjson.loads(lines[1])
+    bad["prefix"][1] = 5
+    sfile.write_bytes(b"\n".join([lines[0], orjson.dumps(bad), lines[2]]) + b"\n")
+    db = tmp_path / "r.db"
+    r = runner.invoke(app, ["replay", str(sfile), "--teachers", str(pool), "--budget-usd", "1",
+                            "--out", str(db), "--no-progress"])  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert f"{sfile}:2: not a TraceState: field prefix[1]: expected an object" in _flat(r.output)
+    assert not db.exists()
+
+
+def test_journal_that_is_not_a_database_or_is_damaged_is_bad_input(scripted, tmp_path):
+    """--out naming a text file, and `pairs` on a torn journal: exit 2 naming the file (they
+    were tracebacks: file is not a database / database disk image is malformed)."""
+    _, url = scripted
+    sfile, pool = _files(tmp_path, url, n=40)
+    r = runner.invoke(app, ["replay", str(sfile), "--teachers", str(pool), "--budget-usd", "1",
+                            "--out", str(sfile), "--no-progress"])  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert f"{sfile}: not a replay journal, or a damaged one" in _flat(r.output)
+    db = tmp_path / "r.db"
+    r = runner.invoke(app, ["replay", str(sfile), "--teachers", str(pool), "--budget-usd", "1",
+                            "--out", str(db), "--no-progress"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    torn = tmp_path / "torn.db"
+    data = db.read_bytes()
+    torn.write_bytes(data[: len(data) // 2])  # a copy cut short (no -wal: checkpointed on close)
+    r = runner.invoke(app, ["pairs", str(torn), "--out", str(tmp_path / "p"), "--no-embeddings"])
+    assert r.exit_code == 2, r.output
+    assert str(torn) in _flat(r.output) and "journal" in r.output

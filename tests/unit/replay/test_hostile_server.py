@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import socket
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import typer
@@ -15,7 +18,7 @@ from typer.testing import CliRunner
 
 from composer_replication.cli.common import CHECK_FAILED
 from composer_replication.cli.replay import replay_command
-from composer_replication.replay.journal import Journal
+from composer_replication.replay.journal import Journal, JournalBusy
 from composer_replication.replay.replay import replay_trace
 from composer_replication.replay.teachers import OpenAITeacher, TeacherError, TeacherSpec
 
@@ -75,6 +78,7 @@ LYING_USAGE = {
     "negative": ({"prompt_tokens": -(10**9), "completion_tokens": -5}, False),
     "missing": ({}, True),
     "over_max_tokens": ({"completion_tokens": 16 * 205}, False),
+    "zero": ({"prompt_tokens": 0, "completion_tokens": 0}, False),  # too low: not free
 }
 
 
@@ -216,3 +220,65 @@ def test_no_secret_reaches_a_teacher_from_states_written_elsewhere(scripted, tmp
         for secret in (gh, aws, pw):
             assert secret not in seen and secret not in seen.replace("\\", "")
         assert "<REDACTED:" in text
+
+
+def test_second_replay_of_a_journal_in_use_is_refused(scripted, tmp_path):
+    """Two replays of one journal at once would each enforce the budget alone: while one holds
+    the journal, another gets exit 2 naming it and sends nothing."""
+    script, url = scripted
+    args = _cli_files(tmp_path, url, 3)
+    db = tmp_path / "r.db"
+    with Journal(db) as holder, holder.exclusive():
+        r = runner.invoke(app, args)
+        with pytest.raises(JournalBusy, match="in use by another replay"):
+            asyncio.run(replay_trace(make_states(1), [_spec(url)], journal=db))
+    assert r.exit_code == 2, r.output
+    assert f"{db} is in use by another replay (pid {os.getpid()})" in " ".join(r.output.split())
+    assert sum(script.requests.values()) == 0
+    assert runner.invoke(app, args).exit_code == 0  # released: the next run goes ahead
+
+
+class _Broken(BaseHTTPRequestHandler):
+    """POST /loop/...: a redirect to itself, forever; POST /close/...: hang up, no answer."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path.startswith("/loop/"):
+            self.send_response(307)
+            self.send_header("Location", self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.mark.parametrize(("mode", "cause"), [("loop", "TooManyRedirects"),
+                                             ("close", "RemoteProtocolError")])  # fmt: skip
+def test_broken_exchange_is_not_reported_as_could_not_connect(mode, cause):
+    """A redirect loop or a server hanging up used to be reported as "could not connect ...
+    start that server": the error says what happened and stays retryable."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/{mode}/v1"
+        with pytest.raises(TeacherError) as ei:
+            _ask(url, max_retries=0, timeout_s=10)
+    finally:
+        srv.shutdown()
+    assert ei.value.kind == "transport" and ei.value.retryable
+    assert ei.value.message.startswith(cause)
+
+
+def test_nothing_listening_is_could_not_connect():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(TeacherError) as ei:
+        _ask(f"http://127.0.0.1:{port}/v1", max_retries=0)
+    assert ei.value.kind == "connection" and "could not connect" in ei.value.message

@@ -3,6 +3,7 @@ before the kill is sent again and that the final journal equals an uninterrupted
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
@@ -11,7 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
+
+from composer_replication.replay.journal import Journal
+from composer_replication.replay.replay import replay_trace
+from composer_replication.replay.teachers import TeacherSpec
 
 from .conftest import digest, make_states
 
@@ -85,3 +91,66 @@ def test_sigkill_then_resume(scripted, tmp_path):
     out, _ = rerun.communicate(timeout=180)
     assert sum(script.requests.values()) == n  # finished replay: zero requests
     assert b"0 sent" in out and b"80 from journal" in out
+
+
+def test_attempts_lost_by_killed_runs_count_against_the_budget(scripted, tmp_path):
+    """Three killed runs each left the same call in flight: three intents (not one merged row),
+    each charged at its worst case on resume, so a budget they use up sends nothing more."""
+    from composer_replication.replay.budget import worst_case_cost, worst_case_prompt_tokens
+
+    _, url = scripted
+    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=64,
+                       price_in_per_mtok=1.0, price_out_per_mtok=2.0, timeout_s=5)  # fmt: skip
+    states = make_states(4)
+    worst = worst_case_cost(spec, worst_case_prompt_tokens(states[0].prefix))
+    db = tmp_path / "j.db"
+    with Journal(db) as jr:
+        for _ in range(3):  # kill -9 between add_intent and record, three times
+            jr.add_intent(states[0].state_id, "t", "h", worst)
+        assert jr.pending_intents() == 3
+    r = asyncio.run(replay_trace(states, [spec], journal=db, budget_usd=3.5 * worst))
+    assert r.calls_maybe_paid_twice == 3 and r.calls_sent == 0 and r.budget_exhausted
+    assert r.lost_usd == pytest.approx(3 * worst) and "counted against the budget" in r.summary()
+    r = asyncio.run(replay_trace(states, [spec], journal=db, budget_usd=3.5 * worst))
+    assert r.calls_maybe_paid_twice == 0 and r.calls_sent == 0  # charged once, forever
+
+
+def test_intents_of_an_older_journal_are_migrated_one_per_attempt(tmp_path):
+    """A journal written before intents were kept per attempt opens, and its pending intent
+    is priced from the state and teacher when adopted."""
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    c = sqlite3.connect(db)
+    c.execute("CREATE TABLE intents (state_id TEXT NOT NULL, teacher TEXT NOT NULL, "
+              "params_hash TEXT NOT NULL, created_at REAL NOT NULL, "
+              "PRIMARY KEY (state_id, teacher, params_hash))")  # fmt: skip
+    c.execute("INSERT INTO intents VALUES ('st0000', 't', 'h', 1.0)")
+    c.commit()
+    c.close()
+    with Journal(db) as jr:
+        assert jr.pending_intents() == 1
+        assert jr.adopt_lost_intents(lambda s, t: 0.25) == (1, 0.25)
+        assert jr.pending_intents() == 0 and jr.lost_usd() == 0.25
+
+
+def test_ctrl_c_prints_the_summary_and_exits_130(scripted, tmp_path):
+    """SIGINT while calls are in flight: exit 130 after the summary of what was done (it used
+    to exit 130 with nothing said)."""
+    script, url = scripted
+    script.delay_s = 0.5
+    sfile = tmp_path / "states.jsonl"
+    sfile.write_bytes(b"".join(s.to_json() + b"\n" for s in make_states(40)))
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(yaml.safe_dump({"teachers": [
+        {"name": "t0", "base_url": url, "model": "m", "max_tokens": 8, "max_concurrency": 2}
+    ]}))  # fmt: skip
+    proc = _cli(sfile, pool, tmp_path / "r.db")
+    deadline = time.monotonic() + 60
+    while sum(script.answered.values()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out = " ".join(proc.communicate(timeout=60)[0].decode().split())
+    assert proc.returncode == 130, out
+    assert "states: 40 total" in out and "interrupted: calls in flight were abandoned" in out
+    assert "Traceback" not in out

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from composer_replication.replay.teachers import (
@@ -66,6 +67,11 @@ def test_pool_yaml_fields(tmp_path):
         ("teachers: [\n", "not valid YAML"),
         ("teachers:\n  - {name: a, base_url: http://x/v1, model: m, api_key_env: 'sk-abc def'}\n",
          "teachers.0.api_key_env"),
+        # strict types: a quoted number or a boolean is no count (both were coerced)
+        ("teachers:\n  - {name: a, base_url: http://x/v1, model: m, max_tokens: '12'}\n",
+         "teachers.0.max_tokens: Input should be a valid integer"),
+        ("teachers:\n  - {name: a, base_url: http://x/v1, model: m, tier: true}\n",
+         "teachers.0.tier: Input should be a valid integer"),
     ],
 )  # fmt: skip
 def test_pool_errors_name_file_and_field(tmp_path, yaml_text, needle):
@@ -110,7 +116,8 @@ def test_backoff_is_jittered_exponential_and_honours_retry_after():
         d = [backoff_delay(attempt, None, base=0.5, cap=4) for _ in range(200)]
         assert 0 <= min(d) and max(d) <= min(4, 0.5 * 2**attempt)
         assert len(set(d)) > 100  # jitter
-    assert backoff_delay(0, 7.0, base=0.5, cap=4) >= 7.0
+    assert backoff_delay(0, 3.0, base=0.5, cap=4) >= 3.0
+    assert backoff_delay(0, 1e9, base=0.5, cap=4) <= 4  # Retry-After never waits past the cap
 
 
 def test_parse_completion_rejects_malformed():
@@ -121,12 +128,20 @@ def test_parse_completion_rejects_malformed():
     )
     assert ok.text == "hi" and ok.prompt_tokens == 3 and ok.completion_tokens == 2
     assert ok.tool_calls[0]["function"]["arguments"] == '{"a":1}'
+    no_id = parse_completion(
+        b'{"choices":[{"message":{"content":"","tool_calls":[{"id":null,"type":"function",'
+        b'"function":{"name":"f","arguments":"{}"}}]}}]}'
+    )
+    assert no_id.tool_calls[0]["id"] == ""
     for bad in (
         b'{"choices": [',
         b"{}",
         b'{"choices": []}',
         b"[1]",
         b'{"choices":[{"message":1}]}',
+        # a non-string tool-call id broke `pairs --tool-format openai` after pairs.jsonl
+        b'{"choices":[{"message":{"content":"","tool_calls":[{"id":7,"type":"function",'
+        b'"function":{"name":"f","arguments":"{}"}}]}}]}',
     ):
         with pytest.raises(TeacherError) as ei:
             parse_completion(bad)
@@ -168,7 +183,7 @@ def test_client_honours_retry_after_header(scripted):
         sleeps.append(s)
 
     async def go():
-        t = OpenAITeacher(_spec(url, max_retries=2), sleep=fake_sleep)
+        t = OpenAITeacher(_spec(url, max_retries=2, backoff_cap_s=5), sleep=fake_sleep)
         try:
             await t.complete([{"role": "user", "content": "q"}])
         finally:
@@ -178,6 +193,33 @@ def test_client_honours_retry_after_header(scripted):
         asyncio.run(go())
     assert ei.value.kind == "rate_limit" and ei.value.attempts == 3
     assert sleeps and all(s >= 2.0 for s in sleeps)
+
+
+def test_retry_after_longer_than_the_backoff_cap_fails_fast_and_says_so(scripted):
+    """``Retry-After: 1000000000`` used to sleep 300 s per retry in silence: a wait longer than
+    ``backoff_cap_s`` is not slept; the call fails at once (transient: a re-run retries it) with
+    the requested wait in its message."""
+    script, url = scripted
+    script.p429, script.retry_after = 1.0, "1000000000"
+    sleeps: list[float] = []
+
+    async def fake_sleep(s: float) -> None:
+        sleeps.append(s)
+
+    async def go():
+        t = OpenAITeacher(_spec(url, max_retries=5, backoff_cap_s=0.2), sleep=fake_sleep)
+        try:
+            await t.complete([{"role": "user", "content": "q"}])
+        finally:
+            await t.aclose()
+
+    with pytest.raises(TeacherError) as ei:
+        asyncio.run(go())
+    assert ei.value.kind == "rate_limit" and ei.value.retryable and ei.value.attempts == 1
+    assert "asked to wait 1e+09 s (Retry-After), more than backoff_cap_s=0.2 s" in str(
+        ei.value.message
+    )
+    assert sleeps == []
 
 
 def test_client_times_out_and_reports_malformed(scripted):
@@ -218,3 +260,19 @@ def test_connection_refused_is_retried_then_reported():
     with pytest.raises(TeacherError) as ei:
         asyncio.run(go())
     assert ei.value.kind == "connection" and ei.value.attempts == 3
+
+
+def test_answer_from_another_model_or_with_several_choices_is_flagged():
+    """A response for another model, or with 5 choices when one was asked, was accepted
+    silently: it is kept (the first choice) and flagged; a dated or provider-prefixed name of
+    the requested model is not."""
+
+    def body(model: str, n: int = 1) -> bytes:
+        choice = {"message": {"content": "hi"}, "finish_reason": "stop"}
+        return orjson.dumps({"model": model, "choices": [choice] * n})
+
+    assert parse_completion(body("gpt-4o-2024-08-06"), "openai/gpt-4o").anomalies == []
+    odd = parse_completion(body("gpt-evil", n=5), "m")
+    assert odd.text == "hi"
+    assert odd.anomalies == ["answered by model 'gpt-evil' (asked 'm')",
+                             "5 choices (1 asked; the first is used)"]  # fmt: skip

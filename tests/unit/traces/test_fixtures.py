@@ -11,7 +11,9 @@ import pytest
 from composer_replication.traces import TraceState, ingest
 from composer_replication.traces._base import NO_RESULT
 
-ORPHAN_EXAMPLE = re.compile(r" (tool_call_without_result|tool_result_without_call) (.*)$")
+ORPHAN_EXAMPLE = re.compile(
+    r" (tool_call_without_result|tool_result_without_call|duplicate_tool_call_id) (.*)$"
+)
 ORPHAN_MARK = re.compile(r"^\[tool result for unknown call (.*?)\]")
 
 

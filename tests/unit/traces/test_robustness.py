@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import tempfile
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from composer_replication.traces import UnknownFormatError, ingest
 from composer_replication.traces._base import ReaderContext
+from composer_replication.traces.detect import sniff
 from composer_replication.traces.ingest import READERS
 from composer_replication.traces.redact import Redactor
 from composer_replication.traces.report import FileReport
@@ -156,3 +158,92 @@ def test_codex_non_string_record_type_is_unknown_not_a_crash() -> None:
     """Found by the fuzzer above: an unhashable ``type`` next to an object payload."""
     rep = _run("codex", b'{"payload":{},"type":[]}\n')
     assert rep.skipped_by_reason == {"unknown_record_type": 1} and rep.balanced
+
+
+ODD_TYPES = [{"type": {"x": 1}}, {"type": ["user"]}, {"type": {"x": 1}, "payload": {}}]
+
+
+@FUZZ
+@given(
+    lines=st.lists(st.one_of(records, json_values).map(orjson.dumps), min_size=1, max_size=6),
+    suffix=st.sampled_from([".jsonl", ".json", ".traj", ".ndjson"]),
+)
+@example(lines=[orjson.dumps(r) for r in ODD_TYPES], suffix=".jsonl")
+@example(lines=[orjson.dumps({"type": {"x": 1}}), b'{"type":"user"}'], suffix=".jsonl")
+@example(lines=[orjson.dumps([{"type": {"x": 1}, "message": {}}])], suffix=".json")
+@example(lines=[orjson.dumps({"messages": [{"type": ["user"]}]})], suffix=".json")
+def test_format_detection_is_total_over_any_json(lines: list[bytes], suffix: str) -> None:
+    """`sniff` answers a format or None for any JSON value: a record whose ``type`` is an object
+    or a list used to raise ``TypeError: unhashable type`` and end the whole ingest."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / f"x{suffix}"
+        path.write_bytes(b"\n".join(lines))
+        assert sniff(path) in (None, *READERS)
+
+
+def test_odd_record_type_does_not_end_the_run(tmp_path: Path) -> None:
+    """A file that used to crash detection sits next to a good log: both are accounted for and
+    the good log's states are kept."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    msgs = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    (logs / "good.jsonl").write_bytes(orjson.dumps({"messages": msgs}) + b"\n")
+    (logs / "zz_bad.jsonl").write_bytes(b'{"type": {"x": 1}}\n{"type":"user"}\n')
+    run = ingest([logs])
+    states = list(run)
+    assert [s.action.text for s in states] == ["4"]
+    seen = [f.path for f in run.report.files] + run.report.not_traces
+    assert str(logs / "zz_bad.jsonl") in seen + list(run.report.unreadable)
+
+
+def test_reader_crash_on_one_file_is_reported_and_the_run_goes_on(tmp_path: Path, monkeypatch):
+    """A bug in detection (or a reader) on one file lists that file as unreadable, with the
+    error, instead of losing every other file's states."""
+    ingest_mod = importlib.import_module("composer_replication.traces.ingest")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    msgs = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    (logs / "a.jsonl").write_bytes(orjson.dumps({"messages": msgs}) + b"\n")
+    (logs / "b.jsonl").write_bytes(orjson.dumps({"messages": msgs}) + b"\n")
+    real = ingest_mod.sniff
+
+    def flaky(path: Path):
+        if path.name == "a.jsonl":
+            raise TypeError("boom")
+        return real(path)
+
+    monkeypatch.setattr(ingest_mod, "sniff", flaky)
+    run = ingest([logs])
+    assert len(list(run)) == 1
+    assert "TypeError: boom" in run.report.unreadable[str(logs / "a.jsonl")]
+
+
+def _calls_answered_in_order(prefix: list[dict]) -> bool:
+    """Every assistant tool call is followed by exactly one tool message for its id."""
+    for i, m in enumerate(prefix):
+        ids = [c["id"] for c in m.get("tool_calls") or []]
+        after = [x.get("tool_call_id") for x in prefix[i + 1 : i + 1 + len(ids)]]
+        if ids and (len(set(ids)) != len(ids) or after != ids):
+            return False
+    return True
+
+
+def test_repeated_tool_call_ids_in_one_action_keep_the_prefix_valid(tmp_path: Path) -> None:
+    """Two calls ``T1`` in one assistant message (then two ``T1`` results) used to give a prefix
+    with two ``T1`` calls and one tool message; the copy is renamed ``T1#2``, gets the second
+    result, and is reported."""
+    call = {"type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    msgs = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "T1", **call}] * 2},
+        {"role": "tool", "tool_call_id": "T1", "content": "one"},
+        {"role": "tool", "tool_call_id": "T1", "content": "two"},
+        {"role": "assistant", "content": "done"},
+    ]
+    log = tmp_path / "chat.jsonl"
+    log.write_bytes(orjson.dumps({"messages": msgs}) + b"\n")
+    run = ingest([log])
+    last = list(run)[-1]
+    assert _calls_answered_in_order(last.prefix)
+    assert [m.get("content") for m in last.prefix[2:4]] == ["one", "two"]
+    assert run.report.orphans() == {"duplicate_tool_call_id": 1}

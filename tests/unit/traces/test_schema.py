@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 
 import orjson
@@ -108,3 +109,29 @@ def test_field_order_used_by_the_session_builder() -> None:
         "action",
         "meta",
     ]
+
+
+BAD_FIELDS = [
+    (lambda d: d.update(prefix="hello"), "field prefix: expected a list, got a string"),
+    (lambda d: d["prefix"].insert(1, 5), "field prefix[1]: expected an object, got an integer"),
+    (
+        lambda d: d["prefix"][1]["tool_calls"][0].update(function=None),
+        "field prefix[1].tool_calls[0].function: expected an object, got null",
+    ),
+    (lambda d: d["prefix"][2].update(tool_call_id=7), "field prefix[2].tool_call_id: expected"),
+    (lambda d: d["prefix"][0].update(role=["user"]), "field prefix[0].role: expected one of"),
+    (lambda d: d.update(step="zero"), "field step: expected an integer, got a string"),
+    (lambda d: d.update(step=True), "field step: expected an integer, got a boolean"),
+    (lambda d: d["action"].update(tool_calls=[{"id": 1}]), "action.tool_calls[0].id"),
+    (lambda d: d["meta"].update(line="3"), "field meta.line: expected an integer"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "message"), BAD_FIELDS)
+def test_badly_typed_fields_are_rejected_naming_the_field(mutate, message) -> None:
+    """Badly typed states (written by other tools) used to load and crash replay later, after
+    being journaled: from_json rejects them with the field's path."""
+    d = orjson.loads(_state().to_json())
+    mutate(d)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        TraceState.from_json(orjson.dumps(d))
