@@ -14,10 +14,11 @@ This file is copied into the test tools directory as ``_cr_forward`` (with harne
 forwarding body that calls :func:`call` is written by ``feature_deletion.forward``.
 
 What crosses:
-* To the rebuilt code: arguments by pickle (plain data, instances of the tree's classes),
-  except functions, bound methods and iterators, which cross as handles: the rebuilt code
-  gets a proxy, and calling it (or ``next``) asks this process to run the original on plain
-  arguments (harness.py's module mode).
+* To the rebuilt code: arguments by pickle (plain data, instances of the tree's classes,
+  module-level functions by reference), except lambdas and nested functions, bound methods
+  and iterators, which cross as handles: the rebuilt code gets a proxy, and calling it (or
+  ``next``) asks this process to run the original on plain arguments (harness.py's module
+  mode).
 * Back: a plain value; which argument was returned (``return self``); a handle for a
   callable or iterator it returned (a :class:`RemoteFunction` / :class:`RemoteIterator`
   here, whose calls go back over); or a raised exception, rebuilt from a builtin or tree
@@ -88,14 +89,18 @@ class RemoteIterator:
 
 
 class _Pickler(pickle.Pickler):
-    """Functions, bound methods and iterators cross as handles (the other side calls back),
-    proxies of the other side's objects as their handles; everything else by value."""
+    """Lambdas and nested functions, bound methods and iterators cross as handles (the other
+    side calls back); proxies of the other side's objects as their handles; module-level
+    functions and classes by reference (the other side imports its own); the rest by value."""
 
     def persistent_id(self, obj):
         if isinstance(obj, (RemoteFunction, RemoteIterator)):
             return ("theirs", obj._handle)
-        if isinstance(obj, (types.FunctionType, types.MethodType)) or (
-            hasattr(type(obj), "__next__") and not isinstance(obj, type)
+        local = isinstance(obj, types.FunctionType) and "<" in obj.__qualname__
+        if (
+            local
+            or isinstance(obj, types.MethodType)
+            or (hasattr(type(obj), "__next__") and not isinstance(obj, type))
         ):
             _OURS[len(_OURS)] = obj
             if hasattr(type(obj), "__next__"):

@@ -324,7 +324,11 @@ def _recv_pickle(fd):
     head = _read_exactly(8, fd)
     if len(head) < 8:
         return None
-    return Unpickler(io.BytesIO(_read_exactly(int.from_bytes(head, "big"), fd))).load()
+    data = _read_exactly(int.from_bytes(head, "big"), fd)
+    try:
+        return Unpickler(io.BytesIO(data)).load()
+    except Exception as e:  # read whole, so the stream stays in step: answer, do not die
+        return ("unreadable", f"{type(e).__name__}: {_text(e)}")
 
 
 def _ask(frame):
@@ -337,6 +341,8 @@ def _ask(frame):
         msg = _recv_pickle(_IO["rfd"])
         if msg is None:
             raise SystemExit(0)  # the suite is gone
+        if msg[0] == "unreadable":  # taken as the reply (a nested call would be pickled alike)
+            raise TypeError(f"cannot receive the reply: {msg[1]}")
         if msg[0] != "reply":
             _answer(msg)
             continue
@@ -371,7 +377,9 @@ def _resolve(module, symbol):
 
 def _answer(msg):
     """Run one call or ``next`` the suite asked for and send the reply frame."""
-    if msg[0] == "call":
+    if msg[0] == "unreadable":
+        reply = ("raised", "builtins", "TypeError", (f"cannot receive the arguments: {msg[1]}",))
+    elif msg[0] == "call":
         fn = _MINE.get(msg[1]) if msg[1] is not None else _IO["fn"]
         reply = _reply(lambda: fn(*msg[2], **msg[3]), msg[2])
     else:
