@@ -29,6 +29,7 @@ from composer_replication.config import TaskGenConfig
 from composer_replication.envs.base import StepResult, Task, ToolEnvironment, unit_hash
 from composer_replication.envs.feature_deletion.candidates import is_test_path
 from composer_replication.envs.feature_deletion.generate import (
+    GENERATOR_VERSION,
     generate_tasks,
     load_tasks,
     suite_sandbox,
@@ -110,7 +111,8 @@ class FeatureDeletionEnv(ToolEnvironment):
         self.few_shot = few_shot
         self.box = Sandbox(suite_sandbox(self.generation))
         self.roots: dict[str, Path] = {}
-        out = Path(task_dir) if task_dir else cache_dir() / "feature_deletion" / "tasks"
+        default = cache_dir() / "feature_deletion" / f"tasks-v{GENERATOR_VERSION}"
+        out = Path(task_dir) if task_dir else default
         for spec in sources:
             source = prepare_source(spec, self.generation)
             set_dir = out / source.label

@@ -255,6 +255,16 @@ def load_tasks(task_dir: Path) -> list[dict]:
     path = Path(task_dir) / "tasks.jsonl"
     if not path.exists():
         raise TaskSetError(f"{path} does not exist: generate the task set first")
+    manifest = Path(task_dir) / "manifest.json"
+    version = (
+        json.loads(manifest.read_text()).get("generator_version") if manifest.exists() else None
+    )
+    if version != GENERATOR_VERSION:
+        raise TaskSetError(
+            f"{task_dir} was made by task generator version {version}, this is version "
+            f"{GENERATOR_VERSION} (version 2 keeps only tasks split grading can grade): "
+            "generate it again into another directory"
+        )
     tasks = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         try:

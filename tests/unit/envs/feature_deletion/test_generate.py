@@ -139,3 +139,13 @@ def test_archives_cannot_write_outside_or_hold_links(tmp_path):
 def test_bad_specs_are_clear_errors():
     with pytest.raises(SourceError, match="neither a directory nor a pinned package"):
         resolve_source("toolz>=1")
+
+
+def test_a_task_set_from_another_generator_version_is_refused_with_the_reason(tmp_path):
+    """A version-1 set holds tasks split grading may not be able to grade: never used."""
+    from composer_replication.envs.feature_deletion.generate import TaskSetError, load_tasks
+
+    (tmp_path / "tasks.jsonl").write_text('{"task_id": "x"}\n')
+    (tmp_path / "manifest.json").write_text('{"generator_version": 1}')
+    with pytest.raises(TaskSetError, match="version 1, this is version 2"):
+        load_tasks(tmp_path)
