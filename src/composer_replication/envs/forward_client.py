@@ -129,7 +129,8 @@ def _exchange(message, args, what):
     while True:
         frame = _receive()
         if frame[0] != "callback":
-            return _result(frame, args)
+            ends = what == "iterator" or what.rsplit(".", 1)[-1] == "__next__"
+            return _result(frame, args, ends)
         _callback(frame)
 
 
@@ -197,7 +198,7 @@ def _receive():
         _die(f"the rebuilt code's process corrupted its replies ({e})")
 
 
-def _result(frame, args):
+def _result(frame, args, ends_iteration=False):
     kind = frame[0]
     if kind in ("value", "argument", "function", "iterator", "theirs") and len(frame) == 3:
         _apply(frame[2], args)
@@ -212,7 +213,7 @@ def _result(frame, args):
         if type(frame[1]) is int and kind == "theirs" and frame[1] in _OURS:
             return _OURS[frame[1]]
     if kind == "raised" and len(frame) == 4 and type(frame[3]) is tuple:
-        raise _exception(frame[1], frame[2], frame[3])
+        raise _exception(frame[1], frame[2], frame[3], ends_iteration)
     _die("the rebuilt code's process sent a malformed reply")
 
 
@@ -237,11 +238,22 @@ def _apply(effects, args):
                 vars(target).update(state)
 
 
-def _exception(module, qualname, args):
-    """The exception to raise in the tests: the builtin or tree class of that name (only an
-    ``Exception`` subclass already imported here), built from the plain arguments."""
-    cls = vars(builtins).get(qualname) if module == "builtins" else sys.modules.get(module)
-    if module != "builtins":
+ITERATION_ENDS = ("StopIteration", "StopAsyncIteration")
+
+
+def _exception(module, qualname, args, ends_iteration=False):
+    """The exception to raise in the tests, rebuilt only from classes whose meaning cannot
+    be borrowed: a builtin one, or one defined in the tree under test (an ``Exception``
+    subclass of a module whose file lies in the suite's tree). Anything else (a class of
+    ``unittest``, pytest or any library, which a runner may treat as success or skip) and
+    ``StopIteration`` outside an iterator's ``next`` (it would silently end a ``map`` in
+    the test) become a ``RuntimeError`` naming the original."""
+    cls = None
+    if module == "builtins":
+        if qualname not in ITERATION_ENDS or ends_iteration:
+            cls = vars(builtins).get(qualname)
+    elif _in_tree(sys.modules.get(module)):
+        cls = sys.modules[module]
         for part in str(qualname).split("."):
             cls = vars(cls).get(part) if hasattr(cls, "__dict__") else None
     if isinstance(cls, type) and issubclass(cls, Exception):
@@ -250,3 +262,9 @@ def _exception(module, qualname, args):
         except Exception:
             pass
     return RuntimeError(f"{module}.{qualname}: {', '.join(map(str, args))[:500]}")
+
+
+def _in_tree(mod):
+    path = getattr(mod, "__file__", None)
+    root = _state["root"].rstrip("/") + "/"
+    return isinstance(path, str) and os.path.realpath(path).startswith(root)

@@ -121,11 +121,44 @@ def test_take_advances_our_iterator():
     assert list(it) == [3, 4]
 
 
+def test_first_in_a_map():
+    assert all(map(lambda v: first([v]) == v, [1, 2]))
+
+
+def test_first_walks():
+    assert first(["walk"]) == "walk"
+
+
 def test_safe_sees_our_exception():
     assert safe(lambda v: 1 / v, 0) == "caught"
     with pytest.raises(KeyError):
         safe(lambda v: {}[v], 1)
 """
+
+
+UNITTEST = """
+import unittest
+from pkg.mod import first
+
+
+class FirstTest(unittest.TestCase):
+    def test_first(self):
+        self.assertEqual(first([4, 5]), 4)
+"""
+HOSTILE = {
+    "spoofed_unittest_stop": (
+        "class _ShouldStop(Exception):\n"
+        "    pass\n"
+        "_ShouldStop.__module__ = 'unittest.case'\n"
+        "raise _ShouldStop()"
+    ),
+    "stop_iteration": "raise StopIteration",
+    "read_the_tests": (
+        "import os\n"
+        "seen = [f for _, _, files in os.walk('.') for f in files if f.startswith('test')]\n"
+        "return values[0] if seen else 'no tests here'"
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +169,7 @@ def tree(tmp_path_factory):
     (root / "pkg" / "mod.py").write_text(textwrap.dedent(MODULE))
     (root / "tests").mkdir()
     (root / "tests" / "test_mod.py").write_text(textwrap.dedent(TESTS))
+    (root / "tests" / "test_unit.py").write_text(textwrap.dedent(UNITTEST))
     return root
 
 
@@ -144,11 +178,17 @@ def box():
     return Sandbox(SandboxConfig(wall_timeout_s=30, cpu_time_s=30))
 
 
-def _split(box, root: Path, symbol: str):
+def _split(box, root: Path, symbol: str, body: str | None = None):
+    """Split-grade ``symbol``: served is the original tree, or with ``body`` as the body."""
     cand = next(c for c in find_candidates(root) if c.symbol == symbol)
     original = (root / cand.file).read_text()
     suite = staged_copy(root, {cand.file: forwarding_text(delete_body(original, cand), cand)})
-    served = staged_copy(root)
+    text = original
+    if body is not None:
+        stubbed = delete_body(original, cand).splitlines()
+        stubbed[cand.body_start - 1] = textwrap.indent(body, cand.indent)
+        text = "\n".join(stubbed) + "\n"
+    served = staged_copy(root, {cand.file: text}, without_tests=True)
     try:
         return run_suite(box, str(suite), served=str(served))
     finally:
@@ -159,7 +199,8 @@ def _split(box, root: Path, symbol: str):
 @pytest.mark.parametrize(
     "symbol, tests",
     [("Bag.__init__", ["test_bag"]), ("Bag.add", ["test_bag"]), ("countdown", ["test_countdown"]),
-     ("first", ["test_first"]), ("apply", ["test_apply", "test_apply_lambda", "test_apply_reentrant"]),
+     ("first", ["test_first", "test_first_in_a_map", "tests/test_unit.py::FirstTest::test_first"]),
+     ("apply", ["test_apply", "test_apply_lambda", "test_apply_reentrant"]),
      ("compose", ["test_compose"]), ("naturals", ["test_naturals_are_lazy"]),
      ("take", ["test_take_advances_our_iterator"]), ("safe", ["test_safe_sees_our_exception"])],
 )  # fmt: skip
@@ -171,4 +212,20 @@ def test_forwarded_function_passes_its_tests(box, tree, symbol, tests):
     rep = _split(box, tree, symbol)
     assert rep.ok, rep.output[-2000:]
     for test in tests:
-        assert rep.outcomes[f"tests/test_mod.py::{test}"] == "passed", rep.details
+        test_id = test if "::" in test else f"tests/test_mod.py::{test}"
+        assert rep.outcomes[test_id] == "passed", rep.details
+
+
+@pytest.mark.parametrize("attack", sorted(HOSTILE))
+def test_a_hostile_body_cannot_pass_the_tests(box, tree, attack):
+    """Found by red-teaming split grading: an exception class disguised as unittest's
+    ``_ShouldStop`` (unittest swallows it: the test would pass); ``StopIteration`` ending
+    the test's own ``map`` early (``all([])`` is True); reading the tests' expected values
+    from the served tree. None may pass a test the honest body passes."""
+    rep = _split(box, tree, "first", HOSTILE[attack])
+    assert rep.ok, rep.output[-2000:]
+    for test in ("tests/test_mod.py::test_first", "tests/test_mod.py::test_first_in_a_map",
+                 "tests/test_unit.py::FirstTest::test_first"):  # fmt: skip
+        assert rep.outcomes[test] == "failed", (attack, test, rep.details.get(test))
+    if attack == "read_the_tests":
+        assert "no tests here" in rep.details["tests/test_mod.py::test_first_walks"]

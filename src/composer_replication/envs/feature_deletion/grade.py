@@ -127,9 +127,11 @@ def grade_submission(
 def split_run(box: Sandbox, source_root: Path, task: dict, target_text: str) -> SuiteReport:
     """The suite on a copy of the tree whose target function forwards to ``target_text``
     loaded in a sandbox of its own (envs/forward_client.py): the tests never share an
-    interpreter with the submission."""
+    interpreter with the submission, and the submission's copy holds no test file (it
+    cannot read the expected values of the tests it is graded by)."""
     suite_text = forwarding_text(task_state_text(source_root, task), candidate_of(task))
-    served = staged_copy(source_root, {task["file"]: target_text}, prefix="cr-fd-served-")
+    served = staged_copy(source_root, {task["file"]: target_text}, prefix="cr-fd-served-",
+                         without_tests=True)  # fmt: skip
     repo = staged_copy(source_root, {task["file"]: suite_text}, prefix="cr-fd-grade-")
     try:
         reqs = tuple(task.get("test_requirements", ()))

@@ -128,18 +128,44 @@ def _drop_bytecode(root: Path) -> None:
             path.unlink()
 
 
-def staged_copy(root: Path, overrides: dict[str, str] | None = None, prefix: str = "cr-fd-"):
+def staged_copy(
+    root: Path,
+    overrides: dict[str, str] | None = None,
+    prefix: str = "cr-fd-",
+    without_tests: bool = False,
+):
     """A sandbox-bindable copy of ``root`` (no bytecode, no ``.git``) with ``overrides``
-    (relative path -> text) written over it; world-readable; the caller removes it."""
+    (relative path -> text) written over it; world-readable; the caller removes it.
+    ``without_tests``: leave out test code and test configuration (split grading's served
+    tree: the submission must not read the tests it is graded by)."""
     from composer_replication.envs.sandbox import bindable_dir, world_readable
 
     dest = Path(bindable_dir(prefix))
     ignore = shutil.ignore_patterns(*BYTECODE, ".git", ".complete")
     shutil.copytree(root, dest, ignore=ignore, dirs_exist_ok=True, symlinks=False)
+    if without_tests:
+        _remove_tests(dest)
     for rel, text in (overrides or {}).items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / rel).write_text(text, encoding="utf-8")
     world_readable(dest)
     return dest
+
+
+TEST_CONFIG = {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "noxfile.py"}
+
+
+def _remove_tests(tree: Path) -> None:
+    """Delete every file ``candidates.is_test_path`` calls test code (test modules, files
+    under test directories) and pytest configuration files."""
+    from composer_replication.envs.feature_deletion.candidates import is_test_path
+
+    for path in sorted(tree.rglob("*"), reverse=True):
+        rel = path.relative_to(tree).as_posix()
+        if path.is_file() and (is_test_path(rel) or path.name in TEST_CONFIG):
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
 
 
 def prepare_source(spec: str, cfg, cache: Path | None = None) -> SourceTree:
