@@ -177,13 +177,23 @@ def test_client_retries_429_and_500_then_succeeds(scripted):
 def test_client_honours_retry_after_header(scripted):
     script, url = scripted
     script.p429, script.retry_after = 1.0, "2"  # every attempt: 429 with Retry-After: 2
+    error, sleeps = _failing_call_with_recorded_sleeps(
+        url, max_retries=2, backoff_cap_s=5, timeout_s=30
+    )
+    assert error.kind == "rate_limit" and error.attempts == 3
+    assert sleeps and all(s >= 2.0 for s in sleeps)
+
+
+def _failing_call_with_recorded_sleeps(url: str, **spec) -> tuple[TeacherError, list[float]]:
+    """One completion that must fail; the error and every back-off sleep it asked for
+    (``timeout_s`` long enough that a loaded machine never turns a 429 into a timeout)."""
     sleeps: list[float] = []
 
     async def fake_sleep(s: float) -> None:
         sleeps.append(s)
 
     async def go():
-        t = OpenAITeacher(_spec(url, max_retries=2, backoff_cap_s=5), sleep=fake_sleep)
+        t = OpenAITeacher(_spec(url, **spec), sleep=fake_sleep)
         try:
             await t.complete([{"role": "user", "content": "q"}])
         finally:
@@ -191,8 +201,7 @@ def test_client_honours_retry_after_header(scripted):
 
     with pytest.raises(TeacherError) as ei:
         asyncio.run(go())
-    assert ei.value.kind == "rate_limit" and ei.value.attempts == 3
-    assert sleeps and all(s >= 2.0 for s in sleeps)
+    return ei.value, sleeps
 
 
 def test_retry_after_longer_than_the_backoff_cap_fails_fast_and_says_so(scripted):
@@ -201,23 +210,12 @@ def test_retry_after_longer_than_the_backoff_cap_fails_fast_and_says_so(scripted
     the requested wait in its message."""
     script, url = scripted
     script.p429, script.retry_after = 1.0, "1000000000"
-    sleeps: list[float] = []
-
-    async def fake_sleep(s: float) -> None:
-        sleeps.append(s)
-
-    async def go():
-        t = OpenAITeacher(_spec(url, max_retries=5, backoff_cap_s=0.2), sleep=fake_sleep)
-        try:
-            await t.complete([{"role": "user", "content": "q"}])
-        finally:
-            await t.aclose()
-
-    with pytest.raises(TeacherError) as ei:
-        asyncio.run(go())
-    assert ei.value.kind == "rate_limit" and ei.value.retryable and ei.value.attempts == 1
+    error, sleeps = _failing_call_with_recorded_sleeps(
+        url, max_retries=5, backoff_cap_s=0.2, timeout_s=30
+    )
+    assert error.kind == "rate_limit" and error.retryable and error.attempts == 1
     assert "asked to wait 1e+09 s (Retry-After), more than backoff_cap_s=0.2 s" in str(
-        ei.value.message
+        error.message
     )
     assert sleeps == []
 

@@ -182,15 +182,18 @@ def attack_leftover_pyc(ws, task, source, outside):
 
 def attack_forge_report_frames(ws, task, source, outside):
     frames = "".join(f"{'0' * 64} ('test', {t!r}, 'passed', '')\\n" for t in task["failing_tests"])
-    _append(
-        ws,
-        task,
+    _append(ws, task, _write_to_every_fd(f"{frames!r}.encode()"))
+
+
+def _write_to_every_fd(data: str) -> str:
+    """Module code writing the bytes expression ``data`` to fds 1-19 (whatever is open)."""
+    return (
         "import os as _o\n"
         "for _fd in range(1, 20):\n"
         "    try:\n"
-        f"        _o.write(_fd, {frames!r}.encode())\n"
+        f"        _o.write(_fd, {data})\n"
         "    except OSError:\n"
-        "        pass",
+        "        pass"
     )
 
 
@@ -289,16 +292,7 @@ def attack_report_non_ascii_line(ws, task, source, outside):
     """An odd line on every fd, the report's included: recorded as tampering, never raised
     (``hmac.compare_digest`` raised TypeError on a non-ASCII tag)."""
     _restore(ws, task, source)
-    _append(
-        ws,
-        task,
-        "import os as _o\n"
-        "for _fd in range(1, 20):\n"
-        "    try:\n"
-        "        _o.write(_fd, '\\u00e9 x\\n'.encode())\n"
-        "    except OSError:\n"
-        "        pass",
-    )
+    _append(ws, task, _write_to_every_fd("'\\u00e9 x\\n'.encode()"))
 
 
 def attack_nesting_too_deep_to_parse(ws, task, source, outside):
