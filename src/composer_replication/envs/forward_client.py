@@ -41,13 +41,14 @@ import types
 import _cr_wire
 
 MAX_FRAME_BYTES = 1 << 20
-_state = {"fds": None, "root": "", "symbol": None, "dead": ""}
+_state = {"fds": None, "root": "", "hidden": frozenset(), "symbol": None, "dead": ""}
 _OURS = {}  # handle -> a callable or iterator of this process the other side holds a proxy for
 
 
-def connect(request_fd, reply_fd, root):
-    """Called once by the suite runner before pytest starts."""
-    _state.update(fds=(request_fd, reply_fd), root=root)
+def connect(request_fd, reply_fd, root, hidden=()):
+    """Called once by the suite runner before pytest starts; ``hidden``: the files (relative
+    to ``root``) the other side's tree leaves out (the tests)."""
+    _state.update(fds=(request_fd, reply_fd), root=root, hidden=frozenset(hidden))
 
 
 class ForwardingError(RuntimeError):
@@ -89,16 +90,16 @@ class RemoteIterator:
 
 
 class _Pickler(pickle.Pickler):
-    """Lambdas and nested functions, bound methods and iterators cross as handles (the other
-    side calls back); proxies of the other side's objects as their handles; module-level
-    functions and classes by reference (the other side imports its own); the rest by value."""
+    """Lambdas, nested functions, functions of the test files, bound methods and iterators
+    cross as handles (the other side calls back); proxies of the other side's objects as
+    their handles; other module-level functions and classes by reference (the other side
+    imports its own); the rest by value."""
 
     def persistent_id(self, obj):
         if isinstance(obj, (RemoteFunction, RemoteIterator)):
             return ("theirs", obj._handle)
-        local = isinstance(obj, types.FunctionType) and "<" in obj.__qualname__
         if (
-            local
+            _by_handle(obj)
             or isinstance(obj, types.MethodType)
             or (hasattr(type(obj), "__next__") and not isinstance(obj, type))
         ):
@@ -109,6 +110,18 @@ class _Pickler(pickle.Pickler):
             doc = obj.__doc__ if isinstance(obj.__doc__, str) else None
             return ("fn", len(_OURS) - 1, (*map(str, names), doc))
         return None
+
+
+def _by_handle(obj):
+    """A function the other side cannot import by name: a lambda or nested function, or one
+    defined in a file its tree leaves out (a test module's helper)."""
+    if not isinstance(obj, types.FunctionType):
+        return False
+    if "<" in obj.__qualname__:
+        return True
+    path = getattr(sys.modules.get(obj.__module__), "__file__", None) or ""
+    root = _state["root"].rstrip("/") + "/"
+    return path.startswith(root) and path[len(root) :] in _state["hidden"]
 
 
 def _dumps(message):

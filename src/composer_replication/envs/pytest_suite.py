@@ -67,7 +67,7 @@ os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 _forward = {forward!r}
 if _forward is not None:
     import _cr_forward
-    _cr_forward.connect(_forward[0], _forward[1], {repo!r})
+    _cr_forward.connect(_forward[0], _forward[1], {repo!r}, _forward[2])
 import pytest
 
 
@@ -278,12 +278,14 @@ def run_suite(
     extra: tuple[str, ...] = (),
     requirements: tuple[str, ...] = (),
     served: str | None = None,
+    hidden: tuple[str, ...] = (),
 ) -> SuiteReport:
     """Run pytest on ``repo`` (a bindable directory, see ``sandbox.bindable_dir``) inside the
     sandbox and return the accepted per-test report; ``requirements``: the suite's own test
     dependencies (pip requirement strings) installed next to pytest. ``served``: a second
     tree, imported in a sandbox of its own, whose function the suite's forwarding stub calls
-    (split grading, envs/forward_client.py)."""
+    (split grading, envs/forward_client.py); ``hidden``: files of ``repo`` (relative) the
+    served tree leaves out, so functions defined there cross as handles, not by name."""
     import time
 
     tools = pytest_tools(tuple(requirements))
@@ -294,14 +296,14 @@ def run_suite(
         res = box.run_python(code, binds=(tools, repo), stdin=key)
     else:
         with box.module_server(served, binds=(tools,)) as server:
-            code = _runner(tools, repo, tests, extra, server.client_fds)
+            code = _runner(tools, repo, tests, extra, (*server.client_fds, hidden))
             res = box.run_python(code, binds=(tools, repo), stdin=key, pass_fds=server.client_fds)
     rep = parse_frames(res.stdout, key)
     rep.timed_out, rep.output, rep.seconds = res.timed_out, res.stderr, time.monotonic() - start
     return rep
 
 
-def _runner(tools: str, repo: str, tests, extra, forward: tuple[int, int] | None) -> str:
+def _runner(tools: str, repo: str, tests, extra, forward: tuple | None) -> str:
     args = pytest_args(tests, extra)
     return _RUNNER.format(tools=tools, repo=repo, args=args, forward=forward)
 

@@ -13,7 +13,7 @@ import pytest
 from composer_replication.config import SandboxConfig
 from composer_replication.envs.feature_deletion.candidates import delete_body, find_candidates
 from composer_replication.envs.feature_deletion.forward import forwarding_text
-from composer_replication.envs.feature_deletion.source import staged_copy
+from composer_replication.envs.feature_deletion.source import staged_copy, suite_files
 from composer_replication.envs.pytest_suite import run_suite
 from composer_replication.envs.sandbox import Sandbox
 
@@ -99,6 +99,14 @@ def test_apply():
 
 def test_apply_lambda():
     assert apply(lambda v: v + 1, 1) == 2
+
+
+def times_ten(v):
+    return v * 10
+
+
+def test_apply_module_helper():
+    assert apply(times_ten, 3) == 30
 
 
 def test_apply_reentrant():
@@ -190,7 +198,7 @@ def _split(box, root: Path, symbol: str, body: str | None = None):
         text = "\n".join(stubbed) + "\n"
     served = staged_copy(root, {cand.file: text}, without_tests=True)
     try:
-        return run_suite(box, str(suite), served=str(served))
+        return run_suite(box, str(suite), served=str(served), hidden=tuple(suite_files(root)))
     finally:
         shutil.rmtree(suite, ignore_errors=True)
         shutil.rmtree(served, ignore_errors=True)
@@ -200,7 +208,8 @@ def _split(box, root: Path, symbol: str, body: str | None = None):
     "symbol, tests",
     [("Bag.__init__", ["test_bag"]), ("Bag.add", ["test_bag"]), ("countdown", ["test_countdown"]),
      ("first", ["test_first", "test_first_in_a_map", "tests/test_unit.py::FirstTest::test_first"]),
-     ("apply", ["test_apply", "test_apply_lambda", "test_apply_reentrant"]),
+     ("apply", ["test_apply", "test_apply_lambda", "test_apply_reentrant",
+                "test_apply_module_helper"]),
      ("compose", ["test_compose"]), ("naturals", ["test_naturals_are_lazy"]),
      ("take", ["test_take_advances_our_iterator"]), ("safe", ["test_safe_sees_our_exception"])],
 )  # fmt: skip

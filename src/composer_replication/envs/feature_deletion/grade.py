@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from composer_replication.envs.feature_deletion.forward import forwarding_text
-from composer_replication.envs.feature_deletion.source import staged_copy
+from composer_replication.envs.feature_deletion.source import staged_copy, suite_files
 from composer_replication.envs.feature_deletion.workspace import candidate_of, task_state_text
 from composer_replication.envs.pytest_suite import SuiteReport, run_suite
 from composer_replication.envs.sandbox import Sandbox
@@ -135,7 +135,8 @@ def split_run(box: Sandbox, source_root: Path, task: dict, target_text: str) -> 
     repo = staged_copy(source_root, {task["file"]: suite_text}, prefix="cr-fd-grade-")
     try:
         reqs = tuple(task.get("test_requirements", ()))
-        return run_suite(box, str(repo), requirements=reqs, served=str(served))
+        hidden = tuple(suite_files(source_root))
+        return run_suite(box, str(repo), requirements=reqs, served=str(served), hidden=hidden)
     finally:
         shutil.rmtree(repo, ignore_errors=True)
         shutil.rmtree(served, ignore_errors=True)

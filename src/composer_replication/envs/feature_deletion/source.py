@@ -155,16 +155,25 @@ def staged_copy(
 TEST_CONFIG = {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "noxfile.py"}
 
 
-def _remove_tests(tree: Path) -> None:
-    """Delete every file ``candidates.is_test_path`` calls test code (test modules, files
-    under test directories) and pytest configuration files."""
+def suite_files(tree: Path) -> list[str]:
+    """Relative paths of the test code (``candidates.is_test_path``: test modules, files under
+    test directories) and pytest configuration files of ``tree``."""
     from composer_replication.envs.feature_deletion.candidates import is_test_path
 
-    for path in sorted(tree.rglob("*"), reverse=True):
+    out = []
+    for path in sorted(Path(tree).rglob("*")):
         rel = path.relative_to(tree).as_posix()
         if path.is_file() and (is_test_path(rel) or path.name in TEST_CONFIG):
-            path.unlink()
-        elif path.is_dir() and not any(path.iterdir()):
+            out.append(rel)
+    return out
+
+
+def _remove_tests(tree: Path) -> None:
+    """Delete :func:`suite_files`, then the directories left empty."""
+    for rel in suite_files(tree):
+        (tree / rel).unlink()
+    for path in sorted(tree.rglob("*"), reverse=True):
+        if path.is_dir() and not any(path.iterdir()):
             path.rmdir()
 
 

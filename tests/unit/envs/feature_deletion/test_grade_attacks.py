@@ -377,6 +377,11 @@ def test_attacks_leave_their_marks_in_the_report(generated, box, tmp_path, outsi
     assert "syntax_error" in grade("nesting_too_deep_to_parse").flags
 
 
+@pytest.mark.skipif(
+    SOURCE != str(FIXTURE),
+    reason="the control's attacks are written for the fixture's string functions "
+    "(equal-to-everything fools an `==` on a string, not every other source's tests)",
+)
 @pytest.mark.parametrize("attack", ["rebind_runner_globals", "equal_to_everything"])
 def test_control_in_one_process_the_same_attacks_pass(generated, box, tmp_path, attack):
     """Not vacuous: run the suite in the submission's interpreter (the design split grading
