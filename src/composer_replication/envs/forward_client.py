@@ -119,9 +119,7 @@ def _by_handle(obj):
         return False
     if "<" in obj.__qualname__:
         return True
-    path = getattr(sys.modules.get(obj.__module__), "__file__", None) or ""
-    root = _state["root"].rstrip("/") + "/"
-    return path.startswith(root) and path[len(root) :] in _state["hidden"]
+    return _tree_relative(sys.modules.get(obj.__module__)) in _state["hidden"]
 
 
 def _dumps(message):
@@ -278,6 +276,13 @@ def _exception(module, qualname, args, ends_iteration=False):
 
 
 def _in_tree(mod):
+    return _tree_relative(mod) is not None
+
+
+def _tree_relative(mod):
+    """The path of module ``mod``'s file relative to the suite's tree, or None outside it."""
     path = getattr(mod, "__file__", None)
     root = _state["root"].rstrip("/") + "/"
-    return isinstance(path, str) and os.path.realpath(path).startswith(root)
+    if not isinstance(path, str) or not os.path.realpath(path).startswith(root):
+        return None
+    return os.path.realpath(path)[len(root) :]

@@ -305,20 +305,27 @@ class _TheirIterator(_TheirFunction):
         return _ask(("callback", self._handle, "next", (), {}))
 
 
+def _unpickler():
+    """The unpickler class for the suite's messages (built once): handles in them become
+    proxies (``_TheirFunction``) or this side's own objects again."""
+    if "unpickler" not in _IO:
+        import pickle
+
+        class Unpickler(pickle.Unpickler):
+            def persistent_load(self, pid):
+                kind, handle = pid[:2]
+                if kind == "fn":
+                    return _TheirFunction(handle, pid[2])
+                if kind == "it":
+                    return _TheirIterator(handle)
+                return _MINE[handle]
+
+        _IO["unpickler"] = Unpickler
+    return _IO["unpickler"]
+
+
 def _recv_pickle(fd):
-    """One length-prefixed pickle from the suite's process; None at EOF. Handles in it
-    become proxies (``_TheirFunction``) or this side's own objects again."""
-    import pickle
-
-    class Unpickler(pickle.Unpickler):
-        def persistent_load(self, pid):
-            kind, handle = pid[:2]
-            if kind == "fn":
-                return _TheirFunction(handle, pid[2])
-            if kind == "it":
-                return _TheirIterator(handle)
-            return _MINE[handle]
-
+    """One length-prefixed pickle from the suite's process (``_unpickler``); None at EOF."""
     import io
 
     head = _read_exactly(8, fd)
@@ -326,9 +333,9 @@ def _recv_pickle(fd):
         return None
     data = _read_exactly(int.from_bytes(head, "big"), fd)
     try:
-        return Unpickler(io.BytesIO(data)).load()
+        return _unpickler()(io.BytesIO(data)).load()
     except Exception as e:  # read whole, so the stream stays in step: answer, do not die
-        return ("unreadable", f"{type(e).__name__}: {_text(e)}")
+        return ("unreadable", f"{type(e).__name__}: {preview(e, 500, str)}")
 
 
 def _ask(frame):
@@ -413,7 +420,12 @@ def _reply(run, args):
         kind = type(e)
         return ("raised", str(kind.__module__), str(kind.__qualname__), _plain_args(e))
     except BaseException as e:  # SystemExit, KeyboardInterrupt: a failed call, nothing more
-        return ("raised", "builtins", "RuntimeError", (f"{type(e).__name__}: {_text(e)}",))
+        return (
+            "raised",
+            "builtins",
+            "RuntimeError",
+            (f"{type(e).__name__}: {preview(e, 500, str)}",),
+        )
 
 
 def _effects(args):
@@ -422,7 +434,7 @@ def _effects(args):
     out = []
     for i, a in enumerate(args):
         state = a if type(a) in (list, dict, set) else getattr(a, "__dict__", None)
-        if type(state) is not dict and type(a) not in (list, dict, set):
+        if type(state) not in (list, dict, set):
             continue
         try:
             check_plain(state)
@@ -432,13 +444,6 @@ def _effects(args):
     return out
 
 
-def _text(exc):
-    try:
-        return str(exc)[:500]
-    except Exception:
-        return type(exc).__name__
-
-
 def _plain_args(exc):
     """An exception's arguments if they are plain data, else its message."""
     try:
@@ -446,7 +451,7 @@ def _plain_args(exc):
         encode(exc.args)
         return exc.args
     except Exception:
-        return (_text(exc),)
+        return (preview(exc, 500, str),)
 
 
 def _serve_module(root, audit):
@@ -470,7 +475,7 @@ def _serve_module(root, audit):
     try:
         _IO["fn"] = _resolve(module, symbol)
     except BaseException as e:
-        channel.send("load_error", f"{type(e).__name__}: {e}"[:500])
+        channel.send("load_error", f"{type(e).__name__}: {preview(e, 500, str)}")
         return
     channel.send("ready")
     while True:

@@ -196,9 +196,10 @@ def _split(box, root: Path, symbol: str, body: str | None = None):
         stubbed = delete_body(original, cand).splitlines()
         stubbed[cand.body_start - 1] = textwrap.indent(body, cand.indent)
         text = "\n".join(stubbed) + "\n"
-    served = staged_copy(root, {cand.file: text}, without_tests=True)
+    hidden = tuple(suite_files(root))
+    served = staged_copy(root, {cand.file: text}, leave_out=hidden)
     try:
-        return run_suite(box, str(suite), served=str(served), hidden=tuple(suite_files(root)))
+        return run_suite(box, str(suite), served=str(served), hidden=hidden)
     finally:
         shutil.rmtree(suite, ignore_errors=True)
         shutil.rmtree(served, ignore_errors=True)

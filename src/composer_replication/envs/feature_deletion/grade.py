@@ -31,7 +31,11 @@ from typing import Literal
 
 from composer_replication.envs.feature_deletion.forward import forwarding_text
 from composer_replication.envs.feature_deletion.source import staged_copy, suite_files
-from composer_replication.envs.feature_deletion.workspace import candidate_of, task_state_text
+from composer_replication.envs.feature_deletion.workspace import (
+    candidate_of,
+    task_state_text,
+    workspace_flags,
+)
 from composer_replication.envs.pytest_suite import SuiteReport, run_suite
 from composer_replication.envs.sandbox import Sandbox
 
@@ -130,12 +134,12 @@ def split_run(box: Sandbox, source_root: Path, task: dict, target_text: str) -> 
     interpreter with the submission, and the submission's copy holds no test file (it
     cannot read the expected values of the tests it is graded by)."""
     suite_text = forwarding_text(task_state_text(source_root, task), candidate_of(task))
+    hidden = tuple(suite_files(source_root))
     served = staged_copy(source_root, {task["file"]: target_text}, prefix="cr-fd-served-",
-                         without_tests=True)  # fmt: skip
+                         leave_out=hidden)  # fmt: skip
     repo = staged_copy(source_root, {task["file"]: suite_text}, prefix="cr-fd-grade-")
     try:
         reqs = tuple(task.get("test_requirements", ()))
-        hidden = tuple(suite_files(source_root))
         return run_suite(box, str(repo), requirements=reqs, served=str(served), hidden=hidden)
     finally:
         shutil.rmtree(repo, ignore_errors=True)
@@ -174,8 +178,6 @@ def grade_workspace(
     """Grade an agent's workspace: only the target file is taken (a missing or unreadable
     one grades as the deleted state); every other change is reported in ``flags``
     (``workspace.workspace_flags``) without reaching the grading run."""
-    from composer_replication.envs.feature_deletion.workspace import workspace_flags
-
     target = Path(workspace) / task["file"]
     try:
         text = target.read_text(encoding="utf-8") if not target.is_symlink() else None

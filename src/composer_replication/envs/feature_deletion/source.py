@@ -132,19 +132,20 @@ def staged_copy(
     root: Path,
     overrides: dict[str, str] | None = None,
     prefix: str = "cr-fd-",
-    without_tests: bool = False,
+    leave_out: tuple[str, ...] = (),
 ):
     """A sandbox-bindable copy of ``root`` (no bytecode, no ``.git``) with ``overrides``
     (relative path -> text) written over it; world-readable; the caller removes it.
-    ``without_tests``: leave out test code and test configuration (split grading's served
-    tree: the submission must not read the tests it is graded by)."""
+    ``leave_out``: relative paths not copied, and directories they leave empty (split
+    grading's served tree leaves out :func:`suite_files`: the submission must not read the
+    tests it is graded by)."""
     from composer_replication.envs.sandbox import bindable_dir, world_readable
 
     dest = Path(bindable_dir(prefix))
     ignore = shutil.ignore_patterns(*BYTECODE, ".git", ".complete")
     shutil.copytree(root, dest, ignore=ignore, dirs_exist_ok=True, symlinks=False)
-    if without_tests:
-        _remove_tests(dest)
+    if leave_out:
+        _remove(dest, leave_out)
     for rel, text in (overrides or {}).items():
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / rel).write_text(text, encoding="utf-8")
@@ -168,10 +169,10 @@ def suite_files(tree: Path) -> list[str]:
     return out
 
 
-def _remove_tests(tree: Path) -> None:
-    """Delete :func:`suite_files`, then the directories left empty."""
-    for rel in suite_files(tree):
-        (tree / rel).unlink()
+def _remove(tree: Path, files: tuple[str, ...]) -> None:
+    """Delete ``files`` (relative) under ``tree``, then the directories left empty."""
+    for rel in files:
+        (tree / rel).unlink(missing_ok=True)
     for path in sorted(tree.rglob("*"), reverse=True):
         if path.is_dir() and not any(path.iterdir()):
             path.rmdir()
