@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import math
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -271,8 +272,50 @@ class Journal:
         with self.conn:
             self.conn.execute("BEGIN")
             self._insert(rec)
-            if intent_id is not None:
-                self.conn.execute("DELETE FROM intents WHERE id=?", (intent_id,))
+            if intent_id is not None:  # only this attempt's intent, never another call's
+                self.conn.execute(
+                    "DELETE FROM intents WHERE id=? AND state_id=? AND teacher=? AND params_hash=?",
+                    (intent_id, rec.state_id, rec.teacher, rec.params_hash),
+                )
+
+    @property
+    def unrecorded_path(self) -> Path:
+        """Where a replay saves paid answers this journal refused to store (JSON lines)."""
+        return self.path.with_name(self.path.name + ".unrecorded.jsonl")
+
+    def save_unrecorded(self, recs: list[tuple[CallRecord, int | None]]) -> Path:
+        """Append outcomes the journal refused, each with the id of its attempt's intent, to
+        `unrecorded_path` (raises OSError when that fails too)."""
+        with open(self.unrecorded_path, "ab") as fh:
+            fh.writelines(
+                orjson.dumps({**asdict(rec), "intent_id": intent}) + b"\n" for rec, intent in recs
+            )
+        return self.unrecorded_path
+
+    def import_unrecorded(self) -> int:
+        """Store the answers an earlier run saved in `unrecorded_path` because the journal
+        refused them, then remove the file; returns how many were stored. Each clears its own
+        attempt's intent, so the run is not charged twice for it; an answer whose key already
+        has a successful outcome is dropped. A file that does not parse is left untouched and
+        raises `JournalError` naming the file and line, before anything is stored."""
+        path = self.unrecorded_path
+        if not path.exists():
+            return 0
+        entries = [_unrecorded_entry(path, i, line) for i, line in _lines(path)]
+        with self.conn:
+            self.conn.execute("BEGIN")
+            for rec, intent in entries:
+                old = self.get(rec.state_id, rec.teacher, rec.params_hash)
+                if old is None or old.status != "ok":
+                    self._insert(rec)
+                if intent is not None:
+                    self.conn.execute(
+                        "DELETE FROM intents WHERE id=? AND state_id=? AND teacher=? "
+                        "AND params_hash=?",
+                        (intent, rec.state_id, rec.teacher, rec.params_hash),
+                    )
+        path.unlink()
+        return len(entries)
 
     def _insert(self, rec: CallRecord) -> None:
         self.conn.execute(
@@ -335,6 +378,52 @@ class Journal:
 
     def scores(self) -> dict[str, float]:
         return {r[0]: r[1] for r in self.conn.execute("SELECT state_id, entropy FROM scores")}
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise JournalError(f"{path}: cannot read saved answers: {err}") from err
+    for i, line in enumerate(data.splitlines(), 1):
+        if line.strip():
+            yield i, line
+
+
+def _unrecorded_entry(path: Path, lineno: int, line: bytes) -> tuple[CallRecord, int | None]:
+    """One line of an unrecorded-answers file, checked field by field."""
+    where = f"{path}:{lineno}"
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as err:
+        raise JournalError(f"{where}: not JSON ({err}); fix or remove this line") from None
+    if not isinstance(obj, dict):
+        raise JournalError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    intent = obj.pop("intent_id", None)
+    if intent is not None and (type(intent) is not int):
+        raise JournalError(f"{where}: field 'intent_id' must be an integer or null")
+    known = set(CallRecord.__dataclass_fields__)
+    if unknown := sorted(set(obj) - known):
+        raise JournalError(f"{where}: unknown field {unknown[0]!r}")
+    try:
+        rec = CallRecord(**obj)
+    except TypeError as err:  # a required field is missing
+        raise JournalError(f"{where}: {err}") from None
+    for name in ("state_id", "teacher", "params_hash"):
+        if not isinstance(getattr(rec, name), str):
+            raise JournalError(f"{where}: field {name!r} must be a string")
+    if rec.status not in ("ok", "error"):
+        raise JournalError(f"{where}: field 'status' must be 'ok' or 'error', got {rec.status!r}")
+    if rec.status == "ok" and not isinstance(rec.response, dict):
+        raise JournalError(f"{where}: field 'response' must be an object for status 'ok'")
+    for name in ("prompt_tokens", "completion_tokens", "attempts", "tier"):
+        if type(getattr(rec, name)) is not int:
+            raise JournalError(f"{where}: field {name!r} must be an integer")
+    for name in ("cost_usd", "latency_s"):
+        value = getattr(rec, name)
+        if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+            raise JournalError(f"{where}: field {name!r} must be a finite number >= 0")
+    return rec, intent
 
 
 def _row_to_record(row: tuple) -> CallRecord:

@@ -18,11 +18,9 @@ import os
 import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from rich.console import Console
 
 from composer_replication.progress import progress_bar
@@ -60,6 +58,7 @@ class ReplayResult:
     journal_error: str | None = None  # why the journal could not be written (the run stopped)
     calls_unrecorded: int = 0  # outcomes the journal refused (saved in ``unrecorded_path``)
     unrecorded_path: str | None = None  # None with calls_unrecorded > 0: those answers are lost
+    calls_reimported: int = 0  # answers an earlier run saved beside the journal, now stored
     states_gated_out: int = 0
     states_skipped_empty: int = 0  # empty prefix: nothing to send (not a failure)
     states_duplicate: int = 0  # dropped: same state_id as an earlier state (replayed once)
@@ -138,6 +137,11 @@ class ReplayResult:
             )
         if self.journal_error:
             lines.append(self.journal_failure())
+        if self.calls_reimported:
+            lines.append(
+                f"{self.calls_reimported} paid answers an earlier run could not journal were "
+                "imported from the file it saved them in"
+            )
         if self.states_duplicate:
             lines.append(f"{self.states_duplicate} duplicate state ids replayed once")
         if self.budget_exhausted:
@@ -243,7 +247,7 @@ class _Replayer:
         self.skipped_by_teacher: dict[str, int] = defaultdict(int)  # calls saved by tiers
         self.advance: Callable[..., None] | None = None
         self.redactor = Redactor()
-        self.unrecorded: list[CallRecord] = []  # outcomes the journal refused to store
+        self.unrecorded: list[tuple[CallRecord, int]] = []  # refused outcomes, with intents
 
     def tiers(self) -> list[list[Teacher]]:
         if not self.tiered:
@@ -301,7 +305,7 @@ class _Replayer:
             self.journal.record(rec, intent)
         except sqlite3.Error as err:
             self._journal_failed(err)
-            self.unrecorded.append(rec)
+            self.unrecorded.append((rec, intent))
 
     def _journal_failed(self, err: sqlite3.Error) -> None:
         if not self.result.journal_error:
@@ -475,8 +479,10 @@ async def _replay(states, clients, jr, budget_usd, selected, tiered, agreement_t
                   min_agreement, infer_tools, retry_failed, max_states_in_flight, progress,
                   result):  # fmt: skip
     states, duplicates = _unique(states)
+    result = result or ReplayResult()
     try:
         jr.add_states(states)
+        result.calls_reimported = jr.import_unrecorded()  # before intents become lost calls
         known = jr.get_meta("teachers", {})
         jr.set_meta("teachers", {**known, **{t.spec.name: t.spec.model_dump() for t in clients}})
     except sqlite3.Error as err:  # before any call: bad input, nothing to lose
@@ -526,7 +532,7 @@ def _finish(rp: _Replayer, ledger: BudgetLedger, jr: Journal, n_todo: int, n_all
     r = rp.result
     r.budget_exhausted = ledger.exhausted
     r.smallest_refused_usd = ledger.smallest_refused_usd
-    save_unrecorded(rp.unrecorded, jr.path, r)
+    save_unrecorded(rp.unrecorded, jr, r)
     r.max_committed_usd = ledger.max_committed_usd
     r.usd_saved_estimate = _saved_usd(rp, r.calls_saved_gating, n_todo, n_all)
     try:
@@ -535,19 +541,16 @@ def _finish(rp: _Replayer, ledger: BudgetLedger, jr: Journal, n_todo: int, n_all
         pass
 
 
-def save_unrecorded(recs: list[CallRecord], journal: Path, r: ReplayResult) -> None:
-    """Write outcomes the journal refused to ``<journal>.unrecorded.jsonl`` (appended: a
-    later run may add more), so paid answers survive a journal that cannot be written."""
+def save_unrecorded(recs: list[tuple[CallRecord, int]], jr: Journal, r: ReplayResult) -> None:
+    """Save outcomes the journal refused next to it (`Journal.save_unrecorded`), so paid
+    answers survive a journal that cannot be written; the next replay imports them."""
     r.calls_unrecorded = len(recs)
     if not recs:
         return
-    path = journal.with_name(journal.name + ".unrecorded.jsonl")
     try:
-        with open(path, "ab") as fh:
-            fh.writelines(orjson.dumps(asdict(rec)) + b"\n" for rec in recs)
+        r.unrecorded_path = str(jr.save_unrecorded(recs))
     except OSError:
         return  # the summary says the answers are lost
-    r.unrecorded_path = str(path)
 
 
 def _unique(states: Sequence[TraceState]) -> tuple[list[TraceState], int]:

@@ -191,3 +191,51 @@ def test_journal_write_failure_stops_new_calls_and_keeps_paid_answers(scripted, 
     assert r.states_not_started == 3
     saved = (tmp_path / "j.db.unrecorded.jsonl").read_bytes().splitlines()
     assert orjson.loads(saved[0])["response"]["content"].startswith("Answer ")
+
+
+def test_next_run_imports_saved_answers_and_charges_them_once(scripted, tmp_path):
+    """The answer a refused journal write left beside the journal is stored by the next run:
+    not sent again, its cost counted once (its attempt's intent is cleared, not also adopted
+    as a lost call), the file removed."""
+    import sqlite3
+
+    script, url = scripted
+    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5,
+                       max_concurrency=1, price_in_per_mtok=1.0, price_out_per_mtok=4.0)  # fmt: skip
+    states = make_states(4)
+    jr = Journal(tmp_path / "j.db")
+    real, n = jr.record, [0]
+
+    def record(rec, intent=None):
+        n[0] += 1
+        if n[0] == 2:
+            raise sqlite3.OperationalError("disk I/O error")
+        real(rec, intent)
+
+    jr.record = record
+    with jr:
+        r1 = asyncio.run(replay_trace(states, [spec], journal=jr, max_states_in_flight=1))
+    assert r1.calls_unrecorded == 1 and r1.calls_sent == 2
+    with Journal(tmp_path / "j.db") as jr:
+        assert jr.pending_intents() == 1  # the refused write also left its intent behind
+    r2 = asyncio.run(replay_trace(states, [spec], journal=tmp_path / "j.db"))
+    assert r2.calls_reimported == 1 and "1 paid answers an earlier run" in r2.summary()
+    assert r2.calls_cached == 2 and r2.calls_sent == 2  # states 3 and 4 only
+    assert sum(script.requests.values()) == 4  # every state sent exactly once over both runs
+    assert r2.calls_maybe_paid_twice == 0 and r2.lost_usd == 0
+    assert r2.journal_cost_usd == pytest.approx(r1.cost_usd + r2.cost_usd)
+    assert not (tmp_path / "j.db.unrecorded.jsonl").exists()
+
+
+def test_a_damaged_saved_answers_file_stops_the_run_naming_the_line(scripted, tmp_path):
+    from composer_replication.replay.journal import JournalError
+
+    script, url = scripted
+    side = tmp_path / "j.db.unrecorded.jsonl"
+    side.write_bytes(b'{"state_id": "s", "teacher": "t", "params_hash": "h", "status": "ok",'
+                     b' "response": {}}\n{"state_id": "s2", "teach')  # fmt: skip
+    with pytest.raises(JournalError, match=r"unrecorded\.jsonl:2: not JSON"):
+        asyncio.run(replay_trace(make_states(2), _specs(url, n=1), journal=tmp_path / "j.db"))
+    assert side.exists() and sum(script.requests.values()) == 0
+    with Journal(tmp_path / "j.db") as jr:
+        assert list(jr.calls()) == []  # nothing half-imported
