@@ -6,12 +6,12 @@ verdict = exit code), interleaved round by round; medians and ratios from the sa
 
     python bench/bench_feature_deletion.py                       # toolz 1.2.0 (pip download)
     python bench/bench_feature_deletion.py --source tests/fixtures/feature_deletion/textkit
+    python bench/bench_feature_deletion.py --task-set DIR   # grading only, on a generated set
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
@@ -22,7 +22,11 @@ from pathlib import Path
 
 from composer_replication.config import TaskGenConfig
 from composer_replication.envs.feature_deletion.candidates import original_body
-from composer_replication.envs.feature_deletion.generate import generate_tasks, suite_sandbox
+from composer_replication.envs.feature_deletion.generate import (
+    generate_tasks,
+    load_tasks,
+    suite_sandbox,
+)
 from composer_replication.envs.feature_deletion.grade import grade_submission
 from composer_replication.envs.feature_deletion.source import resolve_source, staged_copy
 from composer_replication.envs.feature_deletion.workspace import candidate_of, task_state_text
@@ -38,23 +42,34 @@ def _plain_pytest(root: Path, task: dict, text: str) -> bool:
         shutil.rmtree(repo, ignore_errors=True)
 
 
+def _generate(source, cfg: TaskGenConfig, spec: str) -> list[dict]:
+    """A fresh generation into a temporary directory, timed; returns its tasks."""
+    with tempfile.TemporaryDirectory() as out:
+        summary = generate_tasks(source, Path(out), cfg, spec=spec)
+        tasks = load_tasks(summary.out_dir)
+    minutes = summary.seconds / 60
+    print(f"generation of {source.label}: {summary.candidates} candidates, {summary.tasks} tasks "
+          f"in {summary.seconds:.0f} s = {summary.tasks / minutes:.1f} tasks/min, "
+          f"{summary.candidates / minutes:.1f} candidates/min ({cfg.workers or 'all'} workers); "
+          f"by status {summary.by_status}")  # fmt: skip
+    return tasks
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", default="toolz==1.2.0")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tasks", type=int, default=8, help="tasks graded per round")
     ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument(
+        "--task-set",
+        type=Path,
+        help="grade tasks of this generated set of --source (skips generation)",
+    )
     ns = ap.parse_args()
     source = resolve_source(ns.source)
     cfg = TaskGenConfig(workers=ns.workers)
-    with tempfile.TemporaryDirectory() as out:
-        summary = generate_tasks(source, Path(out), cfg, spec=ns.source)
-        tasks = [json.loads(x) for x in (summary.out_dir / "tasks.jsonl").read_text().splitlines()]
-    minutes = summary.seconds / 60
-    print(f"generation of {source.label}: {summary.candidates} candidates, {summary.tasks} tasks "
-          f"in {summary.seconds:.0f} s = {summary.tasks / minutes:.1f} tasks/min, "
-          f"{summary.candidates / minutes:.1f} candidates/min ({cfg.workers or 'all'} workers); "
-          f"by status {summary.by_status}")  # fmt: skip
+    tasks = load_tasks(ns.task_set) if ns.task_set else _generate(source, cfg, ns.source)
     box = Sandbox(suite_sandbox(cfg))
     picked = tasks[: ns.tasks]
     restored = []
