@@ -138,7 +138,8 @@ def print_summary(report: IngestReport, out: Path, console: Console) -> None:
     _counter(console, "unknown record types", report.unknown_record_types())
     _counter(console, "orphaned tool calls/results", report.orphans())
     for path, why in report.unreadable.items():
-        console.print(f"skipped {path}: {why}", markup=False, soft_wrap=True)
+        what = "read in part" if why.startswith("partially read") else "skipped"
+        console.print(f"{what} {path}: {why}", markup=False, soft_wrap=True)
     if report.duplicates:
         shown = ", ".join(report.duplicates[:10])
         console.print(f"read once (given more than once): {shown}", markup=False, soft_wrap=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +144,12 @@ def pairs_from_journal(
             teachers = jr.get_meta("teachers", {})
         except (sqlite3.DatabaseError, ValueError) as err:  # damaged pages or rows
             raise JournalError(f"{db}: damaged replay journal: {err}") from err
+        if jr.unrecorded_path.exists():
+            warnings.warn(
+                f"{jr.unrecorded_path} holds paid answers the journal refused; they are not in "
+                "these pairs: run the same replay again to import them",
+                stacklevel=2,
+            )
     weights = {name: spec.get("weight", 1.0) for name, spec in teachers.items()}
     pairs, stats = extract_pairs(
         states, actions, agreement_threshold, strategy=strategy, weights=weights,

@@ -21,7 +21,7 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -70,6 +70,10 @@ CREATE TABLE IF NOT EXISTS scores (state_id TEXT PRIMARY KEY, entropy REAL NOT N
 BUSY_TIMEOUT_S = 5.0
 """Seconds a write waits for another process's lock on the database before it fails."""
 ADDED_CALL_COLUMNS = {"raw_usage": "BLOB", "misreport": "TEXT"}  # journals from older versions
+ADDED_LOST_COLUMNS = {"reason": "TEXT NOT NULL DEFAULT 'killed'"}
+"""``lost_calls.reason``: ``killed`` (in flight when a run died: its worst case) or ``charged``
+(an attempt that got no answer we kept but may have been billed: a rejected answer at its
+reported usage, a timed-out or broken exchange at its worst case)."""
 INTENTS = """
 CREATE TABLE IF NOT EXISTS intents (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -111,6 +115,10 @@ class CallRecord:
     misreport: str | None = None  # why the server's usage was not used for billing
 
 
+Unrecorded = tuple[CallRecord, Sequence[int], Sequence[float]]
+"""An outcome the journal refused, with its attempts' intent ids and charges."""
+
+
 class JournalError(Exception):
     """The journal cannot be used (not a journal, corrupt, busy); the message names the file."""
 
@@ -124,7 +132,13 @@ class Journal:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # the lock and the saved-answers file are named after the real file, so a replay that
+        # names the journal through a symlink meets the same lock (hard links are not covered)
+        self.real = self.path if str(path) == ":memory:" else Path(os.path.realpath(self.path))
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # a parent that is a file, no permission
+            raise JournalError(f"{self.path}: cannot create its directory: {err}") from err
         try:
             self._open()
         except sqlite3.DatabaseError as err:  # a text file, a torn copy, bad pages
@@ -145,6 +159,10 @@ class Journal:
         for name, kind in ADDED_CALL_COLUMNS.items():
             if name not in have:
                 self.conn.execute(f"ALTER TABLE calls ADD COLUMN {name} {kind}")
+        have = {r[1] for r in self.conn.execute("PRAGMA table_info(lost_calls)")}
+        for name, kind in ADDED_LOST_COLUMNS.items():
+            if name not in have:
+                self.conn.execute(f"ALTER TABLE lost_calls ADD COLUMN {name} {kind}")
         self._migrate_intents()
 
     def _migrate_intents(self) -> None:
@@ -177,8 +195,11 @@ class Journal:
         if str(self.path) == ":memory:":
             yield
             return
-        lock = self.path.with_name(self.path.name + ".lock")
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        lock = self.real.with_name(self.real.name + ".lock")
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise JournalError(f"{self.path}: cannot open its lock file {lock}: {err}") from err
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -257,63 +278,93 @@ class Journal:
         lost = [(*r[:4], r[4] if r[4] is not None else worst_for(r[1], r[2]), r[5]) for r in rows]
         with self.conn:
             self.conn.execute("BEGIN")
-            self.conn.executemany("INSERT INTO lost_calls VALUES (?,?,?,?,?,?)", lost)
+            self.conn.executemany(  # new row ids: an intent's id may be a lost row's already
+                "INSERT INTO lost_calls (state_id, teacher, params_hash, worst_usd, "
+                "created_at, reason) VALUES (?,?,?,?,?,'killed')",
+                [r[1:] for r in lost],
+            )
             self.conn.executemany("DELETE FROM intents WHERE id=?", [(r[0],) for r in rows])
         return len(lost), sum(r[4] for r in lost)
 
-    def lost_usd(self) -> float:
-        """Worst case of every attempt lost in flight by a killed run (counted as spent)."""
+    def lost_usd(self, reason: str | None = None) -> float:
+        """Dollars counted as spent without a journaled answer (see ``ADDED_LOST_COLUMNS``):
+        attempts killed in flight and charged attempts, or only those of ``reason``."""
         q = "SELECT COALESCE(SUM(worst_usd), 0) FROM lost_calls"
+        if reason is not None:
+            return float(self.conn.execute(q + " WHERE reason=?", (reason,)).fetchone()[0])
         return float(self.conn.execute(q).fetchone()[0])
 
-    def record(self, rec: CallRecord, intent_id: int | None = None) -> None:
-        """Commit one call outcome (replaces an earlier error for the same key) and clear the
-        intent of this attempt (only that one), in one transaction."""
+    def record(
+        self, rec: CallRecord, intents: Sequence[int] = (), charges: Sequence[float] = ()
+    ) -> None:
+        """Commit one call outcome (replaces an earlier error for the same key), clear the
+        intents of its attempts, and keep ``charges``: dollars of its attempts that gave no
+        answer but may have been billed. One transaction."""
         with self.conn:
             self.conn.execute("BEGIN")
             self._insert(rec)
-            if intent_id is not None:  # only this attempt's intent, never another call's
-                self.conn.execute(
-                    "DELETE FROM intents WHERE id=? AND state_id=? AND teacher=? AND params_hash=?",
-                    (intent_id, rec.state_id, rec.teacher, rec.params_hash),
-                )
+            self._settle_attempts(rec, intents, charges)
+
+    def _settle_attempts(
+        self, rec: CallRecord, intents: Sequence[int], charges: Sequence[float]
+    ) -> None:
+        key = (rec.state_id, rec.teacher, rec.params_hash)
+        self.conn.executemany(  # only this call's intents, never another call's
+            "DELETE FROM intents WHERE id=? AND state_id=? AND teacher=? AND params_hash=?",
+            [(i, *key) for i in intents],
+        )
+        self.conn.executemany(
+            "INSERT INTO lost_calls (state_id, teacher, params_hash, worst_usd, created_at, "
+            "reason) VALUES (?,?,?,?,?,'charged')",
+            [(*key, usd, time.time()) for usd in charges],
+        )
 
     @property
     def unrecorded_path(self) -> Path:
         """Where a replay saves paid answers this journal refused to store (JSON lines)."""
-        return self.path.with_name(self.path.name + ".unrecorded.jsonl")
+        return self.real.with_name(self.real.name + ".unrecorded.jsonl")
 
-    def save_unrecorded(self, recs: list[tuple[CallRecord, int | None]]) -> Path:
-        """Append outcomes the journal refused, each with the id of its attempt's intent, to
-        `unrecorded_path` (raises OSError when that fails too)."""
-        with open(self.unrecorded_path, "ab") as fh:
-            fh.writelines(
-                orjson.dumps({**asdict(rec), "intent_id": intent}) + b"\n" for rec, intent in recs
-            )
-        return self.unrecorded_path
+    def save_unrecorded(self, recs: Sequence[Unrecorded]) -> Path:
+        """Add outcomes the journal refused (each with its attempts' intents and charges) to
+        `unrecorded_path`, all or nothing: the file is rewritten beside itself and swapped in,
+        so a full disk leaves the earlier file as it was (raises OSError then)."""
+        path = self.unrecorded_path
+        tmp = path.with_name(path.name + ".tmp")
+        lines = [
+            orjson.dumps({**asdict(rec), "intent_ids": list(ids), "charges": list(usd)}) + b"\n"
+            for rec, ids, usd in recs
+        ]
+        try:
+            with open(tmp, "wb") as fh:
+                if path.exists():
+                    fh.write(path.read_bytes())
+                fh.writelines(lines)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+        return path
 
     def import_unrecorded(self) -> int:
         """Store the answers an earlier run saved in `unrecorded_path` because the journal
         refused them, then remove the file; returns how many were stored. Each clears its own
-        attempt's intent, so the run is not charged twice for it; an answer whose key already
-        has a successful outcome is dropped. A file that does not parse is left untouched and
-        raises `JournalError` naming the file and line, before anything is stored."""
+        attempts' intents and keeps its charges, so the run is charged once for it; an answer
+        whose key already has a successful outcome is dropped. A file that does not parse is
+        left untouched and raises `JournalError` naming the file and line, before anything
+        is stored."""
         path = self.unrecorded_path
         if not path.exists():
             return 0
         entries = [_unrecorded_entry(path, i, line) for i, line in _lines(path)]
         with self.conn:
             self.conn.execute("BEGIN")
-            for rec, intent in entries:
+            for rec, intents, charges in entries:
                 old = self.get(rec.state_id, rec.teacher, rec.params_hash)
                 if old is None or old.status != "ok":
                     self._insert(rec)
-                if intent is not None:
-                    self.conn.execute(
-                        "DELETE FROM intents WHERE id=? AND state_id=? AND teacher=? "
-                        "AND params_hash=?",
-                        (intent, rec.state_id, rec.teacher, rec.params_hash),
-                    )
+                self._settle_attempts(rec, intents, charges)
         path.unlink()
         return len(entries)
 
@@ -390,7 +441,7 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
             yield i, line
 
 
-def _unrecorded_entry(path: Path, lineno: int, line: bytes) -> tuple[CallRecord, int | None]:
+def _unrecorded_entry(path: Path, lineno: int, line: bytes) -> Unrecorded:
     """One line of an unrecorded-answers file, checked field by field."""
     where = f"{path}:{lineno}"
     try:
@@ -399,31 +450,48 @@ def _unrecorded_entry(path: Path, lineno: int, line: bytes) -> tuple[CallRecord,
         raise JournalError(f"{where}: not JSON ({err}); fix or remove this line") from None
     if not isinstance(obj, dict):
         raise JournalError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    intent = obj.pop("intent_id", None)
-    if intent is not None and (type(intent) is not int):
-        raise JournalError(f"{where}: field 'intent_id' must be an integer or null")
-    known = set(CallRecord.__dataclass_fields__)
-    if unknown := sorted(set(obj) - known):
+    intents = obj.pop("intent_ids", [])
+    charges = obj.pop("charges", [])
+    if not (isinstance(intents, list) and all(type(i) is int for i in intents)):
+        raise JournalError(f"{where}: field 'intent_ids' must be a list of integers")
+    if not (isinstance(charges, list) and all(_amount(c) for c in charges)):
+        raise JournalError(f"{where}: field 'charges' must be a list of numbers >= 0")
+    if unknown := sorted(set(obj) - set(CallRecord.__dataclass_fields__)):
         raise JournalError(f"{where}: unknown field {unknown[0]!r}")
     try:
         rec = CallRecord(**obj)
     except TypeError as err:  # a required field is missing
         raise JournalError(f"{where}: {err}") from None
+    if problem := _record_problem(rec):
+        raise JournalError(f"{where}: {problem}")
+    return rec, intents, charges
+
+
+def _amount(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and value >= 0
+
+
+def _record_problem(rec: CallRecord) -> str | None:
+    """What makes ``rec`` unfit for the journal's columns, or None."""
     for name in ("state_id", "teacher", "params_hash"):
         if not isinstance(getattr(rec, name), str):
-            raise JournalError(f"{where}: field {name!r} must be a string")
+            return f"field {name!r} must be a string"
     if rec.status not in ("ok", "error"):
-        raise JournalError(f"{where}: field 'status' must be 'ok' or 'error', got {rec.status!r}")
+        return f"field 'status' must be 'ok' or 'error', got {rec.status!r}"
     if rec.status == "ok" and not isinstance(rec.response, dict):
-        raise JournalError(f"{where}: field 'response' must be an object for status 'ok'")
+        return "field 'response' must be an object for status 'ok'"
+    if rec.response is not None and not isinstance(rec.response, dict):
+        return "field 'response' must be an object or null"
+    for name in ("error_kind", "error", "misreport"):
+        if getattr(rec, name) is not None and not isinstance(getattr(rec, name), str):
+            return f"field {name!r} must be a string or null"
     for name in ("prompt_tokens", "completion_tokens", "attempts", "tier"):
         if type(getattr(rec, name)) is not int:
-            raise JournalError(f"{where}: field {name!r} must be an integer")
+            return f"field {name!r} must be an integer"
     for name in ("cost_usd", "latency_s"):
-        value = getattr(rec, name)
-        if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
-            raise JournalError(f"{where}: field {name!r} must be a finite number >= 0")
-    return rec, intent
+        if not _amount(getattr(rec, name)):
+            return f"field {name!r} must be a finite number >= 0"
+    return None
 
 
 def _row_to_record(row: tuple) -> CallRecord:

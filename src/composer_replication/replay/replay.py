@@ -29,17 +29,22 @@ from composer_replication.traces.schema import TraceState
 
 from .budget import (
     BudgetLedger,
+    Reservation,
     billed_usage,
     min_tokens,
     prompt_chars,
     worst_case_cost,
     worst_case_prompt_tokens,
 )
-from .journal import CallRecord, Journal, JournalError, params_hash
-from .teachers import Teacher, TeacherError, TeacherSpec, build_teacher
+from .journal import CallRecord, Journal, JournalError, Unrecorded, params_hash
+from .teachers import MAYBE_BILLED_KINDS, OnRetry, Teacher, TeacherError, TeacherSpec, build_teacher
 
 BUDGET = "budget"  # sentinel outcome: not sent, its worst case does not fit the budget left
 JOURNAL = "journal"  # sentinel outcome: not sent because the journal can no longer be written
+STOPPED = {
+    BUDGET: "the budget left does not cover another attempt",
+    JOURNAL: "the journal cannot be written",
+}
 TRANSIENT_KINDS = frozenset({"connection", "transport", "timeout", "rate_limit", "server"})
 """Journaled failures of these kinds are sent again by the next run (no answer was received, so
 nothing is lost but the retry); other failures are final unless ``retry_failed``."""
@@ -85,6 +90,8 @@ class ReplayResult:
     broken: dict[str, str] = field(default_factory=dict)  # teacher -> a transport error seen
     calls_maybe_paid_twice: int = 0  # in flight when an earlier run was killed; sent again
     lost_usd: float = 0.0  # worst case of every attempt killed runs left in flight (all runs)
+    attempts_charged: int = 0  # attempts this run that got no kept answer but may be billed
+    charged_usd: float = 0.0  # their worst case (included in cost_usd)
     teacher_actions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     interrupted: bool = False  # cancelled (Ctrl-C): calls in flight were abandoned
 
@@ -163,6 +170,12 @@ class ReplayResult:
             lines.append(
                 f"resumed: {self.calls_maybe_paid_twice} calls were in flight when an earlier run "
                 "stopped and may have been paid although no answer was recorded"
+            )
+        if self.attempts_charged:
+            lines.append(
+                f"{self.attempts_charged} attempts without a kept answer (timed out, broken or "
+                f"rejected) were charged their worst case, ${self.charged_usd:.6f} (included "
+                "above): the provider may have billed them"
             )
         if self.lost_usd:
             lines.append(
@@ -247,7 +260,7 @@ class _Replayer:
         self.skipped_by_teacher: dict[str, int] = defaultdict(int)  # calls saved by tiers
         self.advance: Callable[..., None] | None = None
         self.redactor = Redactor()
-        self.unrecorded: list[tuple[CallRecord, int]] = []  # refused outcomes, with intents
+        self.unrecorded: list[Unrecorded] = []  # outcomes the journal refused
 
     def tiers(self) -> list[list[Teacher]]:
         if not self.tiered:
@@ -280,32 +293,69 @@ class _Replayer:
             self._advance()
             return old
         async with self.sems[spec.name]:
-            if self.result.journal_error:
-                return JOURNAL
             bound = worst_case_prompt_tokens(messages, tools)
-            res = await self.ledger.reserve(worst_case_cost(spec, bound), spec.name)
-            if res is None:
-                return BUDGET
-            try:
-                intent = self.journal.add_intent(state.state_id, spec.name, phash, res.amount)
-            except sqlite3.Error as err:  # nothing sent yet: stop here, nothing is lost
-                self._journal_failed(err)
-                await self.ledger.settle(res, 0.0)
-                return JOURNAL
-            rec = await self._send(state, teacher, messages, tools, phash, bound)
-            await self.ledger.settle(res, rec.cost_usd)
-        self._record(rec, intent)
-        self._account(rec)
+            worst = worst_case_cost(spec, bound)
+            first = await self._open_attempt(state, spec.name, phash, worst)
+            if isinstance(first, str):
+                return first
+            attempts: list[tuple[Reservation | None, int | None]] = [first]
+
+            async def on_retry(err: TeacherError) -> bool:
+                """Before a retry: an attempt that may have been billed is spent at its worst
+                case, and the next attempt needs a reservation of its own."""
+                if not err.maybe_billed:
+                    return True  # not billed: the same reservation covers the next attempt
+                failed = attempts[-1][0]
+                assert failed is not None  # a stopped call is not retried again
+                await self.ledger.settle(failed, worst)
+                nxt = await self._open_attempt(state, spec.name, phash, worst)
+                if isinstance(nxt, str):
+                    attempts.append((None, None))
+                    err.message += f"; not retried: {STOPPED[nxt]}"
+                    return False
+                attempts.append(nxt)
+                return True
+
+            rec = await self._send(state, teacher, messages, tools, phash, bound, on_retry)
+            charges = [worst] * (len(attempts) - 1)  # earlier attempts that may have been billed
+            last = attempts[-1][0]
+            if last is not None:
+                billed = rec.status == "error" and rec.error_kind in MAYBE_BILLED_KINDS
+                charges += [worst] if billed else []
+                await self.ledger.settle(last, rec.cost_usd + (worst if billed else 0.0))
+        self._record(rec, [i for _, i in attempts if i is not None], charges)
+        self._account(rec, charges)
         return rec
 
-    def _record(self, rec: CallRecord, intent: int) -> None:
+    async def _open_attempt(
+        self, state: TraceState, teacher: str, phash: str, worst: float
+    ) -> tuple[Reservation, int] | str:
+        """Reserve an attempt's worst case and commit its intent; BUDGET or JOURNAL when it
+        must not be sent (checked again after waiting for budget room: the journal may have
+        failed meanwhile)."""
+        if self.result.journal_error:
+            return JOURNAL
+        res = await self.ledger.reserve(worst, teacher)
+        if res is None:
+            return BUDGET
+        if self.result.journal_error:
+            await self.ledger.settle(res, 0.0)
+            return JOURNAL
+        try:
+            return res, self.journal.add_intent(state.state_id, teacher, phash, res.amount)
+        except sqlite3.Error as err:  # nothing sent yet: stop here, nothing is lost
+            self._journal_failed(err)
+            await self.ledger.settle(res, 0.0)
+            return JOURNAL
+
+    def _record(self, rec: CallRecord, intents: list[int], charges: list[float]) -> None:
         """Journal an outcome; if the journal refuses it (locked, disk full, I/O error) keep the
         paid answer in memory, to be saved next to the journal, and start no new call."""
         try:
-            self.journal.record(rec, intent)
+            self.journal.record(rec, intents, charges)
         except sqlite3.Error as err:
             self._journal_failed(err)
-            self.unrecorded.append((rec, intent))
+            self.unrecorded.append((rec, intents, charges))
 
     def _journal_failed(self, err: sqlite3.Error) -> None:
         if not self.result.journal_error:
@@ -325,11 +375,13 @@ class _Replayer:
             return True
         return not (self.retry_failed or old.error_kind in TRANSIENT_KINDS)
 
-    async def _send(self, state, teacher, messages, tools, phash, bound: int) -> CallRecord:
+    async def _send(
+        self, state, teacher, messages, tools, phash, bound: int, on_retry: OnRetry
+    ) -> CallRecord:
         spec = teacher.spec
         base = {"state_id": state.state_id, "teacher": spec.name, "params_hash": phash}
         try:
-            resp = await teacher.complete(messages, tools)
+            resp = await teacher.complete(messages, tools, on_retry=on_retry)
         except TeacherError as err:
             return CallRecord(
                 **base, status="error", error_kind=err.kind, error=err.message[:2000],
@@ -354,13 +406,15 @@ class _Replayer:
             misreport=bill.misreport,
         )
 
-    def _account(self, rec: CallRecord) -> None:
+    def _account(self, rec: CallRecord, charges: list[float]) -> None:
         r = self.result
         r.calls_sent += 1
         r.attempts += rec.attempts
         r.prompt_tokens += rec.prompt_tokens
         r.completion_tokens += rec.completion_tokens
-        r.cost_usd += rec.cost_usd
+        r.cost_usd += rec.cost_usd + sum(charges)
+        r.attempts_charged += len(charges)
+        r.charged_usd += sum(charges)
         if rec.status == "error":
             r.calls_failed += 1
             if rec.error_kind == "connection":
@@ -536,12 +590,13 @@ def _finish(rp: _Replayer, ledger: BudgetLedger, jr: Journal, n_todo: int, n_all
     r.max_committed_usd = ledger.max_committed_usd
     r.usd_saved_estimate = _saved_usd(rp, r.calls_saved_gating, n_todo, n_all)
     try:
-        r.journal_cost_usd, r.lost_usd = jr.spent_usd(), jr.lost_usd()
+        r.journal_cost_usd = jr.spent_usd() + jr.lost_usd("charged")
+        r.lost_usd = jr.lost_usd("killed")
     except sqlite3.Error:  # the journal failed (reported): these stay unknown
         pass
 
 
-def save_unrecorded(recs: list[tuple[CallRecord, int]], jr: Journal, r: ReplayResult) -> None:
+def save_unrecorded(recs: list[Unrecorded], jr: Journal, r: ReplayResult) -> None:
     """Save outcomes the journal refused next to it (`Journal.save_unrecorded`), so paid
     answers survive a journal that cannot be written; the next replay imports them."""
     r.calls_unrecorded = len(recs)

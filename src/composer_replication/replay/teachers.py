@@ -31,7 +31,9 @@ import asyncio
 import email.utils
 import os
 import random
+import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -176,6 +178,13 @@ ErrorKind = Literal[
 answered but the exchange broke (connection reset, redirect loop, protocol error)."""
 
 
+MAYBE_BILLED_KINDS = frozenset({"malformed", "timeout", "transport"})
+"""Failures the provider may have billed although no answer was kept: an answer that arrived
+but failed our checks (``malformed``: it was generated), one cut at the deadline (``timeout``:
+it may have run to the end), an exchange broken after the request went out (``transport``).
+Refused connections and HTTP errors are not billed. The replay charges each its worst case."""
+
+
 class TeacherError(Exception):
     """A call that did not produce an answer (after retries, if the error was retryable)."""
 
@@ -191,12 +200,23 @@ class TeacherError(Exception):
     def retryable(self) -> bool:
         return self.kind in ("rate_limit", "server", "timeout", "connection", "transport")
 
+    @property
+    def maybe_billed(self) -> bool:
+        return self.kind in MAYBE_BILLED_KINDS
+
+
+OnRetry = Callable[[TeacherError], Awaitable[bool]]
+"""Asked before a failed attempt is retried; False stops retrying (the error is raised)."""
+
 
 class Teacher(Protocol):
     spec: TeacherSpec
 
     async def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        on_retry: OnRetry | None = None,
     ) -> TeacherResponse: ...
 
     async def aclose(self) -> None: ...
@@ -310,16 +330,30 @@ def _anomalies(obj: dict[str, Any], model: str | None) -> list[str]:
     asked for; the first is used, and the others may have been billed)."""
     out = []
     served = obj.get("model")
-    if model and isinstance(served, str) and not _same_model(served, model):
-        out.append(f"answered by model {served[:80]!r} (asked {model!r})")
+    if (
+        model
+        and served is not None
+        and not (isinstance(served, str) and _same_model(served, model))
+    ):
+        out.append(f"answered by model {str(served)[:80]!r} (asked {model!r})")
     if len(obj["choices"]) != 1:
         out.append(f"{len(obj['choices'])} choices (1 asked; the first is used)")
     return out
 
 
+_VERSION_SUFFIX = re.compile(r"(?:[-@:](?:\d{4}-?\d{2}-?\d{2}|\d{8}|latest|v?\d+(?:\.\d+)*))+")
+"""What a provider may append to the name asked for and still serve that model: a date
+(``-2024-08-06``, ``-20240806``), ``-latest``, a revision (``@001``, ``:2``)."""
+
+
 def _same_model(served: str, asked: str) -> bool:
+    """Whether ``served`` names the model asked for: equal up to case and a provider prefix
+    (``openai/gpt-4o``), or that name plus a date or revision suffix. ``gpt-4o-mini`` is not
+    ``gpt-4o``, nor is ``claude-3`` ``claude-3-5-sonnet``, nor is an empty name anything."""
     a, b = (m.rsplit("/", 1)[-1].lower() for m in (served, asked))
-    return a.startswith(b) or b.startswith(a)
+    if not a:
+        return False
+    return a == b or (a.startswith(b) and _VERSION_SUFFIX.fullmatch(a[len(b) :]) is not None)
 
 
 def _clean_call(c: dict[str, Any]) -> dict[str, Any]:
@@ -361,9 +395,14 @@ class OpenAITeacher:
         self._sleep = sleep
 
     async def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        on_retry: OnRetry | None = None,
     ) -> TeacherResponse:
-        """One answer, retrying transient failures with backoff; raises `TeacherError`."""
+        """One answer, retrying transient failures with backoff; raises `TeacherError`.
+        ``on_retry`` is asked before each retry (the replay reserves budget there for the next
+        attempt when the failed one may have been billed)."""
         t0 = time.perf_counter()
         for attempt in range(self.spec.max_retries + 1):
             try:
@@ -374,6 +413,8 @@ class OpenAITeacher:
                     raise
                 if err.retry_after is not None and err.retry_after > self.spec.backoff_cap_s:
                     raise self._too_long_to_wait(err) from None
+                if on_retry is not None and not await on_retry(err):
+                    raise
                 await self._sleep(
                     backoff_delay(
                         attempt, err.retry_after, self.spec.backoff_base_s, self.spec.backoff_cap_s
@@ -439,7 +480,10 @@ class LocalHFTeacher:
         self.chat_model = chat_model or LocalChatModel(spec.model)
 
     async def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        on_retry: OnRetry | None = None,  # one attempt, never retried
     ) -> TeacherResponse:
         t0 = time.perf_counter()
         try:

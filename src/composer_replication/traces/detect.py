@@ -36,6 +36,10 @@ def detect_format(path: Path) -> str:
     return fmt
 
 
+STATE_KEYS = frozenset({"state_id", "session_id", "step", "prefix", "action", "schema_version"})
+"""The keys of a `TraceState` line: a file that starts with one is ingest output."""
+
+
 def sniff(path: Path) -> str | None:
     name = path.name
     with open(path, "rb") as fh:
@@ -50,6 +54,8 @@ def sniff(path: Path) -> str | None:
     lines = [ln for ln in head.split(b"\n")[:HEAD_LINES] if ln.strip()]
     first = _loads(lines[0]) if lines else None
     multi_objects = len(lines) > 1 and isinstance(first, dict)
+    if isinstance(first, dict) and STATE_KEYS <= first.keys():
+        return None  # our own output (ingest --out of an earlier run), not an agent log
     if name.endswith(".jsonl") or multi_objects:
         return _vote_jsonl(lines) or _by_name(path)
     doc = _loads(head) if len(head) < HEAD_BYTES else None

@@ -99,8 +99,25 @@ class IngestRun:
                 raise  # a file named explicitly that is no log: bad input, the caller says so
             except Exception as err:  # noqa: BLE001 - a bug on one odd file must not end the run
                 why = f"reader failed: {type(err).__name__}: {err}"[:300]
-                self.report.unreadable[str(path)] = why
+                self.report.unreadable[str(path)] = self._after_failure(path, why)
         self.report.redactions = self.redactor.counts
+
+
+    def _after_failure(self, path: Path, why: str) -> str:
+        """A reader that failed part-way: the states it gave are kept (they are whole and
+        already written), the file's lines it never reached are counted as skipped
+        (``reader_failed``) so the line balance holds, and the listing says what was kept."""
+        rep = next((f for f in reversed(self.report.files) if f.path == str(path)), None)
+        if rep is None:
+            return why
+        if path.is_file():
+            data = path.read_bytes()
+            rep.total_lines = max(rep.total_lines, data.count(b"\n") + (not data.endswith(b"\n")))
+        if rest := rep.total_lines - rep.parsed - rep.skipped:
+            rep.skip(rep.parsed + rep.skipped + 1, "reader_failed", n=rest)
+        if rep.states:
+            return f"partially read: {rep.states} states kept, then {why}"
+        return why
 
 
 def ingest(

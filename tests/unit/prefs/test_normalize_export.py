@@ -113,3 +113,6 @@ def test_replay_and_normalize_in_one_call(tmp_path):
     assert again.agreement.no_consensus == 6 and again.pairs == []
     with pytest.raises(FileNotFoundError, match="replay journal not found"):
         pairs_from_journal(tmp_path / "missing.db")
+    (tmp_path / "r.db.unrecorded.jsonl").write_bytes(b"{}\n")  # answers a replay could not journal
+    with pytest.warns(UserWarning, match="not in these pairs: run the same replay again"):
+        pairs_from_journal(tmp_path / "r.db", agreement_threshold=3)

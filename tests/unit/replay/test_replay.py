@@ -177,11 +177,11 @@ def test_journal_write_failure_stops_new_calls_and_keeps_paid_answers(scripted, 
     jr = Journal(tmp_path / "j.db")
     real, n = jr.record, [0]
 
-    def record(rec, intent=None):
+    def record(rec, *args):
         n[0] += 1
         if n[0] == 3:
             raise sqlite3.OperationalError("database is locked")
-        real(rec, intent)
+        real(rec, *args)
 
     jr.record = record
     with jr:
@@ -206,11 +206,11 @@ def test_next_run_imports_saved_answers_and_charges_them_once(scripted, tmp_path
     jr = Journal(tmp_path / "j.db")
     real, n = jr.record, [0]
 
-    def record(rec, intent=None):
+    def record(rec, *args):
         n[0] += 1
         if n[0] == 2:
             raise sqlite3.OperationalError("disk I/O error")
-        real(rec, intent)
+        real(rec, *args)
 
     jr.record = record
     with jr:

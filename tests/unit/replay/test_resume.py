@@ -115,23 +115,36 @@ def test_attempts_lost_by_killed_runs_count_against_the_budget(scripted, tmp_pat
     assert r.calls_maybe_paid_twice == 0 and r.calls_sent == 0  # charged once, forever
 
 
-def test_intents_of_an_older_journal_are_migrated_one_per_attempt(tmp_path):
-    """A journal written before intents were kept per attempt opens, and its pending intent
-    is priced from the state and teacher when adopted."""
-    import sqlite3
+def test_an_older_journals_pending_intent_is_priced_from_its_state_and_teacher(
+    scripted, tmp_path
+):
+    """A journal written before intents were kept per attempt (and before lost calls had a
+    reason) opens; its pending intent, which kept no amount, is priced by the replay as the
+    worst case of its state for its teacher and counted as killed in flight."""
+    from composer_replication.replay.budget import worst_case_cost, worst_case_prompt_tokens
 
+    script, url = scripted
     db = tmp_path / "old.db"
     c = sqlite3.connect(db)
     c.execute("CREATE TABLE intents (state_id TEXT NOT NULL, teacher TEXT NOT NULL, "
               "params_hash TEXT NOT NULL, created_at REAL NOT NULL, "
               "PRIMARY KEY (state_id, teacher, params_hash))")  # fmt: skip
+    c.execute("CREATE TABLE lost_calls (id INTEGER PRIMARY KEY, state_id TEXT NOT NULL, "
+              "teacher TEXT NOT NULL, params_hash TEXT NOT NULL, worst_usd REAL NOT NULL, "
+              "created_at REAL NOT NULL)")  # fmt: skip
+    c.execute("INSERT INTO lost_calls VALUES (1, 'st0001', 't', 'h', 0.5, 1.0)")
     c.execute("INSERT INTO intents VALUES ('st0000', 't', 'h', 1.0)")
     c.commit()
     c.close()
+    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, price_in_per_mtok=1.0,
+                       price_out_per_mtok=4.0)  # fmt: skip
+    states = make_states(2)
+    worst = worst_case_cost(spec, worst_case_prompt_tokens(states[0].prefix))
+    r = asyncio.run(replay_trace(states, [spec], journal=db))
+    assert r.calls_maybe_paid_twice == 1
+    assert r.lost_usd == pytest.approx(0.5 + worst)  # the old row kept, the intent priced
     with Journal(db) as jr:
-        assert jr.pending_intents() == 1
-        assert jr.adopt_lost_intents(lambda s, t: 0.25) == (1, 0.25)
-        assert jr.pending_intents() == 0 and jr.lost_usd() == 0.25
+        assert jr.pending_intents() == 0 and jr.lost_usd("killed") == pytest.approx(0.5 + worst)
 
 
 def test_ctrl_c_prints_the_summary_and_exits_130(scripted, tmp_path):

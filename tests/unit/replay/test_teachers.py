@@ -274,3 +274,25 @@ def test_answer_from_another_model_or_with_several_choices_is_flagged():
     assert odd.text == "hi"
     assert odd.anomalies == ["answered by model 'gpt-evil' (asked 'm')",
                              "5 choices (1 asked; the first is used)"]  # fmt: skip
+
+
+
+@pytest.mark.parametrize(
+    ("served", "asked", "flagged"),
+    [
+        ("gpt-4o-2024-08-06", "gpt-4o", False),
+        ("GPT-4o", "openai/gpt-4o", False),
+        ("claude-3-5-sonnet-20241022", "claude-3-5-sonnet", False),
+        ("llama3:latest", "llama3", False),
+        ("gpt-4o-mini", "gpt-4o", True),  # a cheaper sibling shares the prefix
+        ("gpt-4", "openai/gpt-4o", True),  # a prefix of the name asked for
+        ("claude-3", "claude-3-5-sonnet", True),
+        ("qwen", "qwen2.5-coder-32b", True),
+        ("", "gpt-4o", True),  # an empty name is no model
+        (7, "gpt-4o", True),
+    ],
+)
+def test_only_the_model_asked_for_up_to_a_date_or_revision_is_unflagged(served, asked, flagged):
+    choice = {"message": {"content": "hi"}, "finish_reason": "stop"}
+    resp = parse_completion(orjson.dumps({"model": served, "choices": [choice]}), asked)
+    assert bool(resp.anomalies) is flagged, resp.anomalies

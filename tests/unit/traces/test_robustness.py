@@ -218,6 +218,51 @@ def test_reader_crash_on_one_file_is_reported_and_the_run_goes_on(tmp_path: Path
     assert "TypeError: boom" in run.report.unreadable[str(logs / "a.jsonl")]
 
 
+def test_a_reader_failing_part_way_keeps_its_states_and_accounts_for_every_line(
+    tmp_path: Path, monkeypatch
+):
+    """A reader that fails after its second state of a three-line file: the two states it gave
+    are kept and said to be kept ("partially read", not "skipped"), and the line it never
+    reached is counted as skipped (reader_failed), so the line balance holds."""
+    ingest_mod = importlib.import_module("composer_replication.traces.ingest")
+    real = ingest_mod.READERS["openai_messages"]
+
+    def flaky(ctx):
+        inner = real(ctx)
+        try:
+            for i, state in enumerate(inner):
+                yield state
+                if i == 1:
+                    raise KeyError("boom")  # a bug in the reader on some odd record
+        finally:
+            inner.close()
+
+    monkeypatch.setitem(ingest_mod.READERS, "openai_messages", flaky)
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    log = tmp_path / "a.jsonl"
+    log.write_bytes(b"".join(orjson.dumps({"messages": msgs}) + b"\n" for _ in range(3)))
+    run = ingest([log], format="openai_messages")
+    assert len(list(run)) == 2
+    rep = run.report.files[0]
+    assert rep.balanced and rep.total_lines == 3 and rep.skipped_by_reason["reader_failed"] == 1
+    assert run.report.unreadable[str(log)].startswith("partially read: 2 states kept, then")
+
+
+def test_an_earlier_states_file_in_an_input_directory_is_not_read_as_a_log(tmp_path: Path):
+    """Ingest output under another name than this run's --out was read as an OpenAI-messages
+    log (every line skipped as not a message); it is listed as not an agent log."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}] * 2
+    (logs / "a.jsonl").write_bytes(orjson.dumps({"messages": msgs}) + b"\n")
+    states = list(ingest([logs]))
+    (logs / "old_states.jsonl").write_bytes(b"".join(s.to_json() + b"\n" for s in states))
+    run = ingest([logs])
+    assert len(list(run)) == len(states) == 2
+    assert run.report.not_traces == [str(logs / "old_states.jsonl")]
+    assert [f.path for f in run.report.files] == [str(logs / "a.jsonl")]
+
+
 def _calls_answered_in_order(prefix: list[dict]) -> bool:
     """Every assistant tool call is followed by exactly one tool message for its id."""
     for i, m in enumerate(prefix):
