@@ -249,30 +249,43 @@ def _apply(effects, args):
                 vars(target).update(state)
 
 
-ITERATION_ENDS = ("StopIteration", "StopAsyncIteration")
-
-
 def _exception(module, qualname, args, ends_iteration=False):
     """The exception to raise in the tests, rebuilt only from classes whose meaning cannot
     be borrowed: a builtin one, or one defined in the tree under test (an ``Exception``
-    subclass of a module whose file lies in the suite's tree). Anything else (a class of
-    ``unittest``, pytest or any library, which a runner may treat as success or skip) and
-    ``StopIteration`` outside an iterator's ``next`` (it would silently end a ``map`` in
-    the test) become a ``RuntimeError`` naming the original."""
+    subclass that a non-test module of the suite's tree defines under exactly that name,
+    found by stepping through classes only: never through a module's imports, which would
+    reach unittest's or pytest's classes). Anything else (a class a runner may treat as
+    success or skip) and ``StopIteration`` outside an iterator's ``next`` (it would silently
+    end a ``map`` in the test) become a ``RuntimeError`` naming the original."""
     cls = None
-    if module == "builtins":
-        if qualname not in ITERATION_ENDS or ends_iteration:
-            cls = vars(builtins).get(qualname)
-    elif _in_tree(sys.modules.get(module)):
-        cls = sys.modules[module]
-        for part in str(qualname).split("."):
-            cls = vars(cls).get(part) if hasattr(cls, "__dict__") else None
-    if isinstance(cls, type) and issubclass(cls, Exception):
+    if type(module) is str and type(qualname) is str:
+        cls = (
+            vars(builtins).get(qualname) if module == "builtins" else _tree_class(module, qualname)
+        )
+    ends = isinstance(cls, type) and issubclass(cls, (StopIteration, StopAsyncIteration))
+    if isinstance(cls, type) and issubclass(cls, Exception) and (ends_iteration or not ends):
         try:
             return cls(*args)
         except Exception:
             pass
     return RuntimeError(f"{module}.{qualname}: {', '.join(map(str, args))[:500]}")
+
+
+def _tree_class(module, qualname):
+    """The class ``module.qualname`` if a module of the tree that is no test file defines it
+    (its ``__module__`` and ``__qualname__`` are those names), else None."""
+    mod = sys.modules.get(module)
+    where = _tree_relative(mod)
+    if where is None or where in _state["hidden"]:
+        return None
+    obj = mod
+    for part in qualname.split("."):
+        obj = vars(obj).get(part)
+        if not isinstance(obj, type):
+            return None
+    if obj.__module__ != module or obj.__qualname__ != qualname:
+        return None
+    return obj
 
 
 def _in_tree(mod):

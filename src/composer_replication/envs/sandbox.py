@@ -203,25 +203,50 @@ def _hidden_dirs(roots: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _system_dirs() -> list[str]:
+    """What the sandbox sees of ``/usr``: programs, shared libraries, time zones and locales,
+    never all of it. ``/usr`` also holds Python sources of other software (a system Python's
+    dist-packages, an SDK's vendored copies of libraries), and a submission that finds the
+    original of the function it should rebuild there could run it instead."""
+    arch = sysconfig.get_config_var("MULTIARCH") or ""
+    dirs = ["/usr/bin", "/usr/sbin", "/usr/lib64", "/usr/lib32", "/usr/libx32"]
+    dirs += [f"/usr/lib/{arch}" if arch else "", "/usr/lib/locale", "/usr/share/zoneinfo"]
+    return [d for d in dirs if d and os.path.isdir(d) and not os.path.islink(d)]
+
+
+def _interpreter_dirs(interpreter: str) -> list[str]:
+    """For an interpreter installed under ``/usr`` (a distribution's or ``/usr/local``): its
+    standard library, extension modules and shared library, which `_system_dirs` leaves out."""
+    dirs = {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")}
+    dirs.add(sysconfig.get_config_var("DESTSHARED") or "")
+    dirs.add(os.path.dirname(interpreter))
+    dirs.add(
+        sysconfig.get_config_var("LIBDIR") if sysconfig.get_config_var("Py_ENABLE_SHARED") else ""
+    )
+    return sorted({os.path.realpath(d) for d in dirs if d and os.path.isdir(d)})
+
+
 @lru_cache(maxsize=1)
 def _layout() -> _Layout:
     interpreter = os.path.realpath(sys.executable)
     prefix = os.path.realpath(sys.base_prefix)
-    binds, links = [("/usr", "/usr")], []
+    binds, links = [(d, d) for d in _system_dirs()], []
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
             links.append((os.readlink(top), top))
         elif os.path.isdir(top):
             binds.append((top, top))
-    roots = [b[1] for b in binds]
     stage = None
-    if not any(_under(prefix, r) for r in roots):
-        roots.append(prefix)
+    if _under(prefix, "/usr"):
+        binds += [(d, d) for d in _interpreter_dirs(interpreter) if not any(
+            _under(d, b[1]) for b in binds)]  # fmt: skip
+    else:
         if os.geteuid() == 0 and not _nobody_can_enter(prefix):
             stage = tempfile.mkdtemp(prefix="cr-sandbox-stage-")
             os.chmod(stage, 0o755)
             atexit.register(shutil.rmtree, stage, ignore_errors=True)  # an empty mount point
         binds.append((stage or prefix, prefix))
+    roots = [b[1] for b in binds]
     return _Layout(interpreter, prefix, tuple(binds), tuple(links), _hidden_dirs(roots), stage)
 
 
@@ -619,11 +644,18 @@ class ModuleServer:
         self._p: _Process | None = None
         self.client_fds: tuple[int, int] = (-1, -1)
 
+    def served_config(self) -> SandboxConfig:
+        """The sandbox's limits with one process: the served function has no reason to start
+        another, and every child would get a memory limit of its own (a submission that
+        reaches ``fork`` past the audit hook, e.g. through ``_posixsubprocess``, could hold
+        many times the limit)."""
+        return self._sandbox.cfg.model_copy(update={"max_processes": 1})
+
     def __enter__(self) -> ModuleServer:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         try:
-            self._p = _Process(self._sandbox.bwrap, self._sandbox.cfg, "module", self._binds,
+            self._p = _Process(self._sandbox.bwrap, self.served_config(), "module", self._binds,
                                wire=(req_r, rep_w), root=self._root)  # fmt: skip
         except BaseException:
             for fd in (req_w, rep_r):

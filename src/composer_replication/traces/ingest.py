@@ -102,7 +102,6 @@ class IngestRun:
                 self.report.unreadable[str(path)] = self._after_failure(path, why)
         self.report.redactions = self.redactor.counts
 
-
     def _after_failure(self, path: Path, why: str) -> str:
         """A reader that failed part-way: the states it gave are kept (they are whole and
         already written), the file's lines it never reached are counted as skipped

@@ -112,6 +112,29 @@ def test_pycache_holds_only_stdlib_bytecode_and_is_read_only():
     assert "WROTE" not in r.stdout and "refused" in r.stdout
 
 
+def test_no_python_package_of_the_host_is_visible_outside_the_standard_library():
+    """Other software's Python sources under /usr (a system Python's dist-packages, an SDK's
+    vendored copies of libraries) are not in the sandbox: a submission found the original of
+    the function it had to rebuild in one and ran it. Every package directory (one holding
+    an ``__init__.py``) the sandbox can see lies in this interpreter's standard library."""
+    import sysconfig
+
+    stdlib = os.path.realpath(sysconfig.get_path("stdlib"))
+    code = (
+        "import os\n"
+        "seen = [r for top in ('/usr', '/lib', '/opt', '/srv', '/home', '/root', '/etc')\n"
+        "        for r, _, fs in os.walk(top) if '__init__.py' in fs]\n"
+        "print(len(seen)); print('\\n'.join(seen))\n"
+    )
+    r = run_python(code, SandboxConfig(wall_timeout_s=60, cpu_time_s=60))
+    assert r.ok, r.stderr
+    lines = r.stdout.split("\n")
+    seen = lines[1 : 1 + int(lines[0])]
+    assert any(p.startswith(stdlib + "/") for p in seen) or not stdlib.startswith("/usr")
+    outside = [p for p in seen if not p.startswith(stdlib + "/")]
+    assert not outside, outside[:5]
+
+
 def test_console_script_directory_on_sys_path_is_not_hidden(monkeypatch):
     """A console script puts the interpreter's bin directory first on sys.path; hiding it
     would hide the interpreter itself (bwrap: execvp ... No such file or directory)."""

@@ -115,9 +115,7 @@ def test_attempts_lost_by_killed_runs_count_against_the_budget(scripted, tmp_pat
     assert r.calls_maybe_paid_twice == 0 and r.calls_sent == 0  # charged once, forever
 
 
-def test_an_older_journals_pending_intent_is_priced_from_its_state_and_teacher(
-    scripted, tmp_path
-):
+def test_an_older_journals_pending_intent_is_priced_from_its_state_and_teacher(scripted, tmp_path):
     """A journal written before intents were kept per attempt (and before lost calls had a
     reason) opens; its pending intent, which kept no amount, is priced by the replay as the
     worst case of its state for its teacher and counted as killed in flight."""

@@ -276,7 +276,6 @@ def test_answer_from_another_model_or_with_several_choices_is_flagged():
                              "5 choices (1 asked; the first is used)"]  # fmt: skip
 
 
-
 @pytest.mark.parametrize(
     ("served", "asked", "flagged"),
     [
