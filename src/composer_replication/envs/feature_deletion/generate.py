@@ -37,7 +37,7 @@ from composer_replication.envs.feature_deletion.candidates import (
 )
 from composer_replication.envs.feature_deletion.grade import split_run
 from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy
-from composer_replication.envs.pytest_suite import SuiteReport, run_suite
+from composer_replication.envs.pytest_suite import SuiteReport, pytest_tools, run_suite
 from composer_replication.envs.sandbox import Sandbox
 
 GENERATOR_VERSION = 2
@@ -74,6 +74,29 @@ class GenerationSummary:
     seconds: float
 
 
+def top_level_names(root: Path) -> set[str]:
+    """The importable top-level names of a directory: packages and modules (``.py``)."""
+    names = set()
+    for entry in Path(root).iterdir():
+        if entry.suffix == ".py" or (entry.is_dir() and (entry / "__init__.py").exists()):
+            names.add(entry.stem if entry.suffix == ".py" else entry.name)
+    return names
+
+
+def refuse_shadowed(root: Path, tools: str) -> None:
+    """Refuse a source that also sits in the test tools bound into both sandboxes (pytest,
+    pluggy, packaging, pygments, iniconfig, ``test_requirements``): a submission could
+    import the original from there instead of rebuilding it."""
+    mine = top_level_names(root) | (
+        top_level_names(root / "src") if (root / "src").is_dir() else set()
+    )
+    if both := sorted(mine & top_level_names(Path(tools)) - {"conftest", "setup"}):
+        raise TaskSetError(
+            f"{root}: {', '.join(both)} is also in the sandbox's test tools ({tools}), where a "
+            "submission could import the original; Feature Deletion cannot use this source"
+        )
+
+
 def generate_tasks(
     source: SourceTree,
     out: Path,
@@ -86,6 +109,7 @@ def generate_tasks(
     docstring). ``progress(n)`` is called per finished candidate, ``on_total(n)`` once with
     the number of candidates."""
     start = time.monotonic()
+    refuse_shadowed(source.root, pytest_tools(tuple(cfg.test_requirements)))
     box = Sandbox(suite_sandbox(cfg))
     out_dir = Path(out) / source.label
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -149,3 +149,16 @@ def test_a_task_set_from_another_generator_version_is_refused_with_the_reason(tm
     (tmp_path / "manifest.json").write_text('{"generator_version": 1}')
     with pytest.raises(TaskSetError, match="version 1, this is version 2"):
         load_tasks(tmp_path)
+
+
+def test_a_source_that_is_also_a_test_tool_is_refused(tmp_path):
+    """pluggy (or pytest, packaging, ...) as a source: its original is importable in both
+    sandboxes from the pinned test tools, so a submission could run it instead."""
+    from composer_replication.envs.feature_deletion.generate import TaskSetError, generate_tasks
+
+    root = tmp_path / "pluggy-0"
+    (root / "src" / "pluggy").mkdir(parents=True)
+    (root / "src" / "pluggy" / "__init__.py").write_text("def f():\n    return 1\n")
+    with pytest.raises(TaskSetError, match="pluggy is also in the sandbox's test tools"):
+        generate_tasks(resolve_source(str(root)), tmp_path / "out", TaskGenConfig())
+    assert not (tmp_path / "out").exists()  # refused before anything ran or was written
