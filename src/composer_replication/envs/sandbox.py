@@ -216,14 +216,15 @@ def _system_dirs() -> list[str]:
 
 def _interpreter_dirs(interpreter: str) -> list[str]:
     """For an interpreter installed under ``/usr`` (a distribution's or ``/usr/local``): its
-    standard library, extension modules and shared library, which `_system_dirs` leaves out."""
-    dirs = {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")}
-    dirs.add(sysconfig.get_config_var("DESTSHARED") or "")
-    dirs.add(os.path.dirname(interpreter))
-    dirs.add(
-        sysconfig.get_config_var("LIBDIR") if sysconfig.get_config_var("Py_ENABLE_SHARED") else ""
-    )
-    return sorted({os.path.realpath(d) for d in dirs if d and os.path.isdir(d)})
+    standard library, extension modules, the interpreter itself and its shared library (the
+    files, not their directories, which may hold other software), all left out by
+    `_system_dirs`."""
+    paths = {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"), interpreter}
+    paths.add(sysconfig.get_config_var("DESTSHARED") or "")
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        lib = sysconfig.get_config_var("INSTSONAME") or sysconfig.get_config_var("LDLIBRARY")
+        paths.add(os.path.join(sysconfig.get_config_var("LIBDIR") or "", lib or ""))
+    return sorted({os.path.realpath(d) for d in paths if d and os.path.exists(d)})
 
 
 @lru_cache(maxsize=1)
