@@ -177,8 +177,10 @@ class SandboxConfig(_Strict):
     """Largest file the code may write (RLIMIT_FSIZE)."""
     work_dir_mb: int = Field(64, ge=1, le=65536)
     """Size of the private tmpfs work directory, the only writable place."""
-    max_processes: int = Field(32, ge=1, le=4096)
-    """Processes and threads the code may have at once (RLIMIT_NPROC, per sandbox)."""
+    max_processes: int = Field(1, ge=1, le=4096)
+    """Processes and threads the code may have at once (RLIMIT_NPROC, per sandbox). 1: none
+    can be started, even through a call the audit hook does not see (each child would get a
+    memory limit of its own); a test suite that starts processes needs more."""
     max_output_kb: int = Field(64, ge=1, le=65536)
     """stdout/stderr bytes kept from a run (the rest is read and dropped)."""
     audit_hook: bool = True

@@ -101,7 +101,32 @@ def literal(text: str) -> object:
             return dict(zip(keys, [build(v) for v in node.values], strict=True))
         return ast.literal_eval(node)  # signed and complex numbers, set(): no keys inside
 
+    _precheck(text)
     return build(ast.parse(text.lstrip(" \t"), mode="eval").body)
+
+
+MAX_ITEMS = 100_000
+"""Most containers and separators a frame may hold: the parser builds about a kilobyte of
+syntax tree per item, and frames are parsed in the trusted process (a 1 MB frame of empty
+lists cost ~480 MB there)."""
+
+
+def _precheck(text: str) -> None:
+    """Refuse, in linear time and before any parsing, text nested deeper than ``MAX_DEPTH``
+    or holding more than ``MAX_ITEMS`` items (``ValueError``). Brackets inside string
+    literals do not count; text that fools this scan only makes it count more."""
+    import re
+
+    strings = r"'(?:[^'\\\n]|\\.)*'" + r'|"(?:[^"\\\n]|\\.)*"'
+    code = re.sub(strings, "''", text)
+    items = sum(code.count(c) for c in "[({,")
+    if items > MAX_ITEMS:
+        raise ValueError(f"more than {MAX_ITEMS} items")
+    depth = 0
+    for c in re.findall(r"[\[\](){}]", code):
+        depth += 1 if c in "[({" else -1
+        if depth > MAX_DEPTH + 2:  # + the frame's own tuple and its payload's list
+            raise ValueError(f"nested deeper than {MAX_DEPTH}")
 
 
 def _few_equal_hashes(keys: list) -> list:

@@ -59,7 +59,7 @@ def build_program(prompt: str, completion: str, entry_point: str) -> str:
     reply is used as is, after the prompt's imports."""
     fenced = _FENCE.search(completion)
     body = fenced.group(1) if fenced else completion
-    if re.search(rf"^\s*def {re.escape(entry_point)}\s*\(", body, re.MULTILINE):
+    if re.search(rf"^[ \t]*def {re.escape(entry_point)}[ \t]*\(", body, re.MULTILINE):
         imports = "\n".join(ln for ln in prompt.splitlines() if ln.startswith(("import ", "from ")))
         return imports + "\n" + body
     return prompt + body

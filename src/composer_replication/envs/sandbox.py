@@ -66,6 +66,7 @@ from types import TracebackType
 
 from composer_replication.config import SandboxConfig
 from composer_replication.envs import harness
+from composer_replication.envs.cgroup import MemoryCgroup
 
 log = logging.getLogger(__name__)
 
@@ -304,6 +305,9 @@ def _bwrap_argv(
         argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", _stdlib_pycache(), PYCACHE]
     argv += ["--size", str(cfg.work_dir_mb * 2**20), "--tmpfs", WORK, "--symlink", WORK, "/tmp"]
+    # the root and /dev are tmpfs without a size: read-only, the capped /work is the only
+    # place to write (a child started past the audit hook wrote 192 MB there, /dev/shm too)
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     return argv + ["--chdir", WORK, "--"]
 
 
@@ -321,6 +325,24 @@ def _python_argv(
     spec = repr((limits, cfg.audit_hook, mode, root))
     flags = ["-I", "-S", "-B", "-X", f"pycache_prefix={pycache}"]
     return [interpreter, *flags, "-c", HARNESS_SOURCE, spec]
+
+
+CGROUP_SLACK_MB = 64
+"""A sandbox's memory cgroup holds ``memory_mb + work_dir_mb`` plus this (page tables, the
+bwrap process, kernel memory of its mounts)."""
+
+
+def _preexec(cgroup: MemoryCgroup | None, lay: _Layout):
+    """preexec_fn for a root grader: join the sandbox's memory cgroup, then `_as_nobody`."""
+    become_nobody = _as_nobody(lay.stage, lay.prefix)
+    if cgroup is None:
+        return become_nobody
+
+    def apply() -> None:
+        cgroup.join()
+        become_nobody()
+
+    return apply
 
 
 def _as_nobody(stage: str | None, prefix: str):
@@ -366,7 +388,7 @@ class _Process:
         self.cfg = cfg
         self.deadline = time.monotonic() + cfg.wall_timeout_s
         lay = _layout()
-        self._tmp = None
+        self._tmp, self._cgroup = None, None
         if bwrap is None:  # unsafe: the same harness as a plain subprocess in a temp dir
             self._tmp = tempfile.mkdtemp(prefix="cr-unsafe-")
             argv = _python_argv(lay.interpreter, _stdlib_pycache(), cfg, mode, root)
@@ -375,7 +397,8 @@ class _Process:
             argv = _bwrap_argv(bwrap, cfg, lay, binds)
             argv += _python_argv(lay.interpreter, PYCACHE, cfg, mode, root)
             cwd = "/"
-            preexec = _as_nobody(lay.stage, lay.prefix) if os.geteuid() == 0 else None
+            self._cgroup = MemoryCgroup.create(cfg.memory_mb + cfg.work_dir_mb + CGROUP_SLACK_MB)
+            preexec = _preexec(self._cgroup, lay) if os.geteuid() == 0 else None
         stdin, stdout = wire or (subprocess.PIPE, subprocess.PIPE)
         self.proc = subprocess.Popen(
             argv,
@@ -410,7 +433,10 @@ class _Process:
             buf = self.err if key.data == "err" else self.out
             room = self.caps[key.data] - len(buf)
             buf += chunk[: max(room, 0)]
-            self.truncated |= len(chunk) > room
+            if len(chunk) > room:  # full: stop reading (a flood cost the grader a core); its
+                self.truncated = True  # writes now fail with EPIPE instead of being read
+                self._sel.unregister(key.fileobj)
+                key.fileobj.close()
 
     def drain(self) -> None:
         while self._sel.get_map() and self._sel.select(0):
@@ -480,6 +506,8 @@ class _Process:
         self._sel.close()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
+        if self._cgroup is not None:
+            self._cgroup.remove()
 
     @property
     def stderr(self) -> str:
@@ -534,7 +562,8 @@ class CandidateSession:
             self._send(("load", self._program, self._entry))
             frame = self._recv("before the tests ran")
             if frame[0] == "load_error" and len(frame) == 2:
-                raise CandidateFailure(harness.preview(frame[1], MAX_MESSAGE_CHARS, str))
+                why = harness.preview(frame[1], MAX_MESSAGE_CHARS, str)
+                raise CandidateFailure(f"the program failed to load: {_printable(why)}")
             if frame != ("ready",):
                 raise CandidateFailure("the program corrupted the result channel")
         except BaseException:
@@ -626,6 +655,12 @@ class Sandbox:
         """Serve calls to a function of the tree ``root`` from another sandbox (use as a
         context manager; see :class:`ModuleServer`)."""
         return ModuleServer(self, root, binds)
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters (other than newline and tab) shown as ``?``: it
+    comes from the candidate and ends up in feedback and hints."""
+    return "".join(c if c.isprintable() or c in "\n\t" else "?" for c in text)
 
 
 class ModuleServer:
