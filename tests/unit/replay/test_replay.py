@@ -163,27 +163,34 @@ def test_read_states_drops_repeated_ids_with_a_warning(tmp_path, capsys):
     assert "2 duplicate state ids skipped" in " ".join(capsys.readouterr().err.split())
 
 
+def _refusing_journal(path, nth: int, error: str) -> Journal:
+    """A journal whose ``nth`` outcome write fails as SQLite fails (locked, disk full)."""
+    import sqlite3
+
+    jr = Journal(path)
+    real, n = jr.record, [0]
+
+    def record(rec, *args):
+        n[0] += 1
+        if n[0] == nth:
+            raise sqlite3.OperationalError(error)
+        real(rec, *args)
+
+    jr.record = record
+    return jr
+
+
 def test_journal_write_failure_stops_new_calls_and_keeps_paid_answers(scripted, tmp_path):
     """The journal refuses a write (database is locked / disk full) after two calls: no new call
     is started, the run ends with a summary naming the journal, and the answer the journal
     refused is saved next to it instead of being lost."""
-    import sqlite3
 
     import orjson
 
     script, url = scripted
     spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5,
                        max_concurrency=1)  # fmt: skip
-    jr = Journal(tmp_path / "j.db")
-    real, n = jr.record, [0]
-
-    def record(rec, *args):
-        n[0] += 1
-        if n[0] == 3:
-            raise sqlite3.OperationalError("database is locked")
-        real(rec, *args)
-
-    jr.record = record
+    jr = _refusing_journal(tmp_path / "j.db", nth=3, error="database is locked")
     with jr:
         r = asyncio.run(replay_trace(make_states(6), [spec], journal=jr, max_states_in_flight=1))
     assert sum(script.requests.values()) == 3 and r.calls_unrecorded == 1
@@ -197,22 +204,12 @@ def test_next_run_imports_saved_answers_and_charges_them_once(scripted, tmp_path
     """The answer a refused journal write left beside the journal is stored by the next run:
     not sent again, its cost counted once (its attempt's intent is cleared, not also adopted
     as a lost call), the file removed."""
-    import sqlite3
 
     script, url = scripted
     spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5,
                        max_concurrency=1, price_in_per_mtok=1.0, price_out_per_mtok=4.0)  # fmt: skip
     states = make_states(4)
-    jr = Journal(tmp_path / "j.db")
-    real, n = jr.record, [0]
-
-    def record(rec, *args):
-        n[0] += 1
-        if n[0] == 2:
-            raise sqlite3.OperationalError("disk I/O error")
-        real(rec, *args)
-
-    jr.record = record
+    jr = _refusing_journal(tmp_path / "j.db", nth=2, error="disk I/O error")
     with jr:
         r1 = asyncio.run(replay_trace(states, [spec], journal=jr, max_states_in_flight=1))
     assert r1.calls_unrecorded == 1 and r1.calls_sent == 2
