@@ -400,17 +400,22 @@ class _Process:
             self._cgroup = MemoryCgroup.create(cfg.memory_mb + cfg.work_dir_mb + CGROUP_SLACK_MB)
             preexec = _preexec(self._cgroup, lay) if os.geteuid() == 0 else None
         stdin, stdout = wire or (subprocess.PIPE, subprocess.PIPE)
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=subprocess.PIPE,
-            env={"PATH": "/usr/bin:/bin"},
-            start_new_session=True,
-            preexec_fn=preexec,
-            pass_fds=pass_fds,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=subprocess.PIPE,
+                env={"PATH": "/usr/bin:/bin"},
+                start_new_session=True,
+                preexec_fn=preexec,
+                pass_fds=pass_fds,
+            )
+        except BaseException:  # nothing started: leave no empty cgroup behind
+            if self._cgroup is not None:
+                self._cgroup.remove()
+            raise
         self._sel = selectors.DefaultSelector()
         for f, name in ((self.proc.stdout, "out"), (self.proc.stderr, "err")):
             if f is not None:
