@@ -188,13 +188,18 @@ def _type_name(obj: Any) -> str:
     return "<no type>"
 
 
+def line_count(data: bytes) -> int:
+    """Lines in ``data``, the last one counted also without its newline (0 when empty)."""
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
+
 def load_document(ctx: ReaderContext) -> Any:
     """Read a whole-file JSON document; all its lines count as parsed, or all as skipped."""
     rep = ctx.report
     data = ctx.path.read_bytes()
     rep.bytes += len(data)
     data = data.removeprefix(BOM)
-    n = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    n = line_count(data)
     rep.total_lines += n
     if not data.strip():
         if n:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from . import aider, claude_code, codex, gemini_cli, openai_messages, openhands, swe_agent
-from ._base import ReaderContext, is_event_dir, unreadable_reason
+from ._base import ReaderContext, is_event_dir, line_count, unreadable_reason
 from .detect import FORMATS, UnknownFormatError, detect_format, sniff
 from .redact import Redactor
 from .report import FileReport, IngestReport
@@ -110,8 +110,7 @@ class IngestRun:
         if rep is None:
             return why
         if path.is_file():
-            data = path.read_bytes()
-            rep.total_lines = max(rep.total_lines, data.count(b"\n") + (not data.endswith(b"\n")))
+            rep.total_lines = max(rep.total_lines, line_count(path.read_bytes()))
         if rest := rep.total_lines - rep.parsed - rep.skipped:
             rep.skip(rep.parsed + rep.skipped + 1, "reader_failed", n=rest)
         if rep.states:
