@@ -47,6 +47,15 @@ def _held_mb(feedback: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def _no_credit(env, attack: str, prefix: str = ""):
+    """Grade ``attack`` (a function body, dedented here and indented under the entry point)
+    after ``prefix``; assert it earns nothing and return the result for the attack's own
+    checks."""
+    result = env.grade(_task(env), prefix + textwrap.indent(textwrap.dedent(attack), "    "))
+    assert result.reward == 0.0, result.feedback
+    return result
+
+
 # A helper every fork_exec attack uses: start argv without the audit hook seeing a process
 # (``_posixsubprocess.fork_exec`` raises no audit event; subprocess.Popen and os.fork do).
 SPAWN = """\
@@ -69,8 +78,7 @@ def test_child_processes_cannot_hold_more_than_the_memory_limit(small_env):
     """RLIMIT_AS is per process and RLIMIT_NPROC is 32: five interpreters started through
     ``_posixsubprocess.fork_exec`` (no audit event) each hold 80 MB under a 128 MB limit.
     With the defaults (512 MB x 32 processes) one grading could hold ~16 GB."""
-    attack = SPAWN + textwrap.indent(
-        textwrap.dedent("""\
+    attack = """\
         import time
         code = "b = b'\\\\x01' * (80 << 20); import time; time.sleep(30)"
         pids = [spawn([sys.executable, "-c", code]) for _ in range(5)]
@@ -81,11 +89,8 @@ def test_child_processes_cannot_hold_more_than_the_memory_limit(small_env):
                 if ln.startswith("VmRSS"):
                     total += int(ln.split()[1]) // 1024
         raise RuntimeError(f"HELD_MB={total}")
-        """),
-        "    ",
-    )
-    result = small_env.grade(_task(small_env), attack)
-    assert result.reward == 0.0
+        """
+    result = _no_credit(small_env, attack, SPAWN)
     assert _held_mb(result.feedback) <= SMALL.memory_mb, result.feedback
 
 
@@ -93,8 +98,7 @@ def test_posix_shm_is_neither_a_write_outside_the_work_dir_nor_unbounded_memory(
     """``_posixshmem.shm_open`` raises no audit event: files in /dev/shm (bwrap's --dev tmpfs,
     no size cap) are created past the hook's "writes outside the work dir" rule and hold
     memory counted neither in RLIMIT_AS nor in work_dir_mb. In-process, no child needed."""
-    attack = textwrap.indent(
-        textwrap.dedent("""\
+    attack = """\
         import _posixshmem, os
         chunk = b"\\x01" * (1 << 20)
         held = 0
@@ -105,11 +109,8 @@ def test_posix_shm_is_neither_a_write_outside_the_work_dir_nor_unbounded_memory(
             os.close(fd)
             held += 16
         raise RuntimeError(f"HELD_MB={held}")
-        """),
-        "    ",
-    )
-    result = small_env.grade(_task(small_env), attack)
-    assert result.reward == 0.0
+        """
+    result = _no_credit(small_env, attack)
     assert _held_mb(result.feedback) <= SMALL.work_dir_mb, result.feedback
 
 
@@ -119,8 +120,7 @@ def test_memfd_cannot_hold_more_than_the_memory_limit(small_env):
     """``os.memfd_create`` (no audit event) + ``os.write``: anonymous files are not mapped, so
     RLIMIT_AS does not count them; RLIMIT_FSIZE caps each at 16 MB, RLIMIT_NOFILE at 64 fds,
     i.e. ~1 GB per process (x32 processes)."""
-    attack = textwrap.indent(
-        textwrap.dedent("""\
+    attack = """\
         import os
         chunk = b"\\x01" * (1 << 20)
         fds = []
@@ -133,11 +133,8 @@ def test_memfd_cannot_hold_more_than_the_memory_limit(small_env):
         except OSError:
             pass
         raise RuntimeError(f"HELD_MB={16 * len(fds)}")
-        """),
-        "    ",
-    )
-    result = small_env.grade(_task(small_env), attack)
-    assert result.reward == 0.0
+        """
+    result = _no_credit(small_env, attack)
     assert _held_mb(result.feedback) <= SMALL.memory_mb, result.feedback
 
 
@@ -145,8 +142,7 @@ def test_root_and_dev_tmpfs_cannot_take_files(small_env):
     """The sandbox's ``/`` and ``/dev`` are tmpfs mounts owned by the sandbox user (uid
     65534), writable and without a size cap; only the audit hook keeps Python's ``open`` out,
     and a child started without the hook (``sh``) writes there freely."""
-    attack = SPAWN + textwrap.indent(
-        textwrap.dedent("""\
+    attack = """\
         sh = ("n=0; for d in / /dev; do for i in 1 2 3 4 5 6; do "
               "head -c 16000000 /dev/zero > $d/rt4-$i 2>/dev/null && n=$((n+16)); done; done; "
               "echo HELD_MB=$n")
@@ -155,11 +151,8 @@ def test_root_and_dev_tmpfs_cannot_take_files(small_env):
         os.close(o_w)
         os.waitpid(pid, 0)
         raise RuntimeError(os.read(o_r, 4000).decode())
-        """),
-        "    ",
-    )
-    result = small_env.grade(_task(small_env), attack)
-    assert result.reward == 0.0
+        """
+    result = _no_credit(small_env, attack, SPAWN)
     assert _held_mb(result.feedback) <= SMALL.work_dir_mb, result.feedback
 
 
@@ -171,8 +164,7 @@ def test_empty_inodes_in_the_work_dir_are_bounded(small_env):
     (dentry, inode, name): 4 s of plain ``os.mkdir`` in the work dir, no hook bypass, grew the
     host's Slab by ~330 MB with work_dir_mb=16. The sandbox's memory cgroup is charged for
     them: the run is stopped before it holds more than the cgroup's limit."""
-    attack = textwrap.indent(
-        textwrap.dedent("""\
+    attack = """\
         import os, time
         n, name = 0, "x" * 200
         end = time.monotonic() + 6
@@ -184,11 +176,8 @@ def test_empty_inodes_in_the_work_dir_are_bounded(small_env):
         except OSError:
             pass
         raise RuntimeError(f"CREATED={n}")
-        """),
-        "    ",
-    )
-    result = small_env.grade(_task(small_env), attack)
-    assert result.reward == 0.0
+        """
+    result = _no_credit(small_env, attack)
     found = re.search(r"CREATED=(\d+)", result.feedback)
     limit_kb = (SMALL.memory_mb + SMALL.work_dir_mb + CGROUP_SLACK_MB) * 1024
     assert found is None or int(found.group(1)) <= limit_kb, result.feedback
@@ -242,21 +231,17 @@ def test_stderr_flood_costs_the_grader_little_cpu(fast_env):
     """Past the 64 KB cap the grader keeps reading and discarding stderr in 64 KB chunks while
     it waits for a frame: a candidate writing stderr as fast as it can cost the grader ~1.5 s
     of CPU (GIL taken once per chunk) in 2.5 s of wall time."""
-    attack = textwrap.indent(
-        textwrap.dedent("""\
+    attack = """\
         import os, time
         buf = b"x" * (1 << 16)
         end = time.monotonic() + 2.5
         while time.monotonic() < end:
             os.write(2, buf)
         return False
-        """),
-        "    ",
-    )
+        """
     cpu = time.process_time()
-    result = fast_env.grade(_task(fast_env), attack)
+    _no_credit(fast_env, attack)
     cpu = time.process_time() - cpu
-    assert result.reward == 0.0
     assert cpu < 0.5, cpu
 
 
@@ -341,8 +326,7 @@ def test_hookless_child_cannot_escape(fast_env, arena):
 def test_no_copy_of_the_dataset_is_visible(fast_env):
     """Look for HumanEval data anywhere in the sandbox's tree by name (blocked today: the
     prefix's site-packages is hidden and /usr is an allow-list)."""
-    attack = textwrap.indent(
-        textwrap.dedent("""\
+    attack = """\
         import os, time
         found, end = [], time.monotonic() + 2.0
         for top, dirs, files in os.walk("/"):
@@ -355,9 +339,6 @@ def test_no_copy_of_the_dataset_is_visible(fast_env):
                         (".jsonl", ".jsonl.gz", ".parquet", ".arrow")):
                     found.append(os.path.join(top, f))
         raise RuntimeError(f"FOUND={found[:5]}")
-        """),
-        "    ",
-    )
-    result = fast_env.grade(_task(fast_env), attack)
-    assert result.reward == 0.0
+        """
+    result = _no_credit(fast_env, attack)
     assert "FOUND=[]" in result.feedback, result.feedback

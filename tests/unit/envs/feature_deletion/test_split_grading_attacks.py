@@ -111,6 +111,13 @@ def _grade(box, source, task, body, prelude="", reward="all_or_nothing"):
     return grade_submission(box, source.root, task, text, reward)
 
 
+def _no_credit(box, source, task, body, prelude=""):
+    """Grade the submission and assert it passes no target and earns nothing."""
+    v = _grade(box, source, task, body, prelude)
+    assert v.reward == 0.0 and v.targets_passed == [], v.feedback
+    return v
+
+
 # ---- forged credit -------------------------------------------------------------------------
 
 
@@ -138,8 +145,7 @@ def test_should_stop_reached_through_a_test_modules_import_gets_no_credit(unitki
         )
         == []
     )
-    v = _grade(box, source, task, "raise _Stop()", DISGUISED_SHOULD_STOP)
-    assert v.reward == 0.0 and v.targets_passed == [], v.feedback
+    _no_credit(box, source, task, "raise _Stop()", DISGUISED_SHOULD_STOP)
 
 
 DISGUISED_STOP_ITERATION = """
@@ -160,23 +166,20 @@ def test_stop_iteration_reached_through_a_module_walk_gets_no_credit(unitkit, bo
     source, tasks = unitkit
     task = tasks["shout"]
     assert task["failing_tests"] == ["tests/test_extra_map.py::test_shout_many"]
-    v = _grade(box, source, task, "raise _End()", DISGUISED_STOP_ITERATION)
-    assert v.reward == 0.0 and v.targets_passed == [], v.feedback
+    _no_credit(box, source, task, "raise _End()", DISGUISED_STOP_ITERATION)
 
 
 def test_plain_builtin_stop_iteration_is_still_refused(unitkit, box):
     """Control (blocked today): the same without the disguise is a RuntimeError."""
     source, tasks = unitkit
-    v = _grade(box, source, tasks["shout"], "raise StopIteration")
-    assert v.reward == 0.0 and v.targets_passed == []
+    _no_credit(box, source, tasks["shout"], "raise StopIteration")
 
 
 def test_skip_test_reached_through_a_module_walk_is_not_a_pass(unitkit, box):
     """Blocked (skips count as failures), but the same walk rebuilds unittest.SkipTest."""
     source, tasks = unitkit
     prelude = DISGUISED_SHOULD_STOP.replace("unittest.case._ShouldStop", "unittest.SkipTest")
-    v = _grade(box, source, tasks["roman"], "raise _Stop('later')", prelude)
-    assert v.reward == 0.0 and v.targets_passed == []
+    _no_credit(box, source, tasks["roman"], "raise _Stop('later')", prelude)
 
 
 def _vendored_copies(module: str, symbol: str) -> list[str]:
