@@ -15,13 +15,18 @@ Kernel docs: Documentation/admin-guide/cgroup-v1/memory.rst (``memory.limit_in_b
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
+import signal
 import time
 from functools import lru_cache
 from pathlib import Path
 
 _COUNTER = itertools.count()
+_PENDING: set[Path] = set()
+"""Cgroups whose removal timed out (their last processes were still being torn down); each
+later `MemoryCgroup.create` and the interpreter's exit try them again."""
 
 
 @lru_cache(maxsize=1)
@@ -49,7 +54,16 @@ def memory_root() -> Path | None:
         probe.rmdir()
     except OSError:
         return None
+    _remove_orphans(root)
     return root
+
+
+def _remove_orphans(root: Path) -> None:
+    """Remove empty sandbox cgroups left by graders that died before removing them."""
+    for path in root.glob("cr-sandbox-*-*"):
+        pid = path.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            _rmdir(path)
 
 
 class MemoryCgroup:
@@ -64,6 +78,7 @@ class MemoryCgroup:
         root = memory_root()
         if root is None:
             return None
+        _retry_pending()
         path = root / f"cr-sandbox-{os.getpid()}-{next(_COUNTER)}"
         try:
             path.mkdir()
@@ -78,17 +93,45 @@ class MemoryCgroup:
         with open(self.path / "cgroup.procs", "w") as fh:
             fh.write("0")
 
-    def remove(self) -> None:
-        _rmdir(self.path)
-
-
-def _rmdir(path: Path, tries: int = 20) -> None:
-    """Remove an empty cgroup (busy for a moment after its last process dies)."""
-    for _ in range(tries):
+    def kill_all(self) -> None:
+        """SIGKILL every process in the cgroup: its membership is exact, whatever the
+        processes did to their parentage or sessions."""
         try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
+            pids = (self.path / "cgroup.procs").read_text().split()
         except OSError:
+            return
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, ValueError):
+                pass
+
+    def remove(self, timeout_s: float = 5.0) -> None:
+        """Delete the cgroup once its processes are gone (a killed process holding hundreds
+        of MB takes a while to leave on a loaded machine); if that takes longer than
+        ``timeout_s`` it is retried later, not leaked."""
+        end = time.monotonic() + timeout_s
+        while not _rmdir(self.path):
+            if time.monotonic() > end:
+                _PENDING.add(self.path)
+                return
+            self.kill_all()
             time.sleep(0.05)
+
+
+def _rmdir(path: Path) -> bool:
+    """Remove an empty cgroup; False while it still has processes (or is busy)."""
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+@atexit.register
+def _retry_pending() -> None:
+    for path in list(_PENDING):
+        if _rmdir(path):
+            _PENDING.discard(path)

@@ -503,6 +503,8 @@ class _Process:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        if self._cgroup is not None:
+            self._cgroup.kill_all()
         self.proc.wait()
         _wait_gone(inside)
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
