@@ -43,10 +43,21 @@ def tool_functions(instance: Any) -> list[Callable[..., Any]]:
     return [getattr(instance, name) for name in tool_methods(type(instance))]
 
 
+def wire_safe(result: Any) -> Any:
+    """A tool's text result as the tokenizer can take it: characters UTF-8 cannot encode (a
+    lone surrogate echoed from a policy-written argument) are written as backslash escapes.
+    TRL tokenizes tool results outside its per-tool try, so one such result stopped training."""
+    if isinstance(result, str):
+        return result.encode("utf-8", "backslashreplace").decode("utf-8")
+    return result
+
+
 def bounded_tools(cls: type, max_calls: int) -> type:
     """A subclass of ``cls`` whose tools answer ``BUDGET_EXHAUSTED`` after ``max_calls`` calls
-    in one rollout (counted from ``reset``), without running. Signatures and docstrings are
-    kept (``functools.wraps``), so the tool schemas TRL renders are unchanged."""
+    in one rollout (counted from ``reset``), without running, and whose results are
+    :func:`wire_safe`. Every tool class reaches TRL, evaluation and the OpenEnv server
+    through this. Signatures and docstrings are kept (``functools.wraps``), so the tool
+    schemas TRL renders are unchanged."""
 
     def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -54,7 +65,7 @@ def bounded_tools(cls: type, max_calls: int) -> type:
             self._cr_calls = getattr(self, "_cr_calls", 0) + 1
             if self._cr_calls > max_calls:
                 return BUDGET_EXHAUSTED.format(n=max_calls)
-            return fn(self, *args, **kwargs)
+            return wire_safe(fn(self, *args, **kwargs))
 
         return tool
 
@@ -126,8 +137,8 @@ def call_tool(instance: Any, call: dict[str, Any]) -> tuple[str, bool]:
     try:
         result = getattr(instance, name)(**(args if isinstance(args, dict) else {}))
     except Exception as e:  # a tool's own failure is the model's feedback, as in TRL
-        return str({"error": f"{type(e).__name__}: {e}"}), True
-    text = str(result)
+        return wire_safe(str({"error": f"{type(e).__name__}: {e}"})), True
+    text = wire_safe(str(result))
     return text, text.startswith("error")
 
 

@@ -54,12 +54,12 @@ def memory_root() -> Path | None:
         probe.rmdir()
     except OSError:
         return None
-    _remove_orphans(root)
     return root
 
 
 def _remove_orphans(root: Path) -> None:
-    """Remove empty sandbox cgroups left by graders that died before removing them."""
+    """Remove empty sandbox cgroups left by graders that died before removing them (a
+    process killed mid-grading cannot clean up; the next sandbox made beside it does)."""
     for path in root.glob("cr-sandbox-*-*"):
         pid = path.name.split("-")[2]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
@@ -79,6 +79,7 @@ class MemoryCgroup:
         if root is None:
             return None
         _retry_pending()
+        _remove_orphans(root)
         path = root / f"cr-sandbox-{os.getpid()}-{next(_COUNTER)}"
         try:
             path.mkdir()

@@ -205,7 +205,7 @@ def test_deeply_nested_frame_does_not_stall_the_grader(fast_env):
     elapsed, cpu = time.monotonic() - start, time.process_time() - cpu
     assert result.reward == 0.0
     assert cpu < 1.0, (cpu, result.feedback[:200])
-    assert elapsed < fast_env.sandbox.cfg.wall_timeout_s, (elapsed, result.feedback[:200])
+    assert elapsed < 2 * fast_env.sandbox.cfg.wall_timeout_s, (elapsed, result.feedback[:200])
 
 
 def test_decode_frame_memory_is_not_hundreds_of_times_the_frame():

@@ -60,7 +60,7 @@ def test_drip_body_ends_within_deadline_as_retryable_timeout(scripted):
     elapsed = time.perf_counter() - t0
     assert ei.value.kind == "timeout" and ei.value.retryable and ei.value.attempts == 2
     assert "deadline" in str(ei.value)
-    assert elapsed < 3.0, elapsed
+    assert elapsed < 6.0, elapsed  # broken: ~15 s; room for a loaded machine
     # never a third request; the server may not have counted the second one yet when the
     # client's deadline ended it (seen on a loaded machine), so the client's count is the proof
     assert sum(script.requests.values()) <= 2

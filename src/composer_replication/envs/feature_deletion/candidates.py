@@ -45,6 +45,8 @@ class Candidate:
 def is_test_path(rel: str) -> bool:
     """Test code, test helpers and build/doc trees: never a candidate."""
     parts = Path(rel).parts
+    if not parts:
+        return False
     name = parts[-1]
     if any(p in SKIP_DIRS or p.startswith(".") for p in parts[:-1]):
         return True

@@ -19,8 +19,11 @@ the metrics).
 from __future__ import annotations
 
 import atexit
+import functools
+import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
@@ -39,6 +42,7 @@ from composer_replication.envs.feature_deletion.source import prepare_source, st
 from composer_replication.envs.feature_deletion.workspace import make_workspace
 from composer_replication.envs.pytest_suite import run_suite
 from composer_replication.envs.sandbox import Sandbox
+from composer_replication.rollout import wire_safe
 
 SYSTEM_PROMPT = (
     "You are a software engineer working in a Python repository through tools. Read the "
@@ -85,6 +89,46 @@ FEW_SHOT: list[dict[str, Any]] = [
 ``few_shot``: the 135M base model writes no tool call from the schemas alone (measured on
 toolz: 0 calls in 4 rollouts)."""
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".cfg", ".toml", ".ini", ".json", ".yaml", ".yml")
+MAX_PATH_CHARS = 512
+"""Longest path argument a tool accepts (characters)."""
+MAX_PATH_DEPTH = 24
+"""Most directory levels below the repository root a path may have: the host-side tools and
+grading walk the tree, and ~1000 levels (~1.5k policy tokens) made ``os.walk``,
+``copytree`` and ``rmtree`` raise RecursionError in the trainer."""
+_LIVE_WORKSPACES: set[str] = set()
+"""Episode temp dirs not yet removed; removed at interpreter exit (one handler, not one per
+episode)."""
+log = logging.getLogger(__name__)
+
+
+@atexit.register
+def _remove_live_workspaces() -> None:
+    for tmp in list(_LIVE_WORKSPACES):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _shown(text: Any, limit: int = 120) -> str:
+    """``text`` as it may appear in a tool result: printable in UTF-8 (a lone surrogate in a
+    policy-written path made TRL's tokenizer raise out of the training step) and short."""
+    shown = wire_safe(str(text))
+    return shown if len(shown) <= limit else shown[:limit] + "..."
+
+
+def _tool(fn: Callable[..., str]) -> Callable[..., str]:
+    """A tool whose file-system failures (a directory where a file is wanted, a file where a
+    directory is, a name too long) are an error result the policy reads, not an exception;
+    every result is cut to ``max_output_chars``. Signature and docstring are kept (TRL builds
+    the tool schema from them)."""
+
+    @functools.wraps(fn)
+    def tool(self, *args: Any, **kwargs: Any) -> str:
+        try:
+            out = fn(self, *args, **kwargs)
+        except OSError as e:
+            out = f"error: {_shown(e.strerror or type(e).__name__)}"
+        return self._cut(out)
+
+    return tool
 
 
 class FeatureDeletionEnv(ToolEnvironment):
@@ -171,7 +215,14 @@ class FeatureDeletionEnv(ToolEnvironment):
         root = self.roots[task.task_id]
         if getattr(tools, "workspace", None) is None:
             return StepResult("", 0.0, True, False, "no workspace (reset was not called)")
-        v = grade_workspace(self.box, root, task.data, tools.workspace, self.reward_mode)
+        try:
+            v = grade_workspace(self.box, root, task.data, tools.workspace, self.reward_mode)
+        except Exception as e:  # a workspace the policy made ungradable: 0, flagged, logged
+            log.exception("feature_deletion: grading %s failed", task.task_id)
+            tools._close()
+            why = f"grading failed: {type(e).__name__}"
+            info = {"flags": sorted(set(tools.flags) | {f"grading_failed:{type(e).__name__}"})}
+            return StepResult(why, 0.0, True, False, why, info)
         flags = sorted(set(tools.flags) | set(v.flags))
         info = {"flags": flags, "targets_passed": len(v.targets_passed),
                 "targets": len(task.data["failing_tests"]), "regressions": len(v.regressions),
@@ -179,7 +230,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         if not v.passed:
             turn = _blamed_turn(messages)
             info.update(failed_turn=turn, reason=v.feedback.splitlines()[0] if v.feedback else "")
-        tools.close()
+        tools._close()
         return StepResult(v.feedback, v.reward, True, v.passed, v.feedback, info)
 
 
@@ -207,22 +258,25 @@ class FeatureDeletionTools:
 
     def reset(self, **row: Any) -> None:
         """Start an episode on ``row['task_id']``: a fresh workspace at the task's state."""
-        self.close()
+        self._close()
         task = self._env.task_by_id(row["task_id"])
         self.task, self.flags, self.submitted = task.data, [], False
         self._tmp = tempfile.mkdtemp(prefix="cr-fd-ws-")
-        atexit.register(shutil.rmtree, self._tmp, ignore_errors=True)
+        _LIVE_WORKSPACES.add(self._tmp)
         self.workspace = make_workspace(self._env.roots[task.task_id], task.data,
                                         Path(self._tmp) / "repo")  # fmt: skip
 
-    def close(self) -> None:
-        """Remove the workspace (after grading)."""
+    def _close(self) -> None:
+        """Remove the workspace (after grading). Private: TRL offers every public method as
+        a tool, and a policy calling ``close`` deleted its own workspace mid-episode."""
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
+            _LIVE_WORKSPACES.discard(self._tmp)
         self._tmp = None
 
     # ---- helpers (private: TRL offers public methods as tools) -----------------------------
     def _cut(self, text: str) -> str:
+        text = _shown(text, limit=len(text))
         limit = self._env.max_output_chars
         return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit} more)"
 
@@ -231,19 +285,25 @@ class FeatureDeletionTools:
         absolute inside it), or an error string and an ``outside_workspace`` flag."""
         if self.workspace is None:
             return "error: no workspace"
+        path = str(path)
+        if refused := _unusable_path(path):
+            return f"error: the path {_shown(path)} {refused}"
         root = self.workspace.resolve()
-        given = Path(str(path))
+        given = Path(path)
         try:
             real = (given if given.is_absolute() else root / given).resolve()
         except (OSError, RuntimeError):
             real = None
         inside = real is not None and (real == root or root in real.parents)
         if not inside or ".git" in real.relative_to(root).parts:
-            self.flags.append(f"outside_workspace:{str(path)[:80]}")
-            return f"error: {path} is outside the repository"
+            self.flags.append(f"outside_workspace:{_shown(path, 80)}")
+            return f"error: {_shown(path)} is outside the repository"
+        if len(real.relative_to(root).parts) > MAX_PATH_DEPTH + 1:  # directories + the name
+            return f"error: {_shown(path)} is more than {MAX_PATH_DEPTH} directories deep"
         return real
 
     # ---- tools ------------------------------------------------------------------------------
+    @_tool
     def list_files(self, path: str = ".") -> str:
         """List the files under a directory of the repository.
 
@@ -254,11 +314,12 @@ class FeatureDeletionTools:
         if isinstance(target, str):
             return target
         if not target.is_dir():
-            return f"error: {path} is not a directory"
+            return f"error: {_shown(path)} is not a directory"
         files = sorted(p.relative_to(self.workspace.resolve()).as_posix()
                        for p in target.rglob("*") if p.is_file() and ".git" not in p.parts)  # fmt: skip
         return self._cut("\n".join(files) or "(empty)")
 
+    @_tool
     def read_file(self, path: str, start: int = 1, end: int = 0) -> str:
         """Read lines of a file, numbered.
 
@@ -271,10 +332,10 @@ class FeatureDeletionTools:
         if isinstance(target, str):
             return target
         if target.suffix in (".pyc", ".pyo") or "__pycache__" in target.parts:
-            self.flags.append(f"read_bytecode:{path}")
+            self.flags.append(f"read_bytecode:{_shown(path, 80)}")
             return "error: bytecode is not readable here"
         if not target.is_file():
-            return f"error: {path} is not a file"
+            return f"error: {_shown(path)} is not a file"
         try:  # model-written: "abc", a float, or past int()'s 4300-digit limit
             first, last = max(int(start), 1), int(end)
         except (TypeError, ValueError, OverflowError):
@@ -284,6 +345,7 @@ class FeatureDeletionTools:
         shown = [f"{i:5d}  {lines[i - 1]}" for i in range(first, min(last, len(lines)) + 1)]
         return self._cut("\n".join(shown) or "(no lines in that range)")
 
+    @_tool
     def search(self, pattern: str, path: str = ".") -> str:
         """Find the lines of the repository's text files that contain an exact text.
 
@@ -313,6 +375,7 @@ class FeatureDeletionTools:
                 break
         return self._cut("\n".join(hits[:50]) or "no match")
 
+    @_tool
     def write_file(self, path: str, content: str) -> str:
         """Write a whole file (creating or replacing it).
 
@@ -324,11 +387,17 @@ class FeatureDeletionTools:
         if isinstance(target, str):
             return target
         rel = target.relative_to(self.workspace.resolve()).as_posix()
+        if target == self.workspace.resolve() or target.is_dir():
+            return f"error: {_shown(path)} is a directory"
+        data = _encoded(content)
+        if isinstance(data, str):
+            return data
         self._note_write(rel)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(str(content), encoding="utf-8")
+        target.write_bytes(data)
         return f"wrote {rel} ({len(str(content).splitlines())} lines)"
 
+    @_tool
     def replace_in_file(self, path: str, old: str, new: str) -> str:
         """Replace one exact occurrence of a text in a file.
 
@@ -341,16 +410,20 @@ class FeatureDeletionTools:
         if isinstance(target, str):
             return target
         if not target.is_file():
-            return f"error: {path} is not a file"
+            return f"error: {_shown(path)} is not a file"
         text = target.read_text(encoding="utf-8", errors="replace")
         count = text.count(str(old))
         if count != 1:
-            return f"error: the text occurs {count} times in {path}; it must occur once"
+            return f"error: the text occurs {count} times in {_shown(path)}; it must occur once"
+        data = _encoded(text.replace(str(old), str(new), 1))
+        if isinstance(data, str):
+            return data
         rel = target.relative_to(self.workspace.resolve()).as_posix()
         self._note_write(rel)
-        target.write_text(text.replace(str(old), str(new), 1), encoding="utf-8")
+        target.write_bytes(data)
         return f"edited {rel}"
 
+    @_tool
     def run_tests(self, target: str = "") -> str:
         """Run tests in the sandbox: the task's visible failing tests, or a test file or id.
 
@@ -361,13 +434,17 @@ class FeatureDeletionTools:
             return "error: no workspace"
         tests = list(self.task["visible_tests"]) if not target else [str(target)]
         if target and not is_test_path(str(target).split("::")[0]):
-            return f"error: {target} is not a test file or test id"
-        copy = staged_copy(self.workspace, prefix="cr-fd-run-")
+            return f"error: {_shown(target)} is not a test file or test id"
+        if target and _unusable_path(str(target)):
+            return f"error: the test id {_shown(target)} {_unusable_path(str(target))}"
+        copy = None
         try:
+            copy = staged_copy(self.workspace, prefix="cr-fd-run-")
             reqs = tuple(self.task.get("test_requirements", ()))
             rep = run_suite(self._env.box, str(copy), tests, requirements=reqs)
         finally:
-            shutil.rmtree(copy, ignore_errors=True)
+            if copy is not None:
+                shutil.rmtree(copy, ignore_errors=True)
         if not rep.ok:
             why = "timed out" if rep.timed_out else "did not finish"
             return self._cut(f"the test run {why}\n{rep.output[-1500:]}")
@@ -386,3 +463,28 @@ class FeatureDeletionTools:
             self.flags.append(f"wrote_config:{rel}")
         elif is_test_path(rel):
             self.flags.append(f"wrote_test:{rel}")
+
+
+def _unusable_path(path: str) -> str:
+    """Why ``path`` cannot name a file here ('' if it can): NUL, text that is not UTF-8
+    (a lone surrogate), over ``MAX_PATH_CHARS``, or a name over 255 bytes."""
+    if "\x00" in path:
+        return "contains a NUL character"
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid UTF-8 text"
+    if len(path) > MAX_PATH_CHARS:
+        return f"is longer than {MAX_PATH_CHARS} characters"
+    if any(len(part) > 255 for part in encoded.split(b"/")):
+        return "has a name longer than 255 bytes"
+    return ""
+
+
+def _encoded(content: Any) -> bytes | str:
+    """The UTF-8 bytes of file content, or an error result (checked before the file is
+    touched: a lone surrogate used to fail after the file was truncated)."""
+    try:
+        return str(content).encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"error: the content is not valid UTF-8 text (position {e.start})"

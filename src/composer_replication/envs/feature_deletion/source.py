@@ -143,13 +143,17 @@ def staged_copy(
 
     dest = Path(bindable_dir(prefix))
     ignore = shutil.ignore_patterns(*BYTECODE, ".git", ".complete")
-    shutil.copytree(root, dest, ignore=ignore, dirs_exist_ok=True, symlinks=False)
-    if leave_out:
-        _remove(dest, leave_out)
-    for rel, text in (overrides or {}).items():
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        (dest / rel).write_text(text, encoding="utf-8")
-    world_readable(dest)
+    try:
+        shutil.copytree(root, dest, ignore=ignore, dirs_exist_ok=True, symlinks=False)
+        if leave_out:
+            _remove(dest, leave_out)
+        for rel, text in (overrides or {}).items():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_text(text, encoding="utf-8")
+        world_readable(dest)
+    except BaseException:  # a partial copy is removed, not left in /var/tmp
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
     return dest
 
 

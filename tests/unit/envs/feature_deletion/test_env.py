@@ -78,12 +78,12 @@ def test_search_is_literal_so_no_pattern_can_hang_the_trainer(env):
     tools.reset(**env.row(_task(env, "slugify")))
     tools.write_file("notes.txt", "a+b\naaa\n" + "a" * 30 + "!\n")
     assert tools.search("a+", "notes.txt") == "notes.txt:1: a+b"
-    start = time.monotonic()
+    start = time.process_time()
     assert tools.search("^((a+)+)+$", "notes.txt") == "no match"
-    assert time.monotonic() - start < 1.0
+    assert time.process_time() - start < 1.0
     assert tools.search("", "notes.txt").startswith("error")
     assert "textkit/core.py:" in tools.search("def slugify(")
-    tools.close()
+    tools._close()
 
 
 def test_read_file_refuses_line_numbers_that_are_not_numbers(env):
@@ -93,7 +93,7 @@ def test_read_file_refuses_line_numbers_that_are_not_numbers(env):
     for bad in ({"start": "9" * 5000}, {"end": "two"}, {"start": float("inf")}):
         assert tools.read_file("textkit/core.py", **bad).startswith("error: start and end")
     assert tools.read_file("textkit/core.py", start="2", end="2").startswith("    2  ")
-    tools.close()
+    tools._close()
 
 
 def test_a_failed_episode_blames_the_turn_that_ran_the_tests(env):

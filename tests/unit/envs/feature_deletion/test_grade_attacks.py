@@ -436,10 +436,10 @@ def test_parse_frames_records_any_odd_line_as_tampering(name):
     tampering within a bounded time (the set of colliding ints is hash flooding)."""
     ok = [_sign("('collected', 1)"), _sign("('test', 't', 'passed', '')"), _sign("('finished', 0)")]
     assert parse_frames("\n".join(ok), KEY).passed("t")
-    start = time.monotonic()
+    start = time.process_time()  # CPU, not wall: a loaded machine must not fail it
     rep = parse_frames("\n".join([ok[0], ODD_LINES[name], *ok[1:]]), KEY)
     assert rep.tampered and not rep.passed("t") and not rep.ok
-    assert time.monotonic() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 @pytest.mark.parametrize(
