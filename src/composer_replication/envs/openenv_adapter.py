@@ -16,10 +16,21 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
+import keyword
+import logging
+import re
 from typing import Any
 
 from composer_replication.envs.base import StepResult
+from composer_replication.rollout import wire_safe
+
+log = logging.getLogger(__name__)
+FLOAT32_MAX = 3.4028234663852886e38
+"""TRL holds rewards in float32: a reward finite in Python but past this became ``inf`` there
+(a lying server's 1e39 made every loss 0, or NaN weights with ``scale_rewards=none``)."""
+MAX_REWARD = 1e6
+"""Largest reward magnitude accepted from a server (1e20 with ``scale_rewards=none`` still
+gave gradient norms of 1e12): rewards are bounded scores, not arbitrary numbers."""
 
 GRADE_TOOL = "_grade"
 _JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool,
@@ -28,6 +39,26 @@ _JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool,
 
 class OpenEnvError(RuntimeError):
     """The OpenEnv server is unreachable or answered something unusable (message says which)."""
+
+
+def server_reward(value: Any, where: str) -> float:
+    """A reward a server reported, checked: a real number (not a string, bool or list) of
+    magnitude at most ``MAX_REWARD``; ``OpenEnvError`` naming ``where`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise OpenEnvError(f"{where}: the reward must be a number, got {_brief(value)}")
+    try:
+        reward = float(value)
+    except OverflowError:
+        reward = float("inf")
+    if not abs(reward) <= MAX_REWARD:  # also NaN
+        raise OpenEnvError(f"{where}: reward {_brief(value)} is not a finite number within "
+                           f"+-{MAX_REWARD:g}")  # fmt: skip
+    return reward
+
+
+def _brief(value: Any, limit: int = 80) -> str:
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**60 else "<huge int>"
+    return wire_safe(text if len(text) <= limit else text[:limit] + "...")
 
 
 def _client(base_url: str):
@@ -61,66 +92,122 @@ def list_tools(base_url: str) -> list[dict[str, Any]]:
 
 class OpenEnvTools:
     """Base of the classes :func:`openenv_tools_class` builds (one session per instance).
-    TRL offers every public method as a tool, so everything but the tools is private."""
+    TRL offers every public method as a tool, so everything but the tools is private.
 
-    base_url: str = ""
+    A call that fails in transport (timeout, closed connection) ends the session for this
+    episode: openenv reconnects silently on the next call, to a NEW session that was never
+    reset, and grading that session scored another episode."""
+
+    _base_url: str = ""
+    _max_output_chars: int = 8000
 
     def __init__(self) -> None:
-        self._session = _client(self.base_url)
-        self.rewards: list[float] = []
+        self._session = _client(self._base_url)
+        self._rewards: list[float] = []
+        self._lost = ""
 
     def reset(self, **row: Any) -> str | None:
         """Reset the server's episode with the row's scalar columns; returns the observation
         as text for TRL to append to the prompt, unless it carries the prompt itself."""
         params = {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool))}
+        if self._lost:  # a new episode on a fresh session
+            self._session.close()
+            self._session, self._lost = _client(self._base_url), ""
         result = self._session.reset(**params)
-        self.rewards = []
+        self._rewards = []
         obs = result.observation if isinstance(result.observation, dict) else {}
         if "prompt" in obs:
             return None  # our servers: the dataset row already holds this prompt
         shown = {k: v for k, v in obs.items() if k not in ("metadata", "tools")}
-        return json.dumps(shown, ensure_ascii=False) if shown else None
+        return self._cut(json.dumps(shown, ensure_ascii=False)) if shown else None
+
+    def _cut(self, text: str) -> str:
+        """Server text as it may reach the tokenizer: UTF-8-safe, at most
+        ``_max_output_chars`` (a 10 MB result cost TRL's tokenizer 13 s and 1.7 GB)."""
+        limit = self._max_output_chars
+        text = wire_safe(text[: limit + 1])
+        return text if len(text) <= limit else text[:limit] + "\n... (cut)"
 
     def _call(self, name: str, arguments: dict[str, Any]) -> str:
-        result = self._session.step(
-            {"type": "call_tool", "tool_name": name, "arguments": arguments}
-        )
+        if self._lost:
+            return f"error: the session with the environment server was lost ({self._lost})"
+        try:
+            result = self._session.step(
+                {"type": "call_tool", "tool_name": name, "arguments": arguments}
+            )
+        except Exception as e:
+            self._lost = f"{type(e).__name__} in {name}"
+            raise OpenEnvError(
+                f"{self._base_url}: {name} failed: {type(e).__name__}: {e}"
+            ) from None
         if result.reward is not None:
-            self.rewards.append(float(result.reward))
+            self._rewards.append(server_reward(result.reward, f"{self._base_url}: {name}"))
         obs = result.observation if isinstance(result.observation, dict) else {}
         error = obs.get("error")
         if error:
-            return f"error: {error.get('message', error) if isinstance(error, dict) else error}"
+            msg = error.get("message", error) if isinstance(error, dict) else error
+            return self._cut(f"error: {msg}")
         value = obs.get("result")
-        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        return self._cut(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
 
     def _verdict(self, messages: list[dict[str, Any]]) -> StepResult:
-        """The server's verdict on the rollout (``_grade``), or the episode's last reward."""
+        """The server's verdict on the rollout (``_grade``); on a server without that tool,
+        the episode's last reward. A grading that fails (lost session, no answer, an
+        unusable verdict) is a reward of 0 flagged ``grading_failed:<why>`` and logged, never
+        a silent fallback; a lying reward is an ``OpenEnvError``."""
+        final = str(messages[-1].get("content", "")) if messages else ""
+        where = f"{self._base_url}: {GRADE_TOOL}"
+        if self._lost:
+            return _failed(final, where, f"session lost ({self._lost})")
         try:
             result = self._session.step({"type": "call_tool", "tool_name": GRADE_TOOL,
                                          "arguments": {"messages": messages}})  # fmt: skip
-            verdict = result.observation.get("result") if result.observation else None
-        except Exception:  # a third-party server without our grading tool
-            verdict, result = None, None
-        final = str(messages[-1].get("content", "")) if messages else ""
-        if isinstance(verdict, dict) and result is not None and result.reward is not None:
-            reward = float(result.reward)
-            passed = bool(verdict.get("passed"))
-            return StepResult(final, reward, True, passed, str(verdict.get("feedback", "")),
-                              dict(verdict.get("info") or {}))  # fmt: skip
-        reward = self.rewards[-1] if self.rewards else 0.0
-        return StepResult(final, reward, True, reward > 0, "", {})
+        except Exception as e:
+            self._lost = f"{type(e).__name__} in {GRADE_TOOL}"
+            return _failed(final, where, f"{type(e).__name__}: {e}")
+        obs = result.observation if isinstance(result.observation, dict) else {}
+        error = obs.get("error")
+        if error and _not_found(error):  # a third-party server without our grading tool
+            reward = self._rewards[-1] if self._rewards else 0.0
+            return StepResult(final, reward, True, reward > 0, "", {})
+        verdict = obs.get("result")
+        if error or not isinstance(verdict, dict):
+            return _failed(final, where, f"no verdict: {_brief(error or verdict)}")
+        reward = server_reward(result.reward, where)
+        passed, info = verdict.get("passed"), verdict.get("info") or {}
+        if not isinstance(passed, bool) or not isinstance(info, dict):
+            raise OpenEnvError(f"{where}: the verdict's passed must be a bool and info a dict, "
+                               f"got {_brief(passed)} and {_brief(info)}")  # fmt: skip
+        feedback = self._cut(str(verdict.get("feedback", "")))
+        return StepResult(final, reward, True, passed, feedback, dict(info))
 
     def _close(self) -> None:
         self._session.close()
 
 
-def _tool_method(spec: dict[str, Any]):
-    """A method ``name(self, **arguments)`` with the signature and docstring of ``spec``."""
+def _not_found(error: Any) -> bool:
+    """An error answer saying the server has no ``_grade`` tool (OpenEnv's TOOL_NOT_FOUND)."""
+    kind = error.get("error_type", "") if isinstance(error, dict) else ""
+    text = str(error.get("message", "") if isinstance(error, dict) else error).lower()
+    return "not_found" in str(kind).lower() or ("not found" in text and GRADE_TOOL in text)
+
+
+def _failed(final: str, where: str, why: str) -> StepResult:
+    log.warning("%s: grading failed, reward 0 (%s)", where, why)
+    flag = f"grading_failed:{why[:80]}"
+    return StepResult(final, 0.0, True, False, f"grading failed: {why}", {"flags": [flag]})
+
+
+def _tool_method(spec: dict[str, Any], where: str):
+    """A method ``name(self, **arguments)`` with the signature and docstring of ``spec``;
+    ``OpenEnvError`` naming the tool and field for a schema that cannot be one."""
     name = spec["name"]
     schema = spec.get("input_schema") or {}
-    props: dict[str, Any] = schema.get("properties") or {}
-    required = set(schema.get("required") or [])
+    props = schema.get("properties") or {} if isinstance(schema, dict) else None
+    required = schema.get("required") or [] if isinstance(schema, dict) else None
+    if not isinstance(props, dict) or not isinstance(required, list):
+        raise OpenEnvError(f"{where}: tool {name!r}: input_schema needs a properties object "
+                           "and a required list")  # fmt: skip
 
     def tool(self, **kwargs: Any) -> str:
         return self._call(name, kwargs)
@@ -128,33 +215,52 @@ def _tool_method(spec: dict[str, Any]):
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     notes = {}
     for arg, p in props.items():
-        kind = _JSON_TYPES.get(p.get("type"), str)
+        if not _usable_name(arg) or arg == "self" or not isinstance(p, dict):
+            raise OpenEnvError(f"{where}: tool {name!r}: parameter {_brief(arg)} cannot be a "
+                               "Python keyword argument (or its schema is not an object)")  # fmt: skip
+        kind = p.get("type")
+        kind = _JSON_TYPES.get(kind, str) if isinstance(kind, str) else str
         default = inspect.Parameter.empty if arg in required else None
         params.append(inspect.Parameter(arg, inspect.Parameter.KEYWORD_ONLY,
                                         default=default, annotation=kind))  # fmt: skip
-        notes[arg] = p.get("description") or arg
+        notes[arg] = _doc_text(p.get("description") or arg)
     tool.__name__ = tool.__qualname__ = name
     tool.__signature__ = inspect.Signature(params, return_annotation=str)
     tool.__annotations__ = {p.name: p.annotation for p in params[1:]} | {"return": str}
     args_doc = "".join(f"    {a}: {d}\n" for a, d in notes.items())
-    tool.__doc__ = (
-        f"{spec.get('description') or name}\n\nArgs:\n{args_doc}"
-        if notes
-        else (spec.get("description") or name)
-    )
+    summary = _doc_text(spec.get("description") or name)
+    tool.__doc__ = f"{summary}\n\nArgs:\n{args_doc}" if notes else summary
     return tool
 
 
-def openenv_tools_class(base_url: str) -> type:
+def _usable_name(name: Any) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+
+
+def _doc_text(text: Any) -> str:
+    """Server text placed in a docstring: a line of its own reading ``Args:`` (or Returns,
+    Raises) would start a section of TRL's docstring parser, which then raised."""
+    return re.sub(r"(?m)^(\s*)(Args|Arguments|Returns|Raises)(\s*):", r"\1\2\3 -", str(text))
+
+
+def openenv_tools_class(base_url: str, max_output_chars: int = 8000) -> type:
     """An ``environment_factory`` class for the OpenEnv server at ``base_url`` (module
-    docstring); raises ``OpenEnvError`` if the server is unreachable or lists no tools."""
+    docstring); raises ``OpenEnvError`` if the server is unreachable, lists no tools, or
+    names a tool so that it cannot be a public method of its own (a keyword, a private or
+    dunder name, a name of the class's machinery such as ``reset``, or a duplicate).
+    Results and reset observations are cut to ``max_output_chars``."""
     tools = list_tools(base_url)
-    reserved = {"reset", "get_reward"}
-    bad = [t["name"] for t in tools if t["name"] in reserved or not t["name"].isidentifier()]
+    names = [t["name"] for t in tools]
+    taken = {"reset", "get_reward"} | set(dir(OpenEnvTools))
+    bad = [n for n in names
+           if not _usable_name(n) or n.startswith("_") or n in taken or names.count(n) > 1]  # fmt: skip
     if bad:
-        raise OpenEnvError(f"{base_url}: tool names {bad} cannot be methods (reserved or invalid)")
-    namespace = {t["name"]: _tool_method(t) for t in tools}
-    namespace["base_url"] = base_url
+        shown = [_brief(n, 40) for n in bad[:10]]
+        raise OpenEnvError(f"{base_url}: tool names {shown} cannot be methods (reserved, "
+                           "private, duplicated or not identifiers)")  # fmt: skip
+    namespace: dict[str, Any] = {t["name"]: _tool_method(t, base_url) for t in tools}
+    namespace["_base_url"] = base_url
+    namespace["_max_output_chars"] = max_output_chars
     return type("OpenEnvTools", (OpenEnvTools,), namespace)
 
 
@@ -170,10 +276,10 @@ class OpenEnvReward:
         if environments is None or len(environments) != len(completions):
             raise ValueError("OpenEnvReward needs TRL's environments= (one per completion)")
         results = [env._verdict(list(c)) for env, c in zip(environments, completions, strict=True)]
-        bad = [r.reward for r in results if not math.isfinite(r.reward)]
-        if bad:
-            raise OpenEnvError(f"the OpenEnv server reported a non-finite reward {bad[0]}")
         self.last_results = results
         if log_metric is not None and results:
             log_metric("env/pass_rate", sum(r.passed for r in results) / len(results))
+            failed = sum(any(f.startswith("grading_failed:") for f in r.info.get("flags", []))
+                         for r in results)  # fmt: skip
+            log_metric("env/grading_failed_frac", failed / len(results))
         return [r.reward for r in results]

@@ -40,7 +40,7 @@ from openenv.core.env_server.mcp_types import (
     ToolError,
     ToolErrorType,
 )
-from openenv.core.env_server.types import Action, Observation, State
+from openenv.core.env_server.types import Action, ConcurrencyConfig, Observation, State
 from pydantic import Field
 from transformers.utils import get_json_schema
 
@@ -110,6 +110,7 @@ class ServedToolEnv(OpenEnvEnvironment):
         else:
             raise ValueError(f"unknown task_id {task_id!r} for environment {self.env.name!r}")
         row = self.env.row(task)
+        self.close()  # the previous episode's workspace, if it was never graded
         self._task, self._tools, self._graded = task, self.tools_cls(), False
         self._tools.reset(**row)
         self._state = State(episode_id=episode_id or uuid.uuid4().hex, step_count=0)
@@ -151,6 +152,14 @@ class ServedToolEnv(OpenEnvEnvironment):
     def state(self) -> State:
         return self._state
 
+    def close(self) -> None:
+        """Release the episode's resources (OpenEnv calls this when the session ends; reset
+        calls it for the previous episode): a feature_deletion workspace per ungraded reset
+        was left on disk, 80 of them from 80 resets of hostile clients."""
+        release = getattr(self._tools, "_close", None)
+        if release is not None:
+            release()
+
 
 def _plain_info(value: Any) -> bool:
     """Verdict details that travel to the client: scalars and lists of strings (flags)."""
@@ -159,15 +168,23 @@ def _plain_info(value: Any) -> bool:
     return isinstance(value, (int, float, str, type(None)))
 
 
-def create_env_app(env: ToolEnvironment, max_tool_calls: int = 4, max_concurrent_envs: int = 64):
-    """A FastAPI app serving ``env`` over OpenEnv (HTTP + WebSocket sessions)."""
+def create_env_app(
+    env: ToolEnvironment,
+    max_tool_calls: int = 4,
+    max_concurrent_envs: int = 64,
+    session_timeout_s: float | None = 300.0,
+):
+    """A FastAPI app serving ``env`` over OpenEnv (HTTP + WebSocket sessions). Sessions idle
+    for ``session_timeout_s`` are closed (64 idle connections held every slot forever)."""
     served = Served.of(env, max_tool_calls)  # once, not per session
     return create_app(
         lambda: ServedToolEnv(served),
         Action,
         TaskObservation,
         env_name=env.name,
-        max_concurrent_envs=max_concurrent_envs,
+        concurrency_config=ConcurrencyConfig(
+            max_concurrent_envs=max_concurrent_envs, session_timeout=session_timeout_s
+        ),
         mode="simulation",
     )
 
@@ -183,11 +200,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--max-tool-calls", type=int, default=4)
     ap.add_argument("--max-sessions", type=int, default=64)
+    ap.add_argument("--session-timeout", type=float, default=300.0,
+                    help="close sessions idle this many seconds")  # fmt: skip
     ns = ap.parse_args(argv)
     env = get_env(ns.env)
     if not isinstance(env, ToolEnvironment):
         raise SystemExit(f"{ns.env} is not a tool environment")
-    app = create_env_app(env, ns.max_tool_calls, ns.max_sessions)
+    app = create_env_app(env, ns.max_tool_calls, ns.max_sessions, ns.session_timeout)
     uvicorn.run(app, host=ns.host, port=ns.port, log_level="warning")
 
 

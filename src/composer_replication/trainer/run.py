@@ -162,7 +162,7 @@ def tool_kwargs(cfg: RunConfig, env) -> dict[str, Any]:
     if cfg.env.openenv_url:  # tools (and grading) on an OpenEnv server
         from composer_replication.envs.openenv_adapter import openenv_tools_class
 
-        tools = openenv_tools_class(cfg.env.openenv_url)
+        tools = openenv_tools_class(cfg.env.openenv_url, cfg.env.max_tool_output_chars)
     else:
         tools = env.tools_class()
     return {"environment_factory": bounded_tools(tools, cfg.rollout.max_tool_calls)}
