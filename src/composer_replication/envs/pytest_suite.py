@@ -29,6 +29,7 @@ How the run is pinned down:
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import hmac
 import secrets
@@ -319,6 +320,7 @@ def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
     import sys
 
     dest = sb.bindable_dir("cr-pytest-tools-")
+    atexit.register(shutil.rmtree, dest, ignore_errors=True)  # also if building it fails
     if requirements:
         cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", dest,
                *requirements]  # fmt: skip
@@ -345,9 +347,6 @@ def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
     shutil.copy2(here / "harness.py", Path(dest) / "_cr_wire.py")
     _warm(dest)
     sb.world_readable(dest)
-    import atexit
-
-    atexit.register(shutil.rmtree, dest, ignore_errors=True)
     return dest
 
 

@@ -3,6 +3,7 @@ leaks the directory. Needs a writable cgroup-v1 memory controller (root on CI ma
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 
@@ -11,7 +12,7 @@ import pytest
 from composer_replication.envs import cgroup
 from composer_replication.envs.cgroup import MemoryCgroup, memory_root
 
-pytestmark = pytest.mark.skipif(
+needs_cgroup = pytest.mark.skipif(
     memory_root() is None, reason="no writable memory cgroup on this machine"
 )
 
@@ -27,6 +28,7 @@ def _wait_empty(group: MemoryCgroup, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+@needs_cgroup
 def test_remove_kills_what_is_left_and_deletes_the_cgroup():
     group = MemoryCgroup.create(64)
     proc = _start_in(group)
@@ -36,6 +38,7 @@ def test_remove_kills_what_is_left_and_deletes_the_cgroup():
     assert not group.path.exists()
 
 
+@needs_cgroup
 def test_a_removal_that_times_out_is_retried_not_leaked():
     group = MemoryCgroup.create(64)
     proc = _start_in(group)
@@ -52,6 +55,7 @@ def test_a_removal_that_times_out_is_retried_not_leaked():
     assert not fresh.path.exists()
 
 
+@needs_cgroup
 def test_cgroups_of_a_dead_grader_are_removed_by_the_next_sandbox():
     dead = _dead_pid()
     orphan = memory_root() / f"cr-sandbox-{dead}-0"
@@ -69,3 +73,18 @@ def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def test_bind_directories_of_dead_processes_are_removed(tmp_path):
+    """Not a cgroup, the same class: what a killed grader leaves in /var/tmp (its pytest
+    copy, staged trees) is removed by the next process that makes a bind directory."""
+    from composer_replication.envs import sandbox
+
+    dead, base = _dead_pid(), tmp_path
+    orphan = base / f"cr-pytest-tools-{dead}.abc_12"
+    mine = base / f"cr-pytest-tools-{os.getpid()}.def_34"
+    other = base / "cr-unrelated"
+    for d in (orphan, mine, other):
+        d.mkdir()
+    sandbox._remove_orphan_binds(str(base))
+    assert not orphan.exists() and mine.exists() and other.exists()
