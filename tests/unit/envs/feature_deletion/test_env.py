@@ -8,25 +8,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
-
-from composer_replication.config import TaskGenConfig
-from composer_replication.envs import get_env
 from composer_replication.envs.feature_deletion.candidates import STUB, original_body
 from composer_replication.envs.feature_deletion.workspace import candidate_of
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return get_env(
-        "feature_deletion",
-        sources=[str(FIXTURE)],
-        task_dir=tmp_path_factory.mktemp("tasks"),
-        generation=TaskGenConfig(workers=2, suite_timeout_s=30),
-        heldout_fraction=0.3,
-    )
 
 
 def _task(env, symbol):

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from composer_replication.config import TaskGenConfig
-from composer_replication.envs import get_env
 from composer_replication.envs.feature_deletion import env as fd_env
 from composer_replication.envs.feature_deletion.env import MAX_PATH_DEPTH
 from composer_replication.rollout import bounded_tools, call_tool, tool_methods
@@ -23,17 +21,6 @@ from composer_replication.rollout import bounded_tools, call_tool, tool_methods
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
 TOOLS = {"list_files", "read_file", "search", "write_file", "replace_in_file", "run_tests",
          "submit"}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return get_env(
-        "feature_deletion",
-        sources=[str(FIXTURE)],
-        task_dir=tmp_path_factory.mktemp("tasks"),
-        generation=TaskGenConfig(workers=1, suite_timeout_s=30),
-        heldout_fraction=0.3,
-    )
 
 
 def _task(env, symbol="slugify"):
