@@ -8,10 +8,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+from support.textkit import textkit_env
+
 from composer_replication.envs.feature_deletion.candidates import STUB, original_body
 from composer_replication.envs.feature_deletion.workspace import candidate_of
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return textkit_env(tmp_path_factory.mktemp("tasks"))
 
 
 def _task(env, symbol):

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from support.textkit import textkit_env
 
 from composer_replication.envs.feature_deletion import env as fd_env
 from composer_replication.envs.feature_deletion.env import MAX_PATH_DEPTH
@@ -21,6 +22,11 @@ from composer_replication.rollout import bounded_tools, call_tool, tool_methods
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
 TOOLS = {"list_files", "read_file", "search", "write_file", "replace_in_file", "run_tests",
          "submit"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return textkit_env(tmp_path_factory.mktemp("tasks"))
 
 
 def _task(env, symbol="slugify"):

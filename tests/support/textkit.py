@@ -1,0 +1,16 @@
+"""The feature_deletion environment on the vendored textkit fixture (9 tasks), for tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TEXTKIT = Path(__file__).resolve().parents[1] / "fixtures" / "feature_deletion" / "textkit"
+
+
+def textkit_env(task_dir: Path, workers: int = 2):
+    from composer_replication.config import TaskGenConfig
+    from composer_replication.envs import get_env
+
+    return get_env("feature_deletion", sources=[str(TEXTKIT)], task_dir=task_dir,
+                   generation=TaskGenConfig(workers=workers, suite_timeout_s=30),
+                   heldout_fraction=0.3)  # fmt: skip
