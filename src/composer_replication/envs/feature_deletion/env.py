@@ -276,7 +276,7 @@ class FeatureDeletionTools:
 
     # ---- helpers (private: TRL offers public methods as tools) -----------------------------
     def _cut(self, text: str) -> str:
-        text = _shown(text, limit=len(text))
+        text = wire_safe(str(text))
         limit = self._env.max_output_chars
         return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit} more)"
 
