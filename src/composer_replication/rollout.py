@@ -43,13 +43,32 @@ def tool_functions(instance: Any) -> list[Callable[..., Any]]:
     return [getattr(instance, name) for name in tool_methods(type(instance))]
 
 
-def wire_safe(result: Any) -> Any:
+def wire_safe(result: Any, limit: int | None = None) -> Any:
     """A tool's text result as the tokenizer can take it: characters UTF-8 cannot encode (a
     lone surrogate echoed from a policy-written argument) are written as backslash escapes.
-    TRL tokenizes tool results outside its per-tool try, so one such result stopped training."""
-    if isinstance(result, str):
+    TRL tokenizes tool results outside its per-tool try, so one such result stopped training.
+
+    With ``limit``, a longer text keeps its first ``limit`` characters and a last line saying
+    it was cut. The text is cut before it is escaped (escaping only lengthens it), so a 95 MB
+    server answer costs no more than its first ``limit`` characters (a 10 MB one cost TRL's
+    tokenizer 13 s and 1.7 GB). Anything but a string is returned as it is."""
+    if not isinstance(result, str):
+        return result
+    if limit is None:
         return result.encode("utf-8", "backslashreplace").decode("utf-8")
-    return result
+    text = wire_safe(result[: limit + 1])
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n... (cut: {len(result)} characters in all)"
+
+
+def wire_snippet(value: Any, limit: int = 120, show: Callable[[Any], str] = str) -> str:
+    """``value`` quoted inside a message (a refused path, a server's bad reward): ``show(value)``
+    cut to ``limit`` characters by ``envs.harness.preview`` (which never raises), then made
+    UTF-8-safe (:func:`wire_safe`)."""
+    from composer_replication.envs.harness import preview  # envs imports this module
+
+    return wire_safe(preview(value, limit, show))
 
 
 def bounded_tools(cls: type, max_calls: int) -> type:

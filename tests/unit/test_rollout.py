@@ -18,6 +18,8 @@ from composer_replication.rollout import (
     run_agent,
     tool_methods,
     turn_index,
+    wire_safe,
+    wire_snippet,
 )
 
 
@@ -101,3 +103,21 @@ def test_evaluate_on_a_tool_env_reports_turns_and_tool_calls(tokenizer):
     assert (s["turns_per_rollout"], s["tool_calls_per_rollout"], s["tool_error_frac"]) == (2, 1, 0)
     assert s["pass_rate"] == 0.0  # "13936" is the answer of another task
     assert "calculate({'expression': '208 * 67'}) | -> 13936 | 13936" in res.completions[0]
+
+
+def test_wire_safe_escapes_lone_surrogates_and_cuts_before_escaping():
+    assert wire_safe("a\udc80b") == "a\\udc80b"
+    assert wire_safe({"x": 1}) == {"x": 1}  # not text: untouched
+    assert wire_safe("short", 5) == "short"
+    cut = wire_safe("x" * 10 + "\udc80" * 1_000_000, 12)
+    # the first 12 characters after escaping, then a line naming the original length
+    assert cut == "x" * 10 + "\\u\n... (cut: 1000010 characters in all)"
+    cut.encode("utf-8")  # the tokenizer can take it
+
+
+def test_wire_snippet_quotes_short_safe_and_never_raises():
+    assert wire_snippet("p" * 200, 10) == "p" * 10 + "..."
+    assert wire_snippet("a\udc80", 10) == "a\\udc80"
+    assert wire_snippet("1", 10, repr) == "'1'"
+    # an int past str()'s digit limit is named, not raised
+    assert wire_snippet(10**5000, 80, repr) == "<unprintable int>"

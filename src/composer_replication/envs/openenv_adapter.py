@@ -22,7 +22,7 @@ import re
 from typing import Any
 
 from composer_replication.envs.base import StepResult
-from composer_replication.rollout import wire_safe
+from composer_replication.rollout import wire_safe, wire_snippet
 
 log = logging.getLogger(__name__)
 FLOAT32_MAX = 3.4028234663852886e38
@@ -45,20 +45,19 @@ def server_reward(value: Any, where: str) -> float:
     """A reward a server reported, checked: a real number (not a string, bool or list) of
     magnitude at most ``MAX_REWARD``; ``OpenEnvError`` naming ``where`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise OpenEnvError(f"{where}: the reward must be a number, got {_brief(value)}")
+        raise OpenEnvError(
+            f"{where}: the reward must be a number, got {wire_snippet(value, 80, repr)}"
+        )
     try:
         reward = float(value)
     except OverflowError:
         reward = float("inf")
     if not abs(reward) <= MAX_REWARD:  # also NaN
-        raise OpenEnvError(f"{where}: reward {_brief(value)} is not a finite number within "
-                           f"+-{MAX_REWARD:g}")  # fmt: skip
+        shown = wire_snippet(value, 80, repr)
+        raise OpenEnvError(
+            f"{where}: reward {shown} is not a finite number within +-{MAX_REWARD:g}"
+        )
     return reward
-
-
-def _brief(value: Any, limit: int = 80) -> str:
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10**60 else "<huge int>"
-    return wire_safe(text if len(text) <= limit else text[:limit] + "...")
 
 
 def _client(base_url: str):
@@ -119,14 +118,11 @@ class OpenEnvTools:
         if "prompt" in obs:
             return None  # our servers: the dataset row already holds this prompt
         shown = {k: v for k, v in obs.items() if k not in ("metadata", "tools")}
-        return self._cut(json.dumps(shown, ensure_ascii=False)) if shown else None
-
-    def _cut(self, text: str) -> str:
-        """Server text as it may reach the tokenizer: UTF-8-safe, at most
-        ``_max_output_chars`` (a 10 MB result cost TRL's tokenizer 13 s and 1.7 GB)."""
-        limit = self._max_output_chars
-        text = wire_safe(text[: limit + 1])
-        return text if len(text) <= limit else text[:limit] + "\n... (cut)"
+        return (
+            wire_safe(json.dumps(shown, ensure_ascii=False), self._max_output_chars)
+            if shown
+            else None
+        )
 
     def _call(self, name: str, arguments: dict[str, Any]) -> str:
         if self._lost:
@@ -146,9 +142,12 @@ class OpenEnvTools:
         error = obs.get("error")
         if error:
             msg = error.get("message", error) if isinstance(error, dict) else error
-            return self._cut(f"error: {msg}")
+            return wire_safe(f"error: {msg}", self._max_output_chars)
         value = obs.get("result")
-        return self._cut(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+        return wire_safe(
+            value if isinstance(value, str) else json.dumps(value, ensure_ascii=False),
+            self._max_output_chars,
+        )
 
     def _verdict(self, messages: list[dict[str, Any]]) -> StepResult:
         """The server's verdict on the rollout (``_grade``); on a server without that tool,
@@ -172,13 +171,15 @@ class OpenEnvTools:
             return StepResult(final, reward, True, reward > 0, "", {})
         verdict = obs.get("result")
         if error or not isinstance(verdict, dict):
-            return _failed(final, where, f"no verdict: {_brief(error or verdict)}")
+            return _failed(final, where, f"no verdict: {wire_snippet(error or verdict, 80, repr)}")
         reward = server_reward(result.reward, where)
         passed, info = verdict.get("passed"), verdict.get("info") or {}
         if not isinstance(passed, bool) or not isinstance(info, dict):
-            raise OpenEnvError(f"{where}: the verdict's passed must be a bool and info a dict, "
-                               f"got {_brief(passed)} and {_brief(info)}")  # fmt: skip
-        feedback = self._cut(str(verdict.get("feedback", "")))
+            got = f"{wire_snippet(passed, 80, repr)} and {wire_snippet(info, 80, repr)}"
+            raise OpenEnvError(
+                f"{where}: the verdict's passed must be a bool and info a dict, got {got}"
+            )
+        feedback = wire_safe(str(verdict.get("feedback", "")), self._max_output_chars)
         return StepResult(final, reward, True, passed, feedback, dict(info))
 
     def _close(self) -> None:
@@ -216,8 +217,10 @@ def _tool_method(spec: dict[str, Any], where: str):
     notes = {}
     for arg, p in props.items():
         if not _usable_name(arg) or arg == "self" or not isinstance(p, dict):
-            raise OpenEnvError(f"{where}: tool {name!r}: parameter {_brief(arg)} cannot be a "
-                               "Python keyword argument (or its schema is not an object)")  # fmt: skip
+            raise OpenEnvError(
+                f"{where}: tool {name!r}: parameter {wire_snippet(arg, 80, repr)} cannot be a "
+                "Python keyword argument (or its schema is not an object)"
+            )
         kind = p.get("type")
         kind = _JSON_TYPES.get(kind, str) if isinstance(kind, str) else str
         default = inspect.Parameter.empty if arg in required else None
@@ -255,7 +258,7 @@ def openenv_tools_class(base_url: str, max_output_chars: int = 8000) -> type:
     bad = [n for n in names
            if not _usable_name(n) or n.startswith("_") or n in taken or names.count(n) > 1]  # fmt: skip
     if bad:
-        shown = [_brief(n, 40) for n in bad[:10]]
+        shown = [wire_snippet(n, 40, repr) for n in bad[:10]]
         raise OpenEnvError(f"{base_url}: tool names {shown} cannot be methods (reserved, "
                            "private, duplicated or not identifiers)")  # fmt: skip
     namespace: dict[str, Any] = {t["name"]: _tool_method(t, base_url) for t in tools}

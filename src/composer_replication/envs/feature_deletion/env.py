@@ -42,7 +42,7 @@ from composer_replication.envs.feature_deletion.source import prepare_source, st
 from composer_replication.envs.feature_deletion.workspace import make_workspace
 from composer_replication.envs.pytest_suite import run_suite
 from composer_replication.envs.sandbox import Sandbox
-from composer_replication.rollout import wire_safe
+from composer_replication.rollout import wire_safe, wire_snippet
 
 SYSTEM_PROMPT = (
     "You are a software engineer working in a Python repository through tools. Read the "
@@ -107,13 +107,6 @@ def _remove_live_workspaces() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _shown(text: Any, limit: int = 120) -> str:
-    """``text`` as it may appear in a tool result: printable in UTF-8 (a lone surrogate in a
-    policy-written path made TRL's tokenizer raise out of the training step) and short."""
-    shown = wire_safe(str(text))
-    return shown if len(shown) <= limit else shown[:limit] + "..."
-
-
 def _tool(fn: Callable[..., str]) -> Callable[..., str]:
     """A tool whose file-system failures (a directory where a file is wanted, a file where a
     directory is, a name too long) are an error result the policy reads, not an exception;
@@ -125,8 +118,8 @@ def _tool(fn: Callable[..., str]) -> Callable[..., str]:
         try:
             out = fn(self, *args, **kwargs)
         except OSError as e:
-            out = f"error: {_shown(e.strerror or type(e).__name__)}"
-        return self._cut(out)
+            out = f"error: {wire_snippet(e.strerror or type(e).__name__)}"
+        return wire_safe(out, self._env.max_output_chars)
 
     return tool
 
@@ -275,11 +268,6 @@ class FeatureDeletionTools:
         self._tmp = None
 
     # ---- helpers (private: TRL offers public methods as tools) -----------------------------
-    def _cut(self, text: str) -> str:
-        text = wire_safe(str(text))
-        limit = self._env.max_output_chars
-        return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit} more)"
-
     def _path(self, path: str) -> Path | str:
         """The resolved workspace path for ``path`` (relative to the repository root, or
         absolute inside it), or an error string and an ``outside_workspace`` flag."""
@@ -287,7 +275,7 @@ class FeatureDeletionTools:
             return "error: no workspace"
         path = str(path)
         if refused := _unusable_path(path):
-            return f"error: the path {_shown(path)} {refused}"
+            return f"error: the path {wire_snippet(path)} {refused}"
         root = self.workspace.resolve()
         given = Path(path)
         try:
@@ -296,10 +284,10 @@ class FeatureDeletionTools:
             real = None
         inside = real is not None and (real == root or root in real.parents)
         if not inside or ".git" in real.relative_to(root).parts:
-            self.flags.append(f"outside_workspace:{_shown(path, 80)}")
-            return f"error: {_shown(path)} is outside the repository"
+            self.flags.append(f"outside_workspace:{wire_snippet(path, 80)}")
+            return f"error: {wire_snippet(path)} is outside the repository"
         if len(real.relative_to(root).parts) > MAX_PATH_DEPTH + 1:  # directories + the name
-            return f"error: {_shown(path)} is more than {MAX_PATH_DEPTH} directories deep"
+            return f"error: {wire_snippet(path)} is more than {MAX_PATH_DEPTH} directories deep"
         return real
 
     # ---- tools ------------------------------------------------------------------------------
@@ -314,10 +302,10 @@ class FeatureDeletionTools:
         if isinstance(target, str):
             return target
         if not target.is_dir():
-            return f"error: {_shown(path)} is not a directory"
+            return f"error: {wire_snippet(path)} is not a directory"
         files = sorted(p.relative_to(self.workspace.resolve()).as_posix()
                        for p in target.rglob("*") if p.is_file() and ".git" not in p.parts)  # fmt: skip
-        return self._cut("\n".join(files) or "(empty)")
+        return wire_safe("\n".join(files) or "(empty)", self._env.max_output_chars)
 
     @_tool
     def read_file(self, path: str, start: int = 1, end: int = 0) -> str:
@@ -332,10 +320,10 @@ class FeatureDeletionTools:
         if isinstance(target, str):
             return target
         if target.suffix in (".pyc", ".pyo") or "__pycache__" in target.parts:
-            self.flags.append(f"read_bytecode:{_shown(path, 80)}")
+            self.flags.append(f"read_bytecode:{wire_snippet(path, 80)}")
             return "error: bytecode is not readable here"
         if not target.is_file():
-            return f"error: {_shown(path)} is not a file"
+            return f"error: {wire_snippet(path)} is not a file"
         try:  # model-written: "abc", a float, or past int()'s 4300-digit limit
             first, last = max(int(start), 1), int(end)
         except (TypeError, ValueError, OverflowError):
@@ -343,7 +331,7 @@ class FeatureDeletionTools:
         last = last if last > 0 else first + 199
         lines = target.read_text(encoding="utf-8", errors="replace").splitlines()
         shown = [f"{i:5d}  {lines[i - 1]}" for i in range(first, min(last, len(lines)) + 1)]
-        return self._cut("\n".join(shown) or "(no lines in that range)")
+        return wire_safe("\n".join(shown) or "(no lines in that range)", self._env.max_output_chars)
 
     @_tool
     def search(self, pattern: str, path: str = ".") -> str:
@@ -373,7 +361,7 @@ class FeatureDeletionTools:
                     hits.append(f"{f.relative_to(root).as_posix()}:{n}: {line.strip()}")
             if len(hits) >= 50:
                 break
-        return self._cut("\n".join(hits[:50]) or "no match")
+        return wire_safe("\n".join(hits[:50]) or "no match", self._env.max_output_chars)
 
     @_tool
     def write_file(self, path: str, content: str) -> str:
@@ -388,7 +376,7 @@ class FeatureDeletionTools:
             return target
         rel = target.relative_to(self.workspace.resolve()).as_posix()
         if target == self.workspace.resolve() or target.is_dir():
-            return f"error: {_shown(path)} is a directory"
+            return f"error: {wire_snippet(path)} is a directory"
         data = _encoded(content)
         if isinstance(data, str):
             return data
@@ -410,11 +398,13 @@ class FeatureDeletionTools:
         if isinstance(target, str):
             return target
         if not target.is_file():
-            return f"error: {_shown(path)} is not a file"
+            return f"error: {wire_snippet(path)} is not a file"
         text = target.read_text(encoding="utf-8", errors="replace")
         count = text.count(str(old))
         if count != 1:
-            return f"error: the text occurs {count} times in {_shown(path)}; it must occur once"
+            return (
+                f"error: the text occurs {count} times in {wire_snippet(path)}; it must occur once"
+            )
         data = _encoded(text.replace(str(old), str(new), 1))
         if isinstance(data, str):
             return data
@@ -434,9 +424,9 @@ class FeatureDeletionTools:
             return "error: no workspace"
         tests = list(self.task["visible_tests"]) if not target else [str(target)]
         if target and not is_test_path(str(target).split("::")[0]):
-            return f"error: {_shown(target)} is not a test file or test id"
+            return f"error: {wire_snippet(target)} is not a test file or test id"
         if target and _unusable_path(str(target)):
-            return f"error: the test id {_shown(target)} {_unusable_path(str(target))}"
+            return f"error: the test id {wire_snippet(target)} {_unusable_path(str(target))}"
         copy = None
         try:
             copy = staged_copy(self.workspace, prefix="cr-fd-run-")
@@ -447,10 +437,15 @@ class FeatureDeletionTools:
                 shutil.rmtree(copy, ignore_errors=True)
         if not rep.ok:
             why = "timed out" if rep.timed_out else "did not finish"
-            return self._cut(f"the test run {why}\n{rep.output[-1500:]}")
+            return wire_safe(
+                f"the test run {why}\n{rep.output[-1500:]}", self._env.max_output_chars
+            )
         passed = sum(o == "passed" for o in rep.outcomes.values())
         head = f"{passed} passed, {len(rep.outcomes) - passed} not passed"
-        return self._cut("\n".join([head, rep.failure_summary(sorted(rep.outcomes), 8)]).strip())
+        return wire_safe(
+            "\n".join([head, rep.failure_summary(sorted(rep.outcomes), 8)]).strip(),
+            self._env.max_output_chars,
+        )
 
     def submit(self) -> str:
         """Submit the repository as it is now for grading (end of the task)."""
