@@ -32,26 +32,39 @@ FINAL_EVAL = "final_eval.json"
 TRAIN_REWARD_KEYS = ("reward", "self_distillation/reward_mean")
 """A step's mean training reward in metrics.jsonl: our trainer's key, then TRL SDPOTrainer's."""
 
+FLAT_GROUP_KEYS = ("frac_reward_zero_std", "self_distillation/flat_group_fraction")
+"""A step's fraction of groups whose rewards are all equal (advantage 0 for every rollout):
+TRL GRPOTrainer's key (our trainer logs it), then TRL SDPOTrainer's."""
+
+
+def _first_key(row: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    return next((k for k in keys if k in row), None)
+
 
 def training_signal(run_dir: Path) -> dict[str, Any]:
     """What a run's training rollouts earned, read from its ``metrics.jsonl``: the mean reward
-    over its steps (``train_reward``) and the first step in which any rollout was rewarded
-    (``first_rewarded_step``; None if none was). On a sparse task GRPO learns nothing before
-    that step (every group's advantages are 0), so it tells a seed that never took off from an
-    arm that failed. Neither key is there when the run left no metrics."""
+    over its steps (``train_reward``), the first step in which any rollout was rewarded
+    (``first_rewarded_step``; None if none was) and the number of steps in which every group
+    was flat (``flat_steps``: all its rollouts had one reward, so GRPO's gradient was exactly 0
+    and only another channel moved the policy). On a sparse task GRPO learns nothing before
+    the first rewarded step, so it tells a seed that never took off from an arm that failed.
+    A key is missing when the run did not log what it is read from."""
     from composer_replication.trainer.callbacks import METRICS_FILE, read_metrics
 
     rewards: list[tuple[int, float]] = []
+    flat: list[bool] = []
     for row in read_metrics(run_dir / METRICS_FILE):
-        key = next((k for k in TRAIN_REWARD_KEYS if k in row), None)
-        if key is not None:
+        if (key := _first_key(row, TRAIN_REWARD_KEYS)) is not None:
             rewards.append((int(row["step"]), float(row[key])))
-    if not rewards:
-        return {}
-    return {
-        "train_reward": statistics.fmean(r for _, r in rewards),
-        "first_rewarded_step": next((s for s, r in rewards if r > 0), None),
-    }
+        if (key := _first_key(row, FLAT_GROUP_KEYS)) is not None:
+            flat.append(float(row[key]) >= 1.0)
+    out: dict[str, Any] = {}
+    if rewards:
+        out["train_reward"] = statistics.fmean(r for _, r in rewards)
+        out["first_rewarded_step"] = next((s for s, r in rewards if r > 0), None)
+    if flat:
+        out["flat_steps"] = sum(flat)
+    return out
 
 
 def load_result(final_eval: Path) -> dict[str, Any]:
@@ -332,6 +345,7 @@ def summarize(
                 "reward": statistics.fmean(r["mean_reward"] for r in rs),
                 "train_reward": _mean_known(r.get("train_reward") for r in rs),
                 "first_rewarded": [_first_rewarded(r) for r in rs],
+                "flat_steps": [r.get("flat_steps") for r in rs],
                 "wall_s": statistics.fmean(r["wall_s"] for r in rs),
             }
         )
@@ -347,6 +361,11 @@ def _mean_known(values) -> float | None:
 def _num(value: float | None) -> str:
     """A table number with 3 decimals, "-" when unknown."""
     return "-" if value is None else f"{value:.3f}"
+
+
+def _counts(values: list[int | None]) -> str:
+    """Per-seed counts for a table cell, "-" for a seed that did not record one."""
+    return ", ".join("-" if v is None else str(v) for v in values)
 
 
 def _first_rewarded(result: dict[str, Any]) -> str:
@@ -442,14 +461,14 @@ def markdown_table(
         f"| arm | final held-out pass@1, mean over seeds [95% t-CI] | per seed | minus {ref}, "
         "per seed | minus " + ref + ", mean [95% t-CI] | held-out mean reward | "
         "training reward, mean over steps | first rewarded training step, per seed | "
-        "wall s/run |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "steps with every group flat (GRPO gradient 0), per seed | wall s/run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     if base is not None:
         lines.append(
             f"| {base['arm']} | {base['pass_rate']:.1%} [{base['pass_ci95_low']:.1%}, "
             f"{base['pass_ci95_high']:.1%}] (Wilson) | - | - | - | {base['mean_reward']:.3f} "
-            "| - | - | - |"
+            "| - | - | - | - |"
         )
     for r in rows:
         seeds = ", ".join(f"{v:.1%}" for v in r["per_seed"])
@@ -461,7 +480,7 @@ def markdown_table(
         lines.append(
             f"| {r['arm']} | {mean} | {seeds} | {deltas} | {paired} | {r['reward']:.3f} | "
             f"{_num(r['train_reward'])} | {', '.join(r['first_rewarded'])} | "
-            f"{r['wall_s']:.0f} |"
+            f"{_counts(r.get('flat_steps', []))} | {r['wall_s']:.0f} |"
         )
     if rows and all(" lr=" in r["arm"] for r in rows):
         picks = pick_learning_rates(rows)

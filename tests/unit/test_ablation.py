@@ -353,22 +353,29 @@ def test_arm_option_trains_only_the_named_arms(tmp_path, monkeypatch):
 def test_training_signal_reads_both_trainers_metrics(tmp_path):
     """Rewards 0, 0, 0.25, 0 -> mean 0.0625, first rewarded step 3 (our trainer's ``reward``);
     TRL SDPOTrainer's ``self_distillation/reward_mean`` the same way; all-zero -> None (never);
-    no metrics.jsonl -> nothing known."""
+    no metrics.jsonl -> nothing known. Flat steps count the steps whose every group was flat
+    (fraction 1.0, in either trainer's key); 0.5 (one of two groups) is not flat."""
     from composer_replication.ablation import training_signal
 
-    def write(name, key, rewards):
+    def write(name, key, rewards, flat_key=None, flat=()):
         run = tmp_path / name
         run.mkdir()
         rows = [{"step": i + 1, key: r, "loss": 0.0} for i, r in enumerate(rewards)]
+        for row, f in zip(rows, flat, strict=False):  # no flat key: no rows touched
+            row[flat_key] = f
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return run
 
-    ours = training_signal(write("ours", "reward", [0.0, 0.0, 0.25, 0.0]))
-    assert ours == {"train_reward": pytest.approx(0.0625), "first_rewarded_step": 3}
-    trl = training_signal(write("trl", "self_distillation/reward_mean", [0.0, 0.5]))
-    assert trl == {"train_reward": pytest.approx(0.25), "first_rewarded_step": 2}
+    ours = training_signal(
+        write("ours", "reward", [0.0, 0.0, 0.25, 0.0], "frac_reward_zero_std", [1, 1.0, 0.5, 1])
+    )
+    assert ours == {"train_reward": pytest.approx(0.0625), "first_rewarded_step": 3,
+                    "flat_steps": 3}  # fmt: skip
+    trl = training_signal(write("trl", "self_distillation/reward_mean", [0.0, 0.5],
+                                "self_distillation/flat_group_fraction", [1.0, 0.0]))  # fmt: skip
+    assert trl == {"train_reward": pytest.approx(0.25), "first_rewarded_step": 2, "flat_steps": 1}
     never = training_signal(write("never", "reward", [0.0, 0.0]))
-    assert never == {"train_reward": 0.0, "first_rewarded_step": None}
+    assert never == {"train_reward": 0.0, "first_rewarded_step": None}  # no flat key logged
     assert training_signal(tmp_path / "missing") == {}
 
 
@@ -388,8 +395,10 @@ def test_report_shows_each_seeds_training_signal(tmp_path):
                "wall_s": 60.0}  # fmt: skip
         (run / "final_eval.json").write_text(json.dumps(res))
         if rewards is not None:
-            rows = [{"step": i + 1, "reward": r} for i, r in enumerate(rewards)]
+            rows = [{"step": i + 1, "reward": r, "frac_reward_zero_std": float(r == 0)}
+                    for i, r in enumerate(rewards)]  # fmt: skip
             (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     run_ablation(acfg, "ablate --report", train=False)
     text = (out / "results.md").read_text()
-    assert "| 0.500 | 0.125 | 2, never, - | 60 |" in text  # (0.25 + 0.0) / 2 seeds known
+    # (0.25 + 0.0) / 2 seeds known; seed 1 had one flat step, seed 2 two, seed 3 no metrics
+    assert "| 0.500 | 0.125 | 2, never, - | 1, 2, - | 60 |" in text
