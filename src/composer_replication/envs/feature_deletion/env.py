@@ -305,7 +305,7 @@ class FeatureDeletionTools:
             return f"error: {wire_snippet(path)} is not a directory"
         files = sorted(p.relative_to(self.workspace.resolve()).as_posix()
                        for p in target.rglob("*") if p.is_file() and ".git" not in p.parts)  # fmt: skip
-        return wire_safe("\n".join(files) or "(empty)", self._env.max_output_chars)
+        return "\n".join(files) or "(empty)"
 
     @_tool
     def read_file(self, path: str, start: int = 1, end: int = 0) -> str:
@@ -331,7 +331,7 @@ class FeatureDeletionTools:
         last = last if last > 0 else first + 199
         lines = target.read_text(encoding="utf-8", errors="replace").splitlines()
         shown = [f"{i:5d}  {lines[i - 1]}" for i in range(first, min(last, len(lines)) + 1)]
-        return wire_safe("\n".join(shown) or "(no lines in that range)", self._env.max_output_chars)
+        return "\n".join(shown) or "(no lines in that range)"
 
     @_tool
     def search(self, pattern: str, path: str = ".") -> str:
@@ -361,7 +361,7 @@ class FeatureDeletionTools:
                     hits.append(f"{f.relative_to(root).as_posix()}:{n}: {line.strip()}")
             if len(hits) >= 50:
                 break
-        return wire_safe("\n".join(hits[:50]) or "no match", self._env.max_output_chars)
+        return "\n".join(hits[:50]) or "no match"
 
     @_tool
     def write_file(self, path: str, content: str) -> str:
@@ -437,15 +437,10 @@ class FeatureDeletionTools:
                 shutil.rmtree(copy, ignore_errors=True)
         if not rep.ok:
             why = "timed out" if rep.timed_out else "did not finish"
-            return wire_safe(
-                f"the test run {why}\n{rep.output[-1500:]}", self._env.max_output_chars
-            )
+            return f"the test run {why}\n{rep.output[-1500:]}"
         passed = sum(o == "passed" for o in rep.outcomes.values())
         head = f"{passed} passed, {len(rep.outcomes) - passed} not passed"
-        return wire_safe(
-            "\n".join([head, rep.failure_summary(sorted(rep.outcomes), 8)]).strip(),
-            self._env.max_output_chars,
-        )
+        return "\n".join([head, rep.failure_summary(sorted(rep.outcomes), 8)]).strip()
 
     def submit(self) -> str:
         """Submit the repository as it is now for grading (end of the task)."""
