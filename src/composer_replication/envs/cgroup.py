@@ -18,8 +18,10 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import re
 import signal
 import time
+from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -57,13 +59,21 @@ def memory_root() -> Path | None:
     return root
 
 
+def left_by_dead_processes(paths: Iterable[Path], name_pattern: str) -> Iterator[Path]:
+    """The ``paths`` whose name matches ``name_pattern`` (its first group the pid of the
+    process that made it) and whose maker is gone (no ``/proc/<pid>``): what a process
+    killed before its exit handlers ran has left behind."""
+    for path in paths:
+        m = re.fullmatch(name_pattern, path.name)
+        if m and not Path(f"/proc/{m.group(1)}").exists():
+            yield path
+
+
 def _remove_orphans(root: Path) -> None:
     """Remove empty sandbox cgroups left by graders that died before removing them (a
     process killed mid-grading cannot clean up; the next sandbox made beside it does)."""
-    for path in root.glob("cr-sandbox-*-*"):
-        pid = path.name.split("-")[2]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            _rmdir(path)
+    for path in left_by_dead_processes(root.glob("cr-sandbox-*"), r"cr-sandbox-(\d+)-\d+"):
+        _rmdir(path)
 
 
 class MemoryCgroup:

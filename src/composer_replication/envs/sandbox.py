@@ -50,7 +50,6 @@ import atexit
 import ctypes
 import logging
 import os
-import re
 import selectors
 import shutil
 import signal
@@ -67,7 +66,7 @@ from types import TracebackType
 
 from composer_replication.config import SandboxConfig
 from composer_replication.envs import harness
-from composer_replication.envs.cgroup import MemoryCgroup
+from composer_replication.envs.cgroup import MemoryCgroup, left_by_dead_processes
 
 log = logging.getLogger(__name__)
 
@@ -743,11 +742,9 @@ def bindable_dir(prefix: str) -> str:
 def _remove_orphan_binds(base: str) -> None:
     """Once per process: remove bind directories (``cr-...-<pid>.<random>``) of processes
     that are gone (killed before their exit handlers ran: ~7 MB of pytest per process)."""
-    for path in Path(base).glob("cr-*"):
-        m = re.fullmatch(r"cr-[a-z-]+-(\d+)\.\w+", path.name)
-        if m and path.is_dir() and path.stat().st_uid == os.getuid():
-            if not Path(f"/proc/{m.group(1)}").exists():
-                shutil.rmtree(path, ignore_errors=True)
+    for path in left_by_dead_processes(Path(base).glob("cr-*"), r"cr-[a-z-]+-(\d+)\.\w+"):
+        if path.is_dir() and path.stat().st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _run_script(
