@@ -115,6 +115,11 @@ class EnvConfig(_Strict):
     share of target tests passing (0 on any regression)."""
     max_tool_output_chars: int = Field(2000, ge=100, le=1_000_000)
     """``feature_deletion``: tool results are cut to this many characters."""
+    tests_budget_s: float | None = Field(300.0, ge=1.0, le=36_000.0)
+    """``feature_deletion``: wall seconds the ``run_tests`` calls of one episode may take in
+    all (each run is cut to what is left; once spent, ``run_tests`` is an error result and
+    grading still runs). A workspace that hangs costs this once, not
+    ``task_generation.suite_timeout_s`` per call. None: no budget."""
 
     @model_validator(mode="after")
     def _openenv_needs_tools(self) -> EnvConfig:

@@ -92,6 +92,7 @@ def test_unknown_nested_key_is_named():
         ("env.levels=[9]", "env"),
         ("env.shots=3", "env.shots"),
         ("env.shots=1", "only the calculator"),
+        ("env.tests_budget_s=0.5", "env.tests_budget_s"),
     ],
 )
 def test_out_of_range_values_name_the_key(override, key):

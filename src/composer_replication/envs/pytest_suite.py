@@ -280,13 +280,15 @@ def run_suite(
     requirements: tuple[str, ...] = (),
     served: str | None = None,
     hidden: tuple[str, ...] = (),
+    timeout_s: float | None = None,
 ) -> SuiteReport:
     """Run pytest on ``repo`` (a bindable directory, see ``sandbox.bindable_dir``) inside the
     sandbox and return the accepted per-test report; ``requirements``: the suite's own test
     dependencies (pip requirement strings) installed next to pytest. ``served``: a second
     tree, imported in a sandbox of its own, whose function the suite's forwarding stub calls
     (split grading, envs/forward_client.py); ``hidden``: files of ``repo`` (relative) the
-    served tree leaves out, so functions defined there cross as handles, not by name."""
+    served tree leaves out, so functions defined there cross as handles, not by name;
+    ``timeout_s``: a shorter wall limit for this run than the sandbox's own."""
     import time
 
     tools = pytest_tools(tuple(requirements))
@@ -294,11 +296,12 @@ def run_suite(
     start = time.monotonic()
     if served is None:
         code = _runner(tools, repo, tests, extra, None)
-        res = box.run_python(code, binds=(tools, repo), stdin=key)
+        res = box.run_python(code, binds=(tools, repo), stdin=key, wall_timeout_s=timeout_s)
     else:
         with box.module_server(served, binds=(tools,)) as server:
             code = _runner(tools, repo, tests, extra, (*server.client_fds, hidden))
-            res = box.run_python(code, binds=(tools, repo), stdin=key, pass_fds=server.client_fds)
+            res = box.run_python(code, binds=(tools, repo), stdin=key,
+                                 pass_fds=server.client_fds, wall_timeout_s=timeout_s)  # fmt: skip
     rep = parse_frames(res.stdout, key)
     rep.timed_out, rep.output, rep.seconds = res.timed_out, res.stderr, time.monotonic() - start
     return rep

@@ -49,6 +49,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import logging
+import math
 import os
 import selectors
 import shutil
@@ -526,7 +527,11 @@ def _descendants(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
         parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
+        try:  # the process may exit while it is listed: /proc/<pid>/task vanishes
+            tasks = list(Path(f"/proc/{parent}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
             try:
                 kids = [int(x) for x in (task / "children").read_text().split()]
             except (OSError, ValueError):
@@ -650,13 +655,21 @@ class Sandbox:
         binds: tuple[str, ...] = (),
         stdin: bytes = b"",
         pass_fds: tuple[int, ...] = (),
+        wall_timeout_s: float | None = None,
     ) -> SandboxResult:
         """Run ``code`` as a script; its exit status and capped output (never a verdict).
         ``binds``: host directories (readable by ``nobody`` when the grader is root, see
         :func:`bindable_dir`) mounted read-only at the same path inside; ``stdin``: bytes the
         script reads first from fd 0; ``pass_fds``: open fds it inherits (a
-        :class:`ModuleServer`'s ``client_fds``)."""
-        return _run_script(self.bwrap, self.cfg, code, binds, stdin, pass_fds)
+        :class:`ModuleServer`'s ``client_fds``); ``wall_timeout_s``: a shorter wall (and CPU)
+        limit for this run only (never longer than the sandbox's own)."""
+        cfg = self.cfg
+        if wall_timeout_s is not None and wall_timeout_s < cfg.wall_timeout_s:
+            if wall_timeout_s <= 0:
+                raise ValueError(f"wall_timeout_s must be positive, got {wall_timeout_s}")
+            cpu = max(1, min(cfg.cpu_time_s, math.ceil(wall_timeout_s)))
+            cfg = cfg.model_copy(update={"wall_timeout_s": wall_timeout_s, "cpu_time_s": cpu})
+        return _run_script(self.bwrap, cfg, code, binds, stdin, pass_fds)
 
     def module_server(self, root: str, binds: tuple[str, ...] = ()) -> ModuleServer:
         """Serve calls to a function of the tree ``root`` from another sandbox (use as a

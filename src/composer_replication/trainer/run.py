@@ -147,7 +147,8 @@ def build_env(cfg: RunConfig):
         return get_env("feature_deletion", sources=e.task_sources, task_dir=e.task_dir,
                        generation=e.task_generation, reward=e.reward,
                        heldout_fraction=e.heldout_fraction,
-                       max_output_chars=e.max_tool_output_chars, few_shot=e.few_shot)  # fmt: skip
+                       max_output_chars=e.max_tool_output_chars, few_shot=e.few_shot,
+                       tests_budget_s=e.tests_budget_s)  # fmt: skip
     return get_env("humaneval", heldout_fraction=e.heldout_fraction, sandbox=cfg.sandbox)
 
 

@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -23,6 +24,57 @@ def test_infinite_loop_is_killed_at_the_timeout(code):
     r = run_python(code, SandboxConfig(wall_timeout_s=1.0))
     assert r.timed_out and not r.ok
     assert time.monotonic() - t0 < 10
+
+
+def test_a_run_can_be_given_a_shorter_limit_but_never_a_longer_one():
+    """``Sandbox.run_python(wall_timeout_s=...)``: what is left of an episode's test time."""
+    from composer_replication.envs.sandbox import Sandbox
+
+    box = Sandbox(SandboxConfig(wall_timeout_s=60.0, cpu_time_s=60))
+    t0 = time.monotonic()
+    r = box.run_python("import time; time.sleep(60)", wall_timeout_s=1.0)
+    assert r.timed_out and time.monotonic() - t0 < 30  # not the sandbox's 60 s
+    assert box.cfg.wall_timeout_s == 60.0  # the sandbox itself is unchanged
+    short = Sandbox(SandboxConfig(wall_timeout_s=1.0))
+    t0 = time.monotonic()
+    assert short.run_python("import time; time.sleep(60)", wall_timeout_s=120.0).timed_out
+    assert time.monotonic() - t0 < 30  # 120 s did not lengthen its 1 s limit
+    with pytest.raises(ValueError, match="wall_timeout_s"):
+        box.run_python("pass", wall_timeout_s=0.0)
+
+
+def test_a_process_that_exits_while_its_tasks_are_listed_is_no_error(monkeypatch):
+    """``/proc/<pid>/task`` vanished between opening and reading it (the sandbox's process
+    exited while ``close`` looked for its children): FileNotFoundError out of grading."""
+    from composer_replication.envs import sandbox
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        gone = f"/proc/{child.pid}/task"
+        real_scandir, real_listdir = os.scandir, os.listdir
+
+        def vanishing(real):
+            def listing(path="."):
+                if os.fspath(path).rstrip("/") == gone:
+                    raise FileNotFoundError(2, "No such file or directory", gone)
+                return real(path)
+
+            return listing
+
+        monkeypatch.setattr(os, "scandir", vanishing(real_scandir))
+        monkeypatch.setattr(os, "listdir", vanishing(real_listdir))
+        assert sandbox._descendants(child.pid) == []
+        monkeypatch.undo()
+        grand = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+        try:
+            time.sleep(0.3)
+            assert len(sandbox._descendants(grand.pid)) == 1  # still finds what is there
+        finally:
+            grand.kill()
+            grand.wait()
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_fork_bomb_does_not_spread():

@@ -38,6 +38,7 @@ def test_feature_deletion_trains_with_tool_calls_and_graded_rewards(tokenizer, t
             "generation.num_generations=2",
             "generation.max_completion_length=160",
             "env.max_tool_output_chars=200",
+            "env.tests_budget_s=120",
             "env.few_shot=false",  # the script counts assistant turns from the prompt's end
             "rollout.max_turns=2",
             "eval.before_and_after=false",
@@ -49,6 +50,7 @@ def test_feature_deletion_trains_with_tool_calls_and_graded_rewards(tokenizer, t
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     model.set_script(enc("<|im_start|>assistant\n"), [enc(CALL), enc(ANSWER)])
     env = build_env(cfg)
+    assert env.tests_budget_s == 120.0  # the config reaches the tools
     trainer = build_trainer(cfg, model, tok, env)
     trainer.train()
     rows = read_metrics(f"{cfg.output_dir}/metrics.jsonl")

@@ -5,7 +5,9 @@ Per episode (``reset``) the tools instance makes a fresh workspace (workspace.py
 the task's state, one git commit). Tools: ``list_files``, ``read_file``, ``search`` (literal
 text, never a regex: it runs in the trainer's process), ``write_file``, ``replace_in_file``,
 ``run_tests`` (the visible failing tests, or a test file or id, run in the sandbox on a copy of
-the workspace, output cut to ``max_output_chars``) and ``submit``. Paths are confined to the
+the workspace, output cut to ``max_output_chars``; an episode's runs share ``tests_budget_s``
+wall seconds, so a workspace that hangs costs the budget once, not the suite timeout per call)
+and ``submit``. Paths are confined to the
 workspace: an absolute path elsewhere, ``..`` out of it or a symlink is refused and flagged, as
 is reading bytecode.
 
@@ -23,6 +25,7 @@ import functools
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -91,6 +94,9 @@ toolz: 0 calls in 4 rollouts)."""
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".cfg", ".toml", ".ini", ".json", ".yaml", ".yml")
 MAX_PATH_CHARS = 512
 """Longest path argument a tool accepts (characters)."""
+MIN_TEST_RUN_S = 1.0
+"""Least test time left in an episode's budget for ``run_tests`` to start a run (below it the
+call is an error result: a sandbox and pytest need about this long to start)."""
 MAX_PATH_DEPTH = 24
 """Most directory levels below the repository root a path may have: the host-side tools and
 grading walk the tree, and ~1000 levels (~1.5k policy tokens) made ``os.walk``,
@@ -138,6 +144,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         heldout_fraction: float = 0.2,
         max_output_chars: int = 2000,
         few_shot: bool = True,
+        tests_budget_s: float | None = 300.0,
         progress=None,
     ):
         super().__init__()
@@ -146,6 +153,9 @@ class FeatureDeletionEnv(ToolEnvironment):
         self.generation = generation or TaskGenConfig()
         self.reward_mode, self.max_output_chars = reward, max_output_chars
         self.few_shot = few_shot
+        if tests_budget_s is not None and tests_budget_s < MIN_TEST_RUN_S:
+            raise ValueError(f"tests_budget_s must be at least {MIN_TEST_RUN_S} s or None")
+        self.tests_budget_s = tests_budget_s
         self.box = Sandbox(suite_sandbox(self.generation))
         self.roots: dict[str, Path] = {}
         default = cache_dir() / "feature_deletion" / f"tasks-v{GENERATOR_VERSION}"
@@ -247,6 +257,7 @@ class FeatureDeletionTools:
         self.task: dict | None = None
         self.flags: list[str] = []
         self.submitted = False
+        self.test_seconds = 0.0  # wall seconds this episode's run_tests calls took
         self._tmp: str | None = None
 
     def reset(self, **row: Any) -> None:
@@ -254,6 +265,7 @@ class FeatureDeletionTools:
         self._close()
         task = self._env.task_by_id(row["task_id"])
         self.task, self.flags, self.submitted = task.data, [], False
+        self.test_seconds = 0.0
         self._tmp = tempfile.mkdtemp(prefix="cr-fd-ws-")
         _LIVE_WORKSPACES.add(self._tmp)
         self.workspace = make_workspace(self._env.roots[task.task_id], task.data,
@@ -427,12 +439,18 @@ class FeatureDeletionTools:
             return f"error: {wire_snippet(target)} is not a test file or test id"
         if target and _unusable_path(str(target)):
             return f"error: the test id {wire_snippet(target)} {_unusable_path(str(target))}"
-        copy = None
+        budget = self._env.tests_budget_s
+        left = None if budget is None else budget - self.test_seconds
+        if left is not None and left < MIN_TEST_RUN_S:
+            return (f"error: this episode's test time ({budget:g} s) is spent; "
+                    "call submit to be graded")  # fmt: skip
+        copy, start = None, time.monotonic()
         try:
             copy = staged_copy(self.workspace, prefix="cr-fd-run-")
             reqs = tuple(self.task.get("test_requirements", ()))
-            rep = run_suite(self._env.box, str(copy), tests, requirements=reqs)
+            rep = run_suite(self._env.box, str(copy), tests, requirements=reqs, timeout_s=left)
         finally:
+            self.test_seconds += time.monotonic() - start
             if copy is not None:
                 shutil.rmtree(copy, ignore_errors=True)
         if not rep.ok:

@@ -10,6 +10,7 @@ import atexit
 import glob
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,28 @@ def test_a_failed_test_run_leaves_no_copy_behind(tools, monkeypatch):
     with pytest.raises(RecursionError):  # not an OSError: TRL's per-tool try reports it
         tools.run_tests()
     assert set(glob.glob("/var/tmp/cr-fd-run-*") + glob.glob(pattern)) == before
+
+
+def test_a_hanging_workspace_costs_the_episode_test_budget_once(env, tools, monkeypatch):
+    """A body that never returns made every ``run_tests`` call wait the whole suite timeout
+    (120 s by default): ten calls held a rollout batch for 20 minutes. Now an episode's runs
+    share ``tests_budget_s``; once it is spent the tool answers at once."""
+    monkeypatch.setattr(env, "tests_budget_s", 4.0)
+    out = tools.replace_in_file(
+        "textkit/core.py", fd_env.STUB_LINE, "    while True:\n        pass"
+    )
+    assert out.startswith("edited"), out
+    t0 = time.monotonic()
+    first = tools.run_tests()
+    assert first.startswith("the test run "), first  # timed out / did not finish
+    assert time.monotonic() - t0 < env.generation.suite_timeout_s  # cut to the budget
+    assert tools.test_seconds >= 3.0
+    spent = tools.test_seconds
+    second = tools.run_tests()
+    assert _is_error_text(second) and "spent" in second and "submit" in second
+    assert tools.test_seconds == spent  # nothing ran
+    tools.reset(**env.row(_task(env)))  # a new episode has the whole budget again
+    assert tools.test_seconds == 0.0
 
 
 @pytest.mark.parametrize("name,args", [
