@@ -7,9 +7,8 @@ text, never a regex: it runs in the trainer's process), ``write_file``, ``replac
 ``run_tests`` (the visible failing tests, or a test file or id, run in the sandbox on a copy of
 the workspace, output cut to ``max_output_chars``; an episode's runs share ``tests_budget_s``
 wall seconds, so a workspace that hangs costs the budget once, not the suite timeout per call)
-and ``submit``. Paths are confined to the
-workspace: an absolute path elsewhere, ``..`` out of it or a symlink is refused and flagged, as
-is reading bytecode.
+and ``submit``. Paths are confined to the workspace: an absolute path elsewhere, ``..`` out of
+it or a symlink is refused and flagged, as is reading bytecode.
 
 Grading (``grade_episodes``) takes only the target file from the workspace (grade.py); the
 verdict's feedback (failing tests, first assertion lines) is the self-distillation hint, blamed
