@@ -1,4 +1,11 @@
-"""Building hints for failed completions and inserting them into the teacher's context."""
+"""Hints for channel 2: turn a failed rollout's verifier feedback, a successful sibling, or a
+hint model's text into the context of the self-teacher.
+
+The self-teacher is the policy itself, shown the hint, scoring the *same* completion tokens
+(SDPO: Hübotter et al., "Reinforcement Learning via Self-Distillation", 2026; OPSD: Zhao et
+al., "Self-Distilled Reasoner: On-Policy Self-Distillation", 2026). Where the hinted teacher
+puts less probability than the student on a token, the student learns to avoid it.
+"""
 
 from __future__ import annotations
 

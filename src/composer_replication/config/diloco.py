@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from composer_replication.config.base import StrictModel
 
 
-class DilocoConfig(BaseModel):
+class DilocoConfig(StrictModel):
     """Outer-loop settings. ``enabled: false`` (the default) leaves training untouched."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     enabled: bool = False
     """Run the DiLoCo outer loop around the trainer's optimizer."""

@@ -31,7 +31,7 @@ generated text: the Qwen response schemas in ``trl/chat_template_utils.py`` take
 
 Through a ChatML template without tool support (SmolLM2's), the flattened conversation renders
 to the same text Qwen2.5's tool-aware template gives the structured conversation (tested in
-``tests/unit/test_chat.py``), so a model that learns this format can later switch to a native
+``tests/unit/lm/test_chat.py``), so a model that learns this format can later switch to a native
 tool template without changing what it sees.
 
 Rendering (`render_prompt`): a tokenizer whose chat template renders tool calls and tool results

@@ -39,7 +39,7 @@ SMOLLM2_TOOLS_RESPONSE_TEMPLATE: dict[str, Any] = {
 
 def load_template(name: str = SMOLLM2_TOOLS) -> str:
     """The text of a chat template shipped in ``composer_replication/templates``."""
-    return files("composer_replication.templates").joinpath(name).read_text(encoding="utf-8")
+    return files("composer_replication.lm.templates").joinpath(name).read_text(encoding="utf-8")
 
 
 def _is_chatml(tokenizer: Any) -> bool:

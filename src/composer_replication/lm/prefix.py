@@ -10,7 +10,7 @@ only the per-row suffixes are run against it.
 Position ids are passed explicitly (running count of real tokens), so padding between a
 group's prefix and a row's suffix leaves no gap in the positions: the result equals one
 unpadded forward of ``prefix + suffix`` per row up to float rounding
-(``tests/unit/trainer/test_prefix.py`` checks it against the plain padded forward).
+(``tests/unit/lm/test_prefix.py`` checks it against the plain padded forward).
 
 Models whose caches are not plain full-attention KV lists (sliding-window layers, recurrent
 states) take the plain padded forward instead: :func:`supports_prefix_cache`.
@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from composer_replication.models import backbone, capture_suspended
+from composer_replication.lm.models import backbone, capture_suspended
 
 
 @dataclass
@@ -202,7 +202,7 @@ def _forward_with_prefix(prefix_net, net, batch: PrefixBatch, **suffix_kwargs: A
 def prefill(prefix_net, batch: PrefixBatch) -> tuple[DynamicCache, Tensor]:
     """Run the group prefixes through ``prefix_net`` (a backbone) into a KV cache and expand
     it to the rows; returns the cache and the rows' ``[R, P]`` prefix mask. The forward is
-    not seen by :class:`~composer_replication.models.HiddenCapture` (its states predict no
+    not seen by :class:`~composer_replication.lm.models.HiddenCapture` (its states predict no
     completion token)."""
     cfg = getattr(prefix_net, "config", None)
     cache = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
@@ -239,7 +239,7 @@ def generate_with_prefix(model, prompts: list[list[int]], pad_id: int, **generat
     rest. Returns the ``[B, N]`` new tokens (rows that stopped early are padded, as
     ``generate`` pads them). ``generate`` derives position ids from the attention mask, so
     the padding between a prefix and a row's rest leaves no gap in the positions; greedy
-    output equals plain left-padded generation (``tests/unit/trainer/test_prefix.py``)."""
+    output equals plain left-padded generation (``tests/unit/lm/test_prefix.py``)."""
     net = backbone(model)
     device = next(model.parameters()).device
     with torch.no_grad(), checkpointing_paused(net):

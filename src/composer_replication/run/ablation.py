@@ -105,8 +105,8 @@ def _arm_run_config(acfg: AblationConfig, arm: AblationArm, seed: int, out: Path
 
 def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> dict[str, Any]:
     """Train one arm/seed; returns its final held-out result and timing."""
+    from composer_replication.run.train import build_trainer, evaluate_run, prepare
     from composer_replication.trainer.callbacks import HeldoutEvalCallback
-    from composer_replication.trainer.run import build_trainer, evaluate_run, prepare
 
     cfg = arm_config(acfg, arm, seed)
     done = Path(cfg.output_dir, FINAL_EVAL)
@@ -172,7 +172,7 @@ def check_reusable(cfg: RunConfig) -> None:
 
 def base_result(acfg: AblationConfig, console=None) -> dict[str, Any]:
     """The untrained model on the same held-out set as the arms' final evaluation (cached)."""
-    from composer_replication.trainer.run import evaluate_run, prepare
+    from composer_replication.run.train import evaluate_run, prepare
 
     path = Path(acfg.output_dir) / "base_eval.json"
     if path.is_file():
@@ -280,9 +280,9 @@ def build_trl_sdpo_trainer(cfg: RunConfig, model, tokenizer, env):
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from trl.experimental.sdpo import SDPOConfig, SDPOTrainer
 
+    from composer_replication.run.train import build_grpo_args, build_reward_funcs
     from composer_replication.trainer.callbacks import MetricsJsonlCallback
     from composer_replication.trainer.data import build_prompt_dataset
-    from composer_replication.trainer.run import build_grpo_args, build_reward_funcs
 
     grpo = build_grpo_args(cfg).to_dict()
     fields = {f.name for f in dataclasses.fields(SDPOConfig)}

@@ -12,7 +12,7 @@ from typing import Any
 
 from composer_replication.config import RunConfig, dump_config
 from composer_replication.progress import progress_bar
-from composer_replication.trainer.card import write_model_card
+from composer_replication.run.card import write_model_card
 
 
 @dataclass
@@ -116,8 +116,10 @@ def build_grpo_args(cfg: RunConfig):
 def build_reward_funcs(cfg: RunConfig, env) -> list:
     from composer_replication.trainer.rewards import EnvReward
 
-    if cfg.env.openenv_url:  # the server grades each rollout (envs/openenv_adapter.py)
-        from composer_replication.envs.openenv_adapter import OpenEnvReward
+    if (
+        cfg.env.tools and cfg.env.openenv_url
+    ):  # the server grades each rollout (envs/openenv/adapter.py)
+        from composer_replication.envs.openenv.adapter import OpenEnvReward
 
         funcs: list = [OpenEnvReward(env.name)]
     else:
@@ -135,33 +137,24 @@ def build_reward_funcs(cfg: RunConfig, env) -> list:
 
 
 def build_env(cfg: RunConfig):
+    """The environment ``cfg.env`` names, built from its options (``env_options``), with the
+    sandbox section for an environment that grades code in it."""
     from composer_replication.envs import get_env
 
-    e = cfg.env
-    if e.name == "arithmetic":
-        return get_env("arithmetic", levels=e.levels, heldout_fraction=e.heldout_fraction)
-    if e.name == "calculator":
-        return get_env("calculator", heldout_fraction=e.heldout_fraction, few_shot=e.few_shot,
-                       shots=e.shots)  # fmt: skip
-    if e.name == "feature_deletion":
-        return get_env("feature_deletion", sources=e.task_sources, task_dir=e.task_dir,
-                       generation=e.task_generation, reward=e.reward,
-                       heldout_fraction=e.heldout_fraction,
-                       max_output_chars=e.max_tool_output_chars, few_shot=e.few_shot,
-                       tests_budget_s=e.tests_budget_s)  # fmt: skip
-    return get_env("humaneval", heldout_fraction=e.heldout_fraction, sandbox=cfg.sandbox)
+    extra = {"sandbox": cfg.sandbox} if cfg.env.name == "humaneval" else {}
+    return get_env(cfg.env.name, **cfg.env.env_options(), **extra)
 
 
 def tool_kwargs(cfg: RunConfig, env) -> dict[str, Any]:
     """``environment_factory`` for a tool environment (its tools bounded by
     ``rollout.max_tool_calls``); nothing for single-turn environments."""
     from composer_replication.envs.base import is_tool_env
-    from composer_replication.rollout import bounded_tools
+    from composer_replication.envs.tools import bounded_tools
 
     if not is_tool_env(env):
         return {}
     if cfg.env.openenv_url:  # tools (and grading) on an OpenEnv server
-        from composer_replication.envs.openenv_adapter import openenv_tools_class
+        from composer_replication.envs.openenv.adapter import openenv_tools_class
 
         tools = openenv_tools_class(cfg.env.openenv_url, cfg.env.max_tool_output_chars)
     else:
@@ -287,9 +280,9 @@ def prepare(cfg: RunConfig):
     """Threads, seeds, run dir and config snapshot; returns (model, tokenizer, env)."""
     import torch
 
-    from composer_replication.chat_templates import ensure_tool_template
     from composer_replication.envs.base import is_tool_env
-    from composer_replication.models import load_model, load_tokenizer
+    from composer_replication.lm.chat_templates import ensure_tool_template
+    from composer_replication.lm.models import load_model, load_tokenizer
 
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)

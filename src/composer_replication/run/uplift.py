@@ -38,18 +38,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from composer_replication.chat import as_messages, render_prompt
-from composer_replication.envs.base import Environment, StepResult, Task
-from composer_replication.evaluation import generate_greedy, mean_interval
-from composer_replication.hints.build import (
+from composer_replication.channels.hints import (
     HintTemplates,
     best_success,
     feedback_in_form,
     insert_hint,
     placebo_hint,
 )
+from composer_replication.envs.base import Environment, StepResult, Task
+from composer_replication.evaluation import generate_greedy, mean_interval
+from composer_replication.lm.chat import as_messages, render_prompt
+from composer_replication.lm.models import pad_token_id
 from composer_replication.losses import contrast_weights
-from composer_replication.models import pad_token_id
 
 MODEL_HINT_PROMPT = (
     "Problem: {prompt}\nA student replied: {reply}\nThe checker said: {feedback}\n"
@@ -516,7 +516,7 @@ def run_uplift(
     train problems of each level, ``samples`` replies each; at most ``max_failures`` failures per
     level, in task order) and write the report to ``out``."""
     from composer_replication.envs.arithmetic import ArithmeticEnv
-    from composer_replication.models import load_model, load_tokenizer
+    from composer_replication.lm.models import load_model, load_tokenizer
     from composer_replication.progress import progress_bar
 
     torch.manual_seed(seed)

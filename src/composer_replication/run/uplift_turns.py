@@ -1,6 +1,6 @@
 """Hint uplift at the failed turn of multi-turn tool rollouts (the calculator agent).
 
-The multi-turn counterpart of :mod:`composer_replication.hints.uplift`. Composer's targeted
+The multi-turn counterpart of :mod:`composer_replication.run.uplift`. Composer's targeted
 feedback and our channel 2 put the hint where the verifier blamed the rollout
 (``StepResult.info["failed_turn"]``): the teacher sees the hinted prompt, the rollout's own
 turns and tool results before that turn, and is asked for that turn. So the gap is measured
@@ -27,10 +27,12 @@ from typing import Any
 
 import torch
 
-from composer_replication.chat import render_prompt
+from composer_replication.channels.hints import HintTemplates, best_success, insert_hint
 from composer_replication.envs.base import Environment, StepResult, Task
-from composer_replication.hints.build import HintTemplates, best_success, insert_hint
-from composer_replication.hints.uplift import (
+from composer_replication.envs.tools import bounded_tools, tool_functions
+from composer_replication.lm.chat import render_prompt
+from composer_replication.rollout import run_agent
+from composer_replication.run.uplift import (
     MODEL_HINT_PROMPT,
     Measurement,
     Probe,
@@ -39,7 +41,6 @@ from composer_replication.hints.uplift import (
     measure_probe,
     write_report,
 )
-from composer_replication.rollout import bounded_tools, run_agent, tool_functions
 
 
 @dataclass
@@ -203,9 +204,9 @@ def run_uplift_calculator(
 ) -> list[UpliftRow]:  # fmt: skip
     """Measure hint uplift at the failed turn on the calculator agent task, once per number
     of worked exchanges in the prompt (``shots``), and write the report to ``out``."""
-    from composer_replication.chat_templates import ensure_tool_template
     from composer_replication.envs.calculator import CalculatorEnv
-    from composer_replication.models import load_model, load_tokenizer
+    from composer_replication.lm.chat_templates import ensure_tool_template
+    from composer_replication.lm.models import load_model, load_tokenizer
     from composer_replication.progress import progress_bar
 
     torch.manual_seed(seed)

@@ -297,7 +297,7 @@ def _script(audit):
 
 # ---- module mode: Feature Deletion's split grading (sandbox.ModuleServer) -------------------
 #
-# The suite's process (envs/forward_client.py) sends length-prefixed pickles on fd 0: ("load",
+# The suite's process (sandbox/forward_client.py) sends length-prefixed pickles on fd 0: ("load",
 # module, symbol, sys_path), ("call", handle, args, kwargs), ("next", handle), and ("reply",
 # "value"|"raised", payload) answering a callback. This side answers on fd 1 with plain-data
 # frames only. Callables and iterators cross as handles, never as code: a test's lambda

@@ -22,7 +22,7 @@ How the run is pinned down:
   inside the process (``gc``, frames, ``/proc/self/mem``; the audit hook refuses the first),
   so this raises the bar against printed or forged reports; it is not a proof.
 * That is why grading passes ``served``: the function under grading then runs in a sandbox
-  of its own and the suite calls it through a forwarding stub (envs/forward_client.py), so
+  of its own and the suite calls it through a forwarding stub (sandbox/forward_client.py), so
   no submitted code runs in this process at all. Without ``served`` (the agent's own
   ``run_tests``, task generation on the original tree) the checks above are what there is.
 """
@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from composer_replication.envs import harness
-from composer_replication.envs import sandbox as sb
+from composer_replication.sandbox import harness
+from composer_replication.sandbox import sandbox as sb
 
 TOOL_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py.py")
 PASSED, FAILED, SKIPPED, ERROR, XFAIL, MISSING = (
@@ -286,7 +286,7 @@ def run_suite(
     sandbox and return the accepted per-test report; ``requirements``: the suite's own test
     dependencies (pip requirement strings) installed next to pytest. ``served``: a second
     tree, imported in a sandbox of its own, whose function the suite's forwarding stub calls
-    (split grading, envs/forward_client.py); ``hidden``: files of ``repo`` (relative) the
+    (split grading, sandbox/forward_client.py); ``hidden``: files of ``repo`` (relative) the
     served tree leaves out, so functions defined there cross as handles, not by name;
     ``timeout_s``: a shorter wall limit for this run than the sandbox's own."""
     import time

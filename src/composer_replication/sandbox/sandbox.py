@@ -29,13 +29,13 @@ Layers, outermost first:
   (``WARM_MODULES``, compiled by importing them outside the sandbox, no candidate code
   involved): without it every ``from typing import List`` in a candidate recompiles ``typing``
   from source (~25 ms per grading). Feature Deletion adds the bytecode of its private copy of
-  pytest (envs/pytest_suite.py), also compiled by the trusted interpreter. Nothing of the code
+  pytest (sandbox/pytest_suite.py), also compiled by the trusted interpreter. Nothing of the code
   under test is ever compiled there.
-* **An audit hook** (PEP 578, in envs/harness.py) refusing sockets, processes, native code and
+* **An audit hook** (PEP 578, in sandbox/harness.py) refusing sockets, processes, native code and
   writes outside the work dir: a second layer only, bypassable from Python, never relied on.
 
 Design choice: the trusted grader talks to the candidate function over a pipe and runs the
-tests itself (envs/harness.py) instead of running the tests in the sandbox and reading back a
+tests itself (sandbox/harness.py) instead of running the tests in the sandbox and reading back a
 verdict signed with a secret token. A token-signed verdict requires the candidate never to
 observe the harness's memory, which an in-process harness cannot guarantee (frames, ``gc``,
 ``/proc/self/mem``); comparing plain values outside needs no secret at all.
@@ -66,8 +66,8 @@ from pathlib import Path
 from types import TracebackType
 
 from composer_replication.config import SandboxConfig
-from composer_replication.envs import harness
-from composer_replication.envs.cgroup import MemoryCgroup, left_by_dead_processes
+from composer_replication.sandbox import harness
+from composer_replication.sandbox.cgroup import MemoryCgroup, left_by_dead_processes
 
 log = logging.getLogger(__name__)
 
@@ -685,7 +685,7 @@ def _printable(text: str) -> str:
 
 class ModuleServer:
     """A function of an untrusted tree, served from its own sandbox to a second sandboxed
-    process (Feature Deletion's split grading, envs/forward_client.py).
+    process (Feature Deletion's split grading, sandbox/forward_client.py).
 
     Two pipes join the processes directly: ``client_fds`` (requests in, replies out) are
     passed to the client's ``run_python``; the server's ends are its stdin and stdout. The

@@ -1,7 +1,7 @@
 import pytest
 
+from composer_replication.channels.hints import HintTemplates, build_hints, insert_hint
 from composer_replication.envs.arithmetic import grade_answer
-from composer_replication.hints import HintTemplates, build_hints, insert_hint
 
 
 def _group(replies, expected=19):

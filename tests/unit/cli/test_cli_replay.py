@@ -5,12 +5,11 @@ from __future__ import annotations
 import orjson
 import typer
 import yaml
+from support.scripted_openai import synthetic_states as make_states
 from typer.testing import CliRunner
 
 from composer_replication.cli.common import BUDGET_EXHAUSTED
 from composer_replication.cli.replay import pairs_command, replay_command, serve_command
-
-from .conftest import make_states
 
 app = typer.Typer()
 app.command("replay")(replay_command)

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "feature_deletion" / "textkit"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "feature_deletion" / "textkit"
 
 
 def test_tasks_generate_console_script(tmp_path):

@@ -26,7 +26,7 @@ from composer_replication.config import (
     resolve_config_path,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SHIPPED = sorted(configs_dir().rglob("*.yaml"))
 SHIPPED_NAMES = sorted(p.relative_to(configs_dir()).as_posix() for p in SHIPPED)
 
@@ -42,8 +42,8 @@ def test_top_level_configs_is_the_packaged_directory():
 
 @pytest.mark.parametrize("path", SHIPPED, ids=SHIPPED_NAMES)
 def test_every_shipped_config_parses(path):
-    from composer_replication.ablation import arm_config
     from composer_replication.replay.teachers import TeacherPool, load_pool
+    from composer_replication.run.ablation import arm_config
 
     if path.parent.name == "teachers":
         assert isinstance(load_pool(path), TeacherPool)
@@ -91,8 +91,7 @@ def test_unknown_nested_key_is_named():
         ("optim.learning_rate=-1", "optim.learning_rate"),
         ("env.levels=[9]", "env"),
         ("env.shots=3", "env.shots"),
-        ("env.shots=1", "only the calculator"),
-        ("env.tests_budget_s=0.5", "env.tests_budget_s"),
+        ("env.shots=1", "env.shots: unknown key"),  # only the calculator has shots
     ],
 )
 def test_out_of_range_values_name_the_key(override, key):
@@ -102,7 +101,7 @@ def test_out_of_range_values_name_the_key(override, key):
 
 
 def test_calculator_shots_reach_the_env():
-    from composer_replication.trainer.run import build_env
+    from composer_replication.run.train import build_env
 
     cfg = load_config("agent_quickstart.yaml", ["env.shots=1"])
     env = build_env(cfg)
@@ -224,7 +223,7 @@ def test_wheel_ships_the_configs_and_finds_the_default(tmp_path):
     ).stdout.split("\n")
     site = tmp_path / "site" / "composer_replication"
     assert out[:3] == [
-        str(site / "config.py"),
+        str(site / "config" / "__init__.py"),
         str(site / "configs" / "quickstart.yaml"),
         "3 False",
     ]
@@ -310,3 +309,42 @@ def test_a_loss_mapping_without_type_is_the_default_loss_and_typos_get_a_suggest
         load_config(None, ["sdpo.loss.beta2=1"])
     with pytest.raises(ConfigError, match=r"zzz: unknown key$"):
         load_config(None, ["zzz=1"])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["env.name=calculator", "env.levels=[1]"], "env.levels: unknown key"),
+        (["env.name=arithmetic", "env.task_sources=[x]"], "env.task_sources: unknown key"),
+        (["env.name=calculator", "env.shots=1", "env.few_shot=false"], "shots need few_shot"),
+        (["env.name=feature_deletion", "env.tests_budget_s=0.5"], "env.tests_budget_s"),
+        (["env.name=humaneval", "env.openenv_url=http://h:1"], "env.openenv_url: unknown key"),
+        (["env.name=nope"], "unknown environment 'nope'; known: arithmetic, calculator"),
+    ],
+)
+def test_each_environment_holds_only_its_own_options(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_env_name_on_the_command_line_starts_the_section_afresh():
+    """quickstart.yaml sets arithmetic's levels; naming another environment drops them, and
+    the other env.* overrides still apply."""
+    cfg = load_config(None, ["env.num_train=7", "env.name=calculator", "env.shots=1"])
+    assert (cfg.env.name, cfg.env.num_train, cfg.env.shots, cfg.env.tools) == (
+        "calculator", 7, 1, True,
+    )  # fmt: skip
+    assert not hasattr(cfg.env, "levels")
+    same = load_config(None, ["env.name=arithmetic"])  # the file's own name: its options stay
+    assert same.env.levels == [1, 2] and same.env.tools is False
+    assert load_config(None, ["env.levels=[3]"]).env.levels == [3]
+
+
+def test_a_dumped_config_loads_back_with_its_environment(tmp_path):
+    """``config.yaml`` of a run (dump_config) holds the variant's options and reloads as the
+    same config."""
+    cfg = load_config("feature_deletion.yaml", ["env.reward=fraction"])
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config(cfg))
+    again = load_config(path)
+    assert again == cfg and again.env.reward == "fraction" and again.env.tools

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from composer_replication.config import ConfigError, load_config
-from composer_replication.diloco.config import DilocoConfig
+from composer_replication.config.diloco import DilocoConfig
 
 
 def test_defaults_follow_the_paper_and_are_off():

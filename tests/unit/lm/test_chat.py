@@ -1,4 +1,4 @@
-"""Chat rendering (composer_replication/chat.py): the tool-call text format, flattening for
+"""Chat rendering (composer_replication/lm/chat.py): the tool-call text format, flattening for
 templates without tool support, the rendered prompt, and one tool call giving the same text in
 every caller (replay channel, local ``serve``, pair export). Expected strings are written out
 by hand from the format in the module's docstring."""
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from composer_replication.chat import (
+from composer_replication.lm.chat import (
     as_messages,
     flatten_messages,
     parse_tool_calls,

@@ -11,8 +11,8 @@ from trl.chat_template_utils import (
     supports_tool_calling,
 )
 
-from composer_replication.chat_templates import ensure_tool_template
 from composer_replication.envs.calculator import CalculatorTools
+from composer_replication.lm.chat_templates import ensure_tool_template
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from composer_replication.models import ModelLoadError, resolve_model_path
+from composer_replication.lm.models import ModelLoadError, resolve_model_path
 
 
 @pytest.fixture

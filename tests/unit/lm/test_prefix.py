@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import make_tiny_model
 
-from composer_replication.models import HiddenCapture
-from composer_replication.trainer.prefix import (
+from composer_replication.lm.models import HiddenCapture
+from composer_replication.lm.prefix import (
     common_prefix_len,
     completion_logps_with_prefix,
     forward_with_prefix,

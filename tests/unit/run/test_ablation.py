@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from composer_replication.ablation import run_ablation, summarize, write_results
 from composer_replication.config import AblationConfig, ConfigError, load_ablation_config
+from composer_replication.run.ablation import run_ablation, summarize, write_results
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def test_paired_difference_interval_against_the_reference_arm():
 
 
 def test_learning_rate_pick_follows_the_preregistered_rule():
-    from composer_replication.ablation import pick_learning_rates
+    from composer_replication.run.ablation import pick_learning_rates
 
     rows = [
         {"arm": "grpo lr=5.0e-6", "mean": 0.90},
@@ -197,8 +197,8 @@ def test_trl_peer_takes_its_sdpo_settings_from_the_run_config():
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from trl.experimental.sdpo import SDPOConfig
 
-    from composer_replication.ablation import trl_sdpo_kwargs
     from composer_replication.config import load_config
+    from composer_replication.run.ablation import trl_sdpo_kwargs
 
     cfg = load_config(None, ["sdpo.weight=0.25", "sdpo.loss.beta=0.3", "sdpo.teacher=ema",
                              "sdpo.ema_decay=0.9", "sdpo.hint_sources=[feedback]"])  # fmt: skip
@@ -222,8 +222,8 @@ def test_trl_peer_takes_its_sdpo_settings_from_the_run_config():
 
 
 def test_peer_arm_without_a_distillation_weight_is_refused(tmp_path):
-    from composer_replication.ablation import arm_config
     from composer_replication.config import AblationArm, AblationConfig, ConfigError
+    from composer_replication.run.ablation import arm_config
 
     acfg = AblationConfig(arms=[AblationArm(name="peer", trainer="trl_sdpo")],
                           output_dir=str(tmp_path))  # fmt: skip
@@ -232,9 +232,9 @@ def test_peer_arm_without_a_distillation_weight_is_refused(tmp_path):
 
 
 def test_docs_show_the_mapping_table():
-    from composer_replication.ablation import trl_sdpo_mapping_markdown
+    from composer_replication.run.ablation import trl_sdpo_mapping_markdown
 
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "results.md").read_text()
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "results.md").read_text()
     assert trl_sdpo_mapping_markdown() in docs
 
 
@@ -312,8 +312,8 @@ def test_arm_option_trains_only_the_named_arms(tmp_path, monkeypatch):
     earlier `grpo` one too); an unknown arm is refused with the names there are."""
     from typer.testing import CliRunner
 
-    from composer_replication import ablation
     from composer_replication.cli import app
+    from composer_replication.run import ablation
 
     out, md = tmp_path / "out", tmp_path / "results.md"
     cfg_path = tmp_path / "a.yaml"
@@ -355,7 +355,7 @@ def test_training_signal_reads_both_trainers_metrics(tmp_path):
     TRL SDPOTrainer's ``self_distillation/reward_mean`` the same way; all-zero -> None (never);
     no metrics.jsonl -> nothing known. Flat steps count the steps whose every group was flat
     (fraction 1.0, in either trainer's key); 0.5 (one of two groups) is not flat."""
-    from composer_replication.ablation import training_signal
+    from composer_replication.run.ablation import training_signal
 
     def write(name, key, rewards, flat_key=None, flat=()):
         run = tmp_path / name
@@ -382,7 +382,7 @@ def test_training_signal_reads_both_trainers_metrics(tmp_path):
 def test_report_shows_each_seeds_training_signal(tmp_path):
     """The table gives the mean training reward over steps and, per seed, the first rewarded
     step: "never" for a seed whose rollouts were never rewarded, "-" where no metrics exist."""
-    from composer_replication.ablation import run_ablation
+    from composer_replication.run.ablation import run_ablation
 
     out = tmp_path / "out"
     acfg = AblationConfig.model_validate(

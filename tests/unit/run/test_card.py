@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from composer_replication.config import load_config
-from composer_replication.trainer.card import model_card, write_model_card
+from composer_replication.run.card import model_card, write_model_card
 
 SUMMARY = {
     "base": {"pass_rate": 0.234, "pass_ci95_low": 0.18, "pass_ci95_high": 0.299, "n": 192},

@@ -9,9 +9,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from composer_replication.channels.hints import HintTemplates, insert_hint
 from composer_replication.envs.arithmetic import ArithmeticEnv, feedback_forms, grade_answer
-from composer_replication.hints.build import HintTemplates, insert_hint
-from composer_replication.hints.uplift import (
+from composer_replication.run.uplift import (
     Failure,
     Measurement,
     aggregate,
@@ -54,7 +54,7 @@ def test_hint_text_per_form():
 
 
 def test_continuation_logps_equal_a_direct_forward(tokenizer, tiny_model):
-    from composer_replication.chat import render_prompt
+    from composer_replication.lm.chat import render_prompt
 
     ctx = insert_hint([{"role": "user", "content": "What is 2 + 2?"}], "Hint: think")
     (s,), (n,) = continuation_logps(tiny_model, tokenizer, [ctx], ["4 ok"], 8)
@@ -70,7 +70,7 @@ def test_mixture_stats_by_hand(tokenizer, tiny_model):
     """The logit mixture ``z = logits(a) + 2 * (logits(b) - logits(c))`` over the continuation,
     its log-prob and mean entropy, against a direct forward; with ``b == c`` the placebo
     contrast cancels and the stats are the plain model's."""
-    from composer_replication.chat import render_prompt
+    from composer_replication.lm.chat import render_prompt
 
     q = [{"role": "user", "content": "What is 2 + 2?"}]
     a, b, c = q, insert_hint(q, "It is 4."), insert_hint(q, "The answer is wrong.")
@@ -107,7 +107,7 @@ def test_greedy_mixture_decodes_the_mixed_argmax(tokenizer, tiny_model):
     same = greedy_mixture(tiny_model, tokenizer, [qs, hinted, hinted], [1.0, 1.0, -1.0], 5, 2)
     assert same == plain
     mixed = greedy_mixture(tiny_model, tokenizer, [qs, hinted], [1.0, 3.0], 1, 2)
-    from composer_replication.chat import render_prompt
+    from composer_replication.lm.chat import render_prompt
 
     def last(ctx):
         p = tokenizer(render_prompt(tokenizer, ctx), add_special_tokens=False)["input_ids"]

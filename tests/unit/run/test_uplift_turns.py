@@ -1,4 +1,4 @@
-"""Hint uplift at the failed turn of multi-turn rollouts (hints/uplift_turns.py)."""
+"""Hint uplift at the failed turn of multi-turn rollouts (run/uplift_turns.py)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import pytest
 from support.scripted_agent import scripted_calculator_model
 from typer.testing import CliRunner
 
-from composer_replication.chat_templates import ensure_tool_template
+from composer_replication.channels.hints import HintTemplates
 from composer_replication.envs.calculator import CalculatorEnv
-from composer_replication.hints.build import HintTemplates
-from composer_replication.hints.uplift import continuation_logps
-from composer_replication.hints.uplift_turns import (
+from composer_replication.envs.tools import tool_functions
+from composer_replication.lm.chat_templates import ensure_tool_template
+from composer_replication.run.uplift import continuation_logps
+from composer_replication.run.uplift_turns import (
     measure_turns,
     sample_turn_failures,
     split_at_turn,
     turn_text,
 )
-from composer_replication.rollout import tool_functions
 
 CALL = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
     "name": "calculate", "arguments": {"expression": "208 * 67"}}}]}  # fmt: skip

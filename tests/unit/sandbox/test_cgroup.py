@@ -1,4 +1,4 @@
-"""The per-sandbox memory cgroup (envs/cgroup.py): removal kills what is left in it and never
+"""The per-sandbox memory cgroup (sandbox/cgroup.py): removal kills what is left in it and never
 leaks the directory. Needs a writable cgroup-v1 memory controller (root on CI machines)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from composer_replication.envs import cgroup
-from composer_replication.envs.cgroup import MemoryCgroup, memory_root
+from composer_replication.sandbox import cgroup
+from composer_replication.sandbox.cgroup import MemoryCgroup, memory_root
 
 needs_cgroup = pytest.mark.skipif(
     memory_root() is None, reason="no writable memory cgroup on this machine"
@@ -78,7 +78,7 @@ def _dead_pid() -> int:
 def test_bind_directories_of_dead_processes_are_removed(tmp_path):
     """Not a cgroup, the same class: what a killed grader leaves in /var/tmp (its pytest
     copy, staged trees) is removed by the next process that makes a bind directory."""
-    from composer_replication.envs import sandbox
+    from composer_replication.sandbox import sandbox
 
     dead, base = _dead_pid(), tmp_path
     orphan = base / f"cr-pytest-tools-{dead}.abc_12"

@@ -14,8 +14,8 @@ from composer_replication.config import SandboxConfig
 from composer_replication.envs.feature_deletion.candidates import delete_body, find_candidates
 from composer_replication.envs.feature_deletion.forward import forwarding_text
 from composer_replication.envs.feature_deletion.source import staged_copy, suite_files
-from composer_replication.envs.pytest_suite import run_suite
-from composer_replication.envs.sandbox import Sandbox
+from composer_replication.sandbox.pytest_suite import run_suite
+from composer_replication.sandbox.sandbox import Sandbox
 
 MODULE = """
 class Empty(ValueError):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from composer_replication.config import SandboxConfig
-from composer_replication.envs.sandbox import run_python
+from composer_replication.sandbox.sandbox import run_python
 
 
 def test_normal_code_runs_and_can_use_its_workdir():
@@ -28,7 +28,7 @@ def test_infinite_loop_is_killed_at_the_timeout(code):
 
 def test_a_run_can_be_given_a_shorter_limit_but_never_a_longer_one():
     """``Sandbox.run_python(wall_timeout_s=...)``: what is left of an episode's test time."""
-    from composer_replication.envs.sandbox import Sandbox
+    from composer_replication.sandbox.sandbox import Sandbox
 
     box = Sandbox(SandboxConfig(wall_timeout_s=60.0, cpu_time_s=60))
     t0 = time.monotonic()
@@ -46,7 +46,7 @@ def test_a_run_can_be_given_a_shorter_limit_but_never_a_longer_one():
 def test_a_process_that_exits_while_its_tasks_are_listed_is_no_error(monkeypatch):
     """``/proc/<pid>/task`` vanished between opening and reading it (the sandbox's process
     exited while ``close`` looked for its children): FileNotFoundError out of grading."""
-    from composer_replication.envs import sandbox
+    from composer_replication.sandbox import sandbox
 
     child = subprocess.Popen(["sleep", "30"])
     try:
@@ -155,7 +155,7 @@ def test_pycache_holds_only_stdlib_bytecode_and_is_read_only():
     lines = r.stdout.split("\n")
     n, paths = int(lines[0]), [p for p in lines[1 : 1 + int(lines[0])]]
     assert n > 10 and "typing" in " ".join(paths)  # warmed
-    # besides the standard library: only pytest's private copy (envs/pytest_suite.py), compiled
+    # besides the standard library: only pytest's private copy (sandbox/pytest_suite.py), compiled
     # by the trusted interpreter when a Feature Deletion suite ran earlier in this process
     trusted = (stdlib + "/", "/var/tmp/cr-pytest-tools-")
     outside = [p for p in paths if not p[len("/pycache") :].startswith(trusted)]
@@ -193,7 +193,7 @@ def test_console_script_directory_on_sys_path_is_not_hidden(monkeypatch):
     import os
     import sys
 
-    from composer_replication.envs import sandbox
+    from composer_replication.sandbox import sandbox
 
     bindir = os.path.dirname(os.path.realpath(sys.executable))
     monkeypatch.setattr(sys, "path", [bindir, *sys.path])
@@ -205,7 +205,7 @@ def test_console_script_directory_on_sys_path_is_not_hidden(monkeypatch):
 def test_a_bwrap_that_hangs_is_reported_as_slow_not_as_broken(monkeypatch):
     """On a loaded machine the start-up check may be slow; the error must say so instead of
     telling the user to install bubblewrap."""
-    from composer_replication.envs import sandbox as sb
+    from composer_replication.sandbox import sandbox as sb
 
     home = Path(sb.bindable_dir("cr-fake-bwrap-"))  # the grader may run it as nobody
     fake = home / "bwrap"

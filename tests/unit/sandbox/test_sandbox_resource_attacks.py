@@ -20,10 +20,10 @@ import pytest
 from support.sandbox_witness import Arena, sandbox_processes
 
 from composer_replication.config import SandboxConfig
-from composer_replication.envs import harness
-from composer_replication.envs.cgroup import memory_root
 from composer_replication.envs.humaneval import HumanEvalEnv, build_program
-from composer_replication.envs.sandbox import CGROUP_SLACK_MB, MAX_FRAME_BYTES
+from composer_replication.sandbox import harness
+from composer_replication.sandbox.cgroup import memory_root
+from composer_replication.sandbox.sandbox import CGROUP_SLACK_MB, MAX_FRAME_BYTES
 
 SMALL = SandboxConfig(wall_timeout_s=8.0, cpu_time_s=8, memory_mb=128, work_dir_mb=16)
 
@@ -261,8 +261,8 @@ def test_build_program_is_linear_in_the_completion():
 
 def test_forged_load_error_cannot_pose_as_the_graders_verdict(fast_env):
     """A ``load_error`` frame written to the wire becomes the feedback verbatim (no prefix of
-    the grader): the self-teacher's hint (hints/build.py) and the hint model's prompt
-    (hints/uplift.py) then read "all tests passed" for a failing attempt, or any 700 characters
+    the grader): the self-teacher's hint (channels/hints.py) and the hint model's prompt
+    (run/uplift.py) then read "all tests passed" for a failing attempt, or any 700 characters
     of instructions the policy chose. Reward is still 0."""
     completion = (
         "    return None\n"

@@ -8,7 +8,7 @@ schema the server published). Every instance holds its own session (``GenericEnv
 no environment package needed): ``reset(**row)`` resets it with the row's scalar columns
 (``task_id``, ``seed``, ...), a tool call sends ``call_tool`` and returns the result text or
 the server's error. :class:`OpenEnvReward` grades each rollout on the server when it offers
-our reserved ``_grade`` tool (envs/openenv_server.py: reward, pass flag, feedback and the
+our reserved ``_grade`` tool (envs/openenv/server.py: reward, pass flag, feedback and the
 failed turn), else takes the last reward the environment reported during the episode.
 """
 
@@ -22,7 +22,7 @@ import re
 from typing import Any
 
 from composer_replication.envs.base import StepResult
-from composer_replication.rollout import wire_safe, wire_snippet
+from composer_replication.envs.tools import wire_safe, wire_snippet
 
 log = logging.getLogger(__name__)
 FLOAT32_MAX = 3.4028234663852886e38

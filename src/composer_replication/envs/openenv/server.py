@@ -1,7 +1,7 @@
 """Serve any of our tool environments as an OpenEnv environment (``openenv`` 0.10).
 
 The served environment speaks OpenEnv's own tool protocol, so any OpenEnv client and our
-generic adapter (envs/openenv_adapter.py) can use it without our package:
+generic adapter (envs/openenv/adapter.py) can use it without our package:
 
 * ``reset(task_id=..., split=...)`` (or ``index=``) starts an episode on one task; the
   observation holds the task's chat ``prompt`` and the tool schemas (``tools``).
@@ -18,7 +18,7 @@ generic adapter (envs/openenv_adapter.py) can use it without our package:
   ``Action``, so grading is a reserved tool rather than an action class of its own.)
 
 Each WebSocket session gets its own instance; ``SUPPORTS_CONCURRENT_SESSIONS`` is declared
-and ``max_concurrent_envs`` bounds them. ``python -m composer_replication.envs.openenv_server
+and ``max_concurrent_envs`` bounds them. ``python -m composer_replication.envs.openenv.server
 --env calculator --port 8000`` serves one (uvicorn).
 """
 
@@ -45,8 +45,8 @@ from pydantic import Field
 from transformers.utils import get_json_schema
 
 from composer_replication.envs.base import ToolEnvironment
-from composer_replication.envs.openenv_adapter import GRADE_TOOL
-from composer_replication.rollout import bounded_tools, call_tool, tool_methods
+from composer_replication.envs.openenv.adapter import GRADE_TOOL
+from composer_replication.envs.tools import bounded_tools, call_tool, tool_methods
 
 
 class TaskObservation(Observation):

@@ -10,14 +10,14 @@ from support.openenv_server import served
 from support.scripted_agent import scripted_calculator_model
 from transformers.utils import get_json_schema
 
-from composer_replication.chat_templates import ensure_tool_template
 from composer_replication.config import load_config
 from composer_replication.envs import get_env
 from composer_replication.envs.calculator import CalculatorTools
-from composer_replication.envs.openenv_adapter import OpenEnvError, openenv_tools_class
-from composer_replication.envs.openenv_server import ServedToolEnv
+from composer_replication.envs.openenv.adapter import OpenEnvError, openenv_tools_class
+from composer_replication.envs.openenv.server import ServedToolEnv
+from composer_replication.lm.chat_templates import ensure_tool_template
+from composer_replication.run.train import build_env, build_trainer
 from composer_replication.trainer.callbacks import read_metrics
-from composer_replication.trainer.run import build_env, build_trainer
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""A hostile third-party OpenEnv server against the adapter (envs/openenv_adapter.py), and
+"""A hostile third-party OpenEnv server against the adapter (envs/openenv/adapter.py), and
 hostile clients against our server: a red-team pass. Each test fails while its attack works.
 
 The server is scripted (tests/support/hostile_openenv.py): it lists the tools a test gives it
@@ -16,13 +16,13 @@ pytest.importorskip("openenv")
 from support.hostile_openenv import ECHO, scripted_server  # noqa: E402
 from transformers.utils import get_json_schema  # noqa: E402
 
-from composer_replication.envs.openenv_adapter import (  # noqa: E402
+from composer_replication.envs.openenv.adapter import (  # noqa: E402
     GRADE_TOOL,
     OpenEnvError,
     OpenEnvReward,
     openenv_tools_class,
 )
-from composer_replication.rollout import bounded_tools, tool_methods  # noqa: E402
+from composer_replication.envs.tools import bounded_tools, tool_methods  # noqa: E402
 
 MESSAGES = [{"role": "assistant", "content": "done"}]
 
@@ -192,9 +192,9 @@ def test_resets_that_are_never_graded_leave_no_workspace(tmp_path):
     (80 resets: 80 directories)."""
     from composer_replication.config import TaskGenConfig
     from composer_replication.envs import get_env
-    from composer_replication.envs.openenv_server import Served, ServedToolEnv
+    from composer_replication.envs.openenv.server import Served, ServedToolEnv
 
-    fixture = Path(__file__).parents[2] / "fixtures" / "feature_deletion" / "textkit"
+    fixture = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
     env = get_env("feature_deletion", sources=[str(fixture)], task_dir=tmp_path / "tasks",
                   generation=TaskGenConfig(workers=1))  # fmt: skip
     session = ServedToolEnv(Served.of(env, 4))
@@ -213,7 +213,7 @@ def test_idle_sessions_time_out():
     from openenv.core.env_server import http_server
 
     from composer_replication.envs import get_env
-    from composer_replication.envs.openenv_server import create_env_app
+    from composer_replication.envs.openenv.server import create_env_app
 
     seen = {}
     original = http_server.HTTPEnvServer.__init__
