@@ -1,7 +1,7 @@
 """Channel 2: hint-conditioned self-distillation (SDPO / OPSD) as one channel object.
 
 After rollouts are scored, :meth:`SelfDistillChannel.attach` gives every failed completion a
-hint (hints/) and tokenizes the teacher's prompt: the same conversation with the hint inserted.
+hint (channels/hints.py) and tokenizes the teacher's prompt: the same conversation with the hint inserted.
 In the loss, :meth:`SelfDistillChannel.loss` runs the teacher (live policy, EMA copy, or initial
 weights) under ``no_grad`` on *hinted rows only*, over the teacher prompt followed by the *same*
 completion tokens, and pairs its final hidden states with the student's. The hinted rows of one
