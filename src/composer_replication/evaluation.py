@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from composer_replication.envs.base import Environment, Task, is_tool_env
+from composer_replication.envs.base import Environment, Task
 
 Z95 = 1.959963984540054
 
@@ -161,7 +161,7 @@ def evaluate(
         import torch
 
         torch.manual_seed(seed)
-    if is_tool_env(env):
+    if env.tools:
         return _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_size,
                                progress, max_turns, max_tool_calls, temperature)  # fmt: skip
     completions = generate_greedy(

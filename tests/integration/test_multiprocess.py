@@ -14,7 +14,7 @@ import pytest
 from support.tiny_run import save_tiny_model
 
 from composer_replication.config import ConfigError, load_config
-from composer_replication.run.train import check_resume
+from composer_replication.run.preflight import check_resume
 
 pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parents[2]

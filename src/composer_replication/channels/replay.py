@@ -13,9 +13,8 @@ Data: TRL's conversational preference format, one JSON object per line::
      "chosen": [{"role": "assistant", "content": ..., "tool_calls": [...]}],
      "rejected": [{"role": "assistant", ...}]}
 
-(``chosen``/``rejected`` may also be plain strings.) A directory is searched for
-``pairs.jsonl`` or a single ``*.jsonl``; ``embedded:fixture-replay-pairs`` is the small
-dataset shipped in the package (see ``composer_replication/data/README.md``).
+(``chosen``/``rejected`` may also be plain strings.) Reading and checking the file is
+``prefs/dataset.py``'s (torch-free, so a run checks it before any model loads).
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import torch
 from torch import Tensor
 
@@ -41,62 +39,7 @@ from composer_replication.lm.prefix import (
     supports_prefix_cache,
 )
 from composer_replication.losses import ReplayInputs, preference_loss, sequence_logps
-
-
-class PreferenceDataError(ValueError):
-    """A preference file that cannot be used; the message names the file and line."""
-
-
-EMBEDDED_PAIRS = {"fixture-replay-pairs": "fixture_replay_pairs.jsonl"}
-
-
-def resolve_pairs_file(path: str | Path) -> Path:
-    """A JSONL file, a directory holding one, or ``embedded:NAME`` (shipped in the package)."""
-    if str(path).startswith("embedded:"):
-        name = str(path).split(":", 1)[1]
-        if name not in EMBEDDED_PAIRS:
-            raise PreferenceDataError(
-                f"unknown embedded dataset {name!r}; known: {list(EMBEDDED_PAIRS)}"
-            )
-        return Path(__file__).resolve().parents[1] / "data" / EMBEDDED_PAIRS[name]
-    p = Path(path).expanduser()
-    if p.is_file():
-        return p
-    if p.is_dir():
-        if (p / "pairs.jsonl").is_file():
-            return p / "pairs.jsonl"
-        found = sorted(p.glob("*.jsonl"))
-        if len(found) == 1:
-            return found[0]
-        raise PreferenceDataError(
-            f"{p}: expected pairs.jsonl or exactly one *.jsonl, found {len(found)}"
-        )
-    raise PreferenceDataError(f"preference data not found: {p}")
-
-
-def load_pairs(path: str | Path, max_pairs: int) -> list[dict[str, Any]]:
-    """Read up to ``max_pairs`` preference rows, validating each (errors name file:line)."""
-    f = resolve_pairs_file(path)
-    rows = []
-    with f.open("rb") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError as err:
-                raise PreferenceDataError(f"{f}:{lineno}: invalid JSON ({err})") from None
-            for key in ("prompt", "chosen", "rejected"):
-                if key not in row:
-                    raise PreferenceDataError(f"{f}:{lineno}: missing field {key!r}")
-            if not isinstance(row["prompt"], list | str):
-                raise PreferenceDataError(f"{f}:{lineno}: 'prompt' must be messages or a string")
-            rows.append(row)
-            if len(rows) >= max_pairs:
-                break
-    if not rows:
-        raise PreferenceDataError(f"{f}: no preference pairs")
-    return rows
+from composer_replication.prefs.dataset import load_pairs
 
 
 @dataclass

@@ -9,7 +9,6 @@ import typer
 from rich.table import Table
 
 from composer_replication.cli.common import console, exit_on, quiet_libraries
-from composer_replication.config import ConfigError
 
 
 def ablate_command(
@@ -41,7 +40,7 @@ def ablate_command(
     from composer_replication.config import load_ablation_config, resolve_config_path
     from composer_replication.run.ablation import arm_config, run_ablation, with_interval
 
-    with exit_on(ConfigError):
+    with exit_on():
         acfg = load_ablation_config(resolve_config_path(str(config)), overrides or [])
         for each in acfg.arms:  # validate every arm's run config before training anything
             arm_config(acfg, each, acfg.seeds[0])
@@ -52,7 +51,7 @@ def ablate_command(
         + "".join(f" {o}" for o in overrides or [])
         + "".join(f" --arm {a!r}" for a in arm or [])
     )
-    with exit_on(ConfigError):
+    with exit_on():
         rows = run_ablation(acfg, command, console, train=not report, only=arm)
     table = Table(title="ablation: final held-out pass@1 (mean over seeds, 95% t-CI)")
     for col in ("arm", "mean [95% CI]", "per seed"):

@@ -21,6 +21,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from composer_replication.config import UserError
+
 BAD_INPUT = 2
 """Exit code of a command refused because of its input."""
 CHECK_FAILED = 1
@@ -49,10 +51,11 @@ def warn(message: str) -> None:
 
 @contextmanager
 def exit_on(*errors: type[Exception], code: int = BAD_INPUT) -> Iterator[None]:
-    """Turn the listed exceptions raised in the block into `fail` (message, then exit ``code``)."""
+    """Turn a `UserError` (bad input, whatever layer found it) and the listed exceptions raised
+    in the block into `fail` (message, then exit ``code``)."""
     try:
         yield
-    except errors as err:
+    except (UserError, *errors) as err:
         fail(str(err), code)
 
 

@@ -69,7 +69,6 @@ def diloco_command(
 ) -> None:
     """Train N replicas with the DiLoCo outer loop (torchft, or an object store with
     diloco.backend=object_store); print each replica's final-weight checksum."""
-    from composer_replication.config import ConfigError
     from composer_replication.diloco.launcher import launch_diloco, launch_with_executor
 
     if executor not in (None, "local"):
@@ -87,13 +86,13 @@ def diloco_command(
         fail(f"--replica-ids {replica_ids!r}: expected e.g. 0,1")
     echo = lambda s: console.print(s, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     if launcher == "monarch":
-        from composer_replication.diloco.monarch import MonarchMissingError, launch_monarch
+        from composer_replication.diloco.monarch import launch_monarch
 
-        with exit_on(ConfigError, ValueError, MonarchMissingError):
+        with exit_on(ValueError):
             result = launch_monarch(config, overrides or [], replicas, lighthouse, echo=echo)
         _print_result(result)
         return
-    with exit_on(ConfigError, ValueError):
+    with exit_on(ValueError):
         if executor == "local":
             result = launch_with_executor(config, overrides or [], replicas, echo=echo)
         else:

@@ -62,10 +62,9 @@ def serve_command(
     ] = 2048,
 ) -> None:
     """Serve a local HF model as an OpenAI-compatible teacher (/v1/chat/completions, /v1/models)."""
-    from composer_replication.lm.models import ModelLoadError
     from composer_replication.replay.server import serve
 
-    with exit_on(ModelLoadError):
+    with exit_on():
         serve(model, port=port, host=host, served_model_name=served_model_name,
               max_prompt_tokens=max_prompt_tokens)  # fmt: skip
 
@@ -97,19 +96,19 @@ def replay_command(
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:
     """Replay states with a teacher pool into a resumable journal, within a hard budget."""
-    from composer_replication.replay.journal import Journal, JournalError
+    from composer_replication.replay.journal import Journal
     from composer_replication.replay.replay import ReplayResult, replay_trace
-    from composer_replication.replay.teachers import PoolError, load_pool
+    from composer_replication.replay.teachers import load_pool
 
     console = Console(soft_wrap=True)
-    with exit_on(PoolError, FileNotFoundError, ValueError):
+    with exit_on(FileNotFoundError, ValueError):
         pool = load_pool(teachers)
         all_states = read_states(states)[:limit]
-    with exit_on(JournalError):
+    with exit_on():
         selected = _gate(all_states, out, student, gate_threshold, gate_top_percentile, console)
     result = ReplayResult()
     try:
-        with exit_on(PoolError, JournalError), Journal(out) as jr:
+        with exit_on(), Journal(out) as jr:
             asyncio.run(
                 replay_trace(
                     all_states, pool.teachers, journal=jr, budget_usd=budget_usd,
@@ -195,9 +194,9 @@ def pairs_command(
 ) -> None:
     """Turn a replay journal into a TRL preference dataset (datasets + JSONL) with provenance."""
     from composer_replication.prefs.agreement import MiniLMEmbedder
+    from composer_replication.prefs.dataset import PAIRS_FILE
     from composer_replication.prefs.export import pairs_from_journal
     from composer_replication.prefs.normalize import NormalizeConfig
-    from composer_replication.replay.journal import JournalError
 
     if strategy not in ("plurality", "weighted"):
         fail(f"--strategy must be plurality or weighted, got {strategy!r}")
@@ -212,7 +211,7 @@ def pairs_command(
             require_data_juicer()
     cfg = NormalizeConfig(min_words=min_words, max_special_char_ratio=max_special_char_ratio,
                           dedup=dedup, backend=normalize_backend)  # fmt: skip
-    with exit_on(FileNotFoundError, JournalError):
+    with exit_on(FileNotFoundError):
         res = pairs_from_journal(
             db, agreement_threshold=agreement_threshold, strategy=strategy,  # type: ignore[arg-type]
             embedder=MiniLMEmbedder() if embeddings else None,
@@ -223,7 +222,7 @@ def pairs_command(
     console.print(res.summary(), markup=False)
     cost = sum(p.cost for p in res.pairs)
     console.print(
-        f"{len(res.pairs)} pairs -> {out / 'pairs.jsonl'} and {out / 'dataset'} "
+        f"{len(res.pairs)} pairs -> {out / PAIRS_FILE} and {out / 'dataset'} "
         f"(teacher cost of these states ${cost:.6f})",
         markup=False,
     )

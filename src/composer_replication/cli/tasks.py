@@ -44,10 +44,9 @@ def generate_command(
     from pydantic import ValidationError
 
     from composer_replication.config import TaskGenConfig
-    from composer_replication.envs.feature_deletion.generate import TaskSetError, generate_tasks
-    from composer_replication.envs.feature_deletion.source import SourceError, prepare_source
+    from composer_replication.envs.feature_deletion.generate import generate_tasks
+    from composer_replication.envs.feature_deletion.source import prepare_source
     from composer_replication.progress import progress_bar
-    from composer_replication.sandbox.sandbox import SandboxUnavailableError
 
     try:
         cfg = TaskGenConfig(workers=workers, max_candidates=max_candidates,
@@ -57,7 +56,7 @@ def generate_command(
                             rename_package=rename_package)  # fmt: skip
     except ValidationError as e:
         fail(str(e))
-    with exit_on(SourceError, TaskSetError, SandboxUnavailableError):
+    with exit_on():
         tree = prepare_source(source, cfg)
         console.print(f"source {tree.label} ({tree.root}), sha256 {tree.digest[:12]}")
         with progress_bar(console, f"deleting functions of {tree.label}", total=0) as advance:

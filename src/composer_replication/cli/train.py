@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from composer_replication.cli.common import console, exit_on, quiet_libraries
-from composer_replication.config import ConfigError, dump_config, load_config
+from composer_replication.config import dump_config, load_config
 
 
 def train_command(
@@ -23,25 +23,21 @@ def train_command(
     ] = None,
 ) -> None:
     """Train with GRPO (+ channels) on an embedded task; evaluate base and trained model."""
-    from composer_replication.envs.openenv.adapter import OpenEnvError
-    from composer_replication.lm.models import ModelLoadError
-    from composer_replication.run.train import check_resume, process_rank, run_training
-    from composer_replication.sandbox.sandbox import SandboxUnavailableError
+    from composer_replication.run.preflight import preflight, process_rank
+    from composer_replication.run.train import run_training
 
-    with exit_on(ConfigError):
+    with exit_on():  # bad input: one line, exit 2, before any model loads
         cfg = load_config(config, overrides or [])
-        check_resume(cfg)  # a missing or mismatched checkpoint fails before anything runs
+        checked = preflight(cfg)  # resume, replay data, task sets and sources
     quiet_libraries()
     if process_rank()[0] != 0:  # torchrun / accelerate launch: rank 0 speaks for the run
-        with exit_on(ConfigError, ModelLoadError, SandboxUnavailableError, OpenEnvError):
-            run_training(cfg, console=None)
+        with exit_on():
+            run_training(cfg, console=None, checked=checked)
         return
     console.rule("[bold]composer-replication train")
     console.print(dump_config(cfg), markup=False)
-    with exit_on(
-        ConfigError, ModelLoadError, SandboxUnavailableError, OpenEnvError
-    ):  # e.g. a bad model id
-        summary = run_training(cfg, console=console)
+    with exit_on():  # e.g. a bad model id
+        summary = run_training(cfg, console=console, checked=checked)
     print_train_summary(summary)
 
 
@@ -129,17 +125,12 @@ def eval_command(
     """Greedy pass@1 and mean reward with 95% CIs on a task split."""
     from composer_replication.config import SandboxConfig
     from composer_replication.envs import get_env
-    from composer_replication.envs.feature_deletion.generate import TaskSetError
-    from composer_replication.envs.feature_deletion.source import SourceError
     from composer_replication.evaluation import evaluate
-    from composer_replication.lm.models import ModelLoadError, load_model, load_tokenizer
+    from composer_replication.lm.models import load_model, load_tokenizer
     from composer_replication.progress import progress_bar
-    from composer_replication.sandbox.sandbox import SandboxUnavailableError
 
     quiet_libraries()
-    errors = (ModelLoadError, ValueError, FileNotFoundError, SandboxUnavailableError, SourceError,
-              TaskSetError)  # fmt: skip
-    with exit_on(*errors):
+    with exit_on(ValueError, FileNotFoundError):
         if env == "arithmetic":
             kwargs: dict = {"levels": [int(x) for x in levels.split(",")]}
         elif env == "humaneval":

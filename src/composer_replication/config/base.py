@@ -22,7 +22,14 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """Bad input from the person running a command (a config key, a path, a dataset, a task set,
+    a model name, a missing optional package): its message is one line that names the file,
+    line or field, and every command prints it as ``error: ...`` and exits 2. Raised before
+    any model loads where the input can be checked then (``run/preflight.py``)."""
+
+
+class ConfigError(UserError, ValueError):
     """A config file or override that does not validate; the message names the key."""
 
 

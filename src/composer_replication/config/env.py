@@ -6,7 +6,7 @@ YAML names it like a built-in one. Imports no torch."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -44,10 +44,36 @@ class TaskGenConfig(StrictModel):
     (the suite must still pass after the rename)."""
 
 
+class SandboxConfig(StrictModel):
+    """Where and how model-written code runs (sandbox/sandbox.py, docs/sandbox.md)."""
+
+    unsafe_run_without_isolation: bool = False
+    """Run model-written code without bubblewrap (limits and an audit hook only); the code can
+    then read this user's files and environment. Only for machines that cannot run bwrap."""
+    workers: int = Field(0, ge=0, le=256)
+    """Gradings run in parallel (0 = one per CPU core)."""
+    wall_timeout_s: float = Field(5.0, gt=0, le=600)
+    """Wall-clock limit of one grading (interpreter start, loading and every test call)."""
+    cpu_time_s: int = Field(5, ge=1, le=600)
+    """CPU-seconds limit of the sandboxed process (RLIMIT_CPU)."""
+    memory_mb: int = Field(512, ge=64, le=65536)
+    """Address-space limit of each sandboxed process (RLIMIT_AS)."""
+    file_size_mb: int = Field(16, ge=1, le=4096)
+    """Largest file the code may write (RLIMIT_FSIZE)."""
+    work_dir_mb: int = Field(64, ge=1, le=65536)
+    """Size of the private tmpfs work directory, the only writable place."""
+    max_processes: int = Field(1, ge=1, le=4096)
+    """Processes and threads the code may have at once (RLIMIT_NPROC, per sandbox). 1: none
+    can be started, even through a call the audit hook does not see (each child would get a
+    memory limit of its own); a test suite that starts processes needs more."""
+    max_output_kb: int = Field(64, ge=1, le=65536)
+    """stdout/stderr bytes kept from a run (the rest is read and dropped)."""
+    audit_hook: bool = True
+    """Also install the in-process audit hook (a second layer under the OS isolation)."""
+
+
 class EnvConfig(StrictModel):
-    """Options every environment has; a variant per environment adds its own. ``tools`` says
-    whether the environment's rollouts are multi-turn tool conversations (the one place that
-    answers it for a config; ``Environment.tools`` for a built environment)."""
+    """Options every environment has; a variant per environment adds its own."""
 
     name: str = "arithmetic"
     """Registered environment (built in: ``arithmetic``, ``humaneval``, ``calculator``,
@@ -62,16 +88,15 @@ class EnvConfig(StrictModel):
     seed: int = 0
     """Seed for drawing problems (the split itself is a fixed hash, independent of seeds)."""
 
-    tools: ClassVar[bool] = False
-
     @classmethod
     def variants(cls) -> tuple[type[EnvConfig], ...]:
         """The registered options classes (what ``env:`` may be)."""
         return tuple(ENV_CONFIGS.values())
 
-    def env_options(self) -> dict[str, Any]:
+    def env_options(self, sandbox: SandboxConfig) -> dict[str, Any]:
         """Keyword options of the environment's factory: every field but the run-level ones
-        (``name``, ``num_train``, ``seed``), by field name."""
+        (``name``, ``num_train``, ``seed``), by field name. ``sandbox`` is the run's sandbox
+        section, for an environment that grades code in it."""
         skip = {"name", "num_train", "seed"}
         return {k: getattr(self, k) for k in type(self).model_fields if k not in skip}
 
@@ -96,11 +121,12 @@ class HumanEvalEnvConfig(EnvConfig):
 
     name: Literal["humaneval"] = "humaneval"
 
+    def env_options(self, sandbox: SandboxConfig) -> dict[str, Any]:
+        return {"heldout_fraction": self.heldout_fraction, "sandbox": sandbox}
+
 
 class ToolEnvConfig(EnvConfig):
     """Options every tool environment has."""
-
-    tools: ClassVar[bool] = True
 
     openenv_url: str | None = None
     """Run the tools and the grading on this OpenEnv server (ours served with ``python -m
@@ -130,7 +156,7 @@ class CalculatorEnvConfig(ToolEnvConfig):
             raise ValueError(f"env.shots={self.shots}: shots need few_shot=true")
         return self
 
-    def env_options(self) -> dict[str, Any]:
+    def env_options(self, sandbox: SandboxConfig) -> dict[str, Any]:
         return {"heldout_fraction": self.heldout_fraction, "few_shot": self.few_shot,
                 "shots": self.shots}  # fmt: skip
 
@@ -158,7 +184,7 @@ class FeatureDeletionEnvConfig(ToolEnvConfig):
     workspace that hangs costs this once, not ``task_generation.suite_timeout_s`` per call.
     None: no budget."""
 
-    def env_options(self) -> dict[str, Any]:
+    def env_options(self, sandbox: SandboxConfig) -> dict[str, Any]:
         return {"sources": self.task_sources, "task_dir": self.task_dir,
                 "generation": self.task_generation, "reward": self.reward,
                 "heldout_fraction": self.heldout_fraction,
@@ -198,34 +224,6 @@ def env_config(data: Any) -> Any:
             f"env.name: unknown environment {name!r}; known: {', '.join(sorted(ENV_CONFIGS))}"
         )
     return ENV_CONFIGS[name].model_validate(data)
-
-
-class SandboxConfig(StrictModel):
-    """Where and how model-written code runs (sandbox/sandbox.py, docs/sandbox.md)."""
-
-    unsafe_run_without_isolation: bool = False
-    """Run model-written code without bubblewrap (limits and an audit hook only); the code can
-    then read this user's files and environment. Only for machines that cannot run bwrap."""
-    workers: int = Field(0, ge=0, le=256)
-    """Gradings run in parallel (0 = one per CPU core)."""
-    wall_timeout_s: float = Field(5.0, gt=0, le=600)
-    """Wall-clock limit of one grading (interpreter start, loading and every test call)."""
-    cpu_time_s: int = Field(5, ge=1, le=600)
-    """CPU-seconds limit of the sandboxed process (RLIMIT_CPU)."""
-    memory_mb: int = Field(512, ge=64, le=65536)
-    """Address-space limit of each sandboxed process (RLIMIT_AS)."""
-    file_size_mb: int = Field(16, ge=1, le=4096)
-    """Largest file the code may write (RLIMIT_FSIZE)."""
-    work_dir_mb: int = Field(64, ge=1, le=65536)
-    """Size of the private tmpfs work directory, the only writable place."""
-    max_processes: int = Field(1, ge=1, le=4096)
-    """Processes and threads the code may have at once (RLIMIT_NPROC, per sandbox). 1: none
-    can be started, even through a call the audit hook does not see (each child would get a
-    memory limit of its own); a test suite that starts processes needs more."""
-    max_output_kb: int = Field(64, ge=1, le=65536)
-    """stdout/stderr bytes kept from a run (the rest is read and dropped)."""
-    audit_hook: bool = True
-    """Also install the in-process audit hook (a second layer under the OS isolation)."""
 
 
 class RolloutConfig(StrictModel):

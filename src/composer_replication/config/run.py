@@ -256,6 +256,13 @@ DYNAMIC_SAMPLING_MULTIPROCESS = (
 """Why DAPO dynamic sampling refuses a multi-process launch (checked before any model loads)."""
 
 
+def check_processes(dynamic_sampling: bool, processes: int) -> None:
+    """DAPO dynamic sampling refuses a multi-process launch (``DYNAMIC_SAMPLING_MULTIPROCESS``
+    says why); the one check, also run by the trainer for callers that build it directly."""
+    if dynamic_sampling and processes > 1:
+        raise ConfigError(DYNAMIC_SAMPLING_MULTIPROCESS)
+
+
 def nested_diffs(old: Any, new: Any, path: str = "") -> list[str]:
     """``a.b: X -> Y`` for every leaf where two nested dicts (config dumps) differ."""
     if isinstance(old, dict) and isinstance(new, dict):

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from composer_replication.config import RunConfig, load_config
+from composer_replication.config.base import UserError
 from composer_replication.diloco.launcher import (
     LaunchResult,
     ReplicaResult,
@@ -56,7 +57,7 @@ from composer_replication.diloco.serverless.executor import resolve_entrypoint
 MISSING = "--launcher monarch needs Monarch: pip install torchmonarch (PyPI name; not `monarch`)"
 
 
-class MonarchMissingError(RuntimeError):
+class MonarchMissingError(UserError, RuntimeError):
     """``torchmonarch`` is not installed."""
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
 def unit_hash(key: str) -> float:
@@ -65,6 +65,9 @@ class Environment(ABC):
     """A verifiable single-turn task family with disjoint train and held-out splits."""
 
     name: str = "env"
+    tools: ClassVar[bool] = False
+    """True for environments whose rollouts are multi-turn tool conversations
+    (:class:`ToolEnvironment`): the one attribute everything asks."""
 
     def __init__(self) -> None:
         self._task: Task | None = None
@@ -119,6 +122,8 @@ class ToolEnvironment(Environment):
     ``info["reason"]``, for the turn-level hint of self-distillation.
     """
 
+    tools: ClassVar[bool] = True
+
     @abstractmethod
     def tools_class(self) -> type:
         """The per-rollout tool holder TRL instantiates (``environment_factory``)."""
@@ -139,8 +144,3 @@ class ToolEnvironment(Environment):
         messages alone; an environment whose verdict lives in the instance's state (a
         repository the agent edited) overrides this."""
         return self.grade_batch(tasks, rollouts)
-
-
-def is_tool_env(env: Environment) -> bool:
-    """True for environments whose rollouts are multi-turn tool conversations."""
-    return isinstance(env, ToolEnvironment)

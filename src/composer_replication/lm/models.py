@@ -19,6 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from composer_replication.config.base import UserError
+
 log = logging.getLogger(__name__)
 
 EMBEDDED_PREFIX = "embedded:"
@@ -44,7 +46,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
 DEFAULT_MODEL = "embedded:smollm2-135m-instruct"
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(UserError, RuntimeError):
     """Raised when a model reference cannot be resolved to weights on this machine."""
 
 

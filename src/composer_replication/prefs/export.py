@@ -28,6 +28,7 @@ import orjson
 from composer_replication.lm.chat import flatten_messages
 
 from .agreement import AgreementStats, DPOPair, Embedder, extract_pairs
+from .dataset import PAIRS_FILE
 from .normalize import NormalizeConfig, NormalizeReport, normalize_pairs
 
 ToolFormat = Literal["text", "openai"]
@@ -62,14 +63,14 @@ def pair_record(pair: DPOPair, tool_format: ToolFormat = "text") -> dict[str, An
 def export_pairs(
     pairs: Sequence[DPOPair], out_dir: str | os.PathLike[str], tool_format: ToolFormat = "text"
 ):
-    """Write ``out_dir/pairs.jsonl`` and ``out_dir/dataset`` (``datasets.save_to_disk``);
+    """Write ``out_dir/pairs.jsonl`` (``PAIRS_FILE``) and ``out_dir/dataset`` (``datasets.save_to_disk``);
     return the ``datasets.Dataset``."""
     from datasets import Dataset
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     records = [pair_record(p, tool_format) for p in pairs]
-    with open(out / "pairs.jsonl", "wb") as fh:
+    with open(out / PAIRS_FILE, "wb") as fh:
         for r in records:
             fh.write(orjson.dumps(r) + b"\n")
     if tool_format == "openai":  # heterogeneous nested messages: keep Arrow columns uniform

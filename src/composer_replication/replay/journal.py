@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from composer_replication.config.base import UserError
 from composer_replication.traces.schema import TraceState
 
 SCHEMA = """
@@ -119,7 +120,7 @@ Unrecorded = tuple[CallRecord, Sequence[int], Sequence[float]]
 """An outcome the journal refused, with its attempts' intent ids and charges."""
 
 
-class JournalError(Exception):
+class JournalError(UserError):
     """The journal cannot be used (not a journal, corrupt, busy); the message names the file."""
 
 

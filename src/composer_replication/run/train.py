@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication.config import RunConfig, dump_config
+from composer_replication.envs.base import Environment
 from composer_replication.progress import progress_bar
 from composer_replication.run.card import write_model_card
+from composer_replication.run.preflight import Checked, build_env, preflight, process_rank
 
 
 @dataclass
@@ -136,22 +138,13 @@ def build_reward_funcs(cfg: RunConfig, env) -> list:
     return funcs
 
 
-def build_env(cfg: RunConfig):
-    """The environment ``cfg.env`` names, built from its options (``env_options``), with the
-    sandbox section for an environment that grades code in it."""
-    from composer_replication.envs import get_env
-
-    extra = {"sandbox": cfg.sandbox} if cfg.env.name == "humaneval" else {}
-    return get_env(cfg.env.name, **cfg.env.env_options(), **extra)
-
-
 def tool_kwargs(cfg: RunConfig, env) -> dict[str, Any]:
     """``environment_factory`` for a tool environment (its tools bounded by
     ``rollout.max_tool_calls``); nothing for single-turn environments."""
-    from composer_replication.envs.base import is_tool_env
+
     from composer_replication.envs.tools import bounded_tools
 
-    if not is_tool_env(env):
+    if not env.tools:
         return {}
     if cfg.env.openenv_url:  # tools (and grading) on an OpenEnv server
         from composer_replication.envs.openenv.adapter import openenv_tools_class
@@ -216,80 +209,20 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
     return trainer
 
 
-def resolve_resume(cfg: RunConfig) -> str | None:
-    """``resume_from: latest`` -> newest ``checkpoint-N`` in output_dir; a path is checked to
-    exist. Raises `ConfigError` (one line, nothing loaded or written yet)."""
-    from composer_replication.config import ConfigError
-
-    if cfg.resume_from is None:
-        return None
-    if cfg.resume_from == "latest":
-        steps = {
-            int(p.name.split("-")[1]): p
-            for p in Path(cfg.output_dir).glob("checkpoint-*")
-            if p.is_dir() and p.name.split("-")[1].isdigit()
-        }
-        if not steps:
-            raise ConfigError(
-                f"resume_from=latest: no checkpoint-N directory in {cfg.output_dir} "
-                "(start without resume_from, or point output_dir at the earlier run)"
-            )
-        return _resumable(str(steps[max(steps)]))
-    if not Path(cfg.resume_from).is_dir():
-        raise ConfigError(f"resume_from: {cfg.resume_from} is not a directory")
-    return _resumable(cfg.resume_from)
-
-
-def _resumable(checkpoint: str) -> str:
-    from composer_replication.config import ConfigError
-
-    if not (Path(checkpoint) / "optimizer.pt").is_file():
-        raise ConfigError(
-            f"resume: {checkpoint} has no optimizer state (saved with save_only_model=true, or "
-            "not a training checkpoint); it can be loaded as model.name but not resumed"
-        )
-    return checkpoint
-
-
-def process_rank() -> tuple[int, int]:
-    """(rank, world size) of this process under torchrun / accelerate launch; (0, 1) alone."""
-    import os
-
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-def check_resume(cfg: RunConfig) -> str | None:
-    """The checkpoint to resume from, after checking (before any model loads) that it was
-    trained with this config's channel settings (``resume_override_channels`` to differ), and
-    that the config can run in this many processes."""
-    from composer_replication.config import (
-        DYNAMIC_SAMPLING_MULTIPROCESS,
-        ConfigError,
-        check_resume_channels,
-    )
-
-    if cfg.grpo.dynamic_sampling.enabled and process_rank()[1] > 1:
-        raise ConfigError(DYNAMIC_SAMPLING_MULTIPROCESS)
-    resume = resolve_resume(cfg)
-    if resume is not None:
-        check_resume_channels(resume, cfg.channel_settings(), cfg.resume_override_channels)
-    return resume
-
-
-def prepare(cfg: RunConfig):
-    """Threads, seeds, run dir and config snapshot; returns (model, tokenizer, env)."""
+def prepare(cfg: RunConfig, env: Environment | None = None):
+    """Threads, seeds, run dir and config snapshot; returns (model, tokenizer, env) (``env``:
+    the one `preflight` built; default: built here)."""
     import torch
 
-    from composer_replication.envs.base import is_tool_env
     from composer_replication.lm.chat_templates import ensure_tool_template
     from composer_replication.lm.models import load_model, load_tokenizer
 
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     seed_everything(cfg.seed)
-    env = build_env(cfg)  # first: a code env refuses to start without its sandbox
+    env = env or build_env(cfg)  # first: a code env refuses to start without its sandbox
     tokenizer = load_tokenizer(cfg.model.name)  # a bad model id fails here, nothing written yet
-    if is_tool_env(env):
+    if env.tools:
         ensure_tool_template(tokenizer)  # SmolLM2's own template cannot render tool calls
     model = load_model(cfg.model.name, dtype=cfg.model.dtype, peft=cfg.peft)
     run_dir = Path(cfg.output_dir)
@@ -323,14 +256,18 @@ def evaluate_run(
         )
 
 
-def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary:
-    """Evaluate the base model, train, evaluate the trained model, write results."""
+def run_training(
+    cfg: RunConfig, console=None, extra_callbacks=(), checked: Checked | None = None
+) -> RunSummary:
+    """Evaluate the base model, train, evaluate the trained model, write results. The inputs
+    are checked first (`preflight`; ``checked``: its result, when the caller ran it)."""
     from composer_replication.evaluation import paired_difference
     from composer_replication.trainer.callbacks import EVAL_FILE, METRICS_FILE, plot_metrics
 
     t_start = time.monotonic()
-    resume = check_resume(cfg)
-    model, tokenizer, env = prepare(cfg)
+    checked = checked or preflight(cfg)
+    resume = checked.resume
+    model, tokenizer, env = prepare(cfg, checked.env)
     run_dir = Path(cfg.output_dir)
     evals = cfg.eval.before_and_after
     base = (

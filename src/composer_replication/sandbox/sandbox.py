@@ -66,6 +66,7 @@ from pathlib import Path
 from types import TracebackType
 
 from composer_replication.config import SandboxConfig
+from composer_replication.config.base import UserError
 from composer_replication.sandbox import harness
 from composer_replication.sandbox.cgroup import MemoryCgroup, left_by_dead_processes
 
@@ -91,7 +92,7 @@ INSTALL_HINT = (
 )
 
 
-class SandboxUnavailableError(RuntimeError):
+class SandboxUnavailableError(UserError, RuntimeError):
     """bubblewrap is missing or cannot create the sandbox; the message says how to fix it."""
 
 

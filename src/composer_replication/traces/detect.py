@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from composer_replication.config.base import UserError
+
 FORMATS = (
     "claude_code",
     "codex",
@@ -21,7 +23,7 @@ HEAD_BYTES = 256 * 1024
 HEAD_LINES = 40
 
 
-class UnknownFormatError(ValueError):
+class UnknownFormatError(UserError, ValueError):
     """The file matches none of the supported formats."""
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from composer_replication.envs.base import Environment, Task, is_tool_env
+from composer_replication.envs.base import Environment, Task
 from composer_replication.lm.chat import as_messages
 
 
@@ -50,7 +50,7 @@ def build_prompt_dataset(
         rng.shuffle(block)
         order.extend(block)
     order = order[:n]
-    if is_tool_env(env):  # rows with the env's messages and the columns its tools' reset needs
+    if env.tools:  # rows with the env's messages and the columns its tools' reset needs
         return Dataset.from_list([env.row(t) for t in order])
     texts = [env.user_message(t) for t in order]
     prompts = [as_messages(x) for x in texts] if conversational else texts

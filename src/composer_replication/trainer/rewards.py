@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from composer_replication.envs.base import Environment, StepResult, is_tool_env
+from composer_replication.envs.base import Environment, StepResult
 from composer_replication.lm.chat import to_text
 
 
@@ -21,7 +21,7 @@ class EnvReward:
         self.__name__ = f"{env.name}_reward"  # TRL names metrics after the function
         self._tasks = {t.task_id: t for split in ("train", "heldout") for t in env.tasks(split)}
         self.last_results: list[StepResult] = []
-        self.multi_turn = is_tool_env(env)
+        self.multi_turn = env.tools
 
     def __call__(
         self, prompts, completions, task_id, log_metric=None, environments=None, **_: Any

@@ -41,7 +41,7 @@ from composer_replication.channels.base import (
 )
 from composer_replication.config import (
     CHANNELS_FILE,
-    DYNAMIC_SAMPLING_MULTIPROCESS,
+    check_processes,
     check_resume_channels,
 )
 from composer_replication.lm.models import HiddenCapture, backbone, pad_token_id
@@ -105,8 +105,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             channel.setup(self.model, self.processing_class, self.args)
         if self.channels:
             self.add_callback(_ChannelCallback(self))
-        if dynamic_sampling and self.accelerator.num_processes > 1:
-            raise ValueError(DYNAMIC_SAMPLING_MULTIPROCESS)
+        check_processes(dynamic_sampling, self.accelerator.num_processes)
         self.dynamic_sampling = dynamic_sampling
         self.max_refills = max_refills
         self.resume_override_channels = resume_override_channels

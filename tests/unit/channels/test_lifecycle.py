@@ -12,7 +12,8 @@ import composer_replication.channels.replay as replay_mod
 import composer_replication.channels.self_distill as sd_mod
 import composer_replication.run.train as run_mod
 from composer_replication.config import ChannelSettingsError, load_config
-from composer_replication.run.train import build_env, build_trainer, check_resume
+from composer_replication.run.preflight import check_resume
+from composer_replication.run.train import build_env, build_trainer
 from composer_replication.trainer.callbacks import read_metrics
 
 

@@ -331,12 +331,10 @@ def test_env_name_on_the_command_line_starts_the_section_afresh():
     """quickstart.yaml sets arithmetic's levels; naming another environment drops them, and
     the other env.* overrides still apply."""
     cfg = load_config(None, ["env.num_train=7", "env.name=calculator", "env.shots=1"])
-    assert (cfg.env.name, cfg.env.num_train, cfg.env.shots, cfg.env.tools) == (
-        "calculator", 7, 1, True,
-    )  # fmt: skip
+    assert (cfg.env.name, cfg.env.num_train, cfg.env.shots) == ("calculator", 7, 1)
     assert not hasattr(cfg.env, "levels")
     same = load_config(None, ["env.name=arithmetic"])  # the file's own name: its options stay
-    assert same.env.levels == [1, 2] and same.env.tools is False
+    assert same.env.levels == [1, 2]
     assert load_config(None, ["env.levels=[3]"]).env.levels == [3]
 
 
@@ -347,4 +345,4 @@ def test_a_dumped_config_loads_back_with_its_environment(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(dump_config(cfg))
     again = load_config(path)
-    assert again == cfg and again.env.reward == "fraction" and again.env.tools
+    assert again == cfg and again.env.reward == "fraction"

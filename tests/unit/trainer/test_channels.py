@@ -11,15 +11,11 @@ import pytest
 import torch
 
 from composer_replication.channels import SelfDistillChannel
-from composer_replication.channels.replay import (
-    PreferenceDataError,
-    collate,
-    load_pairs,
-    response_logps,
-)
+from composer_replication.channels.replay import collate, response_logps
 from composer_replication.config import SdpoConfig, load_config
 from composer_replication.envs.arithmetic import grade_answer
 from composer_replication.lm.models import backbone
+from composer_replication.prefs.dataset import PreferenceDataError, load_pairs
 from composer_replication.run.train import build_env, build_trainer
 from composer_replication.trainer.callbacks import read_metrics
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from composer_replication.config.base import UserError
 from composer_replication.diloco.serverless.entry import parse_result
 from composer_replication.diloco.serverless.executor import (
     RANK_ENV,
@@ -30,7 +31,7 @@ DONE_STAGES = {"COMPLETED", "ERROR", "CANCELED", "DELETED"}
 JOB_WHEEL_DIR = "/tmp/composer-replication"
 
 
-class HFJobsCredentialsError(RuntimeError):
+class HFJobsCredentialsError(UserError, RuntimeError):
     """No Hugging Face token (``hf auth login`` or ``HF_TOKEN``)."""
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from composer_replication.config.base import UserError
 from composer_replication.diloco.serverless.executor import (
     RANK_ENV,
     WORLD_ENV,
@@ -26,7 +27,7 @@ from composer_replication.diloco.serverless.install import project_source
 IGNORE = [".git", ".venv", "runs", "**/__pycache__", "**/*.pyc"]
 
 
-class ModalCredentialsError(RuntimeError):
+class ModalCredentialsError(UserError, RuntimeError):
     """No Modal token (``modal token new`` or MODAL_TOKEN_ID / MODAL_TOKEN_SECRET)."""
 
 

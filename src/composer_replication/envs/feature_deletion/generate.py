@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from composer_replication.config import SandboxConfig, TaskGenConfig
+from composer_replication.config.base import UserError
 from composer_replication.envs.base import unit_hash
 from composer_replication.envs.feature_deletion.candidates import (
     Candidate,
@@ -45,7 +46,7 @@ TASK = "task"
 STATUSES = ("task", "no_failure", "too_broad", "collect_error", "broken_run", "not_forwardable")
 
 
-class TaskSetError(RuntimeError):
+class TaskSetError(UserError, RuntimeError):
     """A task set directory that does not match the requested generation, or a bad baseline."""
 
 

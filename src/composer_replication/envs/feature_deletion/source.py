@@ -21,13 +21,14 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from composer_replication.config.base import UserError
 from composer_replication.lm.models import cache_dir
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 BYTECODE = ("__pycache__", "*.pyc", "*.pyo")
 
 
-class SourceError(RuntimeError):
+class SourceError(UserError, RuntimeError):
     """A source spec that cannot be fetched or unpacked."""
 
 

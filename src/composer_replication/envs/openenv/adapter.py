@@ -21,6 +21,7 @@ import logging
 import re
 from typing import Any
 
+from composer_replication.config.base import UserError
 from composer_replication.envs.base import StepResult
 from composer_replication.envs.tools import wire_safe, wire_snippet
 
@@ -37,7 +38,7 @@ _JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool,
                "array": list, "object": dict}  # fmt: skip
 
 
-class OpenEnvError(RuntimeError):
+class OpenEnvError(UserError, RuntimeError):
     """The OpenEnv server is unreachable or answered something unusable (message says which)."""
 
 

@@ -1,0 +1,75 @@
+"""`train` checks its inputs before any model loads (run/preflight.py): a bad replay dataset, a
+broken Feature Deletion task set and a bad source each end the command with one line and exit
+2, and no model or tokenizer is ever asked for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from composer_replication.cli import app
+from composer_replication.config import UserError, load_config
+from composer_replication.run.preflight import preflight
+
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "feature_deletion" / "textkit"
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model or tokenizer fails the test."""
+    import composer_replication.lm.models as models
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(models, "load_model", loaded)
+    monkeypatch.setattr(models, "load_tokenizer", loaded)
+
+
+def _train(tmp_path: Path, *overrides: str):
+    result = CliRunner().invoke(app, ["train", f"output_dir={tmp_path / 'run'}", *overrides])
+    return result.exit_code, result.stderr.strip().splitlines(), result.stdout
+
+
+def test_a_missing_replay_dataset_is_one_line_before_any_model(tmp_path, no_model):
+    code, err, out = _train(tmp_path, "replay.weight=0.1", "replay.dataset=/nonexistent")
+    assert (code, err) == (2, ["error: preference data not found: /nonexistent"])
+    assert "composer-replication train" not in out  # refused before the run's banner
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_malformed_replay_dataset_names_the_line(tmp_path, no_model):
+    bad = tmp_path / "pairs.jsonl"
+    bad.write_text('{"prompt": "q", "chosen": "a", "rejected": "b"}\n{"prompt": "q"}\n')
+    code, err, _ = _train(tmp_path, "replay.weight=0.1", f"replay.dataset={bad}")
+    assert (code, err) == (2, [f"error: {bad}:2: missing field 'chosen'"])
+
+
+def test_a_broken_feature_deletion_task_set_is_one_line_before_any_model(tmp_path, no_model):
+    tasks = tmp_path / "tasks" / "textkit-local"
+    tasks.mkdir(parents=True)
+    (tasks / "tasks.jsonl").write_text("this is not a task\n")
+    code, err, _ = _train(
+        tmp_path, "env.name=feature_deletion", f"env.task_sources=[{FIXTURE}]",
+        f"env.task_dir={tmp_path / 'tasks'}",
+    )  # fmt: skip
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: {tasks}")  # the task set it cannot use, named
+
+
+def test_a_bad_source_is_one_line_before_any_model(tmp_path, no_model):
+    code, err, _ = _train(
+        tmp_path, "env.name=feature_deletion", "env.task_sources=[toolz>=1]",
+        f"env.task_dir={tmp_path / 'tasks'}",
+    )  # fmt: skip
+    assert code == 2 and len(err) == 1 and "neither a directory nor a pinned package" in err[0]
+
+
+def test_preflight_builds_the_environment_once_and_finds_no_checkpoint(tmp_path):
+    cfg = load_config(None, [f"output_dir={tmp_path}", "env.levels=[1]"])
+    checked = preflight(cfg)
+    assert checked.resume is None and checked.env.name == "arithmetic"
+    with pytest.raises(UserError, match="resume_from=latest: no checkpoint-N"):
+        preflight(load_config(None, [f"output_dir={tmp_path}", "resume_from=latest"]))
