@@ -46,6 +46,7 @@ from composer_replication.config.diloco import (
 )
 from composer_replication.config.env import (
     ARITHMETIC_LEVELS,
+    ENV_CONFIGS,
     ArithmeticEnvConfig,
     CalculatorEnvConfig,
     EnvConfig,
@@ -79,6 +80,7 @@ from composer_replication.config.run import (
 )
 
 __all__ = [
+    "ENV_CONFIGS",
     "ARITHMETIC_LEVELS",
     "AblationArm",
     "AblationConfig",

@@ -118,9 +118,7 @@ def build_grpo_args(cfg: RunConfig):
 def build_reward_funcs(cfg: RunConfig, env) -> list:
     from composer_replication.trainer.rewards import EnvReward
 
-    if (
-        cfg.env.tools and cfg.env.openenv_url
-    ):  # the server grades each rollout (envs/openenv/adapter.py)
+    if env.tools and cfg.env.openenv_url:  # the server grades each rollout (openenv/adapter.py)
         from composer_replication.envs.openenv.adapter import OpenEnvReward
 
         funcs: list = [OpenEnvReward(env.name)]
