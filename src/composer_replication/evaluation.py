@@ -112,9 +112,11 @@ def generate_greedy(
     batch_size: int,
     progress=None,
     temperature: float = 0.0,
+    shared_prefix: bool = True,
 ) -> list[str]:
     """Greedy completions for chat prompts, batched (sampled at ``temperature`` > 0, top-p 1,
-    no top-k); the prompt tokens a batch shares are run once (``generate_with_prefix``)."""
+    no top-k); the prompt tokens a batch shares are run once (``generate_with_prefix``) unless
+    ``shared_prefix`` is off."""
     from composer_replication.lm.chat import render_prompt
     from composer_replication.lm.models import pad_token_id
     from composer_replication.lm.prefix import generate_with_prefix
@@ -127,7 +129,7 @@ def generate_greedy(
         texts = [render_prompt(tokenizer, p) for p in prompts[start : start + batch_size]]
         ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         new = generate_with_prefix(
-            model, ids, pad, max_new_tokens=max_new_tokens, pad_token_id=pad,
+            model, ids, pad, shared_prefix, max_new_tokens=max_new_tokens, pad_token_id=pad,
             **sampling_kwargs(temperature),
         )  # fmt: skip
         completions.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
@@ -149,13 +151,15 @@ def evaluate(
     max_tool_calls: int = 4,
     temperature: float = 0.0,
     seed: int = 1234,
+    shared_prefix: bool = True,
 ) -> EvalResult:
     """Pass@1 and mean reward of ``model`` on the first ``n`` tasks of ``split``: greedy, or
     one sample per task at ``temperature`` > 0 (torch seeded with ``seed`` first).
 
     A tool environment runs multi-turn episodes the same way (``rollout.run_agent``: at most
     ``max_turns`` turns and ``max_tool_calls`` tool calls, ``max_new_tokens`` per turn) and
-    reports turns and tool calls per rollout in ``tool_stats``."""
+    reports turns and tool calls per rollout in ``tool_stats``. ``shared_prefix``: the run's
+    ``generation.shared_prefix`` (prompt tokens a batch shares run once)."""
     tasks = select_tasks(env, split, n)
     if temperature > 0:
         import torch
@@ -163,10 +167,11 @@ def evaluate(
         torch.manual_seed(seed)
     if env.tools:
         return _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_size,
-                               progress, max_turns, max_tool_calls, temperature)  # fmt: skip
+                               progress, max_turns, max_tool_calls, temperature,
+                               shared_prefix)  # fmt: skip
     completions = generate_greedy(
         model, tokenizer, [t.prompt for t in tasks], max_new_tokens, batch_size, progress,
-        temperature,
+        temperature, shared_prefix,
     )  # fmt: skip
     results = env.grade_batch(tasks, completions)
     return _result(env, split, tasks, results, completions, temperature)
@@ -186,7 +191,7 @@ def _result(env, split, tasks, results, completions, temperature, tool_stats=Non
 
 
 def _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_size, progress,
-                    max_turns, max_tool_calls, temperature) -> EvalResult:  # fmt: skip
+                    max_turns, max_tool_calls, temperature, shared_prefix=True) -> EvalResult:  # fmt: skip
     from composer_replication.envs.tools import bounded_tools
     from composer_replication.lm.chat_templates import ensure_tool_template
     from composer_replication.rollout import RolloutStats, run_agent
@@ -195,7 +200,7 @@ def _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_s
     tools = bounded_tools(env.tools_class(), max_tool_calls)
     rows = [env.row(t) for t in tasks]
     rollouts = run_agent(model, tokenizer, rows, tools, max_turns, max_new_tokens, batch_size,
-                         progress, temperature)  # fmt: skip
+                         progress, temperature, shared_prefix)  # fmt: skip
     results = env.grade_episodes(tasks, [r.messages for r in rollouts],
                                  [r.instance for r in rollouts])  # fmt: skip
     st = RolloutStats.of(rollouts)

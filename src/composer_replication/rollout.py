@@ -82,12 +82,14 @@ def run_agent(
     batch_size: int,
     progress: Callable[[int], None] | None = None,
     temperature: float = 0.0,
+    shared_prefix: bool = True,
 ) -> list[AgentRollout]:
     """Multi-turn episodes, one per row (greedy, or sampled at ``temperature`` > 0 with
     top-p 1 and no top-k, as in training): generate a turn for every open episode, run the
     tool calls it makes, append the results, repeat until an episode answers without a call or
     has had ``max_turns`` turns. ``tools_class`` is instantiated once per row and ``reset`` with
-    the row, as TRL's trainer does."""
+    the row, as TRL's trainer does. ``shared_prefix``: run the prompt tokens a batch shares
+    once (``generation.shared_prefix``)."""
     from trl.chat_template_utils import parse_response
 
     envs = [tools_class() for _ in rows]
@@ -104,7 +106,7 @@ def run_agent(
         for start in range(0, len(open_), batch_size):
             idx = open_[start : start + batch_size]
             ids, prefixes = _generate(model, tokenizer, [convs[i] for i in idx], schemas,
-                                      max_new_tokens, temperature)  # fmt: skip
+                                      max_new_tokens, temperature, shared_prefix)  # fmt: skip
             for i, out, prefix in zip(idx, ids, prefixes, strict=True):
                 message = parse_response(tokenizer, out, prefix=prefix, tools=schemas)
                 message.setdefault("role", "assistant")
@@ -141,7 +143,7 @@ def until_eos(ids: list[int], eos_ids: int | list[int]) -> list[int]:
     return ids if end is None else ids[: end + 1]
 
 
-def _generate(model, tokenizer, convs, tools, max_new_tokens, temperature=0.0):
+def _generate(model, tokenizer, convs, tools, max_new_tokens, temperature=0.0, shared_prefix=True):
     """One turn for each conversation; the prompt tokens every conversation shares (system
     prompt, tool schemas, worked examples) are run once (``generate_with_prefix``)."""
     from composer_replication.lm.models import pad_token_id
@@ -155,7 +157,7 @@ def _generate(model, tokenizer, convs, tools, max_new_tokens, temperature=0.0):
     model.eval()
     pad = pad_token_id(tokenizer)
     new_BN = generate_with_prefix(
-        model, prefixes, pad, max_new_tokens=max_new_tokens, pad_token_id=pad,
+        model, prefixes, pad, shared_prefix, max_new_tokens=max_new_tokens, pad_token_id=pad,
         **sampling_kwargs(temperature),
     )  # fmt: skip
     ids = [until_eos(row.tolist(), tokenizer.eos_token_id) for row in new_BN.cpu()]

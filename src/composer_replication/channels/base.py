@@ -82,6 +82,9 @@ class Channel(ABC):
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
+        self.shared_prefix = True
+        """Run shared prompt prefixes once in this channel's forwards (``lm.prefix.use_prefix``);
+        the trainer sets its own switch (``generation.shared_prefix``) here."""
         self._active_steps: set[int] = set()
         self._seen_steps: set[int] = set()
 

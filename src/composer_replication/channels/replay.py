@@ -36,7 +36,7 @@ from composer_replication.lm.prefix import (
     forward_with_prefix,
     pad_rows,
     split_prefixes,
-    supports_prefix_cache,
+    use_prefix,
 )
 from composer_replication.losses import ReplayInputs, preference_loss, sequence_logps
 from composer_replication.prefs.dataset import load_pairs
@@ -95,13 +95,16 @@ def response_logps(model, batch: dict[str, Any], reduction: str) -> Tensor:
     return sequence_logps(logits, labels, batch["response_mask"], reduction=reduction)
 
 
-def pair_logps(model, pairs: list[EncodedPair], pad_id: int, reduction: str) -> Tensor:
+def pair_logps(
+    model, pairs: list[EncodedPair], pad_id: int, reduction: str, shared_prefix: bool = True
+) -> Tensor:
     """``[2P]`` log-probs of the chosen answers then the rejected ones. The prompt a chosen
     and a rejected answer share is run once and its KV cache reused for both answers
-    (lm/prefix.py), when the model supports it; otherwise one padded forward."""
+    (lm/prefix.py), when ``shared_prefix`` and the model allow it; otherwise one padded
+    forward."""
     device = next(model.parameters()).device
     net = backbone(model)
-    if not supports_prefix_cache(net):
+    if not use_prefix(net, shared_prefix):
         return response_logps(model, collate(pairs, pad_id, device), reduction)
     tails, mask = pad_rows(_responses(pairs), pad_id, left=False)
     tails, mask = tails.to(device), mask.to(device)
@@ -151,7 +154,7 @@ class ReplayChannel(Channel):
         try:
             for start in range(0, len(self.pairs), batch_pairs):
                 chunk = self.pairs[start : start + batch_pairs]
-                lp = pair_logps(model, chunk, self.pad_id, "sum")
+                lp = pair_logps(model, chunk, self.pad_id, "sum", self.shared_prefix)
                 out.append(torch.stack([lp[: len(chunk)], lp[len(chunk) :]], dim=1))
                 if progress is not None:
                     progress(len(chunk))
@@ -188,7 +191,9 @@ class ReplayChannel(Channel):
         if not idx:
             return _zero(ctx.model), {"num_pairs": 0.0, "active": 0.0}
         device = next(ctx.model.parameters()).device
-        lp = pair_logps(ctx.model, [self.pairs[i] for i in idx], self.pad_id, self.reduction)
+        lp = pair_logps(
+            ctx.model, [self.pairs[i] for i in idx], self.pad_id, self.reduction, self.shared_prefix
+        )
         n, lc = len(idx), self.cfg.loss
         ref_c = ref_r = None
         if self.ref is not None:

@@ -57,7 +57,7 @@ from composer_replication.lm.models import (
 from composer_replication.lm.prefix import (
     forward_with_prefix,
     split_prefixes,
-    supports_prefix_cache,
+    use_prefix,
 )
 from composer_replication.losses import (
     SdpoInputs,
@@ -263,7 +263,7 @@ class SelfDistillChannel(Channel):
         t_ids, t_mask = batch[f"{prompt}_ids"][rows], batch[f"{prompt}_mask"][rows]
         k = comp_ids.shape[1]
         with self._teacher(model) as (net, weight):
-            if supports_prefix_cache(net):  # a group's problem text is run once, not per row
+            if use_prefix(net, self.shared_prefix):  # a group's problem text is run once
                 prompts = [ids[m.bool()].tolist() for ids, m in zip(t_ids, t_mask, strict=True)]
                 groups = _group_labels(batch["prompt_ids"][rows], batch["prompt_mask"][rows])
                 pb = split_prefixes(prompts, groups, comp_ids, comp_mask, self.pad_id)

@@ -92,7 +92,8 @@ class GenerationConfig(StrictModel):
     shared_prefix: bool = True
     """Run the prompt tokens rows share (a GRPO group's prompt; a system prompt, tool schemas
     and worked examples every prompt repeats) once, with the KV cache expanded to the rows, in
-    ``transformers`` generation and in the policy's log-prob forwards (evaluation always does).
+    ``transformers`` generation, in the policy's log-prob forwards, in the channels' forwards
+    (the hinted teacher, the preference pairs) and in evaluation; the trainer's default too.
     The same numbers up to float rounding (tests/unit/lm/test_prefix.py); models with
     sliding-window or recurrent layers, and gradient checkpointing with gradients on, take the
     plain padded forward. ``false``: TRL's own padded forwards, bit for bit."""

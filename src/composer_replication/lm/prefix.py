@@ -136,6 +136,13 @@ def supports_prefix_cache(net) -> bool:
     return "position_ids" in params and cache_kwarg(net) in params
 
 
+def use_prefix(net, shared_prefix: bool) -> bool:
+    """Whether a forward runs shared prefixes once: the run's switch
+    (``generation.shared_prefix``) and the model's support. The one decision the trainer, the
+    channels and evaluation all ask."""
+    return shared_prefix and supports_prefix_cache(net)
+
+
 def cache_kwarg(net) -> str:
     """The name ``net.forward`` takes its KV cache under: ``cache`` (transformers >= 5.24
     decoders) or ``past_key_values`` (earlier releases, most ``*ForCausalLM`` wrappers)."""
@@ -233,18 +240,21 @@ def prefix_groups(prompts: list[list[int]]) -> list[int]:
     return by_prompt if cost_by_prompt <= cost_shared else [0] * len(prompts)
 
 
-def generate_with_prefix(model, prompts: list[list[int]], pad_id: int, **generate_kwargs: Any):
+def generate_with_prefix(
+    model, prompts: list[list[int]], pad_id: int, shared_prefix: bool = True, **generate_kwargs: Any
+):
     """``model.generate`` on unpadded ``prompts`` whose shared prefixes (:func:`prefix_groups`)
     are run once: the expanded cache is handed to ``generate``, which then runs only each row's
     rest. Returns the ``[B, N]`` new tokens (rows that stopped early are padded, as
     ``generate`` pads them). ``generate`` derives position ids from the attention mask, so
     the padding between a prefix and a row's rest leaves no gap in the positions; greedy
-    output equals plain left-padded generation (``tests/unit/lm/test_prefix.py``)."""
+    output equals plain left-padded generation (``tests/unit/lm/test_prefix.py``).
+    ``shared_prefix=False``: plain left-padded generation (:func:`use_prefix`)."""
     net = backbone(model)
     device = next(model.parameters()).device
     with torch.no_grad(), checkpointing_paused(net):
         batch = None
-        if supports_prefix_cache(net):
+        if use_prefix(net, shared_prefix):
             empty = torch.zeros((len(prompts), 0), dtype=torch.long, device=device)
             batch = split_prefixes(prompts, prefix_groups(prompts), empty, empty, pad_id)
         if batch is None or batch.prefix_ids.shape[1] == 0:  # plain left-padded generation

@@ -132,6 +132,7 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
             cfg.eval.batch_size,
             max_turns=cfg.rollout.max_turns,
             max_tool_calls=cfg.rollout.max_tool_calls,
+            shared_prefix=cfg.generation.shared_prefix,
         )
     )
     trainer.train()

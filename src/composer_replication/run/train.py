@@ -251,6 +251,7 @@ def evaluate_run(
             max_tool_calls=cfg.rollout.max_tool_calls,
             temperature=cfg.eval.temperature,
             seed=cfg.eval.seed,
+            shared_prefix=cfg.generation.shared_prefix,
         )
 
 

@@ -238,8 +238,10 @@ class HeldoutEvalCallback(TrainerCallback):
         *,
         max_turns: int,
         max_tool_calls: int,
+        shared_prefix: bool = True,
     ):
         self.path = Path(run_dir) / HELDOUT_FILE
+        self.shared_prefix = shared_prefix
         self.env, self.tokenizer = env, tokenizer
         self.every, self.n = every, n
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
@@ -252,6 +254,7 @@ class HeldoutEvalCallback(TrainerCallback):
         res = evaluate(
             model, self.tokenizer, self.env, "heldout", self.n, self.max_new_tokens,
             self.batch_size, max_turns=self.max_turns, max_tool_calls=self.max_tool_calls,
+            shared_prefix=self.shared_prefix,
         )  # fmt: skip
         model.train(was_training)
         lo, hi = res.pass_ci()

@@ -48,7 +48,7 @@ from composer_replication.lm.models import HiddenCapture, backbone, pad_token_id
 from composer_replication.lm.prefix import (
     completion_logps_with_prefix,
     generate_with_prefix,
-    supports_prefix_cache,
+    use_prefix,
 )
 from composer_replication.losses import compose_loss
 from composer_replication.rollout import turn_index, until_eos
@@ -80,7 +80,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
         shared_prefix: run each shared prompt prefix once (KV cache expanded to the rows) in
             generation and in the policy's log-prob forwards (lm/prefix.py); the same
             numbers up to float rounding, at a fraction of the cost when prompts are long.
-            Off (default): TRL's plain padded forwards, bit for bit.
+            The same switch reaches the channels' forwards (``Channel.shared_prefix``). On by
+            default, as ``generation.shared_prefix``; off: TRL's plain padded forwards, bit
+            for bit.
 
     A channel that needs verdicts (``needs_verdicts``) needs a reward function that keeps them
     (``last_results``, as :class:`~composer_replication.trainer.rewards.EnvReward` does).
@@ -93,7 +95,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         dynamic_sampling: bool = False,
         max_refills: int = 2,
         resume_override_channels: bool = False,
-        shared_prefix: bool = False,
+        shared_prefix: bool = True,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
@@ -102,6 +104,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         if any(c.needs_verdicts for c in self.channels):
             self._graded_reward = _find_graded_reward(self.reward_funcs, self.channels)
         for channel in self.channels:
+            channel.shared_prefix = shared_prefix
             channel.setup(self.model, self.processing_class, self.args)
         if self.channels:
             self.add_callback(_ChannelCallback(self))
@@ -171,7 +174,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     # ---- shared prompt prefixes run once (lm/prefix.py) ------------------------------
     def _prefix_ok(self, model) -> bool:
-        return self.shared_prefix and supports_prefix_cache(backbone(model))
+        return use_prefix(backbone(model), self.shared_prefix)
 
     def _get_per_token_logps_and_entropies(
         self,
@@ -237,7 +240,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 [list(p) for p in prompt_ids],
                 pad_token_id(self.processing_class),
                 generation_config=self.generation_config,
-            )
+            )  # _prefix_ok holds here: the switch is on
         return [until_eos(row.tolist(), self.eos_token_ids) for row in new_BN.cpu()], None
 
     # ---- channel composition -------------------------------------------------------------
