@@ -5,6 +5,7 @@ table with means and 95% CIs over seeds, and a PNG of held-out score vs step per
 from __future__ import annotations
 
 import json
+import re
 import math
 import shutil
 import statistics
@@ -77,8 +78,15 @@ def markers(section: str) -> tuple[str, str]:
     return f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
 
 
+def arm_dir(acfg: AblationConfig, arm: str) -> Path:
+    """Where an arm's seed runs go: the arm's name with every run of characters other than
+    letters, digits and ``._=+-`` replaced by one ``-`` (``trl-sdpo (peer)`` ->
+    ``trl-sdpo-peer``), so paths need no quoting."""
+    return Path(acfg.output_dir) / (re.sub(r"[^A-Za-z0-9._=+-]+", "-", arm).strip("-") or "arm")
+
+
 def arm_config(acfg: AblationConfig, arm: AblationArm, seed: int) -> RunConfig:
-    out = Path(acfg.output_dir) / arm.name / f"seed{seed}"
+    out = arm_dir(acfg, arm.name) / f"seed{seed}"
     cfg = _arm_run_config(acfg, arm, seed, out)
     if arm.trainer == "trl_sdpo" and cfg.sdpo.weight <= 0:
         raise ConfigError(
@@ -406,7 +414,7 @@ def plot_curves(acfg: AblationConfig, arms: list[str], out: Path) -> Path:
     for arm in arms:
         by_step: dict[int, list[float]] = {}
         for seed in acfg.seeds:
-            path = Path(acfg.output_dir) / arm / f"seed{seed}" / "heldout.jsonl"
+            path = arm_dir(acfg, arm) / f"seed{seed}" / "heldout.jsonl"
             if not (path.is_file() and path.with_name(FINAL_EVAL).is_file()):
                 continue
             for line in path.read_bytes().splitlines():

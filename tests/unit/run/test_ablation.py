@@ -402,3 +402,11 @@ def test_report_shows_each_seeds_training_signal(tmp_path):
     text = (out / "results.md").read_text()
     # (0.25 + 0.0) / 2 seeds known; seed 1 had one flat step, seed 2 two, seed 3 no metrics
     assert "| 0.500 | 0.125 | 2, never, - | 1, 2, - | 60 |" in text
+
+
+def test_arm_directories_need_no_quoting():
+    from composer_replication.run.ablation import arm_dir
+
+    acfg = AblationConfig(arms=[{"name": "a"}], output_dir="o")
+    assert arm_dir(acfg, "trl-sdpo (peer)") == Path("o/trl-sdpo-peer")
+    assert arm_dir(acfg, "grpo+sdpo routed lr=1.0e-5") == Path("o/grpo+sdpo-routed-lr=1.0e-5")
