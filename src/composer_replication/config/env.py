@@ -223,7 +223,24 @@ def env_config(data: Any) -> Any:
         raise ValueError(
             f"env.name: unknown environment {name!r}; known: {', '.join(sorted(ENV_CONFIGS))}"
         )
-    return ENV_CONFIGS[name].model_validate(data)
+    cls = ENV_CONFIGS[name]
+    return cls.model_validate({k: v for k, v in data.items() if not _old_default(cls, k, v)})
+
+
+def _old_default(cls: type[EnvConfig], key: str, value: Any) -> bool:
+    """True for another environment's option at its default: what a section written before
+    ``env`` became a union (every environment's options in one mapping, as old runs'
+    ``config.yaml`` holds them) carries for the environments it does not use."""
+    if key in cls.model_fields:
+        return False
+    for other in ENV_CONFIGS.values():
+        field = other.model_fields.get(key)
+        if field is not None:
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, StrictModel) and isinstance(value, dict):
+                return type(default).model_validate(value) == default
+            return value == default
+    return False
 
 
 class RolloutConfig(StrictModel):
