@@ -60,11 +60,7 @@ class DilocoConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> DilocoConfig:
-        if self.sync_every % self.fragments != 0:
-            raise ValueError(
-                f"diloco.sync_every={self.sync_every} must be a multiple of "
-                f"diloco.fragments={self.fragments}"
-            )
+        check_fragments(self.sync_every, self.fragments, "diloco.")
         if self.min_replicas > self.replicas:
             raise ValueError(
                 f"diloco.min_replicas={self.min_replicas} > diloco.replicas={self.replicas}"
@@ -77,3 +73,12 @@ class DilocoConfig(StrictModel):
         if self.enabled and self.backend == "object_store" and not self.store_uri:
             raise ValueError("diloco.backend=object_store needs diloco.store_uri")
         return self
+
+
+def check_fragments(sync_every: int, fragments: int, where: str = "") -> None:
+    """Streaming DiLoCo syncs fragment ``i`` at offset ``(i+1) * H / fragments``: ``sync_every``
+    must be a multiple of ``fragments`` (the config and ``make_diloco_outer_loop`` ask here)."""
+    if sync_every % fragments != 0:
+        raise ValueError(
+            f"{where}sync_every={sync_every} must be a multiple of {where}fragments={fragments}"
+        )

@@ -52,26 +52,13 @@ from composer_replication.diloco.launcher import (
     thread_overrides,
 )
 from composer_replication.diloco.replica import replica_overrides
-from composer_replication.diloco.serverless.executor import resolve_entrypoint
+from composer_replication.diloco.serverless.executor import ReplicaFailedError, resolve_entrypoint
 
 MISSING = "--launcher monarch needs Monarch: pip install torchmonarch (PyPI name; not `monarch`)"
 
 
 class MonarchMissingError(UserError, RuntimeError):
     """``torchmonarch`` is not installed."""
-
-
-class ReplicaFailedError(RuntimeError):
-    """A replica actor raised. Its arguments are only an int and a str, so it pickles back to
-    the controller whatever the original exception was."""
-
-    def __init__(self, replica: int, message: str):
-        super().__init__(replica, message)
-        self.replica = replica
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"replica {self.replica} failed: {self.message}"
 
 
 class _Prefixed:
@@ -137,7 +124,7 @@ try:
                 with prefixed_output(f"[r{rank}] "):
                     return resolve_entrypoint(TRAIN_ENTRYPOINT)(config, per_rank[rank], rank)
             except BaseException as err:  # the controller learns which replica, and why
-                raise ReplicaFailedError(rank, f"{type(err).__name__}: {err}") from err
+                raise ReplicaFailedError({rank: (None, f"{type(err).__name__}: {err}")}) from err
 
 except ImportError:  # torchmonarch absent: launch_monarch says how to install it
     ReplicaActor = None  # type: ignore[assignment,misc]
@@ -216,7 +203,7 @@ def run_on_mesh(
             except Exception as err:  # ActorError (the replica raised) or a lost process
                 cause = getattr(err, "exception", None) or err
                 run.error = str(cause)
-                run.failed = getattr(cause, "replica", None)
+                run.failed = next(iter(getattr(cause, "failures", {None: None})))
                 echo(f"[diloco] {run.error}; stopping the mesh")
                 break
             run.replies[out["replica"]] = out

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from composer_replication.config.diloco import DilocoConfig
+from composer_replication.config.diloco import DilocoConfig, check_fragments
 
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 
@@ -117,10 +117,7 @@ def make_diloco_outer_loop(
     """
     from torchft.local_sgd import DiLoCo
 
-    if sync_every % fragments != 0:
-        raise DilocoSetupError(
-            f"sync_every={sync_every} must be a multiple of fragments={fragments}"
-        )
+    check_fragments(sync_every, fragments)
     parts = split_fragments(model, fragments)
     outer = make_outer_optimizers(parts, outer_lr, outer_momentum, nesterov)
     return DiLoCo(
@@ -241,7 +238,6 @@ class SyncObserver:
 
     manager: Any
     params: list[nn.Parameter]
-    sync_every: int
     keep_tensors: bool = False
     on_sync: Callable[[SyncEvent], None] | None = None
     events: list[SyncEvent] = field(default_factory=list)
@@ -320,7 +316,7 @@ class DilocoRuntime:
         self.manager = manager
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.observer = SyncObserver(
-            manager, self.params, cfg.sync_every, keep_tensors=keep_tensors, on_sync=on_sync
+            manager, self.params, keep_tensors=keep_tensors, on_sync=on_sync
         )
         self.diloco = make_diloco_outer_loop(
             manager,

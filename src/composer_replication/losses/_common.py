@@ -64,12 +64,3 @@ def resolve_mask(
         if bool(bad.any()):
             raise ValueError("mask must be boolean or contain only 0/1 values")
     return mask.to(device=device, dtype=torch.bool)
-
-
-def detached_metrics(prefix: str, **values: Tensor | float) -> dict[str, Tensor]:
-    """Build a metrics dict of detached scalar tensors with ``prefix`` on every key."""
-    out: dict[str, Tensor] = {}
-    for key, value in values.items():
-        t = value.detach() if isinstance(value, Tensor) else torch.tensor(float(value))
-        out[f"{prefix}{key}"] = t
-    return out

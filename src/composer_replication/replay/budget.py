@@ -132,10 +132,6 @@ class Reservation:
     teacher: str
 
 
-class BudgetExhausted(RuntimeError):
-    """Raised by `BudgetLedger.reserve_or_raise` once the budget cannot cover a call."""
-
-
 class BudgetLedger:
     """Spent and reserved dollars against a ceiling (``budget_usd=None``: no ceiling).
 
@@ -214,9 +210,3 @@ class BudgetLedger:
         if self._cond is not None:
             async with self._cond:
                 self._cond.notify_all()
-
-    @property
-    def remaining_usd(self) -> float | None:
-        if self.budget_usd is None:
-            return None
-        return max(0.0, self.budget_usd - self.spent_usd - self.reserved_usd)

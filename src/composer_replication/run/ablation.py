@@ -5,8 +5,8 @@ table with means and 95% CIs over seeds, and a PNG of held-out score vs step per
 from __future__ import annotations
 
 import json
-import re
 import math
+import re
 import shutil
 import statistics
 import time

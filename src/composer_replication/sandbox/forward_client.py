@@ -288,10 +288,6 @@ def _tree_class(module, qualname):
     return obj
 
 
-def _in_tree(mod):
-    return _tree_relative(mod) is not None
-
-
 def _tree_relative(mod):
     """The path of module ``mod``'s file relative to the suite's tree, or None outside it."""
     path = getattr(mod, "__file__", None)

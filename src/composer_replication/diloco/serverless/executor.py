@@ -25,7 +25,9 @@ WORLD_ENV = "REPLICA_WORLD_SIZE"
 
 
 class ReplicaFailedError(RuntimeError):
-    """One or more replicas exited with an error; ``failures`` maps rank -> (exit code, error)."""
+    """One or more replicas failed; ``failures`` maps rank -> (exit code, error) (exit code
+    None: the replica raised in a live process, e.g. a Monarch actor). Pickles as its
+    ``failures`` alone, so it crosses process boundaries whatever the original error was."""
 
     def __init__(self, failures: dict[int, tuple[int | None, str]]):
         self.failures = failures
@@ -35,6 +37,9 @@ class ReplicaFailedError(RuntimeError):
                 f"  rank {rank}: exit code {code}: {err.strip().splitlines()[-1] if err.strip() else '(no output)'}"
             )
         super().__init__("\n".join(lines))
+
+    def __reduce__(self):
+        return (type(self), (self.failures,))
 
 
 class ReplicaTimeoutError(TimeoutError):
