@@ -76,10 +76,10 @@ def test_replay_draws_pairs_per_optimizer_step(
     seen = []
     real = replay_mod.pair_logps
 
-    def spy(model, pairs, pad_id, reduction):
+    def spy(model, pairs, pad_id, reduction, shared_prefix=True):
         if not hasattr(spy, "in_setup"):
             seen.append((len(pairs), model.training))
-        return real(model, pairs, pad_id, reduction)
+        return real(model, pairs, pad_id, reduction, shared_prefix)
 
     cfg = _cfg(
         tmp_path,

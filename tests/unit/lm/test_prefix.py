@@ -141,7 +141,7 @@ def test_sliding_window_models_are_not_prefix_cached():
     assert not supports_prefix_cache(Qwen2Model(cfg))
 
 
-def test_self_teacher_states_equal_the_plain_teacher_forward(monkeypatch):
+def test_self_teacher_states_equal_the_plain_teacher_forward():
     """Channel 2's teacher: hinted rows of two problems (per-row hints after shared problem
     text), scored with and without the prefix cache."""
     from types import SimpleNamespace
@@ -159,7 +159,7 @@ def test_self_teacher_states_equal_the_plain_teacher_forward(monkeypatch):
     teacher.setup(net, SimpleNamespace(pad_token_id=0), SimpleNamespace(max_steps=1))
     rows = torch.tensor([0, 2, 3, 4])
     shared, _ = teacher.teacher_states(net, batch, rows)
-    monkeypatch.setattr(sdpo, "supports_prefix_cache", lambda _net: False)
+    teacher.shared_prefix = False  # the switch (generation.shared_prefix) the trainer sets
     plain, _ = teacher.teacher_states(net, batch, rows)
     keep = torch.cat([torch.ones(4, 1, dtype=torch.bool), masks[rows, :-1].bool()], 1)
     torch.testing.assert_close(shared[keep], plain[keep], rtol=1e-4, atol=1e-5)
