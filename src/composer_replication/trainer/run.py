@@ -267,8 +267,9 @@ def process_rank() -> tuple[int, int]:
 
 def check_resume(cfg: RunConfig) -> str | None:
     """The checkpoint to resume from, after checking (before any model loads) that it was
-    trained with this config's channel settings (``resume_override_channels`` to differ), and
-    that the config can run in this many processes."""
+    trained with this config's channel settings (``resume_override_channels`` to differ), that
+    the config can run in this many processes, and that distillation teachers use the
+    student's tokenizer."""
     from composer_replication.config import (
         DYNAMIC_SAMPLING_MULTIPROCESS,
         ConfigError,
@@ -277,6 +278,10 @@ def check_resume(cfg: RunConfig) -> str | None:
 
     if cfg.grpo.dynamic_sampling.enabled and process_rank()[1] > 1:
         raise ConfigError(DYNAMIC_SAMPLING_MULTIPROCESS)
+    if cfg.distill.weight > 0:  # teachers must share the student's tokenizer (loads tokenizers only)
+        from composer_replication.replay.scoring import check_same_tokenizer
+
+        check_same_tokenizer(cfg.model.name, cfg.distill.teachers)
     resume = resolve_resume(cfg)
     if resume is not None:
         check_resume_channels(resume, cfg.channel_settings(), cfg.resume_override_channels)

@@ -274,6 +274,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
         if "tool_mask" in batch and self.model.training:
             turns_B = turn_index(batch["tool_mask"], batch["completion_mask"]).amax(dim=1) + 1
             self._metrics["train"]["rollout/turns"].append(float(turns_B.float().mean()))
+        if self.channels:  # the dataset row's columns (task ids, tags) for the channels
+            batch["_columns"] = [{k: v for k, v in x.items() if k != "prompt"} for x in inputs]
         if self._graded_reward is not None:
             results = list(self._graded_reward.last_results)
             if len(results) != len(inputs):
@@ -294,6 +296,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 results=results,
                 group_size=self.num_generations,
                 tools=self.tools or None,
+                columns=batch.pop("_columns", None),
             )
             for channel in self.channels:
                 batch = channel.attach(batch, rollouts)
