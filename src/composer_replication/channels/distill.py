@@ -248,7 +248,9 @@ class DistillChannel(Channel):
             logp_N = gather_student_logps(h_NH, w, y_N[:, None]).squeeze(1)
             ones = torch.ones_like(logp_N, dtype=torch.bool)
             teacher = batch["distill_actual"][mask].to(logp_N.dtype)
-            loss, extra = sampled_reverse_kl_loss(logp_N, teacher, logp_N.detach(), ones, divisor=divisor)
+            loss, extra = sampled_reverse_kl_loss(
+                logp_N, teacher, logp_N.detach(), ones, divisor=divisor
+            )
         metrics.update(self._teacher_metrics(batch, mask, logp_N.detach()))
         return loss, {**metrics, **extra, "num_tokens": float(n_tok), "active": 1.0}
 

@@ -278,7 +278,9 @@ def check_resume(cfg: RunConfig) -> str | None:
 
     if cfg.grpo.dynamic_sampling.enabled and process_rank()[1] > 1:
         raise ConfigError(DYNAMIC_SAMPLING_MULTIPROCESS)
-    if cfg.distill.weight > 0:  # teachers must share the student's tokenizer (loads tokenizers only)
+    if (
+        cfg.distill.weight > 0
+    ):  # teachers must share the student's tokenizer (loads tokenizers only)
         from composer_replication.replay.scoring import check_same_tokenizer
 
         check_same_tokenizer(cfg.model.name, cfg.distill.teachers)
