@@ -244,6 +244,10 @@ class DynamicSamplingConfig(_Strict):
 
 
 class GRPOConfigModel(_Strict):
+    weight: float = Field(1.0, ge=0.0, le=1000.0)
+    """Weight of channel 1, the GRPO policy loss, in the total (1: TRL's loss unchanged). 0:
+    the extra channels train alone, e.g. on-policy distillation without RL (rollouts are still
+    generated and graded; rewards are logged)."""
     loss_type: Literal["dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo"] = "dapo"
     """TRL loss aggregation; DAPO is token-level over the whole batch."""
     epsilon: float = Field(0.2, gt=0.0, le=1.0)
@@ -690,6 +694,13 @@ class DistillConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("loss"), dict):
+            if "type" not in data["loss"]:  # `distill.loss.x=...` alone: the default loss's x
+                data = {**data, "loss": {"type": "reverse_kl", **data["loss"]}}
+        if isinstance(data, dict) and isinstance(data.get("route"), dict):
+            if "type" not in data["route"]:  # a route with `match` is a column route
+                kind = "column" if "match" in data["route"] else "single"
+                data = {**data, "route": {"type": kind, **data["route"]}}
         if not isinstance(data, dict) or "teachers" not in data:
             return data
         teachers = data["teachers"]
@@ -795,6 +806,15 @@ class RunConfig(_Strict):
     @classmethod
     def _weight_aliases(cls, data: Any) -> Any:
         return _move_weight_aliases(data)
+
+    @model_validator(mode="after")
+    def _something_trains(self) -> RunConfig:
+        if self.grpo.weight == 0 and not self.channel_settings():
+            raise ValueError(
+                "grpo.weight=0 with no extra channel (sdpo, replay, distill weight > 0) trains "
+                "nothing"
+            )
+        return self
 
     @model_validator(mode="after")
     def _teacher_is_not_the_student(self) -> RunConfig:

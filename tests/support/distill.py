@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from support.tiny_run import save_tiny_model
 
 

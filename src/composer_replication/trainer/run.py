@@ -212,6 +212,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         callbacks=callbacks,
         channels=build_channels(cfg, **(channel_kwargs or {})),
         resume_override_channels=cfg.resume_override_channels,
+        policy_weight=cfg.grpo.weight,
         dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
         max_refills=cfg.grpo.dynamic_sampling.max_refills,
         shared_prefix=cfg.generation.shared_prefix,
