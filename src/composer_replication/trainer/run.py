@@ -268,9 +268,8 @@ def process_rank() -> tuple[int, int]:
 
 def check_resume(cfg: RunConfig) -> str | None:
     """The checkpoint to resume from, after checking (before any model loads) that it was
-    trained with this config's channel settings (``resume_override_channels`` to differ), that
-    the config can run in this many processes, and that distillation teachers use the
-    student's tokenizer."""
+    trained with this config's channel settings (``resume_override_channels`` to differ), and
+    that the config can run in this many processes."""
     from composer_replication.config import (
         DYNAMIC_SAMPLING_MULTIPROCESS,
         ConfigError,
@@ -292,7 +291,8 @@ def check_resume(cfg: RunConfig) -> str | None:
 
 
 def prepare(cfg: RunConfig):
-    """Threads, seeds, run dir and config snapshot; returns (model, tokenizer, env)."""
+    """Threads, seeds, run dir and config snapshot; returns (model, tokenizer, env). Bad input
+    (a model id, a distillation teacher with another tokenizer) fails before any model loads."""
     import torch
 
     from composer_replication.chat_templates import ensure_tool_template
@@ -304,6 +304,10 @@ def prepare(cfg: RunConfig):
     seed_everything(cfg.seed)
     env = build_env(cfg)  # first: a code env refuses to start without its sandbox
     tokenizer = load_tokenizer(cfg.model.name)  # a bad model id fails here, nothing written yet
+    if cfg.distill.weight > 0:  # teachers must share the student's tokenizer (tokenizers only)
+        from composer_replication.replay.scoring import check_same_tokenizer
+
+        check_same_tokenizer(cfg.model.name, cfg.distill.teachers)
     if is_tool_env(env):
         ensure_tool_template(tokenizer)  # SmolLM2's own template cannot render tool calls
     model = load_model(cfg.model.name, dtype=cfg.model.dtype, peft=cfg.peft)
