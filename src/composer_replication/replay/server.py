@@ -79,10 +79,8 @@ def create_app(chat_model: Any, served_model_name: str, default_max_tokens: int 
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest):
-        if req.stream:
-            return _error(JSONResponse, 400, "stream=true is not supported by this server")
-        if req.model and req.model != served_model_name:
-            return _error(JSONResponse, 404, f"model {req.model!r} not served here")
+        if (refused := _refuse(JSONResponse, req, served_model_name)) is not None:
+            return refused
         gen = await asyncio.to_thread(
             chat_model.generate,
             req.messages,
@@ -103,10 +101,8 @@ def create_app(chat_model: Any, served_model_name: str, default_max_tokens: int 
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):
-        if req.stream:
-            return _error(JSONResponse, 400, "stream=true is not supported by this server")
-        if req.model and req.model != served_model_name:
-            return _error(JSONResponse, 404, f"model {req.model!r} not served here")
+        if (refused := _refuse(JSONResponse, req, served_model_name)) is not None:
+            return refused
         prompts = _token_prompts(chat_model.tokenizer, req.prompt)
         if any(not p for p in prompts):
             return _error(JSONResponse, 400, "an empty prompt cannot be scored")
@@ -119,6 +115,15 @@ def create_app(chat_model: Any, served_model_name: str, default_max_tokens: int 
         return _text_completion(served_model_name, chat_model.tokenizer, prompts, rows)
 
     return app
+
+
+def _refuse(response_cls, req: Any, served_model_name: str):
+    """The error answer for a streaming request or another model's, else None."""
+    if req.stream:
+        return _error(response_cls, 400, "stream=true is not supported by this server")
+    if req.model and req.model != served_model_name:
+        return _error(response_cls, 404, f"model {req.model!r} not served here")
+    return None
 
 
 def _token_prompts(tokenizer, prompt: Any) -> list[list[int]]:
