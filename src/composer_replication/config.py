@@ -603,6 +603,12 @@ class ReverseKlDistillLoss(_Strict):
     (losses/distill.py). Works with every teacher."""
 
     type: Literal["reverse_kl"] = "reverse_kl"
+    as_advantage: bool = False
+    """Fold the per-token advantage into GRPO's instead of a loss term of its own: ``A_t =
+    A_GRPO + distill.weight * (log q(y_t) - log p_old(y_t))``, trained by the clipped policy
+    loss (OPD combined with RL through the advantage, as in Thinking Machines' post). The
+    channel's own term is then an exact 0; its metrics still report. Needs ``grpo.weight`` >
+    0."""
 
 
 class JsdDistillLoss(_Strict):
@@ -813,6 +819,19 @@ class RunConfig(_Strict):
             raise ValueError(
                 "grpo.weight=0 with no extra channel (sdpo, replay, distill weight > 0) trains "
                 "nothing"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _advantage_needs_the_policy_loss(self) -> RunConfig:
+        loss = self.distill.loss
+        if (
+            self.distill.weight > 0
+            and getattr(loss, "as_advantage", False)
+            and not self.grpo.weight
+        ):
+            raise ValueError(
+                "distill.loss.as_advantage=true trains through GRPO's loss: grpo.weight must be > 0"
             )
         return self
 

@@ -62,6 +62,15 @@ def test_the_shipped_example_names_a_local_teacher():
             "top_k",
         ),
         (["grpo.weight=0"], "trains nothing"),
+        (
+            [
+                "grpo.weight=0",
+                "distill.weight=1",
+                "distill.teachers=a",
+                "distill.loss.as_advantage=true",
+            ],
+            "grpo.weight must be > 0",
+        ),
         (["distill.weight=1", "distill.teachers=a", "distill.loss.beta=0.5"], "unknown key"),
     ],
 )

@@ -12,7 +12,10 @@ tool-result tokens excluded, as for the policy loss:
   Machines' "On-Policy Distillation", 2025; MOPD, arXiv:2606.30406; GKD, arXiv:2306.13649):
   per token the dense advantage ``log q(y) - log p(y)`` in the policy gradient
   (losses/sampled.py). The channel is on-policy within a generation round: its importance
-  ratio is taken to the current weights (1 on the first use of a batch).
+  ratio is taken to the current weights (1 on the first use of a batch). With
+  ``loss.as_advantage`` the same per-token advantage, times ``distill.weight``, is added to
+  GRPO's advantages right after scoring (``advantages`` becomes ``[B, K]``, which TRL's loss
+  takes), and GRPO's clipped loss trains it; the channel's own term is then an exact 0.
 * ``loss.type: jsd`` -- the generalized JSD (beta 0: forward KL): over the whole vocabulary
   for a local teacher (the chunked fused kernel of losses/chunked.py, fed with the teacher's
   last hidden states computed in ``attach`` and its head), over the teacher's top-k with a
@@ -79,6 +82,7 @@ class DistillChannel(Channel):
     def setup(self, model, tokenizer, args) -> None:
         """Build the teachers: local ones loaded on their device and dtype, frozen."""
         self.pad_id = pad_token_id(tokenizer)
+        self.model, self.temperature = model, float(getattr(args, "temperature", 1.0))
         student_device = next(model.parameters()).device
         for spec in self.cfg.teachers:
             if isinstance(spec, LocalTeacherConfig):
@@ -130,7 +134,37 @@ class DistillChannel(Channel):
         for i, scorer in enumerate(self.scorers):
             if self._full_jsd[i]:
                 batch[f"distill_hidden_{i}"] = self._hidden(scorer, i, choice, seqs, plens, k_len)
+        if getattr(self.cfg.loss, "as_advantage", False):
+            self._fold_into_advantages(batch)
         return batch
+
+    def _fold_into_advantages(self, batch: dict[str, Any]) -> None:
+        """``advantages[B] -> [B, K]``: plus ``weight * (log q(y) - log p_old(y))`` on the
+        scored tokens (the sampling policy's log-probs, as TRL computes them: logits divided
+        by the generation temperature)."""
+        mask = self.token_mask(batch) & torch.isfinite(batch["distill_actual"])
+        old = batch.get("old_per_token_logps")
+        if old is None:
+            old = self._policy_logps(batch)
+        gap = (batch["distill_actual"] - old).masked_fill(~mask, 0.0)
+        adv = batch["advantages"]
+        adv_BK = adv[:, None] if adv.dim() == 1 else adv
+        batch["advantages"] = adv_BK + self.weight * gap.to(adv.dtype)
+
+    @torch.no_grad()
+    def _policy_logps(self, batch: dict[str, Any]) -> Tensor:
+        """``[B, K]`` log-probs of the completion tokens under the current policy."""
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        k = batch["completion_ids"].shape[1]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            logits = self.model(input_ids=ids, attention_mask=mask, logits_to_keep=k + 1).logits
+        finally:
+            self.model.train(was_training)
+        logp = torch.log_softmax(logits[:, :-1].float() / self.temperature, dim=-1)
+        return logp.gather(2, batch["completion_ids"][..., None]).squeeze(2)
 
     def _route(self, rollouts: Rollouts, n_rows: int) -> list[set[int]]:
         """Per row, the teachers asked to score it."""
@@ -236,6 +270,13 @@ class DistillChannel(Channel):
         n_tok = int(mask.sum())
         divisor = max(n_tok, 1) * ctx.grad_accum
         metrics = self._row_metrics(batch)
+        if getattr(self.cfg.loss, "as_advantage", False):  # trained through GRPO's loss
+            zero = torch.zeros((), device=w.device, dtype=w.dtype)
+            if n_tok:
+                y = batch["completion_ids"][mask][:, None]
+                logp_N = gather_student_logps(h_BKH[mask].detach(), w.detach(), y).squeeze(1)
+                metrics.update(self._teacher_metrics(batch, mask, logp_N))
+            return zero, {**metrics, "num_tokens": float(n_tok), "active": float(n_tok > 0)}
         if n_tok == 0:
             zero = (h_BKH.sum() + w.sum()) * 0.0
             return zero, {**metrics, "num_tokens": 0.0, "active": 0.0}
