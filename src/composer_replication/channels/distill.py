@@ -115,7 +115,8 @@ class DistillChannel(Channel):
         wanted = self._route(rollouts, n_rows)
         asked = [[r for r in range(n_rows) if lengths[r] > 0 and i in wanted[r]]
                  for i in range(len(self.scorers))]  # fmt: skip
-        asked = [self._within_budget(i, rows, lengths) for i, rows in enumerate(asked)]
+        sizes = [len(x) for x in seqs]
+        asked = [self._within_budget(i, rows, sizes) for i, rows in enumerate(asked)]
         results = _run(self._score_all(asked, seqs, plens))
         choice = self._choose(wanted, asked, results, lengths, batch)
         status = torch.full((n_rows,), UNROUTED, dtype=torch.long)
@@ -184,16 +185,17 @@ class DistillChannel(Channel):
             out.append({names.index(hit)} if hit is not None else set())
         return out
 
-    def _within_budget(self, i: int, rows: list[int], lengths: list[int]) -> list[int]:
+    def _within_budget(self, i: int, rows: list[int], sizes: list[int]) -> list[int]:
         """The prefix of ``rows`` teacher ``i`` may still score (``budget_usd``,
-        ``max_scored_tokens``); the rest are reported over budget."""
+        ``max_scored_tokens``: a row costs its whole sequence, prompt and completion, as a
+        server bills it); the rest are reported over budget."""
         spent_usd = sum(s.stats.cost_usd for s in self.scorers)
         spent_tok = sum(s.stats.scored_tokens for s in self.scorers)
         price = getattr(self.scorers[i].spec, "price_in_per_mtok", 0.0) / 1e6
         kept = []
         for r in rows:
-            spent_tok += lengths[r]
-            spent_usd += lengths[r] * price
+            spent_tok += sizes[r]
+            spent_usd += sizes[r] * price
             if self.cfg.max_scored_tokens is not None and spent_tok > self.cfg.max_scored_tokens:
                 break
             if self.cfg.budget_usd is not None and spent_usd > self.cfg.budget_usd:
