@@ -77,6 +77,7 @@ class DistillChannel(Channel):
         super().__init__(cfg)
         self._models = models or {}
         self.scorers: list[Any] = []
+        self._hidden_rows: dict[int, tuple[list[int], Tensor]] = {}
 
     # ---- setup ------------------------------------------------------------------------------
     def setup(self, model, tokenizer, args) -> None:
@@ -134,7 +135,7 @@ class DistillChannel(Channel):
         batch["distill_top_logps"] = top_lp.to(device)
         for i, scorer in enumerate(self.scorers):
             if self._full_jsd[i]:
-                batch[f"distill_hidden_{i}"] = self._hidden(scorer, i, choice, seqs, plens, k_len)
+                batch[f"distill_hidden_{i}"] = self._hidden(scorer, i, choice, status, k_len)
         if getattr(self.cfg.loss, "as_advantage", False):
             self._fold_into_advantages(batch)
         return batch
@@ -215,8 +216,11 @@ class DistillChannel(Channel):
                                           self.top_k, self.pad_id)  # fmt: skip
             finally:
                 await scorer.aclose()
+            if self._full_jsd[i] and isinstance(scorer, LocalScorer):  # kept for the loss
+                self._hidden_rows[i] = (rows, scorer.last_hidden)
             return dict(zip(rows, got, strict=True))
 
+        self._hidden_rows = {}
         return list(await asyncio.gather(*(one(i, rows) for i, rows in enumerate(asked))))
 
     def _choose(self, wanted, asked, results, lengths, batch) -> list[int]:
@@ -247,15 +251,17 @@ class DistillChannel(Channel):
             return SCORED
         return FAILED if any(r in rows for rows in asked) else OVER_BUDGET
 
-    def _hidden(self, scorer: LocalScorer, i: int, choice, seqs, plens, k_len: int) -> Tensor:
-        """``[B, K, H_t]`` teacher hidden states of the rows distilled from local teacher ``i``
-        (zeros elsewhere), kept on the teacher's device until the loss needs them."""
-        rows = [r for r, c in enumerate(choice) if c == i and len(seqs[r]) > plens[r]]
+    def _hidden(self, scorer: LocalScorer, i: int, choice, status, k_len: int) -> Tensor:
+        """``[B, K, H_t]`` hidden states of local teacher ``i`` (from its scoring forward) on
+        the rows distilled from it, zeros elsewhere; kept on the teacher's device until the
+        loss needs them."""
         width = scorer.head_weight().shape[1]
         out = torch.zeros(len(choice), k_len, width, device=scorer.device)
-        if rows:
-            h = scorer.hidden_states([seqs[r] for r in rows], [plens[r] for r in rows], self.pad_id)
-            out[rows, : h.shape[1]] = h.to(out.dtype)
+        rows, h = self._hidden_rows.get(i, ([], None))
+        for j, r in enumerate(rows):
+            if choice[r] == i and status[r] == SCORED:
+                n = min(k_len, h.shape[1])
+                out[r, :n] = h[j, :n].to(out.dtype)
         return out
 
     # ---- in the loss ------------------------------------------------------------------------

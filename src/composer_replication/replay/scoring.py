@@ -178,6 +178,7 @@ class LocalScorer:
             model = load_model(spec.model, dtype=spec.dtype)
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.stats = ScoreStats()
+        self.last_hidden = None
 
     def head_weight(self) -> Any:
         from composer_replication.models import head_weight
@@ -204,11 +205,13 @@ class LocalScorer:
         return h.gather(1, idx[..., None].expand(-1, -1, h.shape[-1]))
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int], top_k: int, pad_id: int):
-        """One :class:`RowScores` per sequence (a single padded forward)."""
+        """One :class:`RowScores` per sequence (a single padded forward). The hidden states
+        stay in ``last_hidden`` (``[R, K, H_t]``, row order of the call) for the
+        full-vocabulary loss, so it needs no second forward."""
         import torch
 
         t0 = time.perf_counter()
-        h = self.hidden_states(sequences, prompt_lens, pad_id)
+        h = self.last_hidden = self.hidden_states(sequences, prompt_lens, pad_id)
         with torch.no_grad():
             logp = torch.log_softmax(h.float() @ self.head_weight().float().T, dim=-1)
             top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
