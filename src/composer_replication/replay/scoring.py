@@ -331,7 +331,7 @@ class RemoteScorer:
         import openai
 
         kwargs: dict[str, Any] = {
-            "model": self.spec.model,
+            "model": self.spec.model or await self._served_model(),
             "prompt": seqs,
             "max_tokens": 1,
             "temperature": 1.0,
@@ -349,6 +349,20 @@ class RemoteScorer:
                 getattr(getattr(err, "response", None), "headers", None)
             )
             raise terr from err
+
+    async def _served_model(self) -> str:
+        """The server's first listed model (``model`` left empty: the server's only one)."""
+        import openai
+
+        if not getattr(self, "_model_id", None):
+            try:
+                page = await self._get_client().models.list()
+            except openai.APIError as err:
+                raise classify_openai_error(err) from err
+            if not page.data:
+                raise TeacherError("malformed", "the server lists no model (GET /models)")
+            self._model_id = page.data[0].id
+        return self._model_id
 
     def _parse(self, body: bytes, seqs: list[list[int]], plens: list[int]) -> list[RowScores]:
         try:

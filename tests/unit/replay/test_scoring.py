@@ -113,7 +113,7 @@ def _flaky_app(fail_first: int, body: bytes | None = None) -> FastAPI:
 
 
 def _scorer(url: str, **kw) -> RemoteScorer:
-    spec = RemoteTeacherConfig(name="t", base_url=url, rows_per_request=2, **kw)
+    spec = RemoteTeacherConfig(name="t", base_url=url, model="m", rows_per_request=2, **kw)
     return RemoteScorer(spec, sleep=lambda _s: asyncio.sleep(0))
 
 
@@ -124,7 +124,8 @@ def test_a_busy_server_is_retried_at_the_edge_and_rows_are_batched():
         rows = asyncio.run(scorer.ascore([[1, 2, 3]] * 3, [1, 1, 1], 1, 0))
     assert all(isinstance(r, RowScores) and r.actual == [-1.0, -1.0] for r in rows)
     assert [len(c["prompt"]) for c in app.state.calls] == [2, 2, 1]  # 503, retried, then the rest
-    assert app.state.calls[0]["prompt_logprobs"] == 8 and app.state.calls[0]["max_tokens"] == 1
+    first = app.state.calls[0]
+    assert first["prompt_logprobs"] == 8 and first["max_tokens"] == 1 and first["model"] == "m"
     assert scorer.stats.requests == 3 and scorer.stats.scored_rows == 3
 
 
