@@ -65,7 +65,7 @@ class ServeProcess:
 
     def __enter__(self) -> ServeProcess:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # start-up on a loaded 2-core machine
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve exited: {self.proc.stdout.read().decode()[-2000:]}")
@@ -75,7 +75,7 @@ class ServeProcess:
             except httpx.HTTPError:
                 time.sleep(0.2)
         self.__exit__()
-        raise RuntimeError("serve did not answer within 120 s")
+        raise RuntimeError("serve did not answer within 300 s")
 
     def __exit__(self, *exc) -> None:
         self.proc.terminate()
