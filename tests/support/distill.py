@@ -22,7 +22,7 @@ def tiny_student_and_teacher(root: Path) -> tuple[Path, Path]:
 
 def other_tokenizer_model(root: Path) -> Path:
     """A tiny model directory whose tokenizer has one extra token (another vocabulary)."""
-    from composer_replication.models import DEFAULT_MODEL, load_tokenizer
+    from composer_replication.lm.models import DEFAULT_MODEL, load_tokenizer
 
     out = save_tiny_model(root / "other", seed=2)
     tok = load_tokenizer(DEFAULT_MODEL)

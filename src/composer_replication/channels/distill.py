@@ -49,13 +49,13 @@ from composer_replication.config import (
     JsdDistillLoss,
     LocalTeacherConfig,
 )
+from composer_replication.lm.models import head_weight, pad_token_id
 from composer_replication.losses import (
     chunked_generalized_jsd_loss,
     gather_student_logps,
     sampled_reverse_kl_loss,
     topk_distill_loss,
 )
-from composer_replication.models import head_weight, pad_token_id
 from composer_replication.replay.scoring import LocalScorer, RemoteScorer, RowScores
 
 SCORED, UNROUTED, FAILED, OVER_BUDGET, EMPTY = range(5)

@@ -80,7 +80,7 @@ def check_same_tokenizer(student_ref: str, teachers: list[Any]) -> None:
     """Refuse (before any model loads) a teacher whose tokenizer differs from the student's:
     local teachers by their tokenizer files, remote ones by the fingerprint their server
     reports. Loads tokenizers only."""
-    from composer_replication.models import ModelLoadError, load_tokenizer
+    from composer_replication.lm.models import ModelLoadError, load_tokenizer
 
     mine = tokenizer_fingerprint(load_tokenizer(student_ref))
     for t in teachers:
@@ -170,7 +170,7 @@ class LocalScorer:
     def __init__(self, spec: LocalTeacherConfig, device: Any, model: Any = None):
         import torch
 
-        from composer_replication.models import load_model
+        from composer_replication.lm.models import load_model
 
         self.spec = spec
         self.device = torch.device(device)
@@ -181,7 +181,7 @@ class LocalScorer:
         self.last_hidden = None
 
     def head_weight(self) -> Any:
-        from composer_replication.models import head_weight
+        from composer_replication.lm.models import head_weight
 
         return head_weight(self.model).detach()
 
@@ -190,7 +190,7 @@ class LocalScorer:
         right-padded to the longest completion ``K``), on the teacher's device."""
         import torch
 
-        from composer_replication.models import backbone
+        from composer_replication.lm.models import backbone
 
         ids, mask, starts = _pad(sequences, prompt_lens, pad_id, self.device)
         k = max(len(s) - p for s, p in zip(sequences, prompt_lens, strict=True))

@@ -32,8 +32,8 @@ import pytest
 import torch
 from support.constructed_sdpo import EPS, LR, constructed_cfg, last_hidden, untied_tiny
 
-from composer_replication.chat import as_messages
-from composer_replication.trainer.run import build_env, build_trainer
+from composer_replication.lm.chat import as_messages
+from composer_replication.run.train import build_env, build_trainer
 
 C = 4.0
 

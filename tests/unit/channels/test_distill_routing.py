@@ -10,8 +10,8 @@ import torch
 from support.distill import tiny_student_and_teacher, train_overrides
 
 from composer_replication.config import load_config
-from composer_replication.models import load_model
-from composer_replication.trainer.run import build_env, build_trainer
+from composer_replication.lm.models import load_model
+from composer_replication.run.train import build_env, build_trainer
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 
 from composer_replication.cli import app
 from composer_replication.config import load_config
-from composer_replication.models import backbone, load_model
+from composer_replication.lm.models import backbone, load_model
+from composer_replication.run.train import build_env, build_trainer
 from composer_replication.trainer.callbacks import read_metrics
-from composer_replication.trainer.run import build_env, build_trainer
 
 ALL_CHANNELS = ("alpha_sdpo=0.5", "sdpo.hint_sources=[feedback]", "beta_replay=0.5")
 
@@ -154,7 +154,9 @@ def test_a_teacher_with_another_tokenizer_is_refused_before_any_model_loads(
     student, _ = models
     other = other_tokenizer_model(tmp_path)
     loaded = []
-    monkeypatch.setattr("composer_replication.models.load_model", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(
+        "composer_replication.lm.models.load_model", lambda *a, **k: loaded.append(a)
+    )
     args = ["train", *train_overrides(tmp_path / "run", f"model.name={student}",
                                       "distill.weight=1", f"distill.teachers={other}")]  # fmt: skip
     result = CliRunner().invoke(app, args)
