@@ -198,6 +198,10 @@ def bench_size(cfg, variants, args, device, clock) -> dict:
     for rep in range(args.reps):
         for name in names[rep % max(len(names), 1) :] + names[: rep % max(len(names), 1)]:
             res[name]["ms"].append(clock.time_ms(runs[name]))
+    if "ours" in res:  # did the fused path's elementwise part compile, or fall back?
+        from composer_replication.losses import chunked
+
+        res["ours"]["compile_error"] = chunked.ROWS_COMPILE["error"]
     for r in res.values():
         if "ms" in r:
             r["median_ms"] = statistics.median(r["ms"]) if r["ms"] else None
@@ -288,6 +292,8 @@ def print_report(out: dict) -> None:
                 print(f"| {T}, {V}, {H} | {name} | {r['error'][:60]} | | | | |")
                 continue
             ms, gb = r["median_ms"], r["peak_gb"]
+            if r.get("compile_error"):
+                name += " (EAGER: compile failed, see losses.json)"
             print(
                 f"| {T}, {V}, {H} | {name} | {ms:.1f} | {_f(gb, '.2f')} | {_ratio(ms, best)} | "
                 f"{_ratio(gb, lt_gb)} | {_ratio(ms, floor)} |"

@@ -99,34 +99,42 @@ def wheel_requirements(wheel: Path) -> list[Requirement]:
     return [Requirement(line.split(":", 1)[1]) for line in text.splitlines() if line.startswith("Requires-Dist:")]  # fmt: skip
 
 
-def download(spec: str, dest: Path, python_version: str) -> Path:
-    """One wheel (no dependencies) for the target; returns its path."""
-    before = set(dest.glob("*.whl"))
+def download(specs: list[str], dest: Path, python_version: str) -> None:
+    """Wheels (no dependencies) for the target, one pip call for all ``specs``."""
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
     cmd += ["--python-version", python_version, "--implementation", "cp", "-d", str(dest)]
     for plat in PLATFORMS:
         cmd += ["--platform", plat]
-    subprocess.run([*cmd, spec], check=True)
-    new = set(dest.glob("*.whl")) - before
-    if not new:  # already there from an earlier requirement
-        name = canonicalize_name(Requirement(spec).name).replace("-", "_")
-        new = {p for p in dest.glob("*.whl") if canonicalize_name(p.name.split("-")[0]).replace("-", "_") == name}  # fmt: skip
-    return next(iter(new))
+    subprocess.run([*cmd, *specs], check=True)
+
+
+def wheel_name(wheel: Path) -> str:
+    """Canonical project name of a wheel file (``Name-1.0-py3-none-any.whl``)."""
+    return canonicalize_name(wheel.name.split("-")[0])
 
 
 def collect_wheels(dest: Path, python_version: str, present: set[str]) -> dict[str, str]:
-    """Download the missing closure of our requirements; returns {name: wheel file}."""
+    """Download the missing closure of our requirements, one level of requirements per pip
+    call; returns {name: wheel file}."""
     env = target_env(python_version)
-    queue = [r for r in project_requirements() if applies(r, env)]
+    level = [r for r in project_requirements() if applies(r, env)]
     got: dict[str, str] = {}
-    while queue:
-        req = queue.pop(0)
-        name = canonicalize_name(req.name)
-        if name in present or name in got:
-            continue
-        wheel = download(pin(req), dest, python_version)
-        got[name] = wheel.name
-        queue += [r for r in wheel_requirements(wheel) if applies(r, env)]
+    while level:
+        todo: dict[str, Requirement] = {}
+        for req in level:
+            name = canonicalize_name(req.name)
+            if name not in present and name not in got:
+                todo.setdefault(name, req)
+        if not todo:
+            break
+        download([pin(r) for r in todo.values()], dest, python_version)
+        wheels = {wheel_name(w): w for w in dest.glob("*.whl")}
+        level = []
+        for name in todo:
+            if name not in wheels:
+                raise RuntimeError(f"pip downloaded no wheel for {name}")
+            got[name] = wheels[name].name
+            level += [r for r in wheel_requirements(wheels[name]) if applies(r, env)]
     return got
 
 

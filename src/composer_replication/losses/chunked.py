@@ -68,6 +68,7 @@ mode is supported (a clipped token contributes no gradient).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Literal
 
@@ -459,18 +460,38 @@ def gjsd_rows_(s_RV: Tensor, t_RV: Tensor, beta: float, inv_t: float) -> Tensor:
     return loss
 
 
-_COMPILED: dict[str, Callable[..., Tensor]] = {}
+ROWS_COMPILE: dict[str, object] = {"fn": None, "error": None}
+"""The compiled :func:`gjsd_rows_` of this process, or the error that made it fall back to
+eager (``bench/bench_losses.py`` reports it)."""
+
+
+def _compiled_rows(*args: object) -> Tensor:
+    """The compiled function; if compiling fails (e.g. no working Triton), warn once and run
+    eagerly from then on: slower, same result. ``s_RV`` is only written once the function
+    ran, so a failed compile leaves it intact. Running out of memory is no compile failure."""
+    if ROWS_COMPILE["error"] is None:
+        if ROWS_COMPILE["fn"] is None:
+            ROWS_COMPILE["fn"] = torch.compile(gjsd_rows_, fullgraph=True, dynamic=None)
+        try:
+            return ROWS_COMPILE["fn"](*args)  # type: ignore[operator]
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any compiler failure: fall back, say so
+            ROWS_COMPILE["error"] = f"{type(err).__name__}: {err}"[:500]
+            warnings.warn(
+                f"torch.compile of the fused JSD's elementwise part failed; running it eagerly "
+                f"(slower): {ROWS_COMPILE['error']}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return gjsd_rows_(*args)  # type: ignore[arg-type]
 
 
 def _rows_fn(device: torch.device, compile_rows: bool | None) -> Callable[..., Tensor]:
     """:func:`gjsd_rows_`, compiled (once per process) on CUDA or when asked."""
     if compile_rows is None:
         compile_rows = device.type == "cuda"
-    if not compile_rows:
-        return gjsd_rows_
-    if "fn" not in _COMPILED:
-        _COMPILED["fn"] = torch.compile(gjsd_rows_, fullgraph=True, dynamic=None)
-    return _COMPILED["fn"]
+    return _compiled_rows if compile_rows else gjsd_rows_
 
 
 def _free_bytes(device: torch.device) -> int:

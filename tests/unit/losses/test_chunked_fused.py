@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from trl.experimental.gkd import GKDTrainer
 
-from composer_replication.losses import chunked_generalized_jsd_loss
+from composer_replication.losses import chunked, chunked_generalized_jsd_loss
 from composer_replication.losses.chunked import _rows_fn, fused_chunk_rows, gjsd_rows_
 
 from .conftest import rel_err
@@ -143,7 +143,30 @@ def test_fused_chunk_rows_follow_the_budget():
     assert fused_chunk_rows(5, V, 896, 2, 70 * 1024**3)[0] == 8  # n_rows rounded up to sub
 
 
-def test_compiled_rows_match_eager():
+@pytest.fixture
+def fresh_compile(monkeypatch):
+    """A process-fresh compile state for the fused path's elementwise function."""
+    monkeypatch.setattr(chunked, "ROWS_COMPILE", {"fn": None, "error": None})
+    return chunked.ROWS_COMPILE
+
+
+def test_compile_failure_falls_back_to_eager(fresh_compile, monkeypatch):
+    """A compiler that fails (no working Triton, say) costs speed, not the step: one warning,
+    the eager result, and the error kept for the benchmark's report."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no triton")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: broken)
+    s, t = torch.randn(4, 50), torch.randn(4, 50)
+    s_ref = s.clone()
+    with pytest.warns(RuntimeWarning, match="no triton"):
+        got = _rows_fn(torch.device("cpu"), compile_rows=True)(s, t, 0.5, 1.0)
+    assert torch.equal(got, gjsd_rows_(s_ref, t, 0.5, 1.0)) and torch.equal(s, s_ref)
+    assert "no triton" in fresh_compile["error"]
+
+
+def test_compiled_rows_match_eager(fresh_compile):
     """``torch.compile`` (fullgraph) of the per-sub-block function, on views into a larger
     buffer and a ragged last block, writes the same gradient and returns the same losses."""
     s = torch.randn(20, 300, dtype=torch.bfloat16)
@@ -152,5 +175,6 @@ def test_compiled_rows_match_eager():
     fn = _rows_fn(torch.device("cpu"), compile_rows=True)
     got = torch.cat([fn(s[i : i + 8], t[i : i + 8], 0.5, 0.5) for i in range(0, 20, 8)])
     ref = torch.cat([gjsd_rows_(s_ref[i : i + 8], t[i : i + 8], 0.5, 0.5) for i in range(0, 20, 8)])
+    assert fresh_compile["error"] is None and fresh_compile["fn"] is not None  # it compiled
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-7)
     assert torch.equal(s, s_ref)
