@@ -88,10 +88,8 @@ def build_model_dir(
         eos_token_id=eos,
         pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else eos,
     )
-    torch.manual_seed(0)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+    torch.manual_seed(0)  # on the CPU: the benchmark's parent process leaves the GPU alone
+    model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
 
