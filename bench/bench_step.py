@@ -178,6 +178,7 @@ def main() -> None:
         return
     extra, variants = _setup(args)
     results: dict[str, list[dict]] = {v: [] for v in variants}
+    failed: list[str] = []
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TRL_EXPERIMENTAL_SILENCE": "1"}
     if args.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -197,18 +198,23 @@ def main() -> None:
             ]
             out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            if line is None:
-                sys.exit(f"{variant} worker failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+            if line is None:  # report it and go on: the other variants still get measured
+                print(f"{variant} worker failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+                failed.append(variant)
+                continue
             results[variant].append(json.loads(line[7:]))
             print(
                 f"round {r + 1}/{args.rounds} {variant}: "
-                f"median step {statistics.median(results[variant][-1]['step_s']):.2f} s",
+                f"median step {statistics.median(results[variant][-1]['step_s']):.2f} s, "
+                f"peak memory {results[variant][-1]['peak_rss_mb']:.0f} MiB",
                 flush=True,
             )
+            if args.json:  # after every worker: a stage cut short keeps what it measured
+                Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}))
+    if failed:
+        sys.exit(f"failed: {', '.join(sorted(set(failed)))}")
     med = {v: statistics.median([t for x in rs for t in x["step_s"]]) for v, rs in results.items()}
     mem = {v: statistics.median([x["peak_rss_mb"] for x in rs]) for v, rs in results.items()}
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     mem_name = "peak GPU memory (MiB)" if args.device == "cuda" else "peak RSS (MB)"
     print()
     print(f"| variant | median step time (s) | {mem_name} |")
