@@ -366,6 +366,7 @@ def main(args) -> None:
         out["sizes"].append(bench_size(cfg, names, args, device, clock))
         print(f"# {cfg} done in {time.time() - t0:.0f} s", flush=True)
         _dump(out, args.json)
+        print_report(out)  # so far: a stage cut short keeps its table
     if args.acc_T:
         V, H = (grid[0][1], grid[0][2])
         out["accuracy"] = accuracy(names, args.acc_T, V, H, device)
