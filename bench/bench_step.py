@@ -225,7 +225,8 @@ def main() -> None:
         print(f"ratio {v} / grpo: time {med[v] / med['grpo']:.2f}x, "
               f"peak memory {mem[v] / mem['grpo']:.2f}x")  # fmt: skip
     print(
-        f"({args.rounds} interleaved rounds x {args.steps} steps, first step of each run dropped)"
+        f"({args.rounds} interleaved rounds x {args.steps} steps, the first step of each run "
+        "dropped when there are more)"
     )
 
 
