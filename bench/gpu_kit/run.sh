@@ -87,14 +87,14 @@ PYEOF
 }
 stage env "${KIT_T_ENV:-30}" env.log env_report
 
-# every `gpu`-marked test, then the device check (tests/**/test_device*.py, if any); modules
+# every `gpu`-marked test, then the device check (tests/**/test_*device*.py, if any); modules
 # that need packages the kit does not ship (dev extras) are reported, not fatal
 run_tests() {
   local rc=0 rc2=0 checks
   local pytest=("$PY" -m pytest -q -p no:cacheprovider -o addopts= -rs --continue-on-collection-errors)
   "${pytest[@]}" --junitxml="$OUT/tests.xml" -m gpu $TEST_PATHS || rc=$?
   if [ $rc -eq 5 ]; then echo "no gpu-marked tests found"; rc=0; fi
-  mapfile -t checks < <(find tests -name 'test_device*.py' -not -path '*/fixtures/*' | sort)
+  mapfile -t checks < <(find $TEST_PATHS -name 'test_*device*.py' -not -path '*/fixtures/*' | sort)
   if [ ${#checks[@]} -gt 0 ]; then "${pytest[@]}" "${checks[@]}" || rc2=$?; fi
   return $((rc > rc2 ? rc : rc2))
 }
