@@ -90,10 +90,19 @@ stage env "${KIT_T_ENV:-30}" env.log env_report
 # every `gpu`-marked test, then the device check (tests/**/test_*device*.py, if any); modules
 # that need packages the kit does not ship (dev extras) are reported, not fatal
 run_tests() {
-  local rc=0 rc2=0 checks
-  local pytest=("$PY" -m pytest -q -p no:cacheprovider -o addopts= -rs --continue-on-collection-errors)
-  "${pytest[@]}" --junitxml="$OUT/tests.xml" -m gpu $TEST_PATHS || rc=$?
-  if [ $rc -eq 5 ]; then echo "no gpu-marked tests found"; rc=0; fi
+  local rc=0 rc2=0 checks ids listing
+  local pytest=("$PY" -m pytest -q -p no:cacheprovider -o addopts= -rs)
+  # list the gpu tests first (a module that cannot import here is reported, not run), then
+  # run exactly those, so the exit code speaks of the tests alone
+  listing=$(mktemp)
+  "${pytest[@]}" --co -m gpu --continue-on-collection-errors $TEST_PATHS >"$listing" 2>&1
+  cat "$listing"
+  mapfile -t ids < <(grep '::' "$listing")
+  if [ ${#ids[@]} -eq 0 ]; then
+    echo "no gpu-marked tests found"
+  else
+    "${pytest[@]}" --junitxml="$OUT/tests.xml" "${ids[@]}" || rc=$?
+  fi
   mapfile -t checks < <(find $TEST_PATHS -name 'test_*device*.py' -not -path '*/fixtures/*' | sort)
   if [ ${#checks[@]} -gt 0 ]; then "${pytest[@]}" "${checks[@]}" || rc2=$?; fi
   return $((rc > rc2 ? rc : rc2))
