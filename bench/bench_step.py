@@ -93,8 +93,7 @@ def worker(
     from trl import GRPOTrainer
 
     from composer_replication.config import load_config
-    from composer_replication.trainer.data import build_prompt_dataset
-    from composer_replication.trainer.run import (
+    from composer_replication.run.train import (
         build_env,
         build_grpo_args,
         build_reward_funcs,
@@ -102,6 +101,7 @@ def worker(
         prepare,
         tool_kwargs,
     )
+    from composer_replication.trainer.data import build_prompt_dataset
 
     torch.set_num_threads(threads)
     tmp = Path(tempfile.mkdtemp(prefix="bench-step-"))

@@ -52,7 +52,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 def default_tokenizer_dir() -> Path:
     """The embedded SmolLM2's converted directory (its tokenizer files)."""
-    from composer_replication.models import DEFAULT_MODEL, resolve_model_path
+    from composer_replication.lm.models import DEFAULT_MODEL, resolve_model_path
 
     return Path(resolve_model_path(DEFAULT_MODEL))
 
