@@ -177,6 +177,17 @@ def _chunk(a: Tensor, b: Tensor, x_buf: Tensor, y_buf: Tensor | None, beta: floa
     return torch.cat(toks)
 
 
+def _finish(
+    ctx, loss: Tensor, grad_h: Tensor | None, grad_w: Tensor | None, hidden: Tensor, weight: Tensor
+) -> Tensor:
+    """Store the gradients (in the inputs' dtypes) for backward; the loss in hidden's dtype."""
+    ctx.save_for_backward(
+        grad_h.to(hidden.dtype) if grad_h is not None else None,
+        grad_w.to(weight.dtype) if grad_w is not None else None,
+    )
+    return loss.to(hidden.dtype)
+
+
 class _FusedLinearGJSD(torch.autograd.Function):
     """Forward computes the loss *and* the gradients chunk by chunk; backward rescales them."""
 
@@ -234,11 +245,7 @@ class _FusedLinearGJSD(torch.autograd.Function):
                 grad_w.addmm_(a.t(), hc, alpha=coef)
         if want_gh:
             grad_h.mul_(coef)
-        ctx.save_for_backward(
-            grad_h.to(hidden_NH.dtype) if want_gh else None,
-            grad_w.to(weight_VH.dtype) if want_gw else None,
-        )
-        return (total * scale).to(hidden_NH.dtype)
+        return _finish(ctx, total * scale, grad_h, grad_w, hidden_NH, weight_VH)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
@@ -580,11 +587,7 @@ class _FusedLinearGJSDDevice(torch.autograd.Function):
             if want_gw:
                 grad_w.addmm_(s.t(), hc, alpha=coef)
         del s_buf, t_buf
-        ctx.save_for_backward(
-            grad_h.to(hidden_NH.dtype) if want_gh else None,
-            grad_w.to(weight_VH.dtype) if want_gw else None,
-        )
-        return (total * scale).to(hidden_NH.dtype)
+        return _finish(ctx, total * scale, grad_h, grad_w, hidden_NH, weight_VH)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
