@@ -139,7 +139,10 @@ def collect_wheels(dest: Path, python_version: str, present: set[str]) -> dict[s
 
 
 def build_project_wheel(dest: Path) -> str:
-    """This project's wheel (no build isolation: the build needs no network)."""
+    """This project's wheel (no build isolation: the build needs no network). setuptools
+    builds in ``build/``, whose stale files (modules since moved) would enter the wheel:
+    it goes first."""
+    shutil.rmtree(REPO / "build", ignore_errors=True)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
         subprocess.run([*cmd, "-w", tmp, str(REPO)], check=True)
