@@ -18,7 +18,9 @@
   bytecode) are flagged; a flagged submission scores 0 (``GradeVerdict.flags``).
 
 Reward: ``all_or_nothing`` 1.0 iff every target test passes and nothing regresses, else 0;
-``fraction``: the share of target tests passing, 0 if anything regresses.
+``fraction``: the share of the *strong* target tests passing (those no trivial body passes,
+screen.py), 0 if anything regresses: a trivial body, or any mix of trivial bodies, earns 0
+under both.
 """
 
 from __future__ import annotations
@@ -120,27 +122,45 @@ def grade_submission(
         flags.append("report_tampered")
     if flags or regressions or not rep.ok:
         score = 0.0
-    elif reward == "fraction":
-        score = len(ok) / len(targets)
+    elif reward == "fraction":  # only tests no trivial body passes (screen.py) pay
+        strong = task.get("strong_tests") or targets
+        score = sum(rep.passed(t) for t in strong) / len(strong)
     else:
         score = float(not bad)
     return GradeVerdict(score, score == 1.0, ok, bad, regressions, flags,
                         feedback(rep, targets, regressions, flags), rep)  # fmt: skip
 
 
-def split_run(box: Sandbox, source_root: Path, task: dict, target_text: str) -> SuiteReport:
-    """The suite on a copy of the tree whose target function forwards to ``target_text``
-    loaded in a sandbox of its own (envs/forward_client.py): the tests never share an
-    interpreter with the submission, and the submission's copy holds no test file (it
-    cannot read the expected values of the tests it is graded by)."""
+def split_run(
+    box: Sandbox,
+    source_root: Path,
+    task: dict,
+    target_text: str,
+    tests: list[str] | None = None,
+) -> SuiteReport:
+    """The suite (or ``tests`` of it) on a copy of the tree whose target function forwards to
+    ``target_text`` loaded in a sandbox of its own (envs/forward_client.py): the tests never
+    share an interpreter with the submission, and the submission's copy holds only the
+    package's import closure (``task["served"]``, testcode.py): no test file, test helper
+    module, configuration or test data (it cannot read the expected values of the tests it
+    is graded by)."""
     suite_text = forwarding_text(task_state_text(source_root, task), candidate_of(task))
-    hidden = tuple(suite_files(source_root))
-    served = staged_copy(source_root, {task["file"]: target_text}, prefix="cr-fd-served-",
-                         leave_out=hidden)  # fmt: skip
+    root = Path(source_root)
+    if "served" in task:
+        keep = set(task["served"]) | {task["file"]}
+        every = (p.relative_to(root).as_posix() for p in root.rglob("*.py"))
+        hidden = tuple(sorted(r for r in every if r not in keep))
+        served = staged_copy(root, {task["file"]: target_text}, prefix="cr-fd-served-",
+                             only=tuple(sorted(keep)))  # fmt: skip
+    else:  # a caller without the baseline's probe (tests of the wire): by name
+        hidden = tuple(suite_files(source_root))
+        served = staged_copy(source_root, {task["file"]: target_text}, prefix="cr-fd-served-",
+                             leave_out=hidden)  # fmt: skip
     repo = staged_copy(source_root, {task["file"]: suite_text}, prefix="cr-fd-grade-")
     try:
         reqs = tuple(task.get("test_requirements", ()))
-        return run_suite(box, str(repo), requirements=reqs, served=str(served), hidden=hidden)
+        return run_suite(box, str(repo), tests, requirements=reqs, served=str(served),
+                         hidden=hidden)  # fmt: skip
     finally:
         shutil.rmtree(repo, ignore_errors=True)
         shutil.rmtree(served, ignore_errors=True)
