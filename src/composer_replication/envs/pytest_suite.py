@@ -71,7 +71,7 @@ if _probe:
     exec(compile({probe_code!r}, "_cr_probe", "exec"))
 if _forward is not None:
     import _cr_forward
-    _cr_forward.connect(_forward[0], _forward[1], {repo!r}, _forward[2])
+    _cr_forward.connect(_forward[0], _forward[1], {repo!r}, _forward[2], _forward[3])
 import pytest
 
 
@@ -236,12 +236,28 @@ class SuiteReport:
         return {t for t, o in self.outcomes.items() if o == PASSED} if self.ok else set()
 
     def failure_summary(self, tests: list[str], limit: int = 5) -> str:
-        """``test id: first error line`` for the first ``limit`` of ``tests`` not passed."""
+        """``test id: outcome`` for the first ``limit`` of ``tests`` not passed, each with its
+        first error line as quoted program output (:func:`program_output`): that text holds
+        what the code under test raised or returned, and it becomes a self-distillation
+        hint, so it is never passed on as the grader's own words."""
         bad = [t for t in tests if not self.passed(t)]
-        lines = [f"{t}: {self.outcomes.get(t, MISSING)} {self.details.get(t, '')}".rstrip()
+        lines = [f"{t}: {self.outcomes.get(t, MISSING)}{program_output(self.details.get(t, ''))}"
                  for t in bad[:limit]]  # fmt: skip
         more = len(bad) - limit
         return "\n".join(lines + ([f"... and {more} more"] if more > 0 else []))
+
+
+PROGRAM_OUTPUT_CHARS = 200
+"""Most characters of program output quoted into feedback per line."""
+
+
+def program_output(text: str, limit: int = PROGRAM_OUTPUT_CHARS) -> str:
+    """``text`` (written by the code under test) as a marked, quoted, bounded suffix:
+    `` -- program output: '...'`` (``repr``, so no newline or quote of its own can end the
+    quotation); '' for no text."""
+    if not text:
+        return ""
+    return " -- program output: " + harness.preview(str(text), limit)
 
 
 FRAME_FIELDS = {"test": (str, str, str), "tampered": (str,), "collect_error": (str, str),
@@ -328,6 +344,7 @@ def run_suite(
     timeout_s: float | None = None,
     probe: bool = False,
     screen: int = 0,
+    call_deadline_s: float | None = None,
 ) -> SuiteReport:
     """Run pytest on ``repo`` (a bindable directory, see ``sandbox.bindable_dir``) inside the
     sandbox and return the accepted per-test report; ``requirements``: the suite's own test
@@ -342,7 +359,9 @@ def run_suite(
     function of the tree up the stack, ``file::qualname``),
     and the files opened with the file and test that opened them; about 2x slower);
     ``screen``: run every test once per body 0..n-1 of a target file whose body dispatches
-    on ``_cr_screen.BODY[0]`` (feature_deletion/screen.py; ``SuiteReport.screened``)."""
+    on ``_cr_screen.BODY[0]`` (feature_deletion/screen.py; ``SuiteReport.screened``);
+    ``call_deadline_s``: with ``served``, the longest wait for one answer of the served side
+    (a looping body fails its call and every later one at once)."""
     import time
 
     tools = pytest_tools(tuple(requirements))
@@ -353,7 +372,8 @@ def run_suite(
         res = box.run_python(code, binds=(tools, repo), stdin=key, wall_timeout_s=timeout_s)
     else:
         with box.module_server(served, binds=(tools,)) as server:
-            code = _runner(tools, repo, tests, extra, (*server.client_fds, hidden))
+            forward = (*server.client_fds, hidden, call_deadline_s)
+            code = _runner(tools, repo, tests, extra, forward)
             res = box.run_python(code, binds=(tools, repo), stdin=key,
                                  pass_fds=server.client_fds, wall_timeout_s=timeout_s)  # fmt: skip
     rep = parse_frames(res.stdout, key)

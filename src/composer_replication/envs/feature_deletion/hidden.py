@@ -26,7 +26,7 @@ from composer_replication.envs.base import unit_hash
 _PARAMS = re.compile(r"\[.*\]$", re.S)
 
 
-def test_def(test_id: str) -> str:
+def def_of_test(test_id: str) -> str:
     """The test function of a test id: ``file::Class::name`` without parameters."""
     return _PARAMS.sub("", test_id)
 
@@ -34,10 +34,10 @@ def test_def(test_id: str) -> str:
 def split_visible(failing: list[str], visible_defs: int) -> tuple[list[str], list[str]]:
     """(visible, hidden) test ids: ``visible_defs`` test functions chosen by a stable hash,
     at most all but one when there are several."""
-    defs = sorted({test_def(t) for t in failing}, key=lambda d: unit_hash("visible:" + d))
+    defs = sorted({def_of_test(t) for t in failing}, key=lambda d: unit_hash("visible:" + d))
     n = min(visible_defs, len(defs) - 1) if len(defs) > 1 else 1
     shown = set(defs[:n])
-    visible = sorted(t for t in failing if test_def(t) in shown)
+    visible = sorted(t for t in failing if def_of_test(t) in shown)
     return visible, sorted(set(failing) - set(visible))
 
 
@@ -117,7 +117,7 @@ def hide_tests(read, hidden: list[str]) -> tuple[dict[str, str], list[str]]:
     text. Returns ({file: new text}, hidden test ids that could not be removed)."""
     by_file: dict[str, set[str]] = {}
     for t in hidden:
-        file, _, rest = test_def(t).partition("::")
+        file, _, rest = def_of_test(t).partition("::")
         by_file.setdefault(file, set()).add(rest)
     texts, missing = {}, []
     for file, defs in sorted(by_file.items()):
@@ -128,5 +128,5 @@ def hide_tests(read, hidden: list[str]) -> tuple[dict[str, str], list[str]]:
         if new is not None:
             texts[file] = new
         missing += [t for t in hidden if t.startswith(file + "::") and
-                    test_def(t).partition("::")[2] in lost]  # fmt: skip
+                    def_of_test(t).partition("::")[2] in lost]  # fmt: skip
     return texts, sorted(missing)
