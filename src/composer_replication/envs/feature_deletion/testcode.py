@@ -10,13 +10,14 @@ a task that ``return True`` passed; test data outside a test folder stayed in th
   files matching its ``python_files`` setting, every ``conftest.py``, and the conventional
   names (``candidates.is_test_path``), whichever says more.
 * **Test helpers**: functions of the tree outside the test files that the baseline reached
-  only from test code or other helpers (a profile hook records, per function, the nearest
-  function of the tree up the stack that called it) and that the package does not export
-  (not in a package's namespace, i.e. an ``__init__``, nor in a module's ``__all__``, nor a
-  method of a class that is). An exported function only tests call is the package's API,
-  and a task; the triviality screen (``screen.py``) removes it if a trivial body passes its
-  tests. The price: a public function of a submodule that no ``__init__`` or ``__all__``
-  exports and that only tests call is taken for a helper (never a task).
+  only from test code and that call test code back (toolz's ``utils.raises(err, lambda:
+  ...)`` runs the test's lambda), with the functions only they reach; not if the package
+  exports them (a package's namespace or a module's ``__all__``, or a method of a class that
+  is). A profile hook records, per function, the nearest function of the tree up the stack
+  that called it. An assertion helper that does not call back (``assert_close(a, b)``) looks
+  like a feature of a submodule only tests use (``roman(n)``) to the call graph; the
+  triviality screen (``screen.py``) tells them apart by behaviour: ``return None`` passes
+  every test of an assertion helper, so it is never a task.
 * **Test data**: files (not Python modules) that test code opened during the baseline (an
   audit hook records each open with the nearest frame of the tree and the running test), and
   every file in a test directory (one holding collected test files and no other module).
@@ -138,10 +139,12 @@ def _needed(module: str, calls: dict[str, list[str]], test_code, helpers: set[st
 
 
 def _helpers(data: dict, test_code) -> set[str]:
-    """Functions outside test code reached only from test code or other test helpers (to a
-    fixed point) and not exported."""
+    """Test helpers: functions outside test code, not exported, reached only from test code,
+    that call test code back (``raises(err, lambda: ...)`` runs the test's lambda), and the
+    functions reached only from such helpers (to a fixed point)."""
     exported = set(data["exported"])
     calls = data["calls"]
+    calls_back = {c for k, v in calls.items() if test_code(_file(k)) for c in v if c}
     out: set[str] = set()
     while True:
         more = set()
@@ -151,6 +154,8 @@ def _helpers(data: dict, test_code) -> set[str]:
                 continue
             known = [c for c in callers if c]
             if not known or not all(test_code(_file(c)) or c in out for c in known):
+                continue
+            if not (key in calls_back or any(c in out for c in known)):
                 continue
             owner = f"{file}::{qual.rsplit('.', 1)[0]}" if "." in qual else None
             if key in exported or (owner is not None and owner in exported):

@@ -20,7 +20,7 @@ from composer_replication.envs.feature_deletion import grade as fd_grade
 from composer_replication.envs.feature_deletion.candidates import STUB
 from composer_replication.envs.feature_deletion.generate import generate_tasks, suite_sandbox
 from composer_replication.envs.feature_deletion.grade import grade_submission
-from composer_replication.envs.feature_deletion.hidden import hide_in_file, def_of_test
+from composer_replication.envs.feature_deletion.hidden import def_of_test, hide_in_file
 from composer_replication.envs.feature_deletion.screen import trivial_bodies, with_body
 from composer_replication.envs.feature_deletion.source import resolve_source
 from composer_replication.envs.feature_deletion.workspace import (
@@ -40,6 +40,7 @@ def layout(tmp_path_factory):
                              TaskGenConfig(workers=2, suite_timeout_s=60))  # fmt: skip
     tasks = [json.loads(x) for x in (summary.out_dir / "tasks.jsonl").read_text().splitlines()]
     manifest = json.loads((summary.out_dir / "manifest.json").read_text())
+    manifest["out_dir"] = summary.out_dir
     return source, {t["symbol"]: t for t in tasks}, manifest
 
 
@@ -58,15 +59,20 @@ def _submit(task, source, body: str) -> str:
 
 def test_no_test_or_helper_is_a_task(layout):
     _, tasks, manifest = layout
+    out_dir = manifest["out_dir"]
     code = manifest["baseline"]["testcode"]
     assert set(code["test_files"]) >= {"layoutkit/tests.py", "test.py", "layoutkit/check_core.py"}
-    assert set(code["helpers"]) >= {"layoutkit/checks.py::raises",
-                                    "layoutkit/checks.py::assert_close",
-                                    "layoutkit/checks.py::_gap"}  # fmt: skip
+    assert "layoutkit/checks.py::raises" in code["helpers"]  # calls the test's lambda back
     assert "data/expected.json" in code["test_data"]
     assert tasks, "the package's features are tasks"
     assert set(tasks) <= FEATURES
     assert {t["file"] for t in tasks.values()} == {"layoutkit/core.py"}
+    # the assertion helpers that call nothing back are dropped by the triviality screen
+    runs = [json.loads(x) for x in (out_dir / "runs.jsonl").read_text().splitlines()]
+    status = {r["key"]: r["status"] for r in runs}
+    assert status["layoutkit/checks.py::assert_close"] == "trivial"
+    assert status["layoutkit/checks.py::_gap"] == "trivial"
+    assert "layoutkit/checks.py::raises" not in status
 
 
 def test_the_submissions_tree_holds_no_test_file_or_test_data(layout):
