@@ -47,7 +47,7 @@ GENERATOR_VERSION = 3
 (hidden.py), the triviality screen (screen.py); 2: only tasks split grading can grade."""
 TASK = "task"
 STATUSES = ("task", "no_failure", "too_broad", "collect_error", "broken_run", "not_forwardable",
-            "trivial")  # fmt: skip
+            "trivial", "screen_failed")  # fmt: skip
 
 
 class TaskSetError(RuntimeError):
@@ -251,17 +251,19 @@ def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, test
            "n_failing": len(failing), "seconds": round(rep.seconds, 3)}  # fmt: skip
     if status == TASK:  # the trivial bodies are ours: one sandbox, no forwarding needed
 
-        def passes(target_text: str, tests: list[str], n: int) -> dict[str, str]:
+        def passes(target_text: str, tests: list[str], n: int) -> dict[str, str] | None:
             repo = staged_copy(source.root, {cand.file: target_text})
             try:
                 got = run_suite(box, str(repo), tests, requirements=tuple(cfg.test_requirements),
                                 screen=n)  # fmt: skip
             finally:
                 shutil.rmtree(repo, ignore_errors=True)
-            return got.screened if got.ok else {}
+            return got.screened if got.ok else None
 
         row["screen"] = run_screen(passes, deleted, cand, failing)
-        if not row["screen"]["strong"]:
+        if row["screen"] is None:
+            row["status"], row["failing"] = "screen_failed", []
+        elif not row["screen"]["strong"]:
             row["status"], row["failing"] = "trivial", []
     return row
 

@@ -65,13 +65,25 @@ def dispatch_text(deleted_text: str, cand: Candidate, bodies: list[str]) -> str:
     return with_body(deleted_text, cand, ("\n" + cand.indent).join(lines))
 
 
-def run_screen(run, deleted_text: str, cand: Candidate, failing: list[str]) -> dict:
-    """``{"bodies": {body: tests it passed}, "strong": [...]}``. ``run(text, tests, n)`` runs
-    ``tests`` once per body on the target file ``text`` and returns test id -> bits
-    (``SuiteReport.screened``); a test missing from it counts as passed by every body (it
-    proves nothing)."""
+SCREEN_CHUNK = 40
+"""Failing tests per screening run (each runs once per body: a long parametrized suite in one
+run could pass the suite's timeout)."""
+
+
+def run_screen(run, deleted_text: str, cand: Candidate, failing: list[str]) -> dict | None:
+    """``{"bodies": {body: tests it passed}, "strong": [...]}``, or None if a screening run
+    did not finish (the deletion is then no task: ``screen_failed``, never taken for trivial).
+    ``run(text, tests, n)`` runs ``tests`` once per body on the target file ``text`` and
+    returns test id -> bits (``SuiteReport.screened``), or None for a broken run."""
     bodies = trivial_bodies(deleted_text, cand)
-    bits = run(dispatch_text(deleted_text, cand, bodies), failing, len(bodies))
+    text = dispatch_text(deleted_text, cand, bodies)
+    bits: dict[str, str] = {}
+    for i in range(0, len(failing), SCREEN_CHUNK):
+        got = run(text, failing[i : i + SCREEN_CHUNK], len(bodies))
+        if got is None:
+            return None
+        bits.update(got)
+    # a test the screening run did not report proves nothing: taken as passed by every body
     passed = {b: sorted(t for t in failing if bits.get(t, "1" * len(bodies))[i] != "0")
               for i, b in enumerate(bodies)}  # fmt: skip
     strong = [t for t in failing if not any(t in p for p in passed.values())]
