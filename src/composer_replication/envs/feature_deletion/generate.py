@@ -39,8 +39,8 @@ from composer_replication.envs.feature_deletion.hidden import hide_tests, split_
 from composer_replication.envs.feature_deletion.screen import run_screen
 from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy
 from composer_replication.envs.feature_deletion.testcode import TestCode, classify
-from composer_replication.envs.pytest_suite import SuiteReport, pytest_tools, run_suite
-from composer_replication.envs.sandbox import Sandbox
+from composer_replication.sandbox.pytest_suite import SuiteReport, pytest_tools, run_suite
+from composer_replication.sandbox.sandbox import Sandbox
 
 GENERATOR_VERSION = 3
 """3: test code from the suite's run (testcode.py), hidden tests out of the workspace

@@ -6,10 +6,10 @@
   grading run).
 * Split grading (:func:`split_run`): the suite runs on a pristine copy whose target function
   forwards each call to a second sandbox that imports the submitted file
-  (envs/forward_client.py); only plain data comes back, so nothing the submission does can
+  (sandbox/forward_client.py); only plain data comes back, so nothing the submission does can
   reach pytest, the report or the values the assertions compare.
 * The suite runs with the pinned pytest command line and the per-test report
-  (envs/pytest_suite.py): a target test counts only if reported passed (skipped, xfail,
+  (sandbox/pytest_suite.py): a target test counts only if reported passed (skipped, xfail,
   errors and missing count as failed), and every test that passed with the feature deleted
   must still pass (hidden tests included).
 * A static check compares the submitted file with the original: constructs the original did
@@ -38,8 +38,8 @@ from composer_replication.envs.feature_deletion.workspace import (
     task_state_text,
     workspace_flags,
 )
-from composer_replication.envs.pytest_suite import SuiteReport, program_output, run_suite
-from composer_replication.envs.sandbox import Sandbox
+from composer_replication.sandbox.pytest_suite import SuiteReport, program_output, run_suite
+from composer_replication.sandbox.sandbox import Sandbox
 
 SUSPICIOUS_MODULES = {"pytest", "_pytest", "pluggy", "gc", "ctypes", "importlib", "marshal",
                       "atexit", "signal", "faulthandler", "builtins", "site", "unittest",
@@ -209,7 +209,7 @@ def split_run(
     tests: list[str] | None = None,
 ) -> SuiteReport:
     """The suite (or ``tests`` of it) on a copy of the tree whose target function forwards to
-    ``target_text`` loaded in a sandbox of its own (envs/forward_client.py): the tests never
+    ``target_text`` loaded in a sandbox of its own (sandbox/forward_client.py): the tests never
     share an interpreter with the submission, and the submission's copy holds only the
     package's import closure (``task["served"]``, testcode.py): no test file, test helper
     module, configuration or test data (it cannot read the expected values of the tests it

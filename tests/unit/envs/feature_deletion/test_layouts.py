@@ -29,7 +29,7 @@ from composer_replication.envs.feature_deletion.workspace import (
     task_state_text,
     workspace_flags,
 )
-from composer_replication.envs.sandbox import Sandbox
+from composer_replication.sandbox.sandbox import Sandbox
 
 
 @pytest.fixture(scope="module")
