@@ -120,19 +120,18 @@ def _file(key: str) -> str:
 
 
 def _needed(module: str, calls: dict[str, list[str]], test_code, helpers: set[str]) -> bool:
-    """Whether the package needs ``module``: it is no test code, and code of the package
-    (another module, or a function of it that is no test helper) imported it (ran its
-    ``<module>`` code) or called a function of it, or it is a top-level package's
-    ``__init__.py``. A module only tests import and call (an assertion helper module) is not
-    served."""
+    """Whether the package needs ``module``: it is no test code, and another module of the
+    package (code that is no test helper) imported it (ran its ``<module>`` code) or called a
+    function of it, or it is a top-level package's ``__init__.py``. A module only tests
+    import and call (an assertion helper module) is not served."""
     if test_code(module):
         return False
     if module.count("/") == 1 and module.endswith("/__init__.py"):
         return True
 
-    def by_package(callers: list[str]) -> bool:
-        return any(c and not test_code(_file(c)) and c not in helpers
-                   and (_file(c) != module or not c.endswith("::<module>")) for c in callers)  # fmt: skip
+    def by_package(callers: list[str]) -> bool:  # another module of the package
+        return any(c and _file(c) != module and not test_code(_file(c)) and c not in helpers
+                   for c in callers)  # fmt: skip
 
     prefix = module + "::"
     return any(by_package(v) for k, v in calls.items() if k.startswith(prefix) and k not in helpers)
