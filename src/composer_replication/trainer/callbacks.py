@@ -83,7 +83,9 @@ def _plot_heldout(ax, eval_path: Path, last_step: int) -> None:
         s = record.get(tag)
         if not s:
             continue
-        err = [[s["pass_rate"] - s["pass_ci95_low"]], [s["pass_ci95_high"] - s["pass_rate"]]]
+        # never negative, also for an eval.json written before wilson_interval clamped its bounds
+        err = [[max(0.0, s["pass_rate"] - s["pass_ci95_low"])],
+               [max(0.0, s["pass_ci95_high"] - s["pass_rate"])]]  # fmt: skip
         ax.errorbar([step], [s["pass_rate"]], yerr=err, fmt="s", color=color, capsize=4,
                     label=f"held-out pass@1, {tag}: {s['pass_rate']:.1%}")  # fmt: skip
 
