@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -63,3 +64,7 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module="trl")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # imported before the line above: its bars read it then
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # e.g. "Writing model shards" (\r-updated in a log)

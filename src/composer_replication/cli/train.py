@@ -41,8 +41,13 @@ def train_command(
     with exit_on(
         ConfigError, ModelLoadError, SandboxUnavailableError, OpenEnvError
     ):  # e.g. a bad model id
-        summary = run_training(cfg, console=console)
+        summary = run_training(cfg, console=console, report=print_result)
     print_train_summary(summary)
+
+
+def print_result(tag: str, summary: dict) -> None:
+    """One held-out result, printed as soon as it is known (``held-out base: 23.4% [...]``)."""
+    console.print(f"held-out {tag}: {format_eval(summary)}", highlight=False, markup=False)
 
 
 def format_eval(s: dict) -> str:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from composer_replication.config import RunConfig, dump_config
-from composer_replication.progress import progress_bar
+from composer_replication.progress import is_terminal, progress_bar
 from composer_replication.trainer.card import write_model_card
 
 
@@ -176,16 +177,23 @@ def data_shard(cfg: RunConfig) -> tuple[int, int]:
     return (d.replica_id, d.replicas) if d.enabled else (0, 1)
 
 
+def progress_callback(console=None):
+    """The rich step bar on a terminal; off one (a log file, a pipe, CI) a plain line per step
+    on ``console`` (stdout without one), flushed."""
+    from composer_replication.trainer.callbacks import RichProgressCallback, StepLineCallback
+
+    if is_terminal(console):
+        return RichProgressCallback(console)
+    if console is None:
+        return StepLineCallback()
+    return StepLineCallback(lambda line: console.print(line, highlight=False, markup=False))
+
+
 def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_kwargs=None):
     """A ComposerReplicationTrainer wired with our reward, dataset, channels and callbacks
     (``channel_kwargs``: extra constructor arguments per channel name, see build_channels)."""
     from composer_replication.channels import build_channels
-    from composer_replication.trainer.callbacks import (
-        MetricsJsonlCallback,
-        PlotCallback,
-        RichProgressCallback,
-        StepLineCallback,
-    )
+    from composer_replication.trainer.callbacks import MetricsJsonlCallback, PlotCallback
     from composer_replication.trainer.data import build_prompt_dataset
     from composer_replication.trainer.trainer import ComposerReplicationTrainer
 
@@ -198,7 +206,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         shard=data_shard(cfg),
     )
     callbacks = [MetricsJsonlCallback(cfg.output_dir), PlotCallback(cfg.output_dir)]
-    callbacks.append(RichProgressCallback(console) if console is not None else StepLineCallback())
+    callbacks.append(progress_callback(console))
     if cfg.diloco.enabled:
         from composer_replication.diloco.callback import DilocoCallback
 
@@ -330,8 +338,17 @@ def evaluate_run(
         )
 
 
-def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary:
-    """Evaluate the base model, train, evaluate the trained model, write results."""
+def run_training(
+    cfg: RunConfig,
+    console=None,
+    extra_callbacks=(),
+    report: Callable[[str, dict[str, Any]], None] | None = None,
+) -> RunSummary:
+    """Evaluate the base model, train, evaluate the trained model, write results.
+
+    ``report(tag, summary)`` is called with each held-out result as soon as it is known
+    (``base`` before training starts, ``trained`` after), so a log shows the base score
+    without waiting for the whole run."""
     from composer_replication.evaluation import paired_difference
     from composer_replication.trainer.callbacks import EVAL_FILE, METRICS_FILE, plot_metrics
 
@@ -343,6 +360,8 @@ def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary
     base = (
         evaluate_run(cfg, model, tokenizer, env, "base", console) if evals and not resume else None
     )
+    if base is not None and report is not None:
+        report("base", base.summary())
     trainer = build_trainer(cfg, model, tokenizer, env, console)
     for cb in extra_callbacks:
         trainer.add_callback(cb)
@@ -353,6 +372,8 @@ def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
     trained = evaluate_run(cfg, model, tokenizer, env, "trained", console) if evals else None
+    if trained is not None and report is not None:
+        report("trained", trained.summary())
     delta = paired_difference(base, trained) if base is not None and trained is not None else None
     summary = RunSummary(
         run_dir=run_dir,

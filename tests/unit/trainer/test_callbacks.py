@@ -46,3 +46,24 @@ def test_plot_tolerates_an_interval_that_misses_its_rate(tmp_path):
     t = _summary([True] * 10) | {"pass_ci95_high": 1.0 - 1e-16}
     png = plot_metrics(_run_dir(tmp_path, s, t))
     assert png is not None and png.stat().st_size > 1000
+
+
+def test_step_lines_name_step_reward_loss_seconds_and_eta():
+    from transformers import TrainerState
+
+    from composer_replication.trainer.callbacks import StepLineCallback
+
+    lines: list[str] = []
+    cb = StepLineCallback(lines.append)
+    state = TrainerState(global_step=10, max_steps=14)  # resumed at step 10
+    cb.on_train_begin(None, state, None)
+    for step in (11, 12):
+        state.global_step = step
+        cb.on_log(None, state, None, logs={"reward": 0.25, "loss": 0.0123})
+    cb.on_log(None, state, None, logs={"train_runtime": 3.0})  # the summary record: no line
+    assert [line.split("  ")[:3] for line in lines] == [
+        ["step 11/14", "reward 0.250", "loss 0.0123"],
+        ["step 12/14", "reward 0.250", "loss 0.0123"],
+    ]
+    assert all(line.split("  ")[3].endswith(" s") for line in lines)
+    assert all(line.split("  ")[4].startswith("ETA ") for line in lines)

@@ -1,0 +1,60 @@
+"""``composer-replication train`` run as a user runs it, in its own process: what its output
+shows off a terminal (a log file)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from support.tiny_run import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def train_argv(model_dir: Path, out: Path, *extra: str) -> list[str]:
+    """The real CLI on the tiny random model: 2 steps, evaluation before and after on 8
+    problems in chunks of 4 (each a progress line)."""
+    return [
+        sys.executable, "-m", "composer_replication.cli", "train", f"model.name={model_dir}",
+        f"output_dir={out}", "max_steps=2", "num_threads=1", "generation.num_generations=2",
+        "generation.prompts_per_step=2", "generation.max_completion_length=4",
+        "env.num_train=8", "eval.n=8", "eval.batch_size=4", "eval.max_new_tokens=4", *extra,
+    ]  # fmt: skip
+
+
+def test_train_piped_to_a_file_prints_the_base_score_then_a_line_per_step(tiny_model_dir, tmp_path):
+    """stdout to a file, as with ``> log 2>&1``, nohup or CI: the base score is printed when
+    it is known, before training, then one plain line per step with reward, loss, seconds
+    and ETA (a live bar printed nothing there until the run ended)."""
+    log = tmp_path / "log"
+    with log.open("wb") as fh:
+        proc = subprocess.run(
+            train_argv(tiny_model_dir, tmp_path / "run"), stdout=fh, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=600,
+        )  # fmt: skip
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    lines = text.splitlines()
+    steps = [i for i, line in enumerate(lines) if line.startswith("step ")]
+    assert [lines[i].split()[1] for i in steps] == ["1/2", "2/2"], text
+    step_line = re.compile(
+        r"^step \d/2  reward -?\d+\.\d{3}  loss -?\d+\.\d{4}  \d+\.\d s(  ETA .+)?$"
+    )
+    assert all(step_line.match(lines[i]) for i in steps), text
+    assert "ETA" in lines[steps[0]]  # known after the first step
+    base = next(i for i, line in enumerate(lines) if line.startswith("held-out base: "))
+    trained = next(i for i, line in enumerate(lines) if line.startswith("held-out trained: "))
+    assert base < steps[0] and steps[-1] < trained, text
+    chunks = [line for line in lines[:base] if line.startswith("eval base  ")]
+    assert chunks and chunks[-1].startswith("eval base  8/8  "), text  # the chunk ending it
+    assert "\x1b[" not in text  # no terminal control codes in a log
