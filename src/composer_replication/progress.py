@@ -38,6 +38,12 @@ def eta(elapsed_s: float, done: int, total: int | None) -> str:
     return f"ETA {duration(elapsed_s / done * max(total - done, 0))}"
 
 
+def plain_line(console: Console, text: str) -> None:
+    """Print ``text`` verbatim on one line (no markup, no highlighting, never wrapped at the
+    console's width: a log line stays one line)."""
+    console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
 def is_terminal(console: Console | None) -> bool:
     """Whether ``console`` writes to a terminal (a live bar renders there)."""
     return console is not None and console.is_terminal
@@ -55,7 +61,7 @@ def progress_bar(
         yield None
         return
     if not console.is_terminal:
-        yield plain_progress(console.print, label, total)
+        yield plain_progress(lambda text: plain_line(console, text), label, total)
         return
     from rich.progress import (
         BarColumn,
@@ -79,11 +85,11 @@ def progress_bar(
 
 
 def plain_progress(
-    echo: Callable[..., None], label: str, total: int, every_s: float = PLAIN_LINE_EVERY_S
+    echo: Callable[[str], None], label: str, total: int, every_s: float = PLAIN_LINE_EVERY_S
 ) -> Callable[..., None]:
     """``advance(n=1, description=None, total=None)`` that echoes ``label  done/total  elapsed
     ETA`` (at most one line per ``every_s`` seconds, and always the line that completes the
-    total); ``echo`` is called with ``highlight=False, markup=False`` (a rich console's print)."""
+    total) with ``echo``."""
     state = {"label": label, "total": total, "done": 0, "last": float("-inf")}
     t0 = time.monotonic()
 
@@ -97,6 +103,6 @@ def plain_progress(
         state["last"] = now
         count = f"{done}/{size}" if size else f"{done}"
         parts = (state["label"], count, duration(now - t0), eta(now - t0, done, size))
-        echo("  ".join(p for p in parts if p), highlight=False, markup=False)
+        echo("  ".join(p for p in parts if p))
 
     return advance

@@ -58,3 +58,29 @@ def test_train_piped_to_a_file_prints_the_base_score_then_a_line_per_step(tiny_m
     chunks = [line for line in lines[:base] if line.startswith("eval base  ")]
     assert chunks and chunks[-1].startswith("eval base  8/8  "), text  # the chunk ending it
     assert "\x1b[" not in text  # no terminal control codes in a log
+
+
+def test_train_starts_with_a_short_header_and_writes_the_full_config(tiny_model_dir, tmp_path):
+    """A few lines name the model, env, channels with weights and where the full config
+    went (the ~190-line dump it replaced came also before a failure); the run directory keeps
+    the full config."""
+    out = tmp_path / "run"
+    argv = train_argv(tiny_model_dir, out, "max_steps=1", "eval.before_and_after=false",
+                      "sdpo.weight=0.5")  # fmt: skip
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)},
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    head = proc.stdout.split("step 1/1")[0].splitlines()
+    assert len(head) <= 8, proc.stdout
+    rows = dict(line.split(None, 1) for line in head[1:] if line.strip())
+    assert rows["model"] == f"{tiny_model_dir} (float32)"
+    assert rows["env"] == "arithmetic, levels 1,2"
+    assert rows["channels"] == "grpo (dapo) + sdpo 0.5"
+    assert rows["output"] == f"{out}  (full config: {out / 'config.yaml'})"
+    import yaml
+
+    full = yaml.safe_load((out / "config.yaml").read_text())
+    assert full["sdpo"]["weight"] == 0.5 and full["model"]["name"] == str(tiny_model_dir)
+    assert "learning_rate" in full["optim"] and "learning_rate" not in proc.stdout

@@ -15,14 +15,14 @@ def test_duration_and_eta_read_as_a_person_reads_them():
 
 def test_plain_progress_prints_each_chunk_and_always_the_last():
     lines: list[str] = []
-    advance = plain_progress(lambda line, **_: lines.append(line), "eval base", 8, every_s=0)
+    advance = plain_progress(lines.append, "eval base", 8, every_s=0)
     advance(4)
     advance(4)
     assert [line.split("  ")[:2] for line in lines] == [["eval base", "4/8"], ["eval base", "8/8"]]
     assert lines[0].split("  ")[3].startswith("ETA ")
 
     lines.clear()
-    advance = plain_progress(lambda line, **_: lines.append(line), "replay", 100, every_s=3600)
+    advance = plain_progress(lines.append, "replay", 100, every_s=3600)
     for _ in range(100):
         advance()
     assert [line.split("  ")[1] for line in lines] == ["1/100", "100/100"]  # rate-limited
@@ -30,7 +30,7 @@ def test_plain_progress_prints_each_chunk_and_always_the_last():
 
 def test_progress_bar_off_a_terminal_writes_lines_not_a_live_bar():
     out = io.StringIO()
-    console = Console(file=out, force_terminal=False, width=100)
+    console = Console(file=out, force_terminal=False, width=30)  # lines longer: never wrapped
     with progress_bar(console, "eval trained", 2) as advance:
         advance(1, description="eval trained (level 2)")
         advance(1)

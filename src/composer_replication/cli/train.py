@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from composer_replication.cli.common import console, exit_on, quiet_libraries
-from composer_replication.config import ConfigError, dump_config, load_config
+from composer_replication.config import ConfigError, load_config
+from composer_replication.progress import plain_line
 
 
 def train_command(
@@ -36,8 +37,7 @@ def train_command(
         with exit_on(ConfigError, ModelLoadError, SandboxUnavailableError, OpenEnvError):
             run_training(cfg, console=None)
         return
-    console.rule("[bold]composer-replication train")
-    console.print(dump_config(cfg), markup=False)
+    print_run_header(cfg)
     with exit_on(
         ConfigError, ModelLoadError, SandboxUnavailableError, OpenEnvError
     ):  # e.g. a bad model id
@@ -45,9 +45,18 @@ def train_command(
     print_train_summary(summary)
 
 
+def print_run_header(cfg) -> None:
+    """A few lines saying what this run is (the full config goes to its run directory)."""
+    from composer_replication.trainer.run import run_header
+
+    console.rule("[bold]composer-replication train")
+    for label, text in run_header(cfg):
+        plain_line(console, f"{label:<9} {text}")
+
+
 def print_result(tag: str, summary: dict) -> None:
     """One held-out result, printed as soon as it is known (``held-out base: 23.4% [...]``)."""
-    console.print(f"held-out {tag}: {format_eval(summary)}", highlight=False, markup=False)
+    plain_line(console, f"held-out {tag}: {format_eval(summary)}")
 
 
 def format_eval(s: dict) -> str:

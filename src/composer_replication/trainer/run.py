@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication.config import RunConfig, dump_config
-from composer_replication.progress import is_terminal, progress_bar
+from composer_replication.progress import is_terminal, plain_line, progress_bar
 from composer_replication.trainer.card import write_model_card
 
 
@@ -29,6 +29,36 @@ class RunSummary:
     final_checkpoint: Path
     channel_reports: list[str] = field(default_factory=list)
     """Channels with weight > 0 that stayed inactive on every step (empty if none)."""
+
+
+CONFIG_FILE = "config.yaml"
+"""The full config of a run, in its run directory."""
+
+
+def run_header(cfg: RunConfig) -> list[tuple[str, str]]:
+    """What a run is, in a few (label, text) rows printed when it starts: model, env, channels
+    with their weights, steps, output dir and where the full config is written."""
+    from composer_replication.config import CHANNEL_SECTIONS
+
+    lora = f", LoRA r={cfg.peft.r}" if cfg.peft.enabled else ""
+    model = f"{cfg.model.name} ({cfg.model.dtype}{lora})"
+    env = cfg.env.name
+    if getattr(cfg.env, "levels", None) and env == "arithmetic":
+        env += f", levels {','.join(map(str, cfg.env.levels))}"
+    if getattr(cfg.env, "openenv_url", None):
+        env += f", tools on {cfg.env.openenv_url}"
+    weights = [f"{name} {getattr(cfg, name).weight:g}" for name in CHANNEL_SECTIONS
+               if getattr(cfg, name).weight > 0]  # fmt: skip
+    g = cfg.generation
+    out = Path(cfg.output_dir)
+    return [
+        ("model", model),
+        ("env", env),
+        ("channels", " + ".join([f"grpo ({cfg.grpo.loss_type})", *weights])),
+        ("steps", f"{cfg.max_steps} x {g.prompts_per_step} prompts x {g.num_generations} "
+                  f"completions, lr {cfg.optim.learning_rate:g}, seed {cfg.seed}"),
+        ("output", f"{out}  (full config: {out / CONFIG_FILE})"),
+    ]  # fmt: skip
 
 
 def seed_everything(seed: int) -> None:
@@ -186,7 +216,7 @@ def progress_callback(console=None):
         return RichProgressCallback(console)
     if console is None:
         return StepLineCallback()
-    return StepLineCallback(lambda line: console.print(line, highlight=False, markup=False))
+    return StepLineCallback(lambda line: plain_line(console, line))
 
 
 def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_kwargs=None):
@@ -310,7 +340,7 @@ def prepare(cfg: RunConfig):
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if process_rank()[0] == 0:
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
+        (run_dir / CONFIG_FILE).write_text(dump_config(cfg))
     return model, tokenizer, env
 
 
