@@ -84,3 +84,33 @@ def test_train_starts_with_a_short_header_and_writes_the_full_config(tiny_model_
     full = yaml.safe_load((out / "config.yaml").read_text())
     assert full["sdpo"]["weight"] == 0.5 and full["model"]["name"] == str(tiny_model_dir)
     assert "learning_rate" in full["optim"] and "learning_rate" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        ("/nope", "error: model path '/nope' does not exist (model.name is "),
+        ("models/nope", "error: model path 'models/nope' does not exist (model.name is "),
+        ("Org/nope", "error: could not load 'Org/nope' from the Hugging Face Hub ("),
+    ],
+)
+def test_a_bad_model_name_fails_before_anything_loads(ref, message, tmp_path):
+    """One line on stderr, exit 2, no header and no run directory, and neither torch nor
+    transformers imported: the name is checked right after the config (it used to fail after
+    48 s of imports and the config dump, or after 32 s as a hub id). ``models/`` exists here,
+    so ``models/nope`` is a path; ``Org/`` does not, so ``Org/nope`` is a hub id, and the hub
+    (a closed local port) refuses at once."""
+    (tmp_path / "models").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(SRC), "HF_ENDPOINT": "http://127.0.0.1:9",
+           "HF_HUB_CACHE": str(tmp_path / "hf-cache")}  # fmt: skip
+    env.pop("HF_HUB_OFFLINE", None)
+    argv = [sys.executable, "-X", "importtime", "-m", "composer_replication.cli", "train",
+            f"model.name={ref}", f"output_dir={tmp_path / 'run'}"]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    said = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert len(said) == 1 and said[0].startswith(message), said
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    assert "composer_replication.config" in imported  # the import log is read right
+    assert not {"torch", "transformers", "trl"} & imported
+    assert not (tmp_path / "run").exists()

@@ -48,6 +48,19 @@ def warn(message: str) -> None:
     err_console.print(Text.assemble(("warning:", "bold yellow"), " ", message))
 
 
+def require_extra(extra: str, *modules: str) -> None:
+    """Stop with one line (exit 2) naming the pip extra that provides ``modules`` when one of
+    them is not installed: before any work, instead of an ImportError half-way through."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        fail(
+            f"{', '.join(missing)} not installed; this command needs the {extra!r} extra: "
+            f"pip install 'composer-replication[{extra}]'"
+        )
+
+
 @contextmanager
 def exit_on(*errors: type[Exception], code: int = BAD_INPUT) -> Iterator[None]:
     """Turn the listed exceptions raised in the block into `fail` (message, then exit ``code``)."""

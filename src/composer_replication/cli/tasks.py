@@ -46,6 +46,7 @@ def generate_command(
     from composer_replication.config import TaskGenConfig
     from composer_replication.envs.feature_deletion.generate import TaskSetError, generate_tasks
     from composer_replication.envs.feature_deletion.source import SourceError, prepare_source
+    from composer_replication.envs.pytest_suite import require_pytest
     from composer_replication.envs.sandbox import SandboxUnavailableError
     from composer_replication.progress import progress_bar
 
@@ -58,6 +59,7 @@ def generate_command(
     except ValidationError as e:
         fail(str(e))
     with exit_on(SourceError, TaskSetError, SandboxUnavailableError):
+        require_pytest()  # the grader: before a source is downloaded or unpacked
         tree = prepare_source(source, cfg)
         console.print(f"source {tree.label} ({tree.root}), sha256 {tree.digest[:12]}")
         with progress_bar(console, f"deleting functions of {tree.label}", total=0) as advance:

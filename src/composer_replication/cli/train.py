@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from composer_replication.cli.common import console, exit_on, quiet_libraries
+from composer_replication.cli.common import console, exit_on, quiet_libraries, require_extra
 from composer_replication.config import ConfigError, load_config
 from composer_replication.progress import plain_line
 
@@ -24,14 +24,17 @@ def train_command(
     ] = None,
 ) -> None:
     """Train with GRPO (+ channels) on an embedded task; evaluate base and trained model."""
-    from composer_replication.envs.openenv_adapter import OpenEnvError
     from composer_replication.envs.sandbox import SandboxUnavailableError
-    from composer_replication.models import ModelLoadError
+    from composer_replication.models import ModelLoadError, resolve_model_source
     from composer_replication.trainer.run import check_resume, process_rank, run_training
 
-    with exit_on(ConfigError):
+    with exit_on(ConfigError, ModelLoadError, SandboxUnavailableError):  # before anything loads
         cfg = load_config(config, overrides or [])
-        check_resume(cfg)  # a missing or mismatched checkpoint fails before anything runs
+        check_resume(cfg)  # a missing or mismatched checkpoint
+        check_env_needs(cfg)  # a sandbox, a grader
+        resolve_model_source(cfg.model.name)  # a model path that does not exist, a hub id
+    from composer_replication.envs.openenv_adapter import OpenEnvError
+
     quiet_libraries()
     if process_rank()[0] != 0:  # torchrun / accelerate launch: rank 0 speaks for the run
         with exit_on(ConfigError, ModelLoadError, SandboxUnavailableError, OpenEnvError):
@@ -43,6 +46,21 @@ def train_command(
     ):  # e.g. a bad model id
         summary = run_training(cfg, console=console, report=print_result)
     print_train_summary(summary)
+
+
+def check_env_needs(cfg) -> None:
+    """What the run's environment needs on this machine, checked before anything loads: the
+    sandbox of a code environment, the pytest that grades Feature Deletion, OpenEnv (extras)."""
+    if cfg.env.openenv_url:
+        require_extra("openenv", "openenv")
+    if cfg.env.name == "humaneval":
+        from composer_replication.envs.sandbox import ensure_isolation
+
+        ensure_isolation(cfg.sandbox)
+    if cfg.env.name == "feature_deletion":
+        from composer_replication.envs.pytest_suite import require_pytest
+
+        require_pytest()
 
 
 def print_run_header(cfg) -> None:
@@ -147,13 +165,23 @@ def eval_command(
     from composer_replication.envs.feature_deletion.source import SourceError
     from composer_replication.envs.sandbox import SandboxUnavailableError
     from composer_replication.evaluation import evaluate
-    from composer_replication.models import ModelLoadError, load_model, load_tokenizer
+    from composer_replication.models import (
+        ModelLoadError,
+        load_model,
+        load_tokenizer,
+        resolve_model_source,
+    )
     from composer_replication.progress import progress_bar
 
     quiet_libraries()
     errors = (ModelLoadError, ValueError, FileNotFoundError, SandboxUnavailableError, SourceError,
               TaskSetError)  # fmt: skip
     with exit_on(*errors):
+        resolve_model_source(model)  # a bad name fails before the task set is built
+        if env == "feature_deletion":
+            from composer_replication.envs.pytest_suite import require_pytest
+
+            require_pytest()
         if env == "arithmetic":
             kwargs: dict = {"levels": [int(x) for x in levels.split(",")]}
         elif env == "humaneval":
