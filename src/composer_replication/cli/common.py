@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
@@ -68,6 +68,18 @@ def exit_on(*errors: type[Exception], code: int = BAD_INPUT) -> Iterator[None]:
         yield
     except errors as err:
         fail(str(err), code)
+
+
+@contextmanager
+def exit_on_interrupt(kept: str | Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C in the block: print ``interrupted: kept`` (what was done and where it is; a
+    callable is asked then) and exit 130, without a traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        text = kept() if callable(kept) else kept
+        err_console.print(Text.assemble(("interrupted:", "bold yellow"), " ", text))
+        raise typer.Exit(INTERRUPTED) from None
 
 
 def quiet_libraries() -> None:

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from composer_replication.cli.common import CHECK_FAILED, console, exit_on, fail, require_extra
+from composer_replication.cli.common import (
+    CHECK_FAILED,
+    console,
+    exit_on,
+    exit_on_interrupt,
+    fail,
+    require_extra,
+)
 
 if TYPE_CHECKING:
     from composer_replication.diloco.launcher import LaunchResult
@@ -98,7 +105,10 @@ def diloco_command(
             result = launch_monarch(config, overrides or [], replicas, lighthouse, echo=echo)
         _print_result(result)
         return
-    with exit_on(ConfigError, ValueError):
+    with (
+        exit_on(ConfigError, ValueError),
+        exit_on_interrupt(f"replicas stopped; what they wrote is in {run.output_dir}/replica-N"),
+    ):
         if executor == "local":
             result = launch_with_executor(config, overrides or [], replicas, echo=echo)
         else:

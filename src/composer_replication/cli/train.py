@@ -8,7 +8,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from composer_replication.cli.common import console, exit_on, quiet_libraries, require_extra
+from composer_replication.cli.common import (
+    console,
+    exit_on,
+    exit_on_interrupt,
+    quiet_libraries,
+    require_extra,
+)
 from composer_replication.config import ConfigError, load_config
 from composer_replication.progress import plain_line
 
@@ -41,11 +47,26 @@ def train_command(
             run_training(cfg, console=None)
         return
     print_run_header(cfg)
-    with exit_on(
-        ConfigError, ModelLoadError, SandboxUnavailableError, OpenEnvError
-    ):  # e.g. a bad model id
+    with (
+        exit_on(ConfigError, ModelLoadError, SandboxUnavailableError, OpenEnvError),
+        exit_on_interrupt(lambda: interrupted_run(cfg)),
+    ):
         summary = run_training(cfg, console=console, report=print_result)
     print_train_summary(summary)
+
+
+def interrupted_run(cfg) -> str:
+    """What a run stopped by Ctrl-C leaves: its logged steps and its newest checkpoint."""
+    from composer_replication.trainer.callbacks import METRICS_FILE, read_metrics
+
+    out = Path(cfg.output_dir)
+    rows = read_metrics(out / METRICS_FILE)
+    text = f"stopped after step {rows[-1]['step'] if rows else 0} of {cfg.max_steps}"
+    if rows:
+        text += f"; its steps are in {out / METRICS_FILE}"
+    if any(out.glob("checkpoint-*")):
+        text += "; continue from the newest checkpoint with resume_from=latest"
+    return text
 
 
 def check_env_needs(cfg) -> None:
