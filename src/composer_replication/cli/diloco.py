@@ -78,7 +78,7 @@ def diloco_command(
     diloco.backend=object_store); print each replica's final-weight checksum."""
     from composer_replication.config import ConfigError, load_config
     from composer_replication.diloco.launcher import launch_diloco, launch_with_executor
-    from composer_replication.models import ModelLoadError, resolve_model_source
+    from composer_replication.lm.models import ModelLoadError, resolve_model_source
 
     if executor not in (None, "local"):
         fail(f"--executor {executor!r}: only 'local' is supported")

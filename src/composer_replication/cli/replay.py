@@ -64,7 +64,7 @@ def serve_command(
 ) -> None:
     """Serve a local HF model as an OpenAI-compatible teacher (/v1/chat/completions, /v1/models)."""
     require_extra("replay", "fastapi", "uvicorn")
-    from composer_replication.models import ModelLoadError
+    from composer_replication.lm.models import ModelLoadError
     from composer_replication.replay.server import serve
 
     with exit_on(ModelLoadError):

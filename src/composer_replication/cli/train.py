@@ -30,16 +30,16 @@ def train_command(
     ] = None,
 ) -> None:
     """Train with GRPO (+ channels) on an embedded task; evaluate base and trained model."""
-    from composer_replication.envs.sandbox import SandboxUnavailableError
-    from composer_replication.models import ModelLoadError, resolve_model_source
-    from composer_replication.trainer.run import check_resume, process_rank, run_training
+    from composer_replication.lm.models import ModelLoadError, resolve_model_source
+    from composer_replication.run.train import check_resume, process_rank, run_training
+    from composer_replication.sandbox.sandbox import SandboxUnavailableError
 
     with exit_on(ConfigError, ModelLoadError, SandboxUnavailableError):  # before anything loads
         cfg = load_config(config, overrides or [])
         check_resume(cfg)  # a missing or mismatched checkpoint
         check_env_needs(cfg)  # a sandbox, a grader
         resolve_model_source(cfg.model.name)  # a model path that does not exist, a hub id
-    from composer_replication.envs.openenv_adapter import OpenEnvError
+    from composer_replication.envs.openenv.adapter import OpenEnvError
 
     quiet_libraries()
     if process_rank()[0] != 0:  # torchrun / accelerate launch: rank 0 speaks for the run
@@ -72,21 +72,21 @@ def interrupted_run(cfg) -> str:
 def check_env_needs(cfg) -> None:
     """What the run's environment needs on this machine, checked before anything loads: the
     sandbox of a code environment, the pytest that grades Feature Deletion, OpenEnv (extras)."""
-    if cfg.env.openenv_url:
+    if getattr(cfg.env, "openenv_url", None):  # tool environments only
         require_extra("openenv", "openenv")
     if cfg.env.name == "humaneval":
-        from composer_replication.envs.sandbox import ensure_isolation
+        from composer_replication.sandbox.sandbox import ensure_isolation
 
         ensure_isolation(cfg.sandbox)
     if cfg.env.name == "feature_deletion":
-        from composer_replication.envs.pytest_suite import require_pytest
+        from composer_replication.sandbox.pytest_suite import require_pytest
 
         require_pytest()
 
 
 def print_run_header(cfg) -> None:
     """A few lines saying what this run is (the full config goes to its run directory)."""
-    from composer_replication.trainer.run import run_header
+    from composer_replication.run.train import run_header
 
     console.rule("[bold]composer-replication train")
     for label, text in run_header(cfg):
@@ -184,15 +184,15 @@ def eval_command(
     from composer_replication.envs import get_env
     from composer_replication.envs.feature_deletion.generate import TaskSetError
     from composer_replication.envs.feature_deletion.source import SourceError
-    from composer_replication.envs.sandbox import SandboxUnavailableError
     from composer_replication.evaluation import evaluate
-    from composer_replication.models import (
+    from composer_replication.lm.models import (
         ModelLoadError,
         load_model,
         load_tokenizer,
         resolve_model_source,
     )
     from composer_replication.progress import progress_bar
+    from composer_replication.sandbox.sandbox import SandboxUnavailableError
 
     quiet_libraries()
     errors = (ModelLoadError, ValueError, FileNotFoundError, SandboxUnavailableError, SourceError,
@@ -200,7 +200,7 @@ def eval_command(
     with exit_on(*errors):
         resolve_model_source(model)  # a bad name fails before the task set is built
         if env == "feature_deletion":
-            from composer_replication.envs.pytest_suite import require_pytest
+            from composer_replication.sandbox.pytest_suite import require_pytest
 
             require_pytest()
         if env == "arithmetic":
