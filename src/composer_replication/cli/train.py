@@ -8,8 +8,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from composer_replication.cli.common import console, exit_on, quiet_libraries
-from composer_replication.config import ConfigError, dump_config, load_config
+from composer_replication.cli.common import (
+    console,
+    exit_on,
+    exit_on_interrupt,
+    quiet_libraries,
+    require_extra,
+)
+from composer_replication.config import ConfigError, load_config
+from composer_replication.progress import plain_line
 
 
 def train_command(
@@ -23,26 +30,72 @@ def train_command(
     ] = None,
 ) -> None:
     """Train with GRPO (+ channels) on an embedded task; evaluate base and trained model."""
-    from composer_replication.envs.openenv.adapter import OpenEnvError
-    from composer_replication.lm.models import ModelLoadError
+    from composer_replication.lm.models import ModelLoadError, resolve_model_source
     from composer_replication.run.train import check_resume, process_rank, run_training
     from composer_replication.sandbox.sandbox import SandboxUnavailableError
 
-    with exit_on(ConfigError):
+    with exit_on(ConfigError, ModelLoadError, SandboxUnavailableError):  # before anything loads
         cfg = load_config(config, overrides or [])
-        check_resume(cfg)  # a missing or mismatched checkpoint fails before anything runs
+        check_resume(cfg)  # a missing or mismatched checkpoint
+        check_env_needs(cfg)  # a sandbox, a grader
+        resolve_model_source(cfg.model.name)  # a model path that does not exist, a hub id
+    from composer_replication.envs.openenv.adapter import OpenEnvError
+
     quiet_libraries()
     if process_rank()[0] != 0:  # torchrun / accelerate launch: rank 0 speaks for the run
         with exit_on(ConfigError, ModelLoadError, SandboxUnavailableError, OpenEnvError):
             run_training(cfg, console=None)
         return
-    console.rule("[bold]composer-replication train")
-    console.print(dump_config(cfg), markup=False)
-    with exit_on(
-        ConfigError, ModelLoadError, SandboxUnavailableError, OpenEnvError
-    ):  # e.g. a bad model id
-        summary = run_training(cfg, console=console)
+    print_run_header(cfg)
+    with (
+        exit_on(ConfigError, ModelLoadError, SandboxUnavailableError, OpenEnvError),
+        exit_on_interrupt(lambda: interrupted_run(cfg)),
+    ):
+        summary = run_training(cfg, console=console, report=print_result)
     print_train_summary(summary)
+
+
+def interrupted_run(cfg) -> str:
+    """What a run stopped by Ctrl-C leaves: its logged steps and its newest checkpoint."""
+    from composer_replication.trainer.callbacks import METRICS_FILE, read_metrics
+
+    out = Path(cfg.output_dir)
+    rows = read_metrics(out / METRICS_FILE)
+    text = f"stopped after step {rows[-1]['step'] if rows else 0} of {cfg.max_steps}"
+    if rows:
+        text += f"; its steps are in {out / METRICS_FILE}"
+    if any(out.glob("checkpoint-*")):
+        text += "; continue from the newest checkpoint with resume_from=latest"
+    return text
+
+
+def check_env_needs(cfg) -> None:
+    """What the run's environment needs on this machine, checked before anything loads: the
+    sandbox of a code environment, the pytest that grades Feature Deletion, OpenEnv (extras)."""
+    if getattr(cfg.env, "openenv_url", None):  # tool environments only
+        require_extra("openenv", "openenv")
+    if cfg.env.name == "humaneval":
+        from composer_replication.sandbox.sandbox import ensure_isolation
+
+        ensure_isolation(cfg.sandbox)
+    if cfg.env.name == "feature_deletion":
+        from composer_replication.sandbox.pytest_suite import require_pytest
+
+        require_pytest()
+
+
+def print_run_header(cfg) -> None:
+    """A few lines saying what this run is (the full config goes to its run directory)."""
+    from composer_replication.run.train import run_header
+
+    console.rule("[bold]composer-replication train")
+    for label, text in run_header(cfg):
+        plain_line(console, f"{label:<9} {text}")
+
+
+def print_result(tag: str, summary: dict) -> None:
+    """One held-out result, printed as soon as it is known (``held-out base: 23.4% [...]``)."""
+    plain_line(console, f"held-out {tag}: {format_eval(summary)}")
 
 
 def format_eval(s: dict) -> str:
@@ -132,7 +185,12 @@ def eval_command(
     from composer_replication.envs.feature_deletion.generate import TaskSetError
     from composer_replication.envs.feature_deletion.source import SourceError
     from composer_replication.evaluation import evaluate
-    from composer_replication.lm.models import ModelLoadError, load_model, load_tokenizer
+    from composer_replication.lm.models import (
+        ModelLoadError,
+        load_model,
+        load_tokenizer,
+        resolve_model_source,
+    )
     from composer_replication.progress import progress_bar
     from composer_replication.sandbox.sandbox import SandboxUnavailableError
 
@@ -140,6 +198,11 @@ def eval_command(
     errors = (ModelLoadError, ValueError, FileNotFoundError, SandboxUnavailableError, SourceError,
               TaskSetError)  # fmt: skip
     with exit_on(*errors):
+        resolve_model_source(model)  # a bad name fails before the task set is built
+        if env == "feature_deletion":
+            from composer_replication.sandbox.pytest_suite import require_pytest
+
+            require_pytest()
         if env == "arithmetic":
             kwargs: dict = {"levels": [int(x) for x in levels.split(",")]}
         elif env == "humaneval":

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from composer_replication.config import RunConfig, dump_config
-from composer_replication.progress import progress_bar
+from composer_replication.progress import is_terminal, plain_line, progress_bar
 from composer_replication.run.card import write_model_card
 
 
@@ -28,6 +29,36 @@ class RunSummary:
     final_checkpoint: Path
     channel_reports: list[str] = field(default_factory=list)
     """Channels with weight > 0 that stayed inactive on every step (empty if none)."""
+
+
+CONFIG_FILE = "config.yaml"
+"""The full config of a run, in its run directory."""
+
+
+def run_header(cfg: RunConfig) -> list[tuple[str, str]]:
+    """What a run is, in a few (label, text) rows printed when it starts: model, env, channels
+    with their weights, steps, output dir and where the full config is written."""
+    from composer_replication.config import CHANNEL_SECTIONS
+
+    lora = f", LoRA r={cfg.peft.r}" if cfg.peft.enabled else ""
+    model = f"{cfg.model.name} ({cfg.model.dtype}{lora})"
+    env = cfg.env.name
+    if getattr(cfg.env, "levels", None) and env == "arithmetic":
+        env += f", levels {','.join(map(str, cfg.env.levels))}"
+    if getattr(cfg.env, "openenv_url", None):
+        env += f", tools on {cfg.env.openenv_url}"
+    weights = [f"{name} {getattr(cfg, name).weight:g}" for name in CHANNEL_SECTIONS
+               if getattr(cfg, name).weight > 0]  # fmt: skip
+    g = cfg.generation
+    out = Path(cfg.output_dir)
+    return [
+        ("model", model),
+        ("env", env),
+        ("channels", " + ".join([f"grpo ({cfg.grpo.loss_type})", *weights])),
+        ("steps", f"{cfg.max_steps} x {g.prompts_per_step} prompts x {g.num_generations} "
+                  f"completions, lr {cfg.optim.learning_rate:g}, seed {cfg.seed}"),
+        ("output", f"{out}  (full config: {out / CONFIG_FILE})"),
+    ]  # fmt: skip
 
 
 def seed_everything(seed: int) -> None:
@@ -169,16 +200,23 @@ def data_shard(cfg: RunConfig) -> tuple[int, int]:
     return (d.replica_id, d.replicas) if d.enabled else (0, 1)
 
 
+def progress_callback(console=None):
+    """The rich step bar on a terminal; off one (a log file, a pipe, CI) a plain line per step
+    on ``console`` (stdout without one), flushed."""
+    from composer_replication.trainer.callbacks import RichProgressCallback, StepLineCallback
+
+    if is_terminal(console):
+        return RichProgressCallback(console)
+    if console is None:
+        return StepLineCallback()
+    return StepLineCallback(lambda line: plain_line(console, line))
+
+
 def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_kwargs=None):
     """A ComposerReplicationTrainer wired with our reward, dataset, channels and callbacks
     (``channel_kwargs``: extra constructor arguments per channel name, see build_channels)."""
     from composer_replication.channels import build_channels
-    from composer_replication.trainer.callbacks import (
-        MetricsJsonlCallback,
-        PlotCallback,
-        RichProgressCallback,
-        StepLineCallback,
-    )
+    from composer_replication.trainer.callbacks import MetricsJsonlCallback, PlotCallback
     from composer_replication.trainer.data import build_prompt_dataset
     from composer_replication.trainer.trainer import ComposerReplicationTrainer
 
@@ -191,7 +229,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         shard=data_shard(cfg),
     )
     callbacks = [MetricsJsonlCallback(cfg.output_dir), PlotCallback(cfg.output_dir)]
-    callbacks.append(RichProgressCallback(console) if console is not None else StepLineCallback())
+    callbacks.append(progress_callback(console))
     if cfg.diloco.enabled:
         from composer_replication.diloco.callback import DilocoCallback
 
@@ -301,7 +339,7 @@ def prepare(cfg: RunConfig):
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if process_rank()[0] == 0:
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
+        (run_dir / CONFIG_FILE).write_text(dump_config(cfg))
     return model, tokenizer, env
 
 
@@ -329,8 +367,17 @@ def evaluate_run(
         )
 
 
-def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary:
-    """Evaluate the base model, train, evaluate the trained model, write results."""
+def run_training(
+    cfg: RunConfig,
+    console=None,
+    extra_callbacks=(),
+    report: Callable[[str, dict[str, Any]], None] | None = None,
+) -> RunSummary:
+    """Evaluate the base model, train, evaluate the trained model, write results.
+
+    ``report(tag, summary)`` is called with each held-out result as soon as it is known
+    (``base`` before training starts, ``trained`` after), so a log shows the base score
+    without waiting for the whole run."""
     from composer_replication.evaluation import paired_difference
     from composer_replication.trainer.callbacks import EVAL_FILE, METRICS_FILE, plot_metrics
 
@@ -342,6 +389,8 @@ def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary
     base = (
         evaluate_run(cfg, model, tokenizer, env, "base", console) if evals and not resume else None
     )
+    if base is not None and report is not None:
+        report("base", base.summary())
     trainer = build_trainer(cfg, model, tokenizer, env, console)
     for cb in extra_callbacks:
         trainer.add_callback(cb)
@@ -352,6 +401,8 @@ def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
     trained = evaluate_run(cfg, model, tokenizer, env, "trained", console) if evals else None
+    if trained is not None and report is not None:
+        report("trained", trained.summary())
     delta = paired_difference(base, trained) if base is not None and trained is not None else None
     summary = RunSummary(
         run_dir=run_dir,

@@ -474,6 +474,28 @@ _sys.setprofile(_profile)
 """
 
 
+PYTEST_INSTALL = "pip install 'composer-replication[feature-deletion]'"
+"""What installs the pytest that grades Feature Deletion tasks (the ``feature-deletion`` extra;
+``dev`` includes it)."""
+
+
+def _missing_tool(name: str) -> sb.SandboxUnavailableError:
+    return sb.SandboxUnavailableError(
+        f"Feature Deletion grades with a sandboxed copy of pytest, and {name!r} is not "
+        f"installed: {PYTEST_INSTALL}"
+    )
+
+
+def require_pytest() -> None:
+    """A `SandboxUnavailableError` naming the extra to install when pytest or one of its
+    dependencies is missing: checked before a task set is generated or a run loads anything."""
+    import importlib.util
+
+    for name in TOOL_PACKAGES:
+        if name != "py.py" and importlib.util.find_spec(name) is None:
+            raise _missing_tool(name)
+
+
 @lru_cache(maxsize=8)
 def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
     """A world-readable copy of pytest and its pure-Python dependencies (bound read-only into
@@ -500,7 +522,7 @@ def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
         if spec is None or spec.origin is None:
             if name == "py.py":
                 continue
-            raise sb.SandboxUnavailableError(f"pytest's dependency {name!r} is not installed")
+            raise _missing_tool(name)
         src = Path(spec.origin)
         if src.name == "__init__.py":
             shutil.copytree(src.parent, Path(dest) / src.parent.name, dirs_exist_ok=True,

@@ -132,16 +132,20 @@ def generate_tasks(
     if progress is not None and len(cands) > len(todo):
         progress(len(cands) - len(todo))
     workers = cfg.workers or os.cpu_count() or 1
-    with runs_path.open("a", encoding="utf-8") as sink, ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(_try, box, source, c, passing, cfg, testcode) for c in todo]
-        for fut in as_completed(futures):
-            row = fut.result()
-            sink.write(json.dumps(row, sort_keys=True) + "\n")
-            sink.flush()
-            os.fsync(sink.fileno())
-            done[row["key"]] = row
-            if progress is not None:
-                progress(1)
+    pool = ThreadPoolExecutor(workers)
+    try:
+        with runs_path.open("a", encoding="utf-8") as sink:
+            futures = [pool.submit(_try, box, source, c, passing, cfg, testcode) for c in todo]
+            for fut in as_completed(futures):
+                row = fut.result()
+                sink.write(json.dumps(row, sort_keys=True) + "\n")
+                sink.flush()
+                os.fsync(sink.fileno())
+                done[row["key"]] = row
+                if progress is not None:
+                    progress(1)
+    finally:  # on Ctrl-C the queued candidates are dropped (the finished ones are in
+        pool.shutdown(wait=False, cancel_futures=True)  # runs.jsonl); runs in flight end
     tasks = [_task(source, c, done[c.key], passing, cfg, testcode) for c in cands]
     tasks = [t for t in tasks if t is not None]
     _write_atomic(out_dir / "tasks.jsonl", "".join(json.dumps(t) + "\n" for t in tasks))
