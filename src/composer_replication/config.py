@@ -120,6 +120,22 @@ class EnvConfig(_Strict):
     all (each run is cut to what is left; once spent, ``run_tests`` is an error result and
     grading still runs). A workspace that hangs costs this once, not
     ``task_generation.suite_timeout_s`` per call. None: no budget."""
+    harness: Literal["native", "claude_code", "codex", "bash"] = "native"
+    """``feature_deletion``: the tool vocabulary the agent gets (envs/profiles.py,
+    docs/agents.md): the environment's own tools, Claude Code's (``Read``, ``Write``,
+    ``Edit``, ``Bash``, ``Grep``, ``Glob``), Codex CLI's (``shell``, ``apply_patch``) or one
+    ``bash`` tool, over the same workspace, bounds, flags and grading. Shell tools run under
+    the sandbox."""
+
+    @model_validator(mode="after")
+    def _harness_needs_a_workspace(self) -> EnvConfig:
+        if self.harness != "native" and (self.name != "feature_deletion" or self.openenv_url):
+            raise ValueError(
+                f"env.harness={self.harness}: harness profiles exist for feature_deletion's "
+                f"workspace run in this process (env.name={self.name!r}, "
+                f"openenv_url={self.openenv_url!r})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _openenv_needs_tools(self) -> EnvConfig:
