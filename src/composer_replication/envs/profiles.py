@@ -165,6 +165,8 @@ class WorkspaceTools:
             want = float(timeout_s)
         except (TypeError, ValueError, OverflowError):
             return self._err("the timeout must be a number")
+        if want != want:  # NaN
+            return self._err("the timeout must be a number")
         budget = native._env.tests_budget_s
         left = None if budget is None else budget - native.test_seconds
         if left is not None and left < MIN_SHELL_S:
@@ -503,7 +505,8 @@ class HarnessProfile:
     """The system prompt (``''``: the environment's own, for ``native``)."""
 
 
-def _call(name: str, **arguments: Any) -> dict[str, Any]:
+def call_message(name: str, **arguments: Any) -> dict[str, Any]:
+    """An assistant turn calling one tool (worked episodes in prompts)."""
     fn = {"name": name, "arguments": arguments}
     return {
         "role": "assistant",
@@ -512,7 +515,8 @@ def _call(name: str, **arguments: Any) -> dict[str, Any]:
     }
 
 
-def _result(name: str, content: str) -> dict[str, Any]:
+def result_message(name: str, content: str) -> dict[str, Any]:
+    """The tool turn answering it."""
     return {"role": "tool", "name": name, "content": content}
 
 
@@ -532,17 +536,19 @@ PROFILES: dict[str, HarnessProfile] = {
         frozenset({"Bash"}),
         (
             {"role": "user", "content": _ASK},
-            _call("Read", file_path="/repo/mathy/ops.py"),
-            _result("Read", f'     1\tdef double(x):\n     2\t    """Twice x."""\n     3\t{_STUB}'),
-            _call(
+            call_message("Read", file_path="/repo/mathy/ops.py"),
+            result_message(
+                "Read", f'     1\tdef double(x):\n     2\t    """Twice x."""\n     3\t{_STUB}'
+            ),
+            call_message(
                 "Edit",
                 file_path="/repo/mathy/ops.py",
                 old_string=_STUB,
                 new_string="    return 2 * x",
             ),
-            _result("Edit", "The file /repo/mathy/ops.py has been updated successfully."),
-            _call("Bash", command=_TEST, description="Run the test"),
-            _result("Bash", _PASSED),
+            result_message("Edit", "The file /repo/mathy/ops.py has been updated successfully."),
+            call_message("Bash", command=_TEST, description="Run the test"),
+            result_message("Bash", _PASSED),
             {"role": "assistant", "content": "Done."},
         ),
     ),  # fmt: skip
@@ -553,14 +559,16 @@ PROFILES: dict[str, HarnessProfile] = {
         frozenset({"shell"}),
         (
             {"role": "user", "content": _ASK},
-            _call("shell", command=["cat", "mathy/ops.py"]),
-            _result(
+            call_message("shell", command=["cat", "mathy/ops.py"]),
+            result_message(
                 "shell", _codex_answer(f'def double(x):\n    """Twice x."""\n{_STUB}\n', 0, 0.0)
             ),
-            _call("apply_patch", input=_PATCH),
-            _result("apply_patch", "Success. Updated the following files:\nM mathy/ops.py\n"),
-            _call("shell", command=["bash", "-lc", _TEST]),
-            _result("shell", _codex_answer(_PASSED + "\n", 0, 0.4)),
+            call_message("apply_patch", input=_PATCH),
+            result_message(
+                "apply_patch", "Success. Updated the following files:\nM mathy/ops.py\n"
+            ),
+            call_message("shell", command=["bash", "-lc", _TEST]),
+            result_message("shell", _codex_answer(_PASSED + "\n", 0, 0.4)),
             {"role": "assistant", "content": "Done."},
         ),
     ),  # fmt: skip
@@ -571,12 +579,12 @@ PROFILES: dict[str, HarnessProfile] = {
         frozenset({"bash"}),
         (
             {"role": "user", "content": _ASK},
-            _call("bash", command="cat mathy/ops.py"),
-            _result("bash", f'def double(x):\n    """Twice x."""\n{_STUB}\n[exit code 0]'),
-            _call("bash", command=f"sed -i 's/{_STUB.strip()}/return 2 * x/' mathy/ops.py"),
-            _result("bash", "[exit code 0]"),
-            _call("bash", command=_TEST),
-            _result("bash", f"{_PASSED}\n[exit code 0]"),
+            call_message("bash", command="cat mathy/ops.py"),
+            result_message("bash", f'def double(x):\n    """Twice x."""\n{_STUB}\n[exit code 0]'),
+            call_message("bash", command=f"sed -i 's/{_STUB.strip()}/return 2 * x/' mathy/ops.py"),
+            result_message("bash", "[exit code 0]"),
+            call_message("bash", command=_TEST),
+            result_message("bash", f"{_PASSED}\n[exit code 0]"),
             {"role": "assistant", "content": "Done."},
         ),
     ),  # fmt: skip

@@ -5,18 +5,14 @@ channel 3's vocabulary check passes for a run on the matching profile and warns 
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import orjson
 import pytest
-from support.scripted_openai import Script, ServerThread, make_app
+from support.harness_pairs import claude_code_pairs
 
 from composer_replication.envs.feature_deletion.env import FeatureDeletionTools
 from composer_replication.envs.profiles import harness_tools_class, tool_names, tool_schemas
-from composer_replication.prefs.export import replay_and_normalize_trace
-from composer_replication.prefs.normalize import NormalizeConfig
-from composer_replication.replay.teachers import TeacherSpec
 from composer_replication.traces.ingest import ingest
 from composer_replication.traces.schema import TraceState
 
@@ -52,17 +48,7 @@ def test_stored_schemas_are_what_trl_renders_from_the_adapters():
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
     """Claude Code states replayed to two agreeing scripted teachers; the pairs exported."""
-    tmp = tmp_path_factory.mktemp("replay")
-    states = [s for s in _states(TRACES / "claude_code") if s.action.tool_calls][:6]
-    script = Script()
-    with ServerThread(make_app(script)) as srv:
-        specs = [TeacherSpec(name=f"t{i}", base_url=srv.base_url, model="same", max_tokens=8,
-                             price_in_per_mtok=1, price_out_per_mtok=1) for i in range(2)]  # fmt: skip
-        _, pairs = asyncio.run(replay_and_normalize_trace(
-            states, specs, journal=tmp / "r.db", budget_usd=1.0, out_dir=tmp / "pairs",
-            normalize=NormalizeConfig(dedup=False, min_words=0),
-        ))  # fmt: skip
-    return states, script, pairs, tmp / "pairs"
+    return claude_code_pairs(tmp_path_factory.mktemp("replay"))
 
 
 def test_replay_sends_teachers_the_claude_code_schemas(replayed):

@@ -8,17 +8,24 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from pathlib import Path
 
 import orjson
 import pytest
+from support.harness_pairs import claude_code_pairs
 from support.scripted_lm import ScriptedLlama
 
 from composer_replication.chat_templates import ensure_tool_template
 from composer_replication.config import load_config
 from composer_replication.envs.profiles import tool_names
 from composer_replication.trainer.callbacks import read_metrics
-from composer_replication.trainer.run import build_env, build_trainer
+from composer_replication.trainer.run import (
+    VocabularyWarning,
+    build_env,
+    build_trainer,
+    check_pair_vocabulary,
+)
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "feature_deletion" / "textkit"
 PYTEST = ["python", "-m", "pytest", "-q", "-x", "--tb=line", "tests"]
@@ -34,8 +41,18 @@ def task_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("tasks")  # generated once for the three runs
 
 
+@pytest.fixture(scope="module")
+def claude_pairs(tmp_path_factory):
+    """Channel 3's pairs from replayed Claude Code logs (their vocabulary: Claude Code's)."""
+    return claude_code_pairs(tmp_path_factory.mktemp("pairs"))[3] / "pairs.jsonl"
+
+
 @pytest.mark.parametrize("harness", sorted(RUN_TESTS))
-def test_feature_deletion_trains_in_a_harness_profile(harness, tokenizer, task_dir, tmp_path):
+def test_feature_deletion_trains_in_a_harness_profile(
+    harness, tokenizer, task_dir, claude_pairs, tmp_path
+):
+    """With ``claude_code``, channel 3 also trains on pairs replayed from Claude Code logs:
+    the same vocabulary as the rollouts, so no VocabularyWarning."""
     from conftest import make_tiny_model
 
     tok = copy.deepcopy(tokenizer)
@@ -58,6 +75,11 @@ def test_feature_deletion_trains_in_a_harness_profile(harness, tokenizer, task_d
             "env.few_shot=false",  # the script counts assistant turns from the prompt's end
             "rollout.max_turns=2",
             "eval.before_and_after=false",
+            *(
+                [f"replay.dataset={claude_pairs}", "beta_replay=0.1", "replay.max_length=1024"]
+                if harness == "claude_code"
+                else []
+            ),
         ],
     )
     name, args = RUN_TESTS[harness]
@@ -66,12 +88,17 @@ def test_feature_deletion_trains_in_a_harness_profile(harness, tokenizer, task_d
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     model.set_script(enc("<|im_start|>assistant\n"), [enc(call), enc("done<|im_end|>")])
     env = build_env(cfg)
-    trainer = build_trainer(cfg, model, tok, env)
-    # the prompt's tool schemas are the profile's, and no native tool is offered
-    offered = {t.__name__ for t in trainer.tools}
-    assert offered == tool_names(harness)
-    trainer.train()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = build_trainer(cfg, model, tok, env)
+        # the prompt's tool schemas are the profile's, and no native tool is offered
+        offered = {t.__name__ for t in trainer.tools}
+        assert offered == tool_names(harness)
+        trainer.train()
+    assert not [w for w in caught if issubclass(w.category, VocabularyWarning)]
     [row] = read_metrics(f"{cfg.output_dir}/metrics.jsonl")
+    if harness == "claude_code":  # the pairs were drawn and scored
+        assert row["replay/active"] == 1.0 and row["replay/num_pairs"] == 2.0
     assert row[f"tools/calls/{name}"] == 1.0 and row["tools/call_frequency"] == 1.0
     assert row["tools/failure_frequency"] == 0.0 and row["rollout/turns"] == 2.0
     assert row["env/pass_rate"] == 0.0  # running the tests rebuilds nothing
@@ -84,3 +111,17 @@ def test_feature_deletion_trains_in_a_harness_profile(harness, tokenizer, task_d
     assert first["tool_calls"][0]["function"]["name"] == name and result["name"] == name
     assert "NotImplementedError" in result["content"]  # the sandboxed pytest ran and failed
     assert episode["reward"] == 0.0 and episode["flags"] == []
+
+
+def test_pairs_of_another_vocabulary_warn(claude_pairs, tmp_path):
+    """The check's control: the same Claude Code pairs on the native tools warn, naming the
+    profile to use."""
+    from composer_replication.envs.feature_deletion.env import FeatureDeletionTools
+
+    cfg = load_config(
+        "feature_deletion.yaml", [f"replay.dataset={claude_pairs}", "beta_replay=0.1"]
+    )
+    with pytest.warns(VocabularyWarning, match="env.harness=claude_code"):
+        assert check_pair_vocabulary(cfg, FeatureDeletionTools)
+    off = load_config("feature_deletion.yaml", [])
+    assert check_pair_vocabulary(off, FeatureDeletionTools) is None

@@ -42,7 +42,12 @@ from composer_replication.envs.feature_deletion.generate import (
 from composer_replication.envs.feature_deletion.grade import grade_workspace
 from composer_replication.envs.feature_deletion.source import prepare_source, staged_copy
 from composer_replication.envs.feature_deletion.workspace import make_workspace
-from composer_replication.envs.profiles import harness_tools_class, profile
+from composer_replication.envs.profiles import (
+    call_message,
+    harness_tools_class,
+    profile,
+    result_message,
+)
 from composer_replication.envs.pytest_suite import run_suite
 from composer_replication.envs.sandbox import Sandbox
 from composer_replication.rollout import wire_safe, wire_snippet
@@ -58,17 +63,7 @@ PROMPT = (
 STUB_LINE = "    raise NotImplementedError  # deleted: rebuild this"
 
 
-def _call(name: str, **arguments: Any) -> dict[str, Any]:
-    fn = {"name": name, "arguments": arguments}
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"type": "function", "function": fn}],
-    }
-
-
-def _result(name: str, content: str) -> dict[str, Any]:
-    return {"role": "tool", "name": name, "content": content}
+_call, _result = call_message, result_message
 
 
 FEW_SHOT: list[dict[str, Any]] = [
