@@ -253,6 +253,12 @@ def _layout() -> _Layout:
     return _Layout(interpreter, prefix, tuple(binds), tuple(links), _hidden_dirs(roots), stage)
 
 
+def sandbox_interpreter() -> str:
+    """The real path of the interpreter sandboxed code runs with (visible inside the sandbox
+    at the same path)."""
+    return _layout().interpreter
+
+
 WARM_MODULES = (
     "typing collections itertools functools math re string heapq bisect hashlib random "
     "fractions decimal statistics datetime operator copy json dataclasses enum ast textwrap "

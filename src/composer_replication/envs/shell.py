@@ -39,7 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from composer_replication.config import SandboxConfig
-from composer_replication.envs.sandbox import Sandbox, bindable_dir, world_readable
+from composer_replication.envs.sandbox import (
+    Sandbox,
+    bindable_dir,
+    sandbox_interpreter,
+    world_readable,
+)
 
 REPO = "/repo"
 """Where the command sees the workspace (its working directory)."""
@@ -150,10 +155,8 @@ def _stage(workspace: Path) -> str:
 
 
 def _run(box, stage, command, timeout_s, max_output_chars, repo_mb, python_path, nproc):
-    from composer_replication.envs.sandbox import _layout
-
     cfg = shell_sandbox(timeout_s, box.cfg.memory_mb, nproc, repo_mb)
-    interp = _layout().interpreter
+    interp = sandbox_interpreter()
     env = {"PATH": "/cr-bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/pycache", "PYTHONPATH": ":".join(python_path),
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": "-p no:cacheprovider", "CR_COMMAND": command,

@@ -76,7 +76,7 @@ def test_feature_deletion_trains_in_a_harness_profile(
             "rollout.max_turns=2",
             "eval.before_and_after=false",
             *(
-                [f"replay.dataset={claude_pairs}", "beta_replay=0.1", "replay.max_length=1024"]
+                [f"replay.dataset={claude_pairs}", "beta_replay=0.1", "replay.max_length=256"]
                 if harness == "claude_code"
                 else []
             ),
