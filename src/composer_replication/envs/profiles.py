@@ -19,7 +19,7 @@ the native class). An adapter holds the environment's own tools instance and goe
 path check (``_path``: the same refusals and ``outside_workspace`` / ``read_bytecode``
 flags), its write check (``_note_write``: ``wrote_test`` / ``wrote_config``), its workspace,
 its test-time budget and its grading, which reads ``workspace``, ``flags``, ``submitted`` and
-``_close`` from the adapter. Shell commands run under the sandbox (envs/shell.py) on a copy of
+``_close`` from the adapter. Shell commands run under the sandbox (sandbox/shell.py) on a copy of
 the workspace seen at ``/repo``; what they change comes back as regular files only, and is
 flagged like the file tools' writes. Regex search (``Grep``) runs in that sandbox too, never
 in the trainer's process (a policy-written pattern can backtrack for days).
@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication.envs.patch import PatchError, apply_patch, summary
-from composer_replication.envs.shell import REPO, ShellResult, run_shell
-from composer_replication.rollout import wire_safe, wire_snippet
+from composer_replication.envs.tools import wire_safe, wire_snippet
+from composer_replication.sandbox.shell import REPO, ShellResult, run_shell
 
 HARNESSES = ("native", "claude_code", "codex", "bash")
 MAX_SHELL_TIMEOUT_S = 600.0
@@ -188,7 +188,7 @@ class WorkspaceTools:
         return res
 
     def _python_path(self) -> tuple[str, ...]:
-        from composer_replication.envs.pytest_suite import pytest_tools
+        from composer_replication.sandbox.pytest_suite import pytest_tools
 
         return (pytest_tools(tuple(self.task.get("test_requirements", ()))),)
 
@@ -625,7 +625,7 @@ def live_tool_schemas(harness: str) -> list[dict[str, Any]]:
     docstrings by transformers' ``get_json_schema``, as TRL renders them for training."""
     from transformers.utils import get_json_schema
 
-    from composer_replication.rollout import tool_methods
+    from composer_replication.envs.tools import tool_methods
 
     prof = profile(harness)
     if prof.tools is None:
@@ -666,7 +666,7 @@ def write_schemas() -> None:
 
 def tool_names(harness: str) -> frozenset[str]:
     """The names of a profile's tools (not ``native``: those are each environment's)."""
-    from composer_replication.rollout import tool_methods
+    from composer_replication.envs.tools import tool_methods
 
     prof = profile(harness)
     return frozenset(tool_methods(prof.tools)) if prof.tools else frozenset()

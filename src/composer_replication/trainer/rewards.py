@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from composer_replication.chat import to_text
 from composer_replication.envs.base import Environment, StepResult, is_tool_env
+from composer_replication.lm.chat import to_text
 
 
 class EnvReward:

@@ -23,7 +23,7 @@ from composer_replication.envs.profiles import (
     tool_names,
     tool_schemas,
 )
-from composer_replication.rollout import tool_methods
+from composer_replication.envs.tools import tool_methods
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +161,10 @@ def test_claude_code_error_texts_and_formats(task_dir):
 def test_unknown_harness_and_harness_outside_feature_deletion_are_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown harness 'cursor'"):
         profile("cursor")
-    with pytest.raises(ValueError, match="env.harness=bash"):
+    with pytest.raises(ValueError, match="env.harness: unknown key"):  # the calculator's options
         load_config("agent_quickstart.yaml", ["env.harness=bash"])
+    with pytest.raises(ValueError, match="harness profiles wrap the tools of a workspace"):
+        load_config("feature_deletion.yaml", ["env.harness=bash", "env.openenv_url=http://x:1"])
     cfg = load_config("feature_deletion.yaml", ["env.harness=codex"])
     assert cfg.env.harness == "codex"
     assert harness_tools_class(dict, "native") is dict

@@ -76,7 +76,7 @@ def test_pairs_carry_the_schemas_and_match_the_claude_code_profile(replayed):
     assert pair_vocabulary(rows) == tool_names("claude_code")
     claude = harness_tools_class(FeatureDeletionTools, "claude_code")
     assert vocabulary_mismatch(rows, set(tool_names("claude_code"))) is None
-    from composer_replication.rollout import tool_methods
+    from composer_replication.envs.tools import tool_methods
 
     assert vocabulary_mismatch(rows, set(tool_methods(claude))) is None
     native = vocabulary_mismatch(rows, set(tool_methods(FeatureDeletionTools)))

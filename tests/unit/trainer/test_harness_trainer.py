@@ -16,16 +16,16 @@ import pytest
 from support.harness_pairs import claude_code_pairs
 from support.scripted_lm import ScriptedLlama
 
-from composer_replication.chat_templates import ensure_tool_template
 from composer_replication.config import load_config
 from composer_replication.envs.profiles import tool_names
-from composer_replication.trainer.callbacks import read_metrics
-from composer_replication.trainer.run import (
+from composer_replication.lm.chat_templates import ensure_tool_template
+from composer_replication.run.train import (
     VocabularyWarning,
     build_env,
     build_trainer,
     check_pair_vocabulary,
 )
+from composer_replication.trainer.callbacks import read_metrics
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "feature_deletion" / "textkit"
 PYTEST = ["python", "-m", "pytest", "-q", "-x", "--tb=line", "tests"]

@@ -48,9 +48,9 @@ from composer_replication.envs.profiles import (
     profile,
     result_message,
 )
-from composer_replication.envs.pytest_suite import run_suite
-from composer_replication.envs.sandbox import Sandbox
-from composer_replication.rollout import wire_safe, wire_snippet
+from composer_replication.envs.tools import wire_safe, wire_snippet
+from composer_replication.sandbox.pytest_suite import run_suite
+from composer_replication.sandbox.sandbox import Sandbox
 
 SYSTEM_PROMPT = (
     "You are a software engineer working in a Python repository through tools. Read the "
@@ -144,7 +144,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         progress=None,
     ):
         super().__init__()
-        from composer_replication.models import cache_dir
+        from composer_replication.lm.models import cache_dir
 
         self.generation = generation or TaskGenConfig()
         self.reward_mode, self.max_output_chars = reward, max_output_chars
