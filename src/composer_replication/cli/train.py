@@ -170,6 +170,12 @@ def eval_command(
         list[str] | None,
         typer.Option("--task-source", help="feature_deletion: a directory or name==version"),
     ] = None,
+    harness: Annotated[
+        str,
+        typer.Option(
+            "--harness", help="feature_deletion: native, claude_code, codex or bash (tool names)"
+        ),
+    ] = "native",
     show: Annotated[int, typer.Option("--show", min=0, help="print this many completions")] = 5,
     unsafe_run_without_isolation: Annotated[
         bool,
@@ -209,8 +215,8 @@ def eval_command(
             kwargs = {
                 "sandbox": SandboxConfig(unsafe_run_without_isolation=unsafe_run_without_isolation)
             }
-        elif env == "feature_deletion" and task_source:
-            kwargs = {"sources": task_source}
+        elif env == "feature_deletion":
+            kwargs = {"harness": harness, **({"sources": task_source} if task_source else {})}
         else:
             kwargs = {}
         environment = get_env(env, **kwargs)

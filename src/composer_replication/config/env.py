@@ -157,13 +157,28 @@ class FeatureDeletionEnvConfig(ToolEnvConfig):
     to what is left; once spent, ``run_tests`` is an error result and grading still runs). A
     workspace that hangs costs this once, not ``task_generation.suite_timeout_s`` per call.
     None: no budget."""
+    harness: Literal["native", "claude_code", "codex", "bash"] = "native"
+    """The tool vocabulary the agent gets (envs/profiles.py, docs/agents.md): the
+    environment's own tools, Claude Code's (``Read``, ``Write``, ``Edit``, ``Bash``, ``Grep``,
+    ``Glob``), Codex CLI's (``shell``, ``apply_patch``) or one ``bash`` tool, over the same
+    workspace, bounds, flags and grading. Shell tools run under the sandbox and spend
+    ``tests_budget_s``."""
+
+    @model_validator(mode="after")
+    def _harness_runs_here(self) -> FeatureDeletionEnvConfig:
+        if self.harness != "native" and self.openenv_url:
+            raise ValueError(
+                f"env.harness={self.harness}: harness profiles wrap the tools of a workspace in "
+                f"this process, not an OpenEnv server's (openenv_url={self.openenv_url!r})"
+            )
+        return self
 
     def env_options(self) -> dict[str, Any]:
         return {"sources": self.task_sources, "task_dir": self.task_dir,
                 "generation": self.task_generation, "reward": self.reward,
                 "heldout_fraction": self.heldout_fraction,
                 "max_output_chars": self.max_tool_output_chars, "few_shot": self.few_shot,
-                "tests_budget_s": self.tests_budget_s}  # fmt: skip
+                "tests_budget_s": self.tests_budget_s, "harness": self.harness}  # fmt: skip
 
 
 ENV_CONFIGS: dict[str, type[EnvConfig]] = {

@@ -154,7 +154,10 @@ def build_reward_funcs(cfg: RunConfig, env) -> list:
 
         funcs: list = [OpenEnvReward(env.name)]
     else:
-        funcs = [EnvReward(env)]
+        from composer_replication.envs.base import is_tool_env
+
+        log = Path(cfg.output_dir) / "episodes.jsonl" if is_tool_env(env) else None
+        funcs = [EnvReward(env, episode_log=log)]
     if cfg.grpo.overlong.enabled:
         from trl.rewards import get_soft_overlong_punishment
 
@@ -193,6 +196,28 @@ def tool_kwargs(cfg: RunConfig, env) -> dict[str, Any]:
     return {"environment_factory": bounded_tools(tools, cfg.rollout.max_tool_calls)}
 
 
+class VocabularyWarning(UserWarning):
+    """Channel 3's pairs and the run's rollouts use different tool vocabularies."""
+
+
+def check_pair_vocabulary(cfg: RunConfig, tools_class: type | None) -> str | None:
+    """Warn (a :class:`VocabularyWarning`) when channel 3's pairs call tools the run's
+    environment does not offer (pairs from Claude Code logs on the native tools, say);
+    returns the warning's text, or None when the vocabularies match or channel 3 is off."""
+    if cfg.replay.weight <= 0 or not cfg.replay.dataset:
+        return None
+    import warnings
+
+    from composer_replication.channels.replay import load_pairs, vocabulary_mismatch
+    from composer_replication.envs.tools import tool_methods
+
+    run_tools = set(tool_methods(tools_class)) if tools_class is not None else set()
+    why = vocabulary_mismatch(load_pairs(cfg.replay.dataset, cfg.replay.max_pairs), run_tools)
+    if why:
+        warnings.warn(why, VocabularyWarning, stacklevel=2)
+    return why
+
+
 def data_shard(cfg: RunConfig) -> tuple[int, int]:
     """(index, count) of this run's slice of the train split: DiLoCo replica r of n trains on
     shard r of n; a plain run on the whole split."""
@@ -228,6 +253,8 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         conversational=bool(getattr(tokenizer, "chat_template", None)),
         shard=data_shard(cfg),
     )
+    tools = tool_kwargs(cfg, env)
+    check_pair_vocabulary(cfg, tools.get("environment_factory"))
     callbacks = [MetricsJsonlCallback(cfg.output_dir), PlotCallback(cfg.output_dir)]
     callbacks.append(progress_callback(console))
     if cfg.diloco.enabled:
@@ -247,7 +274,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
         max_refills=cfg.grpo.dynamic_sampling.max_refills,
         shared_prefix=cfg.generation.shared_prefix,
-        **tool_kwargs(cfg, env),
+        **tools,
     )
     from transformers.trainer_callback import PrinterCallback
 

@@ -253,6 +253,12 @@ def _layout() -> _Layout:
     return _Layout(interpreter, prefix, tuple(binds), tuple(links), _hidden_dirs(roots), stage)
 
 
+def sandbox_interpreter() -> str:
+    """The real path of the interpreter sandboxed code runs with (visible inside the sandbox
+    at the same path)."""
+    return _layout().interpreter
+
+
 WARM_MODULES = (
     "typing collections itertools functools math re string heapq bisect hashlib random "
     "fractions decimal statistics datetime operator copy json dataclasses enum ast textwrap "
@@ -289,7 +295,11 @@ def world_readable(root: str | os.PathLike) -> None:
 
 
 def _bwrap_argv(
-    bwrap: str, cfg: SandboxConfig, lay: _Layout, binds: tuple[str, ...] = ()
+    bwrap: str,
+    cfg: SandboxConfig,
+    lay: _Layout,
+    binds: tuple[str, ...] = (),
+    mounts: tuple[str, ...] = (),
 ) -> list[str]:
     argv = [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net"]
     argv += ["--unshare-uts", "--unshare-cgroup-try", "--disable-userns", "--die-with-parent"]
@@ -306,6 +316,7 @@ def _bwrap_argv(
         argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", _stdlib_pycache(), PYCACHE]
     argv += ["--size", str(cfg.work_dir_mb * 2**20), "--tmpfs", WORK, "--symlink", WORK, "/tmp"]
+    argv += list(mounts)  # more bwrap mount options (the shell tool's size-capped /repo)
     # the root and /dev are tmpfs without a size: read-only, the capped /work is the only
     # place to write (a child started past the audit hook wrote 192 MB there, /dev/shm too)
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
@@ -385,6 +396,7 @@ class _Process:
         wire: tuple[int, int] | None = None,
         pass_fds: tuple[int, ...] = (),
         root: str = "",
+        mounts: tuple[str, ...] = (),
     ):
         self.cfg = cfg
         self.deadline = time.monotonic() + cfg.wall_timeout_s
@@ -395,7 +407,7 @@ class _Process:
             argv = _python_argv(lay.interpreter, _stdlib_pycache(), cfg, mode, root)
             cwd, preexec = self._tmp, None
         else:
-            argv = _bwrap_argv(bwrap, cfg, lay, binds)
+            argv = _bwrap_argv(bwrap, cfg, lay, binds, mounts)
             argv += _python_argv(lay.interpreter, PYCACHE, cfg, mode, root)
             cwd = "/"
             self._cgroup = MemoryCgroup.create(cfg.memory_mb + cfg.work_dir_mb + CGROUP_SLACK_MB)
@@ -656,20 +668,23 @@ class Sandbox:
         stdin: bytes = b"",
         pass_fds: tuple[int, ...] = (),
         wall_timeout_s: float | None = None,
+        mounts: tuple[str, ...] = (),
     ) -> SandboxResult:
         """Run ``code`` as a script; its exit status and capped output (never a verdict).
         ``binds``: host directories (readable by ``nobody`` when the grader is root, see
         :func:`bindable_dir`) mounted read-only at the same path inside; ``stdin``: bytes the
         script reads first from fd 0; ``pass_fds``: open fds it inherits (a
         :class:`ModuleServer`'s ``client_fds``); ``wall_timeout_s``: a shorter wall (and CPU)
-        limit for this run only (never longer than the sandbox's own)."""
+        limit for this run only (never longer than the sandbox's own); ``mounts``: more
+        bwrap mount options after the work dir's (a size-capped ``--tmpfs``; trusted callers
+        only, ignored without isolation)."""
         cfg = self.cfg
         if wall_timeout_s is not None and wall_timeout_s < cfg.wall_timeout_s:
             if wall_timeout_s <= 0:
                 raise ValueError(f"wall_timeout_s must be positive, got {wall_timeout_s}")
             cpu = max(1, min(cfg.cpu_time_s, math.ceil(wall_timeout_s)))
             cfg = cfg.model_copy(update={"wall_timeout_s": wall_timeout_s, "cpu_time_s": cpu})
-        return _run_script(self.bwrap, cfg, code, binds, stdin, pass_fds)
+        return _run_script(self.bwrap, cfg, code, binds, stdin, pass_fds, mounts)
 
     def module_server(self, root: str, binds: tuple[str, ...] = ()) -> ModuleServer:
         """Serve calls to a function of the tree ``root`` from another sandbox (use as a
@@ -767,8 +782,9 @@ def _run_script(
     binds: tuple[str, ...] = (),
     stdin=b"",
     pass_fds: tuple[int, ...] = (),
+    mounts: tuple[str, ...] = (),
 ) -> SandboxResult:
-    p = _Process(bwrap, cfg, "script", binds, pass_fds=pass_fds)
+    p = _Process(bwrap, cfg, "script", binds, pass_fds=pass_fds, mounts=mounts)
     returncode = None
     try:
         p.write(len(code.encode("utf-8")).to_bytes(8, "big") + code.encode("utf-8") + stdin)

@@ -42,6 +42,12 @@ from composer_replication.envs.feature_deletion.generate import (
 from composer_replication.envs.feature_deletion.grade import grade_workspace
 from composer_replication.envs.feature_deletion.source import prepare_source, staged_copy
 from composer_replication.envs.feature_deletion.workspace import make_workspace
+from composer_replication.envs.profiles import (
+    call_message,
+    harness_tools_class,
+    profile,
+    result_message,
+)
 from composer_replication.envs.tools import wire_safe, wire_snippet
 from composer_replication.sandbox.pytest_suite import run_suite
 from composer_replication.sandbox.sandbox import Sandbox
@@ -57,17 +63,7 @@ PROMPT = (
 STUB_LINE = "    raise NotImplementedError  # deleted: rebuild this"
 
 
-def _call(name: str, **arguments: Any) -> dict[str, Any]:
-    fn = {"name": name, "arguments": arguments}
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"type": "function", "function": fn}],
-    }
-
-
-def _result(name: str, content: str) -> dict[str, Any]:
-    return {"role": "tool", "name": name, "content": content}
+_call, _result = call_message, result_message
 
 
 FEW_SHOT: list[dict[str, Any]] = [
@@ -148,6 +144,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         max_output_chars: int = 2000,
         few_shot: bool = True,
         tests_budget_s: float | None = 300.0,
+        harness: str = "native",
         progress=None,
     ):
         super().__init__()
@@ -156,6 +153,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         self.generation = generation or TaskGenConfig()
         self.reward_mode, self.max_output_chars = reward, max_output_chars
         self.few_shot = few_shot
+        self.harness = profile(harness)  # the tool vocabulary (envs/profiles.py)
         if tests_budget_s is not None and tests_budget_s < MIN_TEST_RUN_S:
             raise ValueError(f"tests_budget_s must be at least {MIN_TEST_RUN_S} s or None")
         self.tests_budget_s = tests_budget_s
@@ -186,10 +184,12 @@ class FeatureDeletionEnv(ToolEnvironment):
         return self._by_id[task_id]
 
     def row(self, task: Task) -> dict[str, Any]:
+        shots = self.harness.few_shot if self.harness.tools else FEW_SHOT
+        system = self.harness.system or SYSTEM_PROMPT
         return {
             "prompt": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                *(FEW_SHOT if self.few_shot else []),
+                {"role": "system", "content": system},
+                *(shots if self.few_shot else []),
                 {"role": "user", "content": self.user_message(task)},
             ],
             "task_id": task.task_id,
@@ -203,7 +203,7 @@ class FeatureDeletionEnv(ToolEnvironment):
 
         Tools.__doc__ = FeatureDeletionTools.__doc__
         Tools.__name__ = "FeatureDeletionTools"
-        return Tools
+        return harness_tools_class(Tools, self.harness.name)
 
     def grade(self, task: Task, completion: str | list[dict[str, Any]]) -> StepResult:
         raise TypeError(
@@ -234,18 +234,19 @@ class FeatureDeletionEnv(ToolEnvironment):
                 "targets": len(task.data["failing_tests"]), "regressions": len(v.regressions),
                 "submitted": tools.submitted}  # fmt: skip
         if not v.passed:
-            turn = _blamed_turn(messages)
+            turn = _blamed_turn(messages, self.harness.command_tools)
             info.update(failed_turn=turn, reason=v.feedback.splitlines()[0] if v.feedback else "")
         tools._close()
         return StepResult(v.feedback, v.reward, True, v.passed, v.feedback, info)
 
 
-def _blamed_turn(messages: list[dict[str, Any]]) -> int:
-    """The last assistant turn that ran the tests (or submitted), else the last turn."""
+def _blamed_turn(messages: list[dict[str, Any]], names: frozenset[str]) -> int:
+    """The last assistant turn that called one of ``names`` (the tools that run the tests or
+    submit, per harness profile), else the last turn."""
     assistant = [m for m in messages if m.get("role") == "assistant"]
     for i in range(len(assistant) - 1, -1, -1):
-        names = {c.get("function", c).get("name") for c in assistant[i].get("tool_calls") or []}
-        if names & {"run_tests", "submit"}:
+        called = {c.get("function", c).get("name") for c in assistant[i].get("tool_calls") or []}
+        if called & names:
             return i
     return max(len(assistant) - 1, 0)
 
