@@ -61,3 +61,21 @@ def make_tiny_model(
 @pytest.fixture
 def tiny_model(tokenizer):
     return make_tiny_model(len(tokenizer))
+
+
+def pytest_runtest_logreport(report):
+    """In a device-check child process (tests/support/device_check.py), hand each outcome to
+    the parent test process."""
+    if os.environ.get("DEVICE_CHECK_CHILD") == "1":
+        from support.device_check import report_to_parent
+
+        report_to_parent(report)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The device-check tests selected here run together in one child per file."""
+    from support import device_check
+
+    device_check.SELECTED[:] = [
+        i.nodeid for i in items if getattr(getattr(i, "function", None), "on_check_device", False)
+    ]
