@@ -73,8 +73,16 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The device-check tests selected here run together in one child per file."""
+    """``gpu`` tests are skipped, with the reason, where CUDA is missing (never passed); the
+    device-check tests selected here run together in one child per file."""
+    import torch
     from support import device_check
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (none here): run `pytest -m gpu` on one")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
 
     device_check.SELECTED[:] = [
         i.nodeid for i in items if getattr(getattr(i, "function", None), "on_check_device", False)
