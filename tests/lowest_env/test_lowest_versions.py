@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from importlib.metadata import version
 
+from packaging.version import Version
 from support.lowest_venv import lowest_versions
 from trl import GRPOConfig
 
@@ -17,8 +18,8 @@ from composer_replication.trainer.run import build_env, build_grpo_args, build_t
 
 
 def test_installed_versions_are_the_declared_lower_bounds():
-    for name, low in lowest_versions().items():
-        assert version(name).split("+")[0] == low, (name, version(name), low)
+    for name, low in lowest_versions().items():  # 2.13.0+cpu is 2.13
+        assert Version(version(name).split("+")[0]) == Version(low), (name, version(name), low)
 
 
 def test_train_builds_its_trl_config_on_the_lowest_transformers():
@@ -49,8 +50,6 @@ def test_smoke_train_with_every_channel_and_lora(tmp_path, tokenizer, tiny_model
             "alpha_sdpo=0.5",
             "beta_replay=0.5",
             "replay.pairs_per_step=2",
-            "grpo.dynamic_sampling.enabled=true",
-            "grpo.dynamic_sampling.max_refills=1",
         ],
     )
     from composer_replication.config import PeftConfig
