@@ -14,7 +14,7 @@ from trl import GRPOConfig
 
 from composer_replication.config import load_config
 from composer_replication.trainer.callbacks import read_metrics
-from composer_replication.trainer.run import build_env, build_grpo_args, build_trainer
+from composer_replication.run.train import build_env, build_grpo_args, build_trainer
 
 
 def test_installed_versions_are_the_declared_lower_bounds():
@@ -53,7 +53,7 @@ def test_smoke_train_with_every_channel_and_lora(tmp_path, tokenizer, tiny_model
         ],
     )
     from composer_replication.config import PeftConfig
-    from composer_replication.models import apply_lora
+    from composer_replication.lm.models import apply_lora
 
     model = apply_lora(tiny_model, PeftConfig(enabled=True, r=4, alpha=8))
     trainer = build_trainer(cfg, model, tokenizer, build_env(cfg))

@@ -11,8 +11,8 @@ from support.gpu_models import qwen2_from_config
 
 from composer_replication.config import configs_dir, load_config
 from composer_replication.trainer.callbacks import read_metrics
-from composer_replication.trainer.prefix import forward_with_prefix, split_prefixes
-from composer_replication.trainer.run import build_env, build_trainer
+from composer_replication.lm.prefix import forward_with_prefix, split_prefixes
+from composer_replication.run.train import build_env, build_trainer
 
 pytestmark = pytest.mark.gpu
 
@@ -51,7 +51,7 @@ def test_two_steps_of_each_gpu_config_with_every_channel(path, tmp_path, tokeniz
     ])  # fmt: skip
     model = qwen2_from_config(cfg.model.name, len(tokenizer), dtype=torch.bfloat16)
     if cfg.peft.enabled:
-        from composer_replication.models import apply_lora
+        from composer_replication.lm.models import apply_lora
 
         model = apply_lora(model, cfg.peft)
     trainer = build_trainer(cfg, model, tokenizer, build_env(cfg))

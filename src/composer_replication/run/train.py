@@ -1,0 +1,392 @@
+"""Build the parts of a run from a RunConfig and run it: load, evaluate base, train, evaluate
+trained, report. The CLI's ``train`` is a thin wrapper around :func:`run_training`."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from composer_replication.config import RunConfig, dump_config
+from composer_replication.progress import progress_bar
+from composer_replication.run.card import write_model_card
+
+
+@dataclass
+class RunSummary:
+    """What a training run produced."""
+
+    run_dir: Path
+    base: dict[str, Any] | None
+    trained: dict[str, Any] | None
+    delta: dict[str, float] | None
+    train_seconds: float
+    total_seconds: float
+    final_checkpoint: Path
+    channel_reports: list[str] = field(default_factory=list)
+    """Channels with weight > 0 that stayed inactive on every step (empty if none)."""
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def vllm_args(cfg: RunConfig) -> dict[str, Any]:
+    """TRL's vLLM options for ``generation.backend``; a clear error when vLLM is missing."""
+    if cfg.generation.backend != "vllm":
+        return {"use_vllm": False}
+    import importlib.util
+
+    from composer_replication.config import ConfigError
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "generation.backend=vllm: the vllm package is not installed (pip install vllm; it "
+            "needs a CUDA GPU); use generation.backend=transformers on this machine"
+        )
+    v = cfg.generation.vllm
+    out: dict[str, Any] = {"use_vllm": True, "vllm_mode": v.mode}
+    if v.mode == "server":
+        if v.server_base_url:
+            out["vllm_server_base_url"] = v.server_base_url
+    else:
+        out.update(
+            vllm_gpu_memory_utilization=v.gpu_memory_utilization,
+            vllm_tensor_parallel_size=v.tensor_parallel_size,
+            vllm_max_model_length=v.max_model_length,
+        )
+    return out
+
+
+def checkpointing_arg(config_cls: type, enabled: bool) -> dict[str, bool]:
+    """The activation-checkpointing switch under the name ``config_cls`` has: transformers
+    5.23 renamed ``gradient_checkpointing`` to ``activation_checkpointing`` (the old name
+    warns there); older 5.x, which pyproject accepts, knows only the old name."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    name = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in fields
+        else "gradient_checkpointing"
+    )
+    return {name: enabled}
+
+
+def build_grpo_args(cfg: RunConfig):
+    """Map our RunConfig onto TRL's GRPOConfig."""
+    import torch
+    from trl import GRPOConfig
+
+    g, p, o = cfg.generation, cfg.grpo, cfg.optim
+    save_steps = cfg.save_steps or cfg.max_steps
+    return GRPOConfig(
+        output_dir=cfg.output_dir,
+        max_steps=cfg.max_steps,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        per_device_train_batch_size=g.prompts_per_step * g.num_generations,
+        gradient_accumulation_steps=o.gradient_accumulation_steps,
+        num_generations=g.num_generations,
+        max_completion_length=g.max_completion_length,
+        max_tool_calling_iterations=cfg.rollout.max_turns - 1,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        loss_type=p.loss_type,
+        epsilon=p.epsilon,
+        epsilon_high=p.epsilon_high,
+        beta=p.beta,
+        scale_rewards=p.scale_rewards,
+        mask_truncated_completions=p.mask_truncated_completions,
+        num_iterations=p.num_iterations,
+        learning_rate=o.learning_rate,
+        lr_scheduler_type=o.lr_scheduler,
+        warmup_steps=o.warmup_steps,
+        weight_decay=o.weight_decay,
+        max_grad_norm=o.max_grad_norm,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=save_steps,
+        save_total_limit=cfg.save_total_limit,
+        save_only_model=cfg.save_only_model,
+        report_to=cfg.logging.report_to or "none",
+        run_name=cfg.logging.run_name or Path(cfg.output_dir).name,
+        **checkpointing_arg(GRPOConfig, o.gradient_checkpointing),
+        **vllm_args(cfg),
+        disable_tqdm=True,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=cfg.model.dtype == "bfloat16" and torch.cuda.is_available(),
+        dataloader_num_workers=0,
+    )
+
+
+def build_reward_funcs(cfg: RunConfig, env) -> list:
+    from composer_replication.trainer.rewards import EnvReward
+
+    if (
+        cfg.env.tools and cfg.env.openenv_url
+    ):  # the server grades each rollout (envs/openenv/adapter.py)
+        from composer_replication.envs.openenv.adapter import OpenEnvReward
+
+        funcs: list = [OpenEnvReward(env.name)]
+    else:
+        funcs = [EnvReward(env)]
+    if cfg.grpo.overlong.enabled:
+        from trl.rewards import get_soft_overlong_punishment
+
+        funcs.append(
+            get_soft_overlong_punishment(
+                max_completion_len=cfg.generation.max_completion_length,
+                soft_punish_cache=cfg.grpo.overlong.cache,
+            )
+        )
+    return funcs
+
+
+def build_env(cfg: RunConfig):
+    """The environment ``cfg.env`` names, built from its options (``env_options``), with the
+    sandbox section for an environment that grades code in it."""
+    from composer_replication.envs import get_env
+
+    extra = {"sandbox": cfg.sandbox} if cfg.env.name == "humaneval" else {}
+    return get_env(cfg.env.name, **cfg.env.env_options(), **extra)
+
+
+def tool_kwargs(cfg: RunConfig, env) -> dict[str, Any]:
+    """``environment_factory`` for a tool environment (its tools bounded by
+    ``rollout.max_tool_calls``); nothing for single-turn environments."""
+    from composer_replication.envs.base import is_tool_env
+    from composer_replication.envs.tools import bounded_tools
+
+    if not is_tool_env(env):
+        return {}
+    if cfg.env.openenv_url:  # tools (and grading) on an OpenEnv server
+        from composer_replication.envs.openenv.adapter import openenv_tools_class
+
+        tools = openenv_tools_class(cfg.env.openenv_url, cfg.env.max_tool_output_chars)
+    else:
+        tools = env.tools_class()
+    return {"environment_factory": bounded_tools(tools, cfg.rollout.max_tool_calls)}
+
+
+def data_shard(cfg: RunConfig) -> tuple[int, int]:
+    """(index, count) of this run's slice of the train split: DiLoCo replica r of n trains on
+    shard r of n; a plain run on the whole split."""
+    d = cfg.diloco
+    return (d.replica_id, d.replicas) if d.enabled else (0, 1)
+
+
+def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_kwargs=None):
+    """A ComposerReplicationTrainer wired with our reward, dataset, channels and callbacks
+    (``channel_kwargs``: extra constructor arguments per channel name, see build_channels)."""
+    from composer_replication.channels import build_channels
+    from composer_replication.trainer.callbacks import (
+        MetricsJsonlCallback,
+        PlotCallback,
+        RichProgressCallback,
+        StepLineCallback,
+    )
+    from composer_replication.trainer.data import build_prompt_dataset
+    from composer_replication.trainer.trainer import ComposerReplicationTrainer
+
+    dataset = build_prompt_dataset(
+        env,
+        "train",
+        cfg.env.num_train,
+        cfg.env.seed,
+        conversational=bool(getattr(tokenizer, "chat_template", None)),
+        shard=data_shard(cfg),
+    )
+    callbacks = [MetricsJsonlCallback(cfg.output_dir), PlotCallback(cfg.output_dir)]
+    callbacks.append(RichProgressCallback(console) if console is not None else StepLineCallback())
+    if cfg.diloco.enabled:
+        from composer_replication.diloco.callback import DilocoCallback
+
+        callbacks.append(DilocoCallback(cfg.diloco, cfg.output_dir))
+    trainer = ComposerReplicationTrainer(
+        model=model,
+        reward_funcs=build_reward_funcs(cfg, env),
+        args=build_grpo_args(cfg),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        channels=build_channels(cfg, **(channel_kwargs or {})),
+        resume_override_channels=cfg.resume_override_channels,
+        dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
+        max_refills=cfg.grpo.dynamic_sampling.max_refills,
+        shared_prefix=cfg.generation.shared_prefix,
+        **tool_kwargs(cfg, env),
+    )
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # our bar or step lines replace its raw dicts
+    return trainer
+
+
+def resolve_resume(cfg: RunConfig) -> str | None:
+    """``resume_from: latest`` -> newest ``checkpoint-N`` in output_dir; a path is checked to
+    exist. Raises `ConfigError` (one line, nothing loaded or written yet)."""
+    from composer_replication.config import ConfigError
+
+    if cfg.resume_from is None:
+        return None
+    if cfg.resume_from == "latest":
+        steps = {
+            int(p.name.split("-")[1]): p
+            for p in Path(cfg.output_dir).glob("checkpoint-*")
+            if p.is_dir() and p.name.split("-")[1].isdigit()
+        }
+        if not steps:
+            raise ConfigError(
+                f"resume_from=latest: no checkpoint-N directory in {cfg.output_dir} "
+                "(start without resume_from, or point output_dir at the earlier run)"
+            )
+        return _resumable(str(steps[max(steps)]))
+    if not Path(cfg.resume_from).is_dir():
+        raise ConfigError(f"resume_from: {cfg.resume_from} is not a directory")
+    return _resumable(cfg.resume_from)
+
+
+def _resumable(checkpoint: str) -> str:
+    from composer_replication.config import ConfigError
+
+    if not (Path(checkpoint) / "optimizer.pt").is_file():
+        raise ConfigError(
+            f"resume: {checkpoint} has no optimizer state (saved with save_only_model=true, or "
+            "not a training checkpoint); it can be loaded as model.name but not resumed"
+        )
+    return checkpoint
+
+
+def process_rank() -> tuple[int, int]:
+    """(rank, world size) of this process under torchrun / accelerate launch; (0, 1) alone."""
+    import os
+
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def check_resume(cfg: RunConfig) -> str | None:
+    """The checkpoint to resume from, after checking (before any model loads) that it was
+    trained with this config's channel settings (``resume_override_channels`` to differ), and
+    that the config can run in this many processes."""
+    from composer_replication.config import (
+        DYNAMIC_SAMPLING_MULTIPROCESS,
+        ConfigError,
+        check_resume_channels,
+    )
+
+    if cfg.grpo.dynamic_sampling.enabled and process_rank()[1] > 1:
+        raise ConfigError(DYNAMIC_SAMPLING_MULTIPROCESS)
+    resume = resolve_resume(cfg)
+    if resume is not None:
+        check_resume_channels(resume, cfg.channel_settings(), cfg.resume_override_channels)
+    return resume
+
+
+def prepare(cfg: RunConfig):
+    """Threads, seeds, run dir and config snapshot; returns (model, tokenizer, env)."""
+    import torch
+
+    from composer_replication.envs.base import is_tool_env
+    from composer_replication.lm.chat_templates import ensure_tool_template
+    from composer_replication.lm.models import load_model, load_tokenizer
+
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    seed_everything(cfg.seed)
+    env = build_env(cfg)  # first: a code env refuses to start without its sandbox
+    tokenizer = load_tokenizer(cfg.model.name)  # a bad model id fails here, nothing written yet
+    if is_tool_env(env):
+        ensure_tool_template(tokenizer)  # SmolLM2's own template cannot render tool calls
+    model = load_model(cfg.model.name, dtype=cfg.model.dtype, peft=cfg.peft)
+    run_dir = Path(cfg.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if process_rank()[0] == 0:
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
+    return model, tokenizer, env
+
+
+def evaluate_run(
+    cfg: RunConfig, model, tokenizer, env, tag: str, console=None, n: int | None = None
+):
+    """Held-out evaluation of ``model`` as configured in ``cfg.eval`` (greedy by default)."""
+    from composer_replication.evaluation import evaluate
+
+    n = n or cfg.eval.n
+    with progress_bar(console, f"eval {tag}", min(n, len(env.tasks(cfg.eval.split)))) as adv:
+        return evaluate(
+            model,
+            tokenizer,
+            env,
+            cfg.eval.split,
+            n,
+            cfg.eval.max_new_tokens,
+            cfg.eval.batch_size,
+            progress=adv,
+            max_turns=cfg.rollout.max_turns,
+            max_tool_calls=cfg.rollout.max_tool_calls,
+            temperature=cfg.eval.temperature,
+            seed=cfg.eval.seed,
+        )
+
+
+def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary:
+    """Evaluate the base model, train, evaluate the trained model, write results."""
+    from composer_replication.evaluation import paired_difference
+    from composer_replication.trainer.callbacks import EVAL_FILE, METRICS_FILE, plot_metrics
+
+    t_start = time.monotonic()
+    resume = check_resume(cfg)
+    model, tokenizer, env = prepare(cfg)
+    run_dir = Path(cfg.output_dir)
+    evals = cfg.eval.before_and_after
+    base = (
+        evaluate_run(cfg, model, tokenizer, env, "base", console) if evals and not resume else None
+    )
+    trainer = build_trainer(cfg, model, tokenizer, env, console)
+    for cb in extra_callbacks:
+        trainer.add_callback(cb)
+    t_train = time.monotonic()
+    trainer.train(resume_from_checkpoint=resume)
+    train_seconds = time.monotonic() - t_train
+    final = run_dir / "final"
+    trainer.save_model(str(final))
+    tokenizer.save_pretrained(str(final))
+    trained = evaluate_run(cfg, model, tokenizer, env, "trained", console) if evals else None
+    delta = paired_difference(base, trained) if base is not None and trained is not None else None
+    summary = RunSummary(
+        run_dir=run_dir,
+        base=base.summary() if base else None,
+        trained=trained.summary() if trained else None,
+        delta=delta,
+        train_seconds=train_seconds,
+        total_seconds=time.monotonic() - t_start,
+        final_checkpoint=final,
+        channel_reports=list(trainer.channel_reports),
+    )
+    if trainer.args.should_save:  # rank 0 of a multi-process run writes the run's files
+        record = _summary_json(summary)
+        (run_dir / EVAL_FILE).write_text(json.dumps(record, indent=2))
+        write_model_card(cfg, record, run_dir, final)
+        plot_metrics(run_dir / METRICS_FILE)  # again, now with the held-out results
+    return summary
+
+
+def _summary_json(s: RunSummary) -> dict[str, Any]:
+    return {
+        "base": s.base,
+        "trained": s.trained,
+        "delta": s.delta,
+        "train_seconds": s.train_seconds,
+        "total_seconds": s.total_seconds,
+        "final_checkpoint": str(s.final_checkpoint),
+        "channel_reports": s.channel_reports,
+    }
