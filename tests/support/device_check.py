@@ -42,6 +42,7 @@ index tensors: :data:`THIRD_PARTY_MIXES` lists them), since a mix there is their
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import os
@@ -99,6 +100,13 @@ class CheckTensor(torch.Tensor):
 
     def data_ptr(self) -> int:
         return self.inner.data_ptr()
+
+    def __deepcopy__(self, memo: dict) -> CheckTensor:  # a model copy (EMA teacher) stays here
+        out = _rewrap(copy.deepcopy(self.inner, memo), self.requires_grad)
+        if getattr(self, "_is_param", False):
+            out._is_param = True
+        memo[id(self)] = out
+        return out
 
     def __reduce_ex__(self, protocol):  # torch.save / deepcopy: the data, back on the device
         return (_rewrap, (self.inner, self.requires_grad))
@@ -332,8 +340,9 @@ def accelerate_on_device() -> Iterator[torch.device]:
     dev = ensure_backend()
     config_cls = trl.GRPOConfig
 
-    def on_device(**kwargs: Any) -> Any:
-        return config_cls(**{**kwargs, "use_cpu": False})
+    class on_device(config_cls):  # noqa: N801 (stands in for the class)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "use_cpu": False})
 
     old = os.environ.get("ACCELERATE_TORCH_DEVICE")
     os.environ["ACCELERATE_TORCH_DEVICE"] = str(dev)
