@@ -12,8 +12,8 @@ import pytest
 from support.device_check import accelerate_on_device, on_check_device
 
 from composer_replication.config import load_config
+from composer_replication.run.train import build_env, build_trainer
 from composer_replication.trainer.callbacks import read_metrics
-from composer_replication.trainer.run import build_env, build_trainer
 
 
 def _cfg(tmp_path, steps: int, *extra: str, name: str | None = None):
@@ -86,8 +86,8 @@ def test_channel_variant_step(variant, tmp_path, tokenizer, tiny_model):
 def test_agent_tool_rollouts_with_every_channel(tmp_path, tokenizer):
     from support.scripted_agent import scripted_calculator_model
 
-    from composer_replication.chat_templates import ensure_tool_template
     from composer_replication.evaluation import evaluate
+    from composer_replication.lm.chat_templates import ensure_tool_template
 
     tok = copy.deepcopy(tokenizer)
     ensure_tool_template(tok)
