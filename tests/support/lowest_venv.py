@@ -16,12 +16,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import subprocess
 import sys
 import venv
 from pathlib import Path
 
 import tomllib
+
+from support.verl_venv import _pip as pip_install
 
 REPO = Path(__file__).resolve().parents[2]
 BOUNDED = ("torch", "transformers", "trl", "peft", "accelerate")
@@ -59,10 +60,7 @@ def ensure_lowest_venv() -> Path:
     done = d / ".installed"
     if not done.exists():
         venv.EnvBuilder(system_site_packages=True, clear=True, with_pip=True).create(d)
-        cmd = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *pins()]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+        pip_install(python, *pins())
         done.write_text("\n".join(pins()))
     return python
 
