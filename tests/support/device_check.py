@@ -343,6 +343,7 @@ def accelerate_on_device() -> Iterator[torch.device]:
     class on_device(config_cls):  # noqa: N801 (stands in for the class)
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **{**kwargs, "use_cpu": False})
+            self.__class__ = config_cls  # checkpoints pickle the args: TRL's own class
 
     old = os.environ.get("ACCELERATE_TORCH_DEVICE")
     os.environ["ACCELERATE_TORCH_DEVICE"] = str(dev)
