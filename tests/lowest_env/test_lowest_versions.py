@@ -13,8 +13,8 @@ from support.lowest_venv import lowest_versions
 from trl import GRPOConfig
 
 from composer_replication.config import load_config
-from composer_replication.trainer.callbacks import read_metrics
 from composer_replication.run.train import build_env, build_grpo_args, build_trainer
+from composer_replication.trainer.callbacks import read_metrics
 
 
 def test_installed_versions_are_the_declared_lower_bounds():

@@ -10,9 +10,9 @@ import torch
 from support.gpu_models import qwen2_from_config
 
 from composer_replication.config import configs_dir, load_config
-from composer_replication.trainer.callbacks import read_metrics
 from composer_replication.lm.prefix import forward_with_prefix, split_prefixes
 from composer_replication.run.train import build_env, build_trainer
+from composer_replication.trainer.callbacks import read_metrics
 
 pytestmark = pytest.mark.gpu
 
