@@ -101,7 +101,7 @@ def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none here): run `pytest -m gpu` on one")
         for item in items:
-            if "gpu" in item.keywords:
+            if item.get_closest_marker("gpu") is not None:
                 item.add_marker(skip)
 
     device_check.SELECTED[:] = [
