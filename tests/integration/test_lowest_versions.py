@@ -13,11 +13,20 @@ from support.lowest_venv import REPO, ensure_lowest_venv
 EXPECTED_TESTS = 3
 
 
-def test_lowest_declared_versions_run_the_smoke_train():
+def test_lowest_declared_versions_run_the_smoke_train(tmp_path):
     python = ensure_lowest_venv()
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     r = subprocess.run(
-        [str(python), "-m", "pytest", "tests/lowest_env", "-q", "-p", "no:cacheprovider"],
+        [
+            str(python),
+            "-m",
+            "pytest",
+            "tests/lowest_env",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--basetemp={tmp_path / 'base'}",
+        ],  # fmt: skip
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -422,6 +422,7 @@ def _run_child(path: str, nodeids: list[str]) -> dict[str, dict[str, str]]:
         env = {**os.environ, CHILD_ENV: "1", REPORT_ENV: str(report)}
         env.pop("PYTEST_CURRENT_TEST", None)
         cmd = [sys.executable, "-m", "pytest", *(nodeids or [path]), "-q", "-p", "no:cacheprovider"]
+        cmd.append(f"--basetemp={tmp}/base")  # its own: other pytest runs prune the shared one
         r = subprocess.run(cmd, cwd=_REPO, env=env, capture_output=True, text=True)
         rows = (
             [json.loads(line) for line in report.read_text().splitlines()]
