@@ -152,7 +152,7 @@ def _block(a: Tensor, b: Tensor, x: Tensor, y: Tensor | None, beta: float) -> Te
     # m = (1 - beta) p + beta q, r = log p - log m, one transcendental pass:
     #   -r = log(m / p) = logaddexp(log q - log p + log beta, log(1 - beta))
     torch.add(b, math.log(beta), out=a)
-    torch.logaddexp(a, torch.tensor(math.log1p(-beta), dtype=a.dtype), out=a)  # -r
+    torch.logaddexp(a, a.new_tensor(math.log1p(-beta)), out=a)  # -r
     b.sub_(a)  # log q - log m
     kl_qm = b.mul_(y).sum(1)
     kl_pm = -_rowsum_of_product(a, x, b)
@@ -350,7 +350,10 @@ def chunked_generalized_jsd_loss(
             token_clip,
         )
     per_tok = loss.detach() * denom / max(n_tok, 1)
-    return loss, {"jsd_per_token": per_tok, "num_tokens": torch.tensor(float(n_tok))}
+    return loss, {
+        "jsd_per_token": per_tok,
+        "num_tokens": torch.tensor(float(n_tok), device=per_tok.device),
+    }
 
 
 def _resolve_teacher(

@@ -97,6 +97,21 @@ def vllm_args(cfg: RunConfig) -> dict[str, Any]:
     return out
 
 
+def checkpointing_arg(config_cls: type, enabled: bool) -> dict[str, bool]:
+    """The activation-checkpointing switch under the name ``config_cls`` has: transformers
+    5.23 renamed ``gradient_checkpointing`` to ``activation_checkpointing`` (the old name
+    warns there); older 5.x, which pyproject accepts, knows only the old name."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    name = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in fields
+        else "gradient_checkpointing"
+    )
+    return {name: enabled}
+
+
 def build_grpo_args(cfg: RunConfig):
     """Map our RunConfig onto TRL's GRPOConfig."""
     import torch
@@ -135,7 +150,7 @@ def build_grpo_args(cfg: RunConfig):
         save_only_model=cfg.save_only_model,
         report_to=cfg.logging.report_to or "none",
         run_name=cfg.logging.run_name or Path(cfg.output_dir).name,
-        activation_checkpointing=o.gradient_checkpointing,
+        **checkpointing_arg(GRPOConfig, o.gradient_checkpointing),
         **vllm_args(cfg),
         disable_tqdm=True,
         use_cpu=not torch.cuda.is_available(),
