@@ -161,6 +161,97 @@ def call_tool(instance: Any, call: dict[str, Any]) -> tuple[str, bool]:
     return text, text.startswith("error")
 
 
+class TurnCalls:
+    """The tool calls of one turn of every rollout of a batch, run at once: one job per
+    rollout, its calls in the rollout's order on its own environment instance (so a rollout's
+    results depend on its own calls only: deterministic given the calls), the jobs of all
+    rollouts in a thread pool. What bounds the real work is below: sandboxed tools wait for a
+    sandbox slot (envs/sandbox.py ``SLOTS``, shared with grading), remote ones for a
+    connection (envs/openenv_adapter.py). A call that fails raises its own exception to its
+    own rollout; a call that hangs is cut by its environment's own deadline (sandbox wall
+    time, ``tests_budget_s``, the OpenEnv message timeout) and holds back only the end of
+    the turn, not the other rollouts' calls.
+
+    It plugs into TRL's loop without changing its bookkeeping (trainer/trainer.py):
+    :meth:`deferred` gives, per rollout, a tool dict whose functions do not run the tool but
+    take its result. The first call of a turn starts every rollout's pending calls (a rollout
+    is pending when its last message is an assistant turn with tool calls that was not run
+    yet), and each rollout then takes its results in order. TRL calls these functions
+    exactly as it called the tools (same arguments, same exceptions caught, same counts), so
+    messages, masks and metrics are those of the sequential loop.
+    """
+
+    def __init__(
+        self,
+        conversations: list[list[dict[str, Any]]],
+        tool_dicts: list[dict[str, Callable[..., Any]]],
+        pool: Any,
+    ):
+        self._convs, self._tools, self._pool = conversations, tool_dicts, pool
+        self._started: set[int] = set()  # ids of assistant messages whose calls were started
+        self._queues: dict[int, list[tuple[str, dict, int]]] = {}
+        self._jobs: dict[int, Any] = {}
+
+    def deferred(self) -> list[dict[str, Callable[..., Any]]]:
+        """Per rollout, its tool names mapped to functions that return the started call's
+        result (or raise its exception)."""
+
+        def take(i: int, name: str) -> Callable[..., Any]:
+            return lambda **kwargs: self._take(i, name, kwargs)
+
+        return [{name: take(i, name) for name in tools} for i, tools in enumerate(self._tools)]
+
+    def _take(self, i: int, name: str, kwargs: dict[str, Any]) -> Any:
+        if not self._queues.get(i):
+            self._start_pending()
+        queue = self._queues.get(i)
+        if not queue or queue[0][:2] != (name, kwargs):
+            raise RuntimeError(f"rollout {i}: tool call {name!r} was not started in order")
+        _, _, k = queue.pop(0)
+        outcome = self._jobs[i].result()[k]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def _start_pending(self) -> None:
+        for i, conv in enumerate(self._convs):
+            last = conv[-1] if conv else None
+            if not isinstance(last, dict) or last.get("role", "assistant") != "assistant":
+                continue
+            if id(last) in self._started or not last.get("tool_calls"):
+                continue
+            self._started.add(id(last))
+            calls = runnable_calls(last["tool_calls"], self._tools[i])
+            self._queues[i] = [(name, args, k) for k, (name, args) in enumerate(calls)]
+            self._jobs[i] = self._pool.submit(_run_calls, self._tools[i], calls)
+
+
+def runnable_calls(calls: list[Any], tools: dict[str, Any]) -> list[tuple[str, dict]]:
+    """The calls of one assistant turn that TRL's loop runs, in order: function calls to a
+    tool the rollout has, with a mapping of arguments (TRL answers the others with an error
+    without calling anything)."""
+    out = []
+    for call in calls:
+        if not isinstance(call, dict) or call.get("type") != "function":
+            continue
+        fn = call.get("function") or {}
+        name, args = fn.get("name"), fn.get("arguments")
+        if isinstance(name, str) and name in tools and isinstance(args, dict):
+            out.append((name, args))
+    return out
+
+
+def _run_calls(tools: dict[str, Callable[..., Any]], calls: list[tuple[str, dict]]) -> list:
+    """One rollout's calls in order; each outcome is the result or the exception raised."""
+    outcomes: list[Any] = []
+    for name, args in calls:
+        try:
+            outcomes.append(tools[name](**args))
+        except Exception as e:  # the rollout's own failure, raised to it by TurnCalls._take
+            outcomes.append(e)
+    return outcomes
+
+
 def run_agent(
     model: Any,
     tokenizer: Any,

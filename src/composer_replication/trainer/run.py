@@ -135,8 +135,14 @@ def build_reward_funcs(cfg: RunConfig, env) -> list:
 
 
 def build_env(cfg: RunConfig):
+    """The run's environment; first this process's sandbox slots (``sandbox.workers``) and
+    OpenEnv connection limit (``rollout.max_remote_calls``), shared by tools and grading."""
     from composer_replication.envs import get_env
+    from composer_replication.envs.openenv_adapter import CONNECTIONS
+    from composer_replication.envs.sandbox import set_sandbox_slots
 
+    set_sandbox_slots(cfg.sandbox.workers)
+    CONNECTIONS.set_limit(cfg.rollout.max_remote_calls)
     e = cfg.env
     if e.name == "arithmetic":
         return get_env("arithmetic", levels=e.levels, heldout_fraction=e.heldout_fraction)
@@ -215,6 +221,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
         max_refills=cfg.grpo.dynamic_sampling.max_refills,
         shared_prefix=cfg.generation.shared_prefix,
+        concurrent_tools=cfg.rollout.concurrent_tools,
         **tool_kwargs(cfg, env),
     )
     from transformers.trainer_callback import PrinterCallback

@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ from composer_replication.config import (
 )
 from composer_replication.losses import compose_loss
 from composer_replication.models import HiddenCapture, backbone, pad_token_id
-from composer_replication.rollout import turn_index, until_eos
+from composer_replication.rollout import TurnCalls, turn_index, until_eos
 from composer_replication.trainer.prefix import (
     completion_logps_with_prefix,
     generate_with_prefix,
@@ -54,6 +55,10 @@ from composer_replication.trainer.prefix import (
 )
 
 log = logging.getLogger(__name__)
+
+MAX_TOOL_THREADS = 64
+"""Threads that run one turn's tool calls (one per rollout up to this); the sandbox slots and
+the OpenEnv connection limit bound the work they start."""
 
 # tensors of a generation batch padded on the left (prompts) or the right (completions)
 _LEFT_PADDED = ("prompt_ids", "prompt_mask")
@@ -81,6 +86,10 @@ class ComposerReplicationTrainer(GRPOTrainer):
             generation and in the policy's log-prob forwards (trainer/prefix.py); the same
             numbers up to float rounding, at a fraction of the cost when prompts are long.
             Off (default): TRL's plain padded forwards, bit for bit.
+        concurrent_tools: run the tool calls of all rollouts of a turn at once
+            (``rollout.TurnCalls``; bounded by the sandbox slots and the OpenEnv connection
+            limit), with the messages, masks and metrics of TRL's one-rollout-after-another
+            loop (default on). Off: TRL's loop as it is.
 
     A channel that needs verdicts (``needs_verdicts``) needs a reward function that keeps them
     (``last_results``, as :class:`~composer_replication.trainer.rewards.EnvReward` does).
@@ -94,6 +103,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         max_refills: int = 2,
         resume_override_channels: bool = False,
         shared_prefix: bool = False,
+        concurrent_tools: bool = True,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
@@ -111,6 +121,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.max_refills = max_refills
         self.resume_override_channels = resume_override_channels
         self.shared_prefix = shared_prefix
+        self.concurrent_tools = concurrent_tools
         self.channel_reports: list[str] = []
         self._refill_rows: Iterator[dict[str, Any]] | None = None
 
@@ -240,6 +251,23 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 generation_config=self.generation_config,
             )
         return [until_eos(row.tolist(), self.eos_token_ids) for row in new_BN.cpu()], None
+
+    # ---- tool calls of a turn run at once across the batch (rollout.TurnCalls) -------------
+    def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, *rest):
+        """TRL's loop, whose tool functions take the results of calls started together for
+        every rollout of the turn instead of running one rollout after another."""
+        if not self.concurrent_tools or len(completions) < 2:
+            return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, *rest)
+        tools = self._sync_tool_dicts
+        threads = min(len(completions), MAX_TOOL_THREADS)
+        with ThreadPoolExecutor(threads, thread_name_prefix="cr-tools") as pool:
+            self._sync_tool_dicts = TurnCalls(completions, tools, pool).deferred()
+            try:
+                return super()._tool_call_loop(
+                    prompts, prompt_ids, completion_ids, completions, *rest
+                )
+            finally:
+                self._sync_tool_dicts = tools
 
     # ---- channel composition -------------------------------------------------------------
     def _compute_loss(self, model, inputs):
