@@ -340,8 +340,11 @@ def evaluate_run(
 def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary:
     """Evaluate the base model, train, evaluate the trained model, write results."""
     from composer_replication.evaluation import paired_difference
+    from composer_replication.trainer.async_run import async_enabled, run_async_training
     from composer_replication.trainer.callbacks import EVAL_FILE, METRICS_FILE, plot_metrics
 
+    if async_enabled(cfg):  # GPU users: TRL's AsyncGRPOTrainer on a vLLM server
+        return run_async_training(cfg)
     t_start = time.monotonic()
     resume = check_resume(cfg)
     model, tokenizer, env = prepare(cfg)
