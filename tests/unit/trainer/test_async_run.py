@@ -1,5 +1,5 @@
 """``generation.vllm.async_rollouts`` maps a run config onto TRL's experimental
-``AsyncGRPOTrainer`` (trainer/async_run.py). Up to the wire: vLLM and a GPU are absent here,
+``AsyncGRPOTrainer`` (trainer/run.py). Up to the wire: vLLM and a GPU are absent here,
 so the mapping, the refusals and the picklable tool factory are checked, never a run."""
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ import pickle
 import pytest
 
 from composer_replication.config import ConfigError, configs_dir, load_config
-from composer_replication.trainer import async_run
 from composer_replication.trainer import run as run_mod
-from composer_replication.trainer.async_run import (
+from composer_replication.trainer.run import (
     ToolsFactory,
     async_enabled,
     async_grpo_args,
@@ -27,7 +26,7 @@ ON = ["generation.backend=vllm", "generation.vllm.mode=server",
 
 @pytest.fixture
 def vllm_present(monkeypatch):
-    monkeypatch.setattr(async_run, "vllm_installed", lambda: True)
+    monkeypatch.setattr(run_mod, "vllm_installed", lambda: True)
 
 
 def test_the_shipped_async_config_maps_onto_async_grpo_config(vllm_present):
