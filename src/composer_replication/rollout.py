@@ -226,6 +226,42 @@ class TurnCalls:
             self._jobs[i] = self._pool.submit(_run_calls, self._tools[i], calls)
 
 
+def reset_at_once(instances: list[Any], rows: list[dict[str, Any]], pool: Any) -> None:
+    """Reset every rollout's environment at once (an OpenEnv reset is a round trip, a
+    Feature Deletion reset builds a workspace), then let each instance's next ``reset`` call
+    take its result instead of running: TRL resets the batch one instance after another, and
+    the call it makes (same keyword arguments, checked) gets the value or the exception of the
+    reset that already ran. Instances must be distinct."""
+    outcomes = list(pool.map(_reset_outcome, instances, rows))
+    for instance, row, outcome in zip(instances, rows, outcomes, strict=True):
+        instance.reset = _taken_reset(instance, row, outcome)
+
+
+def undo_resets(instances: list[Any]) -> None:
+    """Drop reset results no one took (a batch that failed before TRL reset every instance)."""
+    for instance in instances:
+        instance.__dict__.pop("reset", None)
+
+
+def _reset_outcome(instance: Any, row: dict[str, Any]) -> Any:
+    try:
+        return type(instance).reset(instance, **row)
+    except Exception as e:  # raised to TRL's own reset call
+        return e
+
+
+def _taken_reset(instance: Any, row: dict[str, Any], outcome: Any) -> Callable[..., Any]:
+    def reset(**kwargs: Any) -> Any:
+        del instance.reset  # one result, taken once
+        if kwargs != row:
+            raise RuntimeError("reset called with other arguments than the ones run at once")
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    return reset
+
+
 def runnable_calls(calls: list[Any], tools: dict[str, Any]) -> list[tuple[str, dict]]:
     """The calls of one assistant turn that TRL's loop runs, in order: function calls to a
     tool the rollout has, with a mapping of arguments (TRL answers the others with an error

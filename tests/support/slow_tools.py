@@ -72,9 +72,10 @@ class SandboxNapTools:
 
 
 def delayed_calculator(delay_s: float, spans: Spans, per_kind: int = 50) -> CalculatorEnv:
-    """The calculator whose served ``calculate`` takes ``delay_s`` more (recorded in
-    ``spans`` from the server's side)."""
+    """The calculator whose served ``calculate`` takes ``env.delay_s`` (initially
+    ``delay_s``) more, each call recorded in ``spans`` from the server's side."""
     env = CalculatorEnv(per_kind=per_kind)
+    env.delay_s = delay_s
     plain = env.tools_class
 
     def tools_class() -> type:
@@ -83,7 +84,7 @@ def delayed_calculator(delay_s: float, spans: Spans, per_kind: int = 50) -> Calc
         class Delayed(base):
             def calculate(self, expression: str) -> str:
                 start = time.time()
-                time.sleep(delay_s)
+                time.sleep(env.delay_s)
                 out = base.calculate(self, expression)
                 spans.add(expression, start, time.time())
                 return out

@@ -47,7 +47,13 @@ from composer_replication.config import (
 )
 from composer_replication.losses import compose_loss
 from composer_replication.models import HiddenCapture, backbone, pad_token_id
-from composer_replication.rollout import TurnCalls, turn_index, until_eos
+from composer_replication.rollout import (
+    TurnCalls,
+    reset_at_once,
+    turn_index,
+    undo_resets,
+    until_eos,
+)
 from composer_replication.trainer.prefix import (
     completion_logps_with_prefix,
     generate_with_prefix,
@@ -269,6 +275,32 @@ class ComposerReplicationTrainer(GRPOTrainer):
             finally:
                 self._sync_tool_dicts = tools
 
+    @contextlib.contextmanager
+    def _resets_at_once(self, inputs):
+        """Reset the environments TRL is about to draw for ``inputs`` at once (its pool:
+        instance k of an environment serves that environment's k-th row, more made as needed)
+        so that its one-after-another ``reset`` calls only take the results."""
+        if not (self.concurrent_tools and self.environment_factories and len(inputs) > 1):
+            yield
+            return
+        instances, rows, drawn = [], [], {}
+        for x in inputs:
+            name = x.get("environment") if self._multi_environment else None
+            pool = self._environment_pool[name]
+            index = drawn[name] = drawn.get(name, -1) + 1
+            if index == len(pool):
+                pool.append(self.environment_factories[name]())
+            instances.append(pool[index])
+            multi = self._multi_environment  # TRL keeps its routing column out of reset
+            rows.append({k: v for k, v in x.items() if k != "environment"} if multi else x)
+        threads = min(len(instances), MAX_TOOL_THREADS)
+        with ThreadPoolExecutor(threads, thread_name_prefix="cr-resets") as pool:
+            reset_at_once(instances, rows, pool)
+        try:
+            yield
+        finally:
+            undo_resets(instances)
+
     # ---- channel composition -------------------------------------------------------------
     def _compute_loss(self, model, inputs):
         if not self.channels:
@@ -298,7 +330,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
     def _score_round(self, inputs):
         """One generation + scoring round, with the per-row prompts and verdicts the channels
         need kept alongside (lists travel through TRL's shuffle/split like tensors)."""
-        batch = super()._generate_and_score_completions(inputs)
+        with self._resets_at_once(inputs):
+            batch = super()._generate_and_score_completions(inputs)
         if "tool_mask" in batch and self.model.training:
             turns_B = turn_index(batch["tool_mask"], batch["completion_mask"]).amax(dim=1) + 1
             self._metrics["train"]["rollout/turns"].append(float(turns_B.float().mean()))
