@@ -301,7 +301,8 @@ def run_agent(
 ) -> list[AgentRollout]:
     """Multi-turn episodes, one per row (greedy, or sampled at ``temperature`` > 0 with
     top-p 1 and no top-k, as in training): generate a turn for every open episode, run the
-    tool calls it makes, append the results, repeat until an episode answers without a call or
+    tool calls it makes (the episodes' calls at once, each episode's in order), append the
+    results, repeat until an episode answers without a call or
     has had ``max_turns`` turns. ``tools_class`` is instantiated once per row and ``reset`` with
     the row, as TRL's trainer does."""
     from trl.chat_template_utils import parse_response
@@ -321,27 +322,41 @@ def run_agent(
             idx = open_[start : start + batch_size]
             ids, prefixes = _generate(model, tokenizer, [convs[i] for i in idx], schemas,
                                       max_new_tokens, temperature)  # fmt: skip
+            calling = []
             for i, out, prefix in zip(idx, ids, prefixes, strict=True):
                 message = parse_response(tokenizer, out, prefix=prefix, tools=schemas)
                 message.setdefault("role", "assistant")
                 convs[i].append(message)
                 stats[i][0] += 1
-                calls = message.get("tool_calls") or []
-                if not calls or turn == max_turns - 1:
+                if not message.get("tool_calls") or turn == max_turns - 1:
                     done[i] = _finish(convs[i], rows[i], stats[i], envs[i])
                     if progress is not None:
                         progress(1)
                     continue
-                for call in calls:
-                    content, failed = call_tool(envs[i], call)
-                    name = call.get("function", call).get("name")
-                    convs[i].append({"role": "tool", "name": name, "content": content})
-                    stats[i][1] += 1
-                    stats[i][2] += failed
+                calling.append(i)
+            _run_turn_calls(calling, convs, envs, stats)
     return [
         r if r is not None else _finish(convs[i], rows[i], stats[i], envs[i])
         for i, r in enumerate(done)
     ]
+
+
+def _run_turn_calls(idx: list[int], convs, envs, stats) -> None:
+    """The calls of the last turn of each conversation in ``idx``, the conversations at once
+    (each one's calls in order, as in training: :class:`TurnCalls`); results appended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(i: int) -> list[tuple[str, bool]]:
+        return [call_tool(envs[i], call) for call in convs[i][-1]["tool_calls"]]
+
+    with ThreadPoolExecutor(max(1, min(len(idx), 64))) as pool:
+        outcomes = list(pool.map(run, idx))
+    for i, results in zip(idx, outcomes, strict=True):
+        for call, (content, failed) in zip(convs[i][-1]["tool_calls"], results, strict=True):
+            name = call.get("function", call).get("name")
+            convs[i].append({"role": "tool", "name": name, "content": content})
+            stats[i][1] += 1
+            stats[i][2] += failed
 
 
 def _finish(conv: list[dict[str, Any]], row: dict[str, Any], s: list[int], env) -> AgentRollout:

@@ -416,7 +416,7 @@ class Slots:
             return self._limit
 
     def set_limit(self, limit: int) -> None:
-        """``limit`` slots (0: from the machine); waiting threads see the new bound."""
+        """``limit`` slots (0: ``default()`` at next use); waiting threads see the new bound."""
         if limit < 0:
             raise ValueError(f"slots must be >= 0, got {limit}")
         with self._cond:
