@@ -30,7 +30,7 @@ from composer_replication.envs.feature_deletion.generate import (
 from composer_replication.envs.feature_deletion.grade import grade_submission
 from composer_replication.envs.feature_deletion.source import resolve_source, staged_copy
 from composer_replication.envs.feature_deletion.workspace import candidate_of, task_state_text
-from composer_replication.envs.sandbox import Sandbox
+from composer_replication.sandbox.sandbox import Sandbox
 
 
 def _plain_pytest(root: Path, task: dict, text: str) -> bool:

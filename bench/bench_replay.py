@@ -165,7 +165,7 @@ def main() -> None:
               f"({r.calls_cached} calls from the journal)")  # fmt: skip
 
         if not a.no_local:
-            from composer_replication.models import DEFAULT_MODEL, resolve_model_path
+            from composer_replication.lm.models import DEFAULT_MODEL, resolve_model_path
 
             port = free_port()
             procs.append(start([sys.executable, "-m", "composer_replication.cli", "serve",

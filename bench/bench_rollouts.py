@@ -39,17 +39,17 @@ from support.scripted_agent import ANSWER, CALL  # noqa: E402
 from support.scripted_policy import ScriptedTrainer, scripted_trainer  # noqa: E402
 from support.textkit import textkit_env  # noqa: E402
 
-from composer_replication.chat_templates import ensure_tool_template  # noqa: E402
 from composer_replication.envs.calculator import CalculatorEnv  # noqa: E402
 from composer_replication.envs.feature_deletion.env import STUB_LINE  # noqa: E402
-from composer_replication.envs.openenv_adapter import (  # noqa: E402
+from composer_replication.envs.openenv.adapter import (  # noqa: E402
     CONNECTIONS,
     OpenEnvReward,
     openenv_tools_class,
 )
-from composer_replication.envs.sandbox import SLOTS  # noqa: E402
-from composer_replication.models import DEFAULT_MODEL, load_tokenizer  # noqa: E402
-from composer_replication.rollout import bounded_tools  # noqa: E402
+from composer_replication.envs.tools import bounded_tools  # noqa: E402
+from composer_replication.lm.chat_templates import ensure_tool_template  # noqa: E402
+from composer_replication.lm.models import DEFAULT_MODEL, load_tokenizer  # noqa: E402
+from composer_replication.sandbox.sandbox import SLOTS  # noqa: E402
 from composer_replication.trainer.rewards import EnvReward  # noqa: E402
 
 

@@ -61,8 +61,7 @@ def worker(variant: str, steps: int, threads: int, config: str | None = None) ->
     from trl import GRPOTrainer
 
     from composer_replication.config import load_config
-    from composer_replication.trainer.data import build_prompt_dataset
-    from composer_replication.trainer.run import (
+    from composer_replication.run.train import (
         build_env,
         build_grpo_args,
         build_reward_funcs,
@@ -70,6 +69,7 @@ def worker(variant: str, steps: int, threads: int, config: str | None = None) ->
         prepare,
         tool_kwargs,
     )
+    from composer_replication.trainer.data import build_prompt_dataset
 
     torch.set_num_threads(threads)
     tmp = Path(tempfile.mkdtemp(prefix="bench-step-"))

@@ -12,7 +12,6 @@ import sys
 import torch
 from trl.chat_template_utils import parse_response
 
-from composer_replication.chat_templates import ensure_tool_template
 from composer_replication.envs.calculator import (
     SYSTEM_PROMPT,
     CalculatorEnv,
@@ -20,7 +19,8 @@ from composer_replication.envs.calculator import (
     grade_conversation,
     safe_calculate,
 )
-from composer_replication.models import (
+from composer_replication.lm.chat_templates import ensure_tool_template
+from composer_replication.lm.models import (
     DEFAULT_MODEL,
     load_model,
     load_tokenizer,

@@ -7,9 +7,9 @@ os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from composer_replication.chat_templates import ensure_tool_template
 from composer_replication.envs.calculator import CalculatorEnv, CalculatorTools, calculator_reward
-from composer_replication.models import (
+from composer_replication.lm.chat_templates import ensure_tool_template
+from composer_replication.lm.models import (
     DEFAULT_MODEL,
     load_model,
     load_tokenizer,

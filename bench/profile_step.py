@@ -39,7 +39,7 @@ def worker(overrides: list[str], steps: int) -> dict:
     from transformers import TrainerCallback
 
     from composer_replication.config import load_config
-    from composer_replication.trainer.run import build_trainer, prepare
+    from composer_replication.run.train import build_trainer, prepare
 
     tmp = tempfile.mkdtemp(prefix="profile-step-")
     cfg = load_config(

@@ -15,13 +15,13 @@ import sys
 
 import torch
 
-from composer_replication.chat import render_prompt
-from composer_replication.chat_templates import ensure_tool_template
+from composer_replication.channels.hints import HintTemplates, insert_hint
 from composer_replication.envs.calculator import CalculatorEnv
-from composer_replication.hints.build import HintTemplates, insert_hint
-from composer_replication.hints.uplift_turns import turn_text
-from composer_replication.models import DEFAULT_MODEL, load_model, load_tokenizer
-from composer_replication.rollout import tool_functions
+from composer_replication.envs.tools import tool_functions
+from composer_replication.lm.chat import render_prompt
+from composer_replication.lm.chat_templates import ensure_tool_template
+from composer_replication.lm.models import DEFAULT_MODEL, load_model, load_tokenizer
+from composer_replication.run.uplift_turns import turn_text
 
 HINTS = {"no hint": None, "process": "turn 0: no tool call", "placebo": "turn 0 went wrong"}
 

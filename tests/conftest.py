@@ -23,14 +23,14 @@ FIXTURES = REPO.parent / "shared" / "fixtures"
 @pytest.fixture(scope="session")
 def embedded_path() -> str:
     """Directory of the embedded SmolLM2-135M-Instruct (converted from its GGUF once)."""
-    from composer_replication.models import DEFAULT_MODEL, resolve_model_path
+    from composer_replication.lm.models import DEFAULT_MODEL, resolve_model_path
 
     return resolve_model_path(DEFAULT_MODEL)
 
 
 @pytest.fixture(scope="session")
 def tokenizer(embedded_path):
-    from composer_replication.models import load_tokenizer
+    from composer_replication.lm.models import load_tokenizer
 
     return load_tokenizer(embedded_path)
 
@@ -61,3 +61,23 @@ def make_tiny_model(
 @pytest.fixture
 def tiny_model(tokenizer):
     return make_tiny_model(len(tokenizer))
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    """Trace fixtures: ``../shared/fixtures`` when present, else the vendored subset (never a
+    skip)."""
+    from support.fixtures import trace_fixtures_dir
+
+    return trace_fixtures_dir()
+
+
+@pytest.fixture
+def scripted():
+    """The scripted OpenAI-compatible server (``support.scripted_openai``): yields
+    ``(script, base_url)``; mutate ``script`` to inject faults."""
+    from support.scripted_openai import Script, ServerThread, make_app
+
+    script = Script()
+    with ServerThread(make_app(script)) as srv:
+        yield script, srv.base_url

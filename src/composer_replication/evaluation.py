@@ -115,10 +115,10 @@ def generate_greedy(
 ) -> list[str]:
     """Greedy completions for chat prompts, batched (sampled at ``temperature`` > 0, top-p 1,
     no top-k); the prompt tokens a batch shares are run once (``generate_with_prefix``)."""
-    from composer_replication.chat import render_prompt
-    from composer_replication.models import pad_token_id
+    from composer_replication.lm.chat import render_prompt
+    from composer_replication.lm.models import pad_token_id
+    from composer_replication.lm.prefix import generate_with_prefix
     from composer_replication.rollout import sampling_kwargs
-    from composer_replication.trainer.prefix import generate_with_prefix
 
     completions: list[str] = []
     model.eval()
@@ -187,8 +187,9 @@ def _result(env, split, tasks, results, completions, temperature, tool_stats=Non
 
 def _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_size, progress,
                     max_turns, max_tool_calls, temperature) -> EvalResult:  # fmt: skip
-    from composer_replication.chat_templates import ensure_tool_template
-    from composer_replication.rollout import RolloutStats, bounded_tools, run_agent
+    from composer_replication.envs.tools import bounded_tools
+    from composer_replication.lm.chat_templates import ensure_tool_template
+    from composer_replication.rollout import RolloutStats, run_agent
 
     ensure_tool_template(tokenizer)
     tools = bounded_tools(env.tools_class(), max_tool_calls)

@@ -11,13 +11,11 @@ means.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-BUDGET_EXHAUSTED = "error: the budget of {n} tool calls for this task is used up; answer now"
+from composer_replication.envs.tools import call_tool, tool_functions
 
 
 def sampling_kwargs(temperature: float) -> dict:
@@ -25,77 +23,6 @@ def sampling_kwargs(temperature: float) -> dict:
     if temperature <= 0:
         return {"do_sample": False}
     return {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-
-
-def tool_methods(cls: type) -> dict[str, Callable[..., Any]]:
-    """The tools of an ``environment_factory`` class as TRL sees them: every public function
-    except ``reset`` and ``get_reward``."""
-    return {
-        name: fn
-        for name, fn in inspect.getmembers(cls, predicate=inspect.isfunction)
-        if not name.startswith("_") and name not in ("reset", "get_reward")
-    }
-
-
-def tool_functions(instance: Any) -> list[Callable[..., Any]]:
-    """The bound tool methods of an environment instance: what prompts are rendered with (the
-    chat template turns them into tool schemas) and what replies are parsed against."""
-    return [getattr(instance, name) for name in tool_methods(type(instance))]
-
-
-def wire_safe(result: Any, limit: int | None = None) -> Any:
-    """A tool's text result as the tokenizer can take it: characters UTF-8 cannot encode (a
-    lone surrogate echoed from a policy-written argument) are written as backslash escapes.
-    TRL tokenizes tool results outside its per-tool try, so one such result stopped training.
-
-    With ``limit``, a longer text keeps its first ``limit`` characters and a last line saying
-    it was cut. The text is cut before it is escaped (escaping only lengthens it), so a 95 MB
-    server answer costs no more than its first ``limit`` characters (a 10 MB one cost TRL's
-    tokenizer 13 s and 1.7 GB). Anything but a string is returned as it is."""
-    if not isinstance(result, str):
-        return result
-    if limit is None:
-        return result.encode("utf-8", "backslashreplace").decode("utf-8")
-    text = wire_safe(result[: limit + 1])
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f"\n... (cut: {len(result)} characters in all)"
-
-
-def wire_snippet(value: Any, limit: int = 120, show: Callable[[Any], str] = str) -> str:
-    """``value`` quoted inside a message (a refused path, a server's bad reward): ``show(value)``
-    cut to ``limit`` characters by ``envs.harness.preview`` (which never raises), then made
-    UTF-8-safe (:func:`wire_safe`)."""
-    from composer_replication.envs.harness import preview  # envs imports this module
-
-    return wire_safe(preview(value, limit, show))
-
-
-def bounded_tools(cls: type, max_calls: int) -> type:
-    """A subclass of ``cls`` whose tools answer ``BUDGET_EXHAUSTED`` after ``max_calls`` calls
-    in one rollout (counted from ``reset``), without running, and whose results are
-    :func:`wire_safe`. Every tool class reaches TRL, evaluation and the OpenEnv server
-    through this. Signatures and docstrings are kept (``functools.wraps``), so the tool
-    schemas TRL renders are unchanged."""
-
-    def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def tool(self, *args: Any, **kwargs: Any) -> Any:
-            self._cr_calls = getattr(self, "_cr_calls", 0) + 1
-            if self._cr_calls > max_calls:
-                return BUDGET_EXHAUSTED.format(n=max_calls)
-            return wire_safe(fn(self, *args, **kwargs))
-
-        return tool
-
-    def reset(self, **row: Any) -> Any:
-        self._cr_calls = 0
-        return cls.reset(self, **row)
-
-    namespace: dict[str, Any] = {name: guard(fn) for name, fn in tool_methods(cls).items()}
-    namespace["reset"] = functools.wraps(cls.reset)(reset)
-    namespace["__doc__"] = cls.__doc__
-    return type(cls.__name__, (cls,), namespace)
 
 
 def turn_index(tool_mask_BK, completion_mask_BK):
@@ -145,29 +72,13 @@ class RolloutStats:
         )
 
 
-def call_tool(instance: Any, call: dict[str, Any]) -> tuple[str, bool]:
-    """Run one parsed tool call on an environment instance the way TRL does: an unknown name
-    or an exception becomes an error result. Returns (content, failed)."""
-    fn = call.get("function", call)
-    name, args = fn.get("name"), fn.get("arguments")
-    tools = tool_methods(type(instance))
-    if name not in tools:
-        return str({"error": f"Tool {name!r} not found."}), True
-    try:
-        result = getattr(instance, name)(**(args if isinstance(args, dict) else {}))
-    except Exception as e:  # a tool's own failure is the model's feedback, as in TRL
-        return wire_safe(str({"error": f"{type(e).__name__}: {e}"})), True
-    text = wire_safe(str(result))
-    return text, text.startswith("error")
-
-
 class TurnCalls:
     """The tool calls of one turn of every rollout of a batch, run at once: one job per
     rollout, its calls in the rollout's order on its own environment instance (so a rollout's
     results depend on its own calls only: deterministic given the calls), the jobs of all
     rollouts in a thread pool. What bounds the real work is below: sandboxed tools wait for a
-    sandbox slot (envs/sandbox.py ``SLOTS``, shared with grading), remote ones for a
-    connection (envs/openenv_adapter.py). A call that fails raises its own exception to its
+    sandbox slot (sandbox/sandbox.py ``SLOTS``, shared with grading), remote ones for a
+    connection (envs/openenv/adapter.py). A call that fails raises its own exception to its
     own rollout; a call that hangs is cut by its environment's own deadline (sandbox wall
     time, ``tests_budget_s``, the OpenEnv message timeout) and holds back only the end of
     the turn, not the other rollouts' calls.
@@ -375,8 +286,8 @@ def until_eos(ids: list[int], eos_ids: int | list[int]) -> list[int]:
 def _generate(model, tokenizer, convs, tools, max_new_tokens, temperature=0.0):
     """One turn for each conversation; the prompt tokens every conversation shares (system
     prompt, tool schemas, worked examples) are run once (``generate_with_prefix``)."""
-    from composer_replication.models import pad_token_id
-    from composer_replication.trainer.prefix import generate_with_prefix
+    from composer_replication.lm.models import pad_token_id
+    from composer_replication.lm.prefix import generate_with_prefix
 
     texts = [
         tokenizer.apply_chat_template(c, tools=tools, add_generation_prompt=True, tokenize=False)

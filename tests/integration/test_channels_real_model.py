@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from composer_replication.config import load_config
+from composer_replication.run.train import build_trainer, prepare
 from composer_replication.trainer.callbacks import read_metrics
-from composer_replication.trainer.run import build_trainer, prepare
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 from support.tiny_run import save_tiny_model
 
 from composer_replication.config import ConfigError, load_config
-from composer_replication.trainer.run import check_resume
+from composer_replication.run.train import check_resume
 
 pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_two_processes_all_channels_equal_weights(tmp_path):
     sha0, sha1 = ((out / f"rank-{r}.sha").read_text() for r in (0, 1))
     assert sha0 == sha1
     from composer_replication.diloco.outer import params_checksum
-    from composer_replication.models import load_model
+    from composer_replication.lm.models import load_model
 
     start = params_checksum(p.detach() for p in load_model(str(model_dir)).parameters())
     assert sha0 != start  # the weights moved

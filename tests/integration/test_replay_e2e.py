@@ -134,7 +134,7 @@ def test_replay_pairs_dpo_over_loopback(servers, tmp_path, tokenizer, tiny_model
 
 
 def _student() -> str:
-    from composer_replication.models import DEFAULT_MODEL, resolve_model_path
+    from composer_replication.lm.models import DEFAULT_MODEL, resolve_model_path
 
     return resolve_model_path(DEFAULT_MODEL)
 

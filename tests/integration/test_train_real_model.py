@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from composer_replication.config import load_config
+from composer_replication.run.train import run_training
 from composer_replication.trainer.callbacks import read_metrics
-from composer_replication.trainer.run import run_training
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from composer_replication.chat import as_messages, render_prompt
+from composer_replication.channels.hints import HintTemplates, insert_hint
 from composer_replication.config import load_config
-from composer_replication.hints.build import HintTemplates, insert_hint
-from composer_replication.trainer.run import build_env, build_trainer
+from composer_replication.lm.chat import as_messages, render_prompt
+from composer_replication.run.train import build_env, build_trainer
 
 LR, EPS, C = 1e-2, 1e-8, 4.0
 

@@ -16,7 +16,7 @@ def main(argv: list[str]) -> int:
 
     from composer_replication.config import load_config
     from composer_replication.diloco.outer import params_checksum
-    from composer_replication.trainer.run import build_trainer, prepare
+    from composer_replication.run.train import build_trainer, prepare
 
     cfg = load_config(None, argv)
     torch.set_num_threads(1)

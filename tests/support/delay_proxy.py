@@ -55,6 +55,7 @@ def delayed(url: str, delay_s: float) -> Iterator[str]:
     asyncio.run_coroutine_threadsafe(serve(), loop)
     started.wait(10)
     port = box["server"].sockets[0].getsockname()[1]
+
     async def shutdown() -> None:
         box["server"].close()
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]

@@ -177,7 +177,7 @@ def _target_syncs(args: argparse.Namespace) -> int:
 
 def run_replica(args: argparse.Namespace) -> dict[str, Any]:
     """Train one replica under DiLoCo; returns the record the tests and bench read."""
-    from composer_replication.diloco.config import DilocoConfig
+    from composer_replication.config.diloco import DilocoConfig
     from composer_replication.diloco.outer import DilocoRuntime
 
     if args.rank == args.absent_rank:

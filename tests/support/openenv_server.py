@@ -14,7 +14,7 @@ def served(env, max_tool_calls: int = 4) -> Iterator[str]:
     """Yield the base URL of ``env`` served by uvicorn until the block exits."""
     import uvicorn
 
-    from composer_replication.envs.openenv_server import create_env_app
+    from composer_replication.envs.openenv.server import create_env_app
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

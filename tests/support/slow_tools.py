@@ -19,7 +19,7 @@ from typing import Any
 
 from composer_replication.config import SandboxConfig
 from composer_replication.envs.calculator import CalculatorEnv
-from composer_replication.envs.sandbox import Sandbox
+from composer_replication.sandbox.sandbox import Sandbox
 
 NAP_CODE = "import time; t0 = time.time(); time.sleep({s}); print(t0, time.time())"
 

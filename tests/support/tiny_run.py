@@ -11,7 +11,7 @@ def save_tiny_model(out: Path, seed: int = 0) -> Path:
     directory ``model.name`` accepts."""
     from conftest import make_tiny_model
 
-    from composer_replication.models import DEFAULT_MODEL, load_tokenizer
+    from composer_replication.lm.models import DEFAULT_MODEL, load_tokenizer
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)
     make_tiny_model(len(tokenizer), seed=seed).save_pretrained(out)

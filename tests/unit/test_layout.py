@@ -1,6 +1,7 @@
-"""The package's import graph, read from the source with ``ast``: no import cycle between our
-modules (function-level imports count too), and no module importing a private name (``_x``, or
-a path through a private ``_module``) from another of our packages."""
+"""The package's import graph, read from the source with ``ast``: imports only go down the
+layers (:data:`LAYERS`), no import cycle between our modules (function-level imports count
+too), and no module importing a private name (``_x``, or a path through a private
+``_module``) from another of our packages."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PKG = "composer_replication"
+LAYERS = (
+    "config", "progress", "lm", "losses", "sandbox", "envs", "traces", "replay", "prefs",
+    "rollout", "evaluation", "channels", "trainer", "diloco", "run", "recipes", "cli",
+)  # fmt: skip
+"""The package's folders (and top-level modules), bottom to top: a module imports only from
+its own layer or a lower one. The package root (the lazy front door) and data folders are
+outside the order."""
 
 
 def _private(part: str) -> bool:
@@ -23,6 +31,7 @@ class ImportGraph:
         self.files = {self._name(p, src): p for p in sorted(src.rglob("*.py"))}
         self.edges: dict[str, set[str]] = {m: set() for m in self.files}
         self.private: list[str] = []
+        self.lines: dict[tuple[str, str], int] = {}
         for module in self.files:
             self._scan(module)
 
@@ -47,12 +56,12 @@ class ImportGraph:
         for node in ast.walk(ast.parse(self.files[module].read_text())):
             if isinstance(node, ast.Import):
                 for alias in node.names:
-                    self._edge(module, alias.name)
+                    self._edge(module, alias.name, node.lineno)
             elif isinstance(node, ast.ImportFrom):
                 base = self._absolute(module, node)
                 for alias in node.names:
                     full = f"{base}.{alias.name}"
-                    self._edge(module, full if full in self.files else base)
+                    self._edge(module, full if full in self.files else base, node.lineno)
                     self._check_private(module, base, alias.name, node.lineno)
 
     def _absolute(self, module: str, node: ast.ImportFrom) -> str:
@@ -62,10 +71,33 @@ class ImportGraph:
         parts = parts[: len(parts) - node.level + 1]
         return ".".join(parts + ([node.module] if node.module else []))
 
-    def _edge(self, module: str, target: str) -> None:
+    def _edge(self, module: str, target: str, line: int) -> None:
         owner = self._owner(target) if target.startswith(PKG) else None
         if owner and owner != module:
             self.edges[module].add(owner)
+            self.lines.setdefault((module, owner), line)
+
+    @staticmethod
+    def layer(module: str) -> int | None:
+        """Index of the module's layer in :data:`LAYERS` (None: outside the order)."""
+        parts = module.split(".")
+        return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+    def upward(self) -> list[str]:
+        """``file:line: a (layer) imports b (layer)`` for every import from a lower layer up to
+        a higher one, or from a layered module into one outside the order."""
+        found = []
+        for module, targets in self.edges.items():
+            here = self.layer(module)
+            for target in sorted(targets):
+                there = self.layer(target)
+                if here is not None and (there is None or there > here):
+                    where = (
+                        f"{self.files[module].relative_to(self.src)}:{self.lines[module, target]}"
+                    )
+                    up = LAYERS[there] if there is not None else "outside the layers"
+                    found.append(f"{where}: {module} ({LAYERS[here]}) imports {target} ({up})")
+        return found
 
     def _check_private(self, module: str, base: str, name: str, line: int) -> None:
         if not base.startswith(PKG):
@@ -112,6 +144,31 @@ def test_no_import_cycle_in_the_package():
     graph = ImportGraph(SRC)
     assert len(graph.files) > 50 and graph.edges[f"{PKG}.cli"]  # the scan saw the package
     assert graph.cycles() == []
+
+
+def test_imports_only_go_down_the_layers():
+    graph = ImportGraph(SRC)
+    folders = {p.name for p in (SRC / PKG).iterdir() if (p / "__init__.py").is_file()}
+    modules = {p.stem for p in (SRC / PKG).glob("*.py") if p.name != "__init__.py"}
+    assert folders | modules == set(LAYERS)  # every folder has its place in the order
+    assert graph.upward() == []
+
+
+def test_the_layer_check_catches_an_upward_import(tmp_path):
+    """A control: the same check on a copy of the package with one upward import planted (a
+    function-level import in config of a module of the trainer) fails, naming it."""
+    import shutil
+
+    shutil.copytree(SRC / PKG, tmp_path / PKG, ignore=shutil.ignore_patterns("__pycache__"))
+    assert ImportGraph(tmp_path).upward() == []
+    planted = tmp_path / PKG / "config" / "env.py"
+    planted.write_text(
+        planted.read_text() + f"\n\ndef _late():\n    from {PKG}.trainer.trainer import x\n"
+    )
+    [found] = ImportGraph(tmp_path).upward()
+    assert found.startswith("composer_replication/config/env.py:") and found.endswith(
+        f"{PKG}.config.env (config) imports {PKG}.trainer.trainer (trainer)"
+    )
 
 
 def test_no_private_name_imported_across_modules():

@@ -8,19 +8,17 @@ import torch
 from support.scripted_agent import ANSWER, CALL, scripted_calculator_model
 from transformers.utils import get_json_schema
 
-from composer_replication.chat_templates import ensure_tool_template
 from composer_replication.envs.calculator import CalculatorEnv, CalculatorTools
-from composer_replication.rollout import (
+from composer_replication.envs.tools import (
     BUDGET_EXHAUSTED,
-    RolloutStats,
     bounded_tools,
     call_tool,
-    run_agent,
     tool_methods,
-    turn_index,
     wire_safe,
     wire_snippet,
 )
+from composer_replication.lm.chat_templates import ensure_tool_template
+from composer_replication.rollout import RolloutStats, run_agent, turn_index
 
 
 def test_bounded_tools_refuse_past_the_budget_and_reset_per_rollout():

@@ -31,16 +31,16 @@ import torch
 from torch import Tensor
 
 from composer_replication.channels.base import Channel, LossContext
-from composer_replication.chat import render_prompt, to_text
 from composer_replication.config import ReplayChannelConfig
-from composer_replication.losses import ReplayInputs, preference_loss, sequence_logps
-from composer_replication.models import backbone, pad_token_id
-from composer_replication.trainer.prefix import (
+from composer_replication.lm.chat import render_prompt, to_text
+from composer_replication.lm.models import backbone, pad_token_id
+from composer_replication.lm.prefix import (
     forward_with_prefix,
     pad_rows,
     split_prefixes,
     supports_prefix_cache,
 )
+from composer_replication.losses import ReplayInputs, preference_loss, sequence_logps
 
 
 class PreferenceDataError(ValueError):
@@ -155,7 +155,7 @@ def response_logps(model, batch: dict[str, Any], reduction: str) -> Tensor:
 def pair_logps(model, pairs: list[EncodedPair], pad_id: int, reduction: str) -> Tensor:
     """``[2P]`` log-probs of the chosen answers then the rejected ones. The prompt a chosen
     and a rejected answer share is run once and its KV cache reused for both answers
-    (trainer/prefix.py), when the model supports it; otherwise one padded forward."""
+    (lm/prefix.py), when the model supports it; otherwise one padded forward."""
     device = next(model.parameters()).device
     net = backbone(model)
     if not supports_prefix_cache(net):

@@ -1,11 +1,11 @@
 """Channel 2: hint-conditioned self-distillation (SDPO / OPSD) as one channel object.
 
 After rollouts are scored, :meth:`SelfDistillChannel.attach` gives every failed completion a
-hint (hints/) and tokenizes the teacher's prompt: the same conversation with the hint inserted.
+hint (channels/hints.py) and tokenizes the teacher's prompt: the same conversation with the hint inserted.
 In the loss, :meth:`SelfDistillChannel.loss` runs the teacher (live policy, EMA copy, or initial
 weights) under ``no_grad`` on *hinted rows only*, over the teacher prompt followed by the *same*
 completion tokens, and pairs its final hidden states with the student's. The hinted rows of one
-problem share its text: that prefix is run once and its KV cache reused (trainer/prefix.py).
+problem share its text: that prefix is run once and its KV cache reused (lm/prefix.py).
 
 The channel's token mask is :meth:`SelfDistillChannel.token_mask` (completion tokens of hinted
 rows, minus tool-result tokens when the batch has a ``tool_mask``); its divisor is that mask's
@@ -38,21 +38,15 @@ import torch
 from torch import Tensor
 
 from composer_replication.channels.base import Channel, LossContext, Rollouts, informative_groups
-from composer_replication.chat import as_messages, render_prompt, to_text
-from composer_replication.config import SdpoConfig
-from composer_replication.hints.build import (
+from composer_replication.channels.hints import (
     HintTemplates,
     build_hints,
     insert_hint,
     placebo_hint,
 )
-from composer_replication.losses import (
-    SdpoInputs,
-    TAIDScheduler,
-    contrast_teacher_states,
-    self_distill_loss,
-)
-from composer_replication.models import (
+from composer_replication.config import SdpoConfig
+from composer_replication.lm.chat import as_messages, render_prompt, to_text
+from composer_replication.lm.models import (
     backbone,
     head_weight,
     is_peft,
@@ -60,12 +54,18 @@ from composer_replication.models import (
     strip_accelerate,
     unwrap,
 )
-from composer_replication.rollout import turn_index
-from composer_replication.trainer.prefix import (
+from composer_replication.lm.prefix import (
     forward_with_prefix,
     split_prefixes,
     supports_prefix_cache,
 )
+from composer_replication.losses import (
+    SdpoInputs,
+    TAIDScheduler,
+    contrast_teacher_states,
+    self_distill_loss,
+)
+from composer_replication.rollout import turn_index
 
 _LOGIT_CHUNK = 256  # rows per chunk when logits are needed (metrics, TAID, entropy-OPD)
 
@@ -103,7 +103,7 @@ class SelfDistillChannel(Channel):
                 args.max_steps, lc.t_start, lc.t_end, lc.alpha, lc.momentum, not lc.adaptive
             )
         if self.hint_model is None and "model" in c.hint_sources:
-            from composer_replication.hints import OpenAIHintModel
+            from composer_replication.channels.hints import OpenAIHintModel
 
             self.hint_model = OpenAIHintModel(c.hint_model_url, c.hint_model_name)
 

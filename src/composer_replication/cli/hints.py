@@ -56,8 +56,8 @@ def uplift_command(
     """Sample replies, keep the failed ones, and measure per hint form how much the hint raises
     the correct answer's log-prob and the greedy pass rate (writes uplift.md/.json/.png). On
     the calculator the hint goes at the turn the verifier blamed, as in training."""
-    from composer_replication.hints.uplift import markdown, run_uplift
-    from composer_replication.hints.uplift_turns import run_uplift_calculator
+    from composer_replication.run.uplift import markdown, run_uplift
+    from composer_replication.run.uplift_turns import run_uplift_calculator
 
     if env not in FORMS:
         console.print(f"[red]error:[/red] unknown --env {env!r}; known: {', '.join(FORMS)}")

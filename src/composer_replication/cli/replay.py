@@ -62,7 +62,7 @@ def serve_command(
     ] = 2048,
 ) -> None:
     """Serve a local HF model as an OpenAI-compatible teacher (/v1/chat/completions, /v1/models)."""
-    from composer_replication.models import ModelLoadError
+    from composer_replication.lm.models import ModelLoadError
     from composer_replication.replay.server import serve
 
     with exit_on(ModelLoadError):

@@ -46,8 +46,8 @@ def generate_command(
     from composer_replication.config import TaskGenConfig
     from composer_replication.envs.feature_deletion.generate import TaskSetError, generate_tasks
     from composer_replication.envs.feature_deletion.source import SourceError, prepare_source
-    from composer_replication.envs.sandbox import SandboxUnavailableError
     from composer_replication.progress import progress_bar
+    from composer_replication.sandbox.sandbox import SandboxUnavailableError
 
     try:
         cfg = TaskGenConfig(workers=workers, max_candidates=max_candidates,

@@ -23,10 +23,10 @@ def train_command(
     ] = None,
 ) -> None:
     """Train with GRPO (+ channels) on an embedded task; evaluate base and trained model."""
-    from composer_replication.envs.openenv_adapter import OpenEnvError
-    from composer_replication.envs.sandbox import SandboxUnavailableError
-    from composer_replication.models import ModelLoadError
-    from composer_replication.trainer.run import check_resume, process_rank, run_training
+    from composer_replication.envs.openenv.adapter import OpenEnvError
+    from composer_replication.lm.models import ModelLoadError
+    from composer_replication.run.train import check_resume, process_rank, run_training
+    from composer_replication.sandbox.sandbox import SandboxUnavailableError
 
     with exit_on(ConfigError):
         cfg = load_config(config, overrides or [])
@@ -131,10 +131,10 @@ def eval_command(
     from composer_replication.envs import get_env
     from composer_replication.envs.feature_deletion.generate import TaskSetError
     from composer_replication.envs.feature_deletion.source import SourceError
-    from composer_replication.envs.sandbox import SandboxUnavailableError
     from composer_replication.evaluation import evaluate
-    from composer_replication.models import ModelLoadError, load_model, load_tokenizer
+    from composer_replication.lm.models import ModelLoadError, load_model, load_tokenizer
     from composer_replication.progress import progress_bar
+    from composer_replication.sandbox.sandbox import SandboxUnavailableError
 
     quiet_libraries()
     errors = (ModelLoadError, ValueError, FileNotFoundError, SandboxUnavailableError, SourceError,

@@ -5,7 +5,7 @@ Importing this package is cheap and torch-free (the run config imports ``diloco.
 the heavy names load on first use.
 """
 
-from composer_replication.diloco.config import DilocoConfig
+from composer_replication.config.diloco import DilocoConfig
 
 _LAZY = {
     "make_diloco_outer_loop": "composer_replication.diloco.outer",

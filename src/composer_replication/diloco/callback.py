@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from composer_replication.diloco.config import DilocoConfig
+from composer_replication.config.diloco import DilocoConfig
 
 SYNC_LOG = "diloco.jsonl"
 FINAL_FILE = "diloco_final.json"

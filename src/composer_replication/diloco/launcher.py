@@ -1,7 +1,7 @@
 """``composer-replication diloco``: N local replicas of the trainer under DiLoCo.
 
 Each replica is a separate OS process running the normal training entry point
-(:func:`composer_replication.trainer.run.run_training`) with ``diloco.enabled=true``, its own
+(:func:`composer_replication.run.train.run_training`) with ``diloco.enabled=true``, its own
 ``replica_id``, data shard ``r`` of ``n``, sampling seed ``seed + r`` and output directory
 ``{output_dir}/replica-{r}``. With the torchft backend a lighthouse is started here (unless one
 is given); with the object_store backend the replicas meet only in ``diloco.store_uri``. The
@@ -134,7 +134,7 @@ def launch_diloco(
     procs: list[tuple[int, subprocess.Popen, threading.Thread]] = []
     try:
         for r in ids:
-            args = [sys.executable, "-m", "composer_replication.diloco.replica"]
+            args = [sys.executable, "-m", "composer_replication.run.replica"]
             if config is not None:
                 args += ["--config", str(config)]
             rep = replica_overrides(cfg, r, replicas, None if object_store else lighthouse, None)

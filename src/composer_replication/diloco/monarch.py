@@ -6,8 +6,8 @@ process) starts the torchft lighthouse unless the object_store backend is used o
 is given, and sends every actor the list of per-replica overrides (``replica_overrides`` plus
 ``num_threads = cores / replicas``, as the subprocess launcher does). Each actor takes its own
 by its rank in the mesh (``current_rank()``) and runs the normal training entry point
-(:func:`composer_replication.trainer.run.run_training`) in its process: the same run the
-subprocess launcher starts with ``python -m composer_replication.diloco.replica``. It returns
+(:func:`composer_replication.run.train.run_training`) in its process: the same run the
+subprocess launcher starts with ``python -m composer_replication.run.replica``. It returns
 its final summary (``diloco_final.json``) and sync log, which become the launcher's table, plot
 and ``diloco_summary.json``.
 
@@ -33,7 +33,6 @@ failing while its peer trains (the test: the error names it, nothing hangs, no p
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -47,12 +46,12 @@ from composer_replication.diloco.launcher import (
     ReplicaResult,
     check_fresh_store,
     collect_replica,
-    read_replica_output,
     start_lighthouse,
     summarize,
     thread_overrides,
 )
 from composer_replication.diloco.replica import replica_overrides
+from composer_replication.diloco.serverless.executor import resolve_entrypoint
 
 MISSING = "--launcher monarch needs Monarch: pip install torchmonarch (PyPI name; not `monarch`)"
 
@@ -118,17 +117,9 @@ def plain_python_logs() -> None:
     monarch_config.prefix_python_logs_with_actor = False
 
 
-def train_replica(config: str | None, overrides: list[str], rank: int) -> dict[str, Any]:
-    """One replica's training run in this process; its final summary and sync log."""
-    from composer_replication.diloco.replica import quiet_logs
-    from composer_replication.trainer.run import run_training
-
-    cfg = load_config(config, overrides)
-    quiet_logs()
-    summary = run_training(cfg)
-    print(f"done: train {summary.train_seconds:.0f} s, pid {os.getpid()}", flush=True)
-    final, syncs = read_replica_output(Path(cfg.output_dir))
-    return {"replica": rank, "final": final, "syncs": syncs}
+TRAIN_ENTRYPOINT = "composer_replication.run.replica:train_replica"
+"""What a replica actor runs (``module:function``, resolved in the actor's process): one
+replica's training run, its final summary and sync log."""
 
 
 try:
@@ -143,7 +134,7 @@ try:
             plain_python_logs()  # our own [rN] prefix instead of Monarch's
             try:
                 with prefixed_output(f"[r{rank}] "):
-                    return train_replica(config, per_rank[rank], rank)
+                    return resolve_entrypoint(TRAIN_ENTRYPOINT)(config, per_rank[rank], rank)
             except BaseException as err:  # the controller learns which replica, and why
                 raise ReplicaFailedError(rank, f"{type(err).__name__}: {err}") from err
 

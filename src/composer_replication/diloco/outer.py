@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from composer_replication.diloco.config import DilocoConfig
+from composer_replication.config.diloco import DilocoConfig
 
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 

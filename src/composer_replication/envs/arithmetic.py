@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from composer_replication.config.env import ARITHMETIC_LEVELS
 from composer_replication.envs.base import (
     FEEDBACK_FORMS,
     Environment,
@@ -73,6 +74,8 @@ LEVELS: dict[int, Level] = {
         "3-digit + 3-digit", range(100, 1000, 7), range(100, 1000, 7), "+", lambda a, b: a + b
     ),
 }
+if tuple(LEVELS) != ARITHMETIC_LEVELS:  # the config checks levels without importing envs
+    raise RuntimeError(f"arithmetic levels {list(LEVELS)} != config's {ARITHMETIC_LEVELS}")
 
 PROMPT = "What is {a} {op} {b}? Reply with only the number."
 
@@ -128,7 +131,7 @@ def _wrong_digits(expected: int, got: int) -> str:
 def feedback_forms(expected: int, got: int | None, verifier: str) -> dict[str, str]:
     """Feedback on a wrong answer in several forms, from most to least informative; only
     ``verifier`` (the grader's message) contains the answer. Hint-uplift measurement
-    (``hints/uplift.py``) compares them; ``sdpo.feedback_form`` picks one for training.
+    (``run/uplift.py``) compares them; ``sdpo.feedback_form`` picks one for training.
 
     ``verifier``: the grader's own message (given); ``direction``: too large / too small; ``digits``: which digit places are wrong (a carry
     error shows as a wrong tens digit); ``wrong``: only that it is wrong (a placebo for the

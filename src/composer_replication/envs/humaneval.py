@@ -2,7 +2,7 @@
 verifiable environment; reward 1.0 if every assertion holds, else 0.0, and the feedback is the
 failing assertion or error (what the hint channel shows the self-teacher).
 
-Grading is split so that the candidate cannot forge a verdict (envs/sandbox.py, harness.py):
+Grading is split so that the candidate cannot forge a verdict (sandbox/sandbox.py, harness.py):
 
 * the candidate program (prompt + completion, no tests) is loaded in a bubblewrap sandbox that
   serves its entry point over a pipe;
@@ -35,8 +35,8 @@ from typing import Any
 
 from composer_replication.config import SandboxConfig
 from composer_replication.envs.base import Environment, StepResult, Task, unit_hash
-from composer_replication.envs.harness import preview
-from composer_replication.envs.sandbox import SLOTS, CandidateFailure, CandidateSession, Sandbox
+from composer_replication.sandbox.harness import preview
+from composer_replication.sandbox.sandbox import SLOTS, CandidateFailure, CandidateSession, Sandbox
 
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.DOTALL)
 TEST_FILE = "<humaneval-test>"

@@ -8,7 +8,7 @@ assistant list each), the format ``trl.DPOTrainer`` reads unchanged
 ``rejected_json``).
 
 ``tool_format="text"`` (default) writes tool calls into the message text and tool results as
-user turns (`composer_replication.chat.flatten_messages`: ``<tool_call>`` / ``<tool_response>``
+user turns (`composer_replication.lm.chat.flatten_messages`: ``<tool_call>`` / ``<tool_response>``
 blocks), which every chat template renders (SmolLM2's ignores ``tool_calls``); ``"openai"``
 keeps OpenAI ``tool_calls`` / ``tool`` messages for templates that support them.
 """
@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import orjson
 
-from composer_replication.chat import flatten_messages
+from composer_replication.lm.chat import flatten_messages
 
 from .agreement import AgreementStats, DPOPair, Embedder, extract_pairs
 from .normalize import NormalizeConfig, NormalizeReport, normalize_pairs

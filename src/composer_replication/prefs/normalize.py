@@ -19,7 +19,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .agreement import DPOPair, canonical_args
+from composer_replication.traces.actions import canonical_args
+
+from .agreement import DPOPair
 
 _WORD = re.compile(r"\S+")
 

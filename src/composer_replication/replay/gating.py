@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from composer_replication.chat import render_prompt
+from composer_replication.lm.chat import render_prompt
 from composer_replication.traces.schema import TraceState
 
 
@@ -67,7 +67,7 @@ def score_states(
 ) -> dict[str, float]:
     """Entropy score per state id; ``student`` is a model reference or ``(model, tokenizer)``."""
     if isinstance(student, str):
-        from composer_replication.models import load_model, load_tokenizer
+        from composer_replication.lm.models import load_model, load_tokenizer
 
         student = (load_model(student).eval(), load_tokenizer(student))
     model, tok = student

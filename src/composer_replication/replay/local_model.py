@@ -1,10 +1,10 @@
 """A local Hugging Face chat model that answers OpenAI chat requests: shared by the in-process
 teacher (`LocalHFTeacher`) and the OpenAI-compatible server (`server.py`).
 
-Requests are rendered by `composer_replication.chat.render_prompt` (tool calls, tool results and
+Requests are rendered by `composer_replication.lm.chat.render_prompt` (tool calls, tool results and
 listed ``tools`` included, in the format its docstring defines); when the request lists
 ``tools``, each well-formed ``<tool_call>`` block of the generated text becomes an OpenAI
-``tool_calls`` entry (`composer_replication.chat.parse_tool_calls`).
+``tool_calls`` entry (`composer_replication.lm.chat.parse_tool_calls`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from composer_replication.chat import parse_tool_calls, render_prompt
+from composer_replication.lm.chat import parse_tool_calls, render_prompt
 
 
 @dataclass
@@ -37,7 +37,7 @@ class LocalChatModel:
     """
 
     def __init__(self, model_ref: str, max_prompt_tokens: int = 2048, dtype: str = "float32"):
-        from composer_replication.models import load_model, load_tokenizer
+        from composer_replication.lm.models import load_model, load_tokenizer
 
         self.model_ref = model_ref
         self.tokenizer = load_tokenizer(model_ref)

@@ -24,6 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from composer_replication.progress import progress_bar
+from composer_replication.traces.actions import action_key
 from composer_replication.traces.redact import Redactor
 from composer_replication.traces.schema import TraceState
 
@@ -231,8 +232,6 @@ def tier_settled(
     """True when the answers so far agree enough to skip higher tiers: the largest group of
     equivalent answers (normalized exact match) has at least ``agreement_threshold`` members and
     at least ``min_agreement`` of all answers."""
-    from composer_replication.prefs.agreement import action_key
-
     if not answers:
         return False
     counts: dict[str, int] = defaultdict(int)

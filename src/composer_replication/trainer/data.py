@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from composer_replication.chat import as_messages
 from composer_replication.envs.base import Environment, Task, is_tool_env
+from composer_replication.lm.chat import as_messages
 
 
 def shard_tasks(tasks: list[Task], index: int, count: int) -> list[Task]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from composer_replication.chat import to_text
 from composer_replication.envs.base import Environment, StepResult, is_tool_env
+from composer_replication.lm.chat import to_text
 
 
 class EnvReward:

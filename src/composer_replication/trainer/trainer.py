@@ -45,19 +45,19 @@ from composer_replication.config import (
     DYNAMIC_SAMPLING_MULTIPROCESS,
     check_resume_channels,
 )
+from composer_replication.lm.models import HiddenCapture, backbone, pad_token_id
+from composer_replication.lm.prefix import (
+    completion_logps_with_prefix,
+    generate_with_prefix,
+    supports_prefix_cache,
+)
 from composer_replication.losses import compose_loss
-from composer_replication.models import HiddenCapture, backbone, pad_token_id
 from composer_replication.rollout import (
     TurnCalls,
     reset_at_once,
     turn_index,
     undo_resets,
     until_eos,
-)
-from composer_replication.trainer.prefix import (
-    completion_logps_with_prefix,
-    generate_with_prefix,
-    supports_prefix_cache,
 )
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         max_refills: extra generation rounds per step for dynamic sampling.
         resume_override_channels: resume a checkpoint whose channel settings differ.
         shared_prefix: run each shared prompt prefix once (KV cache expanded to the rows) in
-            generation and in the policy's log-prob forwards (trainer/prefix.py); the same
+            generation and in the policy's log-prob forwards (lm/prefix.py); the same
             numbers up to float rounding, at a fraction of the cost when prompts are long.
             Off (default): TRL's plain padded forwards, bit for bit.
         concurrent_tools: run the tool calls of all rollouts of a turn at once
@@ -187,7 +187,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             *(c.prefix.rstrip("/") for c in self.channels),
         }
 
-    # ---- shared prompt prefixes run once (trainer/prefix.py) ------------------------------
+    # ---- shared prompt prefixes run once (lm/prefix.py) ------------------------------
     def _prefix_ok(self, model) -> bool:
         return self.shared_prefix and supports_prefix_cache(backbone(model))
 

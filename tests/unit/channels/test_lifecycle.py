@@ -10,10 +10,10 @@ import pytest
 
 import composer_replication.channels.replay as replay_mod
 import composer_replication.channels.self_distill as sd_mod
-import composer_replication.trainer.run as run_mod
+import composer_replication.run.train as run_mod
 from composer_replication.config import ChannelSettingsError, load_config
+from composer_replication.run.train import build_env, build_trainer, check_resume
 from composer_replication.trainer.callbacks import read_metrics
-from composer_replication.trainer.run import build_env, build_trainer, check_resume
 
 
 @pytest.fixture

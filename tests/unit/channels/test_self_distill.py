@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from composer_replication.config import PeftConfig, load_config
-from composer_replication.models import apply_lora, backbone
-from composer_replication.trainer.run import build_env, build_trainer
+from composer_replication.lm.models import apply_lora, backbone
+from composer_replication.run.train import build_env, build_trainer
 
 
 def _cfg(tmp_path, *extra):

@@ -7,8 +7,8 @@ import pytest
 from composer_replication.config import load_config
 from composer_replication.diloco.replica import replica_overrides
 from composer_replication.envs.arithmetic import ArithmeticEnv
+from composer_replication.run.train import data_shard
 from composer_replication.trainer.data import build_prompt_dataset, shard_tasks
-from composer_replication.trainer.run import data_shard
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7])

@@ -8,12 +8,12 @@ from datasets import Dataset
 from support.scripted_agent import scripted_calculator_model
 from trl import GRPOConfig, GRPOTrainer
 
-from composer_replication.chat_templates import ensure_tool_template
 from composer_replication.envs.calculator import (
     CalculatorEnv,
     CalculatorTools,
     calculator_reward,
 )
+from composer_replication.lm.chat_templates import ensure_tool_template
 
 
 def test_grpo_two_steps_with_tool_mask(tokenizer, tmp_path):

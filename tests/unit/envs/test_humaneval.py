@@ -4,8 +4,8 @@ import json
 import pytest
 
 from composer_replication.config import SandboxConfig
-from composer_replication.envs import harness
 from composer_replication.envs.humaneval import HumanEvalEnv, build_program, humaneval_path
+from composer_replication.sandbox import harness
 
 M61 = (1 << 61) - 1  # ints that differ by a multiple of it share one hash
 

@@ -1,8 +1,8 @@
-"""Fixtures for replay tests: the scripted server from `support.scripted_openai`."""
+"""Names replay tests import from the scripted server (`support.scripted_openai`); its
+`scripted` fixture is in tests/conftest.py."""
 
 from __future__ import annotations
 
-import pytest
 from support.scripted_openai import (  # noqa: F401  (re-exported for tests)
     Script,
     ServerThread,
@@ -10,11 +10,3 @@ from support.scripted_openai import (  # noqa: F401  (re-exported for tests)
     make_app,
 )
 from support.scripted_openai import synthetic_states as make_states  # noqa: F401
-
-
-@pytest.fixture
-def scripted():
-    """Yield ``(script, base_url)``; mutate ``script`` to inject faults."""
-    script = Script()
-    with ServerThread(make_app(script)) as srv:
-        yield script, srv.base_url

@@ -1,6 +1,6 @@
 """The OpenAI-compatible server over a local model (a tiny random Llama with the embedded
 tokenizer), called through the official openai SDK over real HTTP (its chat rendering and
-tool-call parsing: tests/unit/test_chat.py)."""
+tool-call parsing: tests/unit/lm/test_chat.py)."""
 
 from __future__ import annotations
 

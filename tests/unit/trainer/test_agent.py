@@ -10,11 +10,11 @@ import pytest
 import torch
 from support.scripted_agent import scripted_calculator_model
 
-from composer_replication.chat_templates import ensure_tool_template
 from composer_replication.config import load_config
+from composer_replication.lm.chat_templates import ensure_tool_template
 from composer_replication.rollout import turn_index
+from composer_replication.run.train import build_env, build_trainer
 from composer_replication.trainer.callbacks import read_metrics
-from composer_replication.trainer.run import build_env, build_trainer
 
 
 def _cfg(tmp_path, *extra):

@@ -19,9 +19,9 @@ from composer_replication.channels.replay import (
 )
 from composer_replication.config import SdpoConfig, load_config
 from composer_replication.envs.arithmetic import grade_answer
-from composer_replication.models import backbone
+from composer_replication.lm.models import backbone
+from composer_replication.run.train import build_env, build_trainer
 from composer_replication.trainer.callbacks import read_metrics
-from composer_replication.trainer.run import build_env, build_trainer
 
 
 @pytest.fixture
@@ -216,8 +216,8 @@ def test_replay_needs_a_dataset_and_bad_lines_are_named(tmp_path):
 
 
 def test_sdpo_without_a_grading_reward_is_refused(tmp_path, tokenizer, tiny_model):
+    from composer_replication.run.train import build_grpo_args
     from composer_replication.trainer.data import build_prompt_dataset
-    from composer_replication.trainer.run import build_grpo_args
     from composer_replication.trainer.trainer import ComposerReplicationTrainer
 
     env = build_env(_cfg(tmp_path))

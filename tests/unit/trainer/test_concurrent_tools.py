@@ -17,10 +17,10 @@ from support.scripted_agent import ANSWER, CALL
 from support.scripted_policy import scripted_trainer
 from support.slow_tools import SandboxNapTools, Spans, delayed_calculator
 
-from composer_replication.chat_templates import ensure_tool_template
-from composer_replication.envs.openenv_adapter import OpenEnvReward, openenv_tools_class
-from composer_replication.envs.sandbox import SLOTS
-from composer_replication.rollout import bounded_tools
+from composer_replication.envs.openenv.adapter import OpenEnvReward, openenv_tools_class
+from composer_replication.envs.tools import bounded_tools
+from composer_replication.lm.chat_templates import ensure_tool_template
+from composer_replication.sandbox.sandbox import SLOTS
 
 BATCH = 8
 

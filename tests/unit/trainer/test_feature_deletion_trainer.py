@@ -10,10 +10,10 @@ from pathlib import Path
 
 from support.scripted_lm import ScriptedLlama
 
-from composer_replication.chat_templates import ensure_tool_template
 from composer_replication.config import load_config
+from composer_replication.lm.chat_templates import ensure_tool_template
+from composer_replication.run.train import build_env, build_trainer
 from composer_replication.trainer.callbacks import read_metrics
-from composer_replication.trainer.run import build_env, build_trainer
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "feature_deletion" / "textkit"
 CALL = '<tool_call>{"name": "run_tests", "arguments": {}}</tool_call><|im_end|>'

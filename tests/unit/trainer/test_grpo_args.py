@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 from composer_replication.config import ConfigError, configs_dir, load_config
-from composer_replication.trainer.run import build_grpo_args, vllm_args
+from composer_replication.run.train import build_grpo_args, vllm_args
 
 GPU_CONFIGS = sorted((configs_dir() / "gpu").glob("*.yaml"))
 

@@ -10,10 +10,10 @@ from trl import GRPOTrainer
 
 from composer_replication.config import load_config
 from composer_replication.envs import get_env
+from composer_replication.run.train import build_grpo_args, build_trainer
 from composer_replication.trainer.callbacks import MetricsJsonlCallback, plot_metrics, read_metrics
 from composer_replication.trainer.data import build_prompt_dataset
 from composer_replication.trainer.rewards import EnvReward
-from composer_replication.trainer.run import build_grpo_args, build_trainer
 from composer_replication.trainer.trainer import (
     ComposerReplicationTrainer,
     informative_groups,

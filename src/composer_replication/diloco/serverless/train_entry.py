@@ -1,25 +1,24 @@
-"""The trainer as a serverless replica: ``TRAIN_ENTRYPOINT`` for any executor.
+"""The trainer as a serverless replica: ``TRAIN_ENTRYPOINT`` for any executor (the function
+itself, which assembles the run, is in ``run/replica.py``).
 
 ``launch_replicas(n, TRAIN_ENTRYPOINT, {"config_yaml": ..., "overrides": [...]})`` runs
-:func:`~composer_replication.trainer.run.run_training` in every replica with the replica's id
+:func:`~composer_replication.run.train.run_training` in every replica with the replica's id
 from ``$REPLICA_RANK`` (data shard, seed, output directory as the local launcher sets them) and
 the object-store backend; each returns its ``diloco_final.json`` record and sync log.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from composer_replication.diloco.serverless.executor import RANK_ENV, WORLD_ENV
 
-TRAIN_ENTRYPOINT = "composer_replication.diloco.serverless.train_entry:train_replica"
+TRAIN_ENTRYPOINT = "composer_replication.run.replica:train_serverless_replica"
 
 
-def _rank_and_world() -> tuple[int, int]:
+def rank_and_world() -> tuple[int, int]:
     try:
         return int(os.environ[RANK_ENV]), int(os.environ[WORLD_ENV])
     except (KeyError, ValueError):
@@ -45,24 +44,3 @@ def replica_config(config_yaml: str, overrides: list[str], rank: int, world: int
             "in diloco.store_uri)"
         )
     return cfg
-
-
-def train_replica(config_yaml: str, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Train one replica; returns ``{"replica", "final", "syncs", "output_dir", "trained"}``."""
-    from composer_replication.diloco.callback import FINAL_FILE, SYNC_LOG
-    from composer_replication.diloco.replica import quiet_logs
-    from composer_replication.trainer.run import run_training
-
-    rank, world = _rank_and_world()
-    cfg = replica_config(config_yaml, list(overrides or []), rank, world)
-    quiet_logs()
-    summary = run_training(cfg)
-    out = Path(cfg.output_dir)
-    syncs = (out / SYNC_LOG).read_text().splitlines()
-    return {
-        "replica": rank,
-        "final": json.loads((out / FINAL_FILE).read_text()),
-        "syncs": [json.loads(x) for x in syncs if x.strip()],
-        "output_dir": str(out),
-        "trained": summary.trained,
-    }

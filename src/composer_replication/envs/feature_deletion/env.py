@@ -42,9 +42,9 @@ from composer_replication.envs.feature_deletion.generate import (
 from composer_replication.envs.feature_deletion.grade import grade_workspace
 from composer_replication.envs.feature_deletion.source import prepare_source, staged_copy
 from composer_replication.envs.feature_deletion.workspace import make_workspace
-from composer_replication.envs.pytest_suite import run_suite
-from composer_replication.envs.sandbox import SLOTS, Sandbox
-from composer_replication.rollout import wire_safe, wire_snippet
+from composer_replication.envs.tools import wire_safe, wire_snippet
+from composer_replication.sandbox.pytest_suite import run_suite
+from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 
 SYSTEM_PROMPT = (
     "You are a software engineer working in a Python repository through tools. Read the "
@@ -147,7 +147,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         progress=None,
     ):
         super().__init__()
-        from composer_replication.models import cache_dir
+        from composer_replication.lm.models import cache_dir
 
         self.generation = generation or TaskGenConfig()
         self.reward_mode, self.max_output_chars = reward, max_output_chars

@@ -1,6 +1,6 @@
 """The target file the grading suite runs against: the task's state, with the deleted body's
 stub replaced by one line that forwards the call to the sandbox holding the submission
-(envs/forward_client.py explains the split and why).
+(sandbox/forward_client.py explains the split and why).
 
 The forwarding line passes every parameter as the signature declares it (positional-only and
 ordinary ones positionally, ``*args`` spread, keyword-only ones and ``**kwargs`` by name), so

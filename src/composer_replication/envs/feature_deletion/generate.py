@@ -37,8 +37,8 @@ from composer_replication.envs.feature_deletion.candidates import (
 )
 from composer_replication.envs.feature_deletion.grade import split_run
 from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy
-from composer_replication.envs.pytest_suite import SuiteReport, pytest_tools, run_suite
-from composer_replication.envs.sandbox import Sandbox
+from composer_replication.sandbox.pytest_suite import SuiteReport, pytest_tools, run_suite
+from composer_replication.sandbox.sandbox import Sandbox
 
 GENERATOR_VERSION = 2
 TASK = "task"

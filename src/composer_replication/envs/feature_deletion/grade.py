@@ -6,10 +6,10 @@
   grading run).
 * Split grading (:func:`split_run`): the suite runs on a pristine copy whose target function
   forwards each call to a second sandbox that imports the submitted file
-  (envs/forward_client.py); only plain data comes back, so nothing the submission does can
+  (sandbox/forward_client.py); only plain data comes back, so nothing the submission does can
   reach pytest, the report or the values the assertions compare.
 * The suite runs with the pinned pytest command line and the per-test report
-  (envs/pytest_suite.py): a target test counts only if reported passed (skipped, xfail,
+  (sandbox/pytest_suite.py): a target test counts only if reported passed (skipped, xfail,
   errors and missing count as failed), and every test that passed with the feature deleted
   must still pass (hidden tests included).
 * A static check compares the submitted file with the original: constructs the original did
@@ -36,8 +36,8 @@ from composer_replication.envs.feature_deletion.workspace import (
     task_state_text,
     workspace_flags,
 )
-from composer_replication.envs.pytest_suite import SuiteReport, run_suite
-from composer_replication.envs.sandbox import Sandbox
+from composer_replication.sandbox.pytest_suite import SuiteReport, run_suite
+from composer_replication.sandbox.sandbox import Sandbox
 
 SUSPICIOUS_MODULES = {"pytest", "_pytest", "pluggy", "gc", "ctypes", "importlib", "marshal",
                       "atexit", "signal", "faulthandler", "builtins", "site", "unittest",
@@ -130,7 +130,7 @@ def grade_submission(
 
 def split_run(box: Sandbox, source_root: Path, task: dict, target_text: str) -> SuiteReport:
     """The suite on a copy of the tree whose target function forwards to ``target_text``
-    loaded in a sandbox of its own (envs/forward_client.py): the tests never share an
+    loaded in a sandbox of its own (sandbox/forward_client.py): the tests never share an
     interpreter with the submission, and the submission's copy holds no test file (it
     cannot read the expected values of the tests it is graded by)."""
     suite_text = forwarding_text(task_state_text(source_root, task), candidate_of(task))

@@ -21,7 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from composer_replication.models import cache_dir
+from composer_replication.lm.models import cache_dir
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 BYTECODE = ("__pycache__", "*.pyc", "*.pyo")
@@ -139,7 +139,7 @@ def staged_copy(
     ``leave_out``: relative paths not copied, and directories they leave empty (split
     grading's served tree leaves out :func:`suite_files`: the submission must not read the
     tests it is graded by)."""
-    from composer_replication.envs.sandbox import bindable_dir, world_readable
+    from composer_replication.sandbox.sandbox import bindable_dir, world_readable
 
     dest = Path(bindable_dir(prefix))
     ignore = shutil.ignore_patterns(*BYTECODE, ".git", ".complete")

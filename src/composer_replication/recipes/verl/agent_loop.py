@@ -20,7 +20,7 @@ import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopWorker
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
-from composer_replication.hints.build import HintTemplates
+from composer_replication.channels.hints import HintTemplates
 from composer_replication.recipes.verl.hinted import (
     feedback_hint,
     hinted_teacher_logprobs,

@@ -24,8 +24,8 @@ from uuid import uuid4
 import torch
 from torch import Tensor
 
-from composer_replication.chat import as_messages, render_prompt
-from composer_replication.hints.build import HintTemplates, insert_hint
+from composer_replication.channels.hints import HintTemplates, insert_hint
+from composer_replication.lm.chat import as_messages, render_prompt
 
 SCORING = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0, "detokenize": False}
 

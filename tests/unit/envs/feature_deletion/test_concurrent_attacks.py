@@ -10,8 +10,9 @@ import pytest
 from support.textkit import textkit_env
 
 from composer_replication.envs.feature_deletion import env as fd_env
-from composer_replication.envs.sandbox import SLOTS
-from composer_replication.rollout import TurnCalls, bounded_tools, tool_methods
+from composer_replication.envs.tools import bounded_tools, tool_methods
+from composer_replication.rollout import TurnCalls
+from composer_replication.sandbox.sandbox import SLOTS
 
 HANG = "    while True:\n        pass"
 FIX = "    return text"  # wrong but terminates: the tests run and fail

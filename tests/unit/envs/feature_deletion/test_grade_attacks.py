@@ -5,7 +5,7 @@ leftover ``.pyc``) never reaches the grading run, and what runs when the submiss
 imported (``pytest.skip``, ``os._exit`` at import, forged report frames, patching pytest's
 reports or its runner, swapping a test's code, an object equal to everything, reading the
 original from an installed or cached copy) runs in a sandbox of its own, apart from pytest
-and the tests (split grading, envs/forward_client.py), and cannot reach them.
+and the tests (split grading, sandbox/forward_client.py), and cannot reach them.
 
 Several attacks are written to pass the static check (no flag) on purpose, so that the
 isolation or the run-time integrity checks are what stops them. Nothing the code under test
@@ -41,8 +41,8 @@ from composer_replication.envs.feature_deletion.source import (
     tree_digest,
 )
 from composer_replication.envs.feature_deletion.workspace import candidate_of, make_workspace
-from composer_replication.envs.pytest_suite import parse_frames, run_suite
-from composer_replication.envs.sandbox import Sandbox, bindable_dir
+from composer_replication.sandbox.pytest_suite import parse_frames, run_suite
+from composer_replication.sandbox.sandbox import Sandbox, bindable_dir
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
 SYMBOLS = [

@@ -11,7 +11,7 @@ from composer_replication.config import TaskGenConfig
 from composer_replication.envs import get_env
 from composer_replication.envs.feature_deletion.candidates import STUB, original_body
 from composer_replication.envs.feature_deletion.workspace import candidate_of
-from composer_replication.envs.openenv_adapter import openenv_tools_class
+from composer_replication.envs.openenv.adapter import openenv_tools_class
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
 

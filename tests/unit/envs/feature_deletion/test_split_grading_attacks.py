@@ -25,7 +25,7 @@ from composer_replication.envs.feature_deletion.generate import generate_tasks, 
 from composer_replication.envs.feature_deletion.grade import grade_submission, submission_flags
 from composer_replication.envs.feature_deletion.source import resolve_source
 from composer_replication.envs.feature_deletion.workspace import task_state_text
-from composer_replication.envs.sandbox import Sandbox
+from composer_replication.sandbox.sandbox import Sandbox
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
 
@@ -219,7 +219,7 @@ def test_a_copy_vendored_under_usr_is_not_readable(tmp_path_factory, box):
     """/usr was bound whole, only this interpreter's site-packages masked: on this machine the
     Google Cloud SDK vendors inflection 0.5.1 (bq/third_party), a source of the default recipe,
     and the submission ran it. Skipped where no such copy exists; the machine-independent
-    check is tests/unit/envs/test_sandbox.py (no importable package under /usr)."""
+    check is tests/unit/sandbox/test_sandbox.py (no importable package under /usr)."""
     if not _vendored_copies("inflection", "camelize"):
         pytest.skip("no vendored inflection under /usr on this machine")
     source = resolve_source(str(INFLECTION))

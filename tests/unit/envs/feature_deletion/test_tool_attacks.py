@@ -18,7 +18,7 @@ from support.textkit import textkit_env
 
 from composer_replication.envs.feature_deletion import env as fd_env
 from composer_replication.envs.feature_deletion.env import MAX_PATH_DEPTH
-from composer_replication.rollout import bounded_tools, call_tool, tool_methods
+from composer_replication.envs.tools import bounded_tools, call_tool, tool_methods
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
 TOOLS = {"list_files", "read_file", "search", "write_file", "replace_in_file", "run_tests",

@@ -1,0 +1,80 @@
+"""``composer-replication ablate``'s config: arms x seeds on one base run config.
+Imports no torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from composer_replication.config.base import (
+    ConfigError,
+    StrictModel,
+    apply_overrides,
+    format_validation_error,
+    load_yaml_mapping,
+    resolve_config_path,
+)
+
+
+class AblationArm(StrictModel):
+    name: str = Field(min_length=1)
+    """Label of the arm in tables and plots."""
+    overrides: list[str] = Field(default_factory=list)
+    """``key=value`` overrides applied on top of the base config for this arm."""
+    trainer: Literal["composer", "trl_sdpo"] = "composer"
+    """``composer``: ComposerReplicationTrainer; ``trl_sdpo``: TRL's experimental SDPOTrainer
+    (the peer), configured from the same run config."""
+
+
+class AblationConfig(StrictModel):
+    """``composer-replication ablate``: arms x seeds on one base config, held-out eval curves."""
+
+    base_config: str = "quickstart.yaml"
+    """Run config every arm starts from (a path, or a file name under configs/)."""
+    base_overrides: list[str] = Field(default_factory=list)
+    """Overrides applied to every arm (e.g. a shorter max_steps)."""
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    """Seeds; every arm runs once per seed."""
+    arms: list[AblationArm] = Field(min_length=1)
+    """The arms to compare."""
+    eval_every: int = Field(5, ge=1)
+    """Held-out evaluation every N optimizer steps (for the score-vs-step curves)."""
+    eval_n_during: int = Field(64, ge=1)
+    """Held-out problems in the periodic evaluations (the final one uses eval.n)."""
+    output_dir: str = "runs/ablation"
+    """Where each arm/seed run directory, the summary JSON, ``results.md`` and the plot go."""
+    results_md: str | None = None
+    """Also (re)write the ablation section of this Markdown file and put the plot beside it
+    (``results_md=docs/results.md`` updates the project's docs); None = only the run dir."""
+    keep_checkpoints: bool = False
+    """Keep each arm/seed's ``checkpoint-*`` (weights only, ~0.5 GB each for 135M); by default
+    they are deleted once the arm's final evaluation is recorded."""
+    section: str = Field("ablation", pattern=r"^[a-z0-9][a-z0-9-]*$")
+    """Name of this experiment's section in ``results_md`` (between ``<!-- {section}:begin -->``
+    and ``<!-- {section}:end -->``) and of its plot (``{section}_heldout_vs_step.png``), so
+    several experiments share one results file."""
+    title: str = "Ablation: what each channel does"
+    """Heading of the section."""
+    reference_arm: str | None = None
+    """Arm the others are paired against per seed (default: the first arm)."""
+
+    @model_validator(mode="after")
+    def _reference_is_an_arm(self) -> AblationConfig:
+        names = [a.name for a in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"arm names must be unique: {names}")
+        if self.reference_arm is not None and self.reference_arm not in names:
+            raise ValueError(f"reference_arm {self.reference_arm!r} is not an arm: {names}")
+        return self
+
+
+def load_ablation_config(path: str | Path, overrides: list[str] | None = None) -> AblationConfig:
+    """Load an AblationConfig from YAML plus ``key=value`` overrides."""
+    path = resolve_config_path(path)
+    data = apply_overrides(load_yaml_mapping(path, "ablation config"), overrides or [])
+    try:
+        return AblationConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, str(path), AblationConfig)) from None

@@ -1,0 +1,176 @@
+"""What every config file shares: the strict pydantic base, the one config error, YAML
+reading with ``key=value`` overrides, error messages that name the key, and where the shipped
+configs live. Imports no torch."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+DEFAULT_CONFIG = "quickstart.yaml"
+
+
+class StrictModel(BaseModel):
+    """A config section: unknown keys and out-of-range values are errors, also on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not validate; the message names the key."""
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value parsed as a YAML scalar)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({problem})") from None
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply dotted ``key=value`` overrides to a nested dict (a copy is returned)."""
+    out = copy.deepcopy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = out
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part!r} is not a section")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def load_yaml_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
+    """The top-level mapping of a YAML file. Every config file of the project (run, ablation,
+    teacher pool) is read here; a `ConfigError` names the file, and for a YAML syntax error the
+    line and column. An empty file (or one with only comments) is an error: a run on all
+    defaults from a truncated or mistyped file is never what was meant."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a {what} file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the {what} file: {err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(_yaml_error_message(path, err)) from None
+    if data is None:
+        raise ConfigError(f"{path}: the {what} file is empty (no key: value lines)")
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: top level must be a mapping (key: value lines), got {type(data).__name__}"
+        )
+    return data
+
+
+def _yaml_error_message(path: Path, err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(err, "problem", None) or str(err)
+    context = getattr(err, "context", None)
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+
+
+def configs_dir() -> Path:
+    """The shipped configs: package data (``composer_replication/configs``), so an installed
+    wheel has them; a repository checkout sees the same directory as ``configs/``."""
+    return Path(__file__).resolve().parents[1] / "configs"
+
+
+def resolve_config_path(name: str | Path) -> Path:
+    """``name`` if it is a file, else the shipped config of that name: ``quickstart.yaml``,
+    ``configs/quickstart.yaml`` and ``teachers/local.yaml`` all resolve from any directory."""
+    p = Path(name)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        raise ConfigError(f"{name}: is a directory, not a config file")
+    shipped = Path(*p.parts[1:]) if len(p.parts) > 1 and p.parts[0] == "configs" else p
+    candidate = configs_dir() / shipped
+    if not p.is_absolute() and candidate.is_file():
+        return candidate
+    raise ConfigError(f"config file not found: {name} (nor under the shipped {configs_dir()})")
+
+
+def default_config_path() -> Path:
+    """The shipped ``quickstart.yaml``."""
+    path = configs_dir() / DEFAULT_CONFIG
+    if not path.is_file():
+        raise ConfigError(f"the default config is missing from the package: {path}; pass --config")
+    return path
+
+
+def format_validation_error(
+    err: ValidationError, source: str, root: type[BaseModel], aliases: tuple[str, ...] = ()
+) -> str:
+    """``invalid config (source):`` and one ``key: problem`` line per error; an unknown key
+    gets a ``did you mean`` from its section's field names (``aliases``: extra top-level
+    names of ``root``)."""
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(root)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key" + _did_you_mean(e["loc"], root, aliases)
+        lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+def _models_of(annotation: Any) -> Any:
+    """The pydantic model of a field, or the list of models of a (discriminated) union."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        variants = getattr(annotation, "variants", None)  # a section keyed on `name`
+        return list(variants()) if variants else annotation
+    found = []
+    for arg in typing.get_args(annotation):
+        sub = _models_of(arg)
+        found.extend(sub if isinstance(sub, list) else [sub] if sub else [])
+    return found
+
+
+def _tag(model: type[BaseModel]) -> Any:
+    field = model.model_fields.get("type") or model.model_fields.get("name")
+    return field.default if field else None
+
+
+def _did_you_mean(loc: tuple, root: type[BaseModel], aliases: tuple[str, ...]) -> str:
+    """``; did you mean 'x'?`` for an unknown key, from the section's field names."""
+    model: Any = root
+    for part in loc[:-1]:
+        fields = getattr(model, "model_fields", {})
+        if part in fields:
+            model = _models_of(fields[part].annotation)
+        else:  # a union's tag (`sdpo.loss.jsd.x`): the member whose `type` is that tag
+            model = [m for m in model if _tag(m) == part]
+        if isinstance(model, list):
+            model = model[0] if len(model) == 1 else model
+        if not model:
+            return ""
+    if isinstance(model, list):  # a section keyed on `name`, its variant unknown here
+        names = sorted({n for m in model for n in m.model_fields})
+        close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+        return f"; did you mean {close[0]!r}?" if close else ""
+    names = list(model.model_fields) + (list(aliases) if model is root else [])
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

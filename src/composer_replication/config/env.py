@@ -1,0 +1,247 @@
+"""The ``env:`` section, keyed on the environment's ``name``: each environment's options in a
+class of its own (unknown keys rejected per environment), plus the sandbox and tool-rollout
+sections. An environment registered from outside (``envs.register_env(name, factory,
+config=MyEnvConfig)``) adds its options class here through :func:`register_env_config`, so a
+YAML names it like a built-in one. Imports no torch."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from composer_replication.config.base import StrictModel
+
+ARITHMETIC_LEVELS = (1, 2, 3, 4, 5, 6, 7)
+"""The arithmetic environment's difficulty levels (envs/arithmetic.py defines each)."""
+
+
+class TaskGenConfig(StrictModel):
+    """Feature Deletion task generation (``composer-replication tasks generate``;
+    envs/feature_deletion/generate.py)."""
+
+    max_break_share: float = Field(0.5, gt=0.0, le=1.0)
+    """A deletion that fails more than this share of the suite's passing tests is too broad
+    to be a task (it deletes a foundation, not a feature)."""
+    visible_tests: int = Field(3, ge=1, le=1000)
+    """Failing tests the agent may see and run by name; the task's other failing tests stay
+    hidden until grading."""
+    workers: int = Field(0, ge=0, le=256)
+    """Sandboxed suite runs in parallel (0: one per CPU core). Not part of the task set's
+    identity."""
+    suite_timeout_s: float = Field(120.0, gt=0.0, le=3600.0)
+    """Wall-clock (and CPU-seconds) limit of one run of the suite."""
+    memory_mb: int = Field(2048, ge=256, le=65536)
+    """Address-space limit of one run of the suite."""
+    max_candidates: int | None = Field(None, ge=1)
+    """Try only the first N candidate functions (file order); None: all."""
+    test_requirements: list[str] = Field(default_factory=list)
+    """The suite's own test dependencies (pip requirement strings, e.g. ``freezegun``),
+    installed next to pytest for the sandboxed runs (fetched from the package index)."""
+    rename_package: bool = False
+    """Rename the source's top-level package (and every word-boundary mention of it) to a
+    name derived from the tree's hash, so a model cannot lean on memorized upstream code
+    (the suite must still pass after the rename)."""
+
+
+class EnvConfig(StrictModel):
+    """Options every environment has; a variant per environment adds its own. ``tools`` says
+    whether the environment's rollouts are multi-turn tool conversations (the one place that
+    answers it for a config; ``Environment.tools`` for a built environment)."""
+
+    name: str = "arithmetic"
+    """Registered environment (built in: ``arithmetic``, ``humaneval``, ``calculator``,
+    ``feature_deletion``; see envs/). ``calculator`` and ``feature_deletion`` are multi-turn
+    tool tasks (bounded by the ``rollout`` section; docs/agents.md, docs/feature_deletion.md).
+    Setting ``env.name`` on the command line starts the section afresh: the file's options
+    of another environment do not carry over (other ``env.*`` overrides still apply)."""
+    heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    """Fraction of problems reserved for the held-out split (disjoint from train)."""
+    num_train: int = Field(2000, ge=1)
+    """Number of training prompts drawn from the train split."""
+    seed: int = 0
+    """Seed for drawing problems (the split itself is a fixed hash, independent of seeds)."""
+
+    tools: ClassVar[bool] = False
+
+    @classmethod
+    def variants(cls) -> tuple[type[EnvConfig], ...]:
+        """The registered options classes (what ``env:`` may be)."""
+        return tuple(ENV_CONFIGS.values())
+
+    def env_options(self) -> dict[str, Any]:
+        """Keyword options of the environment's factory: every field but the run-level ones
+        (``name``, ``num_train``, ``seed``), by field name."""
+        skip = {"name", "num_train", "seed"}
+        return {k: getattr(self, k) for k in type(self).model_fields if k not in skip}
+
+
+class ArithmeticEnvConfig(EnvConfig):
+    """Arithmetic problems over difficulty levels (envs/arithmetic.py)."""
+
+    name: Literal["arithmetic"] = "arithmetic"
+    levels: list[int] = Field(default_factory=lambda: [1, 2])
+    """Difficulty levels mixed in the train and held-out splits (see envs/arithmetic.py)."""
+
+    @model_validator(mode="after")
+    def _check_levels(self) -> ArithmeticEnvConfig:
+        bad = [lv for lv in self.levels if lv not in ARITHMETIC_LEVELS]
+        if bad or not self.levels:
+            raise ValueError(f"env.levels: {bad or 'empty'} not in {list(ARITHMETIC_LEVELS)}")
+        return self
+
+
+class HumanEvalEnvConfig(EnvConfig):
+    """HumanEval's 164 problems, graded in the sandbox (the ``sandbox`` section)."""
+
+    name: Literal["humaneval"] = "humaneval"
+
+
+class ToolEnvConfig(EnvConfig):
+    """Options every tool environment has."""
+
+    tools: ClassVar[bool] = True
+
+    openenv_url: str | None = None
+    """Run the tools and the grading on this OpenEnv server (ours served with ``python -m
+    composer_replication.envs.openenv.server``, or any OpenEnv tool environment) through the
+    generic adapter (envs/openenv/adapter.py); prompts still come from ``name``'s tasks.
+    None = tools run in this process."""
+    few_shot: bool = True
+    """Put worked tool exchanges before each task (the 135M base model never calls a tool from
+    the schema alone; docs/agents.md)."""
+    max_tool_output_chars: int = Field(2000, ge=100, le=1_000_000)
+    """Tool results are cut to this many characters (feature_deletion's tools, and any OpenEnv
+    server's)."""
+
+
+class CalculatorEnvConfig(ToolEnvConfig):
+    """Arithmetic with a calculator tool (envs/calculator.py)."""
+
+    name: Literal["calculator"] = "calculator"
+    shots: int = Field(2, ge=0, le=2)
+    """With ``few_shot``: how many of the two worked exchanges precede each task. The base
+    135M model passes greedily 100% with 2 and 3% with 1 (T=1: 6% and 0%; docs/agents.md), so
+    1 is the sparse-reward variant."""
+
+    @model_validator(mode="after")
+    def _shots_need_few_shot(self) -> CalculatorEnvConfig:
+        if self.shots != 2 and not self.few_shot:
+            raise ValueError(f"env.shots={self.shots}: shots need few_shot=true")
+        return self
+
+    def env_options(self) -> dict[str, Any]:
+        return {"heldout_fraction": self.heldout_fraction, "few_shot": self.few_shot,
+                "shots": self.shots}  # fmt: skip
+
+
+class FeatureDeletionEnvConfig(ToolEnvConfig):
+    """Restore functions deleted from real repositories (envs/feature_deletion/)."""
+
+    name: Literal["feature_deletion"] = "feature_deletion"
+    task_sources: list[str] = Field(
+        default_factory=lambda: ["toolz==1.2.0", "inflection==0.5.1"], min_length=1
+    )
+    """Source trees to delete functions from: local directories with a pytest suite, or
+    pinned PyPI packages (``name==version``, the sdist is fetched with pip at first use). Task
+    sets are generated at first use and cached (``task_dir``)."""
+    task_dir: str | None = None
+    """Where generated task sets live (None: the cache, ``<cache>/feature_deletion/tasks``)."""
+    task_generation: TaskGenConfig = Field(default_factory=lambda: TaskGenConfig())
+    """Task generation and test-run limits (``tasks generate``)."""
+    reward: Literal["all_or_nothing", "fraction"] = "all_or_nothing"
+    """1 iff every target test passes and nothing regresses, or the share of target tests
+    passing (0 on any regression)."""
+    tests_budget_s: float | None = Field(300.0, ge=1.0, le=36_000.0)
+    """Wall seconds the ``run_tests`` calls of one episode may take in all (each run is cut
+    to what is left; once spent, ``run_tests`` is an error result and grading still runs). A
+    workspace that hangs costs this once, not ``task_generation.suite_timeout_s`` per call.
+    None: no budget."""
+
+    def env_options(self) -> dict[str, Any]:
+        return {"sources": self.task_sources, "task_dir": self.task_dir,
+                "generation": self.task_generation, "reward": self.reward,
+                "heldout_fraction": self.heldout_fraction,
+                "max_output_chars": self.max_tool_output_chars, "few_shot": self.few_shot,
+                "tests_budget_s": self.tests_budget_s}  # fmt: skip
+
+
+ENV_CONFIGS: dict[str, type[EnvConfig]] = {
+    c.model_fields["name"].default: c
+    for c in (ArithmeticEnvConfig, HumanEvalEnvConfig, CalculatorEnvConfig,
+              FeatureDeletionEnvConfig)
+}  # fmt: skip
+"""Options class per environment name (``register_env_config`` adds one)."""
+
+
+def register_env_config(name: str, cls: type[EnvConfig]) -> None:
+    """Let ``env: {name: NAME, ...}`` validate with ``cls`` (a subclass of `EnvConfig` whose
+    ``name`` field is ``Literal[NAME]``); names are unique."""
+    if not (isinstance(cls, type) and issubclass(cls, EnvConfig)):
+        raise TypeError(f"env config for {name!r}: {cls!r} is not a subclass of EnvConfig")
+    if cls.model_fields["name"].default != name:
+        raise ValueError(f"env config for {name!r}: its `name` field defaults to "
+                         f"{cls.model_fields['name'].default!r}")  # fmt: skip
+    if ENV_CONFIGS.get(name, cls) is not cls:
+        raise ValueError(f"environment {name!r} already has options {ENV_CONFIGS[name]!r}")
+    ENV_CONFIGS[name] = cls
+
+
+def env_config(data: Any) -> Any:
+    """The options of the environment ``data`` names, validated by its class (``name``
+    defaults to ``arithmetic``); already-built options pass through."""
+    if not isinstance(data, dict):
+        return data
+    name = data.get("name", "arithmetic")
+    if name not in ENV_CONFIGS:
+        raise ValueError(
+            f"env.name: unknown environment {name!r}; known: {', '.join(sorted(ENV_CONFIGS))}"
+        )
+    return ENV_CONFIGS[name].model_validate(data)
+
+
+class SandboxConfig(StrictModel):
+    """Where and how model-written code runs (sandbox/sandbox.py, docs/sandbox.md)."""
+
+    unsafe_run_without_isolation: bool = False
+    """Run model-written code without bubblewrap (limits and an audit hook only); the code can
+    then read this user's files and environment. Only for machines that cannot run bwrap."""
+    workers: int = Field(0, ge=0, le=256)
+    """Sandbox slots: sandboxes running at once in this process, tool calls and gradings
+    together (0 = one per CPU core, fewer if the available memory holds fewer)."""
+    wall_timeout_s: float = Field(5.0, gt=0, le=600)
+    """Wall-clock limit of one grading (interpreter start, loading and every test call)."""
+    cpu_time_s: int = Field(5, ge=1, le=600)
+    """CPU-seconds limit of the sandboxed process (RLIMIT_CPU)."""
+    memory_mb: int = Field(512, ge=64, le=65536)
+    """Address-space limit of each sandboxed process (RLIMIT_AS)."""
+    file_size_mb: int = Field(16, ge=1, le=4096)
+    """Largest file the code may write (RLIMIT_FSIZE)."""
+    work_dir_mb: int = Field(64, ge=1, le=65536)
+    """Size of the private tmpfs work directory, the only writable place."""
+    max_processes: int = Field(1, ge=1, le=4096)
+    """Processes and threads the code may have at once (RLIMIT_NPROC, per sandbox). 1: none
+    can be started, even through a call the audit hook does not see (each child would get a
+    memory limit of its own); a test suite that starts processes needs more."""
+    max_output_kb: int = Field(64, ge=1, le=65536)
+    """stdout/stderr bytes kept from a run (the rest is read and dropped)."""
+    audit_hook: bool = True
+    """Also install the in-process audit hook (a second layer under the OS isolation)."""
+
+
+class RolloutConfig(StrictModel):
+    """Bounds on multi-turn tool rollouts (tool environments; docs/agents.md)."""
+
+    max_turns: int = Field(3, ge=1, le=256)
+    """Assistant turns per rollout: after a turn with tool calls, the results are appended
+    and the model continues, at most ``max_turns - 1`` times (TRL's
+    ``max_tool_calling_iterations``). Calls written in the last turn are not run."""
+    max_tool_calls: int = Field(4, ge=0, le=4096)
+    """Tool calls run per rollout; later calls get an error result saying the budget is
+    used up, without running."""
+    concurrent_tools: bool = True
+    """Run the tool calls of all rollouts of a turn at once (each rollout's calls in its own
+    order), bounded by ``sandbox.workers`` slots for sandboxed tools and ``max_remote_calls``
+    for OpenEnv ones; the same messages and rewards as one rollout after another."""
+    max_remote_calls: int = Field(32, ge=1, le=1024)
+    """OpenEnv calls (tool calls and gradings) in flight at once from this process."""

@@ -1,0 +1,587 @@
+"""``composer-replication ablate``: train each arm (plain GRPO, +SDPO, +replay, all three, and
+TRL's SDPOTrainer as a peer) for every seed on the same model, task and held-out set; write a
+table with means and 95% CIs over seeds, and a PNG of held-out score vs step per arm."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from composer_replication.config import (
+    AblationArm,
+    AblationConfig,
+    ConfigError,
+    RunConfig,
+    load_config,
+    nested_diffs,
+    resolve_config_path,
+)
+
+# two-sided 95% Student-t quantiles by degrees of freedom (seeds - 1)
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+FINAL_EVAL = "final_eval.json"
+"""An arm/seed run's final held-out result; its presence marks the run as finished."""
+
+TRAIN_REWARD_KEYS = ("reward", "self_distillation/reward_mean")
+"""A step's mean training reward in metrics.jsonl: our trainer's key, then TRL SDPOTrainer's."""
+
+FLAT_GROUP_KEYS = ("frac_reward_zero_std", "self_distillation/flat_group_fraction")
+"""A step's fraction of groups whose rewards are all equal (advantage 0 for every rollout):
+TRL GRPOTrainer's key (our trainer logs it), then TRL SDPOTrainer's."""
+
+
+def _first_key(row: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    return next((k for k in keys if k in row), None)
+
+
+def training_signal(run_dir: Path) -> dict[str, Any]:
+    """What a run's training rollouts earned, read from its ``metrics.jsonl``: the mean reward
+    over its steps (``train_reward``), the first step in which any rollout was rewarded
+    (``first_rewarded_step``; None if none was) and the number of steps in which every group
+    was flat (``flat_steps``: all its rollouts had one reward, so GRPO's gradient was exactly 0
+    and only another channel moved the policy). On a sparse task GRPO learns nothing before
+    the first rewarded step, so it tells a seed that never took off from an arm that failed.
+    A key is missing when the run did not log what it is read from."""
+    from composer_replication.trainer.callbacks import METRICS_FILE, read_metrics
+
+    rewards: list[tuple[int, float]] = []
+    flat: list[bool] = []
+    for row in read_metrics(run_dir / METRICS_FILE):
+        if (key := _first_key(row, TRAIN_REWARD_KEYS)) is not None:
+            rewards.append((int(row["step"]), float(row[key])))
+        if (key := _first_key(row, FLAT_GROUP_KEYS)) is not None:
+            flat.append(float(row[key]) >= 1.0)
+    out: dict[str, Any] = {}
+    if rewards:
+        out["train_reward"] = statistics.fmean(r for _, r in rewards)
+        out["first_rewarded_step"] = next((s for s, r in rewards if r > 0), None)
+    if flat:
+        out["flat_steps"] = sum(flat)
+    return out
+
+
+def load_result(final_eval: Path) -> dict[str, Any]:
+    """A finished run's result (its ``final_eval.json``) with its training signal."""
+    return {**json.loads(final_eval.read_text()), **training_signal(final_eval.parent)}
+
+
+def markers(section: str) -> tuple[str, str]:
+    """The begin/end comments around an experiment's section of a results file."""
+    return f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
+
+
+def arm_config(acfg: AblationConfig, arm: AblationArm, seed: int) -> RunConfig:
+    out = Path(acfg.output_dir) / arm.name / f"seed{seed}"
+    cfg = _arm_run_config(acfg, arm, seed, out)
+    if arm.trainer == "trl_sdpo" and cfg.sdpo.weight <= 0:
+        raise ConfigError(
+            f"arm {arm.name!r}: the TRL SDPO peer takes its distillation weight from "
+            "sdpo.weight, which is 0 (the peer would not distill); set e.g. sdpo.weight=0.1"
+        )
+    return cfg
+
+
+def _arm_run_config(acfg: AblationConfig, arm: AblationArm, seed: int, out: Path) -> RunConfig:
+    return load_config(
+        resolve_config_path(acfg.base_config),
+        [
+            *acfg.base_overrides,
+            *arm.overrides,
+            f"seed={seed}",
+            f"output_dir={out}",
+            "eval.before_and_after=false",
+            "save_steps=0",
+            "save_only_model=true",  # an arm is never resumed mid-way: finished arms are reused
+        ],
+    )
+
+
+def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> dict[str, Any]:
+    """Train one arm/seed; returns its final held-out result and timing."""
+    from composer_replication.run.train import build_trainer, evaluate_run, prepare
+    from composer_replication.trainer.callbacks import HeldoutEvalCallback
+
+    cfg = arm_config(acfg, arm, seed)
+    done = Path(cfg.output_dir, FINAL_EVAL)
+    if done.is_file():  # finished by an earlier, interrupted `ablate`: keep it
+        check_reusable(cfg)
+        if console is not None:
+            console.print(f"[dim]{arm.name} seed {seed}: reusing {done}")
+        return load_result(done)
+    t0 = time.monotonic()
+    model, tokenizer, env = prepare(cfg)
+    if arm.trainer == "trl_sdpo":
+        trainer = build_trl_sdpo_trainer(cfg, model, tokenizer, env)
+    else:
+        trainer = build_trainer(cfg, model, tokenizer, env, console)
+    trainer.add_callback(
+        HeldoutEvalCallback(
+            cfg.output_dir,
+            env,
+            tokenizer,
+            acfg.eval_every,
+            acfg.eval_n_during,
+            cfg.eval.max_new_tokens,
+            cfg.eval.batch_size,
+            max_turns=cfg.rollout.max_turns,
+            max_tool_calls=cfg.rollout.max_tool_calls,
+        )
+    )
+    trainer.train()
+    final = evaluate_run(cfg, model, tokenizer, env, f"{arm.name} seed {seed}", console)
+    result = {
+        "arm": arm.name,
+        "seed": seed,
+        **final.summary(),
+        "wall_s": time.monotonic() - t0,
+        "run_dir": cfg.output_dir,
+    }
+    done.write_text(json.dumps(result, indent=2))
+    if not acfg.keep_checkpoints:
+        for ckpt in Path(cfg.output_dir).glob("checkpoint-*"):
+            shutil.rmtree(ckpt)
+    return {**result, **training_signal(done.parent)}
+
+
+def check_reusable(cfg: RunConfig) -> None:
+    """A finished run is reused only if it was trained with ``cfg`` (its ``config.yaml``, read
+    with today's defaults, equal but for ``output_dir``); else ConfigError naming what differs.
+    So two experiments may share runs by pointing at one directory, and an edited arm is never
+    silently answered by its old run."""
+    saved = Path(cfg.output_dir, "config.yaml")
+    if not saved.is_file():
+        raise ConfigError(f"{saved}: missing; cannot tell what {cfg.output_dir} was trained with")
+    diffs = nested_diffs(
+        load_config(saved, []).model_dump(exclude={"output_dir"}),
+        cfg.model_dump(exclude={"output_dir"}),
+    )
+    if diffs:
+        raise ConfigError(
+            f"{cfg.output_dir} finished with another config (saved -> this arm):\n  "
+            + "\n  ".join(diffs[:10])
+            + "\nrename the arm or move that run directory away"
+        )
+
+
+def base_result(acfg: AblationConfig, console=None) -> dict[str, Any]:
+    """The untrained model on the same held-out set as the arms' final evaluation (cached)."""
+    from composer_replication.run.train import evaluate_run, prepare
+
+    path = Path(acfg.output_dir) / "base_eval.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    cfg = arm_config(acfg, acfg.arms[0], acfg.seeds[0])
+    model, tokenizer, env = prepare(cfg)
+    result = {
+        "arm": "base (untrained)",
+        **evaluate_run(cfg, model, tokenizer, env, "base", console).summary(),
+    }
+    path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+TRL_SDPO_MAPPING: tuple[tuple[str, str, str], ...] = (
+    ("`sdpo.weight` (alpha; total = policy + alpha * sdpo)",
+     "`distillation_weight` = alpha / (1 + alpha)",
+     "TRL's total is (1 - w) * policy + w * sdpo: the same mix, the whole loss scaled by "
+     "1 / (1 + alpha)"),
+    ("`sdpo.loss` jsd `beta`", "`distillation_mode=full_logits`, `distillation_alpha` = beta",
+     "the same generalized JSD over the full vocabulary (beta 0 forward KL, 1 reverse KL); TAID "
+     "and entropy_opd have no TRL counterpart (the peer then uses full-logit JSD, alpha 0.5)"),
+    ("`sdpo.loss` `temperature`, `token_clip`", "-",
+     "no counterpart; TRL clips the importance ratio instead (`distillation_is_clip` 2.0)"),
+    ("`sdpo.teacher` live / ema / initial", "`teacher_model_kind` live / ema / base",
+     "ema: `teacher_update_rate` = 1 - `sdpo.ema_decay`, synced every step"),
+    ("`sdpo.hint_sources` feedback", "`include_environment_feedback=True`",
+     "TRL takes feedback per prompt (`privileged_context`: the task's reference answer), ours "
+     "per failed completion (the verifier's message on it)"),
+    ("`sdpo.hint_sources` sibling", "`use_successful_as_teacher=True`",
+     "a successful rollout of the same prompt as the demonstration"),
+    ("`sdpo.hint_sources` model", "-", "no counterpart (not used by the peer)"),
+    ("`sdpo.feedback_template`, `sibling_template`", "`feedback_template`, `solution_template`",
+     "our `{feedback}` / `{sibling}` become TRL's `{feedback_raw}` / "
+     "`{successful_previous_attempt}`"),
+    ("hints only for failed completions", "`dont_reprompt_on_self_success=True`", "same"),
+    ("`sdpo.feedback_form` verifier", "`privileged_context` = the task's reference answer",
+     "other forms (direction, digits, ...) depend on the completion, and TRL's feedback is per "
+     "prompt: refused"),
+    ("`sdpo.route_failures`", "-", "no counterpart: refused"),
+    ("`sdpo.contrast` placebo", "-", "no counterpart: refused"),
+)  # fmt: skip
+"""How the ablation's TRL SDPOTrainer peer takes its settings from our run config: (ours, TRL's
+SDPOConfig, how). One source of truth for :func:`trl_sdpo_kwargs` and the table in
+docs/results.md (a test checks that the docs carry :func:`trl_sdpo_mapping_markdown`)."""
+
+
+TRL_SDPO_SETTINGS = "trl_sdpo_config.json"
+"""The peer's run directory records every SDPOConfig field it was given (mapped + GRPO's)."""
+
+
+def trl_sdpo_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """TRL ``SDPOConfig`` fields that carry our ``sdpo`` settings (see TRL_SDPO_MAPPING)."""
+    sd = cfg.sdpo
+    if "feedback" in sd.hint_sources and sd.feedback_form != "verifier":
+        raise ConfigError(
+            f"sdpo.feedback_form={sd.feedback_form!r}: TRL's SDPO takes feedback per prompt "
+            "(privileged_context), not per completion; the peer supports 'verifier' only"
+        )
+    if sd.route_failures:
+        raise ConfigError("sdpo.route_failures: TRL's SDPO has no routing; drop it for the peer")
+    if sd.contrast != "none":
+        raise ConfigError(
+            f"sdpo.contrast={sd.contrast!r}: TRL's SDPO has no contrast teacher; drop it for the peer"
+        )
+    loss = sd.loss
+    alpha = loss.beta if loss.type == "jsd" else 0.5
+    kind = {"live": "live", "ema": "ema", "initial": "base"}[sd.teacher]
+    template = sd.feedback_template.replace("{feedback}", "{feedback_raw}")
+    return {
+        "distillation_weight": sd.weight / (1.0 + sd.weight),
+        "distillation_mode": "full_logits",
+        "distillation_alpha": alpha,
+        "teacher_model_kind": kind,
+        "teacher_update_rate": 1.0 - sd.ema_decay,
+        "teacher_sync_steps": 1,
+        "include_environment_feedback": "feedback" in sd.hint_sources,
+        "use_successful_as_teacher": "sibling" in sd.hint_sources,
+        "dont_reprompt_on_self_success": True,
+        "feedback_template": "\n" + template + "\n",
+        "solution_template": "\n"
+        + sd.sibling_template.replace("{sibling}", "{successful_previous_attempt}")
+        + "\n",
+    }
+
+
+def trl_sdpo_mapping_markdown() -> str:
+    """The mapping as a Markdown table (what docs/results.md shows)."""
+    rows = ["| ours | TRL `SDPOConfig` | how |", "| --- | --- | --- |"]
+    rows += [f"| {a} | {b} | {c} |" for a, b, c in TRL_SDPO_MAPPING]
+    return "\n".join(rows)
+
+
+def build_trl_sdpo_trainer(cfg: RunConfig, model, tokenizer, env):
+    """TRL's experimental SDPOTrainer on the same model, task, data, steps and seed, with the
+    self-distillation settings of ``cfg.sdpo`` mapped by :func:`trl_sdpo_kwargs`.
+
+    TRL's SDPO takes environment feedback only as a per-prompt ``privileged_context`` column,
+    not per completion; we give it the task's reference answer there (the same information
+    our arithmetic feedback carries).
+    """
+    import dataclasses
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from trl.experimental.sdpo import SDPOConfig, SDPOTrainer
+
+    from composer_replication.run.train import build_grpo_args, build_reward_funcs
+    from composer_replication.trainer.callbacks import MetricsJsonlCallback
+    from composer_replication.trainer.data import build_prompt_dataset
+
+    grpo = build_grpo_args(cfg).to_dict()
+    fields = {f.name for f in dataclasses.fields(SDPOConfig)}
+    derived = ("loss_type", "generation_batch_size", "steps_per_generation")  # set in post-init
+    kwargs = {k: v for k, v in grpo.items() if k in fields and k not in derived}
+    kwargs.update(trl_sdpo_kwargs(cfg), save_strategy="no")
+    args = SDPOConfig(**kwargs)
+    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+    Path(cfg.output_dir, TRL_SDPO_SETTINGS).write_text(json.dumps(kwargs, indent=1, default=str))
+    ds = build_prompt_dataset(env, "train", cfg.env.num_train, cfg.env.seed, conversational=True)
+    tasks = {t.task_id: t for t in env.tasks("train")}
+    ds = ds.add_column(
+        "privileged_context", [env.privileged_context(tasks[t]) for t in ds["task_id"]]
+    )
+    return SDPOTrainer(
+        model=model,
+        reward_funcs=build_reward_funcs(cfg, env),
+        args=args,
+        train_dataset=ds,
+        processing_class=tokenizer,
+        callbacks=[MetricsJsonlCallback(cfg.output_dir)],
+    )
+
+
+def t_interval(vals: list[float]) -> tuple[float, float, float]:
+    """Mean and two-sided 95% Student-t interval over seeds (half-width 0 for one value)."""
+    mean = statistics.fmean(vals)
+    half = 0.0
+    if len(vals) > 1:
+        half = _T95.get(len(vals) - 1, 1.96) * statistics.stdev(vals) / math.sqrt(len(vals))
+    return mean, mean - half, mean + half
+
+
+def summarize(
+    results: list[dict[str, Any]], arms: list[str], reference: str | None = None
+) -> list[dict[str, Any]]:
+    """Per arm: mean final pass rate over seeds with a t-interval, per-seed values, and the
+    per-seed paired difference to ``reference`` (default: the first arm) with its t-interval."""
+    ref = reference or arms[0]
+    rows = []
+    for arm in arms:
+        rs = [r for r in results if r["arm"] == arm]
+        vals = [r["pass_rate"] for r in rs]
+        mean, lo, hi = t_interval(vals)
+        diffs = _paired_by_seed(results, arm, ref)
+        d_mean, d_lo, d_hi = t_interval(diffs) if diffs else (math.nan,) * 3
+        rows.append(
+            {
+                "arm": arm,
+                "mean": mean,
+                # a pass rate lives in [0, 1]; with 3 seeds the t-interval can leave it
+                "ci95_low": max(0.0, lo),
+                "ci95_high": min(1.0, hi),
+                "reference": ref,
+                "vs_first": diffs,
+                "paired_mean": d_mean,
+                "paired_ci95": (d_lo, d_hi),
+                "per_seed": vals,
+                "n_heldout": rs[0]["n"] if rs else 0,
+                "reward": statistics.fmean(r["mean_reward"] for r in rs),
+                "train_reward": _mean_known(r.get("train_reward") for r in rs),
+                "first_rewarded": [_first_rewarded(r) for r in rs],
+                "flat_steps": [r.get("flat_steps") for r in rs],
+                "wall_s": statistics.fmean(r["wall_s"] for r in rs),
+            }
+        )
+    return rows
+
+
+def _mean_known(values) -> float | None:
+    """The mean of the values that are not None (None when none is known)."""
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
+
+
+def _num(value: float | None) -> str:
+    """A table number with 3 decimals, "-" when unknown."""
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _counts(values: list[int | None]) -> str:
+    """Per-seed counts for a table cell, "-" for a seed that did not record one."""
+    return ", ".join("-" if v is None else str(v) for v in values)
+
+
+def _first_rewarded(result: dict[str, Any]) -> str:
+    """A run's first rewarded training step, "never", or "-" (no metrics recorded)."""
+    if "first_rewarded_step" not in result:
+        return "-"
+    step = result["first_rewarded_step"]
+    return "never" if step is None else str(step)
+
+
+def pick_learning_rates(rows: list[dict[str, Any]], default: float = 1e-5) -> dict[str, float]:
+    """The pre-registered learning-rate pick of a tuning run whose arms are named
+    ``"<arm> lr=<rate>"``: per arm, the rate with the best mean final pass rate; a tie goes to
+    the rate closest (in log scale) to ``default``."""
+    by_arm: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        name, sep, lr = r["arm"].rpartition(" lr=")
+        if not sep:
+            raise ValueError(f"tuning arm {r['arm']!r} is not named '<arm> lr=<rate>'")
+        by_arm.setdefault(name, []).append((float(lr), r["mean"]))
+    return {
+        arm: max(cands, key=lambda c: (c[1], -abs(math.log(c[0] / default))))[0]
+        for arm, cands in by_arm.items()
+    }
+
+
+def plot_curves(acfg: AblationConfig, arms: list[str], out: Path) -> Path:
+    """Held-out pass rate vs step, mean over the finished seeds, one line per arm (a killed
+    run's partial curve is left out)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import orjson
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arm in arms:
+        by_step: dict[int, list[float]] = {}
+        for seed in acfg.seeds:
+            path = Path(acfg.output_dir) / arm / f"seed{seed}" / "heldout.jsonl"
+            if not (path.is_file() and path.with_name(FINAL_EVAL).is_file()):
+                continue
+            for line in path.read_bytes().splitlines():
+                row = orjson.loads(line)
+                by_step.setdefault(row["step"], []).append(row["pass_rate"])
+        if by_step:
+            steps = sorted(by_step)
+            ax.plot(steps, [statistics.fmean(by_step[s]) for s in steps], marker="o", label=arm)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(f"held-out pass@1 (first {acfg.eval_n_during}, mean over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _paired_by_seed(results: list[dict[str, Any]], arm: str, ref: str) -> list[float]:
+    """``arm`` minus ``ref`` final pass rate for each seed both ran (same seed = same first
+    rollouts), in seed order."""
+    ref_by_seed = {r["seed"]: r["pass_rate"] for r in results if r["arm"] == ref}
+    return [
+        r["pass_rate"] - ref_by_seed[r["seed"]]
+        for r in sorted(results, key=lambda r: r["seed"])
+        if r["arm"] == arm and r["seed"] in ref_by_seed
+    ]
+
+
+def markdown_table(
+    rows: list[dict[str, Any]],
+    acfg: AblationConfig,
+    command: str,
+    wall_s: float,
+    plot: Path,
+    base: dict[str, Any] | None = None,
+    done: tuple[int, int] | None = None,
+) -> str:
+    """The section of ``results_md``; ``done`` = (finished runs, planned runs) marks a partial
+    report (``ablate --report``) in its heading."""
+    begin, end = markers(acfg.section)
+    ref = rows[0]["reference"] if rows else "first arm"
+    partial = done is not None and done[0] < done[1]
+    heading = f" (in progress: {done[0]} of {done[1]} runs finished)" if partial else ""
+    wall = "sum of the finished runs' wall times" if partial else "total wall time"
+    lines = [
+        begin,
+        f"## {acfg.title}{heading}",
+        "",
+        f"Command: `{command}` (config `{acfg.base_config}` + {acfg.base_overrides}); "
+        f"seeds {acfg.seeds}; {wall} {wall_s / 60:.1f} min on this machine.",
+        "",
+        f"| arm | final held-out pass@1, mean over seeds [95% t-CI] | per seed | minus {ref}, "
+        "per seed | minus " + ref + ", mean [95% t-CI] | held-out mean reward | "
+        "training reward, mean over steps | first rewarded training step, per seed | "
+        "steps with every group flat (GRPO gradient 0), per seed | wall s/run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    if base is not None:
+        lines.append(
+            f"| {base['arm']} | {base['pass_rate']:.1%} [{base['pass_ci95_low']:.1%}, "
+            f"{base['pass_ci95_high']:.1%}] (Wilson) | - | - | - | {base['mean_reward']:.3f} "
+            "| - | - | - | - |"
+        )
+    for r in rows:
+        seeds = ", ".join(f"{v:.1%}" for v in r["per_seed"])
+        deltas = ", ".join(f"{v:+.1%}" for v in r.get("vs_first", [])) or "-"
+        paired = "-"
+        if r["arm"] != ref and r.get("vs_first"):
+            paired = with_interval(r["paired_mean"], r["paired_ci95"], len(r["vs_first"]), "+")
+        mean = with_interval(r["mean"], (r["ci95_low"], r["ci95_high"]), len(r["per_seed"]))
+        lines.append(
+            f"| {r['arm']} | {mean} | {seeds} | {deltas} | {paired} | {r['reward']:.3f} | "
+            f"{_num(r['train_reward'])} | {', '.join(r['first_rewarded'])} | "
+            f"{_counts(r.get('flat_steps', []))} | {r['wall_s']:.0f} |"
+        )
+    if rows and all(" lr=" in r["arm"] for r in rows):
+        picks = pick_learning_rates(rows)
+        so_far = " so far (final once every rate has run)" if partial else ""
+        lines += ["", f"Learning rate per arm by the pre-registered rule{so_far} (best mean "
+                  "final pass@1; ties: closest to 1e-5): "
+                  + ", ".join(f"{a} {lr:g}" for a, lr in picks.items()) + "."]  # fmt: skip
+    lines += ["", f"![held-out score vs step]({plot.as_posix()})", "", end]
+    return "\n".join(lines)
+
+
+def with_interval(value: float, ci: tuple[float, float], n: int, sign: str = "") -> str:
+    """``value [lo, hi]`` as percentages; one seed has no interval (``value (1 seed)``)."""
+    if n < 2:
+        return f"{value:{sign}.1%} (1 seed)"
+    return f"{value:{sign}.1%} [{ci[0]:{sign}.1%}, {ci[1]:{sign}.1%}]"
+
+
+def write_results(md_path: Path, section: str, name: str = "ablation") -> None:
+    """Replace experiment ``name``'s section of a markdown file (or append it)."""
+    begin, end = markers(name)
+    text = md_path.read_text() if md_path.is_file() else "# Results\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
+        text = head + section + tail
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(text)
+
+
+def finished_results(acfg: AblationConfig) -> list[dict[str, Any]]:
+    """The final results of the arm/seed runs already finished under ``output_dir``."""
+    out = []
+    for seed in acfg.seeds:
+        for arm in acfg.arms:
+            path = Path(arm_config(acfg, arm, seed).output_dir, FINAL_EVAL)
+            if path.is_file():
+                out.append(load_result(path))
+    return out
+
+
+def selected_arms(acfg: AblationConfig, only: list[str] | None) -> list[AblationArm]:
+    """The arms named in ``only`` (all when None), in the config's order; an unknown name is a
+    ConfigError listing the arms there are."""
+    names = [a.name for a in acfg.arms]
+    unknown = [n for n in only or [] if n not in names]
+    if unknown:
+        raise ConfigError(f"--arm {unknown[0]!r}: no such arm; the arms are {names}")
+    return [a for a in acfg.arms if only is None or a.name in only]
+
+
+def run_ablation(
+    acfg: AblationConfig,
+    command: str,
+    console=None,
+    train: bool = True,
+    only: list[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Every arm x seed (interleaved by seed so a noisy machine hits all arms alike), then the
+    table. ``train=False`` (``ablate --report``) trains nothing: it tabulates the runs already
+    finished, marked as partial when some are missing (the wall time is then their sum).
+    ``only`` (``ablate --arm``) trains just those arms, so that two processes can share one
+    experiment without racing for the same run; the table then holds every finished run."""
+    arms = selected_arms(acfg, only)
+    t0 = time.monotonic()
+    out = Path(acfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if train:
+        base = base_result(acfg, console)
+        results = []
+        for seed in acfg.seeds:
+            for arm in arms:
+                if console is not None:
+                    console.rule(f"[bold]{arm.name} / seed {seed}")
+                results.append(run_arm(acfg, arm, seed, console))
+                if only is None:
+                    (out / "results.json").write_text(json.dumps(results, indent=2))
+        if only is not None:  # the table is of every finished run, as with --report
+            results = finished_results(acfg)
+    else:
+        base_path = out / "base_eval.json"
+        base = json.loads(base_path.read_text()) if base_path.is_file() else None
+        results = finished_results(acfg)
+        if not results:
+            raise ConfigError(f"ablate --report: no finished run under {out}")
+    names = [a.name for a in acfg.arms if any(r["arm"] == a.name for r in results)]
+    rows = summarize(results, names, acfg.reference_arm)
+    plot = plot_curves(acfg, names, out / "heldout_vs_step.png")
+    (out / "summary.json").write_text(json.dumps(rows, indent=2))
+    whole = train and only is None
+    wall = time.monotonic() - t0 if whole else sum(r.get("wall_s", 0.0) for r in results)
+    done = (len(results), len(acfg.arms) * len(acfg.seeds))
+    table = markdown_table(rows, acfg, command, wall, Path(plot.name), base, done)
+    write_results(out / "results.md", table, acfg.section)
+    if acfg.results_md:
+        md = Path(acfg.results_md)
+        docs_plot = md.parent / f"{acfg.section}_heldout_vs_step.png"
+        docs_plot.parent.mkdir(parents=True, exist_ok=True)
+        docs_plot.write_bytes(plot.read_bytes())
+        table = markdown_table(rows, acfg, command, wall, Path(docs_plot.name), base, done)
+        write_results(md, table, acfg.section)
+    return rows

@@ -1,0 +1,530 @@
+"""Build the parts of a run from a RunConfig and run it: load, evaluate base, train, evaluate
+trained, report. The CLI's ``train`` is a thin wrapper around :func:`run_training`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from composer_replication.config import ConfigError, RunConfig, dump_config
+from composer_replication.progress import progress_bar
+from composer_replication.run.card import write_model_card
+
+
+@dataclass
+class RunSummary:
+    """What a training run produced."""
+
+    run_dir: Path
+    base: dict[str, Any] | None
+    trained: dict[str, Any] | None
+    delta: dict[str, float] | None
+    train_seconds: float
+    total_seconds: float
+    final_checkpoint: Path
+    channel_reports: list[str] = field(default_factory=list)
+    """Channels with weight > 0 that stayed inactive on every step (empty if none)."""
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def vllm_args(cfg: RunConfig) -> dict[str, Any]:
+    """TRL's vLLM options for ``generation.backend``; a clear error when vLLM is missing."""
+    if cfg.generation.backend != "vllm":
+        return {"use_vllm": False}
+    import importlib.util
+
+    from composer_replication.config import ConfigError
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "generation.backend=vllm: the vllm package is not installed (pip install vllm; it "
+            "needs a CUDA GPU); use generation.backend=transformers on this machine"
+        )
+    v = cfg.generation.vllm
+    out: dict[str, Any] = {"use_vllm": True, "vllm_mode": v.mode}
+    if v.mode == "server":
+        if v.server_base_url:
+            out["vllm_server_base_url"] = v.server_base_url
+    else:
+        out.update(
+            vllm_gpu_memory_utilization=v.gpu_memory_utilization,
+            vllm_tensor_parallel_size=v.tensor_parallel_size,
+            vllm_max_model_length=v.max_model_length,
+        )
+    return out
+
+
+def build_grpo_args(cfg: RunConfig):
+    """Map our RunConfig onto TRL's GRPOConfig."""
+    import torch
+    from trl import GRPOConfig
+
+    g, p, o = cfg.generation, cfg.grpo, cfg.optim
+    save_steps = cfg.save_steps or cfg.max_steps
+    return GRPOConfig(
+        output_dir=cfg.output_dir,
+        max_steps=cfg.max_steps,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        per_device_train_batch_size=g.prompts_per_step * g.num_generations,
+        gradient_accumulation_steps=o.gradient_accumulation_steps,
+        num_generations=g.num_generations,
+        max_completion_length=g.max_completion_length,
+        max_tool_calling_iterations=cfg.rollout.max_turns - 1,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        loss_type=p.loss_type,
+        epsilon=p.epsilon,
+        epsilon_high=p.epsilon_high,
+        beta=p.beta,
+        scale_rewards=p.scale_rewards,
+        mask_truncated_completions=p.mask_truncated_completions,
+        num_iterations=p.num_iterations,
+        learning_rate=o.learning_rate,
+        lr_scheduler_type=o.lr_scheduler,
+        warmup_steps=o.warmup_steps,
+        weight_decay=o.weight_decay,
+        max_grad_norm=o.max_grad_norm,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=save_steps,
+        save_total_limit=cfg.save_total_limit,
+        save_only_model=cfg.save_only_model,
+        report_to=cfg.logging.report_to or "none",
+        run_name=cfg.logging.run_name or Path(cfg.output_dir).name,
+        activation_checkpointing=o.gradient_checkpointing,
+        **vllm_args(cfg),
+        disable_tqdm=True,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=cfg.model.dtype == "bfloat16" and torch.cuda.is_available(),
+        dataloader_num_workers=0,
+    )
+
+
+def build_reward_funcs(cfg: RunConfig, env) -> list:
+    from composer_replication.trainer.rewards import EnvReward
+
+    if (
+        cfg.env.tools and cfg.env.openenv_url
+    ):  # the server grades each rollout (envs/openenv/adapter.py)
+        from composer_replication.envs.openenv.adapter import OpenEnvReward
+
+        funcs: list = [OpenEnvReward(env.name)]
+    else:
+        funcs = [EnvReward(env)]
+    if cfg.grpo.overlong.enabled:
+        from trl.rewards import get_soft_overlong_punishment
+
+        funcs.append(
+            get_soft_overlong_punishment(
+                max_completion_len=cfg.generation.max_completion_length,
+                soft_punish_cache=cfg.grpo.overlong.cache,
+            )
+        )
+    return funcs
+
+
+def build_env(cfg: RunConfig):
+    """The environment ``cfg.env`` names, built from its options (``env_options``), with the
+    sandbox section for an environment that grades code in it; first this process's sandbox
+    slots (``sandbox.workers``) and OpenEnv connection limit (``rollout.max_remote_calls``),
+    shared by tools and grading."""
+    from composer_replication.envs import get_env
+    from composer_replication.envs.openenv.adapter import CONNECTIONS
+    from composer_replication.sandbox.sandbox import set_sandbox_slots
+
+    set_sandbox_slots(cfg.sandbox.workers)
+    CONNECTIONS.set_limit(cfg.rollout.max_remote_calls)
+    extra = {"sandbox": cfg.sandbox} if cfg.env.name == "humaneval" else {}
+    return get_env(cfg.env.name, **cfg.env.env_options(), **extra)
+
+
+def tool_kwargs(cfg: RunConfig, env) -> dict[str, Any]:
+    """``environment_factory`` for a tool environment (its tools bounded by
+    ``rollout.max_tool_calls``); nothing for single-turn environments."""
+    from composer_replication.envs.base import is_tool_env
+    from composer_replication.envs.tools import bounded_tools
+
+    if not is_tool_env(env):
+        return {}
+    if cfg.env.openenv_url:  # tools (and grading) on an OpenEnv server
+        from composer_replication.envs.openenv.adapter import openenv_tools_class
+
+        tools = openenv_tools_class(cfg.env.openenv_url, cfg.env.max_tool_output_chars)
+    else:
+        tools = env.tools_class()
+    return {"environment_factory": bounded_tools(tools, cfg.rollout.max_tool_calls)}
+
+
+def data_shard(cfg: RunConfig) -> tuple[int, int]:
+    """(index, count) of this run's slice of the train split: DiLoCo replica r of n trains on
+    shard r of n; a plain run on the whole split."""
+    d = cfg.diloco
+    return (d.replica_id, d.replicas) if d.enabled else (0, 1)
+
+
+def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_kwargs=None):
+    """A ComposerReplicationTrainer wired with our reward, dataset, channels and callbacks
+    (``channel_kwargs``: extra constructor arguments per channel name, see build_channels)."""
+    from composer_replication.channels import build_channels
+    from composer_replication.trainer.callbacks import (
+        MetricsJsonlCallback,
+        PlotCallback,
+        RichProgressCallback,
+        StepLineCallback,
+    )
+    from composer_replication.trainer.data import build_prompt_dataset
+    from composer_replication.trainer.trainer import ComposerReplicationTrainer
+
+    dataset = build_prompt_dataset(
+        env,
+        "train",
+        cfg.env.num_train,
+        cfg.env.seed,
+        conversational=bool(getattr(tokenizer, "chat_template", None)),
+        shard=data_shard(cfg),
+    )
+    callbacks = [MetricsJsonlCallback(cfg.output_dir), PlotCallback(cfg.output_dir)]
+    callbacks.append(RichProgressCallback(console) if console is not None else StepLineCallback())
+    if cfg.diloco.enabled:
+        from composer_replication.diloco.callback import DilocoCallback
+
+        callbacks.append(DilocoCallback(cfg.diloco, cfg.output_dir))
+    trainer = ComposerReplicationTrainer(
+        model=model,
+        reward_funcs=build_reward_funcs(cfg, env),
+        args=build_grpo_args(cfg),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        channels=build_channels(cfg, **(channel_kwargs or {})),
+        resume_override_channels=cfg.resume_override_channels,
+        dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
+        max_refills=cfg.grpo.dynamic_sampling.max_refills,
+        shared_prefix=cfg.generation.shared_prefix,
+        concurrent_tools=cfg.rollout.concurrent_tools,
+        **tool_kwargs(cfg, env),
+    )
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # our bar or step lines replace its raw dicts
+    return trainer
+
+
+def resolve_resume(cfg: RunConfig) -> str | None:
+    """``resume_from: latest`` -> newest ``checkpoint-N`` in output_dir; a path is checked to
+    exist. Raises `ConfigError` (one line, nothing loaded or written yet)."""
+    from composer_replication.config import ConfigError
+
+    if cfg.resume_from is None:
+        return None
+    if cfg.resume_from == "latest":
+        steps = {
+            int(p.name.split("-")[1]): p
+            for p in Path(cfg.output_dir).glob("checkpoint-*")
+            if p.is_dir() and p.name.split("-")[1].isdigit()
+        }
+        if not steps:
+            raise ConfigError(
+                f"resume_from=latest: no checkpoint-N directory in {cfg.output_dir} "
+                "(start without resume_from, or point output_dir at the earlier run)"
+            )
+        return _resumable(str(steps[max(steps)]))
+    if not Path(cfg.resume_from).is_dir():
+        raise ConfigError(f"resume_from: {cfg.resume_from} is not a directory")
+    return _resumable(cfg.resume_from)
+
+
+def _resumable(checkpoint: str) -> str:
+    from composer_replication.config import ConfigError
+
+    if not (Path(checkpoint) / "optimizer.pt").is_file():
+        raise ConfigError(
+            f"resume: {checkpoint} has no optimizer state (saved with save_only_model=true, or "
+            "not a training checkpoint); it can be loaded as model.name but not resumed"
+        )
+    return checkpoint
+
+
+def process_rank() -> tuple[int, int]:
+    """(rank, world size) of this process under torchrun / accelerate launch; (0, 1) alone."""
+    import os
+
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def check_resume(cfg: RunConfig) -> str | None:
+    """The checkpoint to resume from, after checking (before any model loads) that it was
+    trained with this config's channel settings (``resume_override_channels`` to differ), and
+    that the config can run in this many processes."""
+    from composer_replication.config import (
+        DYNAMIC_SAMPLING_MULTIPROCESS,
+        ConfigError,
+        check_resume_channels,
+    )
+
+    if cfg.grpo.dynamic_sampling.enabled and process_rank()[1] > 1:
+        raise ConfigError(DYNAMIC_SAMPLING_MULTIPROCESS)
+    resume = resolve_resume(cfg)
+    if resume is not None:
+        check_resume_channels(resume, cfg.channel_settings(), cfg.resume_override_channels)
+    return resume
+
+
+def prepare(cfg: RunConfig):
+    """Threads, seeds, run dir and config snapshot; returns (model, tokenizer, env)."""
+    import torch
+
+    from composer_replication.envs.base import is_tool_env
+    from composer_replication.lm.chat_templates import ensure_tool_template
+    from composer_replication.lm.models import load_model, load_tokenizer
+
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    seed_everything(cfg.seed)
+    env = build_env(cfg)  # first: a code env refuses to start without its sandbox
+    tokenizer = load_tokenizer(cfg.model.name)  # a bad model id fails here, nothing written yet
+    if is_tool_env(env):
+        ensure_tool_template(tokenizer)  # SmolLM2's own template cannot render tool calls
+    model = load_model(cfg.model.name, dtype=cfg.model.dtype, peft=cfg.peft)
+    run_dir = Path(cfg.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if process_rank()[0] == 0:
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
+    return model, tokenizer, env
+
+
+def evaluate_run(
+    cfg: RunConfig, model, tokenizer, env, tag: str, console=None, n: int | None = None
+):
+    """Held-out evaluation of ``model`` as configured in ``cfg.eval`` (greedy by default)."""
+    from composer_replication.evaluation import evaluate
+
+    n = n or cfg.eval.n
+    with progress_bar(console, f"eval {tag}", min(n, len(env.tasks(cfg.eval.split)))) as adv:
+        return evaluate(
+            model,
+            tokenizer,
+            env,
+            cfg.eval.split,
+            n,
+            cfg.eval.max_new_tokens,
+            cfg.eval.batch_size,
+            progress=adv,
+            max_turns=cfg.rollout.max_turns,
+            max_tool_calls=cfg.rollout.max_tool_calls,
+            temperature=cfg.eval.temperature,
+            seed=cfg.eval.seed,
+        )
+
+
+def run_training(cfg: RunConfig, console=None, extra_callbacks=()) -> RunSummary:
+    """Evaluate the base model, train, evaluate the trained model, write results."""
+    from composer_replication.evaluation import paired_difference
+    from composer_replication.trainer.callbacks import EVAL_FILE, METRICS_FILE, plot_metrics
+
+    if async_enabled(cfg):  # GPU users: TRL's AsyncGRPOTrainer on a vLLM server
+        return run_async_training(cfg)
+    t_start = time.monotonic()
+    resume = check_resume(cfg)
+    model, tokenizer, env = prepare(cfg)
+    run_dir = Path(cfg.output_dir)
+    evals = cfg.eval.before_and_after
+    base = (
+        evaluate_run(cfg, model, tokenizer, env, "base", console) if evals and not resume else None
+    )
+    trainer = build_trainer(cfg, model, tokenizer, env, console)
+    for cb in extra_callbacks:
+        trainer.add_callback(cb)
+    t_train = time.monotonic()
+    trainer.train(resume_from_checkpoint=resume)
+    train_seconds = time.monotonic() - t_train
+    final = run_dir / "final"
+    trainer.save_model(str(final))
+    tokenizer.save_pretrained(str(final))
+    trained = evaluate_run(cfg, model, tokenizer, env, "trained", console) if evals else None
+    delta = paired_difference(base, trained) if base is not None and trained is not None else None
+    summary = RunSummary(
+        run_dir=run_dir,
+        base=base.summary() if base else None,
+        trained=trained.summary() if trained else None,
+        delta=delta,
+        train_seconds=train_seconds,
+        total_seconds=time.monotonic() - t_start,
+        final_checkpoint=final,
+        channel_reports=list(trainer.channel_reports),
+    )
+    if trainer.args.should_save:  # rank 0 of a multi-process run writes the run's files
+        record = _summary_json(summary)
+        (run_dir / EVAL_FILE).write_text(json.dumps(record, indent=2))
+        write_model_card(cfg, record, run_dir, final)
+        plot_metrics(run_dir / METRICS_FILE)  # again, now with the held-out results
+    return summary
+
+
+def _summary_json(s: RunSummary) -> dict[str, Any]:
+    return {
+        "base": s.base,
+        "trained": s.trained,
+        "delta": s.delta,
+        "train_seconds": s.train_seconds,
+        "total_seconds": s.total_seconds,
+        "final_checkpoint": str(s.final_checkpoint),
+        "channel_reports": s.channel_reports,
+    }
+
+
+# ---- the asynchronous off-policy path (GPU users) ----------------------------------------
+# ``generation.backend: vllm`` with
+# ``generation.vllm.async_rollouts.enabled`` trains with TRL 1.16's experimental
+# ``AsyncGRPOTrainer`` (``trl.experimental.async_grpo``) instead of our synchronous
+# ``ComposerReplicationTrainer``.
+#
+# There, a rollout worker process sends every rollout to a vLLM server on its own (its turns and
+# tool calls do not wait for the rest of the batch) and queues the scored samples; the trainer
+# takes what is ready. A sample generated by weights up to ``max_staleness`` optimizer steps
+# old is trained with the clipped importance ratio of the current policy to the sampling
+# policy's log-probs (PPO's clip, Schulman et al. 2017, with DAPO's ``epsilon_high``); older
+# ones are dropped. This section maps a run config onto it and refuses, in one line naming the
+# key and before anything loads, what that trainer does not do (our channels, dynamic sampling,
+# DiLoCo, a KL term, other loss types). Not run in this project (no GPU, no vLLM): tested up to
+# the wire (the mapping, the refusals, a picklable environment factory).
+
+ASYNC_KEY = "generation.vllm.async_rollouts"
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def async_enabled(cfg: RunConfig) -> bool:
+    return cfg.generation.backend == "vllm" and cfg.generation.vllm.async_rollouts.enabled
+
+
+def check_async(cfg: RunConfig) -> None:
+    """``ConfigError`` (one line) for what ``AsyncGRPOTrainer`` cannot run, then for a
+    missing vLLM; nothing is loaded before."""
+    p = cfg.grpo
+    refusals = [
+        (bool(cfg.channel_settings()), f"the channels {sorted(cfg.channel_settings())} "
+                                       "(set their weight to 0)"),
+        (p.dynamic_sampling.enabled, "grpo.dynamic_sampling"),
+        (cfg.diloco.enabled, "diloco"),
+        (p.beta > 0, "grpo.beta > 0 (no reference model there)"),
+        (p.loss_type != "dapo", f"grpo.loss_type={p.loss_type} (its loss is token-level, DAPO's)"),
+        (p.num_iterations != 1, "grpo.num_iterations != 1"),
+        (cfg.peft.enabled, "peft (pass a LoRA config to AsyncGRPOTrainer yourself)"),
+    ]  # fmt: skip
+    for bad, what in refusals:
+        if bad:
+            raise ConfigError(f"{ASYNC_KEY}: TRL's AsyncGRPOTrainer does not run {what}")
+    if not vllm_installed():
+        raise ConfigError(
+            f"{ASYNC_KEY}: the vllm package is not installed (pip install vllm; it needs a CUDA GPU "
+            "and a `trl vllm-serve` server); turn async_rollouts off on this machine"
+        )
+
+
+def async_grpo_args(cfg: RunConfig):
+    """Our RunConfig as TRL's ``AsyncGRPOConfig``."""
+    import torch
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    cuda = torch.cuda.is_available()  # bf16 is refused on CPU (this mapping's test runs there)
+
+    g, p, o = cfg.generation, cfg.grpo, cfg.optim
+    a, v = g.vllm.async_rollouts, g.vllm
+    server = {"vllm_server_base_url": v.server_base_url} if v.server_base_url else {}
+    return AsyncGRPOConfig(
+        output_dir=cfg.output_dir, max_steps=cfg.max_steps, seed=cfg.seed,
+        per_device_train_batch_size=g.prompts_per_step * g.num_generations,
+        gradient_accumulation_steps=o.gradient_accumulation_steps,
+        num_generations=g.num_generations, max_completion_length=g.max_completion_length,
+        temperature=g.temperature, top_p=g.top_p,
+        max_tool_calling_iterations=cfg.rollout.max_turns - 1,
+        epsilon=p.epsilon, epsilon_high=p.epsilon_high,
+        max_staleness=a.max_staleness, max_inflight_tasks=a.max_inflight,
+        weight_sync_steps=a.weight_sync_steps,
+        learning_rate=o.learning_rate, lr_scheduler_type=o.lr_scheduler,
+        warmup_steps=o.warmup_steps, weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,
+        save_strategy="steps", save_steps=cfg.save_steps or cfg.max_steps,
+        save_total_limit=cfg.save_total_limit, report_to=cfg.logging.report_to or "none",
+        activation_checkpointing=o.gradient_checkpointing,
+        dtype=cfg.model.dtype, bf16=cfg.model.dtype == "bfloat16" and cuda,
+        use_cpu=not cuda, **server,
+    )  # fmt: skip
+
+
+class ToolsFactory:
+    """A picklable ``environment_factory``: ``AsyncGRPOTrainer`` ships it to its rollout
+    worker process, where it rebuilds the run's (bounded) tool class once and makes one
+    instance per call. (The class ``bounded_tools`` builds exists only in the process that
+    built it, so it cannot travel itself.)"""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg, self._cls = cfg, None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"cfg": self.cfg, "_cls": None}
+
+    def __call__(self) -> Any:
+        if self._cls is None:
+            self._cls = tool_kwargs(self.cfg, build_env(self.cfg))["environment_factory"]
+        return self._cls()
+
+
+def async_trainer_kwargs(cfg: RunConfig, tokenizer, env) -> dict[str, Any]:
+    """Everything ``AsyncGRPOTrainer(**kwargs)`` gets from a run config (after
+    :func:`check_async`): the model path (vLLM serves the same one), rewards, dataset, tools."""
+    from composer_replication.envs.base import is_tool_env
+    from composer_replication.lm.models import resolve_model_path
+    from composer_replication.trainer.data import build_prompt_dataset
+
+    dataset = build_prompt_dataset(env, "train", cfg.env.num_train, cfg.env.seed,
+                                   conversational=True, shard=data_shard(cfg))  # fmt: skip
+    out = {
+        "model": resolve_model_path(cfg.model.name),
+        "reward_funcs": build_reward_funcs(cfg, env),
+        "args": async_grpo_args(cfg),
+        "train_dataset": dataset,
+        "processing_class": tokenizer,
+    }
+    if is_tool_env(env):
+        out["environment_factory"] = ToolsFactory(cfg)
+    return out
+
+
+def run_async_training(cfg: RunConfig) -> Any:
+    """Train with ``AsyncGRPOTrainer`` (GPU, vLLM server); the run's summary (no held-out
+    evaluation: ``eval`` the saved ``final`` model)."""
+    check_async(cfg)
+    t0 = time.monotonic()
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    from composer_replication.envs.base import is_tool_env
+    from composer_replication.lm.chat_templates import ensure_tool_template
+    from composer_replication.lm.models import load_tokenizer
+
+    env = build_env(cfg)
+    tokenizer = load_tokenizer(cfg.model.name)
+    if is_tool_env(env):
+        ensure_tool_template(tokenizer)
+    trainer = AsyncGRPOTrainer(**async_trainer_kwargs(cfg, tokenizer, env))
+    trainer.train()
+    final = Path(cfg.output_dir) / "final"
+    trainer.save_model(str(final))
+    seconds = time.monotonic() - t0
+    return RunSummary(Path(cfg.output_dir), None, None, None, seconds, seconds, final)

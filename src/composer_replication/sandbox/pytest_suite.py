@@ -1,0 +1,378 @@
+"""Run a repository's pytest suite inside the sandbox and read back a per-test report.
+
+The verdict is never pytest's exit code: a reporter plugin inside the sandbox sends one frame
+per test (its final outcome over setup, call and teardown), and the trusted side
+(:class:`SuiteReport`) counts a test as passed only if it was collected and reported passed:
+skipped, xfailed/xpassed, errored, missing (the process died, e.g. ``os._exit(0)`` at import)
+all count as not passed.
+
+How the run is pinned down:
+
+* pytest comes from a private copy of pytest and its pure-Python dependencies
+  (:func:`pytest_tools`), bound read-only into the sandbox; the repository is bound read-only
+  (nothing it runs can rewrite a test or a conftest); the interpreter's site-packages stay
+  hidden, so an installed copy of the package under test is not importable.
+* ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1`` (no entry-point plugins), ``-p no:cacheprovider``,
+  ``-o addopts=`` (no options from the repository's config), ``-B`` and a pycache prefix
+  holding only bytecode the trusted interpreter compiled from the standard library and pytest
+  (never the repository's), ``--import-mode=importlib`` is left to the repository.
+* Frames carry an HMAC keyed with a per-run secret the runner reads from stdin before any
+  repository code is imported, and the trusted side drops frames with a wrong tag, a repeated
+  test, or arriving after the final one. Code under test can still reach that secret from
+  inside the process (``gc``, frames, ``/proc/self/mem``; the audit hook refuses the first),
+  so this raises the bar against printed or forged reports; it is not a proof.
+* That is why grading passes ``served``: the function under grading then runs in a sandbox
+  of its own and the suite calls it through a forwarding stub (sandbox/forward_client.py), so
+  no submitted code runs in this process at all. Without ``served`` (the agent's own
+  ``run_tests``, task generation on the original tree) the checks above are what there is.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import hmac
+import secrets
+import shutil
+import subprocess
+import textwrap
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from composer_replication.sandbox import harness
+from composer_replication.sandbox import sandbox as sb
+
+TOOL_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py.py")
+PASSED, FAILED, SKIPPED, ERROR, XFAIL, MISSING = (
+    "passed",
+    "failed",
+    "skipped",
+    "error",
+    "xfail",
+    "missing",
+)
+
+_RUNNER = r"""
+import os, sys, hmac, hashlib
+_key = os.read(0, 32)
+_out = os.dup(1)
+_null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(_null, 0)
+os.close(_null)
+os.dup2(2, 1)  # pytest's terminal output goes to stderr; stdout carries only frames
+sys.path[:0] = [{tools!r}, {repo!r}]
+os.chdir({repo!r})
+os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+_forward = {forward!r}
+if _forward is not None:
+    import _cr_forward
+    _cr_forward.connect(_forward[0], _forward[1], {repo!r}, _forward[2])
+import pytest
+
+
+def _emit(*frame, _key=_key, _out=_out):
+    body = repr(frame)
+    tag = hmac.new(_key, body.encode(), hashlib.sha256).hexdigest()
+    os.write(_out, (tag + " " + body + "\n").encode())
+
+
+def _first_error(report):
+    lines = (getattr(report, "longreprtext", "") or "").strip().splitlines()
+    errors = [ln[1:].strip() for ln in lines if ln.startswith("E ")]
+    return (errors[0] if errors else (lines[-1] if lines else ""))[:300]
+
+
+import _pytest.reports, _pytest.runner, _pytest.skipping, _pytest.python
+
+
+def _watched():
+    r, rep, py = _pytest.runner, _pytest.reports, _pytest.python
+    pairs = [(r, "call_and_report"), (r, "runtestprotocol"), (r, "pytest_runtest_makereport"),
+             (r, "check_interactive_exception"), (r.CallInfo, "from_call"),
+             (rep.TestReport, "__init__"), (rep.TestReport, "from_item_and_call"),
+             (rep.BaseReport, "passed"), (rep.BaseReport, "failed"), (rep.BaseReport, "skipped"),
+             (_pytest.skipping, "pytest_runtest_makereport"), (py.Function, "runtest"),
+             (py, "pytest_pyfunc_call"), (_Reporter, "pytest_runtest_logreport"),
+             (_Reporter, "pytest_sessionfinish"), (os, "write")]
+    return [(o, n, vars(o).get(n)) for o, n in pairs]
+
+
+class _Reporter:
+    def __init__(self):
+        self.state = {{}}
+        self.code = {{}}
+        self.watched = None
+
+    def intact(self, item=None):
+        if any(vars(o).get(n) is not v for o, n, v in self.watched):
+            return False
+        fn = getattr(item, "obj", None) if item is not None else None
+        want = self.code.get(getattr(item, "nodeid", None))
+        return want is None or getattr(fn, "__code__", None) is want
+
+    def pytest_runtest_setup(self, item):
+        if not self.intact(item):
+            _emit("tampered", item.nodeid)
+
+    def pytest_runtest_teardown(self, item):
+        if not self.intact(item):
+            _emit("tampered", item.nodeid)
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            _emit("collect_error", report.nodeid, _first_error(report))
+
+    def pytest_collection_finish(self, session):
+        self.code = {{i.nodeid: getattr(getattr(i, "obj", None), "__code__", None)
+                     for i in session.items}}
+        _emit("collected", len(session.items))
+
+    def pytest_runtest_logreport(self, report):
+        outcome = report.outcome
+        if report.when == "call" and hasattr(report, "wasxfail"):
+            outcome = "xfail"
+        elif report.when != "call" and report.failed:
+            outcome = "error"
+        elif report.when == "setup" and report.skipped:
+            outcome = "skipped"
+        elif report.when != "call":
+            outcome = None
+        prev = self.state.get(report.nodeid)
+        if outcome is not None and prev in (None, "passed"):
+            self.state[report.nodeid] = outcome
+            self.state.setdefault("_detail_" + report.nodeid, _first_error(report))
+        if report.when == "teardown":
+            final = self.state.get(report.nodeid, "missing")
+            _emit("test", report.nodeid, final, self.state.get("_detail_" + report.nodeid, ""))
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        if not self.intact():
+            _emit("tampered", "session")
+        _emit("finished", int(exitstatus))
+
+
+_reporter = _Reporter()
+_reporter.watched = _watched()
+pytest.main({args!r}, plugins=[_reporter])
+"""
+
+
+@dataclass
+class SuiteReport:
+    """Per-test outcomes of one sandboxed pytest run, as the trusted side accepted them."""
+
+    outcomes: dict[str, str] = field(default_factory=dict)
+    """Test id -> ``passed``/``failed``/``skipped``/``error``/``xfail``."""
+    details: dict[str, str] = field(default_factory=dict)
+    """Test id -> the first ``E`` line of its failure (or the last line of the report)."""
+    collect_errors: dict[str, str] = field(default_factory=dict)
+    collected: int | None = None
+    finished: bool = False
+    """The runner reached the end of the session (no crash, no ``os._exit``, no timeout)."""
+    exit_status: int | None = None
+    """pytest's exit status (0 all passed, 1 some failed, 2 interrupted, 3 internal error, 4
+    usage error, 5 no tests): only used to refuse runs pytest itself did not complete."""
+    tampered: list[str] = field(default_factory=list)
+    """Why frames were rejected (bad tag, a test reported twice, frames after the end)."""
+    timed_out: bool = False
+    output: str = ""
+    """pytest's terminal output (stderr of the run, capped)."""
+    seconds: float = 0.0
+
+    def passed(self, test_id: str) -> bool:
+        """True only for a test reported passed in an untampered, finished run."""
+        return self.ok and self.outcomes.get(test_id) == PASSED
+
+    @property
+    def ok(self) -> bool:
+        """The report can be trusted as a whole: pytest collected and finished the session
+        normally (exit status 0, 1 or 5), nothing was tampered with, no timeout."""
+        complete = self.finished and self.collected is not None and self.exit_status in (0, 1, 5)
+        return complete and not self.tampered and not self.timed_out
+
+    def passing(self) -> set[str]:
+        return {t for t, o in self.outcomes.items() if o == PASSED} if self.ok else set()
+
+    def failure_summary(self, tests: list[str], limit: int = 5) -> str:
+        """``test id: first error line`` for the first ``limit`` of ``tests`` not passed."""
+        bad = [t for t in tests if not self.passed(t)]
+        lines = [f"{t}: {self.outcomes.get(t, MISSING)} {self.details.get(t, '')}".rstrip()
+                 for t in bad[:limit]]  # fmt: skip
+        more = len(bad) - limit
+        return "\n".join(lines + ([f"... and {more} more"] if more > 0 else []))
+
+
+FRAME_FIELDS = {"test": (str, str, str), "tampered": (str,), "collect_error": (str, str),
+                "collected": (int,), "finished": (int,)}  # fmt: skip
+"""The frames the runner emits: tag -> types of the fields after it."""
+
+
+def _signed(tag: str, body: str, key: bytes) -> bool:
+    """Whether ``tag`` is the HMAC of ``body``; compared as bytes, since the code under test
+    can write any text to the report fd (``compare_digest`` raises on non-ASCII ``str``)."""
+    want = hmac.new(key, body.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+    return hmac.compare_digest(tag.encode("utf-8", "surrogatepass"), want.encode())
+
+
+def _well_formed(body: str) -> tuple | None:
+    """The frame in ``body`` if it is one the runner emits (``FRAME_FIELDS``, ints of at most
+    32 bits), else None. Code under test may reach the key and sign anything (module
+    docstring), so a signed frame must still never make the trusted side raise."""
+    try:
+        frame = harness.literal(body)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if type(frame) is not tuple or not frame or type(frame[0]) is not str:
+        return None
+    fields = FRAME_FIELDS.get(frame[0])
+    if fields is None or len(frame) != len(fields) + 1:
+        return None
+    typed = all(type(v) is t for v, t in zip(frame[1:], fields, strict=True))
+    return frame if typed and all(v.bit_length() <= 32 for v in frame if type(v) is int) else None
+
+
+def parse_frames(stdout: str, key: bytes) -> SuiteReport:
+    """Accept the frames a run wrote (``tag repr(tuple)`` lines) whose HMAC is right and whose
+    fields are well formed; record why any other line or frame was refused."""
+    rep = SuiteReport()
+    for line in stdout.splitlines():
+        tag, _, body = line.partition(" ")
+        if not _signed(tag, body, key):
+            rep.tampered.append(f"unsigned line on the report channel: {line[:80]!r}")
+            continue
+        frame = _well_formed(body)
+        if frame is None:
+            rep.tampered.append(f"malformed signed frame on the report channel: {line[:80]!r}")
+            continue
+        if rep.finished:
+            rep.tampered.append(f"frame after the end of the session: {frame[:2]!r}")
+        elif frame[0] == "test":
+            _, test_id, outcome, detail = frame
+            if test_id in rep.outcomes:
+                rep.tampered.append(f"test reported twice: {test_id}")
+            rep.outcomes[test_id], rep.details[test_id] = outcome, detail
+        elif frame[0] == "tampered":
+            rep.tampered.append(f"pytest's reporting was modified during {frame[1]}")
+        elif frame[0] == "collect_error":
+            rep.collect_errors[frame[1]] = frame[2]
+        elif frame[0] == "collected":
+            rep.collected = int(frame[1])
+        elif frame[0] == "finished":
+            rep.finished, rep.exit_status = True, int(frame[1])
+    if rep.finished and rep.collected is not None and len(rep.outcomes) > rep.collected:
+        rep.tampered.append(f"{len(rep.outcomes)} tests reported, {rep.collected} collected")
+    return rep
+
+
+def pytest_args(tests: list[str] | None, extra: tuple[str, ...] = ()) -> list[str]:
+    """The pinned command line (module docstring); ``tests``: ids or paths (None: the suite)."""
+    args = ["-q", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "console_output_style=classic"]
+    return [*args, "-p", "no:randomly", *extra, *(tests or [])]
+
+
+def run_suite(
+    box: sb.Sandbox,
+    repo: str,
+    tests: list[str] | None = None,
+    extra: tuple[str, ...] = (),
+    requirements: tuple[str, ...] = (),
+    served: str | None = None,
+    hidden: tuple[str, ...] = (),
+    timeout_s: float | None = None,
+) -> SuiteReport:
+    """Run pytest on ``repo`` (a bindable directory, see ``sandbox.bindable_dir``) inside the
+    sandbox and return the accepted per-test report; ``requirements``: the suite's own test
+    dependencies (pip requirement strings) installed next to pytest. ``served``: a second
+    tree, imported in a sandbox of its own, whose function the suite's forwarding stub calls
+    (split grading, sandbox/forward_client.py); ``hidden``: files of ``repo`` (relative) the
+    served tree leaves out, so functions defined there cross as handles, not by name;
+    ``timeout_s``: a shorter wall limit for this run than the sandbox's own."""
+    import time
+
+    tools = pytest_tools(tuple(requirements))
+    key = secrets.token_bytes(32)
+    start = time.monotonic()
+    if served is None:
+        code = _runner(tools, repo, tests, extra, None)
+        res = box.run_python(code, binds=(tools, repo), stdin=key, wall_timeout_s=timeout_s)
+    else:
+        with box.module_server(served, binds=(tools,)) as server:
+            code = _runner(tools, repo, tests, extra, (*server.client_fds, hidden))
+            res = box.run_python(code, binds=(tools, repo), stdin=key,
+                                 pass_fds=server.client_fds, wall_timeout_s=timeout_s)  # fmt: skip
+    rep = parse_frames(res.stdout, key)
+    rep.timed_out, rep.output, rep.seconds = res.timed_out, res.stderr, time.monotonic() - start
+    return rep
+
+
+def _runner(tools: str, repo: str, tests, extra, forward: tuple | None) -> str:
+    args = pytest_args(tests, extra)
+    return _RUNNER.format(tools=tools, repo=repo, args=args, forward=forward)
+
+
+@lru_cache(maxsize=8)
+def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
+    """A world-readable copy of pytest and its pure-Python dependencies (bound read-only into
+    every sandboxed run at the same path), with their bytecode and the standard library's
+    they import compiled by the trusted interpreter into the sandbox's pycache (so a run does
+    not recompile pytest: ~1 s). ``requirements`` (a suite's test dependencies, e.g.
+    ``freezegun``) are installed into the same directory with pip (from the package index)."""
+    import importlib.util
+    import sys
+
+    dest = sb.bindable_dir("cr-pytest-tools-")
+    atexit.register(shutil.rmtree, dest, ignore_errors=True)  # also if building it fails
+    if requirements:
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", dest,
+               *requirements]  # fmt: skip
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if res.returncode != 0:
+            tail = " / ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+            raise sb.SandboxUnavailableError(
+                f"cannot install test requirements {requirements}: {tail}"
+            )
+    for name in TOOL_PACKAGES:
+        spec = importlib.util.find_spec(name.removesuffix(".py"))
+        if spec is None or spec.origin is None:
+            if name == "py.py":
+                continue
+            raise sb.SandboxUnavailableError(f"pytest's dependency {name!r} is not installed")
+        src = Path(spec.origin)
+        if src.name == "__init__.py":
+            shutil.copytree(src.parent, Path(dest) / src.parent.name, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+        else:
+            shutil.copy2(src, Path(dest) / src.name)
+    here = Path(__file__).parent
+    shutil.copy2(here / "forward_client.py", Path(dest) / "_cr_forward.py")
+    shutil.copy2(here / "harness.py", Path(dest) / "_cr_wire.py")
+    _warm(dest)
+    sb.world_readable(dest)
+    return dest
+
+
+def _warm(tools: str) -> None:
+    """Import pytest from ``tools`` and collect an empty directory with the sandbox's flags,
+    so pytest's modules and the standard-library modules it needs land in the pycache."""
+    cache = sb._stdlib_pycache()
+    empty = sb.bindable_dir("cr-pytest-warm-")
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {tools!r})
+        import pytest, _pytest.junitxml, _pytest.doctest, _pytest.tmpdir, _pytest.monkeypatch
+        import _cr_forward, _cr_wire
+        import hmac, hashlib, unittest, doctest, tempfile, shutil, fnmatch, glob
+        pytest.main(["-q", "-p", "no:cacheprovider", {empty!r}])
+    """)
+    flags = ["-I", "-S", "-X", f"pycache_prefix={cache}"]
+    try:
+        subprocess.run([sb._layout().interpreter, *flags, "-c", code], timeout=120,
+                       check=False, capture_output=True,
+                       env={"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        pass  # slower runs, same results
+    finally:
+        shutil.rmtree(empty, ignore_errors=True)
+    sb.world_readable(cache)

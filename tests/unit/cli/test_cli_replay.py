@@ -1,0 +1,114 @@
+"""`replay` and `pairs` commands through typer's CliRunner on a small app of our own."""
+
+from __future__ import annotations
+
+import orjson
+import typer
+import yaml
+from support.scripted_openai import synthetic_states as make_states
+from typer.testing import CliRunner
+
+from composer_replication.cli.common import BUDGET_EXHAUSTED
+from composer_replication.cli.replay import pairs_command, replay_command, serve_command
+
+app = typer.Typer()
+app.command("replay")(replay_command)
+app.command("pairs")(pairs_command)
+app.command("serve")(serve_command)
+runner = CliRunner()
+
+
+def _flat(out: str) -> str:
+    return " ".join(out.split())
+
+
+def _files(tmp_path, url: str, n: int = 5):
+    sfile = tmp_path / "states.jsonl"
+    sfile.write_bytes(b"".join(s.to_json() + b"\n" for s in make_states(n)))
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(yaml.safe_dump({"teachers": [
+        {"name": f"t{i}", "base_url": url, "model": "same", "max_tokens": 8,
+         "price_in_per_mtok": 1.0, "price_out_per_mtok": 2.0} for i in range(2)
+    ]}))  # fmt: skip
+    return sfile, pool
+
+
+def test_replay_then_pairs(scripted, tmp_path):
+    _, url = scripted
+    sfile, pool = _files(tmp_path, url)
+    db = tmp_path / "r.db"
+    args = ["replay", str(sfile), "--teachers", str(pool), "--budget-usd", "1", "--out", str(db)]
+    r = runner.invoke(app, [*args, "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "states: 5 total, 5 completed" in _flat(r.output)
+    r = runner.invoke(app, [*args, "--no-progress"])
+    assert "calls: 0 sent" in _flat(r.output) and "10 from journal" in _flat(r.output)
+    r = runner.invoke(app, ["pairs", str(db), "--out", str(tmp_path / "p"), "--no-embeddings"])
+    assert r.exit_code == 0, r.output
+    assert "5 pairs ->" in _flat(r.output)
+    assert len((tmp_path / "p" / "pairs.jsonl").read_text().splitlines()) == 5
+
+
+def test_budget_stop_is_clean_and_says_what_remains(scripted, tmp_path):
+    _, url = scripted
+    sfile, pool = _files(tmp_path, url, n=20)
+    r = runner.invoke(app, ["replay", str(sfile), "--teachers", str(pool), "--budget-usd",
+                            "0.002", "--out", str(tmp_path / "r.db"), "--no-progress"])  # fmt: skip
+    out = _flat(r.output)
+    assert r.exit_code == BUDGET_EXHAUSTED == 3, r.output
+    assert "budget exhausted: stopped cleanly" in out and "states remain" in out
+
+
+def test_bad_inputs_name_the_file_and_field(tmp_path):
+    sfile, pool = _files(tmp_path, "http://127.0.0.1:9/v1")
+    bad_pool = tmp_path / "bad.yaml"
+    bad_pool.write_text(
+        "teachers:\n  - {name: a, base_url: http://x/v1, model: m, max_tokens: 0}\n"
+    )
+    r = runner.invoke(app, ["replay", str(sfile), "--teachers", str(bad_pool), "--budget-usd",
+                            "1", "--out", str(tmp_path / "r.db")])  # fmt: skip
+    assert r.exit_code == 2 and "teachers.0.max_tokens" in _flat(r.output)
+    bad_states = tmp_path / "bad.jsonl"
+    bad_states.write_bytes(sfile.read_bytes() + b'{"state_id": "x"}\n')
+    r = runner.invoke(app, ["replay", str(bad_states), "--teachers", str(pool), "--budget-usd",
+                            "1", "--out", str(tmp_path / "r.db")])  # fmt: skip
+    assert r.exit_code == 2 and "bad.jsonl:6: not a TraceState" in r.output.replace("\n", "")
+    r = runner.invoke(app, ["pairs", str(tmp_path / "nope.db"), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "replay journal not found" in _flat(r.output)
+    r = runner.invoke(app, ["serve", "--model", str(tmp_path / "nomodel.gguf"), "--port", "1"])
+    assert r.exit_code == 2 and "GGUF file not found" in _flat(r.output)
+
+
+def test_badly_typed_state_is_bad_input_before_anything_is_journaled(tmp_path):
+    sfile, pool = _files(tmp_path, "http://127.0.0.1:9/v1", n=3)
+    lines = sfile.read_bytes().splitlines()
+    bad = orjson.loads(lines[1])
+    bad["prefix"][1] = 5
+    sfile.write_bytes(b"\n".join([lines[0], orjson.dumps(bad), lines[2]]) + b"\n")
+    db = tmp_path / "r.db"
+    r = runner.invoke(app, ["replay", str(sfile), "--teachers", str(pool), "--budget-usd", "1",
+                            "--out", str(db), "--no-progress"])  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert f"{sfile}:2: not a TraceState: field prefix[1]: expected an object" in _flat(r.output)
+    assert not db.exists()
+
+
+def test_journal_that_is_not_a_database_or_is_damaged_is_bad_input(scripted, tmp_path):
+    """--out naming a text file, and `pairs` on a torn journal: exit 2 naming the file (they
+    were tracebacks: file is not a database / database disk image is malformed)."""
+    _, url = scripted
+    sfile, pool = _files(tmp_path, url, n=40)
+    r = runner.invoke(app, ["replay", str(sfile), "--teachers", str(pool), "--budget-usd", "1",
+                            "--out", str(sfile), "--no-progress"])  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert f"{sfile}: not a replay journal, or a damaged one" in _flat(r.output)
+    db = tmp_path / "r.db"
+    r = runner.invoke(app, ["replay", str(sfile), "--teachers", str(pool), "--budget-usd", "1",
+                            "--out", str(db), "--no-progress"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    torn = tmp_path / "torn.db"
+    data = db.read_bytes()
+    torn.write_bytes(data[: len(data) // 2])  # a copy cut short (no -wal: checkpointed on close)
+    r = runner.invoke(app, ["pairs", str(torn), "--out", str(tmp_path / "p"), "--no-embeddings"])
+    assert r.exit_code == 2, r.output
+    assert str(torn) in _flat(r.output) and "journal" in r.output

@@ -1,0 +1,28 @@
+"""`composer-replication tasks generate` through the installed console script (the way users
+run it: sys.path[0] is then the interpreter's bin directory), on the vendored fixture."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "feature_deletion" / "textkit"
+
+
+def test_tasks_generate_console_script(tmp_path):
+    exe = shutil.which("composer-replication")
+    assert exe, "the package's console script is not installed"
+    cmd = [exe, "tasks", "generate", str(FIXTURE), "--out", str(tmp_path), "--workers", "2",
+           "--suite-timeout-s", "30"]  # fmt: skip
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    tasks = (tmp_path / "textkit-local" / "tasks.jsonl").read_text().splitlines()
+    assert len(tasks) == 9 and json.loads(tasks[0])["failing_tests"]
+    assert "task 9" in first.stdout
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "task 9" in again.stdout
+    bad = subprocess.run([exe, "tasks", "generate", "toolz>=1", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "neither a directory nor a pinned package" in bad.stderr
