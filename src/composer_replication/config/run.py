@@ -24,6 +24,8 @@ from composer_replication.config.base import (
 from composer_replication.config.channels import (
     CHANNEL_ALIASES,
     CHANNEL_SECTIONS,
+    DistillConfig,
+    LocalTeacherConfig,
     ReplayChannelConfig,
     SdpoConfig,
     move_weight_aliases,
@@ -153,6 +155,10 @@ class DynamicSamplingConfig(StrictModel):
 
 
 class GRPOConfigModel(StrictModel):
+    weight: float = Field(1.0, ge=0.0, le=1000.0)
+    """Weight of channel 1, the GRPO policy loss, in the total (1: TRL's loss unchanged). 0:
+    the extra channels train alone, e.g. on-policy distillation without RL (rollouts are still
+    generated and graded; rewards are logged)."""
     loss_type: Literal["dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo"] = "dapo"
     """TRL loss aggregation; DAPO is token-level over the whole batch."""
     epsilon: float = Field(0.2, gt=0.0, le=1.0)
@@ -265,6 +271,8 @@ class RunConfig(StrictModel):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     sdpo: SdpoConfig = Field(default_factory=SdpoConfig)
     replay: ReplayChannelConfig = Field(default_factory=ReplayChannelConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
+    """On-policy distillation from stronger teachers (off by default; docs/channels.md)."""
     diloco: DilocoConfig = Field(default_factory=DilocoConfig)
     """DiLoCo outer loop across replicas (off by default; see diloco/)."""
 
@@ -277,6 +285,43 @@ class RunConfig(StrictModel):
     @classmethod
     def _env_variant(cls, data: Any) -> Any:
         return env_config(data)
+
+    @model_validator(mode="after")
+    def _something_trains(self) -> RunConfig:
+        if self.grpo.weight == 0 and not self.channel_settings():
+            raise ValueError(
+                "grpo.weight=0 with no extra channel (sdpo, replay, distill weight > 0) trains "
+                "nothing"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _advantage_needs_the_policy_loss(self) -> RunConfig:
+        loss = self.distill.loss
+        if (
+            self.distill.weight > 0
+            and getattr(loss, "as_advantage", False)
+            and not self.grpo.weight
+        ):
+            raise ValueError(
+                "distill.loss.as_advantage=true trains through GRPO's loss: grpo.weight must be > 0"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _teacher_is_not_the_student(self) -> RunConfig:
+        for t in self.distill.teachers:
+            if (
+                isinstance(t, LocalTeacherConfig)
+                and t.model == self.model.name
+                and not t.allow_student_weights
+            ):
+                raise ValueError(
+                    f"distill.teachers: {t.name!r} loads the student's own weights "
+                    f"({t.model}): a frozen copy of the student teaches nothing; point it at a "
+                    "stronger model, or set allow_student_weights=true"
+                )
+        return self
 
     def channel_settings(self) -> dict[str, dict[str, Any]]:
         """Settings of every enabled channel (weight > 0), as plain data: what a checkpoint

@@ -212,6 +212,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         callbacks=callbacks,
         channels=build_channels(cfg, **(channel_kwargs or {})),
         resume_override_channels=cfg.resume_override_channels,
+        policy_weight=cfg.grpo.weight,
         dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
         max_refills=cfg.grpo.dynamic_sampling.max_refills,
         shared_prefix=cfg.generation.shared_prefix,
@@ -285,7 +286,8 @@ def check_resume(cfg: RunConfig) -> str | None:
 
 
 def prepare(cfg: RunConfig):
-    """Threads, seeds, run dir and config snapshot; returns (model, tokenizer, env)."""
+    """Threads, seeds, run dir and config snapshot; returns (model, tokenizer, env). Bad input
+    (a model id, a distillation teacher with another tokenizer) fails before any model loads."""
     import torch
 
     from composer_replication.envs.base import is_tool_env
@@ -297,6 +299,10 @@ def prepare(cfg: RunConfig):
     seed_everything(cfg.seed)
     env = build_env(cfg)  # first: a code env refuses to start without its sandbox
     tokenizer = load_tokenizer(cfg.model.name)  # a bad model id fails here, nothing written yet
+    if cfg.distill.weight > 0:  # teachers must share the student's tokenizer (tokenizers only)
+        from composer_replication.replay.scoring import check_same_tokenizer
+
+        check_same_tokenizer(cfg.model.name, cfg.distill.teachers)
     if is_tool_env(env):
         ensure_tool_template(tokenizer)  # SmolLM2's own template cannot render tool calls
     model = load_model(cfg.model.name, dtype=cfg.model.dtype, peft=cfg.peft)

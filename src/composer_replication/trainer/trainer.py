@@ -6,9 +6,11 @@ aggregation, truncated-completion masking). This subclass adds:
 
 * ``_compute_loss`` as the single place channels compose: each enabled channel returns a
   ``ChannelTerm`` (its unweighted loss over its own mask and divisor, its metrics) and
-  ``losses.compose_loss`` sums ``policy + sum(weight * loss)``. With no enabled channel it
-  returns exactly what ``GRPOTrainer._compute_loss`` returns (same tensor, same graph), so loss
-  and gradients are bit-identical to plain GRPO, and nothing else is computed.
+  ``losses.compose_loss`` sums ``policy_weight * policy + sum(weight * loss)``
+  (``policy_weight``, ``grpo.weight``, is 1 unless a run trains the channels alone). With no
+  enabled channel (and ``policy_weight`` 1) it returns exactly what
+  ``GRPOTrainer._compute_loss`` returns (same tensor, same graph), so loss and gradients are
+  bit-identical to plain GRPO, and nothing else is computed.
 * the channel life cycle: ``setup`` once, ``attach`` after each scored generation round,
   ``term`` per micro-batch, ``after_step`` per optimizer step, ``save``/``load`` with
   checkpoints (refusing a checkpoint whose channel settings differ, unless told to override),
@@ -110,10 +112,12 @@ class ComposerReplicationTrainer(GRPOTrainer):
         resume_override_channels: bool = False,
         shared_prefix: bool = False,
         concurrent_tools: bool = True,
+        policy_weight: float = 1.0,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
         self.channels = [c for c in channels if c.enabled]
+        self.policy_weight = policy_weight
         self._graded_reward = None
         if any(c.needs_verdicts for c in self.channels):
             self._graded_reward = _find_graded_reward(self.reward_funcs, self.channels)
@@ -303,13 +307,16 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     # ---- channel composition -------------------------------------------------------------
     def _compute_loss(self, model, inputs):
-        if not self.channels:
+        if not self.channels and self.policy_weight == 1.0:
             return super()._compute_loss(model, inputs)
         capture = None
         if any(c.needs_student_hidden for c in self.channels):
             capture = HiddenCapture(model)
         with capture.active() if capture is not None else contextlib.nullcontext():
             policy_loss = super()._compute_loss(model, inputs)
+        unweighted = policy_loss.detach()
+        if self.policy_weight != 1.0:  # channel 1's weight (0: the extra channels alone)
+            policy_loss = policy_loss * self.policy_weight
         mode = "train" if model.training else "eval"
         ctx = LossContext(
             model=model,
@@ -322,6 +329,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
             comp = inputs["completion_ids"]
             ctx.student_hidden_BKH = capture.completion_states(comp.shape[0], comp.shape[1])
         total, metrics = compose_loss(policy_loss, [c.term(ctx) for c in self.channels])
+        if self.policy_weight != 1.0:
+            metrics.update({"policy/loss": unweighted, "policy/weight": self.policy_weight})
         for key, value in metrics.items():
             self._metrics[mode][key].append(float(value))
         return total
@@ -335,6 +344,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
         if "tool_mask" in batch and self.model.training:
             turns_B = turn_index(batch["tool_mask"], batch["completion_mask"]).amax(dim=1) + 1
             self._metrics["train"]["rollout/turns"].append(float(turns_B.float().mean()))
+        if self.channels:  # the dataset row's columns (task ids, tags) for the channels
+            batch["_columns"] = [{k: v for k, v in x.items() if k != "prompt"} for x in inputs]
         if self._graded_reward is not None:
             results = list(self._graded_reward.last_results)
             if len(results) != len(inputs):
@@ -355,6 +366,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 results=results,
                 group_size=self.num_generations,
                 tools=self.tools or None,
+                columns=batch.pop("_columns", None),
             )
             for channel in self.channels:
                 batch = channel.attach(batch, rollouts)

@@ -96,6 +96,10 @@ MAX_PATH_CHARS = 512
 MIN_TEST_RUN_S = 1.0
 """Least test time left in an episode's budget for ``run_tests`` to start a run (below it the
 call is an error result: a sandbox and pytest need about this long to start)."""
+MAX_WRITE_BYTES = 1 << 20
+"""Largest file a write may leave (1 MiB; 40 MB were accepted before issue 37)."""
+MAX_EPISODE_WRITE_BYTES = 16 << 20
+"""Most bytes an episode's writes may store in all (16 MiB)."""
 MAX_PATH_DEPTH = 24
 """Most directory levels below the repository root a path may have: the host-side tools and
 grading walk the tree, and ~1000 levels (~1.5k policy tokens) made ``os.walk``,
@@ -258,6 +262,7 @@ class FeatureDeletionTools:
         self.flags: list[str] = []
         self.submitted = False
         self.test_seconds = 0.0  # wall seconds this episode's run_tests calls took
+        self.written_bytes = 0  # bytes this episode's writes stored
         self._tmp: str | None = None
 
     def reset(self, **row: Any) -> None:
@@ -265,7 +270,7 @@ class FeatureDeletionTools:
         self._close()
         task = self._env.task_by_id(row["task_id"])
         self.task, self.flags, self.submitted = task.data, [], False
-        self.test_seconds = 0.0
+        self.test_seconds, self.written_bytes = 0.0, 0
         self._tmp = tempfile.mkdtemp(prefix="cr-fd-ws-")
         _LIVE_WORKSPACES.add(self._tmp)
         self.workspace = make_workspace(self._env.roots[task.task_id], task.data,
@@ -392,6 +397,8 @@ class FeatureDeletionTools:
         data = _encoded(content)
         if isinstance(data, str):
             return data
+        if refused := self._over_write_caps(len(data)):
+            return refused
         self._note_write(rel)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
@@ -420,6 +427,8 @@ class FeatureDeletionTools:
         data = _encoded(text.replace(str(old), str(new), 1))
         if isinstance(data, str):
             return data
+        if refused := self._over_write_caps(len(data)):
+            return refused
         rel = target.relative_to(self.workspace.resolve()).as_posix()
         self._note_write(rel)
         target.write_bytes(data)
@@ -435,10 +444,8 @@ class FeatureDeletionTools:
         if self.workspace is None or self.task is None:
             return "error: no workspace"
         tests = list(self.task["visible_tests"]) if not target else [str(target)]
-        if target and not is_test_path(str(target).split("::")[0]):
-            return f"error: {wire_snippet(target)} is not a test file or test id"
-        if target and _unusable_path(str(target)):
-            return f"error: the test id {wire_snippet(target)} {_unusable_path(str(target))}"
+        if target and (refused := self._bad_test_target(str(target))):
+            return f"error: {wire_snippet(target)} {refused}"
         budget = self._env.tests_budget_s
         left = None if budget is None else budget - self.test_seconds
         if left is not None and left < MIN_TEST_RUN_S:
@@ -462,10 +469,38 @@ class FeatureDeletionTools:
         head = f"{passed} passed, {len(rep.outcomes) - passed} not passed"
         return "\n".join([head, rep.failure_summary(sorted(rep.outcomes), 8)]).strip()
 
+    def _bad_test_target(self, target: str) -> str:
+        """Why ``target`` is no test file or test id of this workspace ('' if it is one): it
+        reaches pytest's command line, so it must never be an option (``-p``, ``-o``,
+        ``-c``, ``--rootdir``) or a path out of the workspace (``..``, absolute)."""
+        if refused := _unusable_path(target):
+            return refused
+        path, _, rest = target.partition("::")
+        parts = path.split("/")
+        if any(p in ("", ".", "..") or p.startswith("-") for p in parts) or "\n" in rest:
+            return "is not a test file or test id (a relative path inside the repository)"
+        real = self._path(path)
+        if isinstance(real, str) or not real.is_file():
+            return "is not a test file or test id of this repository"
+        if not (is_test_path(path) or path in self.task.get("test_files", ())):
+            return "is not a test file or test id"
+        return ""
+
     def submit(self) -> str:
         """Submit the repository as it is now for grading (end of the task)."""
         self.submitted = True
         return "submitted; the tests will be run"
+
+    def _over_write_caps(self, size: int) -> str:
+        """An error result if a write of ``size`` bytes passes :data:`MAX_WRITE_BYTES` or
+        the episode's :data:`MAX_EPISODE_WRITE_BYTES` (else '' and the bytes are counted):
+        the host-side tools, the staging copies and grading read what the policy wrote."""
+        if size > MAX_WRITE_BYTES:
+            return f"error: {size} bytes is more than a file may hold here ({MAX_WRITE_BYTES})"
+        if self.written_bytes + size > MAX_EPISODE_WRITE_BYTES:
+            return f"error: this episode wrote its {MAX_EPISODE_WRITE_BYTES} bytes"
+        self.written_bytes += size
+        return ""
 
     def _note_write(self, rel: str) -> None:
         name = Path(rel).name
