@@ -222,7 +222,8 @@ class SandboxConfig(StrictModel):
     """Run model-written code without bubblewrap (limits and an audit hook only); the code can
     then read this user's files and environment. Only for machines that cannot run bwrap."""
     workers: int = Field(0, ge=0, le=256)
-    """Gradings run in parallel (0 = one per CPU core)."""
+    """Sandbox slots: sandboxes running at once in this process, tool calls and gradings
+    together (0 = one per CPU core, fewer if the available memory holds fewer)."""
     wall_timeout_s: float = Field(5.0, gt=0, le=600)
     """Wall-clock limit of one grading (interpreter start, loading and every test call)."""
     cpu_time_s: int = Field(5, ge=1, le=600)
@@ -253,3 +254,9 @@ class RolloutConfig(StrictModel):
     max_tool_calls: int = Field(4, ge=0, le=4096)
     """Tool calls run per rollout; later calls get an error result saying the budget is
     used up, without running."""
+    concurrent_tools: bool = True
+    """Run the tool calls of all rollouts of a turn at once (each rollout's calls in its own
+    order), bounded by ``sandbox.workers`` slots for sandboxed tools and ``max_remote_calls``
+    for OpenEnv ones; the same messages and rewards as one rollout after another."""
+    max_remote_calls: int = Field(32, ge=1, le=1024)
+    """OpenEnv calls (tool calls and gradings) in flight at once from this process."""

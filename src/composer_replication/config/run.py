@@ -60,6 +60,26 @@ class PeftConfig(StrictModel):
     """Module names to adapt, or ``all-linear``."""
 
 
+class AsyncRolloutsConfig(StrictModel):
+    """Asynchronous off-policy rollouts (GPU only, not run on this project's CPU machines):
+    TRL's experimental ``AsyncGRPOTrainer`` generates on a vLLM server, each rollout's turns
+    and tool calls running on their own, while the trainer trains on the rollouts that are
+    ready; a rollout made by weights at most ``max_staleness`` updates old is corrected by the
+    clipped importance ratio of the current policy to the sampling one (``grpo.epsilon``,
+    ``grpo.epsilon_high``). The channels, dynamic sampling and DiLoCo do not run there
+    (docs/agents.md, "What runs at the same time")."""
+
+    enabled: bool = False
+    """Train with ``AsyncGRPOTrainer`` (needs ``generation.backend: vllm`` in ``server`` mode)."""
+    max_staleness: int = Field(4, ge=0, le=1024)
+    """Weight updates a rollout may lag behind the trained policy before it is dropped."""
+    max_inflight: int = Field(-1, ge=-1, le=1_000_000)
+    """Rollouts in flight on the server at once (-1: TRL's default, ``max_staleness`` times
+    the rollouts of a step); with tool environments, how many episodes the machine can run."""
+    weight_sync_steps: int = Field(1, ge=1, le=1024)
+    """Optimizer steps between pushes of the weights to the vLLM server."""
+
+
 class VllmConfig(StrictModel):
     """TRL's vLLM generation (needs a GPU and ``pip install vllm``)."""
 
@@ -73,6 +93,17 @@ class VllmConfig(StrictModel):
     """GPUs one vLLM engine spans (colocate)."""
     max_model_length: int | None = Field(None, ge=1)
     """Context length vLLM allocates for (None = the model's)."""
+    async_rollouts: AsyncRolloutsConfig = Field(default_factory=AsyncRolloutsConfig)
+    """Asynchronous off-policy training on the vLLM server (TRL's ``AsyncGRPOTrainer``)."""
+
+    @model_validator(mode="after")
+    def _async_needs_server(self) -> VllmConfig:
+        if self.async_rollouts.enabled and self.mode != "server":
+            raise ValueError(
+                "generation.vllm.async_rollouts needs generation.vllm.mode=server (TRL's "
+                "AsyncGRPOTrainer generates on a separate vLLM server)"
+            )
+        return self
 
 
 class GenerationConfig(StrictModel):
@@ -98,6 +129,15 @@ class GenerationConfig(StrictModel):
     The same numbers up to float rounding (tests/unit/lm/test_prefix.py); models with
     sliding-window or recurrent layers, and gradient checkpointing with gradients on, take the
     plain padded forward. ``false``: TRL's own padded forwards, bit for bit."""
+
+    @model_validator(mode="after")
+    def _async_needs_vllm(self) -> GenerationConfig:
+        if self.vllm.async_rollouts.enabled and self.backend != "vllm":
+            raise ValueError(
+                "generation.vllm.async_rollouts needs generation.backend=vllm (the rollouts "
+                "are generated on a vLLM server)"
+            )
+        return self
 
 
 class OverlongConfig(StrictModel):

@@ -50,7 +50,7 @@ from composer_replication.envs.profiles import (
 )
 from composer_replication.envs.tools import wire_safe, wire_snippet
 from composer_replication.sandbox.pytest_suite import run_suite
-from composer_replication.sandbox.sandbox import Sandbox
+from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 
 SYSTEM_PROMPT = (
     "You are a software engineer working in a Python repository through tools. Read the "
@@ -214,7 +214,8 @@ class FeatureDeletionEnv(ToolEnvironment):
     def grade_episodes(self, tasks, rollouts, instances) -> list[StepResult]:
         if instances is None or len(instances) != len(tasks):
             raise ValueError("feature_deletion needs the rollouts' tool instances to grade")
-        with ThreadPoolExecutor(self.generation.workers or None) as pool:
+        workers = max(1, min(len(tasks), SLOTS.limit))  # the sandbox slots bound them anyway
+        with ThreadPoolExecutor(workers) as pool:
             return list(pool.map(self._grade_one, tasks, rollouts, instances))
 
     def _grade_one(self, task: Task, messages: list[dict[str, Any]], tools) -> StepResult:
@@ -451,15 +452,17 @@ class FeatureDeletionTools:
         if left is not None and left < MIN_TEST_RUN_S:
             return (f"error: this episode's test time ({budget:g} s) is spent; "
                     "call submit to be graded")  # fmt: skip
-        copy, start = None, time.monotonic()
-        try:
-            copy = staged_copy(self.workspace, prefix="cr-fd-run-")
-            reqs = tuple(self.task.get("test_requirements", ()))
-            rep = run_suite(self._env.box, str(copy), tests, requirements=reqs, timeout_s=left)
-        finally:
-            self.test_seconds += time.monotonic() - start
-            if copy is not None:
-                shutil.rmtree(copy, ignore_errors=True)
+        with SLOTS.held():  # concurrent rollouts queue here; their test time starts after
+            copy, start = None, time.monotonic()
+            try:
+                copy = staged_copy(self.workspace, prefix="cr-fd-run-")
+                reqs = tuple(self.task.get("test_requirements", ()))
+                rep = run_suite(self._env.box, str(copy), tests, requirements=reqs,
+                                timeout_s=left)  # fmt: skip
+            finally:
+                self.test_seconds += time.monotonic() - start
+                if copy is not None:
+                    shutil.rmtree(copy, ignore_errors=True)
         if not rep.ok:
             why = "timed out" if rep.timed_out else "did not finish"
             return f"the test run {why}\n{rep.output[-1500:]}"
