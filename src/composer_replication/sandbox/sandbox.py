@@ -508,7 +508,7 @@ class _Process:
         SLOTS.acquire()  # waits for a slot; the deadline starts once the sandbox may run
         self._slot = True
         try:
-            self._start(bwrap, cfg, mode, binds, wire, pass_fds, root)
+            self._start(bwrap, cfg, mode, binds, wire, pass_fds, root, mounts)
         except BaseException:
             self._release_slot()
             raise
@@ -519,7 +519,7 @@ class _Process:
             SLOTS.release()
 
     def _start(self, bwrap: str | None, cfg: SandboxConfig, mode: str, binds, wire, pass_fds,
-               root: str) -> None:  # fmt: skip
+               root: str, mounts: tuple[str, ...]) -> None:  # fmt: skip
         self.deadline = time.monotonic() + cfg.wall_timeout_s
         lay = _layout()
         self._tmp, self._cgroup = None, None
