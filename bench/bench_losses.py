@@ -3,6 +3,13 @@
     python bench/bench_losses.py            # full table (heavy: ~3 h on 2 cores, up to ~12 GB)
     python bench/bench_losses.py --configs 2048x49152x576 --reps 10   # one size, ~12 min
     python bench/bench_losses.py --quick    # small sizes, a few minutes
+    python bench/bench_losses.py --device cuda --json out.json   # GPU: bf16, in process, with
+                                            # Liger's Triton kernel (bench/losses_device.py)
+    python bench/bench_losses.py --smoke    # the GPU harness at tiny sizes (CPU if no GPU)
+
+``--baseline-src DIR`` adds a variant ``base``: our loss imported from another checkout's
+``src`` (e.g. ``git worktree add /tmp/base main``), timed interleaved with ``ours`` (CPU).
+The rest of this docstring is the CPU benchmark.
 
 Every variant starts from the same inputs: student hidden states ``[T, H]`` + lm_head
 ``[V, H]`` (both trainable) and teacher hidden states + head (frozen); beta 0.5, fp32,
@@ -41,12 +48,12 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("ours", "trl", "liger")
+VARIANTS = ("ours", "base", "trl", "liger")
 FULL_GRID = [(t, v, h) for t in (512, 2048) for v in (49152, 151936) for h in (576, 896)]
 QUICK_GRID = [(256, 8192, 256), (512, 32768, 576)]
 # peak-extra-memory models (bytes) used only to skip peers that would not fit; fitted on
 # this machine: TRL ~14 fp32 [T, V] tensors; Liger ~16.5 fp32 [min(T, 1024), V] tensors.
-EST_FACTOR = {"trl": 14.0, "liger": 16.5, "ours": 0.0}
+EST_FACTOR = {"trl": 14.0, "liger": 16.5, "ours": 0.0, "base": 0.0}
 
 
 # ----------------------------------------------------------------------------- worker
@@ -69,12 +76,15 @@ def _build(T: int, V: int, H: int, seed: int):
     return h, w, th, tw, labels
 
 
-def _make_step(variant: str, inputs, beta: float, chunk: int | None):
+def _make_step(variant: str, inputs, beta: float, chunk: int | None, base_src: str | None = None):
     import torch
 
     h, w, th, tw, labels = inputs
-    if variant == "ours":
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+    if variant in ("ours", "base"):
+        src = (
+            base_src if variant == "base" else os.path.join(os.path.dirname(__file__), "..", "src")
+        )
+        sys.path.insert(0, os.path.abspath(src))
         from composer_replication.losses import chunked_generalized_jsd_loss
 
         def fwd():
@@ -151,11 +161,11 @@ def worker(args) -> None:
     # warm up on a tiny problem first so one-time library initialisation (lazy imports, BLAS
     # workspaces) is not charged to the variant's peak memory
     tiny = _build(16, 64, args.H, args.seed)
-    _make_step(args.variant, tiny, args.beta, None)().backward()
+    _make_step(args.variant, tiny, args.beta, None, args.baseline_src)().backward()
     del tiny
     inputs = _build(args.T, args.V, args.H, args.seed)
     h, w = inputs[0], inputs[1]
-    fwd = _make_step(args.variant, inputs, args.beta, args.chunk)
+    fwd = _make_step(args.variant, inputs, args.beta, args.chunk, args.baseline_src)
     if args.grad_preallocated:  # part of the inputs: touched before the baseline is taken
         h.grad, w.grad = torch.zeros_like(h), torch.zeros_like(w)
     rss0 = _rss_bytes()
@@ -215,6 +225,8 @@ class Worker:
             cmd += ["--chunk", str(args.chunk)]
         if args.grad_preallocated:
             cmd += ["--grad-preallocated"]
+        if args.baseline_src:
+            cmd += ["--baseline-src", args.baseline_src]
         self.variant = variant
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.info = self._read()["ready"]
@@ -349,6 +361,13 @@ def print_table(rows: list[dict], args) -> None:
             elif variant in res:
                 cells = _mem_cells(res[variant], res) + _time_cells(res[variant], res)
                 print(f"| {T}, {V}, {H} | {variant} | " + " | ".join(cells) + " |")
+    for row in rows:
+        res = row["res"]
+        if "ours" in res and "base" in res:
+            print(
+                f"ours / base at {row['cfg']}: fwd {_fmt_ratio(res['ours']['fwd'], res['base']['fwd'])}, "
+                f"fwd+bwd {_fmt_ratio(res['ours']['fwdbwd'], res['base']['fwdbwd'])}"
+            )
     _print_floors(rows)
     print("\nloss value per variant (should agree to ~1e-5 relative):")
     for row in rows:
@@ -404,6 +423,12 @@ def main() -> None:
     p.add_argument("--verbose", action="store_true", help="per-rep times on stderr")
     p.add_argument("--json", default=None, help="also write raw results here")
     p.add_argument("--from-json", default=None, help="print the table of saved --json file(s)")
+    p.add_argument("--baseline-src", default=None, help="src dir of a baseline checkout (CPU)")
+    p.add_argument("--device", default="cpu", help="cpu (worker processes) or cuda (in process)")
+    p.add_argument("--smoke", action="store_true", help="device harness, tiny sizes, CPU ok")
+    p.add_argument("--dtype", default="bfloat16", help="device harness dtype")
+    p.add_argument("--warmup", type=int, default=3, help="device harness warm-up runs")
+    p.add_argument("--acc-T", type=int, default=1024, help="device harness accuracy rows (0: off)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--T", type=int, help=argparse.SUPPRESS)
     p.add_argument("--V", type=int, help=argparse.SUPPRESS)
@@ -415,6 +440,19 @@ def main() -> None:
         worker(args)
         return
     args.variants = args.variants.split(",")
+    if args.device != "cpu" or args.smoke:
+        import losses_device
+
+        if args.variants == list(VARIANTS):
+            args.variants = list(losses_device.VARIANTS)
+        if args.reps == 10:
+            args.reps = 5
+        if args.smoke:
+            args.acc_T = min(args.acc_T, 32)
+        losses_device.main(args)
+        return
+    if "base" in args.variants and not args.baseline_src:
+        args.variants.remove("base")
     if args.from_json:  # re-print saved results (e.g. several partial runs, in this order)
         rows = []
         for path in args.from_json.split(","):

@@ -12,6 +12,16 @@ Each variant runs in a fresh subprocess (so peak RSS is its own); subprocesses a
 
 With ``--config agent_quickstart.yaml`` both trainers run multi-turn tool rollouts on the
 calculator environment (TRL's ``environment_factory``, the same bounded tool class and rows).
+
+On a GPU without network (issue 35: 16 prompts x 8 generations x 128 tokens, bf16, on a
+random-init model of Qwen2.5-0.5B's shape built from a config, ``bench/config_models.py``):
+
+    python bench/bench_step.py --device cuda --model-config qwen2.5-0.5b --rounds 1 --steps 3
+    python bench/bench_step.py --smoke      # the same path on a tiny model, on CPU
+
+``--device cuda`` reports peak GPU memory (``torch.cuda.max_memory_allocated``) instead of
+peak RSS, runs ``configs/gpu/qwen2.5-0.5b.yaml`` with transformers generation (no vLLM) and
+one gradient-accumulation step.
 """
 
 from __future__ import annotations
@@ -55,7 +65,29 @@ def _pairs_file(tmp: Path) -> Path:
     return path
 
 
-def worker(variant: str, steps: int, threads: int, config: str | None = None) -> dict:
+GPU_SHAPE = [  # issue 35's step: 16 prompts x 8 generations x 128 tokens, one micro-step
+    "generation.backend=transformers",
+    "generation.prompts_per_step=16",
+    "generation.num_generations=8",
+    "generation.max_completion_length=128",
+    "optim.gradient_accumulation_steps=1",
+    "logging.report_to=[]",
+]
+SMOKE_SHAPE = [
+    "generation.prompts_per_step=2",
+    "generation.num_generations=2",
+    "generation.max_completion_length=8",
+    "optim.gradient_accumulation_steps=1",
+]
+
+
+def worker(
+    variant: str,
+    steps: int,
+    threads: int,
+    config: str | None = None,
+    extra: list[str] | None = None,
+) -> dict:
     import torch
     from transformers import TrainerCallback
     from trl import GRPOTrainer
@@ -79,6 +111,7 @@ def worker(variant: str, steps: int, threads: int, config: str | None = None) ->
         "eval.before_and_after=false",
         "save_steps=100000",
         f"num_threads={threads}",
+        *(extra or []),
     ]
     if variant.startswith("composer"):
         overrides += ["alpha_sdpo=0.1", "beta_replay=0.05", f"replay.dataset={_pairs_file(tmp)}"]
@@ -114,6 +147,8 @@ def worker(variant: str, steps: int, threads: int, config: str | None = None) ->
     trainer.args.save_strategy = "no"
     trainer.train()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if torch.cuda.is_available():  # the trainer placed the model on the GPU
+        peak_mb = torch.cuda.max_memory_allocated() / 2**20
     return {"variant": variant, "step_s": times[1:] or times, "peak_rss_mb": peak_mb}
 
 
@@ -126,14 +161,29 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--worker", choices=list(VARIANTS))
     ap.add_argument("--config", default=None, help="run config (default: the quickstart)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--model-config", default=None, help="random-init model of this shape")
+    ap.add_argument("--model-dir", default=None, help="where to build it (default: a temp dir)")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer dir (default: embedded SmolLM2)")
+    ap.add_argument(
+        "--variants", default=None, help="comma-separated subset of " + ",".join(VARIANTS)
+    )
+    ap.add_argument("--smoke", action="store_true", help="tiny model and batch, 1 round, CPU")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--extra", action="append", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print("RESULT " + json.dumps(worker(args.worker, args.steps, args.threads, args.config)))
+        res = worker(args.worker, args.steps, args.threads, args.config, args.extra)
+        print("RESULT " + json.dumps(res))
         return
-    results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    extra, variants = _setup(args)
+    results: dict[str, list[dict]] = {v: [] for v in variants}
+    failed: list[str] = []
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    if args.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
     for r in range(args.rounds):
-        for variant in VARIANTS:
+        for variant in variants:
             cmd = [
                 sys.executable,
                 __file__,
@@ -144,30 +194,66 @@ def main() -> None:
                 "--threads",
                 str(args.threads),
                 *(["--config", args.config] if args.config else []),
+                *(f"--extra={x}" for x in extra),
             ]
             out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            if line is None:
-                sys.exit(f"{variant} worker failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+            if line is None:  # report it and go on: the other variants still get measured
+                print(f"{variant} worker failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+                failed.append(variant)
+                continue
             results[variant].append(json.loads(line[7:]))
             print(
                 f"round {r + 1}/{args.rounds} {variant}: "
-                f"median step {statistics.median(results[variant][-1]['step_s']):.2f} s",
+                f"median step {statistics.median(results[variant][-1]['step_s']):.2f} s, "
+                f"peak memory {results[variant][-1]['peak_rss_mb']:.0f} MiB",
                 flush=True,
             )
+            if args.json:  # after every worker: a stage cut short keeps what it measured
+                Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}))
+    if failed:
+        sys.exit(f"failed: {', '.join(sorted(set(failed)))}")
     med = {v: statistics.median([t for x in rs for t in x["step_s"]]) for v, rs in results.items()}
     mem = {v: statistics.median([x["peak_rss_mb"] for x in rs]) for v, rs in results.items()}
+    mem_name = "peak GPU memory (MiB)" if args.device == "cuda" else "peak RSS (MB)"
     print()
-    print("| variant | median step time (s) | peak RSS (MB) |")
+    print(f"| variant | median step time (s) | {mem_name} |")
     print("| --- | --- | --- |")
-    for v in VARIANTS:
+    for v in variants:
         print(f"| {v} | {med[v]:.2f} | {mem[v]:.0f} |")
-    for v in VARIANTS[1:]:
+    for v in [x for x in variants if x != "grpo" and "grpo" in variants]:
         print(f"ratio {v} / grpo: time {med[v] / med['grpo']:.2f}x, "
               f"peak memory {mem[v] / mem['grpo']:.2f}x")  # fmt: skip
     print(
-        f"({args.rounds} interleaved rounds x {args.steps} steps, first step of each run dropped)"
+        f"({args.rounds} interleaved rounds x {args.steps} steps, the first step of each run "
+        "dropped when there are more)"
     )
+
+
+def _setup(args) -> tuple[list[str], list[str]]:
+    """Config overrides and variants for --device/--model-config/--smoke; builds the model."""
+    extra: list[str] = []
+    if args.smoke:
+        args.model_config = args.model_config or "tiny"
+        args.rounds, args.steps = 1, 1
+        extra += SMOKE_SHAPE
+    elif args.device == "cuda":
+        args.config = args.config or "gpu/qwen2.5-0.5b.yaml"
+        extra += GPU_SHAPE
+    if args.model_config:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from config_models import build_model_dir
+
+        out = Path(args.model_dir or tempfile.mkdtemp(prefix=f"model-{args.model_config}-"))
+        tok = Path(args.tokenizer) if args.tokenizer else None
+        extra.append(f"model.name={build_model_dir(args.model_config, out, tok)}")
+        extra.append("model.dtype=" + ("bfloat16" if args.device == "cuda" else "float32"))
+    default = ("grpo", "composer") if args.device == "cuda" or args.smoke else VARIANTS
+    variants = args.variants.split(",") if args.variants else list(default)
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        sys.exit(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    return extra, variants
 
 
 if __name__ == "__main__":

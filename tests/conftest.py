@@ -81,3 +81,29 @@ def scripted():
     script = Script()
     with ServerThread(make_app(script)) as srv:
         yield script, srv.base_url
+
+
+def pytest_runtest_logreport(report):
+    """In a device-check child process (tests/support/device_check.py), hand each outcome to
+    the parent test process."""
+    if os.environ.get("DEVICE_CHECK_CHILD") == "1":
+        from support.device_check import report_to_parent
+
+        report_to_parent(report)
+
+
+def pytest_collection_modifyitems(config, items):
+    """``gpu`` tests are skipped, with the reason, where CUDA is missing (never passed); the
+    device-check tests selected here run together in one child per file."""
+    import torch
+    from support import device_check
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (none here): run `pytest -m gpu` on one")
+        for item in items:
+            if item.get_closest_marker("gpu") is not None:
+                item.add_marker(skip)
+
+    device_check.SELECTED[:] = [
+        i.nodeid for i in items if getattr(getattr(i, "function", None), "on_check_device", False)
+    ]

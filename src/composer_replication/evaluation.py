@@ -68,14 +68,20 @@ class EvalResult:
 
 
 def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion."""
+    """Wilson score interval for a binomial proportion (Wilson 1927): centre
+    ``(p + z^2/2n) / (1 + z^2/n)``, half-width ``z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n)``.
+
+    The interval always contains ``p``: at ``p = 0`` (or 1) centre and half-width are equal in
+    exact arithmetic, but in floating point ``centre - half`` can come out a few 1e-17 above 0
+    (below 1), so the bounds are clamped to ``[0, p]`` and ``[p, 1]`` (error bars drawn from
+    them are never negative)."""
     if n == 0:
         return (0.0, 1.0)
     p = successes / n
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    return (min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half)))
 
 
 def mean_interval(values: list[float], z: float = Z95) -> tuple[float, float]:

@@ -72,6 +72,133 @@ class RolloutStats:
         )
 
 
+class TurnCalls:
+    """The tool calls of one turn of every rollout of a batch, run at once: one job per
+    rollout, its calls in the rollout's order on its own environment instance (so a rollout's
+    results depend on its own calls only: deterministic given the calls), the jobs of all
+    rollouts in a thread pool. What bounds the real work is below: sandboxed tools wait for a
+    sandbox slot (sandbox/sandbox.py ``SLOTS``, shared with grading), remote ones for a
+    connection (envs/openenv/adapter.py). A call that fails raises its own exception to its
+    own rollout; a call that hangs is cut by its environment's own deadline (sandbox wall
+    time, ``tests_budget_s``, the OpenEnv message timeout) and holds back only the end of
+    the turn, not the other rollouts' calls.
+
+    It plugs into TRL's loop without changing its bookkeeping (trainer/trainer.py):
+    :meth:`deferred` gives, per rollout, a tool dict whose functions do not run the tool but
+    take its result. The first call of a turn starts every rollout's pending calls (a rollout
+    is pending when its last message is an assistant turn with tool calls that was not run
+    yet), and each rollout then takes its results in order. TRL calls these functions
+    exactly as it called the tools (same arguments, same exceptions caught, same counts), so
+    messages, masks and metrics are those of the sequential loop.
+    """
+
+    def __init__(
+        self,
+        conversations: list[list[dict[str, Any]]],
+        tool_dicts: list[dict[str, Callable[..., Any]]],
+        pool: Any,
+    ):
+        self._convs, self._tools, self._pool = conversations, tool_dicts, pool
+        self._started: set[int] = set()  # ids of assistant messages whose calls were started
+        self._queues: dict[int, list[tuple[str, dict, int]]] = {}
+        self._jobs: dict[int, Any] = {}
+
+    def deferred(self) -> list[dict[str, Callable[..., Any]]]:
+        """Per rollout, its tool names mapped to functions that return the started call's
+        result (or raise its exception)."""
+
+        def take(i: int, name: str) -> Callable[..., Any]:
+            return lambda **kwargs: self._take(i, name, kwargs)
+
+        return [{name: take(i, name) for name in tools} for i, tools in enumerate(self._tools)]
+
+    def _take(self, i: int, name: str, kwargs: dict[str, Any]) -> Any:
+        if not self._queues.get(i):
+            self._start_pending()
+        queue = self._queues.get(i)
+        if not queue or queue[0][:2] != (name, kwargs):
+            raise RuntimeError(f"rollout {i}: tool call {name!r} was not started in order")
+        _, _, k = queue.pop(0)
+        outcome = self._jobs[i].result()[k]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def _start_pending(self) -> None:
+        for i, conv in enumerate(self._convs):
+            last = conv[-1] if conv else None
+            if not isinstance(last, dict) or last.get("role", "assistant") != "assistant":
+                continue
+            if id(last) in self._started or not last.get("tool_calls"):
+                continue
+            self._started.add(id(last))
+            calls = runnable_calls(last["tool_calls"], self._tools[i])
+            self._queues[i] = [(name, args, k) for k, (name, args) in enumerate(calls)]
+            self._jobs[i] = self._pool.submit(_run_calls, self._tools[i], calls)
+
+
+def reset_at_once(instances: list[Any], rows: list[dict[str, Any]], pool: Any) -> None:
+    """Reset every rollout's environment at once (an OpenEnv reset is a round trip, a
+    Feature Deletion reset builds a workspace), then let each instance's next ``reset`` call
+    take its result instead of running: TRL resets the batch one instance after another, and
+    the call it makes (same keyword arguments, checked) gets the value or the exception of the
+    reset that already ran. Instances must be distinct."""
+    outcomes = list(pool.map(_reset_outcome, instances, rows))
+    for instance, row, outcome in zip(instances, rows, outcomes, strict=True):
+        instance.reset = _taken_reset(instance, row, outcome)
+
+
+def undo_resets(instances: list[Any]) -> None:
+    """Drop reset results no one took (a batch that failed before TRL reset every instance)."""
+    for instance in instances:
+        instance.__dict__.pop("reset", None)
+
+
+def _reset_outcome(instance: Any, row: dict[str, Any]) -> Any:
+    try:
+        return type(instance).reset(instance, **row)
+    except Exception as e:  # raised to TRL's own reset call
+        return e
+
+
+def _taken_reset(instance: Any, row: dict[str, Any], outcome: Any) -> Callable[..., Any]:
+    def reset(**kwargs: Any) -> Any:
+        del instance.reset  # one result, taken once
+        if kwargs != row:
+            raise RuntimeError("reset called with other arguments than the ones run at once")
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    return reset
+
+
+def runnable_calls(calls: list[Any], tools: dict[str, Any]) -> list[tuple[str, dict]]:
+    """The calls of one assistant turn that TRL's loop runs, in order: function calls to a
+    tool the rollout has, with a mapping of arguments (TRL answers the others with an error
+    without calling anything)."""
+    out = []
+    for call in calls:
+        if not isinstance(call, dict) or call.get("type") != "function":
+            continue
+        fn = call.get("function") or {}
+        name, args = fn.get("name"), fn.get("arguments")
+        if isinstance(name, str) and name in tools and isinstance(args, dict):
+            out.append((name, args))
+    return out
+
+
+def _run_calls(tools: dict[str, Callable[..., Any]], calls: list[tuple[str, dict]]) -> list:
+    """One rollout's calls in order; each outcome is the result or the exception raised."""
+    outcomes: list[Any] = []
+    for name, args in calls:
+        try:
+            outcomes.append(tools[name](**args))
+        except Exception as e:  # the rollout's own failure, raised to it by TurnCalls._take
+            outcomes.append(e)
+    return outcomes
+
+
 def run_agent(
     model: Any,
     tokenizer: Any,
@@ -86,7 +213,8 @@ def run_agent(
 ) -> list[AgentRollout]:
     """Multi-turn episodes, one per row (greedy, or sampled at ``temperature`` > 0 with
     top-p 1 and no top-k, as in training): generate a turn for every open episode, run the
-    tool calls it makes, append the results, repeat until an episode answers without a call or
+    tool calls it makes (the episodes' calls at once, each episode's in order), append the
+    results, repeat until an episode answers without a call or
     has had ``max_turns`` turns. ``tools_class`` is instantiated once per row and ``reset`` with
     the row, as TRL's trainer does. ``shared_prefix``: run the prompt tokens a batch shares
     once (``generation.shared_prefix``)."""
@@ -107,27 +235,41 @@ def run_agent(
             idx = open_[start : start + batch_size]
             ids, prefixes = _generate(model, tokenizer, [convs[i] for i in idx], schemas,
                                       max_new_tokens, temperature, shared_prefix)  # fmt: skip
+            calling = []
             for i, out, prefix in zip(idx, ids, prefixes, strict=True):
                 message = parse_response(tokenizer, out, prefix=prefix, tools=schemas)
                 message.setdefault("role", "assistant")
                 convs[i].append(message)
                 stats[i][0] += 1
-                calls = message.get("tool_calls") or []
-                if not calls or turn == max_turns - 1:
+                if not message.get("tool_calls") or turn == max_turns - 1:
                     done[i] = _finish(convs[i], rows[i], stats[i], envs[i])
                     if progress is not None:
                         progress(1)
                     continue
-                for call in calls:
-                    content, failed = call_tool(envs[i], call)
-                    name = call.get("function", call).get("name")
-                    convs[i].append({"role": "tool", "name": name, "content": content})
-                    stats[i][1] += 1
-                    stats[i][2] += failed
+                calling.append(i)
+            _run_turn_calls(calling, convs, envs, stats)
     return [
         r if r is not None else _finish(convs[i], rows[i], stats[i], envs[i])
         for i, r in enumerate(done)
     ]
+
+
+def _run_turn_calls(idx: list[int], convs, envs, stats) -> None:
+    """The calls of the last turn of each conversation in ``idx``, the conversations at once
+    (each one's calls in order, as in training: :class:`TurnCalls`); results appended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(i: int) -> list[tuple[str, bool]]:
+        return [call_tool(envs[i], call) for call in convs[i][-1]["tool_calls"]]
+
+    with ThreadPoolExecutor(max(1, min(len(idx), 64))) as pool:
+        outcomes = list(pool.map(run, idx))
+    for i, results in zip(idx, outcomes, strict=True):
+        for call, (content, failed) in zip(convs[i][-1]["tool_calls"], results, strict=True):
+            name = call.get("function", call).get("name")
+            convs[i].append({"role": "tool", "name": name, "content": content})
+            stats[i][1] += 1
+            stats[i][2] += failed
 
 
 def _finish(conv: list[dict[str, Any]], row: dict[str, Any], s: list[int], env) -> AgentRollout:

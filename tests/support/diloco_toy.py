@@ -378,9 +378,10 @@ def run_toy_replicas(
     for r, (p, log) in enumerate(procs):
         try:
             code = p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except BaseException:  # the timeout, or Ctrl-C: the replicas go with the test
             for q, _ in procs:
                 q.kill()
+                q.wait()
             raise
         log.close()
         if code != 0:

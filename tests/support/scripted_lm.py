@@ -45,9 +45,10 @@ class ScriptedLlama(LlamaForCausalLM):
                 if tok is not None:
                     rows.append(b), cols.append(t), toks.append(tok)
         if rows:  # sparse: no [B, T, V] bias tensor
+            dev = out.logits.device
             out.logits = out.logits.index_put(
-                (torch.tensor(rows), torch.tensor(cols), torch.tensor(toks)),
-                torch.tensor(self.bias, dtype=out.logits.dtype),
+                tuple(torch.tensor(x, device=dev) for x in (rows, cols, toks)),
+                torch.tensor(self.bias, dtype=out.logits.dtype, device=dev),
                 accumulate=True,
             )
         return out

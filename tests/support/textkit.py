@@ -7,10 +7,10 @@ from pathlib import Path
 TEXTKIT = Path(__file__).resolve().parents[1] / "fixtures" / "feature_deletion" / "textkit"
 
 
-def textkit_env(task_dir: Path, workers: int = 2):
+def textkit_env(task_dir: Path, workers: int = 2, **options):
     from composer_replication.config import TaskGenConfig
     from composer_replication.envs import get_env
 
     return get_env("feature_deletion", sources=[str(TEXTKIT)], task_dir=task_dir,
                    generation=TaskGenConfig(workers=workers, suite_timeout_s=30),
-                   heldout_fraction=0.3)  # fmt: skip
+                   heldout_fraction=0.3, **options)  # fmt: skip

@@ -18,6 +18,18 @@ def test_wilson_interval_hand_worked():
     assert wilson_interval(10, 10)[1] == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 10, 49, 50, 100, 200, 1000])
+def test_wilson_interval_contains_the_rate_at_0_and_1(n):
+    """At p = 0 the exact lower bound is 0 (centre = half), at p = 1 the upper is 1; floating
+    point put the lower bound 5.6e-17 above 0 for n = 3 (a negative error bar for matplotlib).
+    The bounds hold p for every count, the degenerate ones included."""
+    assert wilson_interval(0, n)[0] == 0.0
+    assert wilson_interval(n, n)[1] == 1.0
+    for k in range(n + 1) if n <= 200 else (0, 1, n - 1, n):
+        lo, hi = wilson_interval(k, n)
+        assert 0.0 <= lo <= k / n <= hi <= 1.0
+
+
 def test_mean_interval_hand_worked():
     """values 0,1,0,1: mean .5, sample sd .5774, se .2887, half 1.96*.2887 = .5658."""
     lo, hi = mean_interval([0, 1, 0, 1])

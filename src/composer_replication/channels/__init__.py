@@ -3,6 +3,7 @@ divisor, loss, metrics prefix and state (see :mod:`composer_replication.channels
 
 * ``sdpo`` (:class:`SelfDistillChannel`): hint-conditioned self-distillation (SDPO / OPSD).
 * ``replay`` (:class:`ReplayChannel`): DPO / SimPO on pairs from multi-teacher trace replay.
+* ``distill`` (:class:`DistillChannel`): on-policy distillation from stronger teachers.
 
 :func:`build_channels` makes one per channel section of a run config; the trainer keeps the
 enabled ones (weight > 0). A new channel is a subclass of :class:`Channel` plus a config
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from composer_replication.channels.base import Channel, LossContext, Rollouts
+from composer_replication.channels.distill import DistillChannel
 from composer_replication.channels.replay import ReplayChannel
 from composer_replication.channels.self_distill import SelfDistillChannel
 from composer_replication.config import CHANNEL_SECTIONS
@@ -21,6 +23,7 @@ from composer_replication.config import CHANNEL_SECTIONS
 CHANNEL_TYPES: dict[str, type[Channel]] = {
     SelfDistillChannel.name: SelfDistillChannel,
     ReplayChannel.name: ReplayChannel,
+    DistillChannel.name: DistillChannel,
 }
 if set(CHANNEL_TYPES) != set(CHANNEL_SECTIONS):  # one list of channels, checked at import
     raise RuntimeError(f"channel types {sorted(CHANNEL_TYPES)} != sections {CHANNEL_SECTIONS}")
@@ -36,6 +39,7 @@ def build_channels(cfg: Any, **kwargs: dict[str, Any]) -> list[Channel]:
 __all__ = [
     "CHANNEL_TYPES",
     "Channel",
+    "DistillChannel",
     "LossContext",
     "ReplayChannel",
     "Rollouts",

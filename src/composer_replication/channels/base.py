@@ -43,6 +43,8 @@ class Rollouts:
     tools: list[Any] | None = None
     """The tools the prompts were rendered with (tool environments), so a channel that
     re-renders a prompt (a hinted teacher's) shows the model the same tool schemas."""
+    columns: list[dict[str, Any]] | None = None
+    """Per row: the dataset row's other columns (``task_id``, tags), for routing."""
 
 
 def informative_groups(advantages_B: Tensor, group_size: int, tol: float = 1e-6) -> list[int]:

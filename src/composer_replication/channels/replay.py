@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import torch
 from torch import Tensor
 
@@ -49,10 +51,68 @@ class EncodedPair:
     rejected_ids: list[int]
 
 
+def pair_tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The tool schemas a pair's teachers were given (``tools_json``, or a ``tools`` list)."""
+    tools = row.get("tools")
+    if tools is None and row.get("tools_json"):
+        tools = orjson.loads(row["tools_json"])
+    return tools if isinstance(tools, list) and tools else None
+
+
+_TEXT_CALL = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*"([^"]+)"')
+
+
+def pair_vocabulary(rows: list[dict[str, Any]]) -> set[str]:
+    """The tool names the pairs speak: each pair's tool schemas (the source harness's, kept
+    from ingestion), or, for a pair without them, the calls in its ``chosen`` and ``rejected``
+    (OpenAI ``tool_calls``, or ``<tool_call>`` blocks of text-format pairs). The prompt's
+    history is context, not trained on, and may hold tools outside any profile (MCP tools)."""
+    names: set[str] = set()
+    for row in rows:
+        schemas = pair_tools(row)
+        if schemas:
+            names.update(n for t in schemas if isinstance(n := _schema_name(t), str))
+            continue
+        for key in ("chosen", "rejected"):
+            msgs = row.get(key)
+            for m in msgs if isinstance(msgs, list) else [{"content": msgs}]:
+                names.update(_call_names(m) if isinstance(m, dict) else ())
+    return names
+
+
+def _schema_name(tool: Any) -> Any:
+    fn = tool.get("function") if isinstance(tool, dict) else None
+    return fn.get("name") if isinstance(fn, dict) else None
+
+
+def _call_names(message: dict[str, Any]) -> set[str]:
+    names = {n for c in message.get("tool_calls") or () if isinstance(n := _schema_name(c), str)}
+    if isinstance(message.get("content"), str):
+        names.update(_TEXT_CALL.findall(message["content"]))
+    return names
+
+
+def vocabulary_mismatch(rows: list[dict[str, Any]], run_tools: set[str]) -> str | None:
+    """Why channel 3's pairs and the run's rollouts do not share a tool vocabulary (the pairs
+    name tools the run's environment does not offer), or None when they do."""
+    foreign = sorted(pair_vocabulary(rows) - set(run_tools))
+    if not foreign:
+        return None
+    shown = ", ".join(foreign[:8]) + (", ..." if len(foreign) > 8 else "")
+    return (
+        f"channel 3's pairs use tools the run's environment does not offer ({shown}; the "
+        f"run's tools: {', '.join(sorted(run_tools)) or 'none'}): the preference loss trains "
+        "on a tool vocabulary the rollouts never use. Train with the matching harness "
+        "profile (env.harness=claude_code for Claude Code logs, codex for Codex CLI logs)."
+    )
+
+
 def encode_pair(tokenizer, row: dict[str, Any], max_length: int) -> EncodedPair:
-    """Tokenize prompt (chat template) and both responses (+ EOS); truncate the prompt from the
-    left and the responses from the right so prompt + response <= max_length."""
-    prompt = render_prompt(tokenizer, row["prompt"])
+    """Tokenize prompt (chat template, with the pair's tool schemas when it has them, as the
+    rollouts are rendered with the environment's) and both responses (+ EOS); truncate the
+    prompt from the left and the responses from the right so prompt + response <=
+    max_length."""
+    prompt = render_prompt(tokenizer, row["prompt"], tools=pair_tools(row))
     p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     c_ids = tokenizer(to_text(row["chosen"]), add_special_tokens=False)["input_ids"] + eos

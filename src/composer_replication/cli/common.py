@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
@@ -49,6 +50,19 @@ def warn(message: str) -> None:
     err_console.print(Text.assemble(("warning:", "bold yellow"), " ", message))
 
 
+def require_extra(extra: str, *modules: str) -> None:
+    """Stop with one line (exit 2) naming the pip extra that provides ``modules`` when one of
+    them is not installed: before any work, instead of an ImportError half-way through."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        fail(
+            f"{', '.join(missing)} not installed; this command needs the {extra!r} extra: "
+            f"pip install 'composer-replication[{extra}]'"
+        )
+
+
 @contextmanager
 def exit_on(*errors: type[Exception], code: int = BAD_INPUT) -> Iterator[None]:
     """Turn a `UserError` (bad input, whatever layer found it) and the listed exceptions raised
@@ -59,6 +73,18 @@ def exit_on(*errors: type[Exception], code: int = BAD_INPUT) -> Iterator[None]:
         fail(str(err), code)
 
 
+@contextmanager
+def exit_on_interrupt(kept: str | Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C in the block: print ``interrupted: kept`` (what was done and where it is; a
+    callable is asked then) and exit 130, without a traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        text = kept() if callable(kept) else kept
+        err_console.print(Text.assemble(("interrupted:", "bold yellow"), " ", text))
+        raise typer.Exit(INTERRUPTED) from None
+
+
 def quiet_libraries() -> None:
     """Silence deprecation chatter from transformers/TRL; our own output is the summary."""
     logging.basicConfig(level=logging.WARNING)
@@ -66,3 +92,7 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module="trl")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # imported before the line above: its bars read it then
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # e.g. "Writing model shards" (\r-updated in a log)

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from composer_replication.cli.common import CHECK_FAILED, console, exit_on, fail
+from composer_replication.cli.common import (
+    CHECK_FAILED,
+    console,
+    exit_on,
+    exit_on_interrupt,
+    fail,
+    require_extra,
+)
 
 if TYPE_CHECKING:
     from composer_replication.diloco.launcher import LaunchResult
@@ -69,7 +76,9 @@ def diloco_command(
 ) -> None:
     """Train N replicas with the DiLoCo outer loop (torchft, or an object store with
     diloco.backend=object_store); print each replica's final-weight checksum."""
+    from composer_replication.config import load_config
     from composer_replication.diloco.launcher import launch_diloco, launch_with_executor
+    from composer_replication.lm.models import resolve_model_source
 
     if executor not in (None, "local"):
         fail(f"--executor {executor!r}: only 'local' is supported")
@@ -85,6 +94,10 @@ def diloco_command(
     except ValueError:
         fail(f"--replica-ids {replica_ids!r}: expected e.g. 0,1")
     echo = lambda s: console.print(s, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    require_extra("diloco", "torchft")
+    with exit_on():  # a bad config or model name: before any replica
+        run = load_config(config, [*(overrides or []), f"diloco.replicas={replicas}"])
+        resolve_model_source(run.model.name)
     if launcher == "monarch":
         from composer_replication.diloco.monarch import launch_monarch
 
@@ -92,7 +105,10 @@ def diloco_command(
             result = launch_monarch(config, overrides or [], replicas, lighthouse, echo=echo)
         _print_result(result)
         return
-    with exit_on(ValueError):
+    with (
+        exit_on(ValueError),
+        exit_on_interrupt(f"replicas stopped; what they wrote is in {run.output_dir}/replica-N"),
+    ):
         if executor == "local":
             result = launch_with_executor(config, overrides or [], replicas, echo=echo)
         else:

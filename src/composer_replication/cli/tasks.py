@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from composer_replication.cli.common import console, exit_on, fail
+from composer_replication.cli.common import console, exit_on, exit_on_interrupt, fail
 
 tasks_app = typer.Typer(help="Feature Deletion task sets.", no_args_is_help=True)
 
@@ -47,6 +47,7 @@ def generate_command(
     from composer_replication.envs.feature_deletion.generate import generate_tasks
     from composer_replication.envs.feature_deletion.source import prepare_source
     from composer_replication.progress import progress_bar
+    from composer_replication.sandbox.pytest_suite import require_pytest
 
     try:
         cfg = TaskGenConfig(workers=workers, max_candidates=max_candidates,
@@ -57,9 +58,15 @@ def generate_command(
     except ValidationError as e:
         fail(str(e))
     with exit_on():
+        require_pytest()  # the grader: before a source is downloaded or unpacked
         tree = prepare_source(source, cfg)
         console.print(f"source {tree.label} ({tree.root}), sha256 {tree.digest[:12]}")
-        with progress_bar(console, f"deleting functions of {tree.label}", total=0) as advance:
+        runs = out / tree.label / "runs.jsonl"
+        kept = f"the candidates tried so far are in {runs}; a re-run continues from there"
+        with (
+            progress_bar(console, f"deleting functions of {tree.label}", total=0) as advance,
+            exit_on_interrupt(kept),
+        ):
             bar = _Bar(advance)
             summary = generate_tasks(tree, out, cfg, spec=source, progress=bar.step,
                                      on_total=bar.total)  # fmt: skip

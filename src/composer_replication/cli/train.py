@@ -8,8 +8,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from composer_replication.cli.common import console, exit_on, quiet_libraries
-from composer_replication.config import dump_config, load_config
+from composer_replication.cli.common import (
+    console,
+    exit_on,
+    exit_on_interrupt,
+    quiet_libraries,
+    require_extra,
+)
+from composer_replication.config import load_config
+from composer_replication.progress import plain_line
 
 
 def train_command(
@@ -23,22 +30,67 @@ def train_command(
     ] = None,
 ) -> None:
     """Train with GRPO (+ channels) on an embedded task; evaluate base and trained model."""
+    from composer_replication.lm.models import resolve_model_source
     from composer_replication.run.preflight import preflight, process_rank
     from composer_replication.run.train import run_training
 
     with exit_on():  # bad input: one line, exit 2, before any model loads
         cfg = load_config(config, overrides or [])
+        check_env_needs(cfg)  # a sandbox, a grader, an extra
+        resolve_model_source(cfg.model.name)  # a model path that does not exist, a hub id
         checked = preflight(cfg)  # resume, replay data, task sets and sources
     quiet_libraries()
     if process_rank()[0] != 0:  # torchrun / accelerate launch: rank 0 speaks for the run
         with exit_on():
             run_training(cfg, console=None, checked=checked)
         return
-    console.rule("[bold]composer-replication train")
-    console.print(dump_config(cfg), markup=False)
-    with exit_on():  # e.g. a bad model id
-        summary = run_training(cfg, console=console, checked=checked)
+    print_run_header(cfg)
+    with exit_on(), exit_on_interrupt(lambda: interrupted_run(cfg)):
+        summary = run_training(cfg, console=console, report=print_result, checked=checked)
     print_train_summary(summary)
+
+
+def interrupted_run(cfg) -> str:
+    """What a run stopped by Ctrl-C leaves: its logged steps and its newest checkpoint."""
+    from composer_replication.trainer.callbacks import METRICS_FILE, read_metrics
+
+    out = Path(cfg.output_dir)
+    rows = read_metrics(out / METRICS_FILE)
+    text = f"stopped after step {rows[-1]['step'] if rows else 0} of {cfg.max_steps}"
+    if rows:
+        text += f"; its steps are in {out / METRICS_FILE}"
+    if any(out.glob("checkpoint-*")):
+        text += "; continue from the newest checkpoint with resume_from=latest"
+    return text
+
+
+def check_env_needs(cfg) -> None:
+    """What the run's environment needs on this machine, checked before anything loads: the
+    sandbox of a code environment, the pytest that grades Feature Deletion, OpenEnv (extras)."""
+    if getattr(cfg.env, "openenv_url", None):  # tool environments only
+        require_extra("openenv", "openenv")
+    if cfg.env.name == "humaneval":
+        from composer_replication.sandbox.sandbox import ensure_isolation
+
+        ensure_isolation(cfg.sandbox)
+    if cfg.env.name == "feature_deletion":
+        from composer_replication.sandbox.pytest_suite import require_pytest
+
+        require_pytest()
+
+
+def print_run_header(cfg) -> None:
+    """A few lines saying what this run is (the full config goes to its run directory)."""
+    from composer_replication.run.train import run_header
+
+    console.rule("[bold]composer-replication train")
+    for label, text in run_header(cfg):
+        plain_line(console, f"{label:<9} {text}")
+
+
+def print_result(tag: str, summary: dict) -> None:
+    """One held-out result, printed as soon as it is known (``held-out base: 23.4% [...]``)."""
+    plain_line(console, f"held-out {tag}: {format_eval(summary)}")
 
 
 def format_eval(s: dict) -> str:
@@ -113,6 +165,12 @@ def eval_command(
         list[str] | None,
         typer.Option("--task-source", help="feature_deletion: a directory or name==version"),
     ] = None,
+    harness: Annotated[
+        str,
+        typer.Option(
+            "--harness", help="feature_deletion: native, claude_code, codex or bash (tool names)"
+        ),
+    ] = "native",
     show: Annotated[int, typer.Option("--show", min=0, help="print this many completions")] = 5,
     unsafe_run_without_isolation: Annotated[
         bool,
@@ -126,19 +184,24 @@ def eval_command(
     from composer_replication.config import SandboxConfig
     from composer_replication.envs import get_env
     from composer_replication.evaluation import evaluate
-    from composer_replication.lm.models import load_model, load_tokenizer
+    from composer_replication.lm.models import load_model, load_tokenizer, resolve_model_source
     from composer_replication.progress import progress_bar
 
     quiet_libraries()
     with exit_on(ValueError, FileNotFoundError):
+        resolve_model_source(model)  # a bad name fails before the task set is built
+        if env == "feature_deletion":
+            from composer_replication.sandbox.pytest_suite import require_pytest
+
+            require_pytest()
         if env == "arithmetic":
             kwargs: dict = {"levels": [int(x) for x in levels.split(",")]}
         elif env == "humaneval":
             kwargs = {
                 "sandbox": SandboxConfig(unsafe_run_without_isolation=unsafe_run_without_isolation)
             }
-        elif env == "feature_deletion" and task_source:
-            kwargs = {"sources": task_source}
+        elif env == "feature_deletion":
+            kwargs = {"harness": harness, **({"sources": task_source} if task_source else {})}
         else:
             kwargs = {}
         environment = get_env(env, **kwargs)

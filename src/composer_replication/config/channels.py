@@ -231,7 +231,204 @@ class ReplayChannelConfig(StrictModel):
         return self
 
 
-CHANNEL_SECTIONS = ("sdpo", "replay")
+TEACHER_NAME = r"^[A-Za-z0-9_.:@-]+$"
+"""Teacher names appear in metric keys (``distill/teacher/<name>/rows``): no slashes."""
+
+
+class LocalTeacherConfig(StrictModel):
+    """A teacher run in this process: a Hugging Face model with the student's vocabulary,
+    frozen, on its own device and in its own dtype (channels/distill.py)."""
+
+    type: Literal["local"] = "local"
+    name: str = Field(min_length=1, max_length=64, pattern=TEACHER_NAME)
+    """Unique name; metrics and routing use it."""
+    model: str = Field(min_length=1)
+    """Hub id, local directory, ``.gguf`` file or ``embedded:NAME`` (models.py)."""
+    device: str = Field("same", pattern=r"^(same|cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$")
+    """Where the teacher runs: ``same`` (the student's device), ``cpu``, ``cuda:1``, ..."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The teacher's parameter dtype (independent of the student's)."""
+    allow_student_weights: bool = False
+    """A teacher whose ``model`` is the student's own ``model.name`` is refused (it would be a
+    frozen copy of the student, which teaches nothing) unless this is true."""
+
+
+class RemoteTeacherConfig(StrictModel):
+    """A teacher behind an OpenAI-compatible server that returns prompt log-probs for given
+    token ids (vLLM's ``prompt_logprobs`` on ``/v1/completions``; ``composer-replication
+    serve`` answers the same protocol)."""
+
+    type: Literal["remote"] = "remote"
+    name: str = Field(min_length=1, max_length=64, pattern=TEACHER_NAME)
+    """Unique name; metrics and routing use it."""
+    base_url: str = Field(min_length=1, pattern=r"^https?://")
+    """Base URL ending in ``/v1`` (e.g. ``http://127.0.0.1:8101/v1``)."""
+    model: str = ""
+    """Model id sent in each request (empty: the server's only model)."""
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Name of the environment variable holding the API key (never the key itself)."""
+    top_k: int = Field(8, ge=1, le=1000)
+    """Log-probs per position requested (``prompt_logprobs``); vLLM caps it at 20 unless the
+    server runs with ``--max-logprobs -1``. The sampled token's log-prob always comes back."""
+    rows_per_request: int = Field(8, ge=1, le=4096)
+    """Completions scored per request (a batched token-id prompt)."""
+    max_concurrency: int = Field(4, ge=1, le=1024)
+    """Requests in flight at once."""
+    timeout_s: float = Field(120.0, gt=0, le=3600)
+    """Deadline of one attempt, seconds."""
+    max_retries: int = Field(3, ge=0, le=50)
+    """Retries of a request after 429/5xx/timeouts/connection errors (backoff with jitter)."""
+    price_in_per_mtok: float = Field(0.0, ge=0, le=10_000)
+    """USD per million scored (prompt) tokens, for ``distill.budget_usd``."""
+    check_tokenizer: bool = True
+    """Compare the server's tokenizer fingerprint (``GET /v1/tokenizer``) with the student's
+    before any model loads. A server that does not report one (plain vLLM) is refused while
+    this is true; set false only when you know it serves the student's tokenizer."""
+
+
+TeacherConfig = Annotated[LocalTeacherConfig | RemoteTeacherConfig, Field(discriminator="type")]
+
+
+class ReverseKlDistillLoss(StrictModel):
+    """The sampled reverse KL of on-policy distillation (Thinking Machines; MOPD; GKD): the
+    per-token advantage ``log q(y) - log p(y)`` in the importance-sampled policy gradient
+    (losses/distill.py). Works with every teacher."""
+
+    type: Literal["reverse_kl"] = "reverse_kl"
+    as_advantage: bool = False
+    """Fold the per-token advantage into GRPO's instead of a loss term of its own: ``A_t =
+    A_GRPO + distill.weight * (log q(y_t) - log p_old(y_t))``, trained by the clipped policy
+    loss (OPD combined with RL through the advantage, as in Thinking Machines' post). The
+    channel's own term is then an exact 0; its metrics still report. Needs ``grpo.weight`` >
+    0."""
+
+
+class JsdDistillLoss(StrictModel):
+    """Generalized JSD between student and teacher distributions on the sampled positions:
+    the full vocabulary for a local teacher (chunked fused kernel), the teacher's top-k with
+    a tail bucket for a remote one (losses/distill.py)."""
+
+    type: Literal["jsd"] = "jsd"
+    beta: float = Field(0.0, ge=0.0, le=1.0)
+    """0 forward KL(q || p) (mode covering), 1 reverse KL(p || q), in between the JSD."""
+    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    """Divides the student's logits (a local teacher's too; a remote teacher scores at T=1)."""
+    top_k: int | None = Field(None, ge=1, le=1000)
+    """A local teacher: None = the full vocabulary; k = its top-k with a tail, like a remote
+    one. Remote teachers always use their ``top_k``."""
+    add_tail: bool = True
+    """Sparse support: add the tail bucket (else renormalise both over the top-k)."""
+
+
+DistillLossConfig = Annotated[ReverseKlDistillLoss | JsdDistillLoss, Field(discriminator="type")]
+
+
+class SingleRoute(StrictModel):
+    """Every row to the one teacher."""
+
+    type: Literal["single"] = "single"
+
+
+class ColumnRoute(StrictModel):
+    """A teacher per environment, task tag or dataset column (MOPD's domain teachers): a row
+    goes to the first teacher one of whose patterns matches the row's ``column`` value
+    (shell-style wildcards, e.g. ``task_id`` ``L1:*``). A row matching none is not scored and
+    is counted in ``distill/unrouted_frac``."""
+
+    type: Literal["column"] = "column"
+    column: str = Field("task_id", min_length=1)
+    """Dataset column read per row (``task_id`` always exists)."""
+    match: dict[str, list[str]] = Field(min_length=1)
+    """Teacher name -> patterns of ``column`` values it scores."""
+
+
+class BestRoute(StrictModel):
+    """The best of several teachers per sample: every teacher scores every row, and the row is
+    distilled from the teacher that gives the student's own tokens the highest mean log-prob
+    (the nearest teacher: the smallest sampled reverse KL ``log p - log q`` for this student),
+    so the student is never pulled toward two teachers' conflicting modes at once. Costs one
+    scoring per teacher per row."""
+
+    type: Literal["best"] = "best"
+
+
+RouteConfig = Annotated[SingleRoute | ColumnRoute | BestRoute, Field(discriminator="type")]
+
+
+def _teacher_shorthand(item: Any, index: int) -> Any:
+    """``URL`` -> a remote teacher, any other string -> a local one; a mapping without
+    ``type`` is remote if it has ``base_url``."""
+    if isinstance(item, str):
+        if item.startswith(("http://", "https://")):
+            return {"type": "remote", "name": f"teacher{index}", "base_url": item}
+        return {"type": "local", "name": f"teacher{index}", "model": item}
+    if isinstance(item, dict) and "type" not in item:
+        kind = "remote" if "base_url" in item else "local"
+        return {"type": kind, "name": f"teacher{index}", **item}
+    return item
+
+
+class DistillConfig(StrictModel):
+    """The on-policy distillation channel (``distill``): stronger teachers score the student's
+    own completion tokens and the student is pulled toward them (channels/distill.py)."""
+
+    weight: float = Field(0.0, ge=0.0, le=1000.0)
+    """Weight of the channel in the total loss; 0 disables it at no cost."""
+    teachers: list[TeacherConfig] = Field(default_factory=list)
+    """The teachers: ``{type: local, name, model, device, dtype}`` or ``{type: remote, name,
+    base_url, model, top_k}``. Shorthand: a string (a model reference, or a URL for a remote
+    teacher) or a list of them. They must use the student's tokenizer (checked before any model
+    loads; cross-tokenizer distillation is not supported)."""
+    loss: DistillLossConfig = Field(default_factory=ReverseKlDistillLoss)
+    """``reverse_kl`` (sampled, OPD) or ``jsd`` (full vocabulary / top-k with a tail)."""
+    route: RouteConfig = Field(default_factory=SingleRoute)
+    """Which teacher scores which row: ``single``, ``column`` or ``best``."""
+    budget_usd: float | None = Field(None, ge=0.0)
+    """Stop calling priced remote teachers once this many dollars are spent; later rows are
+    reported unscored (``distill/unscored_frac``), never silently 0. None: no limit."""
+    max_scored_tokens: int | None = Field(None, ge=1)
+    """Stop scoring once the teachers have scored this many tokens in all (local ones too)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("loss"), dict):
+            if "type" not in data["loss"]:  # `distill.loss.x=...` alone: the default loss's x
+                data = {**data, "loss": {"type": "reverse_kl", **data["loss"]}}
+        if isinstance(data, dict) and isinstance(data.get("route"), dict):
+            if "type" not in data["route"]:  # a route with `match` is a column route
+                kind = "column" if "match" in data["route"] else "single"
+                data = {**data, "route": {"type": kind, **data["route"]}}
+        if not isinstance(data, dict) or "teachers" not in data:
+            return data
+        teachers = data["teachers"]
+        teachers = [teachers] if isinstance(teachers, str | dict) else teachers
+        if isinstance(teachers, list):
+            data = {**data, "teachers": [_teacher_shorthand(t, i) for i, t in enumerate(teachers)]}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> DistillConfig:
+        names = [t.name for t in self.teachers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"teacher names must be unique: {names}")
+        if self.weight > 0 and not self.teachers:
+            raise ValueError("weight > 0 needs at least one teacher (distill.teachers)")
+        route = self.route
+        if isinstance(route, SingleRoute) and len(self.teachers) > 1:
+            raise ValueError(
+                f"{len(self.teachers)} teachers need a routing rule: route.type column or best"
+            )
+        if isinstance(route, BestRoute) and len(self.teachers) < 2:
+            raise ValueError("route.type=best needs at least two teachers")
+        if isinstance(route, ColumnRoute):
+            unknown = sorted(set(route.match) - set(names))
+            if unknown:
+                raise ValueError(f"route.match names unknown teachers {unknown}; teachers: {names}")
+        return self
+
+
+CHANNEL_SECTIONS = ("sdpo", "replay", "distill")
 """Run-config sections that configure an extra loss channel (each has a ``weight``)."""
 CHANNEL_ALIASES = {"alpha_sdpo": "sdpo", "beta_replay": "replay"}
 """Top-level weight aliases kept for old configs and commands: ``alpha_sdpo=0.1`` is

@@ -51,7 +51,8 @@ class SandboxConfig(StrictModel):
     """Run model-written code without bubblewrap (limits and an audit hook only); the code can
     then read this user's files and environment. Only for machines that cannot run bwrap."""
     workers: int = Field(0, ge=0, le=256)
-    """Gradings run in parallel (0 = one per CPU core)."""
+    """Sandbox slots: sandboxes running at once in this process, tool calls and gradings
+    together (0 = one per CPU core, fewer if the available memory holds fewer)."""
     wall_timeout_s: float = Field(5.0, gt=0, le=600)
     """Wall-clock limit of one grading (interpreter start, loading and every test call)."""
     cpu_time_s: int = Field(5, ge=1, le=600)
@@ -183,13 +184,28 @@ class FeatureDeletionEnvConfig(ToolEnvConfig):
     to what is left; once spent, ``run_tests`` is an error result and grading still runs). A
     workspace that hangs costs this once, not ``task_generation.suite_timeout_s`` per call.
     None: no budget."""
+    harness: Literal["native", "claude_code", "codex", "bash"] = "native"
+    """The tool vocabulary the agent gets (envs/profiles.py, docs/agents.md): the
+    environment's own tools, Claude Code's (``Read``, ``Write``, ``Edit``, ``Bash``, ``Grep``,
+    ``Glob``), Codex CLI's (``shell``, ``apply_patch``) or one ``bash`` tool, over the same
+    workspace, bounds, flags and grading. Shell tools run under the sandbox and spend
+    ``tests_budget_s``."""
+
+    @model_validator(mode="after")
+    def _harness_runs_here(self) -> FeatureDeletionEnvConfig:
+        if self.harness != "native" and self.openenv_url:
+            raise ValueError(
+                f"env.harness={self.harness}: harness profiles wrap the tools of a workspace in "
+                f"this process, not an OpenEnv server's (openenv_url={self.openenv_url!r})"
+            )
+        return self
 
     def env_options(self, sandbox: SandboxConfig) -> dict[str, Any]:
         return {"sources": self.task_sources, "task_dir": self.task_dir,
                 "generation": self.task_generation, "reward": self.reward,
                 "heldout_fraction": self.heldout_fraction,
                 "max_output_chars": self.max_tool_output_chars, "few_shot": self.few_shot,
-                "tests_budget_s": self.tests_budget_s}  # fmt: skip
+                "tests_budget_s": self.tests_budget_s, "harness": self.harness}  # fmt: skip
 
 
 ENV_CONFIGS: dict[str, type[EnvConfig]] = {
@@ -253,3 +269,9 @@ class RolloutConfig(StrictModel):
     max_tool_calls: int = Field(4, ge=0, le=4096)
     """Tool calls run per rollout; later calls get an error result saying the budget is
     used up, without running."""
+    concurrent_tools: bool = True
+    """Run the tool calls of all rollouts of a turn at once (each rollout's calls in its own
+    order), bounded by ``sandbox.workers`` slots for sandboxed tools and ``max_remote_calls``
+    for OpenEnv ones; the same messages and rewards as one rollout after another."""
+    max_remote_calls: int = Field(32, ge=1, le=1024)
+    """OpenEnv calls (tool calls and gradings) in flight at once from this process."""

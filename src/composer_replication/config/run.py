@@ -24,6 +24,8 @@ from composer_replication.config.base import (
 from composer_replication.config.channels import (
     CHANNEL_ALIASES,
     CHANNEL_SECTIONS,
+    DistillConfig,
+    LocalTeacherConfig,
     ReplayChannelConfig,
     SdpoConfig,
     move_weight_aliases,
@@ -58,6 +60,26 @@ class PeftConfig(StrictModel):
     """Module names to adapt, or ``all-linear``."""
 
 
+class AsyncRolloutsConfig(StrictModel):
+    """Asynchronous off-policy rollouts (GPU only, not run on this project's CPU machines):
+    TRL's experimental ``AsyncGRPOTrainer`` generates on a vLLM server, each rollout's turns
+    and tool calls running on their own, while the trainer trains on the rollouts that are
+    ready; a rollout made by weights at most ``max_staleness`` updates old is corrected by the
+    clipped importance ratio of the current policy to the sampling one (``grpo.epsilon``,
+    ``grpo.epsilon_high``). The channels, dynamic sampling and DiLoCo do not run there
+    (docs/agents.md, "What runs at the same time")."""
+
+    enabled: bool = False
+    """Train with ``AsyncGRPOTrainer`` (needs ``generation.backend: vllm`` in ``server`` mode)."""
+    max_staleness: int = Field(4, ge=0, le=1024)
+    """Weight updates a rollout may lag behind the trained policy before it is dropped."""
+    max_inflight: int = Field(-1, ge=-1, le=1_000_000)
+    """Rollouts in flight on the server at once (-1: TRL's default, ``max_staleness`` times
+    the rollouts of a step); with tool environments, how many episodes the machine can run."""
+    weight_sync_steps: int = Field(1, ge=1, le=1024)
+    """Optimizer steps between pushes of the weights to the vLLM server."""
+
+
 class VllmConfig(StrictModel):
     """TRL's vLLM generation (needs a GPU and ``pip install vllm``)."""
 
@@ -71,6 +93,17 @@ class VllmConfig(StrictModel):
     """GPUs one vLLM engine spans (colocate)."""
     max_model_length: int | None = Field(None, ge=1)
     """Context length vLLM allocates for (None = the model's)."""
+    async_rollouts: AsyncRolloutsConfig = Field(default_factory=AsyncRolloutsConfig)
+    """Asynchronous off-policy training on the vLLM server (TRL's ``AsyncGRPOTrainer``)."""
+
+    @model_validator(mode="after")
+    def _async_needs_server(self) -> VllmConfig:
+        if self.async_rollouts.enabled and self.mode != "server":
+            raise ValueError(
+                "generation.vllm.async_rollouts needs generation.vllm.mode=server (TRL's "
+                "AsyncGRPOTrainer generates on a separate vLLM server)"
+            )
+        return self
 
 
 class GenerationConfig(StrictModel):
@@ -98,6 +131,15 @@ class GenerationConfig(StrictModel):
     sliding-window or recurrent layers, and gradient checkpointing with gradients on, take the
     plain padded forward. ``false``: TRL's own padded forwards, bit for bit."""
 
+    @model_validator(mode="after")
+    def _async_needs_vllm(self) -> GenerationConfig:
+        if self.vllm.async_rollouts.enabled and self.backend != "vllm":
+            raise ValueError(
+                "generation.vllm.async_rollouts needs generation.backend=vllm (the rollouts "
+                "are generated on a vLLM server)"
+            )
+        return self
+
 
 class OverlongConfig(StrictModel):
     enabled: bool = False
@@ -114,6 +156,10 @@ class DynamicSamplingConfig(StrictModel):
 
 
 class GRPOConfigModel(StrictModel):
+    weight: float = Field(1.0, ge=0.0, le=1000.0)
+    """Weight of channel 1, the GRPO policy loss, in the total (1: TRL's loss unchanged). 0:
+    the extra channels train alone, e.g. on-policy distillation without RL (rollouts are still
+    generated and graded; rewards are logged)."""
     loss_type: Literal["dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo"] = "dapo"
     """TRL loss aggregation; DAPO is token-level over the whole batch."""
     epsilon: float = Field(0.2, gt=0.0, le=1.0)
@@ -226,6 +272,8 @@ class RunConfig(StrictModel):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     sdpo: SdpoConfig = Field(default_factory=SdpoConfig)
     replay: ReplayChannelConfig = Field(default_factory=ReplayChannelConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
+    """On-policy distillation from stronger teachers (off by default; docs/channels.md)."""
     diloco: DilocoConfig = Field(default_factory=DilocoConfig)
     """DiLoCo outer loop across replicas (off by default; see diloco/)."""
 
@@ -238,6 +286,43 @@ class RunConfig(StrictModel):
     @classmethod
     def _env_variant(cls, data: Any) -> Any:
         return env_config(data)
+
+    @model_validator(mode="after")
+    def _something_trains(self) -> RunConfig:
+        if self.grpo.weight == 0 and not self.channel_settings():
+            raise ValueError(
+                "grpo.weight=0 with no extra channel (sdpo, replay, distill weight > 0) trains "
+                "nothing"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _advantage_needs_the_policy_loss(self) -> RunConfig:
+        loss = self.distill.loss
+        if (
+            self.distill.weight > 0
+            and getattr(loss, "as_advantage", False)
+            and not self.grpo.weight
+        ):
+            raise ValueError(
+                "distill.loss.as_advantage=true trains through GRPO's loss: grpo.weight must be > 0"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _teacher_is_not_the_student(self) -> RunConfig:
+        for t in self.distill.teachers:
+            if (
+                isinstance(t, LocalTeacherConfig)
+                and t.model == self.model.name
+                and not t.allow_student_weights
+            ):
+                raise ValueError(
+                    f"distill.teachers: {t.name!r} loads the student's own weights "
+                    f"({t.model}): a frozen copy of the student teaches nothing; point it at a "
+                    "stronger model, or set allow_student_weights=true"
+                )
+        return self
 
     def channel_settings(self) -> dict[str, dict[str, Any]]:
         """Settings of every enabled channel (weight > 0), as plain data: what a checkpoint

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,32 @@ def check_fresh_store(cfg: RunConfig) -> None:
         )
 
 
+STOP_GRACE_S = 5.0
+"""How long a stopped replica gets to exit on SIGTERM before it is killed."""
+
+
+def stop_process_groups(procs: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM each process's group (each started with ``start_new_session``: the replica and
+    whatever it started), SIGKILL the groups still alive after ``grace_s``, and reap them."""
+    for p in procs:
+        _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(p, signal.SIGKILL)  # also the group's other members, if any are left
+        p.wait()
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):  # the group is gone
+        pass
+
+
 def _stream(proc: subprocess.Popen, prefix: str, echo) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -140,18 +168,20 @@ def launch_diloco(
             rep = replica_overrides(cfg, r, replicas, None if object_store else lighthouse, None)
             args += [*overrides, *threads, *rep]
             p = subprocess.Popen(
-                args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-            )
+                args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                start_new_session=True,  # stopped by this launcher, with their own children
+            )  # fmt: skip
             t = threading.Thread(target=_stream, args=(p, f"[r{r}]", echo), daemon=True)
             t.start()
             procs.append((r, p, t))
         for _, p, t in procs:
             p.wait()
             t.join(5)
-    finally:
-        for _, p, _ in procs:
-            if p.poll() is None:
-                p.terminate()
+    except KeyboardInterrupt:
+        echo(f"[diloco] interrupted: stopping replicas {ids}")
+        raise
+    finally:  # also on Ctrl-C or an error here: no replica outlives the launcher
+        stop_process_groups([p for _, p, _ in procs])
         if server is not None:
             server.shutdown()
     results = [collect_replica(cfg, r, p.returncode) for r, p, _ in procs]

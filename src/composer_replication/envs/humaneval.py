@@ -30,14 +30,13 @@ import re
 import types
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from os import cpu_count
 from pathlib import Path
 from typing import Any
 
 from composer_replication.config import SandboxConfig
 from composer_replication.envs.base import Environment, StepResult, Task, unit_hash
 from composer_replication.sandbox.harness import preview
-from composer_replication.sandbox.sandbox import CandidateFailure, CandidateSession, Sandbox
+from composer_replication.sandbox.sandbox import SLOTS, CandidateFailure, CandidateSession, Sandbox
 
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.DOTALL)
 TEST_FILE = "<humaneval-test>"
@@ -183,7 +182,7 @@ class HumanEvalEnv(Environment):
         return StepResult(completion, 0.0, True, False, feedback, {"stderr": stderr[-2000:]})
 
     def grade_batch(self, tasks: list[Task], completions: list[str]) -> list[StepResult]:
-        """Grade in parallel, ``sandbox.workers`` at a time (0 = one per CPU core)."""
-        workers = self.sandbox.cfg.workers or cpu_count() or 1
-        with ThreadPoolExecutor(max_workers=min(workers, max(len(tasks), 1))) as pool:
+        """Grade in parallel, as many at a time as this process has sandbox slots
+        (``sandbox.workers``; envs/sandbox.py ``SLOTS``, shared with tool calls)."""
+        with ThreadPoolExecutor(max_workers=max(1, min(len(tasks), SLOTS.limit))) as pool:
             return list(pool.map(self.grade, tasks, completions))

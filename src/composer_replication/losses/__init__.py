@@ -9,6 +9,8 @@
 * channel 3 (replay pairs): :func:`dpo_loss`, :func:`simpo_loss`, :func:`sequence_logps`
 * the placebo-contrast teacher of channel 2: :func:`contrast_logits`,
   :func:`contrast_teacher_states`, :func:`contrast_weights`
+* on-policy distillation from a stronger teacher (channel ``distill``): the sampled reverse KL
+  above, the chunked JSD, and :func:`topk_distill_loss` over a teacher's top-k with a tail bucket
 * :func:`self_distill_loss` / :func:`preference_loss` dispatch a channel's inputs to those;
   :func:`compose_loss` sums :class:`ChannelTerm` s (weight, loss, metrics) onto the policy loss.
 """
@@ -23,6 +25,12 @@ from .compose import (
     self_distill_loss,
 )
 from .contrast import contrast_logits, contrast_teacher_states, contrast_weights
+from .distill import (
+    add_tail_bucket,
+    gather_student_logps,
+    sparse_divergence_per_token,
+    topk_distill_loss,
+)
 from .entropy_opd import entropy_aware_opd_loss
 from .jsd import generalized_jsd_loss
 from .policy import prime_rl_policy_loss
@@ -37,6 +45,10 @@ from .taid import TAIDScheduler, taid_loss
 
 __all__ = [
     "ChannelTerm",
+    "add_tail_bucket",
+    "gather_student_logps",
+    "sparse_divergence_per_token",
+    "topk_distill_loss",
     "ReplayInputs",
     "SdpoInputs",
     "TAIDScheduler",

@@ -38,6 +38,28 @@ The teacher is a constant (stop-gradient), as in GKD/OPSD where it runs under ``
 ``teacher_weight`` may be the very tensor the student trains (self-distillation) and it still
 only receives the student-path gradient. Masked rows are dropped before any matmul.
 
+On an accelerator (CUDA) the same loss runs a second implementation, ``impl="fused"``, built
+for tensor cores rather than for a CPU's caches (see :class:`_FusedLinearGJSDDevice`):
+
+* the four head matmuls run in the inputs' own dtype (bf16/fp16 on tensor cores, which
+  accumulate in fp32); nothing upcasts ``weight_VH``. For 16-bit inputs the logits of a chunk
+  are rounded once to that dtype (as in TRL's and Liger's bf16 paths) and ``grad_weight``
+  accumulates chunk by chunk in the weight's dtype; fp32 inputs stay fp32 throughout (TF32
+  only if the caller enabled it);
+* the elementwise part of a chunk (both log-softmaxes, the mixture, the two KL row sums and
+  the gradient w.r.t. the student logits) is one function in fp32, :func:`gjsd_rows_`,
+  compiled with ``torch.compile`` on CUDA (Inductor fuses it into a few row-reduction
+  kernels) and run eagerly elsewhere, over sub-blocks of rows so the fp32 intermediates it
+  materialises stay small; the gradient is written over the student logits in place;
+* the chunk and sub-block sizes come from :func:`fused_chunk_rows`: a byte budget of half the
+  head weight's size (at least 64 MiB, at most a quarter of the device's free memory), so the
+  extra memory beyond the gradients themselves is at most about half a ``weight_VH``.
+
+FLOP/byte model (H100, bf16): the four matmuls are ``8*T*V*H`` FLOPs (93 ms at T=16384,
+V=151936, H=3584 and ~766 TFLOP/s); the elementwise pass moves ~40 bytes per logit element
+(two bf16 logits read, a few fp32 intermediates, one bf16 gradient written), ~2.5e9 elements
+or ~33 ms at ~3 TB/s, so the matmuls dominate.
+
 Not supported here (use the full-logits function): ``top_k``, the per-vocab-element
 ``token_clip`` of OPSD, and ``reduction="none"``/``"mean"``. ``token_clip`` in ``"token"``
 mode is supported (a clipped token contributes no gradient).
@@ -46,6 +68,7 @@ mode is supported (a clipped token contributes no gradient).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Literal
 
@@ -129,7 +152,7 @@ def _block(a: Tensor, b: Tensor, x: Tensor, y: Tensor | None, beta: float) -> Te
     # m = (1 - beta) p + beta q, r = log p - log m, one transcendental pass:
     #   -r = log(m / p) = logaddexp(log q - log p + log beta, log(1 - beta))
     torch.add(b, math.log(beta), out=a)
-    torch.logaddexp(a, torch.tensor(math.log1p(-beta), dtype=a.dtype), out=a)  # -r
+    torch.logaddexp(a, a.new_tensor(math.log1p(-beta)), out=a)  # -r
     b.sub_(a)  # log q - log m
     kl_qm = b.mul_(y).sum(1)
     kl_pm = -_rowsum_of_product(a, x, b)
@@ -152,6 +175,17 @@ def _chunk(a: Tensor, b: Tensor, x_buf: Tensor, y_buf: Tensor | None, beta: floa
         y = y_buf[: j - i] if y_buf is not None else None
         toks.append(_block(a[i:j], b[i:j], x_buf[: j - i], y, beta))
     return torch.cat(toks)
+
+
+def _finish(
+    ctx, loss: Tensor, grad_h: Tensor | None, grad_w: Tensor | None, hidden: Tensor, weight: Tensor
+) -> Tensor:
+    """Store the gradients (in the inputs' dtypes) for backward; the loss in hidden's dtype."""
+    ctx.save_for_backward(
+        grad_h.to(hidden.dtype) if grad_h is not None else None,
+        grad_w.to(weight.dtype) if grad_w is not None else None,
+    )
+    return loss.to(hidden.dtype)
 
 
 class _FusedLinearGJSD(torch.autograd.Function):
@@ -211,11 +245,7 @@ class _FusedLinearGJSD(torch.autograd.Function):
                 grad_w.addmm_(a.t(), hc, alpha=coef)
         if want_gh:
             grad_h.mul_(coef)
-        ctx.save_for_backward(
-            grad_h.to(hidden_NH.dtype) if want_gh else None,
-            grad_w.to(weight_VH.dtype) if want_gw else None,
-        )
-        return (total * scale).to(hidden_NH.dtype)
+        return _finish(ctx, total * scale, grad_h, grad_w, hidden_NH, weight_VH)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
@@ -242,6 +272,7 @@ def chunked_generalized_jsd_loss(
     divisor: float | Tensor | None = None,
     token_clip: float | None = None,
     chunk_size: int | None = None,
+    impl: Literal["auto", "blocked", "fused"] = "auto",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Generalized JSD (GKD Eq. 1) from hidden states + lm_head, chunked and fused.
 
@@ -260,7 +291,11 @@ def chunked_generalized_jsd_loss(
         reduction: ``batchmean`` (sum / kept tokens; with no mask, / ``hidden.shape[0]`` like
             TRL) or ``sum``. ``divisor`` overrides it.
         token_clip: per-token clip of each token's divergence (``token_clip_mode="token"``).
-        chunk_size: rows per chunk; default :func:`default_chunk_size` (kept tokens / 8, 32..1024).
+        chunk_size: rows per chunk; default :func:`default_chunk_size` (kept tokens / 8, 32..1024)
+            for ``blocked``, :func:`fused_chunk_rows` (from the device's free memory) for ``fused``.
+        impl: ``blocked`` (fp32 chunks of sub-blocks, tuned for CPUs), ``fused`` (matmuls in the
+            inputs' dtype, fused elementwise, compiled on CUDA; see :class:`_FusedLinearGJSDDevice`)
+            or ``auto``: ``blocked`` on the CPU, ``fused`` on any other device.
 
     Returns:
         ``(loss, metrics)``: ``jsd_per_token``, ``num_tokens``.
@@ -295,8 +330,13 @@ def chunked_generalized_jsd_loss(
         teacher = (teacher[0].index_select(0, row_ids), teacher[1])
     denom = _denominator(reduction, divisor, keep, n_tok, lead)
     chunk = chunk_size or default_chunk_size(weight_VH.shape[0], n_tok)
+    if impl not in ("auto", "blocked", "fused"):
+        raise ValueError(f"impl must be auto, blocked or fused, got {impl!r}")
     if n_tok == 0:
         loss = (flat.sum() + weight_VH.sum()) * 0.0
+    elif impl == "fused" or (impl == "auto" and h.device.type != "cpu"):
+        args = (h, weight_VH, teacher, row_ids, float(beta), float(temperature))
+        loss = _FusedLinearGJSDDevice.apply(*args, chunk_size, 1.0 / denom, token_clip, None)
     else:
         loss = _FusedLinearGJSD.apply(
             h,
@@ -310,7 +350,10 @@ def chunked_generalized_jsd_loss(
             token_clip,
         )
     per_tok = loss.detach() * denom / max(n_tok, 1)
-    return loss, {"jsd_per_token": per_tok, "num_tokens": torch.tensor(float(n_tok))}
+    return loss, {
+        "jsd_per_token": per_tok,
+        "num_tokens": torch.tensor(float(n_tok), device=per_tok.device),
+    }
 
 
 def _resolve_teacher(
@@ -357,3 +400,199 @@ def _denominator(
     if keep is not None:
         return float(max(n_tok, 1))
     return float(max(lead[0], 1))
+
+
+# ----------------------------------------------------------------------------- device path
+
+_MIN_BUDGET_BYTES = 64 * 1024 * 1024
+_SCRATCH_BYTES_PER_ELEMENT = 12
+"""fp32 ``[R, V]`` intermediates :func:`gjsd_rows_` materialises per logit (Inductor realises
+three: both log-softmaxes and the mixture; eager runs a few more, on small sub-blocks)."""
+
+
+def fused_chunk_rows(
+    n_rows: int, vocab: int, hidden: int, elem_bytes: int, free_bytes: int
+) -> tuple[int, int]:
+    """``(chunk, sub)``: rows per matmul chunk and per elementwise sub-block of the fused path.
+
+    Budget ``B = clamp(V*H*elem_bytes / 2, 64 MiB, free_bytes / 4)`` (half the head weight's
+    size, so the extra memory beyond the returned gradients stays about half a ``weight_VH``);
+    a quarter of ``B`` goes to the fp32 scratch of one sub-block (``12*sub*V`` bytes, ``sub``
+    a power of two in 8..256), the rest to the two ``[chunk, V]`` logits buffers
+    (``2*chunk*V*elem_bytes``); ``chunk`` is a multiple of ``sub`` and at most ``n_rows``
+    rounded up to it.
+    """
+    budget = max(vocab * hidden * elem_bytes // 2, _MIN_BUDGET_BYTES)
+    budget = max(min(budget, free_bytes // 4), 1)
+    sub_rows = budget // 4 // (_SCRATCH_BYTES_PER_ELEMENT * max(vocab, 1))
+    sub = 1 << max(3, min(8, int(sub_rows).bit_length() - 1))
+    sub = min(sub, 1 << max(0, (max(n_rows, 1) - 1).bit_length()))
+    left = budget - _SCRATCH_BYTES_PER_ELEMENT * sub * vocab
+    chunk = max(sub, left // (2 * vocab * elem_bytes) // sub * sub)
+    chunk = min(chunk, -(-max(n_rows, 1) // sub) * sub)
+    return int(chunk), int(sub)
+
+
+def gjsd_rows_(s_RV: Tensor, t_RV: Tensor, beta: float, inv_t: float) -> Tensor:
+    """Generalized JSD per row from raw logits, and its gradient written over ``s_RV``.
+
+    ``s_RV``/``t_RV``: student/teacher logits (any float dtype; computed in fp32). With
+    ``ls = log_softmax(s * inv_t)``, ``lt`` likewise, ``p = exp(ls)``, ``q = exp(lt)`` and
+    ``log m = logaddexp(ls + log(1 - beta), lt + log beta)`` (GKD Eq. 1, Agarwal et al. 2024)::
+
+        loss = beta * sum q (lt - log m) + (1 - beta) * sum p (ls - log m)
+        G    = p * (r - sum p r),  r = ls - log m      (0 < beta < 1; dL/ds = (1-beta) G inv_t)
+        G    = p - q                                   (beta = 0: KL(q || p))
+        G    = p * (d - sum p d),  d = ls - lt         (beta = 1: KL(p || q))
+
+    (the caller folds ``1 - beta``, ``inv_t`` and the reduction into its matmuls.) Returns the per-row loss (fp32) and
+    leaves ``G``, cast to ``s_RV.dtype``, in ``s_RV``.
+    """
+    ls = torch.log_softmax(s_RV.float() * inv_t, dim=-1)
+    lt = torch.log_softmax(t_RV.float() * inv_t, dim=-1)
+    p = ls.exp()
+    if beta == 0.0:
+        q = lt.exp()
+        loss = (q * (lt - ls)).sum(-1)
+        grad = p - q
+    elif beta == 1.0:
+        d = ls - lt
+        loss = (p * d).sum(-1)
+        grad = p * (d - loss.unsqueeze(-1))
+    else:
+        lm = torch.logaddexp(ls + math.log1p(-beta), lt + math.log(beta))
+        r = ls - lm
+        kl_pm = (p * r).sum(-1)
+        kl_qm = (lt.exp() * (lt - lm)).sum(-1)
+        loss = beta * kl_qm + (1.0 - beta) * kl_pm
+        grad = p * (r - kl_pm.unsqueeze(-1))
+    s_RV.copy_(grad)
+    return loss
+
+
+ROWS_COMPILE: dict[str, object] = {"fn": None, "error": None}
+"""The compiled :func:`gjsd_rows_` of this process, or the error that made it fall back to
+eager (``bench/bench_losses.py`` reports it)."""
+
+
+def _compiled_rows(*args: object) -> Tensor:
+    """The compiled function; if compiling fails (e.g. no working Triton), warn once and run
+    eagerly from then on: slower, same result. ``s_RV`` is only written once the function
+    ran, so a failed compile leaves it intact. Running out of memory is no compile failure."""
+    if ROWS_COMPILE["error"] is None:
+        if ROWS_COMPILE["fn"] is None:
+            ROWS_COMPILE["fn"] = torch.compile(gjsd_rows_, fullgraph=True, dynamic=None)
+        try:
+            return ROWS_COMPILE["fn"](*args)  # type: ignore[operator]
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any compiler failure: fall back, say so
+            ROWS_COMPILE["error"] = f"{type(err).__name__}: {err}"[:500]
+            warnings.warn(
+                f"torch.compile of the fused JSD's elementwise part failed; running it eagerly "
+                f"(slower): {ROWS_COMPILE['error']}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return gjsd_rows_(*args)  # type: ignore[arg-type]
+
+
+def _rows_fn(device: torch.device, compile_rows: bool | None) -> Callable[..., Tensor]:
+    """:func:`gjsd_rows_`, compiled (once per process) on CUDA or when asked."""
+    if compile_rows is None:
+        compile_rows = device.type == "cuda"
+    return _compiled_rows if compile_rows else gjsd_rows_
+
+
+def _free_bytes(device: torch.device) -> int:
+    """Free memory of ``device`` (CUDA: the driver's count); elsewhere a 16 GiB stand-in."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return 16 * 1024**3
+
+
+def _matmul_dtype(a: Tensor, b: Tensor) -> torch.dtype:
+    """The dtype two matmul operands meet in: the wider of the two (no upcast of 16-bit
+    pairs)."""
+    return torch.promote_types(a.dtype, b.dtype)
+
+
+class _FusedLinearGJSDDevice(torch.autograd.Function):
+    """The accelerator path: matmuls in the inputs' dtype, fused fp32 elementwise per sub-block.
+
+    Like :class:`_FusedLinearGJSD`, forward computes the loss and both gradients chunk by chunk
+    (no logits survive a chunk) and backward only rescales them. Per chunk of ``C`` rows::
+
+        s = h_c @ W.T, t = th_c @ W_t.T        (matmul dtype, fp32 accumulation)
+        loss_c, G -> s                         (gjsd_rows_, per sub-block, fp32 inside)
+        grad_h_c = G @ W;  grad_W += G.T @ h_c (alpha folds coef / tau / denominator)
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx,
+        hidden_NH: Tensor,
+        weight_VH: Tensor,
+        teacher: tuple[Tensor, Tensor] | TeacherLogitsFn,
+        row_ids: Tensor,
+        beta: float,
+        temperature: float,
+        chunk_size: int | None,
+        scale: float,
+        token_clip: float | None,
+        compile_rows: bool | None,
+    ) -> Tensor:
+        n = hidden_NH.shape[0]
+        vocab, dev = weight_VH.shape[0], hidden_NH.device
+        want_gh, want_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dt = _matmul_dtype(hidden_NH, weight_VH)
+        h, w = hidden_NH.to(dt), weight_VH.to(dt)
+        if isinstance(teacher, tuple):
+            tdt = _matmul_dtype(*teacher)
+            teacher = (teacher[0].to(tdt), teacher[1].to(tdt))
+        else:
+            tdt = dt
+        chunk, sub = fused_chunk_rows(
+            n, vocab, h.shape[1], max(dt.itemsize, tdt.itemsize), _free_bytes(dev)
+        )
+        if chunk_size:
+            chunk = max(1, min(chunk_size, n))
+            sub = min(sub, chunk)
+        rows_fn = _rows_fn(dev, compile_rows)
+        grad_h = torch.empty_like(h) if want_gh else None
+        grad_w = torch.zeros_like(w) if want_gw else None
+        total = torch.zeros((), dtype=torch.float64, device=dev)
+        s_buf = torch.empty(min(chunk, n), vocab, dtype=dt, device=dev)
+        t_buf = torch.empty(min(chunk, n), vocab, dtype=tdt, device=dev)
+        coef = scale / temperature * ((1.0 - beta) if 0.0 < beta < 1.0 else 1.0)
+        for start in range(0, n, chunk):
+            stop = min(start + chunk, n)
+            s, t = s_buf[: stop - start], t_buf[: stop - start]
+            hc = h[start:stop]
+            torch.mm(hc, w.t(), out=s)
+            if isinstance(teacher, tuple):
+                torch.mm(teacher[0][start:stop], teacher[1].t(), out=t)
+            else:
+                t.copy_(teacher(row_ids[start:stop]))
+            tok = torch.cat(
+                [
+                    rows_fn(s[i : i + sub], t[i : i + sub], beta, 1.0 / temperature)
+                    for i in range(0, stop - start, sub)
+                ]
+            )
+            if token_clip is not None:
+                s.mul_((tok <= token_clip).unsqueeze(1).to(s.dtype))
+                tok = tok.clamp(max=token_clip)
+            total += tok.sum(dtype=torch.float64)
+            if want_gh:
+                gh = grad_h[start:stop]
+                torch.addmm(gh, s, w, beta=0.0, alpha=coef, out=gh)
+            if want_gw:
+                grad_w.addmm_(s.t(), hc, alpha=coef)
+        del s_buf, t_buf
+        return _finish(ctx, total * scale, grad_h, grad_w, hidden_NH, weight_VH)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        grads = _FusedLinearGJSD.backward(ctx, grad_out)
+        return (*grads, None)

@@ -61,7 +61,7 @@ def entropy_aware_opd_loss(
     tok = w * fkl + (1.0 - w) * rkl
     if keep is not None:
         tok = torch.where(keep, tok, torch.zeros((), dtype=tok.dtype, device=tok.device))
-    n = keep.sum() if keep is not None else torch.tensor(tok.numel())
+    n = keep.sum() if keep is not None else torch.tensor(tok.numel(), device=tok.device)
     loss = tok.sum() / (divisor if divisor is not None else n.clamp_min(1))
     return loss, _metrics(fkl, rkl, w, ent, keep, n)
 

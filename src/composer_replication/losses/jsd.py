@@ -157,7 +157,7 @@ def generalized_jsd_loss(
 
 def _metrics(tok: Tensor, keep: Tensor | None, clipped: Tensor | None) -> dict[str, Tensor]:
     with torch.no_grad():
-        n = keep.sum() if keep is not None else torch.tensor(tok.numel())
+        n = keep.sum() if keep is not None else torch.tensor(tok.numel(), device=tok.device)
         metrics = {
             "jsd_per_token": tok.detach().sum() / n.clamp_min(1),
             "num_tokens": n.detach().float(),

@@ -86,7 +86,7 @@ def _check_pairs(**tensors: Tensor) -> None:
 
 def _pair_reduce(losses: Tensor, pair_mask: Tensor | None, divisor) -> tuple[Tensor, Tensor]:
     if pair_mask is None:
-        n = torch.tensor(float(losses.numel()))
+        n = torch.tensor(float(losses.numel()), device=losses.device)
         return losses.sum() / (divisor if divisor is not None else max(losses.numel(), 1)), n
     if pair_mask.shape != losses.shape:
         raise ValueError(f"pair_mask shape {tuple(pair_mask.shape)} != pairs {tuple(losses.shape)}")

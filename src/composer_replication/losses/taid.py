@@ -71,13 +71,13 @@ def taid_loss(
         zero = torch.zeros((), dtype=kl_tok.dtype, device=kl_tok.device)
         kl_tok = torch.where(keep, kl_tok, zero)
         ce_tok = torch.where(keep, ce_tok, zero)
-    n = keep.sum() if keep is not None else torch.tensor(kl_tok.numel())
+    n = keep.sum() if keep is not None else torch.tensor(kl_tok.numel(), device=kl_tok.device)
     denom = divisor if divisor is not None else n.clamp_min(1)
     loss = (kl_tok.sum() / denom).to(student_logits.dtype)
     metrics = {
         "kl": kl_tok.detach().sum() / n.clamp_min(1),
         "cross_entropy": ce_tok.detach().sum() / n.clamp_min(1),
-        "t": torch.tensor(t_val),
+        "t": torch.tensor(t_val, device=kl_tok.device),
         "num_tokens": n.detach().float(),
     }
     return loss, metrics

@@ -71,6 +71,9 @@ class DPOPair:
     n_teachers: int = 0
     session_id: str = ""
     source_format: str = ""
+    tools: list[dict[str, Any]] | None = None
+    """The tool schemas the teachers were given (the source harness's, when profiled): the
+    vocabulary of ``chosen``; channel 3 renders the prompt with them."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,6 +210,7 @@ def extract_pairs(
                 n_teachers=len(answers),
                 session_id=state.session_id,
                 source_format=state.meta.source_format,
+                tools=state.tools,
             )
         )
     stats.pairs = len(pairs)

@@ -4,8 +4,9 @@ Each record has ``prompt`` (the state's messages), ``chosen`` and ``rejected`` (
 assistant list each), the format ``trl.DPOTrainer`` reads unchanged
 (https://huggingface.co/docs/trl/dataset_formats#preference), plus provenance columns:
 ``state_id``, ``session_id``, ``source_format``, ``teachers``, ``n_teachers_agreeing``,
-``n_teachers``, ``cost_usd`` and the original OpenAI messages as JSON (``chosen_json``,
-``rejected_json``).
+``n_teachers``, ``cost_usd``, the original OpenAI messages as JSON (``chosen_json``,
+``rejected_json``) and the tool schemas the teachers were given (``tools_json``: the source
+harness's, when it has a profile; '' otherwise), with which channel 3 renders the prompt.
 
 ``tool_format="text"`` (default) writes tool calls into the message text and tool results as
 user turns (`composer_replication.lm.chat.flatten_messages`: ``<tool_call>`` / ``<tool_response>``
@@ -57,6 +58,7 @@ def pair_record(pair: DPOPair, tool_format: ToolFormat = "text") -> dict[str, An
         "cost_usd": float(pair.cost),
         "chosen_json": orjson.dumps(pair.chosen).decode(),
         "rejected_json": orjson.dumps(pair.rejected).decode(),
+        "tools_json": orjson.dumps(pair.tools).decode() if pair.tools else "",
     }
 
 

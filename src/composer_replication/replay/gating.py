@@ -53,10 +53,10 @@ def state_entropy(
     if not a_ids:
         return 0.0
     p_ids = p_ids[-max_prompt_tokens:]
-    ids = torch.tensor([p_ids + a_ids])
+    ids = torch.tensor([p_ids + a_ids], device=next(model.parameters()).device)
     with torch.no_grad():
         logits_TV = model(input_ids=ids).logits[0]
-    mask_T = torch.zeros(ids.shape[1])
+    mask_T = torch.zeros(ids.shape[1], device=ids.device)
     mask_T[len(p_ids) - 1 : ids.shape[1] - 1] = 1.0  # positions that predict action tokens
     ent, _ = mean_token_entropy(logits_TV, mask_T)
     return float(ent)

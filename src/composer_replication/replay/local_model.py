@@ -75,7 +75,7 @@ class LocalChatModel:
         import torch
 
         ids, cut = self.prompt_ids(messages, tools)
-        input_ids = torch.tensor([ids])
+        input_ids = torch.tensor([ids], device=next(self.model.parameters()).device)
         kwargs: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": temperature > 0}
         if temperature > 0:
             kwargs.update(temperature=temperature, top_p=top_p, top_k=0)

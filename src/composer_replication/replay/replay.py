@@ -226,6 +226,23 @@ def session_tools(states: Iterable[TraceState]) -> dict[str, list[dict[str, Any]
     }
 
 
+def state_tools(
+    state: TraceState, inferred: list[dict[str, Any]] | None
+) -> list[dict[str, Any]] | None:
+    """The tools a teacher gets for ``state``: the source harness's schemas the state kept
+    (``TraceState.tools``, traces/harness_tools.py), then the inferred definitions of other
+    tools its session called (MCP tools, ``TodoWrite``...), or None."""
+    known = [t for t in state.tools or () if isinstance(t, dict)]
+    names = {_tool_name(t) for t in known}
+    extra = [t for t in inferred or () if _tool_name(t) not in names]
+    return known + extra or None
+
+
+def _tool_name(tool: dict[str, Any]) -> Any:
+    fn = tool.get("function")
+    return fn.get("name") if isinstance(fn, dict) else None
+
+
 def tier_settled(
     answers: dict[str, dict[str, Any]], agreement_threshold: int, min_agreement: float
 ) -> bool:
@@ -273,7 +290,7 @@ class _Replayer:
         """What is sent to ``spec`` for ``state``: its prefix and tools with every string
         redacted again (states from our ``ingest`` are already clean, so this changes nothing
         for them; states written elsewhere never reach a teacher with a secret in them)."""
-        tools = self.tools_by_session.get(state.session_id) or None
+        tools = state_tools(state, self.tools_by_session.get(state.session_id))
         messages = self.redactor.redact_obj(state.prefix)
         tools = self.redactor.redact_obj(tools) if tools else None
         phash = params_hash({**spec.request_params(), "messages": messages, "tools": tools})

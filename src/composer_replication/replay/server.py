@@ -5,7 +5,12 @@
 ``GET /v1/models`` lists ``--served-model-name`` (default: the model reference);
 ``POST /v1/chat/completions`` answers non-streaming chat requests with ``usage`` and, when the
 request lists ``tools``, ``tool_calls`` parsed from ``<tool_call>{...}</tool_call>`` blocks
-(see local_model.py). Generation runs in a worker thread, one request at a time. uvicorn's access
+(see local_model.py). ``POST /v1/completions`` scores given token ids the way vLLM does for
+distillation teachers: a token-id ``prompt`` (or a list of them), ``max_tokens: 1`` and
+``prompt_logprobs: k`` return, per prompt position, the top-k token ids with ``logprob`` and
+``rank`` plus the token actually there (entry 0 is null), and the greedy next token as
+``text``. ``GET /v1/tokenizer`` reports the tokenizer's fingerprint, so a distilling student
+can check it shares the vocabulary before loading anything (replay/scoring.py). Generation runs in a worker thread, one request at a time. uvicorn's access
 log writes one line per request. Binds 127.0.0.1 unless told otherwise.
 """
 
@@ -39,6 +44,22 @@ class ChatRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
 
 
+class CompletionRequest(BaseModel):
+    """The scoring subset of the OpenAI completions request (vLLM's ``prompt_logprobs``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = ""
+    prompt: list[int] | list[list[int]] | str = Field(min_length=1)
+    max_tokens: int = Field(1, ge=1, le=1)
+    """Only scoring is served: one (greedy) token is generated, as vLLM does for it."""
+    temperature: float = Field(1.0, gt=0, le=5)
+    """Divides the logits before the reported log-probs (vLLM's processed log-probs)."""
+    prompt_logprobs: int | None = Field(None, ge=0, le=1000)
+    n: int = Field(1, ge=1, le=1)
+    stream: bool = False
+
+
 def create_app(chat_model: Any, served_model_name: str, default_max_tokens: int = 256):
     """The FastAPI app; ``chat_model`` has ``generate(messages, max_tokens=, temperature=, top_p=,
     seed=, tools=) -> Generation`` (a `LocalChatModel`)."""
@@ -58,10 +79,8 @@ def create_app(chat_model: Any, served_model_name: str, default_max_tokens: int 
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest):
-        if req.stream:
-            return _error(JSONResponse, 400, "stream=true is not supported by this server")
-        if req.model and req.model != served_model_name:
-            return _error(JSONResponse, 404, f"model {req.model!r} not served here")
+        if (refused := _refuse(JSONResponse, req, served_model_name)) is not None:
+            return refused
         gen = await asyncio.to_thread(
             chat_model.generate,
             req.messages,
@@ -73,7 +92,99 @@ def create_app(chat_model: Any, served_model_name: str, default_max_tokens: int 
         )
         return _completion(served_model_name, gen)
 
+    @app.get("/v1/tokenizer")
+    async def tokenizer() -> dict[str, Any]:
+        from .scoring import tokenizer_fingerprint
+
+        tok = chat_model.tokenizer
+        return {"fingerprint": tokenizer_fingerprint(tok), "vocab_size": len(tok)}
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        if (refused := _refuse(JSONResponse, req, served_model_name)) is not None:
+            return refused
+        prompts = _token_prompts(chat_model.tokenizer, req.prompt)
+        if any(not p for p in prompts):
+            return _error(JSONResponse, 400, "an empty prompt cannot be scored")
+        vocab = len(chat_model.tokenizer)
+        if any(not 0 <= t < vocab for p in prompts for t in p):
+            return _error(JSONResponse, 400, f"token ids must be in [0, {vocab})")
+        rows = await asyncio.to_thread(
+            score_prompts, chat_model, prompts, req.prompt_logprobs, req.temperature
+        )
+        return _text_completion(served_model_name, chat_model.tokenizer, prompts, rows)
+
     return app
+
+
+def _refuse(response_cls, req: Any, served_model_name: str):
+    """The error answer for a streaming request or another model's, else None."""
+    if req.stream:
+        return _error(response_cls, 400, "stream=true is not supported by this server")
+    if req.model and req.model != served_model_name:
+        return _error(response_cls, 404, f"model {req.model!r} not served here")
+    return None
+
+
+def _token_prompts(tokenizer, prompt: Any) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [tokenizer(prompt, add_special_tokens=False)["input_ids"]]
+    return [prompt] if isinstance(prompt[0], int) else prompt
+
+
+def score_prompts(
+    chat_model: Any, prompts: list[list[int]], k: int | None, temperature: float = 1.0
+) -> list[tuple[int, list[dict[str, Any]] | None]]:
+    """Per prompt: (the greedy next token, vLLM-style ``prompt_logprobs`` or None). Entry ``t``
+    (``t >= 1``) maps the top-``k`` ids and the id at ``t`` to ``{logprob, rank}`` (rank 1 =
+    most likely) under the model given ``prompt[:t]``; entry 0 is None."""
+    import torch
+
+    out = []
+    with chat_model._lock, torch.no_grad():
+        for ids in prompts:  # one at a time: no padding, exact per-prompt numbers
+            logits = chat_model.model(input_ids=torch.tensor([ids])).logits[0].float()
+            logp = torch.log_softmax(logits / temperature, dim=-1)
+            nxt = int(logp[-1].argmax())
+            out.append((nxt, _position_logprobs(logp, ids, k) if k is not None else None))
+    return out
+
+
+def _position_logprobs(logp_TV, ids: list[int], k: int) -> list[dict[str, Any] | None]:
+    entries: list[dict[str, Any] | None] = [None]
+    top = logp_TV[:-1].topk(min(k, logp_TV.shape[-1]), dim=-1) if k > 0 else None
+    for t in range(1, len(ids)):
+        row = logp_TV[t - 1]
+        entry = {}
+        if top is not None:
+            for r, (tid, lp) in enumerate(
+                zip(top.indices[t - 1].tolist(), top.values[t - 1].tolist(), strict=True)
+            ):
+                entry[str(tid)] = {"logprob": lp, "rank": r + 1}
+        actual = ids[t]
+        if str(actual) not in entry:
+            lp = float(row[actual])
+            entry[str(actual)] = {"logprob": lp, "rank": int((row > row[actual]).sum()) + 1}
+        entries.append(entry)
+    return entries
+
+
+def _text_completion(model: str, tokenizer, prompts, rows) -> dict[str, Any]:
+    choices = [
+        {"index": i, "text": tokenizer.decode([nxt]), "logprobs": None, "finish_reason": "length",
+         "prompt_logprobs": plp}
+        for i, (nxt, plp) in enumerate(rows)
+    ]  # fmt: skip
+    n_prompt = sum(len(p) for p in prompts)
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(prompts),
+                  "total_tokens": n_prompt + len(prompts)},
+    }  # fmt: skip
 
 
 def _error(response_cls, status: int, message: str):

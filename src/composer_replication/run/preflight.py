@@ -40,7 +40,14 @@ def preflight(cfg: RunConfig) -> Checked:
 
 
 def build_env(cfg: RunConfig) -> Environment:
-    """The run's environment (``envs.build_env`` on the ``env`` and ``sandbox`` sections)."""
+    """The run's environment (``envs.build_env`` on the ``env`` and ``sandbox`` sections); first
+    this process's sandbox slots (``sandbox.workers``) and OpenEnv connection limit
+    (``rollout.max_remote_calls``), shared by tools and grading."""
+    from composer_replication.envs.openenv.adapter import CONNECTIONS
+    from composer_replication.sandbox.sandbox import set_sandbox_slots
+
+    set_sandbox_slots(cfg.sandbox.workers)
+    CONNECTIONS.set_limit(cfg.rollout.max_remote_calls)
     return envs.build_env(cfg.env, cfg.sandbox)
 
 

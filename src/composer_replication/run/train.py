@@ -3,16 +3,18 @@ trained, report. The CLI's ``train`` is a thin wrapper around :func:`run_trainin
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from composer_replication.config import RunConfig, dump_config
+from composer_replication.config import ConfigError, RunConfig, dump_config
 from composer_replication.envs.base import Environment
-from composer_replication.progress import progress_bar
+from composer_replication.progress import is_terminal, plain_line, progress_bar
 from composer_replication.run.card import write_model_card
 from composer_replication.run.preflight import Checked, build_env, preflight, process_rank
 
@@ -32,6 +34,36 @@ class RunSummary:
     """Channels with weight > 0 that stayed inactive on every step (empty if none)."""
 
 
+CONFIG_FILE = "config.yaml"
+"""The full config of a run, in its run directory."""
+
+
+def run_header(cfg: RunConfig) -> list[tuple[str, str]]:
+    """What a run is, in a few (label, text) rows printed when it starts: model, env, channels
+    with their weights, steps, output dir and where the full config is written."""
+    from composer_replication.config import CHANNEL_SECTIONS
+
+    lora = f", LoRA r={cfg.peft.r}" if cfg.peft.enabled else ""
+    model = f"{cfg.model.name} ({cfg.model.dtype}{lora})"
+    env = cfg.env.name
+    if getattr(cfg.env, "levels", None) and env == "arithmetic":
+        env += f", levels {','.join(map(str, cfg.env.levels))}"
+    if getattr(cfg.env, "openenv_url", None):
+        env += f", tools on {cfg.env.openenv_url}"
+    weights = [f"{name} {getattr(cfg, name).weight:g}" for name in CHANNEL_SECTIONS
+               if getattr(cfg, name).weight > 0]  # fmt: skip
+    g = cfg.generation
+    out = Path(cfg.output_dir)
+    return [
+        ("model", model),
+        ("env", env),
+        ("channels", " + ".join([f"grpo ({cfg.grpo.loss_type})", *weights])),
+        ("steps", f"{cfg.max_steps} x {g.prompts_per_step} prompts x {g.num_generations} "
+                  f"completions, lr {cfg.optim.learning_rate:g}, seed {cfg.seed}"),
+        ("output", f"{out}  (full config: {out / CONFIG_FILE})"),
+    ]  # fmt: skip
+
+
 def seed_everything(seed: int) -> None:
     import numpy as np
     import torch
@@ -46,8 +78,6 @@ def vllm_args(cfg: RunConfig) -> dict[str, Any]:
     if cfg.generation.backend != "vllm":
         return {"use_vllm": False}
     import importlib.util
-
-    from composer_replication.config import ConfigError
 
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(
@@ -66,6 +96,21 @@ def vllm_args(cfg: RunConfig) -> dict[str, Any]:
             vllm_max_model_length=v.max_model_length,
         )
     return out
+
+
+def checkpointing_arg(config_cls: type, enabled: bool) -> dict[str, bool]:
+    """The activation-checkpointing switch under the name ``config_cls`` has: transformers
+    5.23 renamed ``gradient_checkpointing`` to ``activation_checkpointing`` (the old name
+    warns there); older 5.x, which pyproject accepts, knows only the old name."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    name = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in fields
+        else "gradient_checkpointing"
+    )
+    return {name: enabled}
 
 
 def build_grpo_args(cfg: RunConfig):
@@ -106,7 +151,7 @@ def build_grpo_args(cfg: RunConfig):
         save_only_model=cfg.save_only_model,
         report_to=cfg.logging.report_to or "none",
         run_name=cfg.logging.run_name or Path(cfg.output_dir).name,
-        activation_checkpointing=o.gradient_checkpointing,
+        **checkpointing_arg(GRPOConfig, o.gradient_checkpointing),
         **vllm_args(cfg),
         disable_tqdm=True,
         use_cpu=not torch.cuda.is_available(),
@@ -123,7 +168,8 @@ def build_reward_funcs(cfg: RunConfig, env) -> list:
 
         funcs: list = [OpenEnvReward(env.name)]
     else:
-        funcs = [EnvReward(env)]
+        log = Path(cfg.output_dir) / "episodes.jsonl" if env.tools else None
+        funcs = [EnvReward(env, episode_log=log)]
     if cfg.grpo.overlong.enabled:
         from trl.rewards import get_soft_overlong_punishment
 
@@ -153,6 +199,28 @@ def tool_kwargs(cfg: RunConfig, env) -> dict[str, Any]:
     return {"environment_factory": bounded_tools(tools, cfg.rollout.max_tool_calls)}
 
 
+class VocabularyWarning(UserWarning):
+    """Channel 3's pairs and the run's rollouts use different tool vocabularies."""
+
+
+def check_pair_vocabulary(cfg: RunConfig, tools_class: type | None) -> str | None:
+    """Warn (a :class:`VocabularyWarning`) when channel 3's pairs call tools the run's
+    environment does not offer (pairs from Claude Code logs on the native tools, say);
+    returns the warning's text, or None when the vocabularies match or channel 3 is off."""
+    if cfg.replay.weight <= 0 or not cfg.replay.dataset:
+        return None
+    import warnings
+
+    from composer_replication.channels.replay import load_pairs, vocabulary_mismatch
+    from composer_replication.envs.tools import tool_methods
+
+    run_tools = set(tool_methods(tools_class)) if tools_class is not None else set()
+    why = vocabulary_mismatch(load_pairs(cfg.replay.dataset, cfg.replay.max_pairs), run_tools)
+    if why:
+        warnings.warn(why, VocabularyWarning, stacklevel=2)
+    return why
+
+
 def data_shard(cfg: RunConfig) -> tuple[int, int]:
     """(index, count) of this run's slice of the train split: DiLoCo replica r of n trains on
     shard r of n; a plain run on the whole split."""
@@ -160,16 +228,23 @@ def data_shard(cfg: RunConfig) -> tuple[int, int]:
     return (d.replica_id, d.replicas) if d.enabled else (0, 1)
 
 
+def progress_callback(console=None):
+    """The rich step bar on a terminal; off one (a log file, a pipe, CI) a plain line per step
+    on ``console`` (stdout without one), flushed."""
+    from composer_replication.trainer.callbacks import RichProgressCallback, StepLineCallback
+
+    if is_terminal(console):
+        return RichProgressCallback(console)
+    if console is None:
+        return StepLineCallback()
+    return StepLineCallback(lambda line: plain_line(console, line))
+
+
 def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_kwargs=None):
     """A ComposerReplicationTrainer wired with our reward, dataset, channels and callbacks
     (``channel_kwargs``: extra constructor arguments per channel name, see build_channels)."""
     from composer_replication.channels import build_channels
-    from composer_replication.trainer.callbacks import (
-        MetricsJsonlCallback,
-        PlotCallback,
-        RichProgressCallback,
-        StepLineCallback,
-    )
+    from composer_replication.trainer.callbacks import MetricsJsonlCallback, PlotCallback
     from composer_replication.trainer.data import build_prompt_dataset
     from composer_replication.trainer.trainer import ComposerReplicationTrainer
 
@@ -181,8 +256,10 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         conversational=bool(getattr(tokenizer, "chat_template", None)),
         shard=data_shard(cfg),
     )
+    tools = tool_kwargs(cfg, env)
+    check_pair_vocabulary(cfg, tools.get("environment_factory"))
     callbacks = [MetricsJsonlCallback(cfg.output_dir), PlotCallback(cfg.output_dir)]
-    callbacks.append(RichProgressCallback(console) if console is not None else StepLineCallback())
+    callbacks.append(progress_callback(console))
     if cfg.diloco.enabled:
         from composer_replication.diloco.callback import DilocoCallback
 
@@ -196,10 +273,12 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         callbacks=callbacks,
         channels=build_channels(cfg, **(channel_kwargs or {})),
         resume_override_channels=cfg.resume_override_channels,
+        policy_weight=cfg.grpo.weight,
         dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
         max_refills=cfg.grpo.dynamic_sampling.max_refills,
         shared_prefix=cfg.generation.shared_prefix,
-        **tool_kwargs(cfg, env),
+        concurrent_tools=cfg.rollout.concurrent_tools,
+        **tools,
     )
     from transformers.trainer_callback import PrinterCallback
 
@@ -220,13 +299,17 @@ def prepare(cfg: RunConfig, env: Environment | None = None):
     seed_everything(cfg.seed)
     env = env or build_env(cfg)  # first: a code env refuses to start without its sandbox
     tokenizer = load_tokenizer(cfg.model.name)  # a bad model id fails here, nothing written yet
+    if cfg.distill.weight > 0:  # teachers must share the student's tokenizer (tokenizers only)
+        from composer_replication.replay.scoring import check_same_tokenizer
+
+        check_same_tokenizer(cfg.model.name, cfg.distill.teachers)
     if env.tools:
         ensure_tool_template(tokenizer)  # SmolLM2's own template cannot render tool calls
     model = load_model(cfg.model.name, dtype=cfg.model.dtype, peft=cfg.peft)
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if process_rank()[0] == 0:
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
+        (run_dir / CONFIG_FILE).write_text(dump_config(cfg))
     return model, tokenizer, env
 
 
@@ -256,13 +339,23 @@ def evaluate_run(
 
 
 def run_training(
-    cfg: RunConfig, console=None, extra_callbacks=(), checked: Checked | None = None
+    cfg: RunConfig,
+    console=None,
+    extra_callbacks=(),
+    report: Callable[[str, dict[str, Any]], None] | None = None,
+    checked: Checked | None = None,
 ) -> RunSummary:
     """Evaluate the base model, train, evaluate the trained model, write results. The inputs
-    are checked first (`preflight`; ``checked``: its result, when the caller ran it)."""
+    are checked first (`preflight`; ``checked``: its result, when the caller ran it).
+
+    ``report(tag, summary)`` is called with each held-out result as soon as it is known
+    (``base`` before training starts, ``trained`` after), so a log shows the base score
+    without waiting for the whole run."""
     from composer_replication.evaluation import paired_difference
     from composer_replication.trainer.callbacks import EVAL_FILE, METRICS_FILE, plot_metrics
 
+    if async_enabled(cfg):  # GPU users: TRL's AsyncGRPOTrainer on a vLLM server
+        return run_async_training(cfg)
     t_start = time.monotonic()
     checked = checked or preflight(cfg)
     resume = checked.resume
@@ -272,6 +365,8 @@ def run_training(
     base = (
         evaluate_run(cfg, model, tokenizer, env, "base", console) if evals and not resume else None
     )
+    if base is not None and report is not None:
+        report("base", base.summary())
     trainer = build_trainer(cfg, model, tokenizer, env, console)
     for cb in extra_callbacks:
         trainer.add_callback(cb)
@@ -282,6 +377,8 @@ def run_training(
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
     trained = evaluate_run(cfg, model, tokenizer, env, "trained", console) if evals else None
+    if trained is not None and report is not None:
+        report("trained", trained.summary())
     delta = paired_difference(base, trained) if base is not None and trained is not None else None
     summary = RunSummary(
         run_dir=run_dir,
@@ -311,3 +408,144 @@ def _summary_json(s: RunSummary) -> dict[str, Any]:
         "final_checkpoint": str(s.final_checkpoint),
         "channel_reports": s.channel_reports,
     }
+
+
+# ---- the asynchronous off-policy path (GPU users) ----------------------------------------
+# ``generation.backend: vllm`` with
+# ``generation.vllm.async_rollouts.enabled`` trains with TRL 1.16's experimental
+# ``AsyncGRPOTrainer`` (``trl.experimental.async_grpo``) instead of our synchronous
+# ``ComposerReplicationTrainer``.
+#
+# There, a rollout worker process sends every rollout to a vLLM server on its own (its turns and
+# tool calls do not wait for the rest of the batch) and queues the scored samples; the trainer
+# takes what is ready. A sample generated by weights up to ``max_staleness`` optimizer steps
+# old is trained with the clipped importance ratio of the current policy to the sampling
+# policy's log-probs (PPO's clip, Schulman et al. 2017, with DAPO's ``epsilon_high``); older
+# ones are dropped. This section maps a run config onto it and refuses, in one line naming the
+# key and before anything loads, what that trainer does not do (our channels, dynamic sampling,
+# DiLoCo, a KL term, other loss types). Not run in this project (no GPU, no vLLM): tested up to
+# the wire (the mapping, the refusals, a picklable environment factory).
+
+ASYNC_KEY = "generation.vllm.async_rollouts"
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def async_enabled(cfg: RunConfig) -> bool:
+    return cfg.generation.backend == "vllm" and cfg.generation.vllm.async_rollouts.enabled
+
+
+def check_async(cfg: RunConfig) -> None:
+    """``ConfigError`` (one line) for what ``AsyncGRPOTrainer`` cannot run, then for a
+    missing vLLM; nothing is loaded before."""
+    p = cfg.grpo
+    refusals = [
+        (bool(cfg.channel_settings()), f"the channels {sorted(cfg.channel_settings())} "
+                                       "(set their weight to 0)"),
+        (p.dynamic_sampling.enabled, "grpo.dynamic_sampling"),
+        (cfg.diloco.enabled, "diloco"),
+        (p.beta > 0, "grpo.beta > 0 (no reference model there)"),
+        (p.loss_type != "dapo", f"grpo.loss_type={p.loss_type} (its loss is token-level, DAPO's)"),
+        (p.num_iterations != 1, "grpo.num_iterations != 1"),
+        (cfg.peft.enabled, "peft (pass a LoRA config to AsyncGRPOTrainer yourself)"),
+    ]  # fmt: skip
+    for bad, what in refusals:
+        if bad:
+            raise ConfigError(f"{ASYNC_KEY}: TRL's AsyncGRPOTrainer does not run {what}")
+    if not vllm_installed():
+        raise ConfigError(
+            f"{ASYNC_KEY}: the vllm package is not installed (pip install vllm; it needs a CUDA GPU "
+            "and a `trl vllm-serve` server); turn async_rollouts off on this machine"
+        )
+
+
+def async_grpo_args(cfg: RunConfig):
+    """Our RunConfig as TRL's ``AsyncGRPOConfig``."""
+    import torch
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    cuda = torch.cuda.is_available()  # bf16 is refused on CPU (this mapping's test runs there)
+
+    g, p, o = cfg.generation, cfg.grpo, cfg.optim
+    a, v = g.vllm.async_rollouts, g.vllm
+    server = {"vllm_server_base_url": v.server_base_url} if v.server_base_url else {}
+    return AsyncGRPOConfig(
+        output_dir=cfg.output_dir, max_steps=cfg.max_steps, seed=cfg.seed,
+        per_device_train_batch_size=g.prompts_per_step * g.num_generations,
+        gradient_accumulation_steps=o.gradient_accumulation_steps,
+        num_generations=g.num_generations, max_completion_length=g.max_completion_length,
+        temperature=g.temperature, top_p=g.top_p,
+        max_tool_calling_iterations=cfg.rollout.max_turns - 1,
+        epsilon=p.epsilon, epsilon_high=p.epsilon_high,
+        max_staleness=a.max_staleness, max_inflight_tasks=a.max_inflight,
+        weight_sync_steps=a.weight_sync_steps,
+        learning_rate=o.learning_rate, lr_scheduler_type=o.lr_scheduler,
+        warmup_steps=o.warmup_steps, weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,
+        save_strategy="steps", save_steps=cfg.save_steps or cfg.max_steps,
+        save_total_limit=cfg.save_total_limit, report_to=cfg.logging.report_to or "none",
+        activation_checkpointing=o.gradient_checkpointing,
+        dtype=cfg.model.dtype, bf16=cfg.model.dtype == "bfloat16" and cuda,
+        use_cpu=not cuda, **server,
+    )  # fmt: skip
+
+
+class ToolsFactory:
+    """A picklable ``environment_factory``: ``AsyncGRPOTrainer`` ships it to its rollout
+    worker process, where it rebuilds the run's (bounded) tool class once and makes one
+    instance per call. (The class ``bounded_tools`` builds exists only in the process that
+    built it, so it cannot travel itself.)"""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg, self._cls = cfg, None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"cfg": self.cfg, "_cls": None}
+
+    def __call__(self) -> Any:
+        if self._cls is None:
+            self._cls = tool_kwargs(self.cfg, build_env(self.cfg))["environment_factory"]
+        return self._cls()
+
+
+def async_trainer_kwargs(cfg: RunConfig, tokenizer, env) -> dict[str, Any]:
+    """Everything ``AsyncGRPOTrainer(**kwargs)`` gets from a run config (after
+    :func:`check_async`): the model path (vLLM serves the same one), rewards, dataset, tools."""
+    from composer_replication.lm.models import resolve_model_path
+    from composer_replication.trainer.data import build_prompt_dataset
+
+    dataset = build_prompt_dataset(env, "train", cfg.env.num_train, cfg.env.seed,
+                                   conversational=True, shard=data_shard(cfg))  # fmt: skip
+    out = {
+        "model": resolve_model_path(cfg.model.name),
+        "reward_funcs": build_reward_funcs(cfg, env),
+        "args": async_grpo_args(cfg),
+        "train_dataset": dataset,
+        "processing_class": tokenizer,
+    }
+    if env.tools:
+        out["environment_factory"] = ToolsFactory(cfg)
+    return out
+
+
+def run_async_training(cfg: RunConfig) -> Any:
+    """Train with ``AsyncGRPOTrainer`` (GPU, vLLM server); the run's summary (no held-out
+    evaluation: ``eval`` the saved ``final`` model)."""
+    check_async(cfg)
+    t0 = time.monotonic()
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    from composer_replication.lm.chat_templates import ensure_tool_template
+    from composer_replication.lm.models import load_tokenizer
+
+    env = build_env(cfg)
+    tokenizer = load_tokenizer(cfg.model.name)
+    if env.tools:
+        ensure_tool_template(tokenizer)
+    trainer = AsyncGRPOTrainer(**async_trainer_kwargs(cfg, tokenizer, env))
+    trainer.train()
+    final = Path(cfg.output_dir) / "final"
+    trainer.save_model(str(final))
+    seconds = time.monotonic() - t0
+    return RunSummary(Path(cfg.output_dir), None, None, None, seconds, seconds, final)

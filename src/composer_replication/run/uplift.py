@@ -187,10 +187,10 @@ def _next_logits(model, rows: list[list[int]], keep: list[int], pad: int) -> lis
     """One forward over right-padded ``rows``; per row, the float32 logits ``[keep[i], V]``
     that predict its last ``keep[i]`` tokens."""
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad)
+    ids = torch.full((len(rows), width), pad, device=next(model.parameters()).device)
     attn = torch.zeros_like(ids)
     for i, r in enumerate(rows):
-        ids[i, : len(r)], attn[i, : len(r)] = torch.tensor(r), 1
+        ids[i, : len(r)], attn[i, : len(r)] = torch.tensor(r, device=ids.device), 1
     logits = model(input_ids=ids, attention_mask=attn).logits.float()
     return [
         logits[i, len(r) - 1 - k : len(r) - 1]
@@ -223,7 +223,10 @@ def continuation_stats(
             mixed = [w * x for x in part] if mixed is None else [m + w * x for m, x in zip(mixed, part, strict=True)]  # fmt: skip
         for z, c in zip(mixed or [], conts, strict=True):
             logp = torch.log_softmax(z, -1)
-            out.logp.append(float(logp[torch.arange(len(c)), torch.tensor(c)].sum()) if c else 0.0)
+            picked = logp[
+                torch.arange(len(c), device=logp.device), torch.tensor(c, device=logp.device)
+            ]
+            out.logp.append(float(picked.sum()) if c else 0.0)
             out.tokens.append(len(c))
             out.entropy.append(float(-(logp.exp() * logp).sum(-1).mean()))
     return out
@@ -245,10 +248,13 @@ class _CachedRows:
 
     def __init__(self, model, rows: list[list[int]], pad: int):
         width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), pad)
+        ids = torch.full((len(rows), width), pad, device=next(model.parameters()).device)
         self.mask = torch.zeros_like(ids)
         for i, r in enumerate(rows):
-            ids[i, width - len(r) :], self.mask[i, width - len(r) :] = torch.tensor(r), 1
+            ids[i, width - len(r) :], self.mask[i, width - len(r) :] = (
+                torch.tensor(r, device=ids.device),
+                1,
+            )
         self.model, self.cache = model, None
         self.pos = (self.mask.cumsum(-1) - 1).clamp(min=0)
         self.logits = self._run(ids, self.pos)
@@ -275,13 +281,16 @@ def greedy_mixture(
     classifier-free guidance for language models (Sanchez et al., arXiv:2306.17806)."""
     pad = pad_token_id(tokenizer)
     eos = model.generation_config.eos_token_id
-    stops = torch.tensor(eos if isinstance(eos, list) else [eos if eos is not None else pad])
+    device = next(model.parameters()).device
+    stops = torch.tensor(
+        eos if isinstance(eos, list) else [eos if eos is not None else pad], device=device
+    )
     replies: list[str] = []
     for s in range(0, len(contexts[0]), batch_size):
         terms = [_CachedRows(model, _token_rows(tokenizer, ctx[s : s + batch_size], None), pad)
                  for ctx in contexts]  # fmt: skip
-        gen_BT = torch.empty((len(terms[0].mask), 0), dtype=torch.long)
-        done_B = torch.zeros(len(terms[0].mask), dtype=torch.bool)
+        gen_BT = torch.empty((len(terms[0].mask), 0), dtype=torch.long, device=device)
+        done_B = torch.zeros(len(terms[0].mask), dtype=torch.bool, device=device)
         for _ in range(max_new_tokens):
             z_BV = sum(w * t.logits for t, w in zip(terms, weights, strict=True))
             tok_B = z_BV.argmax(-1).masked_fill(done_B, pad)

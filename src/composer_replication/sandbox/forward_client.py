@@ -36,19 +36,37 @@ import os
 import pickle
 import select
 import sys
+import time
 import types
 
 import _cr_wire
 
 MAX_FRAME_BYTES = 1 << 20
-_state = {"fds": None, "root": "", "hidden": frozenset(), "symbol": None, "dead": ""}
+_state = {
+    "fds": None,
+    "root": "",
+    "hidden": frozenset(),
+    "symbol": None,
+    "dead": "",
+    "deadline_s": None,
+}
 _OURS = {}  # handle -> a callable or iterator of this process the other side holds a proxy for
 
 
-def connect(request_fd, reply_fd, root, hidden=()):
+def connect(request_fd, reply_fd, root, hidden=(), deadline_s=None):
     """Called once by the suite runner before pytest starts; ``hidden``: the files (relative
-    to ``root``) the other side's tree leaves out (the tests)."""
-    _state.update(fds=(request_fd, reply_fd), root=root, hidden=frozenset(hidden))
+    to ``root``) the other side's tree leaves out (the tests); ``deadline_s``: the longest
+    wait for any one frame of the other side (a body that loops fails that call, and every
+    later call at once, instead of holding both sandboxes for the suite's whole timeout)."""
+    _state.update(
+        fds=(request_fd, reply_fd), root=root, hidden=frozenset(hidden), deadline_s=deadline_s
+    )
+
+
+def _call_id():
+    """A fresh random id for one exchange: the other side must echo it on every frame it
+    sends for that exchange, so a reply sent early, late or twice answers no call."""
+    return int.from_bytes(os.urandom(8), "big")
 
 
 class ForwardingError(RuntimeError):
@@ -132,13 +150,15 @@ def _exchange(message, args, what):
     """Send a call or ``next``; run the other side's callbacks until its answer."""
     if _state["dead"]:
         raise ForwardingError(_state["dead"])
+    cid = _call_id()
+    message = (message[0], cid, *message[1:])
     try:
         payload = _dumps(message)
     except Exception as e:
         raise TypeError(f"cannot send these arguments to the rebuilt {what}: {e}") from None
-    _send(payload)
+    _send(payload, cid)
     while True:
-        frame = _receive()
+        frame = _receive(cid)
         if frame[0] != "callback":
             ends = what == "iterator" or what.rsplit(".", 1)[-1] == "__next__"
             return _result(frame, args, ends)
@@ -167,8 +187,9 @@ def _callback(frame):
 def _load(module, symbol):
     root = _state["root"]
     path = [("{root}" + p[len(root) :]) if p.startswith(root) else p for p in sys.path]
-    _send(pickle.dumps(("load", module, symbol, path)))
-    frame = _receive()
+    cid = _call_id()
+    _send(pickle.dumps(("load", cid, module, symbol, path)), cid)
+    frame = _receive(cid)
     if frame == ("ready",):
         _state["symbol"] = symbol
         return
@@ -181,8 +202,8 @@ def _die(why):
     raise ForwardingError(why)
 
 
-def _send(payload):
-    data = len(payload).to_bytes(8, "big") + payload
+def _send(payload, cid=0):
+    data = len(payload).to_bytes(8, "big") + cid.to_bytes(8, "big") + payload
     try:
         while data:
             data = data[os.write(_state["fds"][0], data) :]
@@ -190,12 +211,25 @@ def _send(payload):
         _die("the rebuilt code's process is gone (crashed, killed or out of time)")
 
 
-def _receive():
+def _receive(cid):
+    """The next frame of exchange ``cid``, without its id; any frame carrying another id (or
+    none) ends the served side (``_die``), as does no frame within ``deadline_s``."""
+    frame = _read_frame()
+    if len(frame) < 2 or type(frame[1]) is not int or frame[1] != cid:
+        _die("the rebuilt code's process sent a reply that answers no call (wrong call id)")
+    return (frame[0], *frame[2:])
+
+
+def _read_frame():
     fd, buf = _state["fds"][1], b""
+    limit = _state["deadline_s"]
+    deadline = None if limit is None else time.monotonic() + limit
     while b"\n" not in buf:
         if len(buf) > MAX_FRAME_BYTES:
             _die(f"the rebuilt code sent a reply of more than {MAX_FRAME_BYTES} bytes")
-        select.select([fd], [], [])
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not select.select([fd], [], [], wait)[0]:
+            _die(f"the rebuilt code did not answer within {limit:g} s (per-call deadline)")
         chunk = os.read(fd, 1 << 16)
         if not chunk:
             _die("the rebuilt code's process is gone (crashed, killed or out of time)")

@@ -305,7 +305,7 @@ def _script(audit):
 # function or iterator this side returns stays here, named by a number.
 
 _MINE = {}  # handle -> a callable or iterator of this side the suite holds a proxy for
-_IO = {}  # "rfd", "channel"
+_IO = {"ids": []}  # "rfd", "channel", "ids": the call ids of the exchanges in progress
 
 
 class _TheirFunction:
@@ -350,23 +350,31 @@ def _unpickler():
 
 
 def _recv_pickle(fd):
-    """One length-prefixed pickle from the suite's process (``_unpickler``); None at EOF."""
+    """One pickle from the suite's process (``_unpickler``), after an 8-byte length and the
+    8-byte call id of its exchange; None at EOF; ``("unreadable", call id, why)`` if it does
+    not unpickle (so the answer still carries the id)."""
     import io
 
-    head = _read_exactly(8, fd)
-    if len(head) < 8:
+    head = _read_exactly(16, fd)
+    if len(head) < 16:
         return None
-    data = _read_exactly(int.from_bytes(head, "big"), fd)
+    data = _read_exactly(int.from_bytes(head[:8], "big"), fd)
     try:
         return _unpickler()(io.BytesIO(data)).load()
     except Exception as e:  # read whole, so the stream stays in step: answer, do not die
-        return ("unreadable", f"{type(e).__name__}: {preview(e, 500, str)}")
+        why = f"{type(e).__name__}: {preview(e, 500, str)}"
+        return ("unreadable", int.from_bytes(head[8:], "big"), why)
+
+
+def _send_reply(kind, *rest):
+    """A frame for the exchange in progress: its call id echoed after the kind."""
+    _IO["channel"].send(kind, _IO["ids"][-1], *rest)
 
 
 def _ask(frame):
     """Send a callback request and serve the suite's nested calls until its reply."""
     try:
-        _IO["channel"].send(*frame)
+        _send_reply(*frame)
     except (NotPlainData, ValueError, RecursionError) as e:
         raise TypeError(f"cannot pass these arguments to the tests' function: {e}") from None
     while True:
@@ -374,7 +382,7 @@ def _ask(frame):
         if msg is None:
             raise SystemExit(0)  # the suite is gone
         if msg[0] == "unreadable":  # taken as the reply (a nested call would be pickled alike)
-            raise TypeError(f"cannot receive the reply: {msg[1]}")
+            raise TypeError(f"cannot receive the reply: {msg[2]}")
         if msg[0] != "reply":
             _answer(msg)
             continue
@@ -410,17 +418,22 @@ def _resolve(module, symbol):
 def _answer(msg):
     """Run one call or ``next`` the suite asked for and send the reply frame."""
     if msg[0] == "unreadable":
-        reply = ("raised", "builtins", "TypeError", (f"cannot receive the arguments: {msg[1]}",))
+        _IO["ids"].append(msg[1])
+        reply = ("raised", "builtins", "TypeError", (f"cannot receive the arguments: {msg[2]}",))
     elif msg[0] == "call":
-        fn = _MINE.get(msg[1]) if msg[1] is not None else _IO["fn"]
-        reply = _reply(lambda: fn(*msg[2], **msg[3]), msg[2])
+        _IO["ids"].append(msg[1])
+        fn = _MINE.get(msg[2]) if msg[2] is not None else _IO["fn"]
+        reply = _reply(lambda: fn(*msg[3], **msg[4]), msg[3])
     else:
-        reply = _reply(lambda: next(_MINE[msg[1]]), ())
+        _IO["ids"].append(msg[1])
+        reply = _reply(lambda: next(_MINE[msg[2]]), ())
     try:
-        _IO["channel"].send(*reply)
+        _send_reply(*reply)
     except (NotPlainData, ValueError, RecursionError) as e:
         why = f"returned a value that cannot cross to the tests' process: {e}"[:500]
-        _IO["channel"].send("raised", "builtins", "TypeError", (why,))
+        _send_reply("raised", "builtins", "TypeError", (why,))
+    finally:
+        _IO["ids"].pop()
 
 
 def _reply(run, args):
@@ -492,7 +505,7 @@ def _serve_module(root, audit):
     load = _recv_pickle(channel.rfd)
     if load is None:
         return
-    _, module, symbol, path = load
+    _, cid, module, symbol, path = load
     sys.path[:0] = [p.replace("{root}", root, 1) for p in path]
     if audit:
         _install_audit_hook(os.path.realpath(os.getcwd()))
@@ -500,9 +513,9 @@ def _serve_module(root, audit):
     try:
         _IO["fn"] = _resolve(module, symbol)
     except BaseException as e:
-        channel.send("load_error", f"{type(e).__name__}: {preview(e, 500, str)}")
+        channel.send("load_error", cid, f"{type(e).__name__}: {preview(e, 500, str)}")
         return
-    channel.send("ready")
+    channel.send("ready", cid)
     while True:
         msg = _recv_pickle(channel.rfd)
         if msg is None:

@@ -66,9 +66,12 @@ os.chdir({repo!r})
 os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 _forward = {forward!r}
+_probe = {probe!r}
+if _probe:
+    exec(compile({probe_code!r}, "_cr_probe", "exec"))
 if _forward is not None:
     import _cr_forward
-    _cr_forward.connect(_forward[0], _forward[1], {repo!r}, _forward[2])
+    _cr_forward.connect(_forward[0], _forward[1], {repo!r}, _forward[2], _forward[3])
 import pytest
 
 
@@ -127,7 +130,13 @@ class _Reporter:
     def pytest_collection_finish(self, session):
         self.code = {{i.nodeid: getattr(getattr(i, "obj", None), "__code__", None)
                      for i in session.items}}
+        if _probe:
+            _PROBE["items"] = sorted({{str(getattr(i, "path", "")) for i in session.items}})
         _emit("collected", len(session.items))
+
+    def pytest_runtest_protocol(self, item, nextitem):
+        if _probe:
+            _PROBE["current"] = item.nodeid
 
     def pytest_runtest_logreport(self, report):
         outcome = report.outcome
@@ -150,12 +159,38 @@ class _Reporter:
     def pytest_sessionfinish(self, session, exitstatus):
         if not self.intact():
             _emit("tampered", "session")
+        if _probe:
+            _emit("probe", _probe_report(session))
         _emit("finished", int(exitstatus))
 
 
 _reporter = _Reporter()
 _reporter.watched = _watched()
-pytest.main({args!r}, plugins=[_reporter])
+_plugins = [_reporter]
+if {screen!r}:
+    import types as _types
+
+    _SCREEN = _types.SimpleNamespace(BODY=[0])
+    sys.modules["_cr_screen"] = _SCREEN
+
+    class _Screen:
+        # every test once per body (the target's dispatch reads _cr_screen.BODY)
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtest_protocol(self, item, nextitem):
+            from _pytest.runner import runtestprotocol
+
+            bits = ""
+            for body in range({screen!r}):
+                _SCREEN.BODY[0] = body
+                reports = runtestprotocol(item, nextitem=None, log=False)
+                calls = [r for r in reports if r.when == "call"]
+                ok = calls and all(r.passed and not hasattr(r, "wasxfail") for r in calls)
+                bits += "1" if ok and not any(r.failed for r in reports) else "0"
+            _emit("screened", item.nodeid, bits)
+            return True
+
+    _plugins.append(_Screen())
+pytest.main({args!r}, plugins=_plugins)
 """
 
 
@@ -179,6 +214,11 @@ class SuiteReport:
     timed_out: bool = False
     output: str = ""
     """pytest's terminal output (stderr of the run, capped)."""
+    probe: str = ""
+    """With ``run_suite(probe=True)``: what the run collected, opened and called (JSON;
+    feature_deletion/testcode.py reads it)."""
+    screened: dict[str, str] = field(default_factory=dict)
+    """With ``run_suite(screen=n)``: test id -> one ``0``/``1`` per body (passed)."""
     seconds: float = 0.0
 
     def passed(self, test_id: str) -> bool:
@@ -196,16 +236,33 @@ class SuiteReport:
         return {t for t, o in self.outcomes.items() if o == PASSED} if self.ok else set()
 
     def failure_summary(self, tests: list[str], limit: int = 5) -> str:
-        """``test id: first error line`` for the first ``limit`` of ``tests`` not passed."""
+        """``test id: outcome`` for the first ``limit`` of ``tests`` not passed, each with its
+        first error line as quoted program output (:func:`program_output`): that text holds
+        what the code under test raised or returned, and it becomes a self-distillation
+        hint, so it is never passed on as the grader's own words."""
         bad = [t for t in tests if not self.passed(t)]
-        lines = [f"{t}: {self.outcomes.get(t, MISSING)} {self.details.get(t, '')}".rstrip()
+        lines = [f"{t}: {self.outcomes.get(t, MISSING)}{program_output(self.details.get(t, ''))}"
                  for t in bad[:limit]]  # fmt: skip
         more = len(bad) - limit
         return "\n".join(lines + ([f"... and {more} more"] if more > 0 else []))
 
 
+PROGRAM_OUTPUT_CHARS = 200
+"""Most characters of program output quoted into feedback per line."""
+
+
+def program_output(text: str, limit: int = PROGRAM_OUTPUT_CHARS) -> str:
+    """``text`` (written by the code under test) as a marked, quoted, bounded suffix:
+    `` -- program output: '...'`` (``repr``, so no newline or quote of its own can end the
+    quotation); '' for no text."""
+    if not text:
+        return ""
+    return " -- program output: " + harness.preview(str(text), limit)
+
+
 FRAME_FIELDS = {"test": (str, str, str), "tampered": (str,), "collect_error": (str, str),
-                "collected": (int,), "finished": (int,)}  # fmt: skip
+                "collected": (int,), "finished": (int,), "probe": (str,),
+                "screened": (str, str)}  # fmt: skip
 """The frames the runner emits: tag -> types of the fields after it."""
 
 
@@ -261,6 +318,10 @@ def parse_frames(stdout: str, key: bytes) -> SuiteReport:
             rep.collected = int(frame[1])
         elif frame[0] == "finished":
             rep.finished, rep.exit_status = True, int(frame[1])
+        elif frame[0] == "probe":
+            rep.probe = frame[1]
+        elif frame[0] == "screened":
+            rep.screened[frame[1]] = frame[2]
     if rep.finished and rep.collected is not None and len(rep.outcomes) > rep.collected:
         rep.tampered.append(f"{len(rep.outcomes)} tests reported, {rep.collected} collected")
     return rep
@@ -281,6 +342,9 @@ def run_suite(
     served: str | None = None,
     hidden: tuple[str, ...] = (),
     timeout_s: float | None = None,
+    probe: bool = False,
+    screen: int = 0,
+    call_deadline_s: float | None = None,
 ) -> SuiteReport:
     """Run pytest on ``repo`` (a bindable directory, see ``sandbox.bindable_dir``) inside the
     sandbox and return the accepted per-test report; ``requirements``: the suite's own test
@@ -288,18 +352,28 @@ def run_suite(
     tree, imported in a sandbox of its own, whose function the suite's forwarding stub calls
     (split grading, sandbox/forward_client.py); ``hidden``: files of ``repo`` (relative) the
     served tree leaves out, so functions defined there cross as handles, not by name;
-    ``timeout_s``: a shorter wall limit for this run than the sandbox's own."""
+    ``timeout_s``: a shorter wall limit for this run than the sandbox's own; ``probe``:
+    also record what the run collected, opened and called (``SuiteReport.probe``: the
+    collected test files, loaded conftests, ``python_files``, the tree's modules imported,
+    the names its packages export, every function of the tree with its callers (the nearest
+    function of the tree up the stack, ``file::qualname``),
+    and the files opened with the file and test that opened them; about 2x slower);
+    ``screen``: run every test once per body 0..n-1 of a target file whose body dispatches
+    on ``_cr_screen.BODY[0]`` (feature_deletion/screen.py; ``SuiteReport.screened``);
+    ``call_deadline_s``: with ``served``, the longest wait for one answer of the served side
+    (a looping body fails its call and every later one at once)."""
     import time
 
     tools = pytest_tools(tuple(requirements))
     key = secrets.token_bytes(32)
     start = time.monotonic()
     if served is None:
-        code = _runner(tools, repo, tests, extra, None)
+        code = _runner(tools, repo, tests, extra, None, probe, screen)
         res = box.run_python(code, binds=(tools, repo), stdin=key, wall_timeout_s=timeout_s)
     else:
         with box.module_server(served, binds=(tools,)) as server:
-            code = _runner(tools, repo, tests, extra, (*server.client_fds, hidden))
+            forward = (*server.client_fds, hidden, call_deadline_s)
+            code = _runner(tools, repo, tests, extra, forward)
             res = box.run_python(code, binds=(tools, repo), stdin=key,
                                  pass_fds=server.client_fds, wall_timeout_s=timeout_s)  # fmt: skip
     rep = parse_frames(res.stdout, key)
@@ -307,9 +381,119 @@ def run_suite(
     return rep
 
 
-def _runner(tools: str, repo: str, tests, extra, forward: tuple | None) -> str:
+def _runner(tools: str, repo: str, tests, extra, forward, probe=False, screen=0) -> str:
     args = pytest_args(tests, extra)
-    return _RUNNER.format(tools=tools, repo=repo, args=args, forward=forward)
+    code = _PROBE_CODE if probe else ""
+    return _RUNNER.format(tools=tools, repo=repo, args=args, forward=forward, probe=probe,
+                          probe_code=code, screen=int(screen))  # fmt: skip
+
+
+_PROBE_CODE = r"""
+import json as _json, os as _os, sys as _sys, threading as _threading
+
+_ROOT = _os.path.realpath(_os.getcwd()) + "/"
+_PROBE = {"current": "", "items": [], "edges": set(), "opens": {}}
+
+
+def _nearest(frame, _root=_ROOT):
+    while frame is not None and not frame.f_code.co_filename.startswith(_root):
+        frame = frame.f_back
+    return frame.f_code if frame is not None else None
+
+
+def _profile(frame, event, arg, _root=_ROOT, _edges=_PROBE["edges"]):
+    if event == "call" and frame.f_code.co_filename.startswith(_root):
+        _edges.add((frame.f_code, _nearest(frame.f_back)))
+
+
+def _audit(event, args, _root=_ROOT, _probe=_PROBE):
+    if event == "open" and isinstance(args[0], str):
+        path = _os.path.realpath(args[0])
+        if path.startswith(_root) and not path.endswith((".py", ".pyc")):
+            who = _nearest(_sys._getframe(1))
+            who = who.co_filename if who is not None else ""
+            _probe["opens"].setdefault(path, set()).add((who, _probe["current"]))
+
+
+def _rel(path, _root=_ROOT):
+    return path[len(_root):] if path.startswith(_root) else ""
+
+
+def _probe_key(obj):
+    # file::qualname of a function or class of the tree ('' for anything else)
+    code = getattr(obj, "__code__", None)
+    if code is not None:
+        return _rel(code.co_filename) + "::" + code.co_qualname
+    if isinstance(obj, type):
+        mod = _sys.modules.get(getattr(obj, "__module__", ""))
+        path = getattr(mod, "__file__", None)
+        if isinstance(path, str):
+            return _rel(_os.path.realpath(path)) + "::" + obj.__qualname__
+    return ""
+
+
+def _probe_report(session):
+    _sys.setprofile(None)
+    _threading.setprofile(None)
+    calls = {}
+    for code, caller in list(_PROBE["edges"]):
+        key = _rel(code.co_filename) + "::" + code.co_qualname
+        who = _rel(caller.co_filename) + "::" + caller.co_qualname if caller is not None else ""
+        calls.setdefault(key, set()).add(who)
+    modules = sorted({_rel(_os.path.realpath(m.__file__)) for m in list(_sys.modules.values())
+                      if isinstance(getattr(m, "__file__", None), str)} - {""})
+    exported = set()
+    for m in list(_sys.modules.values()):
+        if _rel(_os.path.realpath(str(getattr(m, "__file__", "") or ""))) not in modules:
+            continue
+        space = vars(m)
+        names = getattr(m, "__all__", None)
+        names = [n for n in names if isinstance(n, str)] if isinstance(names, (list, tuple)) else []
+        if hasattr(m, "__path__"):  # a package's own namespace is its API
+            names += list(space)
+        for n in names:
+            exported.add(_probe_key(space.get(n)))
+    conftests = sorted({_rel(_os.path.realpath(p.__file__))
+                        for p in session.config.pluginmanager.get_plugins()
+                        if str(getattr(p, "__file__", "")).endswith("conftest.py")} - {""})
+    return _json.dumps({
+        "items": sorted({_rel(_os.path.realpath(p)) for p in _PROBE["items"]} - {""}),
+        "conftests": conftests,
+        "python_files": list(session.config.getini("python_files")),
+        "calls": {k: sorted(v) for k, v in calls.items()},
+        "modules": modules,
+        "exported": sorted(exported - {""}),
+        "opens": {_rel(p): sorted({(_rel(w), t) for w, t in v})
+                  for p, v in _PROBE["opens"].items()},
+    }, sort_keys=True)
+
+
+_sys.addaudithook(_audit)
+_threading.setprofile(_profile)
+_sys.setprofile(_profile)
+"""
+
+
+PYTEST_INSTALL = "pip install 'composer-replication[feature-deletion]'"
+"""What installs the pytest that grades Feature Deletion tasks (the ``feature-deletion`` extra;
+``dev`` includes it)."""
+
+
+def _missing_tool(name: str) -> sb.SandboxUnavailableError:
+    return sb.SandboxUnavailableError(
+        f"Feature Deletion grades with a sandboxed copy of pytest, and {name!r} is not "
+        f"installed: {PYTEST_INSTALL}"
+    )
+
+
+def require_pytest() -> None:
+    """A `SandboxUnavailableError` naming the extra to install when pytest or one of its
+    dependencies is missing: checked before a task set is generated or a run loads anything."""
+    import importlib.util
+
+    for name in TOOL_PACKAGES:
+        if name != "py.py" and importlib.util.find_spec(name) is None:
+            raise _missing_tool(name)
 
 
 @lru_cache(maxsize=8)
@@ -338,7 +522,7 @@ def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
         if spec is None or spec.origin is None:
             if name == "py.py":
                 continue
-            raise sb.SandboxUnavailableError(f"pytest's dependency {name!r} is not installed")
+            raise _missing_tool(name)
         src = Path(spec.origin)
         if src.name == "__init__.py":
             shutil.copytree(src.parent, Path(dest) / src.parent.name, dirs_exist_ok=True,

@@ -47,6 +47,7 @@ audit hook only) for machines without bubblewrap; it is logged once per process.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import logging
 import math
@@ -59,7 +60,9 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -254,6 +257,12 @@ def _layout() -> _Layout:
     return _Layout(interpreter, prefix, tuple(binds), tuple(links), _hidden_dirs(roots), stage)
 
 
+def sandbox_interpreter() -> str:
+    """The real path of the interpreter sandboxed code runs with (visible inside the sandbox
+    at the same path)."""
+    return _layout().interpreter
+
+
 WARM_MODULES = (
     "typing collections itertools functools math re string heapq bisect hashlib random "
     "fractions decimal statistics datetime operator copy json dataclasses enum ast textwrap "
@@ -290,7 +299,11 @@ def world_readable(root: str | os.PathLike) -> None:
 
 
 def _bwrap_argv(
-    bwrap: str, cfg: SandboxConfig, lay: _Layout, binds: tuple[str, ...] = ()
+    bwrap: str,
+    cfg: SandboxConfig,
+    lay: _Layout,
+    binds: tuple[str, ...] = (),
+    mounts: tuple[str, ...] = (),
 ) -> list[str]:
     argv = [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net"]
     argv += ["--unshare-uts", "--unshare-cgroup-try", "--disable-userns", "--die-with-parent"]
@@ -307,6 +320,7 @@ def _bwrap_argv(
         argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", _stdlib_pycache(), PYCACHE]
     argv += ["--size", str(cfg.work_dir_mb * 2**20), "--tmpfs", WORK, "--symlink", WORK, "/tmp"]
+    argv += list(mounts)  # more bwrap mount options (the shell tool's size-capped /repo)
     # the root and /dev are tmpfs without a size: read-only, the capped /work is the only
     # place to write (a child started past the audit hook wrote 192 MB there, /dev/shm too)
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
@@ -368,6 +382,109 @@ def _as_nobody(stage: str | None, prefix: str):
     return apply
 
 
+# ---- one budget of sandbox slots per process ------------------------------------------------
+
+SLOT_SIZE_MB = 512 + 64
+"""Memory one sandbox slot is counted for when the slots are sized from the machine: the
+default address-space limit plus the default work dir (``SandboxConfig``)."""
+
+
+def machine_slots(slot_mb: int = SLOT_SIZE_MB) -> int:
+    """Sandboxes this machine runs at once without oversubscribing it: one per CPU core this
+    process may use, fewer if the available memory holds fewer slots of ``slot_mb``."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            avail_kb = next(int(ln.split()[1]) for ln in f if ln.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        avail_kb = None
+    by_memory = avail_kb // (slot_mb * 1024) if avail_kb is not None else None
+    return max(1, min(cores or 1, by_memory if by_memory is not None else cores or 1))
+
+
+class Slots:
+    """A bound on work of one kind running at once in this process, held per thread and
+    re-entrant: a thread takes one slot for the outermost ``acquire`` and gives it back with
+    the matching last ``release``, so work that nests (the two sandboxes of a split grading,
+    ``ModuleServer`` and its client, started by one thread) takes one slot and never waits on
+    itself. ``limit`` 0 asks ``default()`` at first use.
+
+    :data:`SLOTS` bounds sandboxes (tool calls and gradings share it, so a batch of concurrent
+    ``run_tests`` calls and a concurrent grading never oversubscribe the machine together);
+    the OpenEnv adapter bounds its connections with another."""
+
+    def __init__(self, limit: int = 0, default: Callable[[], int] = lambda: 1):
+        self._cond = threading.Condition()
+        self._limit, self._used, self._default = limit, 0, default
+        self._depth: dict[int, int] = {}  # thread id -> sandboxes it holds open
+        self.peak = 0
+        """Most slots in use at once since the limit was set (a witness for tests)."""
+
+    @property
+    def limit(self) -> int:
+        with self._cond:
+            if not self._limit:
+                self._limit = max(1, self._default())
+            return self._limit
+
+    def set_limit(self, limit: int) -> None:
+        """``limit`` slots (0: ``default()`` at next use); waiting threads see the new bound."""
+        if limit < 0:
+            raise ValueError(f"slots must be >= 0, got {limit}")
+        with self._cond:
+            self._limit, self.peak = limit, self._used
+            self._cond.notify_all()
+
+    def acquire(self) -> None:
+        """Take a slot for the calling thread (or count one more sandbox in the slot it holds)."""
+        limit, me = self.limit, threading.get_ident()
+        with self._cond:
+            if self._depth.get(me, 0) == 0:
+                self._cond.wait_for(lambda: self._used < (self._limit or limit))
+                self._used += 1
+                self.peak = max(self.peak, self._used)
+            self._depth[me] = self._depth.get(me, 0) + 1
+
+    def release(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            depth = self._depth.get(me, 0)
+            if depth == 0:
+                raise RuntimeError("a slot released by a thread that holds none")
+            if depth == 1:
+                del self._depth[me]
+                self._used -= 1
+                self._cond.notify()
+            else:
+                self._depth[me] = depth - 1
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold a slot for a block (the sandboxes the thread starts inside take no other):
+        time measured inside the block excludes the wait for the slot."""
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+    @property
+    def in_use(self) -> int:
+        with self._cond:
+            return self._used
+
+
+SLOTS = Slots(0, machine_slots)
+"""This process's sandbox slots (every ``_Process`` holds one while it runs); 0 until set:
+one per core, fewer if memory holds fewer (:func:`machine_slots`)."""
+
+
+def set_sandbox_slots(limit: int) -> int:
+    """Set this process's sandbox slots (0: from the cores and memory); returns the limit."""
+    SLOTS.set_limit(limit)
+    return SLOTS.limit
+
+
 # ---- one sandboxed process -----------------------------------------------------------------
 
 
@@ -386,8 +503,24 @@ class _Process:
         wire: tuple[int, int] | None = None,
         pass_fds: tuple[int, ...] = (),
         root: str = "",
+        mounts: tuple[str, ...] = (),
     ):
         self.cfg = cfg
+        SLOTS.acquire()  # waits for a slot; the deadline starts once the sandbox may run
+        self._slot = True
+        try:
+            self._start(bwrap, cfg, mode, binds, wire, pass_fds, root, mounts)
+        except BaseException:
+            self._release_slot()
+            raise
+
+    def _release_slot(self) -> None:
+        if self._slot:
+            self._slot = False
+            SLOTS.release()
+
+    def _start(self, bwrap: str | None, cfg: SandboxConfig, mode: str, binds, wire, pass_fds,
+               root: str, mounts: tuple[str, ...]) -> None:  # fmt: skip
         self.deadline = time.monotonic() + cfg.wall_timeout_s
         lay = _layout()
         self._tmp, self._cgroup = None, None
@@ -396,7 +529,7 @@ class _Process:
             argv = _python_argv(lay.interpreter, _stdlib_pycache(), cfg, mode, root)
             cwd, preexec = self._tmp, None
         else:
-            argv = _bwrap_argv(bwrap, cfg, lay, binds)
+            argv = _bwrap_argv(bwrap, cfg, lay, binds, mounts)
             argv += _python_argv(lay.interpreter, PYCACHE, cfg, mode, root)
             cwd = "/"
             self._cgroup = MemoryCgroup.create(cfg.memory_mb + cfg.work_dir_mb + CGROUP_SLACK_MB)
@@ -495,6 +628,12 @@ class _Process:
             return None
 
     def close(self) -> None:
+        try:
+            self._stop()
+        finally:
+            self._release_slot()
+
+    def _stop(self) -> None:
         inside = _descendants(self.proc.pid)  # bwrap's child is the sandbox's PID 1
         for pid in inside:
             try:
@@ -657,20 +796,23 @@ class Sandbox:
         stdin: bytes = b"",
         pass_fds: tuple[int, ...] = (),
         wall_timeout_s: float | None = None,
+        mounts: tuple[str, ...] = (),
     ) -> SandboxResult:
         """Run ``code`` as a script; its exit status and capped output (never a verdict).
         ``binds``: host directories (readable by ``nobody`` when the grader is root, see
         :func:`bindable_dir`) mounted read-only at the same path inside; ``stdin``: bytes the
         script reads first from fd 0; ``pass_fds``: open fds it inherits (a
         :class:`ModuleServer`'s ``client_fds``); ``wall_timeout_s``: a shorter wall (and CPU)
-        limit for this run only (never longer than the sandbox's own)."""
+        limit for this run only (never longer than the sandbox's own); ``mounts``: more
+        bwrap mount options after the work dir's (a size-capped ``--tmpfs``; trusted callers
+        only, ignored without isolation)."""
         cfg = self.cfg
         if wall_timeout_s is not None and wall_timeout_s < cfg.wall_timeout_s:
             if wall_timeout_s <= 0:
                 raise ValueError(f"wall_timeout_s must be positive, got {wall_timeout_s}")
             cpu = max(1, min(cfg.cpu_time_s, math.ceil(wall_timeout_s)))
             cfg = cfg.model_copy(update={"wall_timeout_s": wall_timeout_s, "cpu_time_s": cpu})
-        return _run_script(self.bwrap, cfg, code, binds, stdin, pass_fds)
+        return _run_script(self.bwrap, cfg, code, binds, stdin, pass_fds, mounts)
 
     def module_server(self, root: str, binds: tuple[str, ...] = ()) -> ModuleServer:
         """Serve calls to a function of the tree ``root`` from another sandbox (use as a
@@ -768,8 +910,9 @@ def _run_script(
     binds: tuple[str, ...] = (),
     stdin=b"",
     pass_fds: tuple[int, ...] = (),
+    mounts: tuple[str, ...] = (),
 ) -> SandboxResult:
-    p = _Process(bwrap, cfg, "script", binds, pass_fds=pass_fds)
+    p = _Process(bwrap, cfg, "script", binds, pass_fds=pass_fds, mounts=mounts)
     returncode = None
     try:
         p.write(len(code.encode("utf-8")).to_bytes(8, "big") + code.encode("utf-8") + stdin)

@@ -13,9 +13,11 @@ from typing import Any
 
 import orjson
 
+from .harness_tools import format_tools
 from .redact import Redactor
 from .report import FileReport
 from .schema import (
+    SCHEMA_VERSION,
     Action,
     Message,
     StateMeta,
@@ -40,6 +42,7 @@ class ReaderContext:
         self.path = path
         self.file = str(path)
         self.format = fmt
+        self.tools = format_tools(fmt)  # the source harness's tool schemas, if profiled
         self.report = report
         self.redactor = redactor
         self.out: list[TraceState] = []
@@ -450,7 +453,8 @@ class SessionBuilder:
             self.segment,  # segment
             ctx.item_index,  # line_is_item_index
         )
-        state = TraceState(state_id, self.session_id, step, self.messages[:], act, meta)
+        state = TraceState(state_id, self.session_id, step, self.messages[:], act, meta,
+                           SCHEMA_VERSION, ctx.tools)  # fmt: skip
         ctx.out.append(state)
         self.step = step + 1
         if act.text or act.tool_calls:

@@ -40,6 +40,24 @@ _ENV_NAME = (
 _VALUE_CHARS = r"[A-Za-z0-9_\-./+=:@!$%^&*~,]"
 
 
+_SECRET_NAME = (
+    r"(?:secret|passw(?:or)?d|pwd|token(?!s|iz)|api[_\-]?key|private[_\-]?key|"
+    r"access[_\-]?key|auth[_\-]?key|[_\-.]key|credential)[A-Za-z0-9_\-]*"
+)
+"""The part of a name that says secret, password, token, key or credential (``DB_PASSWORD``,
+``apiKey``, ``client.secret``, ``ssh-key``, ``AWS_CREDENTIALS``); a bare ``key`` is too common
+in code, and ``tokens``/``tokenizer`` are counts and tools, not secrets."""
+_ASSIGNED = _SECRET_NAME + r"[\"'`]?[ \t]*(?:=>|:=|=|:)[ \t]*"
+"""A secret name assigned: ``NAME=``, ``NAME = ``, ``NAME: ``, ``"name": ``, ``name :=``, in any
+container (a shell command, a heredoc, YAML, JSON, code), starting at the keyword (linear)."""
+_BARE_VALUE = (
+    r"((?=[^\s\"'`]*[0-9])(?=[^\s\"'`]*[A-Za-z])" + _VALUE_CHARS + r"{8,})(?![A-Za-z0-9_.]*\()"
+)
+"""An unquoted value that looks like a secret: 8 or more value characters with a letter and a
+digit, not a call (``token = get_token2(x)``)."""
+_NAME_TRIGGERS = ("secret", "passw", "pwd", "token", "key", "credential")
+
+
 @dataclass(frozen=True)
 class Pattern:
     """A typed secret regex. ``group`` is the capture group to replace (0 = whole match);
@@ -163,6 +181,22 @@ PATTERNS: tuple[Pattern, ...] = (
         flags=re.IGNORECASE,
         lower=True,
     ),
+    _p(
+        "secret_assignment",
+        _ASSIGNED + r"([\"'`])((?:(?!\1)[^\n\\]){6,}?)\1",
+        _NAME_TRIGGERS,
+        group=2,
+        flags=re.IGNORECASE,
+        lower=True,
+    ),  # fmt: skip
+    _p(
+        "secret_assignment",
+        _ASSIGNED + _BARE_VALUE,
+        _NAME_TRIGGERS,
+        group=1,
+        flags=re.IGNORECASE,
+        lower=True,
+    ),  # fmt: skip
 )
 
 # detect-secrets plugin class name -> (our kind, triggers)

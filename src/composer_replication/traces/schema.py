@@ -84,6 +84,10 @@ class TraceState:
     action: Action
     meta: StateMeta
     schema_version: int = SCHEMA_VERSION
+    tools: list[dict[str, Any]] | None = None
+    """The source harness's tool schemas (OpenAI ``tools`` list) when its vocabulary has a
+    harness profile (traces/harness_tools.py: Claude Code, Codex CLI); replay sends them to
+    teachers. Not part of ``state_id``."""
 
     def to_json(self) -> bytes:
         """Serialize to one JSON document (bytes, no trailing newline)."""
@@ -107,6 +111,7 @@ class TraceState:
                 action=Action(**obj["action"]),
                 meta=StateMeta(**obj["meta"]),
                 schema_version=obj.get("schema_version", SCHEMA_VERSION),
+                tools=obj.get("tools"),
             )
         except KeyError as exc:
             raise ValueError(f"TraceState JSON is missing field {exc.args[0]!r}") from exc
@@ -125,6 +130,7 @@ STATE_TYPES: dict[str, tuple[type, ...]] = {
     "action": (dict,),
     "meta": (dict,),
     "schema_version": (int,),
+    "tools": (list, type(None)),
 }
 ACTION_TYPES: dict[str, tuple[type, ...]] = {
     "text": (str,),

@@ -1,14 +1,17 @@
-"""Trainer callbacks: per-step metrics to ``metrics.jsonl``, a PNG of the curves, and a rich
-progress bar."""
+"""Trainer callbacks: per-step metrics to ``metrics.jsonl``, a PNG of the curves, and progress
+(a rich bar on a terminal, one plain line per step elsewhere)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 from transformers import TrainerCallback
+
+from composer_replication.progress import eta
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training_curves.png"
@@ -83,7 +86,9 @@ def _plot_heldout(ax, eval_path: Path, last_step: int) -> None:
         s = record.get(tag)
         if not s:
             continue
-        err = [[s["pass_rate"] - s["pass_ci95_low"]], [s["pass_ci95_high"] - s["pass_rate"]]]
+        # never negative, also for an eval.json written before wilson_interval clamped its bounds
+        err = [[max(0.0, s["pass_rate"] - s["pass_ci95_low"])],
+               [max(0.0, s["pass_ci95_high"] - s["pass_rate"])]]  # fmt: skip
         ax.errorbar([step], [s["pass_rate"]], yerr=err, fmt="s", color=color, capsize=4,
                     label=f"held-out pass@1, {tag}: {s['pass_rate']:.1%}")  # fmt: skip
 
@@ -280,20 +285,35 @@ class HeldoutEvalCallback(TrainerCallback):
             self._eval(model, state.global_step)
 
 
-class StepLineCallback(TrainerCallback):
-    """One plain line per optimizer step (``step 3/40  reward 0.250  loss 0.0123  12.1 s``) for
-    runs without a console, e.g. DiLoCo replicas whose output is piped and prefixed: a live bar
-    cannot render there, and transformers' printer would dump raw dicts."""
+def _print_flushed(line: str) -> None:
+    print(line, flush=True)
 
-    def __init__(self, echo=print):
+
+class StepLineCallback(TrainerCallback):
+    """One plain line per optimizer step (``step 3/40  reward 0.250  loss 0.0123  12.1 s
+    ETA 7m 30s``), flushed, for output that is not a terminal (a log file, a pipe, ``nohup``,
+    CI, DiLoCo replicas whose output is prefixed): a live bar renders nothing there until it
+    stops, and transformers' printer would dump raw dicts. The seconds are the step's (since
+    the previous line); the ETA is the mean pace of this run's steps so far."""
+
+    def __init__(self, echo: Callable[[str], None] = _print_flushed):
         self.echo = echo
+        self._t0 = self._last = time.monotonic()
+        self._first_step = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._t0 = self._last = time.monotonic()
+        self._first_step = state.global_step  # a resumed run's pace counts its own steps
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or "reward" not in logs:
             return
+        now = time.monotonic()
         line = f"step {state.global_step}/{state.max_steps}  reward {logs['reward']:.3f}"
         if "loss" in logs:
             line += f"  loss {logs['loss']:.4f}"
-        if "step_time" in logs:
-            line += f"  {logs['step_time']:.1f} s"
+        line += f"  {now - self._last:.1f} s"
+        done = state.global_step - self._first_step
+        line += f"  {eta(now - self._t0, done, state.max_steps - self._first_step)}".rstrip()
+        self._last = now
         self.echo(line)

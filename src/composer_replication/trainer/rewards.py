@@ -7,7 +7,11 @@ batch, so later stages (hints for channel 2, metrics) can read *why* a completio
 
 from __future__ import annotations
 
+from collections import Counter
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from composer_replication.envs.base import Environment, StepResult
 from composer_replication.lm.chat import to_text
@@ -16,8 +20,11 @@ from composer_replication.lm.chat import to_text
 class EnvReward:
     """A TRL reward function that grades completions with an Environment."""
 
-    def __init__(self, env: Environment):
+    def __init__(self, env: Environment, episode_log: str | Path | None = None):
         self.env = env
+        self.episode_log = Path(episode_log) if episode_log else None
+        """Tool environments: each grading appends its first rollout (task, messages, reward,
+        flags) to this JSONL file."""
         self.__name__ = f"{env.name}_reward"  # TRL names metrics after the function
         self._tasks = {t.task_id: t for split in ("train", "heldout") for t in env.tasks(split)}
         self.last_results: list[StepResult] = []
@@ -39,6 +46,8 @@ class EnvReward:
         else:
             results = self.env.grade_batch(tasks, texts)
         self.last_results = results
+        if self.multi_turn:
+            self._log_tools(task_id, texts, results, log_metric)
         if log_metric is not None and results:
             log_metric("env/pass_rate", sum(r.passed for r in results) / len(results))
             flagged = [len(r.info.get("flags", ())) for r in results]
@@ -46,3 +55,24 @@ class EnvReward:
                 log_metric("env/flagged_frac", sum(f > 0 for f in flagged) / len(results))
                 log_metric("env/flags_per_rollout", sum(flagged) / len(results))
         return [r.reward for r in results]
+
+    def _log_tools(self, task_id, rollouts, results, log_metric) -> None:
+        """``tools/calls/<name>``: calls of each tool per rollout (the vocabulary the policy
+        used), and the first rollout of the batch in ``episode_log``."""
+        names = Counter(
+            c.get("function", c).get("name")
+            for messages in rollouts
+            for m in messages
+            if isinstance(m, dict)
+            for c in m.get("tool_calls") or []
+        )
+        if log_metric is not None:
+            for name, n in sorted(names.items(), key=lambda kv: str(kv[0])):
+                log_metric(f"tools/calls/{name}", n / len(rollouts))
+        if self.episode_log is not None and rollouts:
+            r = results[0]
+            line = {"task_id": task_id[0], "messages": rollouts[0], "reward": r.reward,
+                    "passed": r.passed, "flags": r.info.get("flags", [])}  # fmt: skip
+            self.episode_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.episode_log, "ab") as fh:
+                fh.write(orjson.dumps(line, default=str) + b"\n")

@@ -6,9 +6,11 @@ aggregation, truncated-completion masking). This subclass adds:
 
 * ``_compute_loss`` as the single place channels compose: each enabled channel returns a
   ``ChannelTerm`` (its unweighted loss over its own mask and divisor, its metrics) and
-  ``losses.compose_loss`` sums ``policy + sum(weight * loss)``. With no enabled channel it
-  returns exactly what ``GRPOTrainer._compute_loss`` returns (same tensor, same graph), so loss
-  and gradients are bit-identical to plain GRPO, and nothing else is computed.
+  ``losses.compose_loss`` sums ``policy_weight * policy + sum(weight * loss)``
+  (``policy_weight``, ``grpo.weight``, is 1 unless a run trains the channels alone). With no
+  enabled channel (and ``policy_weight`` 1) it returns exactly what
+  ``GRPOTrainer._compute_loss`` returns (same tensor, same graph), so loss and gradients are
+  bit-identical to plain GRPO, and nothing else is computed.
 * the channel life cycle: ``setup`` once, ``attach`` after each scored generation round,
   ``term`` per micro-batch, ``after_step`` per optimizer step, ``save``/``load`` with
   checkpoints (refusing a checkpoint whose channel settings differ, unless told to override),
@@ -24,6 +26,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +54,19 @@ from composer_replication.lm.prefix import (
     use_prefix,
 )
 from composer_replication.losses import compose_loss
-from composer_replication.rollout import turn_index, until_eos
+from composer_replication.rollout import (
+    TurnCalls,
+    reset_at_once,
+    turn_index,
+    undo_resets,
+    until_eos,
+)
 
 log = logging.getLogger(__name__)
+
+MAX_TOOL_THREADS = 64
+"""Threads that run one turn's tool calls (one per rollout up to this); the sandbox slots and
+the OpenEnv connection limit bound the work they start."""
 
 # tensors of a generation batch padded on the left (prompts) or the right (completions)
 _LEFT_PADDED = ("prompt_ids", "prompt_mask")
@@ -83,6 +96,10 @@ class ComposerReplicationTrainer(GRPOTrainer):
             The same switch reaches the channels' forwards (``Channel.shared_prefix``). On by
             default, as ``generation.shared_prefix``; off: TRL's plain padded forwards, bit
             for bit.
+        concurrent_tools: run the tool calls of all rollouts of a turn at once
+            (``rollout.TurnCalls``; bounded by the sandbox slots and the OpenEnv connection
+            limit), with the messages, masks and metrics of TRL's one-rollout-after-another
+            loop (default on). Off: TRL's loop as it is.
 
     A channel that needs verdicts (``needs_verdicts``) needs a reward function that keeps them
     (``last_results``, as :class:`~composer_replication.trainer.rewards.EnvReward` does).
@@ -96,10 +113,13 @@ class ComposerReplicationTrainer(GRPOTrainer):
         max_refills: int = 2,
         resume_override_channels: bool = False,
         shared_prefix: bool = True,
+        concurrent_tools: bool = True,
+        policy_weight: float = 1.0,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
         self.channels = [c for c in channels if c.enabled]
+        self.policy_weight = policy_weight
         self._graded_reward = None
         if any(c.needs_verdicts for c in self.channels):
             self._graded_reward = _find_graded_reward(self.reward_funcs, self.channels)
@@ -113,6 +133,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.max_refills = max_refills
         self.resume_override_channels = resume_override_channels
         self.shared_prefix = shared_prefix
+        self.concurrent_tools = concurrent_tools
         self.channel_reports: list[str] = []
         self._refill_rows: Iterator[dict[str, Any]] | None = None
 
@@ -243,15 +264,61 @@ class ComposerReplicationTrainer(GRPOTrainer):
             )  # _prefix_ok holds here: the switch is on
         return [until_eos(row.tolist(), self.eos_token_ids) for row in new_BN.cpu()], None
 
+    # ---- tool calls of a turn run at once across the batch (rollout.TurnCalls) -------------
+    def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, *rest):
+        """TRL's loop, whose tool functions take the results of calls started together for
+        every rollout of the turn instead of running one rollout after another."""
+        if not self.concurrent_tools or len(completions) < 2:
+            return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, *rest)
+        tools = self._sync_tool_dicts
+        threads = min(len(completions), MAX_TOOL_THREADS)
+        with ThreadPoolExecutor(threads, thread_name_prefix="cr-tools") as pool:
+            self._sync_tool_dicts = TurnCalls(completions, tools, pool).deferred()
+            try:
+                return super()._tool_call_loop(
+                    prompts, prompt_ids, completion_ids, completions, *rest
+                )
+            finally:
+                self._sync_tool_dicts = tools
+
+    @contextlib.contextmanager
+    def _resets_at_once(self, inputs):
+        """Reset the environments TRL is about to draw for ``inputs`` at once (its pool:
+        instance k of an environment serves that environment's k-th row, more made as needed)
+        so that its one-after-another ``reset`` calls only take the results."""
+        if not (self.concurrent_tools and self.environment_factories and len(inputs) > 1):
+            yield
+            return
+        instances, rows, drawn = [], [], {}
+        for x in inputs:
+            name = x.get("environment") if self._multi_environment else None
+            pool = self._environment_pool[name]
+            index = drawn[name] = drawn.get(name, -1) + 1
+            if index == len(pool):
+                pool.append(self.environment_factories[name]())
+            instances.append(pool[index])
+            multi = self._multi_environment  # TRL keeps its routing column out of reset
+            rows.append({k: v for k, v in x.items() if k != "environment"} if multi else x)
+        threads = min(len(instances), MAX_TOOL_THREADS)
+        with ThreadPoolExecutor(threads, thread_name_prefix="cr-resets") as pool:
+            reset_at_once(instances, rows, pool)
+        try:
+            yield
+        finally:
+            undo_resets(instances)
+
     # ---- channel composition -------------------------------------------------------------
     def _compute_loss(self, model, inputs):
-        if not self.channels:
+        if not self.channels and self.policy_weight == 1.0:
             return super()._compute_loss(model, inputs)
         capture = None
         if any(c.needs_student_hidden for c in self.channels):
             capture = HiddenCapture(model)
         with capture.active() if capture is not None else contextlib.nullcontext():
             policy_loss = super()._compute_loss(model, inputs)
+        unweighted = policy_loss.detach()
+        if self.policy_weight != 1.0:  # channel 1's weight (0: the extra channels alone)
+            policy_loss = policy_loss * self.policy_weight
         mode = "train" if model.training else "eval"
         ctx = LossContext(
             model=model,
@@ -264,6 +331,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
             comp = inputs["completion_ids"]
             ctx.student_hidden_BKH = capture.completion_states(comp.shape[0], comp.shape[1])
         total, metrics = compose_loss(policy_loss, [c.term(ctx) for c in self.channels])
+        if self.policy_weight != 1.0:
+            metrics.update({"policy/loss": unweighted, "policy/weight": self.policy_weight})
         for key, value in metrics.items():
             self._metrics[mode][key].append(float(value))
         return total
@@ -272,10 +341,13 @@ class ComposerReplicationTrainer(GRPOTrainer):
     def _score_round(self, inputs):
         """One generation + scoring round, with the per-row prompts and verdicts the channels
         need kept alongside (lists travel through TRL's shuffle/split like tensors)."""
-        batch = super()._generate_and_score_completions(inputs)
+        with self._resets_at_once(inputs):
+            batch = super()._generate_and_score_completions(inputs)
         if "tool_mask" in batch and self.model.training:
             turns_B = turn_index(batch["tool_mask"], batch["completion_mask"]).amax(dim=1) + 1
             self._metrics["train"]["rollout/turns"].append(float(turns_B.float().mean()))
+        if self.channels:  # the dataset row's columns (task ids, tags) for the channels
+            batch["_columns"] = [{k: v for k, v in x.items() if k != "prompt"} for x in inputs]
         if self._graded_reward is not None:
             results = list(self._graded_reward.last_results)
             if len(results) != len(inputs):
@@ -296,6 +368,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 results=results,
                 group_size=self.num_generations,
                 tools=self.tools or None,
+                columns=batch.pop("_columns", None),
             )
             for channel in self.channels:
                 batch = channel.attach(batch, rollouts)

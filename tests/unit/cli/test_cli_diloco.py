@@ -62,3 +62,30 @@ def test_object_store_refuses_a_store_left_from_another_run(tmp_path):
     for extra in ([], ["--executor", "local"]):
         res = CliRunner().invoke(app, [*args, *extra])
         assert res.exit_code == 2 and "already holds rounds [0]" in res.output
+
+
+def test_ctrl_c_stops_a_launch_and_every_replica(tmp_path):
+    """SIGINT to a running ``composer-replication diloco --replicas 2`` (torchft backend, the
+    lighthouse in the launcher): the launcher stops its replicas (each in a process group of
+    its own: SIGTERM, SIGKILL after a grace period), exits 130 with one line saying where
+    their output is, and nothing of the launch is left running."""
+    from support.cli_process import children, group_alive, interrupt, read_until, start_cli
+    from support.tiny_run import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "tiny")
+    proc = start_cli([
+        "diloco", "--replicas", "2", f"model.name={model}", f"output_dir={tmp_path / 'run'}",
+        "max_steps=500", "num_threads=1", "generation.num_generations=2",
+        "generation.prompts_per_step=2", "generation.max_completion_length=4", "env.num_train=16",
+        "eval.before_and_after=false", "diloco.sync_every=2", "diloco.timeout_s=300",
+    ])  # fmt: skip
+    said = read_until(proc, lambda lines: {"[r0]", "[r1]"} <= {x[:4] for x in lines})
+    assert {"[r0]", "[r1]"} <= {x[:4] for x in said}, "\n".join(said)  # both replicas run
+    replicas = children(proc.pid)
+    assert len(replicas) == 2
+    rest, seconds = interrupt(proc, timeout_s=90)
+    assert proc.returncode == 130, rest
+    assert "interrupted: replicas stopped; what they wrote is in " in rest
+    assert "Traceback" not in rest
+    assert not group_alive(proc.pid) and not any(group_alive(r) for r in replicas)
+    print(f"diloco launch exited {seconds:.1f} s after SIGINT")

@@ -26,3 +26,23 @@ def test_tasks_generate_console_script(tmp_path):
     bad = subprocess.run([exe, "tasks", "generate", "toolz>=1", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "neither a directory nor a pinned package" in bad.stderr
+
+
+def test_ctrl_c_stops_generation_and_keeps_the_candidates_tried(tmp_path):
+    """SIGINT after the first candidate: the queued candidates are dropped (the pool used to
+    run them all before Ctrl-C took effect), exit 130 with one line naming runs.jsonl, which
+    keeps what finished; a re-run continues from it."""
+    from support.cli_process import group_alive, interrupt, read_until, start_cli
+
+    proc = start_cli(["tasks", "generate", str(FIXTURE), "--out", str(tmp_path), "--workers",
+                      "1", "--suite-timeout-s", "60"])  # fmt: skip
+    said = read_until(proc, lambda lines: "  1/9  " in lines[-1])
+    assert "  1/9  " in said[-1], "\n".join(said)  # plain progress lines off a terminal
+    rest, seconds = interrupt(proc, timeout_s=120)
+    runs = tmp_path / "textkit-local" / "runs.jsonl"
+    assert proc.returncode == 130 and f"interrupted: the candidates tried so far are in {runs}" in (
+        " ".join(rest.split())
+    ), rest
+    assert not group_alive(proc.pid)
+    assert 1 <= len(runs.read_text().splitlines()) < 9
+    print(f"tasks generate exited {seconds:.1f} s after SIGINT")

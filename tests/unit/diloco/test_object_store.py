@@ -25,7 +25,8 @@ def _run_ranks(fn, world: int) -> list:
         except BaseException as e:  # noqa: BLE001 - surfaced below
             errs[r] = e
 
-    threads = [threading.Thread(target=target, args=(r,)) for r in range(world)]
+    # daemon: after Ctrl-C the interpreter would otherwise wait for a rank still polling
+    threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(world)]
     for t in threads:
         t.start()
     for t in threads:

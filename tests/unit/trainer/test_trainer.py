@@ -73,14 +73,21 @@ def test_weights_zero_is_bit_identical_to_grpo(tmp_path, tokenizer, tiny_model):
     args = build_grpo_args(cfg)
     ours_model = tiny_model
     peer_model = copy.deepcopy(tiny_model)
+    from composer_replication.channels import build_channels
+    from composer_replication.config import load_config
+
+    # every channel built at weight 0 (distill with a teacher named): none is enabled
+    off = build_channels(load_config(None, ["distill.teachers=a-teacher"]))
     ours = ComposerReplicationTrainer(
         model=ours_model,
         reward_funcs=[EnvReward(env)],
         args=args,
         train_dataset=ds,
         processing_class=tokenizer,
+        channels=off,
         shared_prefix=False,  # bit for bit: TRL's own padded forwards
     )
+    assert len(off) == 3 and ours.channels == []
     peer = GRPOTrainer(
         model=peer_model,
         reward_funcs=[EnvReward(env)],

@@ -147,11 +147,11 @@ class ObjectStoreAllReduce:
 
     def allreduce(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Average ``tensors`` (same shapes on every rank) over all ranks; returns new fp32
-        tensors (this rank's own contribution is counted in its encoded form, like the others').
+        tensors on their devices (this rank's own contribution is counted in its encoded form, like the others').
         Raises :class:`ObjectStoreTimeoutError` naming the missing ranks and the round."""
         k = self.round_id
         payloads = [encode(t, self.compression) for t in tensors]
-        mine = [decode(p) for p in payloads]
+        mine = [decode(p).to(t.device) for p, t in zip(payloads, tensors, strict=True)]
         self.stats.last_relative_error = relative_error(tensors, mine)
         self.stats.relative_errors.append(self.stats.last_relative_error)
         if self.world_size == 1:
@@ -163,11 +163,13 @@ class ObjectStoreAllReduce:
         self._wait_all(k)
         total = [torch.zeros_like(t) for t in mine]
         for r in range(self.world_size):
-            parts = mine if r == self.rank else [decode(p) for p in self._read(k, r)]
+            parts = mine if r == self.rank else self._read(k, r)
             if len(parts) != len(total):
                 raise ValueError(
                     f"round {k}: rank {r} sent {len(parts)} tensors, rank {self.rank} has {len(total)}"
                 )
+            if r != self.rank:  # off the wire (host memory) onto this rank's tensors' devices
+                parts = [decode(p).to(a.device) for p, a in zip(parts, total, strict=True)]
             for acc, part in zip(total, parts, strict=True):
                 acc.add_(part)
         out = [t / self.world_size for t in total]

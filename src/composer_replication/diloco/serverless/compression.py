@@ -17,8 +17,9 @@ CODECS: tuple[str, ...] = ("none", "bf16", "int8")
 
 
 def encode(x: torch.Tensor, codec: Codec) -> dict[str, Any]:
-    """Encode one float tensor; the result is what goes on the wire (via ``torch.save``)."""
-    x = x.detach().to(torch.float32)
+    """Encode one float tensor; the result is what goes on the wire (via ``torch.save``), in
+    host memory whatever device ``x`` is on (a rank without that device can read it)."""
+    x = x.detach().to("cpu", torch.float32)
     if codec == "none":
         return {"codec": "none", "data": x.clone()}
     if codec == "bf16":

@@ -131,11 +131,15 @@ class LocalProcessExecutor:
         return out
 
     def terminate(self, handles: list[LocalHandle]) -> None:
+        """SIGTERM the running replicas; SIGKILL those still running 5 s later."""
         for h in handles:
             if h.process.exitcode is None:
                 h.process.terminate()
         for h in handles:
             h.process.join(5)
+            if h.process.exitcode is None:
+                h.process.kill()
+                h.process.join(5)
 
     def collect(
         self, handles: list[LocalHandle], timeout: float | None = None, fail_fast: bool = True
@@ -147,14 +151,19 @@ class LocalProcessExecutor:
         being left to block on the missing peer.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        while any(h.process.exitcode is None for h in handles):
-            if fail_fast and any(h.process.exitcode not in (None, 0) for h in handles):
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                running = [h.rank for h in handles if h.process.exitcode is None]
-                self.terminate(handles)
-                raise ReplicaTimeoutError(f"replicas {running} still running after {timeout:g} s")
-            time.sleep(0.05)
+        try:
+            while any(h.process.exitcode is None for h in handles):
+                if fail_fast and any(h.process.exitcode not in (None, 0) for h in handles):
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    running = [h.rank for h in handles if h.process.exitcode is None]
+                    raise ReplicaTimeoutError(
+                        f"replicas {running} still running after {timeout:g} s"
+                    )
+                time.sleep(0.05)
+        except BaseException:  # the timeout, Ctrl-C: no replica outlives the wait (and
+            self.terminate(handles)  # multiprocessing would join them at exit)
+            raise
         failures: dict[int, tuple[int | None, str]] = {}
         results: list[Any] = []
         for h in handles:

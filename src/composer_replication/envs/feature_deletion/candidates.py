@@ -57,20 +57,25 @@ def is_test_path(rel: str) -> bool:
     )
 
 
-def source_files(root: Path) -> list[str]:
-    """Relative posix paths of the non-test ``.py`` files under ``root``, sorted."""
+def source_files(root: Path, testcode=None) -> list[str]:
+    """Relative posix paths of the non-test ``.py`` files under ``root``, sorted;
+    ``testcode`` (a ``testcode.TestCode``): also leave out what the suite's run showed to be
+    test code."""
     out = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
-        if not is_test_path(rel):
+        if not is_test_path(rel) and not (testcode is not None and testcode.is_test_file(rel)):
             out.append(rel)
     return out
 
 
-def find_candidates(root: Path) -> list[Candidate]:
-    """Every candidate of the tree under ``root`` (module docstring), in file order."""
+def find_candidates(root: Path, testcode=None) -> list[Candidate]:
+    """Every candidate of the tree under ``root`` (module docstring), in file order;
+    ``testcode``: the test files and helpers the baseline run found (``testcode.classify``)
+    are never candidates."""
     out: list[Candidate] = []
-    for rel in source_files(root):
+    helpers = set(testcode.helpers) if testcode is not None else set()
+    for rel in source_files(root, testcode):
         text = (root / rel).read_text(encoding="utf-8", errors="replace")
         try:
             tree = ast.parse(text)
@@ -79,7 +84,7 @@ def find_candidates(root: Path) -> list[Candidate]:
         lines = text.splitlines()
         for node, qual in _functions(tree):
             cand = _candidate(rel, node, qual, lines)
-            if cand is not None:
+            if cand is not None and cand.key not in helpers:
                 out.append(cand)
     return out
 

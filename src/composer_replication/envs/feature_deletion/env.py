@@ -42,9 +42,15 @@ from composer_replication.envs.feature_deletion.generate import (
 from composer_replication.envs.feature_deletion.grade import grade_workspace
 from composer_replication.envs.feature_deletion.source import prepare_source, staged_copy
 from composer_replication.envs.feature_deletion.workspace import make_workspace
+from composer_replication.envs.profiles import (
+    call_message,
+    harness_tools_class,
+    profile,
+    result_message,
+)
 from composer_replication.envs.tools import wire_safe, wire_snippet
 from composer_replication.sandbox.pytest_suite import run_suite
-from composer_replication.sandbox.sandbox import Sandbox
+from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 
 SYSTEM_PROMPT = (
     "You are a software engineer working in a Python repository through tools. Read the "
@@ -57,17 +63,7 @@ PROMPT = (
 STUB_LINE = "    raise NotImplementedError  # deleted: rebuild this"
 
 
-def _call(name: str, **arguments: Any) -> dict[str, Any]:
-    fn = {"name": name, "arguments": arguments}
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"type": "function", "function": fn}],
-    }
-
-
-def _result(name: str, content: str) -> dict[str, Any]:
-    return {"role": "tool", "name": name, "content": content}
+_call, _result = call_message, result_message
 
 
 FEW_SHOT: list[dict[str, Any]] = [
@@ -96,6 +92,10 @@ MAX_PATH_CHARS = 512
 MIN_TEST_RUN_S = 1.0
 """Least test time left in an episode's budget for ``run_tests`` to start a run (below it the
 call is an error result: a sandbox and pytest need about this long to start)."""
+MAX_WRITE_BYTES = 1 << 20
+"""Largest file a write may leave (1 MiB; 40 MB were accepted before issue 37)."""
+MAX_EPISODE_WRITE_BYTES = 16 << 20
+"""Most bytes an episode's writes may store in all (16 MiB)."""
 MAX_PATH_DEPTH = 24
 """Most directory levels below the repository root a path may have: the host-side tools and
 grading walk the tree, and ~1000 levels (~1.5k policy tokens) made ``os.walk``,
@@ -144,6 +144,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         max_output_chars: int = 2000,
         few_shot: bool = True,
         tests_budget_s: float | None = 300.0,
+        harness: str = "native",
         progress=None,
     ):
         super().__init__()
@@ -152,6 +153,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         self.generation = generation or TaskGenConfig()
         self.reward_mode, self.max_output_chars = reward, max_output_chars
         self.few_shot = few_shot
+        self.harness = profile(harness)  # the tool vocabulary (envs/profiles.py)
         if tests_budget_s is not None and tests_budget_s < MIN_TEST_RUN_S:
             raise ValueError(f"tests_budget_s must be at least {MIN_TEST_RUN_S} s or None")
         self.tests_budget_s = tests_budget_s
@@ -182,10 +184,12 @@ class FeatureDeletionEnv(ToolEnvironment):
         return self._by_id[task_id]
 
     def row(self, task: Task) -> dict[str, Any]:
+        shots = self.harness.few_shot if self.harness.tools else FEW_SHOT
+        system = self.harness.system or SYSTEM_PROMPT
         return {
             "prompt": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                *(FEW_SHOT if self.few_shot else []),
+                {"role": "system", "content": system},
+                *(shots if self.few_shot else []),
                 {"role": "user", "content": self.user_message(task)},
             ],
             "task_id": task.task_id,
@@ -199,7 +203,7 @@ class FeatureDeletionEnv(ToolEnvironment):
 
         Tools.__doc__ = FeatureDeletionTools.__doc__
         Tools.__name__ = "FeatureDeletionTools"
-        return Tools
+        return harness_tools_class(Tools, self.harness.name)
 
     def grade(self, task: Task, completion: str | list[dict[str, Any]]) -> StepResult:
         raise TypeError(
@@ -210,7 +214,8 @@ class FeatureDeletionEnv(ToolEnvironment):
     def grade_episodes(self, tasks, rollouts, instances) -> list[StepResult]:
         if instances is None or len(instances) != len(tasks):
             raise ValueError("feature_deletion needs the rollouts' tool instances to grade")
-        with ThreadPoolExecutor(self.generation.workers or None) as pool:
+        workers = max(1, min(len(tasks), SLOTS.limit))  # the sandbox slots bound them anyway
+        with ThreadPoolExecutor(workers) as pool:
             return list(pool.map(self._grade_one, tasks, rollouts, instances))
 
     def _grade_one(self, task: Task, messages: list[dict[str, Any]], tools) -> StepResult:
@@ -230,18 +235,19 @@ class FeatureDeletionEnv(ToolEnvironment):
                 "targets": len(task.data["failing_tests"]), "regressions": len(v.regressions),
                 "submitted": tools.submitted}  # fmt: skip
         if not v.passed:
-            turn = _blamed_turn(messages)
+            turn = _blamed_turn(messages, self.harness.command_tools)
             info.update(failed_turn=turn, reason=v.feedback.splitlines()[0] if v.feedback else "")
         tools._close()
         return StepResult(v.feedback, v.reward, True, v.passed, v.feedback, info)
 
 
-def _blamed_turn(messages: list[dict[str, Any]]) -> int:
-    """The last assistant turn that ran the tests (or submitted), else the last turn."""
+def _blamed_turn(messages: list[dict[str, Any]], names: frozenset[str]) -> int:
+    """The last assistant turn that called one of ``names`` (the tools that run the tests or
+    submit, per harness profile), else the last turn."""
     assistant = [m for m in messages if m.get("role") == "assistant"]
     for i in range(len(assistant) - 1, -1, -1):
-        names = {c.get("function", c).get("name") for c in assistant[i].get("tool_calls") or []}
-        if names & {"run_tests", "submit"}:
+        called = {c.get("function", c).get("name") for c in assistant[i].get("tool_calls") or []}
+        if called & names:
             return i
     return max(len(assistant) - 1, 0)
 
@@ -257,6 +263,7 @@ class FeatureDeletionTools:
         self.flags: list[str] = []
         self.submitted = False
         self.test_seconds = 0.0  # wall seconds this episode's run_tests calls took
+        self.written_bytes = 0  # bytes this episode's writes stored
         self._tmp: str | None = None
 
     def reset(self, **row: Any) -> None:
@@ -264,7 +271,7 @@ class FeatureDeletionTools:
         self._close()
         task = self._env.task_by_id(row["task_id"])
         self.task, self.flags, self.submitted = task.data, [], False
-        self.test_seconds = 0.0
+        self.test_seconds, self.written_bytes = 0.0, 0
         self._tmp = tempfile.mkdtemp(prefix="cr-fd-ws-")
         _LIVE_WORKSPACES.add(self._tmp)
         self.workspace = make_workspace(self._env.roots[task.task_id], task.data,
@@ -391,6 +398,8 @@ class FeatureDeletionTools:
         data = _encoded(content)
         if isinstance(data, str):
             return data
+        if refused := self._over_write_caps(len(data)):
+            return refused
         self._note_write(rel)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
@@ -419,6 +428,8 @@ class FeatureDeletionTools:
         data = _encoded(text.replace(str(old), str(new), 1))
         if isinstance(data, str):
             return data
+        if refused := self._over_write_caps(len(data)):
+            return refused
         rel = target.relative_to(self.workspace.resolve()).as_posix()
         self._note_write(rel)
         target.write_bytes(data)
@@ -434,24 +445,24 @@ class FeatureDeletionTools:
         if self.workspace is None or self.task is None:
             return "error: no workspace"
         tests = list(self.task["visible_tests"]) if not target else [str(target)]
-        if target and not is_test_path(str(target).split("::")[0]):
-            return f"error: {wire_snippet(target)} is not a test file or test id"
-        if target and _unusable_path(str(target)):
-            return f"error: the test id {wire_snippet(target)} {_unusable_path(str(target))}"
+        if target and (refused := self._bad_test_target(str(target))):
+            return f"error: {wire_snippet(target)} {refused}"
         budget = self._env.tests_budget_s
         left = None if budget is None else budget - self.test_seconds
         if left is not None and left < MIN_TEST_RUN_S:
             return (f"error: this episode's test time ({budget:g} s) is spent; "
                     "call submit to be graded")  # fmt: skip
-        copy, start = None, time.monotonic()
-        try:
-            copy = staged_copy(self.workspace, prefix="cr-fd-run-")
-            reqs = tuple(self.task.get("test_requirements", ()))
-            rep = run_suite(self._env.box, str(copy), tests, requirements=reqs, timeout_s=left)
-        finally:
-            self.test_seconds += time.monotonic() - start
-            if copy is not None:
-                shutil.rmtree(copy, ignore_errors=True)
+        with SLOTS.held():  # concurrent rollouts queue here; their test time starts after
+            copy, start = None, time.monotonic()
+            try:
+                copy = staged_copy(self.workspace, prefix="cr-fd-run-")
+                reqs = tuple(self.task.get("test_requirements", ()))
+                rep = run_suite(self._env.box, str(copy), tests, requirements=reqs,
+                                timeout_s=left)  # fmt: skip
+            finally:
+                self.test_seconds += time.monotonic() - start
+                if copy is not None:
+                    shutil.rmtree(copy, ignore_errors=True)
         if not rep.ok:
             why = "timed out" if rep.timed_out else "did not finish"
             return f"the test run {why}\n{rep.output[-1500:]}"
@@ -459,10 +470,38 @@ class FeatureDeletionTools:
         head = f"{passed} passed, {len(rep.outcomes) - passed} not passed"
         return "\n".join([head, rep.failure_summary(sorted(rep.outcomes), 8)]).strip()
 
+    def _bad_test_target(self, target: str) -> str:
+        """Why ``target`` is no test file or test id of this workspace ('' if it is one): it
+        reaches pytest's command line, so it must never be an option (``-p``, ``-o``,
+        ``-c``, ``--rootdir``) or a path out of the workspace (``..``, absolute)."""
+        if refused := _unusable_path(target):
+            return refused
+        path, _, rest = target.partition("::")
+        parts = path.split("/")
+        if any(p in ("", ".", "..") or p.startswith("-") for p in parts) or "\n" in rest:
+            return "is not a test file or test id (a relative path inside the repository)"
+        real = self._path(path)
+        if isinstance(real, str) or not real.is_file():
+            return "is not a test file or test id of this repository"
+        if not (is_test_path(path) or path in self.task.get("test_files", ())):
+            return "is not a test file or test id"
+        return ""
+
     def submit(self) -> str:
         """Submit the repository as it is now for grading (end of the task)."""
         self.submitted = True
         return "submitted; the tests will be run"
+
+    def _over_write_caps(self, size: int) -> str:
+        """An error result if a write of ``size`` bytes passes :data:`MAX_WRITE_BYTES` or
+        the episode's :data:`MAX_EPISODE_WRITE_BYTES` (else '' and the bytes are counted):
+        the host-side tools, the staging copies and grading read what the policy wrote."""
+        if size > MAX_WRITE_BYTES:
+            return f"error: {size} bytes is more than a file may hold here ({MAX_WRITE_BYTES})"
+        if self.written_bytes + size > MAX_EPISODE_WRITE_BYTES:
+            return f"error: this episode wrote its {MAX_EPISODE_WRITE_BYTES} bytes"
+        self.written_bytes += size
+        return ""
 
     def _note_write(self, rel: str) -> None:
         name = Path(rel).name

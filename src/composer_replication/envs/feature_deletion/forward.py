@@ -22,7 +22,7 @@ def forwarding_text(deleted_text: str, cand: Candidate) -> str:
     line = cand.body_start - 1
     if line >= len(lines) or lines[line] != cand.indent + STUB:
         raise ValueError(f"{cand.key}: no deletion stub at line {cand.body_start}")
-    node = _function_at(ast.parse(deleted_text), cand)
+    node = function_at(ast.parse(deleted_text), cand)
     lines[line] = cand.indent + forwarding_line(node.args, cand.symbol)
     return "\n".join(lines) + ("\n" if deleted_text.endswith("\n") else "")
 
@@ -42,7 +42,7 @@ def forwarding_line(args: ast.arguments, symbol: str) -> str:
     )
 
 
-def _function_at(tree: ast.Module, cand: Candidate) -> ast.FunctionDef | ast.AsyncFunctionDef:
+def function_at(tree: ast.Module, cand: Candidate) -> ast.FunctionDef | ast.AsyncFunctionDef:
     """The def named by ``cand.symbol`` whose body holds the stub's line (a property's getter
     and setter share a name)."""
     scope: list[ast.stmt] = tree.body

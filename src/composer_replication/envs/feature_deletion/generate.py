@@ -30,20 +30,25 @@ from pathlib import Path
 
 from composer_replication.config import SandboxConfig, TaskGenConfig
 from composer_replication.config.base import UserError
-from composer_replication.envs.base import unit_hash
 from composer_replication.envs.feature_deletion.candidates import (
     Candidate,
     delete_body,
     find_candidates,
 )
 from composer_replication.envs.feature_deletion.grade import split_run
+from composer_replication.envs.feature_deletion.hidden import hide_tests, split_visible
+from composer_replication.envs.feature_deletion.screen import run_screen
 from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy
+from composer_replication.envs.feature_deletion.testcode import TestCode, classify
 from composer_replication.sandbox.pytest_suite import SuiteReport, pytest_tools, run_suite
 from composer_replication.sandbox.sandbox import Sandbox
 
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
+"""3: test code from the suite's run (testcode.py), hidden tests out of the workspace
+(hidden.py), the triviality screen (screen.py); 2: only tasks split grading can grade."""
 TASK = "task"
-STATUSES = ("task", "no_failure", "too_broad", "collect_error", "broken_run", "not_forwardable")
+STATUSES = ("task", "no_failure", "too_broad", "collect_error", "broken_run", "not_forwardable",
+            "trivial", "screen_failed")  # fmt: skip
 
 
 class TaskSetError(UserError, RuntimeError):
@@ -116,7 +121,8 @@ def generate_tasks(
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = _manifest(out_dir, source, cfg, spec, box)
     passing = manifest["baseline"]["passing"]
-    cands = find_candidates(source.root)
+    testcode = TestCode(**manifest["baseline"]["testcode"])
+    cands = find_candidates(source.root, testcode)
     if cfg.max_candidates is not None:
         cands = cands[: cfg.max_candidates]
     runs_path = out_dir / "runs.jsonl"
@@ -127,17 +133,21 @@ def generate_tasks(
     if progress is not None and len(cands) > len(todo):
         progress(len(cands) - len(todo))
     workers = cfg.workers or os.cpu_count() or 1
-    with runs_path.open("a", encoding="utf-8") as sink, ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(_try, box, source, c, passing, cfg) for c in todo]
-        for fut in as_completed(futures):
-            row = fut.result()
-            sink.write(json.dumps(row, sort_keys=True) + "\n")
-            sink.flush()
-            os.fsync(sink.fileno())
-            done[row["key"]] = row
-            if progress is not None:
-                progress(1)
-    tasks = [_task(source, c, done[c.key], passing, cfg) for c in cands]
+    pool = ThreadPoolExecutor(workers)
+    try:
+        with runs_path.open("a", encoding="utf-8") as sink:
+            futures = [pool.submit(_try, box, source, c, passing, cfg, testcode) for c in todo]
+            for fut in as_completed(futures):
+                row = fut.result()
+                sink.write(json.dumps(row, sort_keys=True) + "\n")
+                sink.flush()
+                os.fsync(sink.fileno())
+                done[row["key"]] = row
+                if progress is not None:
+                    progress(1)
+    finally:  # on Ctrl-C the queued candidates are dropped (the finished ones are in
+        pool.shutdown(wait=False, cancel_futures=True)  # runs.jsonl); runs in flight end
+    tasks = [_task(source, c, done[c.key], passing, cfg, testcode) for c in cands]
     tasks = [t for t in tasks if t is not None]
     _write_atomic(out_dir / "tasks.jsonl", "".join(json.dumps(t) + "\n" for t in tasks))
     by_status: dict[str, int] = {}
@@ -195,8 +205,10 @@ def _manifest(out_dir: Path, source: SourceTree, cfg: TaskGenConfig, spec: str, 
 
 
 def baseline(box: Sandbox, root: Path, requirements: tuple[str, ...] = ()) -> dict:
-    """Tests passing in two clean sandboxed runs of the untouched tree (flaky ones dropped)."""
-    reports = [_run(box, root, {}, requirements) for _ in range(2)]
+    """Tests passing in two clean sandboxed runs of the untouched tree (flaky ones dropped);
+    the first run also records what the suite collected, opened and called, from which its
+    test code is decided (testcode.py)."""
+    reports = [_run(box, root, {}, requirements, probe=first) for first in (True, False)]
     bad = next((r for r in reports if not r.ok), None)
     if bad is not None:
         raise TaskSetError(
@@ -210,21 +222,23 @@ def baseline(box: Sandbox, root: Path, requirements: tuple[str, ...] = ()) -> di
     return {
         "passing": passing,
         "not_passing": sorted(set(reports[0].outcomes) - set(passing)),
-        "seconds": round(max(r.seconds for r in reports), 3),
+        "seconds": round(reports[1].seconds, 3),
+        "testcode": classify(root, reports[0].probe).to_dict(),
     }
 
 
-def _run(box: Sandbox, root: Path, overrides: dict[str, str], reqs=()) -> SuiteReport:
+def _run(box: Sandbox, root: Path, overrides: dict[str, str], reqs=(), probe=False) -> SuiteReport:
     repo = staged_copy(root, overrides)
     try:
-        return run_suite(box, str(repo), requirements=tuple(reqs))
+        return run_suite(box, str(repo), requirements=tuple(reqs), probe=probe)
     finally:
         shutil.rmtree(repo, ignore_errors=True)
 
 
-def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg) -> dict:
+def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, testcode) -> dict:
     text = (source.root / cand.file).read_text(encoding="utf-8")
-    rep = _run(box, source.root, {cand.file: delete_body(text, cand)}, cfg.test_requirements)
+    deleted = delete_body(text, cand)
+    rep = _run(box, source.root, {cand.file: deleted}, cfg.test_requirements)
     failing = sorted(t for t in passing if not rep.passed(t))
     if rep.collect_errors:
         status = "collect_error"
@@ -234,34 +248,69 @@ def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg) -> d
         status = "no_failure"
     elif len(failing) > cfg.max_break_share * len(passing):
         status = "too_broad"
-    elif not _forwardable(box, source, cand, text, passing, cfg):
+    elif not _forwardable(box, source, _grading_task(cand, cfg, testcode), text, passing):
         status = "not_forwardable"
     else:
         status = TASK
-    return {"key": cand.key, "status": status, "failing": failing if status == TASK else [],
-            "n_failing": len(failing), "seconds": round(rep.seconds, 3)}  # fmt: skip
+    row = {"key": cand.key, "status": status, "failing": failing if status == TASK else [],
+           "n_failing": len(failing), "seconds": round(rep.seconds, 3)}  # fmt: skip
+    if status == TASK:  # the trivial bodies are ours: one sandbox, no forwarding needed
+
+        def passes(target_text: str, tests: list[str], n: int) -> dict[str, str] | None:
+            repo = staged_copy(source.root, {cand.file: target_text})
+            try:
+                got = run_suite(box, str(repo), tests, requirements=tuple(cfg.test_requirements),
+                                screen=n)  # fmt: skip
+            finally:
+                shutil.rmtree(repo, ignore_errors=True)
+            return got.screened if got.ok else None
+
+        row["screen"] = run_screen(passes, deleted, cand, failing)
+        if row["screen"] is None:
+            row["status"], row["failing"] = "screen_failed", []
+        elif not row["screen"]["strong"]:
+            row["status"], row["failing"] = "trivial", []
+    return row
 
 
-def _forwardable(box, source: SourceTree, cand: Candidate, text: str, passing, cfg) -> bool:
+def _grading_task(cand: Candidate, cfg, testcode: TestCode) -> dict:
+    """What split grading needs of a task before it is one."""
+    return {**cand.to_dict(), "test_requirements": list(cfg.test_requirements),
+            "served": testcode.served}  # fmt: skip
+
+
+def _forwardable(box, source: SourceTree, task: dict, text: str, passing) -> bool:
     """The original code passes every baseline test under split grading (grade.split_run):
     only such a deletion can be graded (a function taking callables or returning its own
     objects cannot cross between the two sandboxes)."""
-    task = {**cand.to_dict(), "test_requirements": list(cfg.test_requirements)}
     rep = split_run(box, source.root, task, text)
     return all(rep.passed(t) for t in passing)
 
 
-def _task(source: SourceTree, cand: Candidate, run: dict, passing: list[str], cfg) -> dict | None:
+def _task(source: SourceTree, cand: Candidate, run: dict, passing: list[str], cfg,
+          testcode: TestCode) -> dict | None:  # fmt: skip
     if run["status"] != TASK:
         return None
     failing = run["failing"]
-    visible = sorted(failing, key=lambda t: unit_hash("visible:" + t))[: cfg.visible_tests]
+    visible, hidden = split_visible(failing, cfg.visible_tests)
+    _, unremovable = hide_tests(lambda rel: (source.root / rel).read_text(encoding="utf-8"),
+                                hidden)  # fmt: skip
+    visible, hidden = sorted({*visible, *unremovable}), sorted(set(hidden) - set(unremovable))
+    data = [f for f, openers in testcode.data_by_test.items()
+            if openers and set(openers) <= set(hidden)]  # fmt: skip
+    screen = run["screen"]
     return {
         "task_id": f"{source.label}:{cand.key}",
         "source": {"name": source.name, "version": source.version, "sha256": source.digest},
         **cand.to_dict(),
         "failing_tests": failing,
-        "visible_tests": sorted(visible),
+        "visible_tests": visible,
+        "hidden_tests": hidden,
+        "hidden_data": sorted(data),
+        "strong_tests": screen["strong"],
+        "screen": {body: len(tests) for body, tests in screen["bodies"].items()},
+        "served": testcode.served,
+        "test_files": testcode.test_files,
         "passing_tests": sorted(set(passing) - set(failing)),
         "test_requirements": list(cfg.test_requirements),
         "suite_seconds": run["seconds"],
@@ -287,7 +336,8 @@ def load_tasks(task_dir: Path) -> list[dict]:
     if version != GENERATOR_VERSION:
         raise TaskSetError(
             f"{task_dir} was made by task generator version {version}, this is version "
-            f"{GENERATOR_VERSION} (version 2 keeps only tasks split grading can grade): "
+            f"{GENERATOR_VERSION} (version 3 decides test code from the suite's run, keeps "
+            "hidden tests out of the workspace and drops deletions a trivial body passes): "
             "generate it again into another directory"
         )
     tasks = []

@@ -18,7 +18,9 @@
   bytecode) are flagged; a flagged submission scores 0 (``GradeVerdict.flags``).
 
 Reward: ``all_or_nothing`` 1.0 iff every target test passes and nothing regresses, else 0;
-``fraction``: the share of target tests passing, 0 if anything regresses.
+``fraction``: the share of the *strong* target tests passing (those no trivial body passes,
+screen.py), 0 if anything regresses: a trivial body, or any mix of trivial bodies, earns 0
+under both.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from composer_replication.envs.feature_deletion.workspace import (
     task_state_text,
     workspace_flags,
 )
-from composer_replication.sandbox.pytest_suite import SuiteReport, run_suite
+from composer_replication.sandbox.pytest_suite import SuiteReport, program_output, run_suite
 from composer_replication.sandbox.sandbox import Sandbox
 
 SUSPICIOUS_MODULES = {"pytest", "_pytest", "pluggy", "gc", "ctypes", "importlib", "marshal",
@@ -47,6 +49,10 @@ SUSPICIOUS_CALLS = {"_exit", "_getframe", "currentframe", "settrace", "setprofil
 SUSPICIOUS_NAMES = {"sys.modules", "sys.meta_path", "sys.path_hooks", "__builtins__", "__code__",
                     "__globals__", "f_back", "f_globals", "f_locals", "gi_frame", "tb_frame"}  # fmt: skip
 SUSPICIOUS_STRINGS = (".pyc", "__pycache__", "site-packages", "conftest", "junit", "/proc/")
+CALL_DEADLINE_S = 20.0
+"""Longest wait for one answer of the submission's sandbox in split grading: a body that
+loops fails that call and every later one at once (forward_client.connect), instead of
+holding both sandboxes for the suite's whole timeout."""
 
 
 @dataclass
@@ -93,7 +99,73 @@ def suspicious_constructs(source: str) -> set[str]:
             found.add(f"name:{node.id}")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             found |= {f"string:{s}" for s in SUSPICIOUS_STRINGS if s in node.value}
+        found |= _resolved_names(node)
     return found
+
+
+_ATTR_NAMES = {n.rsplit(".", 1)[-1] for n in SUSPICIOUS_NAMES}
+_DYNAMIC = {"getattr", "setattr", "hasattr", "delattr", "__getattribute__", "__import__",
+            "import_module"}  # fmt: skip
+
+
+def folded(node: ast.AST) -> str | None:
+    """The string an expression of constants spells (``"_get" + "frame"``, an f-string of
+    constants, ``"".join([...])``, ``"a" "b"``), else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = folded(node.left), folded(node.right)
+        return left + right if left is not None and right is not None else None
+    if isinstance(node, ast.JoinedStr):
+        parts = [folded(v.value if isinstance(v, ast.FormattedValue) else v) for v in node.values]
+        return "".join(parts) if all(p is not None for p in parts) else None
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "join" and len(node.args) == 1
+            and isinstance(node.args[0], (ast.List, ast.Tuple))):  # fmt: skip
+        sep = folded(node.func.value)
+        parts = [folded(e) for e in node.args[0].elts]
+        if sep is not None and all(p is not None for p in parts):
+            return sep.join(parts)
+    return None
+
+
+def _resolved_names(node: ast.AST) -> set[str]:
+    """Names reached through strings: ``getattr(sys, "_get" + "frame")``, ``vars(sys)[
+    "modules"]``, ``__import__("g" + "c")``: the folded name is flagged as if spelled out;
+    a name computed at run time (not foldable) in ``getattr`` and kin is ``dynamic:<fn>``.
+    This is a bar, not a wall (a name decoded from bytes at run time is only ``dynamic``):
+    what holds is split grading and the sandbox (docs/feature_deletion.md)."""
+    out: set[str] = set()
+    names: list[ast.AST] = []
+    if isinstance(node, ast.Call):
+        fn = node.func
+        called = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+        if called in _DYNAMIC:
+            arg = node.args[1] if called.endswith("attr") and len(node.args) > 1 else None
+            arg = node.args[0] if called in ("__getattribute__", "__import__",
+                                             "import_module") and node.args else arg  # fmt: skip
+            if arg is not None:
+                if folded(arg) is None:
+                    out.add(f"dynamic:{called}")
+                names.append(arg)
+    elif isinstance(node, ast.Subscript):
+        names.append(node.slice)
+    elif isinstance(node, (ast.BinOp, ast.JoinedStr)):
+        names.append(node)
+    for arg in names:
+        text = folded(arg)
+        if text is None or (isinstance(arg, ast.Constant) and not isinstance(node, ast.Call)
+                            and text not in (_ATTR_NAMES - {"modules"}) | SUSPICIOUS_CALLS):  # fmt: skip
+            continue  # a literal key is the ordinary case, unless it names a frame or code
+        root = text.split(".")[0]
+        if text in SUSPICIOUS_CALLS:
+            out.add(f"call:{text}")
+        if text in _ATTR_NAMES:
+            out.add(f"name:{text}")
+        if root in SUSPICIOUS_MODULES:
+            out.add(f"import:{root}")
+        out |= {f"string:{s}" for s in SUSPICIOUS_STRINGS if s in text}
+    return out
 
 
 def submission_flags(original: str, submitted: str) -> list[str]:
@@ -120,27 +192,45 @@ def grade_submission(
         flags.append("report_tampered")
     if flags or regressions or not rep.ok:
         score = 0.0
-    elif reward == "fraction":
-        score = len(ok) / len(targets)
+    elif reward == "fraction":  # only tests no trivial body passes (screen.py) pay
+        strong = task.get("strong_tests") or targets
+        score = sum(rep.passed(t) for t in strong) / len(strong)
     else:
         score = float(not bad)
     return GradeVerdict(score, score == 1.0, ok, bad, regressions, flags,
                         feedback(rep, targets, regressions, flags), rep)  # fmt: skip
 
 
-def split_run(box: Sandbox, source_root: Path, task: dict, target_text: str) -> SuiteReport:
-    """The suite on a copy of the tree whose target function forwards to ``target_text``
-    loaded in a sandbox of its own (sandbox/forward_client.py): the tests never share an
-    interpreter with the submission, and the submission's copy holds no test file (it
-    cannot read the expected values of the tests it is graded by)."""
+def split_run(
+    box: Sandbox,
+    source_root: Path,
+    task: dict,
+    target_text: str,
+    tests: list[str] | None = None,
+) -> SuiteReport:
+    """The suite (or ``tests`` of it) on a copy of the tree whose target function forwards to
+    ``target_text`` loaded in a sandbox of its own (sandbox/forward_client.py): the tests never
+    share an interpreter with the submission, and the submission's copy holds only the
+    package's import closure (``task["served"]``, testcode.py): no test file, test helper
+    module, configuration or test data (it cannot read the expected values of the tests it
+    is graded by)."""
     suite_text = forwarding_text(task_state_text(source_root, task), candidate_of(task))
-    hidden = tuple(suite_files(source_root))
-    served = staged_copy(source_root, {task["file"]: target_text}, prefix="cr-fd-served-",
-                         leave_out=hidden)  # fmt: skip
+    root = Path(source_root)
+    if "served" in task:
+        keep = set(task["served"]) | {task["file"]}
+        every = (p.relative_to(root).as_posix() for p in root.rglob("*.py"))
+        hidden = tuple(sorted(r for r in every if r not in keep))
+        served = staged_copy(root, {task["file"]: target_text}, prefix="cr-fd-served-",
+                             only=tuple(sorted(keep)))  # fmt: skip
+    else:  # a caller without the baseline's probe (tests of the wire): by name
+        hidden = tuple(suite_files(source_root))
+        served = staged_copy(source_root, {task["file"]: target_text}, prefix="cr-fd-served-",
+                             leave_out=hidden)  # fmt: skip
     repo = staged_copy(source_root, {task["file"]: suite_text}, prefix="cr-fd-grade-")
     try:
         reqs = tuple(task.get("test_requirements", ()))
-        return run_suite(box, str(repo), requirements=reqs, served=str(served), hidden=hidden)
+        return run_suite(box, str(repo), tests, requirements=reqs, served=str(served),
+                         hidden=hidden, call_deadline_s=CALL_DEADLINE_S)  # fmt: skip
     finally:
         shutil.rmtree(repo, ignore_errors=True)
         shutil.rmtree(served, ignore_errors=True)
@@ -148,11 +238,14 @@ def split_run(box: Sandbox, source_root: Path, task: dict, target_text: str) -> 
 
 def feedback(rep: SuiteReport, targets: list[str], regressions: list[str], flags: list[str]) -> str:
     """What went wrong, in the words the self-distillation hint uses: the failing tests with
-    their first assertion line, regressions, and flags."""
+    their first assertion line, regressions, and flags. The grader's own summary: whatever
+    the submission wrote (an exception message, a value in an assertion, a collection error)
+    appears only quoted, cut to ``PROGRAM_OUTPUT_CHARS`` and marked as program output."""
     if not rep.ok and not rep.tampered:
         why = "timed out" if rep.timed_out else "did not finish (crash, exit or import error)"
         lines = [f"the test run {why}"]
-        lines += [f"collection error in {k}: {v}" for k, v in list(rep.collect_errors.items())[:3]]
+        lines += [f"collection error in {k}{program_output(v)}"
+                  for k, v in list(rep.collect_errors.items())[:3]]  # fmt: skip
         return "\n".join(lines)
     parts = []
     n_ok = sum(rep.passed(t) for t in targets)

@@ -134,18 +134,26 @@ def staged_copy(
     overrides: dict[str, str] | None = None,
     prefix: str = "cr-fd-",
     leave_out: tuple[str, ...] = (),
+    only: tuple[str, ...] | None = None,
 ):
     """A sandbox-bindable copy of ``root`` (no bytecode, no ``.git``) with ``overrides``
     (relative path -> text) written over it; world-readable; the caller removes it.
     ``leave_out``: relative paths not copied, and directories they leave empty (split
     grading's served tree leaves out :func:`suite_files`: the submission must not read the
-    tests it is graded by)."""
+    tests it is graded by). ``only``: copy just these relative paths (split grading's served
+    tree: the package's import closure, testcode.py)."""
     from composer_replication.sandbox.sandbox import bindable_dir, world_readable
 
     dest = Path(bindable_dir(prefix))
     ignore = shutil.ignore_patterns(*BYTECODE, ".git", ".complete")
     try:
-        shutil.copytree(root, dest, ignore=ignore, dirs_exist_ok=True, symlinks=False)
+        if only is None:
+            shutil.copytree(root, dest, ignore=ignore, dirs_exist_ok=True, symlinks=False)
+        for rel in only or ():
+            src = Path(root) / rel
+            if src.is_file() and not src.is_symlink():
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, dest / rel)
         if leave_out:
             _remove(dest, leave_out)
         for rel, text in (overrides or {}).items():

@@ -7,7 +7,8 @@ signature and Google-style docstring come from that schema (so TRL renders the s
 schema the server published). Every instance holds its own session (``GenericEnvClient``,
 no environment package needed): ``reset(**row)`` resets it with the row's scalar columns
 (``task_id``, ``seed``, ...), a tool call sends ``call_tool`` and returns the result text or
-the server's error. :class:`OpenEnvReward` grades each rollout on the server when it offers
+the server's error. Calls and gradings of concurrent rollouts hold one of ``CONNECTIONS``.
+:class:`OpenEnvReward` grades each rollout on the server when it offers
 our reserved ``_grade`` tool (envs/openenv/server.py: reward, pass flag, feedback and the
 failed turn), else takes the last reward the environment reported during the episode.
 """
@@ -19,11 +20,13 @@ import json
 import keyword
 import logging
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from composer_replication.config.base import UserError
 from composer_replication.envs.base import StepResult
 from composer_replication.envs.tools import wire_safe, wire_snippet
+from composer_replication.sandbox.sandbox import Slots
 
 log = logging.getLogger(__name__)
 FLOAT32_MAX = 3.4028234663852886e38
@@ -32,6 +35,10 @@ FLOAT32_MAX = 3.4028234663852886e38
 MAX_REWARD = 1e6
 """Largest reward magnitude accepted from a server (1e20 with ``scale_rewards=none`` still
 gave gradient norms of 1e12): rewards are bounded scores, not arbitrary numbers."""
+
+CONNECTIONS = Slots(32)
+"""OpenEnv steps (tool calls, gradings) in flight at once from this process
+(``rollout.max_remote_calls``): concurrent rollouts wait here, not on the server."""
 
 GRADE_TOOL = "_grade"
 _JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool,
@@ -129,9 +136,10 @@ class OpenEnvTools:
         if self._lost:
             return f"error: the session with the environment server was lost ({self._lost})"
         try:
-            result = self._session.step(
-                {"type": "call_tool", "tool_name": name, "arguments": arguments}
-            )
+            with CONNECTIONS.held():
+                result = self._session.step(
+                    {"type": "call_tool", "tool_name": name, "arguments": arguments}
+                )
         except Exception as e:
             self._lost = f"{type(e).__name__} in {name}"
             raise OpenEnvError(
@@ -160,8 +168,9 @@ class OpenEnvTools:
         if self._lost:
             return _failed(final, where, f"session lost ({self._lost})")
         try:
-            result = self._session.step({"type": "call_tool", "tool_name": GRADE_TOOL,
-                                         "arguments": {"messages": messages}})  # fmt: skip
+            with CONNECTIONS.held():
+                result = self._session.step({"type": "call_tool", "tool_name": GRADE_TOOL,
+                                             "arguments": {"messages": messages}})  # fmt: skip
         except Exception as e:
             self._lost = f"{type(e).__name__} in {GRADE_TOOL}"
             return _failed(final, where, f"{type(e).__name__}: {e}")
@@ -279,7 +288,9 @@ class OpenEnvReward:
     def __call__(self, prompts, completions, environments=None, log_metric=None, **_: Any):
         if environments is None or len(environments) != len(completions):
             raise ValueError("OpenEnvReward needs TRL's environments= (one per completion)")
-        results = [env._verdict(list(c)) for env, c in zip(environments, completions, strict=True)]
+        threads = max(1, min(len(completions), CONNECTIONS.limit))
+        with ThreadPoolExecutor(threads) as pool:  # each session graded on its own connection
+            results = list(pool.map(lambda e, c: e._verdict(list(c)), environments, completions))
         self.last_results = results
         if log_metric is not None and results:
             log_metric("env/pass_rate", sum(r.passed for r in results) / len(results))

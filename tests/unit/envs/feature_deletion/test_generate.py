@@ -142,12 +142,12 @@ def test_bad_specs_are_clear_errors():
 
 
 def test_a_task_set_from_another_generator_version_is_refused_with_the_reason(tmp_path):
-    """A version-1 set holds tasks split grading may not be able to grade: never used."""
+    """A version-2 set decided test code by file name and showed hidden tests: never used."""
     from composer_replication.envs.feature_deletion.generate import TaskSetError, load_tasks
 
     (tmp_path / "tasks.jsonl").write_text('{"task_id": "x"}\n')
-    (tmp_path / "manifest.json").write_text('{"generator_version": 1}')
-    with pytest.raises(TaskSetError, match="version 1, this is version 2"):
+    (tmp_path / "manifest.json").write_text('{"generator_version": 2}')
+    with pytest.raises(TaskSetError, match="version 2, this is version 3"):
         load_tasks(tmp_path)
 
 

@@ -28,6 +28,7 @@ import pytest
 
 from composer_replication.config import TaskGenConfig
 from composer_replication.envs.base import unit_hash
+from composer_replication.envs.feature_deletion import grade as fd_grade
 from composer_replication.envs.feature_deletion.candidates import STUB, original_body
 from composer_replication.envs.feature_deletion.generate import generate_tasks, suite_sandbox
 from composer_replication.envs.feature_deletion.grade import (
@@ -334,12 +335,16 @@ def test_restored_body_scores_1_and_deleted_body_0(generated, box, tmp_path, ind
 
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 @pytest.mark.parametrize("index", range(ATTACK_TASKS), ids=SYMBOLS[:ATTACK_TASKS])
-def test_attack_scores_0(generated, box, tmp_path, outside_copy, attack, index):
+def test_attack_scores_0(generated, box, tmp_path, outside_copy, attack, index, monkeypatch):
     source, tasks = generated
     task = tasks[index]
+    if attack in UNFLAGGED:  # stopped by isolation or run-time checks, not by a static flag:
+        # since issue 37 the static check resolves names spelled from strings and flags some
+        # of these; with it switched off they must still score 0
+        monkeypatch.setattr(fd_grade, "submission_flags", lambda original, submitted: [])
     verdict = _grade(box, source, task, tmp_path, ATTACKS[attack], outside_copy)
     assert verdict.reward == 0.0, (attack, verdict.feedback, verdict.flags)
-    if attack in UNFLAGGED:  # stopped by isolation or run-time checks, not by a static flag
+    if attack in UNFLAGGED:
         static = [f for f in verdict.flags if f.split(":")[0] in ("import", "call", "name")]
         assert static == [], (attack, static)
     assert tree_digest(source.root) == source.digest  # the source tree is untouched
@@ -385,13 +390,17 @@ def test_attacks_leave_their_marks_in_the_report(generated, box, tmp_path, outsi
 @pytest.mark.parametrize("attack", ["rebind_runner_globals", "equal_to_everything"])
 def test_control_in_one_process_the_same_attacks_pass(generated, box, tmp_path, attack):
     """Not vacuous: run the suite in the submission's interpreter (the design split grading
-    replaced) and these two attacks make every target test report passed, unflagged."""
+    replaced) and these two attacks make every target test report passed. They were written
+    to pass the static check; since issue 37 it resolves names spelled from strings and flags
+    ``rebind_runner_globals`` (``import:_pytest`` through ``sys.modules``), a bar on top of
+    the isolation this control shows is needed."""
     source, tasks = generated
     task = tasks[0]
     ws = make_workspace(source.root, task, tmp_path / "ws")
     ATTACKS[attack](ws, task, source, None)
     text = (ws / task["file"]).read_text()
-    assert submission_flags((source.root / task["file"]).read_text(), text) == []
+    flags = submission_flags((source.root / task["file"]).read_text(), text)
+    assert flags == ([] if attack == "equal_to_everything" else ["import:_pytest", "name:modules"])
     repo = staged_copy(source.root, {task["file"]: text})
     try:
         rep = run_suite(box, str(repo))

@@ -1,0 +1,132 @@
+"""Hidden tests that are hidden: the agent's workspace holds the visible target tests, and the
+hidden ones exist only in the grading copy.
+
+Before (issue 37's red-team pass) every test was in the workspace, hidden ones included, so a
+lookup table built from them scored 1.0. Now:
+
+* **The split is by test function**, not by test id: the parameters of one ``def`` share its
+  code and its data, so a function is visible or hidden as a whole (:func:`split_visible`).
+  A task with more than one target function keeps at least one hidden.
+* **The workspace loses the hidden functions** (:func:`hide_tests`): each is replaced by
+  ``pass`` (decorators included), then every module-level assignment that only the removed
+  code used (the ``CASES = [...]`` table a parametrize read) goes too; test data that only
+  hidden tests opened in the baseline run is left out of the workspace.
+* A hidden test whose code cannot be located as a ``def`` (generated, inherited, a doctest)
+  becomes visible: the task records the real split (``visible_tests``/``hidden_tests``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable
+
+from composer_replication.envs.base import unit_hash
+
+_PARAMS = re.compile(r"\[.*\]$", re.S)
+
+
+def def_of_test(test_id: str) -> str:
+    """The test function of a test id: ``file::Class::name`` without parameters."""
+    return _PARAMS.sub("", test_id)
+
+
+def split_visible(failing: list[str], visible_defs: int) -> tuple[list[str], list[str]]:
+    """(visible, hidden) test ids: ``visible_defs`` test functions chosen by a stable hash,
+    at most all but one when there are several."""
+    defs = sorted({def_of_test(t) for t in failing}, key=lambda d: unit_hash("visible:" + d))
+    n = min(visible_defs, len(defs) - 1) if len(defs) > 1 else 1
+    shown = set(defs[:n])
+    visible = sorted(t for t in failing if def_of_test(t) in shown)
+    return visible, sorted(set(failing) - set(visible))
+
+
+def _locate(tree: ast.Module, parts: list[str]) -> ast.stmt | None:
+    scope: list[ast.stmt] = tree.body
+    node = None
+    for i, name in enumerate(parts):
+        last = i == len(parts) - 1
+        kinds = (ast.FunctionDef, ast.AsyncFunctionDef) if last else (ast.ClassDef,)
+        node = next((n for n in scope if isinstance(n, kinds) and n.name == name), None)
+        if node is None:
+            return None
+        scope = getattr(node, "body", [])
+    return node
+
+
+def _names_loaded(tree: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+    }
+
+
+def hide_in_file(text: str, defs: Iterable[str]) -> tuple[str, list[str]]:
+    """``text`` (a test module) without the test functions ``defs`` (``Class::name`` or
+    ``name``) and the module-level assignments only they used; returns the new text and the
+    defs that could not be found."""
+    tree = ast.parse(text)
+    lines = text.splitlines()
+    spans, missing, removed = [], [], []
+    for d in defs:
+        node = _locate(tree, d.split("::"))
+        if node is None:
+            missing.append(d)
+            continue
+        first = min([node.lineno] + [x.lineno for x in node.decorator_list])
+        spans.append((first, node.end_lineno or node.lineno, node.col_offset))
+        removed.append(node)
+    used_by_removed = set().union(*(_names_loaded(n) for n in removed)) if removed else set()
+    out = _blank(lines, spans)
+    for _ in range(3):  # a table another table was built from goes in a second round
+        kept = ast.parse("\n".join(out))
+        loaded = {n.id for n in ast.walk(kept) if isinstance(n, ast.Name)
+                  and isinstance(n.ctx, ast.Load)}  # fmt: skip
+        extra = []
+        for node in kept.body:
+            names = _assigned(node)
+            if names and names & used_by_removed and not names & loaded:
+                extra.append((node.lineno, node.end_lineno or node.lineno, 0))
+                used_by_removed |= _names_loaded(node)
+        if not extra:
+            break
+        out = _blank(out, extra)
+    return "\n".join(out) + ("\n" if text.endswith("\n") else ""), missing
+
+
+def _assigned(node: ast.stmt) -> set[str]:
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        targets = [node.target]
+    else:
+        return set()
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def _blank(lines: list[str], spans: list[tuple[int, int, int]]) -> list[str]:
+    """``lines`` with each span (1-based, inclusive) replaced by one ``pass`` at its
+    indentation (a class body or an ``if`` block stays valid)."""
+    out = list(lines)
+    for first, last, col in sorted(spans, reverse=True):
+        out[first - 1 : last] = [" " * col + "pass"]
+    return out
+
+
+def hide_tests(read, hidden: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Per test file, its text without the hidden test functions; ``read(rel)`` gives a file's
+    text. Returns ({file: new text}, hidden test ids that could not be removed)."""
+    by_file: dict[str, set[str]] = {}
+    for t in hidden:
+        file, _, rest = def_of_test(t).partition("::")
+        by_file.setdefault(file, set()).add(rest)
+    texts, missing = {}, []
+    for file, defs in sorted(by_file.items()):
+        try:
+            new, lost = hide_in_file(read(file), sorted(defs))
+        except (OSError, SyntaxError, ValueError):
+            new, lost = None, sorted(defs)
+        if new is not None:
+            texts[file] = new
+        missing += [t for t in hidden if t.startswith(file + "::") and
+                    def_of_test(t).partition("::")[2] in lost]  # fmt: skip
+    return texts, sorted(missing)

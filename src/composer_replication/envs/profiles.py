@@ -1,0 +1,676 @@
+"""Harness profiles: a workspace environment's tools in the vocabulary of the agent harness a
+model will run in (``env.harness``).
+
+``native`` is the environment's own tools (``list_files``, ``read_file``, ``search``,
+``write_file``, ``replace_in_file``, ``run_tests``, ``submit``). The others give the tool
+names, argument schemas, result formats and error texts of a production harness, as its
+public documentation and the logs we ingest (traces/) show them, over the same workspace:
+
+* ``claude_code``: ``Read``, ``Write``, ``Edit``, ``Bash``, ``Grep``, ``Glob`` (Claude Code's
+  tools reference; absolute ``file_path`` arguments, ``cat -n`` numbered reads, errors in
+  ``<tool_use_error>`` tags, Edit refusing a file not Read first);
+* ``codex``: ``shell`` (an argv list, ``workdir``, ``timeout_ms``; a JSON answer with the
+  output and exit code) and ``apply_patch`` (Codex's patch format, envs/patch.py);
+* ``bash``: one ``bash`` tool.
+
+A profile is data (:class:`HarnessProfile`) plus a thin adapter class whose public methods
+are the tools (TRL renders their signatures and docstrings as the tool schemas, exactly as for
+the native class). An adapter holds the environment's own tools instance and goes through its
+path check (``_path``: the same refusals and ``outside_workspace`` / ``read_bytecode``
+flags), its write check (``_note_write``: ``wrote_test`` / ``wrote_config``), its workspace,
+its test-time budget and its grading, which reads ``workspace``, ``flags``, ``submitted`` and
+``_close`` from the adapter. Shell commands run under the sandbox (sandbox/shell.py) on a copy of
+the workspace seen at ``/repo``; what they change comes back as regular files only, and is
+flagged like the file tools' writes. Regex search (``Grep``) runs in that sandbox too, never
+in the trainer's process (a policy-written pattern can backtrack for days).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import shlex
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from composer_replication.envs.patch import PatchError, apply_patch, summary
+from composer_replication.envs.tools import wire_safe, wire_snippet
+from composer_replication.sandbox.shell import REPO, ShellResult, run_shell
+
+HARNESSES = ("native", "claude_code", "codex", "bash")
+MAX_SHELL_TIMEOUT_S = 600.0
+"""Longest a single command may run (Claude Code's own cap on ``Bash``'s timeout)."""
+MIN_SHELL_S = 1.0
+"""Least command time left in an episode's budget for a command to start."""
+GREP_TIMEOUT_S = 10.0
+MAX_LISTED = 100
+"""Most paths ``Glob`` / ``Grep`` list (Claude Code cuts its listings too)."""
+SAFE_PREFIXES = (REPO, "/tmp", "/dev/null", "/dev/stdout", "/dev/stderr", "/usr/bin/", "/bin/")
+_ABS_PATH = re.compile(r"(?:^|[\s'\"=<>;|&(])(/[^\s'\";|&<>()]*)")
+_PARENT = re.compile(r"(?:^|[\s'\"=/])\.\.(?:/|$|[\s'\";|&)])")
+_BYTECODE = re.compile(r"\.py[co]\b|__pycache__")
+
+
+def command_flags(command: str) -> list[str]:
+    """Reward-hacking flags for a shell command's text (the sandbox stops the act; the flag
+    reports the attempt): ``read_bytecode:`` for bytecode, ``outside_workspace:`` for an
+    absolute path outside ``/repo`` and the usual program and scratch places, or ``..``."""
+    flags = []
+    if _BYTECODE.search(command):
+        flags.append(f"read_bytecode:{wire_snippet(command, 80)}")
+    for m in _ABS_PATH.finditer(command):
+        path = m.group(1)
+        if not any(path == p.rstrip("/") or path.startswith(p.rstrip("/") + "/")
+                   for p in SAFE_PREFIXES):  # fmt: skip
+            flags.append(f"outside_workspace:{wire_snippet(path, 80)}")
+    if _PARENT.search(command):
+        flags.append(f"outside_workspace:{wire_snippet(command, 80)}")
+    return list(dict.fromkeys(flags))
+
+
+def harness_tool(error: Callable[[str], str]) -> Callable:
+    """A tool whose file-system failures are an error result in the harness's words (not an
+    exception), every result cut to the environment's ``max_output_chars`` and UTF-8-safe.
+    Signature and docstring are kept (TRL builds the tool schema from them)."""
+
+    def wrap(fn: Callable[..., str]) -> Callable[..., str]:
+        @functools.wraps(fn)
+        def tool(self, *args: Any, **kwargs: Any) -> str:
+            try:
+                out = fn(self, *args, **kwargs)
+            except OSError as e:
+                out = error(wire_snippet(e.strerror or type(e).__name__))
+            return wire_safe(out, self._max_chars)
+
+        return tool
+
+    return wrap
+
+
+class WorkspaceTools:
+    """Base of the adapters: holds the environment's own tools instance (``_native_cls``, set
+    by :func:`harness_tools_class`) and forwards what grading reads. Public methods of a
+    subclass are its tools."""
+
+    _native_cls: type
+    _error_prefix, _error_suffix = "", ""
+
+    def __init__(self) -> None:
+        self._native = self._native_cls()
+        self._lock = threading.Lock()  # one command at a time on a workspace
+        self._read: set[str] = set()
+
+    def reset(self, **row: Any) -> Any:
+        """Start an episode (the environment's own ``reset``)."""
+        self._read = set()
+        return self._native.reset(**row)
+
+    # what grading and the metrics read
+    workspace = property(lambda self: self._native.workspace)
+    flags = property(lambda self: self._native.flags)
+    submitted = property(lambda self: self._native.submitted)
+    task = property(lambda self: self._native.task)
+    test_seconds = property(lambda self: self._native.test_seconds)
+
+    def _close(self) -> None:
+        self._native._close()
+
+    @property
+    def _max_chars(self) -> int:
+        return self._native._env.max_output_chars
+
+    def _err(self, text: str) -> str:
+        return f"{self._error_prefix}{text}{self._error_suffix}"
+
+    def _resolve(self, path: Any) -> Path | str:
+        """The workspace path for ``path`` (``/repo/...``, or relative to it), or an error
+        result; refusals are flagged by the environment's own check."""
+        path = str(path)
+        if path == REPO:
+            path = "."
+        elif path.startswith(REPO + "/"):
+            path = path[len(REPO) + 1 :] or "."
+        target = self._native._path(path)
+        if isinstance(target, str):
+            return self._err(target.removeprefix("error: "))
+        return target
+
+    def _shown(self, target: Path) -> str:
+        rel = target.relative_to(self.workspace.resolve()).as_posix()
+        return REPO if rel == "." else f"{REPO}/{rel}"
+
+    def _write(self, target: Path, text: str) -> str | None:
+        """Write ``text`` (checked before the file is touched); an error result or None."""
+        try:
+            data = str(text).encode("utf-8")
+        except UnicodeEncodeError as e:
+            return self._err(f"the content is not valid UTF-8 text (position {e.start})")
+        self._native._note_write(target.relative_to(self.workspace.resolve()).as_posix())
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        return None
+
+    def _shell(self, command: Any, timeout_s: Any, read_only: bool = False) -> ShellResult | str:
+        """Run ``command`` in the sandbox on the workspace; its time comes out of the
+        episode's test-time budget (commands are how these harnesses run the tests)."""
+        native = self._native
+        if native.workspace is None or native.task is None:
+            return self._err("no workspace")
+        try:
+            want = float(timeout_s)
+        except (TypeError, ValueError, OverflowError):
+            return self._err("the timeout must be a number")
+        if want != want:  # NaN
+            return self._err("the timeout must be a number")
+        budget = native._env.tests_budget_s
+        left = None if budget is None else budget - native.test_seconds
+        if left is not None and left < MIN_SHELL_S:
+            return self._err(f"this episode's command time ({budget:g} s) is spent")
+        limit = min(max(want, MIN_SHELL_S), MAX_SHELL_TIMEOUT_S, left or MAX_SHELL_TIMEOUT_S)
+        command = str(command)
+        native.flags.extend(command_flags(command))
+        start = time.monotonic()
+        try:
+            with self._lock:
+                res = run_shell(native._env.box, native.workspace, command, limit,
+                                max_output_chars=self._max_chars, python_path=self._python_path(),
+                                apply=not read_only)  # fmt: skip
+        finally:
+            native.test_seconds += time.monotonic() - start
+        for rel in res.changed:
+            native._note_write(rel)
+        native.flags.extend(res.refused)
+        return res
+
+    def _python_path(self) -> tuple[str, ...]:
+        from composer_replication.sandbox.pytest_suite import pytest_tools
+
+        return (pytest_tools(tuple(self.task.get("test_requirements", ()))),)
+
+    def _grep(self, pattern: str, path: str, glob: str, mode: str) -> str | list[str]:
+        """``grep -E`` in the sandbox (read-only): matching lines or files, as ``/repo`` paths."""
+        target = self._resolve(path or REPO)
+        if isinstance(target, str):
+            return target
+        rel = target.relative_to(self.workspace.resolve()).as_posix()
+        flag = {"files_with_matches": "-l", "count": "-c"}.get(mode, "-n")
+        argv = ["grep", "-rIE", flag, "--exclude-dir=.git", "-e", str(pattern)]
+        argv += [f"--include={glob}"] if glob else []
+        argv += ["--", rel]
+        res = self._shell(shlex.join(argv) + f" | head -n {MAX_LISTED}", GREP_TIMEOUT_S, True)
+        if isinstance(res, str):
+            return res
+        if res.timed_out:
+            return self._err(f"the search took longer than {GREP_TIMEOUT_S:g} s")
+        return [f"{REPO}/{ln.removeprefix('./')}" for ln in res.output.splitlines() if ln]
+
+
+def _claude_error(text: str) -> str:
+    return f"<tool_use_error>{text}</tool_use_error>"
+
+
+NOT_READ = "File has not been read yet. Read it first before writing to it."
+
+
+class ClaudeCodeTools(WorkspaceTools):
+    """A repository at /repo, through Claude Code's tools (TRL environment_factory)."""
+
+    _error_prefix, _error_suffix = "<tool_use_error>", "</tool_use_error>"
+
+    @harness_tool(_claude_error)
+    def Read(self, file_path: str, offset: int = 1, limit: int = 2000) -> str:  # noqa: N802
+        """Reads a file from the repository, with line numbers (cat -n format).
+
+        Args:
+            file_path: The absolute path to the file to read (the repository is at /repo).
+            offset: The line number to start reading from.
+            limit: The number of lines to read.
+        """
+        target = self._resolve(file_path)
+        if isinstance(target, str):
+            return target
+        if target.suffix in (".pyc", ".pyo") or "__pycache__" in target.parts:
+            self.flags.append(f"read_bytecode:{wire_snippet(file_path, 80)}")
+            return self._err("This tool cannot read binary files.")
+        if target.is_dir():
+            return self._err("EISDIR: illegal operation on a directory, read")
+        if not target.is_file():
+            return self._err("File does not exist.")
+        try:
+            first, count = max(int(offset), 1), max(int(limit), 1)
+        except (TypeError, ValueError, OverflowError):
+            return self._err("offset and limit must be numbers")
+        self._read.add(str(target))
+        lines = target.read_text(encoding="utf-8", errors="replace").splitlines()
+        if not lines:
+            return "<system-reminder>Warning: the file exists but the contents are empty.</system-reminder>"
+        shown = lines[first - 1 : first - 1 + count]
+        return "\n".join(f"{first + i:>6}\t{line[:2000]}" for i, line in enumerate(shown))
+
+    @harness_tool(_claude_error)
+    def Write(self, file_path: str, content: str) -> str:  # noqa: N802
+        """Writes a file to the repository, replacing it if it exists (Read it first then).
+
+        Args:
+            file_path: The absolute path to the file to write (the repository is at /repo).
+            content: The content to write to the file.
+        """
+        target = self._resolve(file_path)
+        if isinstance(target, str):
+            return target
+        if target.is_dir() or target == self.workspace.resolve():
+            return self._err("EISDIR: illegal operation on a directory, write")
+        existed = target.is_file()
+        if existed and str(target) not in self._read:
+            return self._err(NOT_READ)
+        if err := self._write(target, content):
+            return err
+        self._read.add(str(target))
+        if existed:
+            return f"The file {self._shown(target)} has been updated successfully."
+        return f"File created successfully at: {self._shown(target)}"
+
+    @harness_tool(_claude_error)
+    def Edit(  # noqa: N802
+        self, file_path: str, old_string: str, new_string: str, replace_all: bool = False
+    ) -> str:
+        """Performs exact string replacements in a file (Read it first).
+
+        Args:
+            file_path: The absolute path to the file to modify (the repository is at /repo).
+            old_string: The text to replace.
+            new_string: The text to replace it with (must be different from old_string).
+            replace_all: Replace all occurrences of old_string (default false).
+        """
+        target = self._resolve(file_path)
+        if isinstance(target, str):
+            return target
+        if not target.is_file():
+            return self._err("File does not exist.")
+        if str(target) not in self._read:
+            return self._err(NOT_READ)
+        old, new = str(old_string), str(new_string)
+        if old == new:
+            return self._err("No changes to make: old_string and new_string are exactly the same.")
+        text = target.read_text(encoding="utf-8", errors="replace")
+        count = text.count(old) if old else 0
+        if count == 0:
+            return self._err(f"String to replace not found in file.\nString: {old}")
+        if count > 1 and replace_all is not True:
+            return self._err(
+                f"Found {count} matches of the string to replace, but replace_all is false. To "
+                "replace all occurrences, set replace_all to true. To replace only one "
+                "occurrence, please provide more context to uniquely identify the instance.\n"
+                f"String: {old}"
+            )
+        if err := self._write(target, text.replace(old, new)):
+            return err
+        return f"The file {self._shown(target)} has been updated successfully."
+
+    def Bash(self, command: str, timeout: int = 120000, description: str = "") -> str:  # noqa: N802
+        """Executes a bash command in the repository (/repo) and returns its output.
+
+        Args:
+            command: The command to execute.
+            timeout: Optional timeout in milliseconds (max 600000).
+            description: A short description of what this command does.
+        """
+        try:
+            seconds = float(timeout) / 1000
+        except (TypeError, ValueError, OverflowError):
+            seconds = -1.0
+        res = self._shell(command, seconds)
+        if isinstance(res, str):
+            return wire_safe(res, self._max_chars)
+        out = res.output.rstrip("\n")
+        if res.timed_out:
+            out = f"{out}\nCommand timed out".strip()
+        elif res.exit_code:
+            out = f"Exit code {res.exit_code}\n{out}".strip()
+        if res.error:
+            out = f"{out}\n{res.error}".strip()
+        return wire_safe(out or "(Bash completed with no output)", self._max_chars)
+
+    @harness_tool(_claude_error)
+    def Grep(  # noqa: N802
+        self, pattern: str, path: str = "", glob: str = "", output_mode: str = "files_with_matches"
+    ) -> str:
+        """Searches file contents with a regular expression (extended grep syntax).
+
+        Args:
+            pattern: The regular expression to search for.
+            path: File or directory to search in (default: the repository, /repo).
+            glob: Only search files whose name matches this glob (e.g. "*.py").
+            output_mode: "content" (matching lines), "files_with_matches" (paths) or "count".
+        """
+        found = self._grep(pattern, path, glob, str(output_mode))
+        if isinstance(found, str):
+            return found
+        if output_mode == "files_with_matches":
+            return f"Found {len(found)} files\n" + "\n".join(found) if found else "No files found"
+        return "\n".join(found) or "No matches found"
+
+    @harness_tool(_claude_error)
+    def Glob(self, pattern: str, path: str = "") -> str:  # noqa: N802
+        """Finds files by name pattern (e.g. "**/*.py").
+
+        Args:
+            pattern: The glob pattern to match files against.
+            path: The directory to search in (default: the repository, /repo).
+        """
+        return _glob(self, pattern, path) or "No files found"
+
+
+def _glob(tools: WorkspaceTools, pattern: Any, path: Any) -> str:
+    base = tools._resolve(path or REPO)
+    if isinstance(base, str):
+        return base
+    pat = str(pattern)
+    if not pat or pat.startswith("/") or ".." in Path(pat).parts or "\x00" in pat:
+        return tools._err("the pattern must be relative to the directory, without ..")
+    if not base.is_dir():
+        return tools._err(f"{wire_snippet(path)} is not a directory")
+    hits = sorted(tools._shown(p) for p in base.glob(pat)
+                  if p.is_file() and ".git" not in p.relative_to(base).parts)  # fmt: skip
+    return "\n".join(hits[:MAX_LISTED])
+
+
+class CodexTools(WorkspaceTools):
+    """A repository at /repo, through Codex CLI's tools (TRL environment_factory)."""
+
+    def shell(self, command: list[str], workdir: str = "", timeout_ms: int = 10000) -> str:
+        """Runs a shell command and returns its output.
+
+        Args:
+            command: The command to execute, as a list of arguments (e.g. ["bash", "-lc", "ls"]).
+            workdir: The working directory to execute the command in (default: /repo).
+            timeout_ms: The timeout for the command in milliseconds.
+        """
+        start = time.monotonic()
+        if isinstance(command, list) and command[:1] == ["apply_patch"] and len(command) == 2:
+            return self.apply_patch(command[1])  # how older Codex versions sent patches
+        if isinstance(command, list) and all(isinstance(a, str) for a in command) and command:
+            line = shlex.join(command)
+        elif isinstance(command, str) and command:
+            line = command
+        else:
+            return _codex_answer("command must be a non-empty list of strings", 1, 0.0)
+        if workdir:
+            where = self._resolve(workdir)
+            if isinstance(where, str):
+                return _codex_answer(where, 1, 0.0)
+            line = f"cd {shlex.quote(where.relative_to(self.workspace.resolve()).as_posix())} && {line}"
+        try:
+            seconds = float(timeout_ms) / 1000
+        except (TypeError, ValueError, OverflowError):
+            seconds = -1.0
+        res = self._shell(line, seconds)
+        took = time.monotonic() - start
+        if isinstance(res, str):
+            return _codex_answer(res, 1, took, self._max_chars)
+        out = res.output + (f"\n{res.error}" if res.error else "")
+        if res.timed_out:
+            return _codex_answer(f"{out}\ncommand timed out".strip(), 124, took, self._max_chars)
+        return _codex_answer(out, res.exit_code or 0, took, self._max_chars)
+
+    def apply_patch(self, input: str) -> str:  # noqa: A002 (Codex's own argument name)
+        """Applies a patch in Codex's format to files of the repository.
+
+        Args:
+            input: The patch, from "*** Begin Patch" to "*** End Patch", with "*** Add File: path",
+                "*** Update File: path" (hunks of " ", "-", "+" lines after "@@") or
+                "*** Delete File: path" sections; paths relative to /repo.
+        """
+        try:
+            changes = apply_patch(str(input), self._patch_read)
+            for c in changes:
+                for p in (c.path, c.move_to):
+                    if p is not None and isinstance(self._resolve(p), str):
+                        raise PatchError(str(self._resolve(p)))
+            for c in changes:
+                target = self._resolve(c.path)
+                if c.op == "D" or c.move_to:
+                    self._native._note_write(c.path)
+                    target.unlink()
+                if c.op != "D":
+                    dest = self._resolve(c.move_to) if c.move_to else target
+                    if err := self._write(dest, c.text):
+                        raise PatchError(err)
+        except PatchError as e:
+            return wire_safe(str(e), self._max_chars)
+        except OSError as e:
+            return wire_safe(
+                f"apply_patch failed: {e.strerror or type(e).__name__}", self._max_chars
+            )
+        return wire_safe(summary(changes), self._max_chars)
+
+    def _patch_read(self, path: str) -> str | None:
+        target = self._resolve(path)
+        if isinstance(target, str):
+            raise PatchError(target)
+        if not target.is_file():
+            return None
+        return target.read_text(encoding="utf-8", errors="replace")
+
+
+def _codex_answer(output: str, code: int, seconds: float, limit: int | None = None) -> str:
+    """Codex's shell answer: the output and its metadata as one JSON object."""
+    text = wire_safe(output, limit)
+    meta = {"exit_code": code, "duration_seconds": round(seconds, 1)}
+    return json.dumps({"output": text, "metadata": meta}, ensure_ascii=False)
+
+
+class BashTools(WorkspaceTools):
+    """A repository at /repo, through one shell tool (TRL environment_factory)."""
+
+    def bash(self, command: str, timeout: int = 60) -> str:
+        """Runs a bash command in the repository (/repo) and returns its output and exit code.
+
+        Args:
+            command: The command to run.
+            timeout: Seconds before the command is killed.
+        """
+        res = self._shell(command, timeout)
+        if isinstance(res, str):
+            return wire_safe(res, self._max_chars)
+        status = "timed out" if res.timed_out else f"exit code {res.exit_code}"
+        tail = f"\n{res.error}" if res.error else ""
+        return wire_safe(f"{res.output.rstrip()}\n[{status}]{tail}".lstrip("\n"), self._max_chars)
+
+
+@dataclass(frozen=True)
+class HarnessProfile:
+    """One harness's tool vocabulary over a workspace environment."""
+
+    name: str
+    tools: type | None
+    """The adapter class (None: the environment's own tools)."""
+    source_formats: tuple[str, ...]
+    """Trace formats (traces/) whose logs speak this vocabulary."""
+    command_tools: frozenset[str]
+    """Tools that run commands: how this harness runs the tests (the hint's blamed turn)."""
+    few_shot: tuple[dict[str, Any], ...] = ()
+    """A worked episode on a made-up repository in this vocabulary (the 135M model writes no
+    tool call from schemas alone)."""
+    system: str = (
+        "You are a software engineer working in a Python repository through tools. The "
+        "repository is at /repo (the working directory of commands). Read the code, make the "
+        "change and run the tests; answer without a tool call when you are done."
+    )
+    """The system prompt (``''``: the environment's own, for ``native``)."""
+
+
+def call_message(name: str, **arguments: Any) -> dict[str, Any]:
+    """An assistant turn calling one tool (worked episodes in prompts)."""
+    fn = {"name": name, "arguments": arguments}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": fn}],
+    }
+
+
+def result_message(name: str, content: str) -> dict[str, Any]:
+    """The tool turn answering it."""
+    return {"role": "tool", "name": name, "content": content}
+
+
+_STUB = "    raise NotImplementedError  # deleted: rebuild this"
+_ASK = "`double` in `mathy/ops.py` lost its implementation (it raises NotImplementedError). " \
+       "Rebuild it so that the tests pass, e.g. `tests/test_ops.py::test_double`."  # fmt: skip
+_TEST = "python -m pytest -q tests/test_ops.py::test_double"
+_PASSED = "1 passed in 0.01s"
+_PATCH = f"*** Begin Patch\n*** Update File: mathy/ops.py\n@@ def double(x):\n-{_STUB}\n+    return 2 * x\n*** End Patch"  # fmt: skip
+
+PROFILES: dict[str, HarnessProfile] = {
+    "native": HarnessProfile("native", None, (), frozenset({"run_tests", "submit"}), system=""),
+    "claude_code": HarnessProfile(
+        "claude_code",
+        ClaudeCodeTools,
+        ("claude_code",),
+        frozenset({"Bash"}),
+        (
+            {"role": "user", "content": _ASK},
+            call_message("Read", file_path="/repo/mathy/ops.py"),
+            result_message(
+                "Read", f'     1\tdef double(x):\n     2\t    """Twice x."""\n     3\t{_STUB}'
+            ),
+            call_message(
+                "Edit",
+                file_path="/repo/mathy/ops.py",
+                old_string=_STUB,
+                new_string="    return 2 * x",
+            ),
+            result_message("Edit", "The file /repo/mathy/ops.py has been updated successfully."),
+            call_message("Bash", command=_TEST, description="Run the test"),
+            result_message("Bash", _PASSED),
+            {"role": "assistant", "content": "Done."},
+        ),
+    ),  # fmt: skip
+    "codex": HarnessProfile(
+        "codex",
+        CodexTools,
+        ("codex",),
+        frozenset({"shell"}),
+        (
+            {"role": "user", "content": _ASK},
+            call_message("shell", command=["cat", "mathy/ops.py"]),
+            result_message(
+                "shell", _codex_answer(f'def double(x):\n    """Twice x."""\n{_STUB}\n', 0, 0.0)
+            ),
+            call_message("apply_patch", input=_PATCH),
+            result_message(
+                "apply_patch", "Success. Updated the following files:\nM mathy/ops.py\n"
+            ),
+            call_message("shell", command=["bash", "-lc", _TEST]),
+            result_message("shell", _codex_answer(_PASSED + "\n", 0, 0.4)),
+            {"role": "assistant", "content": "Done."},
+        ),
+    ),  # fmt: skip
+    "bash": HarnessProfile(
+        "bash",
+        BashTools,
+        (),
+        frozenset({"bash"}),
+        (
+            {"role": "user", "content": _ASK},
+            call_message("bash", command="cat mathy/ops.py"),
+            result_message("bash", f'def double(x):\n    """Twice x."""\n{_STUB}\n[exit code 0]'),
+            call_message("bash", command=f"sed -i 's/{_STUB.strip()}/return 2 * x/' mathy/ops.py"),
+            result_message("bash", "[exit code 0]"),
+            call_message("bash", command=_TEST),
+            result_message("bash", f"{_PASSED}\n[exit code 0]"),
+            {"role": "assistant", "content": "Done."},
+        ),
+    ),  # fmt: skip
+}
+
+
+def profile(name: str) -> HarnessProfile:
+    """The profile called ``name`` (ValueError naming the known ones)."""
+    if name not in PROFILES:
+        raise ValueError(f"unknown harness {name!r}; known: {', '.join(HARNESSES)}")
+    return PROFILES[name]
+
+
+def harness_tools_class(native_cls: type, harness: str) -> type:
+    """The ``environment_factory`` class of ``harness`` over an environment's own tools class
+    (itself for ``native``)."""
+    prof = profile(harness)
+    if prof.tools is None:
+        return native_cls
+    attrs = {"_native_cls": native_cls, "__doc__": prof.tools.__doc__}
+    return type(prof.tools.__name__, (prof.tools,), attrs)
+
+
+def profile_for_format(source_format: str) -> HarnessProfile | None:
+    """The profile whose vocabulary a trace format's logs speak, or None."""
+    return next((p for p in PROFILES.values() if source_format in p.source_formats), None)
+
+
+SCHEMAS_FILE = Path(__file__).with_name("profile_schemas.json")
+"""The profiles' tool schemas as TRL renders them (:func:`live_tool_schemas`), written by
+``python -m composer_replication.envs.profiles``, with the trace formats each profile speaks:
+ingestion (traces/harness_tools.py) and replay read them without importing transformers or
+the environments (seconds); a test checks the file equals the live schemas."""
+
+
+def live_tool_schemas(harness: str) -> list[dict[str, Any]]:
+    """The OpenAI ``tools`` list of a harness built from the adapter's signatures and
+    docstrings by transformers' ``get_json_schema``, as TRL renders them for training."""
+    from transformers.utils import get_json_schema
+
+    from composer_replication.envs.tools import tool_methods
+
+    prof = profile(harness)
+    if prof.tools is None:
+        raise ValueError("the native tools' schemas belong to each environment's tools class")
+    instance = prof.tools.__new__(prof.tools)  # bound methods, no workspace
+    out = []
+    for name in tool_methods(prof.tools):
+        schema = get_json_schema(getattr(instance, name))
+        schema["function"].pop("return", None)  # not part of OpenAI's function schema
+        out.append(schema)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _stored() -> str:
+    return SCHEMAS_FILE.read_text(encoding="utf-8")
+
+
+def tool_schemas(harness: str) -> list[dict[str, Any]]:
+    """The OpenAI ``tools`` list of a harness (:data:`SCHEMAS_FILE`): what ingestion keeps on
+    the states of that harness's logs and replay sends teachers."""
+    profile(harness)
+    stored = json.loads(_stored())
+    if harness not in stored:
+        raise ValueError(f"harness {harness!r} has no tools of its own")
+    return stored[harness]["tools"]
+
+
+def write_schemas() -> None:
+    """Regenerate :data:`SCHEMAS_FILE` from the adapters."""
+    data = {
+        h: {"source_formats": list(PROFILES[h].source_formats), "tools": live_tool_schemas(h)}
+        for h in HARNESSES
+        if PROFILES[h].tools is not None
+    }
+    SCHEMAS_FILE.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def tool_names(harness: str) -> frozenset[str]:
+    """The names of a profile's tools (not ``native``: those are each environment's)."""
+    from composer_replication.envs.tools import tool_methods
+
+    prof = profile(harness)
+    return frozenset(tool_methods(prof.tools)) if prof.tools else frozenset()
+
+
+if __name__ == "__main__":
+    write_schemas()

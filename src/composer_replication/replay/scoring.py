@@ -1,0 +1,384 @@
+"""Scoring teachers: models that report their log-probs on *given* token ids (the student's own
+completions), for on-policy distillation (channels/distill.py).
+
+* :class:`LocalScorer` runs a Hugging Face model in this process on its own device and dtype,
+  frozen (``requires_grad_(False)``, ``eval()``). It reports the same per-position data a
+  server does and, for the full-vocabulary loss, its last hidden states and head.
+* :class:`RemoteScorer` asks an OpenAI-compatible server through vLLM's protocol: ``POST
+  /v1/completions`` with a token-id ``prompt`` (a batch of them), ``max_tokens: 1`` and
+  ``prompt_logprobs: k``. ``choices[i].prompt_logprobs[t]`` maps token ids (as strings) to
+  ``{"logprob", "rank"}`` for the top-k candidates at position ``t`` *plus* the token actually
+  at ``t`` (vLLM's documented behaviour; entry 0 is null). ``composer-replication serve``
+  answers the same protocol (replay/server.py). Requests are batched (``rows_per_request``),
+  concurrent (``max_concurrency``), and retried only here, at the network edge (429, 5xx,
+  timeouts, connection errors; backoff with full jitter, replay/teachers.py). A request that
+  still fails, or a malformed answer, makes its rows a :class:`TeacherError`: the channel
+  reports them unscored, never a silent 0.
+
+Both use the student's tokenizer: :func:`tokenizer_fingerprint` hashes a tokenizer's vocabulary
+and special tokens, and :func:`check_same_tokenizer` compares it before any model loads (a
+server reports its fingerprint at ``GET /v1/tokenizer``). Cross-tokenizer distillation is out
+of scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from composer_replication.config import ConfigError, LocalTeacherConfig, RemoteTeacherConfig
+from composer_replication.replay.teachers import (
+    TeacherError,
+    backoff_delay,
+    classify_openai_error,
+    parse_retry_after,
+)
+
+TOKENIZER_PATH = "/tokenizer"
+"""Path under a server's base URL that reports its tokenizer fingerprint."""
+
+
+class TokenizerMismatchError(ConfigError):
+    """A teacher whose tokenizer is not the student's (refused before any model loads)."""
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A short hash of what makes token ids mean the same thing: the vocabulary (token ->
+    id, added tokens included) and the special tokens' ids."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    special = {k: getattr(tokenizer, f"{k}_token_id", None) for k in ("bos", "eos", "pad", "unk")}
+    blob = json.dumps({"vocab": vocab, "special": special}, ensure_ascii=False).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def remote_fingerprint(spec: RemoteTeacherConfig, timeout_s: float = 10.0) -> str | None:
+    """The fingerprint a server reports at ``GET {base_url}/tokenizer``; None if it reports
+    none (a plain vLLM server); a :class:`ConfigError` if nothing answers."""
+    import httpx
+
+    url = spec.base_url.rstrip("/") + TOKENIZER_PATH
+    try:
+        r = httpx.get(url, timeout=timeout_s, headers=_auth_headers(spec))
+    except httpx.HTTPError as err:
+        raise ConfigError(f"distill.teachers: {spec.name!r}: cannot reach {url}: {err}") from None
+    if r.status_code == 404:
+        return None
+    try:
+        value = r.json().get("fingerprint") if r.status_code == 200 else None
+    except ValueError:
+        value = None
+    return value if isinstance(value, str) else None
+
+
+def check_same_tokenizer(student_ref: str, teachers: list[Any]) -> None:
+    """Refuse (before any model loads) a teacher whose tokenizer differs from the student's:
+    local teachers by their tokenizer files, remote ones by the fingerprint their server
+    reports. Loads tokenizers only."""
+    from composer_replication.lm.models import ModelLoadError, load_tokenizer
+
+    mine = tokenizer_fingerprint(load_tokenizer(student_ref))
+    for t in teachers:
+        if isinstance(t, LocalTeacherConfig):
+            try:
+                theirs, where = tokenizer_fingerprint(load_tokenizer(t.model)), t.model
+            except ModelLoadError as err:
+                raise ConfigError(f"distill.teachers: {t.name!r}: {err}") from None
+        elif t.check_tokenizer:
+            theirs, where = remote_fingerprint(t), t.base_url
+            if theirs is None:
+                raise TokenizerMismatchError(
+                    f"distill.teachers: {t.name!r} at {t.base_url} reports no tokenizer "
+                    f"fingerprint (GET {TOKENIZER_PATH}); serve it with `composer-replication "
+                    "serve`, or set check_tokenizer=false if it surely uses the student's tokenizer"
+                )
+        else:
+            continue
+        if theirs != mine:
+            raise TokenizerMismatchError(
+                f"distill.teachers: {t.name!r} ({where}) does not use the student's tokenizer "
+                f"({student_ref}): fingerprints {theirs} != {mine}. Distillation compares token "
+                "ids, so teacher and student must share one vocabulary (cross-tokenizer "
+                "distillation is not supported)"
+            )
+
+
+@dataclass
+class RowScores:
+    """A teacher's view of one completion: per completion position ``t`` (``K`` of them)."""
+
+    actual: list[float]
+    """Log-prob of the token the student wrote at ``t`` (NaN if the teacher did not report it)."""
+    top_ids: list[list[int]] = field(default_factory=list)
+    """The teacher's top-k token ids at ``t``, by rank."""
+    top_logps: list[list[float]] = field(default_factory=list)
+    """Their log-probs."""
+
+
+@dataclass
+class ScoreStats:
+    """Counters of one teacher over the run (the channel reports them as metrics)."""
+
+    requests: int = 0
+    failed_requests: int = 0
+    scored_rows: int = 0
+    failed_rows: int = 0
+    scored_tokens: int = 0
+    cost_usd: float = 0.0
+    seconds: float = 0.0
+
+
+def parse_prompt_logprobs(
+    entries: Any, sequence: list[int], prompt_len: int, top_k: int
+) -> RowScores:
+    """The completion part (positions ``prompt_len..``) of one choice's ``prompt_logprobs``;
+    raises ``TeacherError('malformed')`` if it does not cover the sequence."""
+    if not isinstance(entries, list) or len(entries) != len(sequence):
+        got = len(entries) if isinstance(entries, list) else type(entries).__name__
+        raise TeacherError(
+            "malformed", f"prompt_logprobs has {got} entries for {len(sequence)} tokens"
+        )
+    row = RowScores(actual=[])
+    for pos in range(prompt_len, len(sequence)):
+        entry = entries[pos]
+        if not isinstance(entry, dict):
+            raise TeacherError("malformed", f"prompt_logprobs[{pos}] is not a mapping")
+        items = []
+        for tid, info in entry.items():
+            lp = info.get("logprob") if isinstance(info, dict) else None
+            if not isinstance(lp, int | float) or math.isnan(lp):
+                continue
+            items.append((info.get("rank", 10**9), int(tid), float(lp)))
+        items.sort()
+        actual = next((lp for _, tid, lp in items if tid == sequence[pos]), math.nan)
+        top = items[:top_k]
+        row.actual.append(actual)
+        row.top_ids.append([tid for _, tid, _ in top])
+        row.top_logps.append([lp for _, _, lp in top])
+    return row
+
+
+class LocalScorer:
+    """A frozen local teacher (module docstring). ``model``/``tokenizer`` may be given loaded
+    (tests); otherwise ``spec.model`` is loaded on ``device`` in ``spec.dtype``."""
+
+    def __init__(self, spec: LocalTeacherConfig, device: Any, model: Any = None):
+        import torch
+
+        from composer_replication.lm.models import load_model
+
+        self.spec = spec
+        self.device = torch.device(device)
+        if model is None:
+            model = load_model(spec.model, dtype=spec.dtype)
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        self.stats = ScoreStats()
+        self.last_hidden = None
+
+    def head_weight(self) -> Any:
+        from composer_replication.lm.models import head_weight
+
+        return head_weight(self.model).detach()
+
+    def hidden_states(self, sequences: list[list[int]], prompt_lens: list[int], pad_id: int):
+        """``[R, K, H_t]`` last hidden states predicting each row's completion tokens (rows
+        right-padded to the longest completion ``K``), on the teacher's device."""
+        import torch
+
+        from composer_replication.lm.models import backbone
+
+        ids, mask, starts = _pad(sequences, prompt_lens, pad_id, self.device)
+        k = max(len(s) - p for s, p in zip(sequences, prompt_lens, strict=True))
+        with torch.no_grad():
+            h = backbone(self.model)(input_ids=ids, attention_mask=mask).last_hidden_state
+        idx = (
+            torch.tensor(starts, device=self.device)[:, None]
+            - 1
+            + torch.arange(k, device=self.device)
+        )
+        idx = idx.clamp(max=h.shape[1] - 1)
+        return h.gather(1, idx[..., None].expand(-1, -1, h.shape[-1]))
+
+    def score(self, sequences: list[list[int]], prompt_lens: list[int], top_k: int, pad_id: int):
+        """One :class:`RowScores` per sequence (a single padded forward). The hidden states
+        stay in ``last_hidden`` (``[R, K, H_t]``, row order of the call) for the
+        full-vocabulary loss, so it needs no second forward."""
+        import torch
+
+        t0 = time.perf_counter()
+        h = self.last_hidden = self.hidden_states(sequences, prompt_lens, pad_id)
+        with torch.no_grad():
+            logp = torch.log_softmax(h.float() @ self.head_weight().float().T, dim=-1)
+            top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
+        out = []
+        for r, (seq, p) in enumerate(zip(sequences, prompt_lens, strict=True)):
+            comp = torch.tensor(seq[p:], device=logp.device)
+            n = len(comp)
+            actual = logp[r, :n].gather(1, comp[:, None]).squeeze(1) if n else comp.float()
+            out.append(
+                RowScores(actual.tolist(), top.indices[r, :n].tolist(), top.values[r, :n].tolist())
+            )
+        self._count(sequences, prompt_lens, time.perf_counter() - t0)
+        return out
+
+    def _count(self, sequences, prompt_lens, seconds: float) -> None:
+        self.stats.requests += 1
+        self.stats.scored_rows += len(sequences)
+        self.stats.scored_tokens += sum(len(s) for s in sequences)
+        self.stats.seconds += seconds
+
+    async def ascore(self, sequences, prompt_lens, top_k: int, pad_id: int) -> list[Any]:
+        """:meth:`score` in a worker thread; an exception makes every row a TeacherError."""
+        try:
+            return await asyncio.to_thread(self.score, sequences, prompt_lens, top_k, pad_id)
+        except Exception as err:  # a local failure is reported per row, not raised into the step
+            self.stats.failed_rows += len(sequences)
+            return [TeacherError("other", f"{type(err).__name__}: {err}")] * len(sequences)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _pad(sequences: list[list[int]], prompt_lens: list[int], pad_id: int, device: Any):
+    """Left-padded ids and mask, and each row's completion start in the padded tensor."""
+    import torch
+
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    starts = []
+    for r, (seq, p) in enumerate(zip(sequences, prompt_lens, strict=True)):
+        off = width - len(seq)
+        ids[r, off:] = torch.tensor(seq)
+        mask[r, off:] = 1
+        starts.append(off + p)
+    return ids.to(device), mask.to(device), starts
+
+
+def _auth_headers(spec: RemoteTeacherConfig) -> dict[str, str]:
+    if not spec.api_key_env:
+        return {}
+    key = os.environ.get(spec.api_key_env, "")
+    if not key:
+        raise ConfigError(f"distill.teachers: {spec.name!r}: {spec.api_key_env} is not set")
+    return {"Authorization": f"Bearer {key}"}
+
+
+class RemoteScorer:
+    """A teacher behind vLLM's ``prompt_logprobs`` protocol (module docstring)."""
+
+    def __init__(self, spec: RemoteTeacherConfig, sleep=asyncio.sleep):
+        self.spec = spec
+        self.stats = ScoreStats()
+        self._sleep = sleep
+        self._client = None
+
+    def _get_client(self):
+        import openai
+
+        if self._client is None:  # one client per event loop run (see aclose)
+            key = _auth_headers(self.spec).get("Authorization", "Bearer none").split(" ", 1)[1]
+            self._client = openai.AsyncOpenAI(
+                base_url=self.spec.base_url, api_key=key, max_retries=0, timeout=self.spec.timeout_s
+            )
+        return self._client
+
+    async def ascore(self, sequences, prompt_lens, top_k: int, pad_id: int) -> list[Any]:
+        """One :class:`RowScores` or :class:`TeacherError` per row; ``rows_per_request`` rows per
+        request, ``max_concurrency`` requests at once."""
+        n = self.spec.rows_per_request
+        gate = asyncio.Semaphore(self.spec.max_concurrency)
+        chunks = [range(i, min(i + n, len(sequences))) for i in range(0, len(sequences), n)]
+
+        async def one(rows: range) -> list[Any]:
+            async with gate:
+                return await self._request(
+                    [sequences[r] for r in rows], [prompt_lens[r] for r in rows]
+                )
+
+        parts = await asyncio.gather(*(one(rows) for rows in chunks))
+        return [x for part in parts for x in part]
+
+    async def _request(self, seqs: list[list[int]], plens: list[int]) -> list[Any]:
+        t0 = time.perf_counter()
+        for attempt in range(self.spec.max_retries + 1):
+            self.stats.requests += 1
+            try:
+                body = await self._post(seqs)
+                rows = self._parse(body, seqs, plens)
+            except TeacherError as err:
+                err.attempts = attempt + 1
+                if err.retryable and attempt < self.spec.max_retries:
+                    await self._sleep(backoff_delay(attempt, err.retry_after))
+                    continue
+                self.stats.failed_requests += 1
+                self.stats.failed_rows += len(seqs)
+                return [err] * len(seqs)
+            tokens = sum(len(s) for s in seqs)
+            self.stats.scored_rows += len(seqs)
+            self.stats.scored_tokens += tokens
+            self.stats.cost_usd += tokens * self.spec.price_in_per_mtok / 1e6
+            self.stats.seconds += time.perf_counter() - t0
+            return rows
+        raise AssertionError("unreachable")
+
+    async def _post(self, seqs: list[list[int]]) -> bytes:
+        import openai
+
+        kwargs: dict[str, Any] = {
+            "model": self.spec.model or await self._served_model(),
+            "prompt": seqs,
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "extra_body": {"prompt_logprobs": self.spec.top_k},
+        }
+        try:
+            async with asyncio.timeout(self.spec.timeout_s):
+                raw = await self._get_client().completions.with_raw_response.create(**kwargs)
+                return raw.http_response.content
+        except TimeoutError as err:
+            raise TeacherError("timeout", f"no answer within {self.spec.timeout_s:g} s") from err
+        except openai.APIError as err:
+            terr = classify_openai_error(err)
+            terr.retry_after = parse_retry_after(
+                getattr(getattr(err, "response", None), "headers", None)
+            )
+            raise terr from err
+
+    async def _served_model(self) -> str:
+        """The server's first listed model (``model`` left empty: the server's only one)."""
+        import openai
+
+        if not getattr(self, "_model_id", None):
+            try:
+                page = await self._get_client().models.list()
+            except openai.APIError as err:
+                raise classify_openai_error(err) from err
+            if not page.data:
+                raise TeacherError("malformed", "the server lists no model (GET /models)")
+            self._model_id = page.data[0].id
+        return self._model_id
+
+    def _parse(self, body: bytes, seqs: list[list[int]], plens: list[int]) -> list[RowScores]:
+        try:
+            choices = json.loads(body)["choices"]
+            by_index = {int(c.get("index", i)): c for i, c in enumerate(choices)}
+            entries = [by_index[i]["prompt_logprobs"] for i in range(len(seqs))]
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise TeacherError(
+                "malformed", f"{type(err).__name__}: {err}; body={body[:120]!r}"
+            ) from err
+        return [
+            parse_prompt_logprobs(e, s, p, self.spec.top_k)
+            for e, s, p in zip(entries, seqs, plens, strict=True)
+        ]
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None

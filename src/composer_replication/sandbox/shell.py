@@ -1,0 +1,248 @@
+"""A shell command run on an episode's workspace under the sandbox: the ``Bash`` / ``shell``
+tool of the harness profiles (envs/profiles.py). Knows no task.
+
+The workspace never enters the sandbox writable. Per call:
+
+1. the trusted side copies the workspace (``.git`` included) to a world-readable staging
+   directory, bound read-only at ``/cr-in``;
+2. inside, ``sh`` copies it into ``/repo``, a tmpfs capped at ``repo_mb`` (a command cannot
+   fill the host's disk), runs the command there under ``timeout -s KILL`` with stdin from
+   ``/dev/null`` and its output in a file, then writes the exit status and the output's first
+   ``max_output_chars`` bytes to stderr and ``/repo`` as a base64 tar to stdout;
+3. the trusted side reads the tar as untrusted data (:func:`apply_tree`): only regular files
+   and directories at clean relative paths come back; symlinks, hard links, devices and FIFOs
+   are refused and reported; a stream that is cut, malformed or over the caps changes
+   nothing. Files are rewritten only when their bytes changed, and files the command removed
+   are removed.
+
+Everything else is the sandbox's (envs/sandbox.py): no network, a private PID namespace
+killed when the call ends (nothing the command starts outlives it), ``max_processes``,
+address-space, CPU-time and file-size limits, ``nobody`` when the trainer is root, no
+site-packages or project sources, no host path but the system's programs and libraries.
+``python`` on the command's PATH is the trainer's interpreter (its site-packages hidden);
+``python_path`` adds read-only trees to its ``PYTHONPATH`` (Feature Deletion binds its pinned
+copy of pytest, so ``python -m pytest`` works).
+
+What a command says about itself (its exit status, its output) is feedback, never a verdict:
+a process it leaves in the background can write to the same streams until the call ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+import shutil
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from composer_replication.config import SandboxConfig
+from composer_replication.sandbox.sandbox import (
+    Sandbox,
+    bindable_dir,
+    sandbox_interpreter,
+    world_readable,
+)
+
+REPO = "/repo"
+"""Where the command sees the workspace (its working directory)."""
+STAGE = "/cr-in"
+MAX_COMMAND_CHARS = 32_000
+"""Longest command accepted (it travels in the environment: Linux caps one string at 128 KiB)."""
+MAX_MEMBERS = 20_000
+"""Most files and directories a workspace may hold after a command (more: nothing applied)."""
+COPY_MARGIN_S = 30.0
+"""Wall seconds allowed beyond the command's own timeout for the copies in and out."""
+
+_SCRIPT = r"""
+cp -R /cr-in/. /repo/ || { echo "cr-exit=copy-failed" >&2; exit 97; }
+cd /repo || exit 97
+timeout -s KILL "$CR_TIMEOUT" /bin/sh -c "$CR_COMMAND" </dev/null >/tmp/.cr-out 2>&1 3>&- 4>&-
+status=$?
+echo "cr-exit=$status cr-size=$(wc -c </tmp/.cr-out)" >&2
+head -c "$CR_OUTPUT" /tmp/.cr-out >&2
+rm -f /tmp/.cr-out
+tar -C /repo -cf - . | base64 -w 0
+"""
+
+
+@dataclass
+class ShellResult:
+    """One command's outcome. ``exit_code`` is None when the time limit killed it."""
+
+    output: str
+    exit_code: int | None
+    timed_out: bool = False
+    output_chars: int = 0
+    """Characters the command wrote in all (``output`` holds at most the cap)."""
+    changed: list[str] = field(default_factory=list)
+    """Relative paths the command created, changed or removed (brought back to the host)."""
+    refused: list[str] = field(default_factory=list)
+    """``kind:path`` of what was not brought back (``symlink:``, ``hardlink:``, ``special:``,
+    ``path:``)."""
+    error: str = ""
+    """Why the workspace was left unchanged (cut or malformed stream, limits), or ''."""
+
+
+def shell_sandbox(
+    timeout_s: float, memory_mb: int = 512, max_processes: int = 64, repo_mb: int = 32
+) -> SandboxConfig:
+    """Limits of one command's sandbox: its wall clock covers the copies too; the read-back
+    cap covers the base64 tar of a full ``/repo``."""
+    wall = timeout_s + COPY_MARGIN_S
+    return SandboxConfig(wall_timeout_s=wall, cpu_time_s=max(1, int(wall)), memory_mb=memory_mb,
+                         max_processes=max_processes, work_dir_mb=64, audit_hook=False,
+                         max_output_kb=min(repo_mb * 1024 * 4 // 3 + 64, 65536), file_size_mb=repo_mb)  # fmt: skip
+
+
+def run_shell(
+    box: Sandbox,
+    workspace: Path,
+    command: str,
+    timeout_s: float,
+    max_output_chars: int = 30_000,
+    repo_mb: int = 32,
+    python_path: tuple[str, ...] = (),
+    max_depth: int = 64,
+    max_processes: int = 64,
+    apply: bool = True,
+) -> ShellResult:
+    """Run ``command`` with ``sh -c`` in a sandboxed copy of ``workspace`` (seen at ``/repo``)
+    and bring the resulting tree back (module docstring). ``box`` must not be in unsafe mode:
+    without isolation a command would run on the host. Memory per process is ``box``'s;
+    ``max_processes`` bounds the command's processes and threads together. ``apply=False``
+    leaves the workspace as it was (a search)."""
+    if box.bwrap is None:
+        raise RuntimeError("the shell tool needs the bubblewrap sandbox (unsafe mode is refused)")
+    if "\x00" in command or len(command) > MAX_COMMAND_CHARS:
+        return ShellResult("", 1, error=f"the command must be text without NUL, at most "
+                           f"{MAX_COMMAND_CHARS} characters")  # fmt: skip
+    stage = _stage(workspace)
+    try:
+        res = _run(
+            box, stage, command, timeout_s, max_output_chars, repo_mb, python_path, max_processes
+        )
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    exit_code, output, size = _parse_stderr(res.stderr)
+    timed_out = res.timed_out or exit_code == 137
+    out = ShellResult(output, None if timed_out else exit_code, timed_out, size)
+    if not apply:
+        return out
+    if res.timed_out or res.output_truncated or not res.ok:
+        out.error = "the sandbox ended before the workspace was copied back; nothing changed"
+        return out
+    try:
+        data = base64.b64decode(res.stdout.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        out.error = "the workspace came back malformed; nothing changed"
+        return out
+    out.changed, out.refused, out.error = apply_tree(data, workspace, max_depth)
+    return out
+
+
+def _stage(workspace: Path) -> str:
+    dest = bindable_dir("cr-shell-in-")
+    try:
+        shutil.copytree(workspace, dest, dirs_exist_ok=True, symlinks=True)
+        world_readable(dest)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    return dest
+
+
+def _run(box, stage, command, timeout_s, max_output_chars, repo_mb, python_path, nproc):
+    cfg = shell_sandbox(timeout_s, box.cfg.memory_mb, nproc, repo_mb)
+    interp = sandbox_interpreter()
+    env = {"PATH": "/cr-bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/pycache", "PYTHONPATH": ":".join(python_path),
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": "-p no:cacheprovider", "CR_COMMAND": command,
+           "CR_TIMEOUT": str(max(1, int(timeout_s))), "CR_OUTPUT": str(max_output_chars)}  # fmt: skip
+    code = f"import os\nos.execve('/bin/sh', ['sh', '-c', {_SCRIPT!r}], {env!r})\n"
+    mounts = ("--size", str(repo_mb * 2**20), "--tmpfs", REPO, "--ro-bind", stage, STAGE,
+              "--symlink", interp, "/cr-bin/python", "--symlink", interp, "/cr-bin/python3")  # fmt: skip
+    return Sandbox(cfg).run_python(code, binds=tuple(python_path), mounts=mounts)
+
+
+def _parse_stderr(stderr: str) -> tuple[int | None, str, int]:
+    """(exit status, output, output size) from the script's stderr (feedback only)."""
+    head, _, body = stderr.partition("\n")
+    fields = dict(f.partition("=")[::2] for f in head.split() if f.startswith("cr-"))
+    code, size = fields.get("cr-exit", ""), fields.get("cr-size", "")
+    if not head.startswith("cr-exit="):  # the script did not get that far: its own errors
+        body = stderr
+    return (int(code) if code.isdigit() else None, body,
+            int(size) if size.isdigit() else len(body))  # fmt: skip
+
+
+def apply_tree(data: bytes, workspace: Path, max_depth: int) -> tuple[list[str], list[str], str]:
+    """Make ``workspace`` hold exactly the regular files and directories of the tar ``data``
+    (untrusted). Returns (changed paths, refused members, error); on an error nothing is
+    changed."""
+    wanted: dict[str, bytes | None] = {}  # path -> bytes (file) or None (directory)
+    refused: list[str] = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            for n, member in enumerate(tar):
+                if n >= MAX_MEMBERS:
+                    return [], [], f"more than {MAX_MEMBERS} files; nothing changed"
+                rel = _clean(member.name, max_depth)
+                if rel is None:
+                    refused.append(f"path:{member.name[:120]}")
+                elif member.issym() or member.islnk():
+                    refused.append(f"{'symlink' if member.issym() else 'hardlink'}:{rel}")
+                elif member.isdir():
+                    wanted.setdefault(rel, None) if rel else None
+                elif member.isfile():
+                    wanted[rel] = tar.extractfile(member).read()
+                else:
+                    refused.append(f"special:{rel}")
+    except (tarfile.TarError, EOFError, OSError) as e:
+        return [], [], f"the workspace came back malformed ({type(e).__name__}); nothing changed"
+    for rel in list(wanted):  # the parents of every file are directories
+        for parent in PurePosixPath(rel).parents:
+            if str(parent) != ".":
+                if wanted.get(str(parent)) is not None:
+                    return [], [], f"{parent} is both a file and a directory; nothing changed"
+                wanted.setdefault(str(parent), None)
+    return _sync(workspace, wanted), refused, ""
+
+
+def _clean(name: str, max_depth: int) -> str | None:
+    """The member's path relative to the root ('' for the root), or None if it is absolute,
+    climbs out, or is too deep."""
+    if "\x00" in name or name.startswith("/"):
+        return None
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if any(p == ".." for p in parts) or len(parts) > max_depth + 1:
+        return None
+    return "/".join(parts)
+
+
+def _sync(root: Path, wanted: dict[str, bytes | None]) -> list[str]:
+    have: dict[str, bool] = {}  # path -> is a directory
+    for dirpath, dirs, files in os.walk(root):
+        base = Path(dirpath).relative_to(root).as_posix()
+        for d in dirs:
+            have[f"{d}" if base == "." else f"{base}/{d}"] = True
+        for f in files:
+            have[f"{f}" if base == "." else f"{base}/{f}"] = False
+    changed = []
+    for rel in sorted(have, key=lambda r: -r.count("/")):  # deepest first
+        keep = rel in wanted and (wanted[rel] is None) == have[rel]
+        if not keep:
+            path = root / rel
+            shutil.rmtree(path) if have[rel] and not path.is_symlink() else path.unlink()
+            if not have[rel]:
+                changed.append(rel)
+    for rel in sorted(wanted):
+        path, data = root / rel, wanted[rel]
+        if data is None:
+            path.mkdir(exist_ok=True)
+        elif not path.is_file() or path.read_bytes() != data:
+            path.write_bytes(data)
+            changed.append(rel)
+    return sorted(set(changed))

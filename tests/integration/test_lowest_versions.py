@@ -1,0 +1,39 @@
+"""Runs tests/lowest_env inside the venv of the lowest versions pyproject.toml accepts for
+torch, transformers, trl, peft and accelerate (tests/support/lowest_venv.py builds it on
+first use, a few minutes of pip install, and reuses it)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+from support.lowest_venv import REPO, ensure_lowest_venv
+
+EXPECTED_TESTS = 3
+
+
+def test_lowest_declared_versions_run_the_smoke_train(tmp_path):
+    python = ensure_lowest_venv()
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    r = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pytest",
+            "tests/lowest_env",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--basetemp={tmp_path / 'base'}",
+        ],  # fmt: skip
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    m = re.search(r"(\d+) passed", r.stdout)
+    assert m and int(m.group(1)) == EXPECTED_TESTS, r.stdout[-2000:]
+    assert not re.search(r"\d+ (skipped|xfailed|deselected)", r.stdout), r.stdout[-2000:]

@@ -1,0 +1,79 @@
+"""The distill channel's ``best`` routing rule and its budget, on one scored generation round
+of tiny random models (no optimizer step): the rule picks, per row, the teacher whose mean
+log-prob of the student's own tokens is highest; rows past ``max_scored_tokens`` are reported
+over budget, never scored as 0."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.distill import tiny_student_and_teacher, train_overrides
+
+from composer_replication.config import load_config
+from composer_replication.lm.models import load_model
+from composer_replication.run.train import build_env, build_trainer
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return tiny_student_and_teacher(tmp_path_factory.mktemp("route"))
+
+
+def _round(tmp_path, tokenizer, student, teachers: dict, *extra):
+    names = ", ".join(f"{{name: {n}, model: x{i}}}" for i, n in enumerate(teachers))
+    cfg = load_config(None, train_overrides(
+        tmp_path / "run", f"model.name={student}", "max_steps=1", "distill.weight=1",
+        f"distill.teachers=[{names}]", *extra,
+    ))  # fmt: skip
+    student_m = load_model(str(student))
+    trainer = build_trainer(cfg, student_m, tokenizer, build_env(cfg),
+                            channel_kwargs={"distill": {"models": teachers}})  # fmt: skip
+    rows = [trainer.train_dataset[i] for i in range(2)]
+    trainer.model.train()
+    return trainer, trainer._generate_and_score_completions([r for r in rows for _ in range(2)])
+
+
+def _mean_logps(model, batch) -> torch.Tensor:
+    """Per row, the mean log-prob ``model`` gives the completion tokens (a plain forward)."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    att = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    k = batch["completion_ids"].shape[1]
+    with torch.no_grad():
+        lp = torch.log_softmax(model(input_ids=ids, attention_mask=att).logits[:, -k - 1 : -1], -1)
+    lp = lp.gather(2, batch["completion_ids"][..., None]).squeeze(2)
+    m = batch["completion_mask"].float()
+    return (lp * m).sum(1) / m.sum(1)
+
+
+def test_best_route_picks_the_teacher_nearest_the_student_per_row(tmp_path, models, tokenizer):
+    student, teacher = models
+    near = load_model(str(student))  # the student's own weights: the nearest possible teacher
+    with torch.no_grad():  # ...made slightly different so neither dominates by construction
+        for p in near.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    far = load_model(str(teacher))
+    trainer, batch = _round(tmp_path, tokenizer, student, {"near": near, "far": far},
+                            "distill.route.type=best")  # fmt: skip
+    want = torch.stack([_mean_logps(near, batch), _mean_logps(far, batch)]).argmax(0)
+    assert batch["distill_teacher"].tolist() == want.tolist()
+    assert (batch["distill_status"] == 0).all()
+    stats = [s.stats for s in trainer.channel("distill").scorers]
+    assert [s.scored_rows for s in stats] == [4, 4]  # best-of: every teacher scores every row
+
+
+def test_rows_past_the_token_budget_are_reported_over_budget(tmp_path, models, tokenizer):
+    student, teacher = models
+    probe, batch = _round(tmp_path / "probe", tokenizer, student, {"t": load_model(str(teacher))})
+    sizes = [int(p.sum() + c.sum()) for p, c in zip(batch["prompt_mask"], batch["completion_mask"],
+                                                     strict=True)]  # fmt: skip
+    budget = sizes[0] + sizes[1]  # two rows' worth (the same draw: the same seed and prompts)
+    trainer, batch = _round(tmp_path, tokenizer, student, {"t": load_model(str(teacher))},
+                            f"distill.max_scored_tokens={budget}")  # fmt: skip
+    sizes = [int(p.sum() + c.sum()) for p, c in zip(batch["prompt_mask"], batch["completion_mask"],
+                                                     strict=True)]  # fmt: skip
+    fits = [sum(sizes[: r + 1]) <= budget for r in range(4)]  # the rows that fit, in order
+    assert 0 < sum(fits) < 4  # row 0 always fits (a prompt + <= 4 tokens), all 4 never do
+    assert batch["distill_status"].tolist() == [0 if f else 3 for f in fits]  # 3: over budget
+    metrics = trainer.channel("distill")._row_metrics(batch)
+    assert metrics["over_budget_frac"] == 1 - sum(fits) / 4
+    assert metrics["teacher/t/rows"] == sum(fits)

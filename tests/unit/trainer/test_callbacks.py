@@ -1,0 +1,69 @@
+"""The training-curves PNG: the held-out markers draw for every score, the degenerate ones
+included (a run that scores exactly 0 or 1 once ended in matplotlib's "'yerr' must not contain
+negative values")."""
+
+import json
+
+import orjson
+import pytest
+
+from composer_replication.evaluation import EvalResult
+from composer_replication.trainer.callbacks import EVAL_FILE, METRICS_FILE, plot_metrics
+
+
+def _summary(passed: list[bool]) -> dict:
+    return EvalResult(
+        "arithmetic", "heldout", [str(i) for i in range(len(passed))], passed,
+        [float(p) for p in passed],
+    ).summary()  # fmt: skip
+
+
+def _run_dir(tmp_path, base: dict, trained: dict):
+    rows = [{"step": s, "reward": 0.1 * s, "loss": 0.01} for s in (1, 2)]
+    (tmp_path / METRICS_FILE).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    (tmp_path / EVAL_FILE).write_text(json.dumps({"base": base, "trained": trained}))
+    return tmp_path / METRICS_FILE
+
+
+@pytest.mark.parametrize(
+    ("base", "trained"),
+    [
+        ([False] * 3, [False] * 3),  # 0 of 3: the lower bound came out 5.6e-17 above 0
+        ([True] * 50, [True] * 50),  # exactly 1
+        ([False] * 200, [True] * 200),  # 0 -> 1
+        ([True] + [False] * 199, [True] * 199 + [False]),  # one from each end
+    ],
+)
+def test_plot_draws_heldout_scores_of_exactly_0_and_1(tmp_path, base, trained):
+    png = plot_metrics(_run_dir(tmp_path, _summary(base), _summary(trained)))
+    assert png is not None and png.stat().st_size > 1000
+
+
+def test_plot_tolerates_an_interval_that_misses_its_rate(tmp_path):
+    """An eval.json written before the interval was clamped (lower bound 2.8e-17 above a 0.0
+    rate, as in the failing Feature Deletion run) still draws."""
+    s = _summary([False] * 10) | {"pass_ci95_low": 2.8e-17}
+    t = _summary([True] * 10) | {"pass_ci95_high": 1.0 - 1e-16}
+    png = plot_metrics(_run_dir(tmp_path, s, t))
+    assert png is not None and png.stat().st_size > 1000
+
+
+def test_step_lines_name_step_reward_loss_seconds_and_eta():
+    from transformers import TrainerState
+
+    from composer_replication.trainer.callbacks import StepLineCallback
+
+    lines: list[str] = []
+    cb = StepLineCallback(lines.append)
+    state = TrainerState(global_step=10, max_steps=14)  # resumed at step 10
+    cb.on_train_begin(None, state, None)
+    for step in (11, 12):
+        state.global_step = step
+        cb.on_log(None, state, None, logs={"reward": 0.25, "loss": 0.0123})
+    cb.on_log(None, state, None, logs={"train_runtime": 3.0})  # the summary record: no line
+    assert [line.split("  ")[:3] for line in lines] == [
+        ["step 11/14", "reward 0.250", "loss 0.0123"],
+        ["step 12/14", "reward 0.250", "loss 0.0123"],
+    ]
+    assert all(line.split("  ")[3].endswith(" s") for line in lines)
+    assert all(line.split("  ")[4].startswith("ETA ") for line in lines)
