@@ -211,8 +211,9 @@ def check_pair_vocabulary(cfg: RunConfig, tools_class: type | None) -> str | Non
         return None
     import warnings
 
-    from composer_replication.channels.replay import load_pairs, vocabulary_mismatch
+    from composer_replication.channels.replay import vocabulary_mismatch
     from composer_replication.envs.tools import tool_methods
+    from composer_replication.prefs.dataset import load_pairs
 
     run_tools = set(tool_methods(tools_class)) if tools_class is not None else set()
     why = vocabulary_mismatch(load_pairs(cfg.replay.dataset, cfg.replay.max_pairs), run_tools)
