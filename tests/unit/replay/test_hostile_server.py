@@ -224,6 +224,41 @@ def test_no_secret_reaches_a_teacher_from_states_written_elsewhere(scripted, tmp
         assert "<REDACTED:" in text
 
 
+def test_no_assignment_secret_of_any_spelling_reaches_a_teacher(scripted, tmp_path):
+    """Issue 37's matrix of assignment spellings (name x separator x quoting x container, nested
+    JSON, tool-call arguments), planted in states written elsewhere as user text, tool-call
+    arguments and tool results: no value is in any request body the teacher receives."""
+    import json
+
+    from support.planted_secrets import assignment_matrix
+
+    from composer_replication.traces.schema import Action, StateMeta, TraceState
+
+    matrix = assignment_matrix(seed=37)
+    states, planted = [], []
+    for i in range(0, len(matrix), 24):  # 24 spellings per state, three places each
+        chunk = matrix[i : i + 24]
+        planted += [value for _, value, _ in chunk]
+        texts = [text for _, _, text in chunk]
+        prefix = [
+            {"role": "user", "content": "\n".join(texts[0::3])},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "bash", "arguments": json.dumps({"command": "\n".join(texts[1::3])})}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "\n".join(texts[2::3])},
+        ]  # fmt: skip
+        states.append(TraceState(state_id=f"s-{i}", session_id="elsewhere", step=i, prefix=prefix,
+                                 action=Action(text="ok"),
+                                 meta=StateMeta(source_format="openai_messages", file="x", line=i + 1)))  # fmt: skip
+    script, url = scripted
+    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5)
+    asyncio.run(replay_trace(states, [spec], journal=tmp_path / "j.db"))
+    assert len(script.bodies) == len(states)
+    bodies = "".join(raw.decode() + json.dumps(json.loads(raw)) for raw in script.bodies)
+    assert "<REDACTED:" in bodies
+    survivors = [v for v in planted if v in bodies or v in bodies.replace("\\", "")]
+    assert survivors == [], f"{len(survivors)} of {len(planted)} planted values reached the teacher"
+
+
 def test_second_replay_of_a_journal_in_use_is_refused(scripted, tmp_path):
     """Two replays of one journal at once would each enforce the budget alone: while one holds
     the journal, another gets exit 2 naming it and sends nothing."""

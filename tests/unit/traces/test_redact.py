@@ -15,6 +15,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from support.planted_secrets import assignment_matrix, container
 
 from composer_replication.traces import Redactor, ingest
 
@@ -318,48 +319,7 @@ def test_the_ingest_report_carries_no_secret(tmp_path: Path) -> None:
 
 # ---- assignment-style secrets by kind of spelling (issue 37) -----------------------------------
 
-SECRET_NAMES = ["DB_PASSWORD", "db_password", "dbPassword", "PASSWD", "API_KEY", "api-key",
-                "apiKey", "client_secret", "ClientSecret", "GITHUB_TOKEN", "auth.token",
-                "aws_credentials", "PRIVATE_KEY", "ssh-key", "SECRET"]  # fmt: skip
-SEPARATORS = ["=", " = ", ": ", ":", " := "]
-QUOTES = ["", "'", '"']
-
-
-def _container(kind: str, line: str) -> str:
-    return {
-        "line": line,
-        "shell": f"cd /srv && export {line} && ./run.sh --verbose",
-        "env_prefix": f"env {line} python app.py",
-        "heredoc": f"cat > .env <<'EOF'\nDEBUG=1\n{line}\nEOF\necho done",
-        "yaml": f"service:\n  image: app\n  {line}\n  replicas: 2",
-        "code": f"def connect():\n    {line}\n    return open_db()",
-    }[kind]
-
-
-CONTAINERS = ["line", "shell", "env_prefix", "heredoc", "yaml", "code"]
-
-
-def _assignment_matrix() -> list[tuple[str, str, str]]:
-    """(case id, secret value, text): every name x separator x quoting x container, plus the
-    JSON forms (nested objects, a JSON string inside tool-call arguments)."""
-    out = []
-    for name in SECRET_NAMES:
-        for sep in SEPARATORS:
-            for q in QUOTES:
-                value = _r(14) + RNG.choice(string.digits) + _r(5)
-                for where in CONTAINERS:
-                    text = _container(where, f"{name}{sep}{q}{value}{q}")
-                    out.append((f"{name}|{sep}|{q}|{where}", value, text))
-        value = _r(18) + "7"
-        nested = {"config": {"db": {name: value, "host": "db.internal"}}, "n": 3}
-        out.append((f"{name}|json", value, orjson.dumps(nested).decode()))
-        line = f"{name}={value}"
-        args = orjson.dumps({"command": f"export {line}; deploy"}).decode()
-        out.append((f"{name}|tool_args", value, orjson.dumps({"arguments": args}).decode()))
-    return out
-
-
-MATRIX = _assignment_matrix()
+MATRIX = assignment_matrix()
 
 
 def test_assignment_secrets_are_redacted_in_every_spelling() -> None:
@@ -373,7 +333,7 @@ def test_assignment_matrix_is_not_vacuous() -> None:
     """Every planted value is in its text, and the plain text around it survives."""
     red = Redactor()
     assert all(value in text for _, value, text in MATRIX)
-    text = _container("shell", f"DB_PASSWORD={MATRIX[0][1]}")
+    text = container("shell", f"DB_PASSWORD={MATRIX[0][1]}")
     assert red.redact(text).startswith("cd /srv && export DB_PASSWORD=")
     assert red.redact(text).endswith(" && ./run.sh --verbose")
 
