@@ -76,21 +76,25 @@ CASES: dict[str, tuple[Callable, Callable, dict[str, Any], tuple[str, ...]]] = {
         {"token_clip": 0.5, "token_clip_mode": "token"},
         ("student_logits",),
     ),
-    **{
-        f"chunked_beta{b}": (
+    **{  # both implementations, each against itself on the CPU ("auto" picks "fused" off it)
+        f"chunked_{impl}_beta{b}": (
             L.chunked_generalized_jsd_loss,
             _hidden_pair,
-            {"beta": b, "chunk_size": 3},
+            {"beta": b, "chunk_size": 3, "impl": impl},
             ("hidden_NH", "weight_VH"),
         )
         for b in (0.0, 0.5, 1.0)
+        for impl in ("blocked", "fused")
     },
-    "chunked_clip_nomask": (
-        lambda labels, **kw: L.chunked_generalized_jsd_loss(**kw),
-        _hidden_pair,
-        {"token_clip": 0.3, "temperature": 0.8},
-        ("hidden_NH", "weight_VH"),
-    ),
+    **{
+        f"chunked_{impl}_clip_nomask": (
+            lambda labels, **kw: L.chunked_generalized_jsd_loss(**kw),
+            _hidden_pair,
+            {"token_clip": 0.3, "temperature": 0.8, "impl": impl},
+            ("hidden_NH", "weight_VH"),
+        )
+        for impl in ("blocked", "fused")
+    },
     "taid": (L.taid_loss, _logits_pair, {"t": 0.6}, ("student_logits",)),
     "taid_nomask": (
         lambda mask, **kw: L.taid_loss(**kw),
@@ -151,7 +155,7 @@ CASES: dict[str, tuple[Callable, Callable, dict[str, Any], tuple[str, ...]]] = {
             s, w, *L.contrast_teacher_states(s, w, h, p, w, 0.5), **kw
         ),
         lambda g: {x: torch.randn(6 if x != "w" else V, H, generator=g) for x in "shpw"},
-        {},
+        {"impl": "fused"},  # the implementation a GPU runs, on both devices
         ("s", "w"),
     ),
 }
@@ -224,6 +228,6 @@ def test_check_fails_on_todays_chunked_line_and_passes_on_the_fix():
     inputs = to_device(_hidden_pair(torch.Generator().manual_seed(0)))
     old = _chunked_with_old_line()
     with pytest.raises(DeviceMixError, match=r"aten\.logaddexp\.out.*chunked\.py"):
-        old.chunked_generalized_jsd_loss(**inputs, beta=0.5)
-    loss, _ = chunked.chunked_generalized_jsd_loss(**inputs, beta=0.5)
+        old.chunked_generalized_jsd_loss(**inputs, beta=0.5, impl="blocked")  # the line's path
+    loss, _ = chunked.chunked_generalized_jsd_loss(**inputs, beta=0.5, impl="blocked")
     assert loss.device.type == "devcheck" and math.isfinite(float(loss))
