@@ -82,9 +82,11 @@ def test_async_needs_a_vllm_server():
     assert not async_enabled(load_config(None, []))
 
 
-def test_tools_and_rewards_travel_to_the_rollout_worker(vllm_present, tokenizer):
+def test_tools_and_rewards_travel_to_the_rollout_worker(vllm_present, tokenizer, monkeypatch):
     """AsyncGRPOTrainer pickles its rewards and environment factory into a spawned worker:
-    the factory rebuilds the bounded tool class there."""
+    the factory rebuilds the bounded tool class there. (The config's hub id is passed through
+    as it is: no hub is reachable here, and the model is not what this test is about.)"""
+    monkeypatch.setattr("composer_replication.lm.models.resolve_model_path", lambda ref: ref)
     cfg = load_config(ASYNC, ["env.num_train=4"])
     env = run_mod.build_env(cfg)
     kwargs = async_trainer_kwargs(cfg, tokenizer, env)
