@@ -44,7 +44,8 @@ def delayed(url: str, delay_s: float) -> Iterator[str]:
 
     async def handle(c_reader, c_writer) -> None:
         s_reader, s_writer = await asyncio.open_connection(target.hostname, target.port)
-        await asyncio.gather(_pipe(c_reader, s_writer, 0.0), _pipe(s_reader, c_writer, delay_s))
+        with contextlib.suppress(asyncio.CancelledError):  # shutdown cancels open connections
+            await asyncio.gather(_pipe(c_reader, s_writer, 0.0), _pipe(s_reader, c_writer, delay_s))
 
     async def serve() -> None:
         box["server"] = await asyncio.start_server(handle, "127.0.0.1", 0)

@@ -31,6 +31,10 @@ class ReplicaFailedError(RuntimeError):
 
     def __init__(self, failures: dict[int, tuple[int | None, str]]):
         self.failures = failures
+        if len(failures) == 1 and next(iter(failures.values()))[0] is None:
+            ((rank, (_, err)),) = failures.items()  # one live replica raised: its error, one line
+            super().__init__(f"replica {rank} failed: {err}")
+            return
         lines = [f"{len(failures)} replica(s) failed:"]
         for rank, (code, err) in sorted(failures.items()):
             lines.append(
