@@ -184,6 +184,11 @@ class FeatureDeletionEnvConfig(ToolEnvConfig):
     to what is left; once spent, ``run_tests`` is an error result and grading still runs). A
     workspace that hangs costs this once, not ``task_generation.suite_timeout_s`` per call.
     None: no budget."""
+    min_hidden_tests: int = Field(0, ge=0, le=1000)
+    """Train and evaluate only on tasks with at least this many hidden target tests (test ids
+    the agent's workspace does not hold). A task whose every target test is visible can be
+    passed by a lookup table of the visible tests' expected values; 1 rules that out (the
+    shipped ``feature_deletion.yaml`` sets it; 0 keeps every generated task)."""
     harness: Literal["native", "claude_code", "codex", "bash"] = "native"
     """The tool vocabulary the agent gets (envs/profiles.py, docs/agents.md): the
     environment's own tools, Claude Code's (``Read``, ``Write``, ``Edit``, ``Bash``, ``Grep``,
@@ -205,7 +210,8 @@ class FeatureDeletionEnvConfig(ToolEnvConfig):
                 "generation": self.task_generation, "reward": self.reward,
                 "heldout_fraction": self.heldout_fraction,
                 "max_output_chars": self.max_tool_output_chars, "few_shot": self.few_shot,
-                "tests_budget_s": self.tests_budget_s, "harness": self.harness}  # fmt: skip
+                "tests_budget_s": self.tests_budget_s, "harness": self.harness,
+                "min_hidden_tests": self.min_hidden_tests}  # fmt: skip
 
 
 ENV_CONFIGS: dict[str, type[EnvConfig]] = {

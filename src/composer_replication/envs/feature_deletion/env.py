@@ -145,6 +145,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         few_shot: bool = True,
         tests_budget_s: float | None = 300.0,
         harness: str = "native",
+        min_hidden_tests: int = 0,
         progress=None,
     ):
         super().__init__()
@@ -167,6 +168,8 @@ class FeatureDeletionEnv(ToolEnvironment):
             if not (set_dir / "tasks.jsonl").exists():
                 generate_tasks(source, out, self.generation, spec=spec, progress=progress)
             for record in load_tasks(set_dir):
+                if len(record.get("hidden_tests", ())) < min_hidden_tests:
+                    continue  # every target readable in the workspace (config: min_hidden_tests)
                 self.roots[record["task_id"]] = source.root
                 split = "heldout" if unit_hash(record["task_id"]) < heldout_fraction else "train"
                 prompt = PROMPT.format(symbol=record["symbol"], file=record["file"],
@@ -174,7 +177,8 @@ class FeatureDeletionEnv(ToolEnvironment):
                                                          record["visible_tests"][:2]))  # fmt: skip
                 self._splits[split].append(Task(record["task_id"], prompt, split, record))
         if not self.roots:
-            raise ValueError(f"feature_deletion: no task in {list(sources)}")
+            need = f" with at least {min_hidden_tests} hidden tests" if min_hidden_tests else ""
+            raise ValueError(f"feature_deletion: no task in {list(sources)}{need}")
         self._by_id = {t.task_id: t for s in ("train", "heldout") for t in self.tasks(s)}
 
     def task_by_id(self, task_id: str) -> Task:

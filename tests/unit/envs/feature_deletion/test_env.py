@@ -18,8 +18,13 @@ FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return textkit_env(tmp_path_factory.mktemp("tasks"))
+def task_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tasks")
+
+
+@pytest.fixture(scope="module")
+def env(task_dir):
+    return textkit_env(task_dir)
 
 
 def _task(env, symbol):
@@ -29,6 +34,20 @@ def _task(env, symbol):
 def _call(name, **args):
     return {"role": "assistant", "content": "",
             "tool_calls": [{"type": "function", "function": {"name": name, "arguments": args}}]}  # fmt: skip
+
+
+def test_min_hidden_tests_keeps_only_tasks_with_a_hidden_target(env, task_dir):
+    """``min_hidden_tests=1`` drops exactly the tasks whose every target test is visible in
+    the workspace (a lookup table of those could pass them) and keeps the splits' tasks."""
+    every = {t.task_id: t for s in ("train", "heldout") for t in env.tasks(s)}
+    kept_env = textkit_env(task_dir, min_hidden_tests=1)
+    kept = {t.task_id: t.split for s in ("train", "heldout") for t in kept_env.tasks(s)}
+    with_hidden = {i for i, t in every.items() if t.data["hidden_tests"]}
+    assert with_hidden and len(with_hidden) < len(every)  # the fixture has both kinds
+    assert set(kept) == with_hidden
+    assert all(every[i].split == split for i, split in kept.items())
+    with pytest.raises(ValueError, match="with at least 1000 hidden tests"):
+        textkit_env(task_dir, min_hidden_tests=1000)
 
 
 def test_tasks_split_and_prompt(env):
