@@ -10,6 +10,7 @@ from importlib.metadata import version
 
 from packaging.version import Version
 from support.lowest_venv import lowest_versions
+from support.tiny_run import every_channel_overrides
 from trl import GRPOConfig
 
 from composer_replication.config import load_config
@@ -35,23 +36,7 @@ def test_train_builds_its_trl_config_on_the_lowest_transformers():
 
 
 def test_smoke_train_with_every_channel_and_lora(tmp_path, tokenizer, tiny_model):
-    cfg = load_config(
-        None,
-        [
-            f"output_dir={tmp_path / 'run'}",
-            "max_steps=2",
-            "num_threads=1",
-            "optim.warmup_steps=0",
-            "generation.num_generations=2",
-            "generation.prompts_per_step=2",
-            "generation.max_completion_length=5",
-            "env.num_train=8",
-            "eval.before_and_after=false",
-            "alpha_sdpo=0.5",
-            "beta_replay=0.5",
-            "replay.pairs_per_step=2",
-        ],
-    )
+    cfg = load_config(None, every_channel_overrides(tmp_path / "run", 2))
     from composer_replication.config import PeftConfig
     from composer_replication.lm.models import apply_lora
 

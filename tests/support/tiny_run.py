@@ -43,3 +43,23 @@ def tiny_run_overrides(model_dir: Path, output_dir: Path, store_uri: str) -> lis
         f"diloco.store_uri={store_uri}",
         "diloco.timeout_s=300",
     ]
+
+
+def every_channel_overrides(output_dir: Path, steps: int) -> list[str]:
+    """A ``steps``-step arithmetic run of a tiny model with GRPO, hinted self-distillation and
+    replay pairs all on, no evaluation: the smoke train of the device check and of the
+    lowest-versions environment."""
+    return [
+        f"output_dir={output_dir}",
+        f"max_steps={steps}",
+        "num_threads=1",
+        "optim.warmup_steps=0",
+        "generation.num_generations=2",
+        "generation.prompts_per_step=2",
+        "generation.max_completion_length=5",
+        "env.num_train=8",
+        "eval.before_and_after=false",
+        "alpha_sdpo=0.5",
+        "beta_replay=0.5",
+        "replay.pairs_per_step=2",
+    ]

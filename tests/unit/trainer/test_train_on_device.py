@@ -10,6 +10,7 @@ import copy
 
 import pytest
 from support.device_check import accelerate_on_device, on_check_device
+from support.tiny_run import every_channel_overrides
 
 from composer_replication.config import load_config
 from composer_replication.run.train import build_env, build_trainer
@@ -17,24 +18,7 @@ from composer_replication.trainer.callbacks import read_metrics
 
 
 def _cfg(tmp_path, steps: int, *extra: str, name: str | None = None):
-    return load_config(
-        name,
-        [
-            f"output_dir={tmp_path / 'run'}",
-            f"max_steps={steps}",
-            "num_threads=1",
-            "optim.warmup_steps=0",
-            "generation.num_generations=2",
-            "generation.prompts_per_step=2",
-            "generation.max_completion_length=5",
-            "env.num_train=8",
-            "eval.before_and_after=false",
-            "alpha_sdpo=0.5",
-            "beta_replay=0.5",
-            "replay.pairs_per_step=2",
-            *extra,
-        ],
-    )
+    return load_config(name, [*every_channel_overrides(tmp_path / "run", steps), *extra])
 
 
 def _train_on_device(cfg, model, tokenizer):
