@@ -13,16 +13,12 @@ has no CPU build of an older torch, and a CUDA build is several GB.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-import sys
-import venv
 from pathlib import Path
 
 import tomllib
 
-from support.verl_venv import _pip as pip_install
+from support.verl_venv import cached_venv
 
 REPO = Path(__file__).resolve().parents[2]
 BOUNDED = ("torch", "transformers", "trl", "peft", "accelerate")
@@ -47,22 +43,9 @@ def pins() -> list[str]:
     return [f"{name}=={version}" for name, version in sorted(lowest_versions().items())]
 
 
-def venv_dir() -> Path:
-    key = hashlib.sha256(("\n".join(pins()) + sys.version).encode()).hexdigest()[:12]
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return root / "composer-replication" / f"lowest-venv-{key}"
-
-
 def ensure_lowest_venv() -> Path:
     """The venv's python, creating the venv (the pinned lowest versions) if needed."""
-    d = venv_dir()
-    python = d / "bin" / "python"
-    done = d / ".installed"
-    if not done.exists():
-        venv.EnvBuilder(system_site_packages=True, clear=True, with_pip=True).create(d)
-        pip_install(python, *pins())
-        done.write_text("\n".join(pins()))
-    return python
+    return cached_venv("lowest", pins())
 
 
 if __name__ == "__main__":

@@ -29,14 +29,23 @@ def verl_requirements() -> list[str]:
     return list(meta["project"]["optional-dependencies"]["verl"])
 
 
-def venv_dir() -> Path:
-    reqs = "\n".join(verl_requirements()) + sys.version
-    key = hashlib.sha256(reqs.encode()).hexdigest()[:12]
+def cached_venv(name: str, requirements: list[str]) -> Path:
+    """The python of a venv with ``--system-site-packages`` and ``requirements`` installed,
+    created once under ``~/.cache/composer-replication/{name}-venv-<key>`` (the key hashes the
+    requirements and this Python, so a change of either builds a new one)."""
+    key = hashlib.sha256(("\n".join(requirements) + sys.version).encode()).hexdigest()[:12]
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return root / "composer-replication" / f"verl-venv-{key}"
+    d = root / "composer-replication" / f"{name}-venv-{key}"
+    python = d / "bin" / "python"
+    done = d / ".installed"
+    if not done.exists():
+        venv.EnvBuilder(system_site_packages=True, clear=True, with_pip=True).create(d)
+        pip_install(python, *requirements)
+        done.write_text("\n".join(requirements))
+    return python
 
 
-def _pip(python: Path, *args: str) -> None:
+def pip_install(python: Path, *args: str) -> None:
     cmd = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
@@ -45,14 +54,8 @@ def _pip(python: Path, *args: str) -> None:
 
 def ensure_verl_venv() -> Path:
     """The venv's python, creating the venv if needed and (re)installing this checkout."""
-    d = venv_dir()
-    python = d / "bin" / "python"
-    done = d / ".installed"
-    if not done.exists():
-        venv.EnvBuilder(system_site_packages=True, clear=True, with_pip=True).create(d)
-        _pip(python, *verl_requirements())
-        done.write_text("\n".join(verl_requirements()))
-    _pip(python, "--no-deps", "--no-build-isolation", "-e", str(REPO))
+    python = cached_venv("verl", verl_requirements())
+    pip_install(python, "--no-deps", "--no-build-isolation", "-e", str(REPO))
     return python
 
 
