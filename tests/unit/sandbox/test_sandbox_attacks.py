@@ -158,6 +158,10 @@ time (``load_error``) or from inside the function (``value``): tag and an expres
 payload's text, under the 1 MB frame cap. ``M = 2**61 - 1``: ints that differ by multiples of
 it (and tuples of them) share one hash, so a set or dict of them is built in quadratic time."""
 
+BENIGN_FRAME = ("value", '"{" + ",".join(f"({k},): 0" for k in range(30_000)) + "}"')
+"""The control: a frame as large as the flooded dict whose keys hash apart. The grader parses and
+builds all of it (linear work), so its CPU is the yardstick for the attacks' on this machine."""
+
 
 @pytest.fixture(scope="module")
 def env():
@@ -216,11 +220,32 @@ def test_control_without_isolation_the_witnesses_see_the_breach(task, arena):
 
 
 @pytest.mark.parametrize("name", sorted(RAW_FRAMES))
-def test_raw_wire_frames_neither_crash_nor_stall_the_grader(name, env, task):
+def test_raw_wire_frames_neither_crash_nor_stall_the_grader(name, env, task, benign_cpu):
     """A frame holding an int whose ``str()`` raises, a set or dict whose keys share one hash, or
     a 1 MB message scores 0 with short feedback, and the grader's own work on it takes under a
     second of CPU (hash flooding cost it ~11 s of CPU past the deadline)."""
-    tag, payload = RAW_FRAMES[name]
+    result, elapsed, cpu = _grade_raw_frame(env, task, *RAW_FRAMES[name])
+    assert result.reward == 0.0 and not result.passed, result.feedback[:300]
+    assert len(result.feedback) <= 1000, result.feedback[:300]
+    # the grader's own CPU (the payload is built inside the sandbox, on a clock that a loaded
+    # machine stretches), against the same-sized benign frame graded here: linear work stays
+    # near it on any machine, the quadratic build it replaced took ~20x it; wall time only
+    # bounds waiting, with room for a loaded machine
+    assert cpu < max(1.0, 3 * benign_cpu), (cpu, benign_cpu, result.feedback[:300])
+    assert elapsed < 2 * env.sandbox.cfg.wall_timeout_s, (elapsed, result.feedback[:300])
+
+
+@pytest.fixture(scope="module")
+def benign_cpu(env, task) -> float:
+    """The grader's CPU on :data:`BENIGN_FRAME` (a wrong answer: scores 0), least of two."""
+    runs = [_grade_raw_frame(env, task, *BENIGN_FRAME) for _ in range(2)]
+    assert all(r.reward == 0.0 and "hash" not in r.feedback for r, _, _ in runs), runs[0][0]
+    return min(cpu for _, _, cpu in runs)
+
+
+def _grade_raw_frame(env, task, tag: str, payload: str):
+    """Grade a completion that writes the raw frame ``(tag, <payload>)`` to every fd the
+    harness might read; returns the result, wall seconds and this process's CPU seconds."""
     write = (
         "import os, time\n"
         "M = (1 << 61) - 1\n"
@@ -235,10 +260,4 @@ def test_raw_wire_frames_neither_crash_nor_stall_the_grader(name, env, task):
         completion = textwrap.indent(write + "time.sleep(60)\n", "    ")
     start, cpu = time.monotonic(), time.process_time()
     result = env.grade(task, completion)
-    elapsed, cpu = time.monotonic() - start, time.process_time() - cpu
-    assert result.reward == 0.0 and not result.passed, result.feedback[:300]
-    assert len(result.feedback) <= 1000, result.feedback[:300]
-    # the grader's own CPU (the payload is built inside the sandbox, on a clock that a loaded
-    # machine stretches); wall time only bounds waiting, with room for a loaded machine
-    assert cpu < 1.0, (cpu, result.feedback[:300])
-    assert elapsed < 2 * env.sandbox.cfg.wall_timeout_s, (elapsed, result.feedback[:300])
+    return result, time.monotonic() - start, time.process_time() - cpu

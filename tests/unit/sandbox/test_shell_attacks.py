@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from support.sandbox_witness import Arena, processes_matching
@@ -80,6 +81,13 @@ def arena(tmp_path, monkeypatch):
     a.close()
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "<gone>"
+
+
 def _original_line(task) -> str:
     body = original_body((TEXTKIT / task.data["file"]).read_text(), candidate_of(task.data))
     return max(body.splitlines(), key=len).strip()
@@ -102,13 +110,17 @@ def _fill(command: str, a: Arena, tools, task) -> str:
 def test_shell_attack_is_contained_and_earns_nothing(name, env, task, arena):
     tools = env.tools_class()()
     tools.reset(**env.row(task))
+    # children this test process already had (a resource tracker or compile worker left by an
+    # earlier test in the same session) are not the call's
+    before = set(_descendants(os.getpid()))
     start = time.monotonic()
     out = tools.Bash(_fill(ATTACKS[name], arena, tools, task), timeout=20_000)
     elapsed = time.monotonic() - start
     assert elapsed < 20 + 40, elapsed  # the command's limit plus the copies
     assert arena.breaches() == [], out[:500]
     # nothing of the call is still running (other sandboxes on the machine are not ours)
-    assert set(_descendants(os.getpid())) - {arena.sentinel.pid} == set()
+    left = set(_descendants(os.getpid())) - before - {arena.sentinel.pid}
+    assert left == set(), {pid: _cmdline(pid) for pid in left}
     assert arena.secret not in out and _original_line(task) not in out
     assert len(out) <= env.max_output_chars + 80
     links = [p for p in tools.workspace.rglob("*") if p.is_symlink() or p.is_fifo()]
