@@ -29,17 +29,23 @@ def verl_requirements() -> list[str]:
     return list(meta["project"]["optional-dependencies"]["verl"])
 
 
-def cached_venv(name: str, requirements: list[str]) -> Path:
-    """The python of a venv with ``--system-site-packages`` and ``requirements`` installed,
-    created once under ``~/.cache/composer-replication/{name}-venv-<key>`` (the key hashes the
-    requirements and this Python, so a change of either builds a new one)."""
-    key = hashlib.sha256(("\n".join(requirements) + sys.version).encode()).hexdigest()[:12]
+def cached_venv(name: str, requirements: list[str], system_site_packages: bool = True) -> Path:
+    """The python of a venv with ``requirements`` installed, created once under
+    ``~/.cache/composer-replication/{name}-venv-<key>`` (the key hashes the requirements and
+    this Python, so a change of either builds a new one). ``system_site_packages=False``: an
+    isolated venv (nothing of the main environment visible)."""
+    isolated = "" if system_site_packages else "\nisolated"
+    text = "\n".join(requirements) + sys.version + isolated
+    key = hashlib.sha256(text.encode()).hexdigest()[:12]
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     d = root / "composer-replication" / f"{name}-venv-{key}"
     python = d / "bin" / "python"
     done = d / ".installed"
     if not done.exists():
-        venv.EnvBuilder(system_site_packages=True, clear=True, with_pip=True).create(d)
+        builder = venv.EnvBuilder(
+            system_site_packages=system_site_packages, clear=True, with_pip=True
+        )
+        builder.create(d)
         pip_install(python, *requirements)
         done.write_text("\n".join(requirements))
     return python

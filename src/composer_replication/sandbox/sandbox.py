@@ -316,8 +316,9 @@ def _bwrap_argv(
         argv += ["--symlink", target, link]
     for m in lay.masks:
         argv += ["--tmpfs", m, "--remount-ro", m]
+    staged = dict(_staged_binds(tuple(binds)))
     for path in binds:  # extra read-only trees (a repository under test, its test tools)
-        argv += ["--ro-bind", path, path]
+        argv += ["--ro-bind", staged.get(path, path), path]
     argv += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", _stdlib_pycache(), PYCACHE]
     argv += ["--size", str(cfg.work_dir_mb * 2**20), "--tmpfs", WORK, "--symlink", WORK, "/tmp"]
     argv += list(mounts)  # more bwrap mount options (the shell tool's size-capped /repo)
@@ -348,9 +349,11 @@ CGROUP_SLACK_MB = 64
 bwrap process, kernel memory of its mounts)."""
 
 
-def _preexec(cgroup: MemoryCgroup | None, lay: _Layout):
-    """preexec_fn for a root grader: join the sandbox's memory cgroup, then `_as_nobody`."""
-    become_nobody = _as_nobody(lay.stage, lay.prefix)
+def _preexec(cgroup: MemoryCgroup | None, lay: _Layout, staged: tuple[tuple[str, str], ...] = ()):
+    """preexec_fn for a root grader: join the sandbox's memory cgroup, then `_as_nobody`
+    (``staged``: more (host directory, empty mount point) pairs to stage, see `_staged_binds`)."""
+    pairs = ((lay.prefix, lay.stage),) if lay.stage is not None else ()
+    become_nobody = _as_nobody(pairs + tuple(staged))
     if cgroup is None:
         return become_nobody
 
@@ -361,25 +364,47 @@ def _preexec(cgroup: MemoryCgroup | None, lay: _Layout):
     return apply
 
 
-def _as_nobody(stage: str | None, prefix: str):
-    """preexec_fn for a root grader: optionally stage the prefix, then become ``nobody``."""
+def _as_nobody(stages: tuple[tuple[str, str], ...]):
+    """preexec_fn for a root grader: bind each (source, stage) pair's source onto its stage in
+    a private mount namespace of the child (if any), then become ``nobody``."""
     libc = ctypes.CDLL(None, use_errno=True)
-    src, dst = os.fsencode(prefix), os.fsencode(stage or "")
+    encoded = [(os.fsencode(src), os.fsencode(dst)) for src, dst in stages]
 
     def apply() -> None:
-        if stage is not None:
-            for rc in (
-                libc.unshare(CLONE_NEWNS),
-                libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None),
-                libc.mount(src, dst, None, MS_BIND | MS_REC, None),
-            ):
-                if rc != 0:
-                    raise OSError(ctypes.get_errno(), "staging the interpreter for nobody")
+        if encoded:
+            calls = [lambda: libc.unshare(CLONE_NEWNS),
+                     lambda: libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None)]  # fmt: skip
+            calls += [lambda s=s, d=d: libc.mount(s, d, None, MS_BIND | MS_REC, None)
+                      for s, d in encoded]  # fmt: skip
+            for call in calls:
+                if call() != 0:
+                    raise OSError(ctypes.get_errno(), "staging a directory for nobody")
         os.setgroups([])
         os.setgid(NOBODY)
         os.setuid(NOBODY)
 
     return apply
+
+
+@lru_cache(maxsize=64)
+def _mount_point(path: str) -> str:
+    """An empty world-readable directory (removed at exit) that ``path`` is bind-mounted onto
+    in a root grader's child, so that ``nobody`` can reach it (`_staged_binds`)."""
+    stage = tempfile.mkdtemp(prefix="cr-sandbox-stage-")
+    os.chmod(stage, 0o755)
+    atexit.register(shutil.rmtree, stage, ignore_errors=True)
+    return stage
+
+
+def _staged_binds(binds: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(host directory, mount point) for the read-only ``binds`` that ``nobody`` cannot enter
+    (a virtual environment under ``/root``), when the grader is root: the child binds each onto
+    an empty world-readable directory before it drops to ``nobody``, as it does for the
+    interpreter's prefix, and bwrap binds that directory at the original path. The files must
+    still be readable by others (a venv built with umask 022 is)."""
+    if os.geteuid() != 0:
+        return ()
+    return tuple((b, _mount_point(b)) for b in binds if not _nobody_can_enter(b))
 
 
 # ---- one budget of sandbox slots per process ------------------------------------------------
@@ -533,7 +558,8 @@ class _Process:
             argv += _python_argv(lay.interpreter, PYCACHE, cfg, mode, root)
             cwd = "/"
             self._cgroup = MemoryCgroup.create(cfg.memory_mb + cfg.work_dir_mb + CGROUP_SLACK_MB)
-            preexec = _preexec(self._cgroup, lay) if os.geteuid() == 0 else None
+            staged = _staged_binds(tuple(binds))
+            preexec = _preexec(self._cgroup, lay, staged) if os.geteuid() == 0 else None
         stdin, stdout = wire or (subprocess.PIPE, subprocess.PIPE)
         try:
             self.proc = subprocess.Popen(

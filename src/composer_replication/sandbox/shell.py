@@ -108,12 +108,14 @@ def run_shell(
     max_depth: int = 64,
     max_processes: int = 64,
     apply: bool = True,
+    extra: ShellExtras | None = None,
 ) -> ShellResult:
     """Run ``command`` with ``sh -c`` in a sandboxed copy of ``workspace`` (seen at ``/repo``)
     and bring the resulting tree back (module docstring). ``box`` must not be in unsafe mode:
     without isolation a command would run on the host. Memory per process is ``box``'s;
     ``max_processes`` bounds the command's processes and threads together. ``apply=False``
-    leaves the workspace as it was (a search)."""
+    leaves the workspace as it was (a search). ``extra``: more environment variables, read-only
+    trees and bwrap mounts for a trusted caller (an agent run, agents/sandboxed.py)."""
     if box.bwrap is None:
         raise RuntimeError("the shell tool needs the bubblewrap sandbox (unsafe mode is refused)")
     if "\x00" in command or len(command) > MAX_COMMAND_CHARS:
@@ -121,9 +123,8 @@ def run_shell(
                            f"{MAX_COMMAND_CHARS} characters")  # fmt: skip
     stage = _stage(workspace)
     try:
-        res = _run(
-            box, stage, command, timeout_s, max_output_chars, repo_mb, python_path, max_processes
-        )
+        res = _run(box, stage, command, timeout_s, max_output_chars, repo_mb, python_path,
+                   max_processes, extra or ShellExtras())  # fmt: skip
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     exit_code, output, size = _parse_stderr(res.stderr)
@@ -154,17 +155,30 @@ def _stage(workspace: Path) -> str:
     return dest
 
 
-def _run(box, stage, command, timeout_s, max_output_chars, repo_mb, python_path, nproc):
+@dataclass(frozen=True)
+class ShellExtras:
+    """What a trusted caller adds to a command's sandbox: environment variables (replacing the
+    defaults but not the script's own ``CR_`` ones), read-only trees bound at their own path
+    (staged for ``nobody`` when the trainer is root), and bwrap mount options."""
+
+    env: tuple[tuple[str, str], ...] = ()
+    binds: tuple[str, ...] = ()
+    mounts: tuple[str, ...] = ()
+
+
+def _run(box, stage, command, timeout_s, max_output_chars, repo_mb, python_path, nproc, extra):
     cfg = shell_sandbox(timeout_s, box.cfg.memory_mb, nproc, repo_mb)
     interp = sandbox_interpreter()
     env = {"PATH": "/cr-bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/pycache", "PYTHONPATH": ":".join(python_path),
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": "-p no:cacheprovider", "CR_COMMAND": command,
            "CR_TIMEOUT": str(max(1, int(timeout_s))), "CR_OUTPUT": str(max_output_chars)}  # fmt: skip
+    env |= {k: v for k, v in extra.env if not k.startswith("CR_")}
     code = f"import os\nos.execve('/bin/sh', ['sh', '-c', {_SCRIPT!r}], {env!r})\n"
     mounts = ("--size", str(repo_mb * 2**20), "--tmpfs", REPO, "--ro-bind", stage, STAGE,
               "--symlink", interp, "/cr-bin/python", "--symlink", interp, "/cr-bin/python3")  # fmt: skip
-    return Sandbox(cfg).run_python(code, binds=tuple(python_path), mounts=mounts)
+    binds = tuple(dict.fromkeys((*python_path, *extra.binds)))
+    return Sandbox(cfg).run_python(code, binds=binds, mounts=mounts + extra.mounts)
 
 
 def _parse_stderr(stderr: str) -> tuple[int | None, str, int]:

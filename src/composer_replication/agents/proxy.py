@@ -1,0 +1,238 @@
+"""An OpenAI-compatible ``/v1/chat/completions`` endpoint served by the policy being trained,
+recording the tokens of every answer for training (FastAPI + uvicorn in a thread, on a unix
+socket: agents reach it only through the sandbox's relay, agents/sandboxed.py).
+
+* **One episode, one key.** :meth:`PolicyProxy.open_episode` issues a random API key (the
+  agent's ``OPENAI_API_KEY``); each request's ``Authorization: Bearer <key>`` files its turn
+  under that episode, so concurrent episodes never mix. An unknown key is refused (401), as is
+  a request past the episode's ``max_requests`` (429) or after :meth:`close_episode`.
+* **Rendering.** The request's messages (and ``tools``, when listed) are rendered with the
+  tokenizer's chat template (`lm.chat.render_prompt`, our tool template for SmolLM2-style
+  ChatML), tokenized without special tokens added; a prompt over ``max_prompt_tokens`` is
+  refused (400, "maximum context length") rather than cut, so every recorded prompt is
+  what the policy saw.
+* **Generation** is the policy's (:class:`Policy`): the trainer's own generation path and
+  sampling settings (agents/episodes.py), whatever temperature the harness asks for; one
+  request at a time (a lock). The recorded turn holds the prompt ids, the completion ids (up
+  to and including the end-of-turn token) and their log-probs under the sampling
+  distribution (logits divided by the temperature, TRL's convention).
+* **Answers.** With ``tools`` in the request, each well-formed ``<tool_call>{...}</tool_call>``
+  block becomes an OpenAI ``tool_calls`` entry (`lm.chat.parse_tool_calls`), the rest is the
+  content. ``stream=true`` is answered as a single server-sent event chunk followed by
+  ``[DONE]`` (enough for clients that insist on streaming; the harness here does not).
+"""
+
+import asyncio
+import json
+import os
+import secrets
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from composer_replication.lm.chat import parse_tool_calls, render_prompt
+
+MAX_BODY_BYTES = 4 << 20
+"""Largest request body read (4 MiB): the agent is model-driven and untrusted."""
+
+
+class Policy(Protocol):
+    """What the proxy generates with: ``prompt_ids -> (completion_ids, logprobs)``, one
+    log-prob per completion token."""
+
+    def __call__(self, prompt_ids: list[int]) -> tuple[list[int], list[float]]: ...
+
+
+@dataclass
+class Turn:
+    """One answered request of an episode."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    messages: list[dict[str, Any]]
+    """The request's messages followed by the answer (for logging and blame)."""
+
+
+@dataclass
+class _Episode:
+    turns: list[Turn] = field(default_factory=list)
+    requests: int = 0
+    refused: int = 0
+
+
+class ChatRequest(BaseModel):
+    """The part of an OpenAI chat request the proxy reads (other fields are ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = ""
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=4096)
+    tools: list[dict[str, Any]] | None = None
+    stream: bool = False
+
+
+class PolicyProxy:
+    """The endpoint (module docstring). Use as a context manager, or ``start``/``stop``."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        tokenizer: Any,
+        socket_path: str,
+        model_name: str = "policy",
+        max_prompt_tokens: int = 4096,
+        max_requests: int = 16,
+    ):
+        self.policy, self.tokenizer = policy, tokenizer
+        self.socket_path, self.model_name = socket_path, model_name
+        self.max_prompt_tokens, self.max_requests = max_prompt_tokens, max_requests
+        self._episodes: dict[str, _Episode] = {}
+        self._lock = threading.Lock()  # one generation at a time; guards _episodes too
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    # ---- episodes --------------------------------------------------------------------------
+    def open_episode(self) -> str:
+        """A fresh API key whose requests are recorded as one episode."""
+        key = "cr-" + secrets.token_urlsafe(24)
+        with self._lock:
+            self._episodes[key] = _Episode()
+        return key
+
+    def close_episode(self, key: str) -> tuple[list[Turn], int]:
+        """The episode's turns in order and how many of its requests were refused; later
+        requests with ``key`` are refused."""
+        with self._lock:
+            ep = self._episodes.pop(key)
+        return ep.turns, ep.refused
+
+    # ---- serving ---------------------------------------------------------------------------
+    def start(self) -> "PolicyProxy":
+        """Serve on ``socket_path`` (mode 0666: the sandbox's user must connect; the keys
+        guard it) in a daemon thread; returns once the socket accepts."""
+        import uvicorn
+
+        if os.path.exists(self.socket_path):
+            os.unlink(self.socket_path)
+        config = uvicorn.Config(self.app(), uds=self.socket_path, log_level="warning",
+                                access_log=False, timeout_keep_alive=30)  # fmt: skip
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="cr-proxy", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the policy proxy did not start on {self.socket_path}")
+            time.sleep(0.01)
+        os.chmod(self.socket_path, 0o666)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and remove the socket."""
+        if self._server is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+            self._server = None
+        if os.path.exists(self.socket_path):
+            os.unlink(self.socket_path)
+
+    def __enter__(self) -> "PolicyProxy":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def app(self):
+        """The FastAPI app (``/v1/models``, ``/v1/chat/completions``). This module has no
+        ``from __future__ import annotations``: FastAPI reads the handler's ``Request``
+        annotation as a class."""
+        from fastapi import FastAPI, Request
+        from fastapi.responses import JSONResponse, StreamingResponse
+
+        app = FastAPI(title="composer-replication policy proxy", docs_url=None, redoc_url=None)
+
+        @app.get("/v1/models")
+        async def models() -> dict[str, Any]:
+            return {"object": "list", "data": [{"id": self.model_name, "object": "model",
+                                                "owned_by": "composer-replication"}]}  # fmt: skip
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+            body = await request.body()
+            status, answer = await asyncio.to_thread(self.answer, key, body)
+            if status != 200:
+                return JSONResponse(status_code=status, content=answer)
+            if answer.pop("_stream", False):
+                return StreamingResponse(_sse(answer), media_type="text/event-stream")
+            return answer
+
+        return app
+
+    def answer(self, key: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, JSON body) for one chat request filed under ``key``."""
+        with self._lock:
+            ep = self._episodes.get(key)
+            if ep is None:
+                return 401, _error("unknown or closed API key", "invalid_api_key")
+            ep.requests += 1
+            if ep.requests > self.max_requests:
+                ep.refused += 1
+                return 429, _error(f"this episode's {self.max_requests} requests are used up",
+                                   "rate_limit_exceeded")  # fmt: skip
+            try:
+                if len(body) > MAX_BODY_BYTES:
+                    raise ValueError(f"the request is larger than {MAX_BODY_BYTES} bytes")
+                req = ChatRequest.model_validate(json.loads(body))
+                prompt_ids = self._prompt_ids(req)
+            except (ValueError, TypeError, KeyError) as e:  # pydantic's errors are ValueErrors
+                ep.refused += 1
+                return 400, _error(str(e)[:500], "invalid_request_error")
+            completion_ids, logprobs = self.policy(prompt_ids)
+            text = self.tokenizer.decode(completion_ids, skip_special_tokens=True)
+            content, calls = parse_tool_calls(text) if req.tools else (text.strip(), [])
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = calls
+            ep.turns.append(Turn(prompt_ids, completion_ids, logprobs,
+                                 [*req.messages, message]))  # fmt: skip
+        eos = self.tokenizer.eos_token_id
+        done = bool(completion_ids) and completion_ids[-1] == eos
+        finish = "tool_calls" if calls else ("stop" if done else "length")
+        out = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+            "created": int(time.time()), "model": self.model_name,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids),
+                      "total_tokens": len(prompt_ids) + len(completion_ids)},
+        }  # fmt: skip
+        return 200, {**out, "_stream": req.stream}
+
+    def _prompt_ids(self, req: ChatRequest) -> list[int]:
+        text = render_prompt(self.tokenizer, req.messages, tools=req.tools)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > self.max_prompt_tokens:
+            raise ValueError(f"This model's maximum context length is {self.max_prompt_tokens} "
+                             f"tokens; the messages have {len(ids)} tokens")  # fmt: skip
+        return ids
+
+
+def _error(message: str, code: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error", "code": code}}
+
+
+async def _sse(answer: dict[str, Any]):
+    """The whole answer as one chat.completion.chunk event, then ``[DONE]``."""
+    choice = answer["choices"][0]
+    delta = {k: v for k, v in choice["message"].items()}
+    for i, call in enumerate(delta.get("tool_calls") or []):
+        call["index"] = i
+    chunk = {**answer, "object": "chat.completion.chunk",
+             "choices": [{"index": 0, "delta": delta, "finish_reason": choice["finish_reason"]}]}  # fmt: skip
+    yield f"data: {json.dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"

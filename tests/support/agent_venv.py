@@ -1,0 +1,33 @@
+"""The virtual environment of the unmodified agent harness the proxy tests drive:
+mini-swe-agent (SWE-agent's bash-only agent, from PyPI; nobody here wrote it).
+
+``python tests/support/agent_venv.py`` (or :func:`ensure_agent_venv`) creates it once under
+``~/.cache/composer-replication/`` (``cached_venv``, as the verl venv), isolated from the main
+environment (no ``--system-site-packages``): the agent runs inside the bubblewrap sandbox,
+which binds this venv read-only and none of the main environment's site-packages. It needs
+PyPI once (~1-2 min, ~750 MB); afterwards nothing is fetched: the proxy run sets
+``LITELLM_LOCAL_MODEL_COST_MAP`` and runs with no network but the proxy.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+
+from support.verl_venv import cached_venv  # noqa: E402
+
+REQUIREMENTS = ["mini-swe-agent==2.4.6", "litellm==1.110.2", "openai==3.57.0"]
+"""The harness and the two libraries its model calls go through, pinned (the versions this
+machine's PyPI resolved on 2026-11-26)."""
+
+
+def ensure_agent_venv() -> Path:
+    """The venv's directory (``bin/mini`` is the harness), creating it if needed."""
+    python = cached_venv("mini-swe-agent", REQUIREMENTS, system_site_packages=False)
+    return python.parent.parent
+
+
+if __name__ == "__main__":
+    print(ensure_agent_venv())

@@ -1,0 +1,137 @@
+"""The policy proxy (agents/proxy.py) driven by the ``openai`` client over its unix socket: per
+key recording, tool calls parsed into OpenAI ``tool_calls``, refusals, and log-probs that are
+the policy's own."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+
+import httpx
+import openai
+import pytest
+import torch
+from conftest import make_tiny_model
+
+from composer_replication.agents.policy import ModelPolicy, sampled_logprobs
+from composer_replication.agents.proxy import PolicyProxy
+from composer_replication.lm.chat_templates import ensure_tool_template
+
+BASH = {"type": "function", "function": {"name": "bash", "description": "Run a command",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
+                       "required": ["command"]}}}  # fmt: skip
+
+
+class Scripted:
+    """A policy answering fixed texts in turn (its ids are the tokenizer's), log-probs from a
+    real tiny model, so the proxy's wire format is checked against known answers."""
+
+    def __init__(self, tok, model, texts):
+        self.tok, self.model, self.texts, self.prompts = tok, model, list(texts), []
+
+    def __call__(self, prompt_ids):
+        self.prompts.append(prompt_ids)
+        ids = self.tok(self.texts.pop(0), add_special_tokens=False)["input_ids"]
+        ids.append(self.tok.eos_token_id)
+        return ids, sampled_logprobs(self.model, prompt_ids, ids, 1.0)
+
+
+@pytest.fixture
+def tok(tokenizer):
+    t = copy.deepcopy(tokenizer)
+    ensure_tool_template(t)
+    return t
+
+
+def _client(proxy: PolicyProxy, key: str) -> openai.OpenAI:
+    transport = httpx.HTTPTransport(uds=proxy.socket_path)
+    return openai.OpenAI(api_key=key, base_url="http://proxy/v1", max_retries=0,
+                         http_client=httpx.Client(transport=transport))  # fmt: skip
+
+
+def test_openai_client_gets_tool_calls_and_each_key_records_its_own_turns(tok, tmp_path):
+    model = make_tiny_model(len(tok), max_positions=1024)
+    texts = ['Let me look.<tool_call>{"name": "bash", "arguments": {"command": "ls -la"}}'
+             "</tool_call>", "All done."]  # fmt: skip
+    policy = Scripted(tok, model, texts)
+    with PolicyProxy(policy, tok, str(tmp_path / "p.sock"), max_requests=2) as proxy:
+        a, b = proxy.open_episode(), proxy.open_episode()
+        msgs = [{"role": "system", "content": "You are an agent."},
+                {"role": "user", "content": "List the files."}]  # fmt: skip
+        r = _client(proxy, a).chat.completions.create(model="policy", messages=msgs,
+                                                       tools=[BASH])  # fmt: skip
+        call = r.choices[0].message.tool_calls[0]
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert r.choices[0].message.content == "Let me look."
+        assert (call.function.name, json.loads(call.function.arguments)) == (
+            "bash", {"command": "ls -la"})  # fmt: skip
+        r2 = _client(proxy, b).chat.completions.create(model="policy", messages=msgs)
+        assert r2.choices[0].message.content == "All done."
+        assert r2.choices[0].finish_reason == "stop" and not r2.choices[0].message.tool_calls
+        turns_a, refused_a = proxy.close_episode(a)
+        turns_b, _ = proxy.close_episode(b)
+        with pytest.raises(openai.AuthenticationError):  # a closed key answers nothing
+            _client(proxy, a).chat.completions.create(model="policy", messages=msgs)
+    assert refused_a == 0 and len(turns_a) == 1 and len(turns_b) == 1
+    (ta,), (tb,) = turns_a, turns_b
+    # the recorded prompt is the rendered request (tools listed in it) and what the policy saw
+    assert tok.decode(ta.prompt_ids).count('"name": "bash"') == 1
+    assert '"name": "bash"' not in tok.decode(tb.prompt_ids)
+    assert policy.prompts == [ta.prompt_ids, tb.prompt_ids]
+    assert ta.completion_ids[-1] == tok.eos_token_id
+    assert len(ta.logprobs) == len(ta.completion_ids)
+    assert r.usage.prompt_tokens == len(ta.prompt_ids)
+    assert ta.messages[-1]["tool_calls"][0]["function"]["name"] == "bash"
+
+
+def test_refusals_unknown_key_request_budget_and_context(tok, tmp_path):
+    model = make_tiny_model(len(tok), max_positions=1024)
+    policy = Scripted(tok, model, ["one", "two", "three"])
+    with PolicyProxy(policy, tok, str(tmp_path / "p.sock"), max_requests=2,
+                     max_prompt_tokens=64) as proxy:  # fmt: skip
+        msgs = [{"role": "user", "content": "hi"}]
+        with pytest.raises(openai.AuthenticationError):
+            _client(proxy, "cr-guessed").chat.completions.create(model="policy", messages=msgs)
+        key = proxy.open_episode()
+        c = _client(proxy, key)
+        with pytest.raises(openai.BadRequestError, match="maximum context length"):
+            c.chat.completions.create(model="policy", messages=[{"role": "user",
+                                                                  "content": "word " * 200}])  # fmt: skip
+        c.chat.completions.create(model="policy", messages=msgs)
+        with pytest.raises(openai.RateLimitError):
+            c.chat.completions.create(model="policy", messages=msgs)
+        turns, refused = proxy.close_episode(key)
+    assert len(turns) == 1 and refused == 2 and policy.prompts == [turns[0].prompt_ids]
+
+
+def test_model_policy_logprobs_are_the_sampling_distribution(tok, tmp_path):
+    """Real sampling from a tiny model: the recorded log-probs equal a fresh forward's
+    ``log_softmax(logits / T)`` at the sampled tokens, and 4 concurrent clients each get their
+    own single turn."""
+    torch.manual_seed(0)
+    model = make_tiny_model(len(tok), max_positions=1024).eval()
+    policy = ModelPolicy(model, tok, temperature=0.7, max_new_tokens=8)
+    with PolicyProxy(policy, tok, str(tmp_path / "p.sock")) as proxy:
+        keys = [proxy.open_episode() for _ in range(4)]
+
+        def ask(i):
+            _client(proxy, keys[i]).chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": f"task {i}"}])  # fmt: skip
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        recorded = [proxy.close_episode(k)[0] for k in keys]
+    for i, turns in enumerate(recorded):
+        (turn,) = turns
+        assert f"task {i}" in tok.decode(turn.prompt_ids)
+        ids = torch.tensor([turn.prompt_ids + turn.completion_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(turn.prompt_ids) - 1 : -1]
+        want = torch.log_softmax(logits / 0.7, -1).gather(
+            1, torch.tensor(turn.completion_ids)[:, None])[:, 0]  # fmt: skip
+        torch.testing.assert_close(torch.tensor(turn.logprobs), want, atol=1e-5, rtol=1e-5)
+        assert 1 <= len(turn.completion_ids) <= 8
