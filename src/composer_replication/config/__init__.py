@@ -10,6 +10,7 @@ from composer_replication.config.ablation import (
     AblationConfig,
     load_ablation_config,
 )
+from composer_replication.config.agent import AgentProxyConfig
 from composer_replication.config.base import (
     DEFAULT_CONFIG,
     ConfigError,
@@ -91,6 +92,7 @@ from composer_replication.config.run import (
 )
 
 __all__ = [
+    "AgentProxyConfig",
     "ENV_CONFIGS",
     "ARITHMETIC_LEVELS",
     "AblationArm",

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
+from composer_replication.config.agent import AgentProxyConfig
 from composer_replication.config.base import (
     ConfigError,
     StrictModel,
@@ -276,6 +277,9 @@ class RunConfig(StrictModel):
     """On-policy distillation from stronger teachers (off by default; docs/channels.md)."""
     diloco: DilocoConfig = Field(default_factory=DilocoConfig)
     """DiLoCo outer loop across replicas (off by default; see diloco/)."""
+    agent_proxy: AgentProxyConfig = Field(default_factory=AgentProxyConfig)
+    """Rollouts by an unmodified agent harness driving the policy through a proxy (off by
+    default; docs/agents.md)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -286,6 +290,18 @@ class RunConfig(StrictModel):
     @classmethod
     def _env_variant(cls, data: Any) -> Any:
         return env_config(data)
+
+    @model_validator(mode="after")
+    def _agent_proxy_env(self) -> RunConfig:
+        if self.agent_proxy.enabled and self.env.name != "feature_deletion":
+            raise ValueError(
+                f"agent_proxy runs its harness on Feature Deletion workspaces; env.name is "
+                f"{self.env.name!r} (set env.name=feature_deletion)"
+            )
+        if self.agent_proxy.enabled and self.generation.backend != "transformers":
+            raise ValueError("agent_proxy generates with the trainer's transformers model "
+                             "(generation.backend=transformers)")  # fmt: skip
+        return self
 
     @model_validator(mode="after")
     def _something_trains(self) -> RunConfig:

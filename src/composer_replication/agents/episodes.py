@@ -1,0 +1,199 @@
+"""Agent-harness episodes as TRL's ``rollout_func`` (trl 1.16: ``rollout_func(prompts,
+trainer) -> {"prompt_ids", "completion_ids", "logprobs", ...}``; other keys reach the reward
+functions, ``env_mask`` masks the loss like ``tool_mask``).
+
+Per prompt TRL hands over (its batch already repeats each prompt ``num_generations`` times):
+
+1. the task is the environment's task whose user message the prompt ends with;
+2. a fresh workspace (the environment's own ``reset``);
+3. the harness runs on it inside the sandbox (agents/sandboxed.py) with a fresh proxy key,
+   the proxy answering with the trainer's current policy (agents/policy.py's
+   ``TrainerPolicy``: the trainer's own generation path and sampling settings);
+4. what it left in the workspace is graded by the environment (``grade_episodes``: Feature
+   Deletion takes only the target file, in its own sandboxes); writes to tests or configs and
+   refused links are flagged as with the file tools;
+5. the recorded turns become one sequence (agents/align.py), cut at the first turn that does
+   not extend it and at ``max_completion_length``; an episode with no usable turn is one
+   end-of-turn token with an all-zero mask (it trains nothing, its reward still counts in its
+   group's baseline).
+
+Episodes run ``workers`` at once; the proxy generates one request at a time. Metrics per step
+(``agent/``): turns per episode, dropped turns and tokens, the share of episodes whose sequence
+diverged, refused requests, timed-out agents, agent wall seconds, and ``env/pass_rate``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from composer_replication.agents.align import Joined, join_turns
+from composer_replication.agents.harnesses import MODEL_NAME, harness_command
+from composer_replication.agents.policy import TrainerPolicy
+from composer_replication.agents.proxy import Policy, PolicyProxy, Turn
+from composer_replication.agents.sandboxed import AgentRun, run_agent
+from composer_replication.config import AgentProxyConfig, SandboxConfig
+from composer_replication.envs.base import StepResult, Task
+from composer_replication.lm.chat import as_messages, content_text, render_prompt
+from composer_replication.sandbox.sandbox import SLOTS, Sandbox, bindable_dir
+from composer_replication.sandbox.shell import ShellResult
+
+SOCKET = "proxy.sock"
+
+
+@dataclass
+class Episode:
+    """One harness run: its tools instance (workspace, flags), turns and sandbox outcome."""
+
+    task: Task
+    tools: Any
+    turns: list[Turn] = field(default_factory=list)
+    refused: int = 0
+    run: ShellResult | None = None
+    seconds: float = 0.0
+
+
+class AgentEpisodes:
+    """TRL's ``rollout_func`` over an environment's tasks (module docstring). The proxy starts
+    at the first call with the trainer's policy (``policy``: another one, for tests) and
+    stops with :meth:`close`."""
+
+    def __init__(self, env: Any, cfg: AgentProxyConfig, tokenizer: Any,
+                 policy: Policy | None = None):  # fmt: skip
+        self.env, self.cfg, self.tokenizer, self._policy = env, cfg, tokenizer, policy
+        self._tasks = {env.user_message(t): t for s in ("train", "heldout") for t in env.tasks(s)}
+        self.box = Sandbox(SandboxConfig(memory_mb=cfg.memory_mb))
+        self.proxy: PolicyProxy | None = None
+        self._socket_dir = ""
+        self.last_episodes: list[Episode] = []
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+        self._start(trainer)
+        tasks = [self._task_of(p) for p in prompts]
+        workers = max(1, min(len(tasks), self.cfg.workers or SLOTS.limit))
+        with ThreadPoolExecutor(workers, thread_name_prefix="cr-agent") as pool:
+            episodes = list(pool.map(self.run_episode, tasks))
+        results = self.grade(episodes)
+        limit = trainer.max_completion_length
+        joined = [join_turns(e.turns, limit) for e in episodes]
+        self._log(trainer, episodes, joined, results)
+        self.last_episodes = episodes
+        return self._batch(prompts, joined, results)
+
+    # ---- one episode -----------------------------------------------------------------------
+    def run_episode(self, task: Task) -> Episode:
+        """A fresh workspace for ``task``, the harness run on it, its turns recorded (the
+        workspace is left for :meth:`grade`)."""
+        from composer_replication.sandbox.pytest_suite import pytest_tools
+
+        tools = self.env.tools_class()()
+        tools.reset(task_id=task.task_id)
+        ep = Episode(task, tools)
+        key = self.proxy.open_episode()
+        command, env = harness_command(self.cfg.harness, self.cfg.command)
+        env = (*env, ("OPENAI_API_KEY", key), ("AGENT_TASK", self.env.user_message(task)),
+               ("AGENT_STEP_LIMIT", str(self.cfg.step_limit)))  # fmt: skip
+        run = AgentRun(command, self.cfg.venv, env, port=self.cfg.port,
+                       timeout_s=self.cfg.timeout_s, max_processes=self.cfg.max_processes)  # fmt: skip
+        reqs = tuple(task.data.get("test_requirements", ()))
+        start = time.monotonic()
+        try:
+            ep.run = run_agent(self.box, tools.workspace, run, self._socket_dir, SOCKET,
+                               python_path=(pytest_tools(reqs),))  # fmt: skip
+        finally:
+            ep.seconds = time.monotonic() - start
+            ep.turns, ep.refused = self.proxy.close_episode(key)
+        for rel in ep.run.changed:
+            tools._note_write(rel)
+        tools.flags.extend(ep.run.refused)
+        return ep
+
+    def grade(self, episodes: list[Episode]) -> list[StepResult]:
+        """The environment's grading of each episode's workspace (removes the workspaces)."""
+        messages = [e.turns[-1].messages if e.turns else [] for e in episodes]
+        return self.env.grade_episodes([e.task for e in episodes], messages,
+                                       [e.tools for e in episodes])  # fmt: skip
+
+    # ---- plumbing --------------------------------------------------------------------------
+    def _start(self, trainer: Any) -> None:
+        if self.proxy is not None:
+            return
+        self._socket_dir = bindable_dir("cr-proxy-")
+        policy = self._policy or TrainerPolicy(trainer)
+        self.proxy = PolicyProxy(policy, self.tokenizer, os.path.join(self._socket_dir, SOCKET),
+                                 model_name=MODEL_NAME, max_prompt_tokens=self.cfg.max_prompt_tokens,
+                                 max_requests=self.cfg.max_requests).start()  # fmt: skip
+
+    def close(self) -> None:
+        """Stop the proxy and remove its socket directory."""
+        if self.proxy is not None:
+            self.proxy.stop()
+            self.proxy = None
+            os.rmdir(self._socket_dir)
+
+    def _task_of(self, prompt: Any) -> Task:
+        users = [m for m in as_messages(prompt) if m.get("role") == "user"]
+        text = content_text(users[-1]) if users else ""
+        if text not in self._tasks:
+            raise KeyError(f"agent_proxy: the prompt {text[:80]!r} poses no task of "
+                           f"{self.env.name}")  # fmt: skip
+        return self._tasks[text]
+
+    def _batch(self, prompts, joined: list[Joined | None], results) -> dict[str, list]:
+        eos = self.tokenizer.eos_token_id
+        out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs",
+                                                "env_mask")}  # fmt: skip
+        for prompt, j in zip(prompts, joined, strict=True):
+            if j is None or not j.completion_ids:  # nothing usable: one masked token
+                ids = j.prompt_ids if j is not None else self._prompt_ids(prompt)
+                j = Joined(ids, [eos], [0.0], [0])
+            out["prompt_ids"].append(j.prompt_ids)
+            out["completion_ids"].append(j.completion_ids)
+            out["logprobs"].append(j.logprobs)
+            out["env_mask"].append(j.env_mask)
+        out["agent_result"] = list(results)
+        return out
+
+    def _prompt_ids(self, prompt: Any) -> list[int]:
+        text = render_prompt(self.tokenizer, prompt)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _log(self, trainer, episodes: list[Episode], joined, results) -> None:
+        mode = "train" if trainer.model.training else "eval"
+        n = len(episodes)
+        usable = [j for j in joined if j is not None]
+        values = {
+            "agent/turns": sum(len(e.turns) for e in episodes) / n,
+            "agent/trained_turns": sum(j.turns for j in usable) / n,
+            "agent/dropped_turns": sum(j.dropped_turns for j in usable) / n,
+            "agent/dropped_tokens": sum(j.dropped_tokens for j in usable) / n,
+            "agent/diverged_frac": sum(j.diverged for j in usable) / n,
+            "agent/refused_requests": sum(e.refused for e in episodes) / n,
+            "agent/timed_out_frac": sum(bool(e.run and e.run.timed_out) for e in episodes) / n,
+            "agent/seconds": sum(e.seconds for e in episodes) / n,
+        }
+        for key, value in values.items():
+            trainer._metrics[mode][key].append(float(value))
+
+
+class AgentReward:
+    """The reward of agent episodes: the environment's verdicts, graded in the rollout
+    function and handed over in the ``agent_result`` column (kept in ``last_results`` for
+    the channels that need verdicts)."""
+
+    __name__ = "agent_reward"
+
+    def __init__(self) -> None:
+        self.last_results: list[StepResult] = []
+
+    def __call__(self, prompts, completions, agent_result, log_metric=None, **_: Any):
+        self.last_results = list(agent_result)
+        if log_metric is not None and self.last_results:
+            n = len(self.last_results)
+            log_metric("env/pass_rate", sum(r.passed for r in self.last_results) / n)
+            flagged = sum(bool(r.info.get("flags")) for r in self.last_results)
+            log_metric("env/flagged_frac", flagged / n)
+        return [r.reward for r in self.last_results]
