@@ -9,6 +9,11 @@ import json
 from collections import defaultdict
 from types import SimpleNamespace
 
+import torch
+from transformers import LlamaForCausalLM
+
+from support.scripted_lm import ScriptedLlama
+
 TASK_ID = "textkit-local:textkit/core.py::Counter.__init__"
 STUB = "raise NotImplementedError  # deleted: rebuild this"
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -49,3 +54,60 @@ def trainer_stub(max_completion_length: int = 4096):
     return SimpleNamespace(max_completion_length=max_completion_length,
                            model=SimpleNamespace(training=True),
                            _metrics={"train": defaultdict(list), "eval": defaultdict(list)})  # fmt: skip
+
+
+class BranchingLlama(ScriptedLlama):
+    """A tiny random Llama pushed (a logit bias, the same at generation and at scoring) to
+    write, in its k-th assistant turn, one of ``scripts[k]``'s alternatives: every
+    alternative consistent with what the turn holds so far gets the bias on its next token,
+    so where alternatives part (``RIGHT`` vs ``WRONG``: the body) the model's own logits
+    decide, at the sampling temperature, and gradient moves that choice."""
+
+    def set_branches(self, header_ids: list[int], scripts: list[list[list[int]]]) -> None:
+        self.set_script(header_ids, [])
+        self._branches = scripts
+
+    def _targets(self, row: list[int]) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in row]
+        h, turn, start = len(self._header), -1, None
+        for t in range(len(row)):
+            if row[max(0, t - h + 1) : t + 1] == self._header:
+                turn, start = turn + 1, t + 1
+            if start is None or not 0 <= turn < len(self._branches):
+                continue
+            done = row[start : t + 1]
+            nxt = {s[len(done)] for s in self._branches[turn]
+                   if len(done) < len(s) and s[: len(done)] == done}  # fmt: skip
+            out[t] = sorted(nxt)
+        return out
+
+    def forward(self, input_ids=None, logits_to_keep=0, **kwargs):
+        out = LlamaForCausalLM.forward(self, input_ids=input_ids, logits_to_keep=logits_to_keep,
+                                       **kwargs)  # fmt: skip
+        keep = out.logits.shape[1]
+        rows, cols, toks = [], [], []
+        for b, row in enumerate(input_ids.tolist()):
+            for t, nxt in enumerate(self._targets(row)[-keep:]):
+                for tok in nxt:
+                    rows.append(b), cols.append(t), toks.append(tok)
+        if rows:
+            dev = out.logits.device
+            out.logits = out.logits.index_put(
+                tuple(torch.tensor(x, device=dev) for x in (rows, cols, toks)),
+                torch.tensor(self.bias, dtype=out.logits.dtype, device=dev),
+                accumulate=True,
+            )
+        return out
+
+
+def branching_model(tokenizer, seed: int = 0) -> BranchingLlama:
+    """A :class:`BranchingLlama` whose first turn is ``RIGHT[0]`` or ``WRONG[0]`` and whose
+    second turn submits (each followed by the end-of-turn token)."""
+    from conftest import make_tiny_model
+
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    end = [tokenizer.eos_token_id]
+    model = make_tiny_model(len(tokenizer), seed, cls=BranchingLlama, max_positions=4096)
+    model.set_branches(enc("<|im_start|>assistant\n"),
+                       [[enc(RIGHT[0]) + end, enc(WRONG[0]) + end], [enc(RIGHT[1]) + end]])  # fmt: skip
+    return model

@@ -11,6 +11,7 @@ PyPI once (~1-2 min, ~750 MB); afterwards nothing is fetched: the proxy run sets
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,9 +25,17 @@ machine's PyPI resolved on 2026-11-26)."""
 
 
 def ensure_agent_venv() -> Path:
-    """The venv's directory (``bin/mini`` is the harness), creating it if needed."""
+    """The venv's directory (``bin/mini`` is the harness), creating it if needed, linked from
+    ``~/.cache/composer-replication/mini-swe-agent-venv`` (``agent_proxy.venv``'s default)."""
     python = cached_venv("mini-swe-agent", REQUIREMENTS, system_site_packages=False)
-    return python.parent.parent
+    venv = python.parent.parent
+    link = venv.parent / "mini-swe-agent-venv"
+    if not link.is_symlink() or link.resolve() != venv.resolve():
+        tmp = venv.parent / f".mini-swe-agent-venv.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(venv)
+        tmp.replace(link)  # atomic: a concurrent reader sees the old link or the new one
+    return venv
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from composer_replication.agents.harnesses import MODEL_NAME, harness_command
 from composer_replication.agents.policy import TrainerPolicy
 from composer_replication.agents.proxy import Policy, PolicyProxy, Turn
 from composer_replication.agents.sandboxed import AgentRun, run_agent
-from composer_replication.config import AgentProxyConfig, SandboxConfig
+from composer_replication.config import AgentProxyConfig, SandboxConfig, UserError
 from composer_replication.envs.base import StepResult, Task
 from composer_replication.lm.chat import as_messages, content_text, render_prompt
 from composer_replication.sandbox.sandbox import SLOTS, Sandbox, bindable_dir
@@ -56,6 +56,20 @@ class Episode:
     seconds: float = 0.0
 
 
+def harness_venv(cfg: AgentProxyConfig) -> str:
+    """The real path of ``agent_proxy.venv``; a `UserError` naming the field if it is not a
+    virtual environment with the harness in its ``bin``."""
+    path = os.path.realpath(os.path.expanduser(cfg.venv))
+    program = "mini" if cfg.harness == "mini_swe_agent" else ""
+    if not os.path.isfile(os.path.join(path, "pyvenv.cfg")) or (
+        program and not os.path.isfile(os.path.join(path, "bin", program))
+    ):
+        what = f"with bin/{program} " if program else ""
+        raise UserError(f"agent_proxy.venv: {cfg.venv} is no virtual environment {what}(build "
+                        "mini-swe-agent's from PyPI: python tests/support/agent_venv.py)")  # fmt: skip
+    return path
+
+
 class AgentEpisodes:
     """TRL's ``rollout_func`` over an environment's tasks (module docstring). The proxy starts
     at the first call with the trainer's policy (``policy``: another one, for tests) and
@@ -64,6 +78,7 @@ class AgentEpisodes:
     def __init__(self, env: Any, cfg: AgentProxyConfig, tokenizer: Any,
                  policy: Policy | None = None):  # fmt: skip
         self.env, self.cfg, self.tokenizer, self._policy = env, cfg, tokenizer, policy
+        self.venv = harness_venv(cfg)
         self._tasks = {env.user_message(t): t for s in ("train", "heldout") for t in env.tasks(s)}
         self.box = Sandbox(SandboxConfig(memory_mb=cfg.memory_mb))
         self.proxy: PolicyProxy | None = None
@@ -96,7 +111,7 @@ class AgentEpisodes:
         command, env = harness_command(self.cfg.harness, self.cfg.command)
         env = (*env, ("OPENAI_API_KEY", key), ("AGENT_TASK", self.env.user_message(task)),
                ("AGENT_STEP_LIMIT", str(self.cfg.step_limit)))  # fmt: skip
-        run = AgentRun(command, self.cfg.venv, env, port=self.cfg.port,
+        run = AgentRun(command, self.venv, env, port=self.cfg.port,
                        timeout_s=self.cfg.timeout_s, max_processes=self.cfg.max_processes)  # fmt: skip
         reqs = tuple(task.data.get("test_requirements", ()))
         start = time.monotonic()

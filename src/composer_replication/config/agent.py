@@ -25,10 +25,10 @@ class AgentProxyConfig(StrictModel):
     prompts to a user, ``step_limit``); ``command``: ``command`` as given, with the same
     environment variables (``AGENT_TASK``, ``AGENT_STEP_LIMIT``, ``OPENAI_API_KEY``,
     ``OPENAI_BASE_URL``)."""
-    venv: str = ""
-    """The harness's virtual environment (its ``bin`` goes on ``PATH``; bound read-only into
-    the sandbox). Required when enabled; build one with ``python tests/support/agent_venv.py``
-    (mini-swe-agent from PyPI)."""
+    venv: str = "~/.cache/composer-replication/mini-swe-agent-venv"
+    """The harness's virtual environment (``~`` expanded, links resolved; its ``bin`` goes on
+    ``PATH``; bound read-only into the sandbox). ``python tests/support/agent_venv.py`` builds
+    mini-swe-agent's from PyPI and links it here."""
     command: str = ""
     """The shell command that runs the agent in ``/repo`` (``harness: command`` only)."""
     step_limit: int = Field(6, ge=1, le=200)
@@ -51,9 +51,6 @@ class AgentProxyConfig(StrictModel):
 
     @model_validator(mode="after")
     def _usable(self) -> AgentProxyConfig:
-        if self.enabled and not self.venv:
-            raise ValueError("agent_proxy.venv is required when agent_proxy.enabled is true "
-                             "(build one: python tests/support/agent_venv.py)")  # fmt: skip
         if self.harness == "command" and self.enabled and not self.command.strip():
             raise ValueError("agent_proxy.harness=command needs agent_proxy.command")
         return self

@@ -36,6 +36,10 @@ def preflight(cfg: RunConfig) -> Checked:
     resume = check_resume(cfg)
     if cfg.replay.weight > 0 and cfg.replay.dataset:
         load_pairs(cfg.replay.dataset, cfg.replay.max_pairs)
+    if cfg.agent_proxy.enabled:
+        from composer_replication.agents.episodes import harness_venv
+
+        harness_venv(cfg.agent_proxy)
     return Checked(resume=resume, env=build_env(cfg))
 
 

@@ -163,10 +163,14 @@ def build_grpo_args(cfg: RunConfig):
 def build_reward_funcs(cfg: RunConfig, env) -> list:
     from composer_replication.trainer.rewards import EnvReward
 
-    if env.tools and cfg.env.openenv_url:  # the server grades each rollout (openenv/adapter.py)
+    if cfg.agent_proxy.enabled:  # graded in the rollout function (agents/episodes.py)
+        from composer_replication.agents.episodes import AgentReward
+
+        funcs: list = [AgentReward()]
+    elif env.tools and cfg.env.openenv_url:  # the server grades each rollout (openenv/adapter.py)
         from composer_replication.envs.openenv.adapter import OpenEnvReward
 
-        funcs: list = [OpenEnvReward(env.name)]
+        funcs = [OpenEnvReward(env.name)]
     else:
         log = Path(cfg.output_dir) / "episodes.jsonl" if env.tools else None
         funcs = [EnvReward(env, episode_log=log)]
@@ -182,12 +186,17 @@ def build_reward_funcs(cfg: RunConfig, env) -> list:
     return funcs
 
 
-def tool_kwargs(cfg: RunConfig, env) -> dict[str, Any]:
+def tool_kwargs(cfg: RunConfig, env, tokenizer=None) -> dict[str, Any]:
     """``environment_factory`` for a tool environment (its tools bounded by
-    ``rollout.max_tool_calls``); nothing for single-turn environments."""
+    ``rollout.max_tool_calls``); nothing for single-turn environments; with ``agent_proxy``
+    on, a ``rollout_func`` that runs the agent harness instead (agents/episodes.py)."""
 
     from composer_replication.envs.tools import bounded_tools
 
+    if cfg.agent_proxy.enabled:
+        from composer_replication.agents.episodes import AgentEpisodes
+
+        return {"rollout_func": AgentEpisodes(env, cfg.agent_proxy, tokenizer)}
     if not env.tools:
         return {}
     if cfg.env.openenv_url:  # tools (and grading) on an OpenEnv server
@@ -257,7 +266,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         conversational=bool(getattr(tokenizer, "chat_template", None)),
         shard=data_shard(cfg),
     )
-    tools = tool_kwargs(cfg, env)
+    tools = tool_kwargs(cfg, env, tokenizer)
     check_pair_vocabulary(cfg, tools.get("environment_factory"))
     callbacks = [MetricsJsonlCallback(cfg.output_dir), PlotCallback(cfg.output_dir)]
     callbacks.append(progress_callback(console))
@@ -372,7 +381,10 @@ def run_training(
     for cb in extra_callbacks:
         trainer.add_callback(cb)
     t_train = time.monotonic()
-    trainer.train(resume_from_checkpoint=resume)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    finally:
+        close_rollouts(trainer)
     train_seconds = time.monotonic() - t_train
     final = run_dir / "final"
     trainer.save_model(str(final))
@@ -397,6 +409,13 @@ def run_training(
         write_model_card(cfg, record, run_dir, final)
         plot_metrics(run_dir / METRICS_FILE)  # again, now with the held-out results
     return summary
+
+
+def close_rollouts(trainer) -> None:
+    """Stop what a ``rollout_func`` keeps running (the agent proxy's server)."""
+    close = getattr(getattr(trainer, "rollout_func", None), "close", None)
+    if close is not None:
+        close()
 
 
 def _summary_json(s: RunSummary) -> dict[str, Any]:

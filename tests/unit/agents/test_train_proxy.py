@@ -1,0 +1,73 @@
+"""Two GRPO steps through the proxy with the unmodified harness (mini-swe-agent from PyPI) on a
+Feature Deletion task: the run config ``agent_proxy.yaml``, ``build_trainer``'s
+``rollout_func``, the trainer's own policy (its generation path) answering the harness's
+requests from inside the sandbox, the workspace graded by the environment, GRPO on the joined
+turns.
+
+A random tiny model never writes a tool call: every reward would be 0 and GRPO's loss exactly
+0. Fitting one on the harness's format takes minutes on this shared CPU (~1 k prompt tokens per
+turn), so the policy is a tiny random Llama pushed by a logit bias (the same at generation and
+at scoring; support.agent_proxy.BranchingLlama) to write, in its first turn, either the edit
+that rebuilds ``Counter.__init__`` or one that writes a wrong body, as a ``bash`` tool call,
+and to submit in its second; which body is its own logits' choice at temperature 1, and the
+gradient moves that choice. The harness, the proxy, the sandbox, the grading and the trainer
+are all real. Builds the harness venv on first use (``tests/support/agent_venv.py``, ~2 min
+from PyPI, then cached)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from support.agent_proxy import TASK_ID, branching_model
+from support.agent_venv import ensure_agent_venv
+from support.textkit import TEXTKIT
+
+from composer_replication.agents.episodes import AgentEpisodes
+from composer_replication.config import load_config
+from composer_replication.lm.chat_templates import ensure_tool_template
+from composer_replication.run.train import build_env, build_trainer, close_rollouts
+from composer_replication.trainer.callbacks import read_metrics
+
+
+@pytest.fixture(scope="module")
+def venv() -> str:
+    return str(ensure_agent_venv())
+
+
+def _cfg(tmp_path, venv):
+    return load_config("agent_proxy.yaml", [
+        f"output_dir={tmp_path / 'run'}", "max_steps=2", "num_threads=2",
+        f"env.task_sources=[{TEXTKIT}]", f"env.task_dir={tmp_path / 'tasks'}",
+        "env.min_hidden_tests=0", "env.task_generation.workers=2",
+        "env.task_generation.suite_timeout_s=30", f"agent_proxy.venv={venv}",
+        "agent_proxy.step_limit=3", "agent_proxy.timeout_s=180",
+        "generation.max_completion_length=160", "optim.learning_rate=1e-3", "seed=0",
+    ])  # fmt: skip
+
+
+def test_two_grpo_steps_through_mini_swe_agent(tokenizer, venv, tmp_path):
+    tok = copy.deepcopy(tokenizer)
+    ensure_tool_template(tok)
+    cfg = _cfg(tmp_path, venv)
+    env = build_env(cfg)
+    model = branching_model(tok, seed=0)
+    before = model.model.layers[0].mlp.up_proj.weight.detach().clone()
+    trainer = build_trainer(cfg, model, tok, env)
+    assert isinstance(trainer.rollout_func, AgentEpisodes) and not trainer.tools
+    # one Feature Deletion task: the one the model's script answers
+    trainer.train_dataset = trainer.train_dataset.filter(lambda r: r["task_id"] == TASK_ID)
+    try:
+        trainer.train()
+    finally:
+        close_rollouts(trainer)
+    assert not model.model.layers[0].mlp.up_proj.weight.detach().equal(before)  # trained
+    rows = read_metrics(f"{cfg.output_dir}/metrics.jsonl")
+    assert len(rows) == 2
+    passed = [r["env/pass_rate"] for r in rows]
+    # graded rewards that vary within a group, hence a non-zero policy loss
+    assert any(0.0 < p < 1.0 for p in passed), passed
+    assert any(r["reward_std"] > 0 and r["loss"] != 0.0 for r in rows), rows
+    # both turns of every episode trained as one sequence (the harness's result masked out)
+    assert all(r["agent/turns"] == 2 and r["agent/trained_turns"] == 2 for r in rows), rows
+    assert all(r["agent/dropped_turns"] == 0 and r["agent/timed_out_frac"] == 0 for r in rows)
