@@ -42,6 +42,15 @@ HARNESSES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
 """name -> (command, environment) of the harnesses with a preset."""
 
 
+HARNESS_TOOLS: dict[str, tuple[str, ...]] = {"mini_swe_agent": ("bash",)}
+"""The tools each preset harness offers its model (for channel 3's vocabulary check)."""
+
+
+def harness_tools(name: str) -> tuple[str, ...]:
+    """The tool names harness ``name`` offers (empty when unknown: ``command``)."""
+    return HARNESS_TOOLS.get(name, ())
+
+
 def harness_command(name: str, command: str = "") -> tuple[str, tuple[tuple[str, str], ...]]:
     """(command, environment) of harness ``name``; ``command`` for ``name == "command"``."""
     if name == "command":

@@ -214,7 +214,8 @@ class VocabularyWarning(UserWarning):
 
 def check_pair_vocabulary(cfg: RunConfig, tools_class: type | None) -> str | None:
     """Warn (a :class:`VocabularyWarning`) when channel 3's pairs call tools the run's
-    environment does not offer (pairs from Claude Code logs on the native tools, say);
+    environment (or, with ``agent_proxy``, its harness) does not offer (pairs from Claude Code
+    logs on the native tools, say);
     returns the warning's text, or None when the vocabularies match or channel 3 is off."""
     if cfg.replay.weight <= 0 or not cfg.replay.dataset:
         return None
@@ -225,6 +226,10 @@ def check_pair_vocabulary(cfg: RunConfig, tools_class: type | None) -> str | Non
     from composer_replication.prefs.dataset import load_pairs
 
     run_tools = set(tool_methods(tools_class)) if tools_class is not None else set()
+    if cfg.agent_proxy.enabled:  # the rollouts speak the harness's tools
+        from composer_replication.agents.harnesses import harness_tools
+
+        run_tools = set(harness_tools(cfg.agent_proxy.harness))
     why = vocabulary_mismatch(load_pairs(cfg.replay.dataset, cfg.replay.max_pairs), run_tools)
     if why:
         warnings.warn(why, VocabularyWarning, stacklevel=2)

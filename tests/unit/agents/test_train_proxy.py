@@ -17,17 +17,27 @@ from PyPI, then cached)."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 from support.agent_proxy import TASK_ID, branching_model
 from support.agent_venv import ensure_agent_venv
 from support.textkit import TEXTKIT
 
+import composer_replication
 from composer_replication.agents.episodes import AgentEpisodes
 from composer_replication.config import load_config
 from composer_replication.lm.chat_templates import ensure_tool_template
-from composer_replication.run.train import build_env, build_trainer, close_rollouts
+from composer_replication.run.train import (
+    VocabularyWarning,
+    build_env,
+    build_trainer,
+    close_rollouts,
+)
 from composer_replication.trainer.callbacks import read_metrics
+
+PAIRS = Path(composer_replication.__file__).parent / "data" / "fixture_replay_pairs.jsonl"
+"""Channel 3's packaged fixture pairs: the replay channel trains next to the agent's GRPO."""
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +52,9 @@ def _cfg(tmp_path, venv):
         "env.min_hidden_tests=0", "env.task_generation.workers=2",
         "env.task_generation.suite_timeout_s=30", f"agent_proxy.venv={venv}",
         "agent_proxy.step_limit=3", "agent_proxy.timeout_s=180",
+        "agent_proxy.workers=1",  # requests in a fixed order: the seeded samples repeat
         "generation.max_completion_length=160", "optim.learning_rate=1e-3", "seed=0",
+        f"replay.dataset={PAIRS}", "beta_replay=0.1", "replay.max_length=128",
     ])  # fmt: skip
 
 
@@ -53,7 +65,9 @@ def test_two_grpo_steps_through_mini_swe_agent(tokenizer, venv, tmp_path):
     env = build_env(cfg)
     model = branching_model(tok, seed=0)
     before = model.model.layers[0].mlp.up_proj.weight.detach().clone()
-    trainer = build_trainer(cfg, model, tok, env)
+    # the fixture pairs are Claude Code's (Bash, Edit, ...); the run speaks mini-swe-agent's
+    with pytest.warns(VocabularyWarning, match=r"the run's tools: bash\)"):
+        trainer = build_trainer(cfg, model, tok, env)
     assert isinstance(trainer.rollout_func, AgentEpisodes) and not trainer.tools
     # one Feature Deletion task: the one the model's script answers
     trainer.train_dataset = trainer.train_dataset.filter(lambda r: r["task_id"] == TASK_ID)
@@ -67,7 +81,8 @@ def test_two_grpo_steps_through_mini_swe_agent(tokenizer, venv, tmp_path):
     passed = [r["env/pass_rate"] for r in rows]
     # graded rewards that vary within a group, hence a non-zero policy loss
     assert any(0.0 < p < 1.0 for p in passed), passed
-    assert any(r["reward_std"] > 0 and r["loss"] != 0.0 for r in rows), rows
+    assert any(r["reward_std"] > 0 and r["policy/loss"] != 0.0 for r in rows), rows
+    assert all(r["replay/active"] == 1.0 and r["replay/loss"] > 0 for r in rows)  # channel 3
     # both turns of every episode trained as one sequence (the harness's result masked out)
     assert all(r["agent/turns"] == 2 and r["agent/trained_turns"] == 2 for r in rows), rows
     assert all(r["agent/dropped_turns"] == 0 and r["agent/timed_out_frac"] == 0 for r in rows)
