@@ -59,6 +59,27 @@ def make_tiny_model(
 
 
 @pytest.fixture
+def tool_tok(tokenizer):
+    """A copy of the embedded tokenizer with our tool template (lm/chat_templates.py)."""
+    import copy
+
+    from composer_replication.lm.chat_templates import ensure_tool_template
+
+    tok = copy.deepcopy(tokenizer)
+    ensure_tool_template(tok)
+    return tok
+
+
+@pytest.fixture(scope="session")
+def agent_venv() -> str:
+    """mini-swe-agent's venv (tests/support/agent_venv.py: built from PyPI on first use, ~2 min
+    and ~750 MB, then cached under ~/.cache/composer-replication/)."""
+    from support.agent_venv import ensure_agent_venv
+
+    return str(ensure_agent_venv())
+
+
+@pytest.fixture
 def tiny_model(tokenizer):
     return make_tiny_model(len(tokenizer))
 

@@ -1,16 +1,15 @@
 """Shared pieces of the agent-proxy tests: the task mini-swe-agent is run on (textkit's
 ``Counter.__init__``), the answers that rebuild it right or wrong in the harness's own format
 (OpenAI tool calls of its ``bash`` tool, our template's ``<tool_call>`` text), a policy that
-plays fixed answers, and a stand-in for the trainer fields the rollout function reads."""
+plays fixed answers, and a stand-in for the trainer fields the rollout function reads (the
+harness venv and the tool tokenizer are fixtures of tests/conftest.py: ``agent_venv``,
+``tool_tok``)."""
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
 from types import SimpleNamespace
-
-import torch
-from transformers import LlamaForCausalLM
 
 from support.scripted_lm import ScriptedLlama
 
@@ -79,24 +78,6 @@ class BranchingLlama(ScriptedLlama):
             nxt = {s[len(done)] for s in self._branches[turn]
                    if len(done) < len(s) and s[: len(done)] == done}  # fmt: skip
             out[t] = sorted(nxt)
-        return out
-
-    def forward(self, input_ids=None, logits_to_keep=0, **kwargs):
-        out = LlamaForCausalLM.forward(self, input_ids=input_ids, logits_to_keep=logits_to_keep,
-                                       **kwargs)  # fmt: skip
-        keep = out.logits.shape[1]
-        rows, cols, toks = [], [], []
-        for b, row in enumerate(input_ids.tolist()):
-            for t, nxt in enumerate(self._targets(row)[-keep:]):
-                for tok in nxt:
-                    rows.append(b), cols.append(t), toks.append(tok)
-        if rows:
-            dev = out.logits.device
-            out.logits = out.logits.index_put(
-                tuple(torch.tensor(x, device=dev) for x in (rows, cols, toks)),
-                torch.tensor(self.bias, dtype=out.logits.dtype, device=dev),
-                accumulate=True,
-            )
         return out
 
 

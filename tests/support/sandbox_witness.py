@@ -99,6 +99,20 @@ class Arena:
         """Record a host file that must be unchanged after every attack."""
         self.guarded[path] = file_digest(path)
 
+    def fill(self, text: str, **more: str) -> str:
+        """``text`` with the arena's placeholders filled: MARK, ROOT, PORT and ABSTRACT (the
+        listeners), SENTINEL, then each of ``more`` (name -> value), in that order."""
+        out = (
+            text.replace("MARK", self.marker)
+            .replace("ROOT", str(self.root))
+            .replace("PORT", str(self.listener.port))
+            .replace("ABSTRACT", self.listener.abstract)
+            .replace("SENTINEL", str(self.sentinel.pid))
+        )
+        for name, value in more.items():
+            out = out.replace(name, value)
+        return out
+
     def escape_path(self, name: str) -> Path:
         """A host path an attack tries to create; it must never exist."""
         return self.root / f"{self.marker}-{name}"

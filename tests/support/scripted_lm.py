@@ -41,9 +41,9 @@ class ScriptedLlama(LlamaForCausalLM):
         keep = out.logits.shape[1]
         rows, cols, toks = [], [], []
         for b, row in enumerate(input_ids.tolist()):
-            for t, tok in enumerate(self._targets(row)[-keep:]):
-                if tok is not None:
-                    rows.append(b), cols.append(t), toks.append(tok)
+            for t, nxt in enumerate(self._targets(row)[-keep:]):
+                for tok in nxt if isinstance(nxt, list) else [] if nxt is None else [nxt]:
+                    rows.append(b), cols.append(t), toks.append(tok)  # (a list: any of them)
         if rows:  # sparse: no [B, T, V] bias tensor
             dev = out.logits.device
             out.logits = out.logits.index_put(

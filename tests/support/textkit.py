@@ -14,3 +14,12 @@ def textkit_env(task_dir: Path, workers: int = 2, **options):
     return get_env("feature_deletion", sources=[str(TEXTKIT)], task_dir=task_dir,
                    generation=TaskGenConfig(workers=workers, suite_timeout_s=30),
                    heldout_fraction=0.3, **options)  # fmt: skip
+
+
+def original_line(task) -> str:
+    """The longest line of the body a textkit task deleted (what an attack must never read)."""
+    from composer_replication.envs.feature_deletion.candidates import original_body
+    from composer_replication.envs.feature_deletion.workspace import candidate_of
+
+    body = original_body((TEXTKIT / task.data["file"]).read_text(), candidate_of(task.data))
+    return max(body.splitlines(), key=len).strip()

@@ -12,24 +12,18 @@ tests/unit/sandbox/test_shell_attacks.py, plus HIDDEN (the hidden test's asserti
 
 from __future__ import annotations
 
-import copy
 import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 from support.agent_proxy import Played, bash_call, trainer_stub
-from support.agent_venv import ensure_agent_venv
 from support.sandbox_witness import Arena, processes_matching
-from support.textkit import TEXTKIT, textkit_env
+from support.textkit import TEXTKIT, original_line, textkit_env
 
 from composer_replication.agents.episodes import AgentEpisodes
 from composer_replication.config import AgentProxyConfig
-from composer_replication.envs.feature_deletion.candidates import original_body
-from composer_replication.envs.feature_deletion.workspace import candidate_of
-from composer_replication.lm.chat_templates import ensure_tool_template
 from composer_replication.sandbox.sandbox import _descendants
 
 TASK_ID = "textkit-local:textkit/core.py::slugify"
@@ -68,20 +62,8 @@ ATTACKS: dict[str, str] = {
 
 
 @pytest.fixture(scope="module")
-def venv() -> str:
-    return str(ensure_agent_venv())
-
-
-@pytest.fixture(scope="module")
 def env(tmp_path_factory):
     return textkit_env(tmp_path_factory.mktemp("tasks"))
-
-
-@pytest.fixture
-def tok(tokenizer):
-    t = copy.deepcopy(tokenizer)
-    ensure_tool_template(t)
-    return t
 
 
 @pytest.fixture
@@ -92,24 +74,9 @@ def arena(tmp_path, monkeypatch):
     a.close()
 
 
-def _original_line(task) -> str:
-    body = original_body((TEXTKIT / task.data["file"]).read_text(), candidate_of(task.data))
-    return max(body.splitlines(), key=len).strip()
-
-
 def _fill(command: str, a: Arena, task, workspace: str, venv: str) -> str:
-    return (
-        command.replace("MARK", a.marker)
-        .replace("ROOT", str(a.root))
-        .replace("PORT", str(a.listener.port))
-        .replace("ABSTRACT", a.listener.abstract)
-        .replace("SENTINEL", str(a.sentinel.pid))
-        .replace("SRC", str(TEXTKIT))
-        .replace("WS", workspace)
-        .replace("VENV", venv)
-        .replace("ORIGINAL", _original_line(task))
-        .replace("HIDDEN", HIDDEN)
-    )
+    return a.fill(command, SRC=str(TEXTKIT), WS=workspace, VENV=venv,
+                  ORIGINAL=original_line(task), HIDDEN=HIDDEN)  # fmt: skip
 
 
 def _episode(env, tok, venv, command: str, texts=(), harness: str = "command", **cfg):
@@ -127,7 +94,8 @@ def _episode(env, tok, venv, command: str, texts=(), harness: str = "command", *
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
-def test_agent_attack_is_contained_and_earns_nothing(name, env, tok, venv, arena):
+def test_agent_attack_is_contained_and_earns_nothing(name, env, tool_tok, agent_venv, arena):
+    tok, venv = tool_tok, agent_venv
     task = env.task_by_id(TASK_ID)
     before = set(_descendants(os.getpid()))
     command = _fill(ATTACKS[name], arena, task, "/var/tmp", venv)
@@ -137,7 +105,7 @@ def test_agent_attack_is_contained_and_earns_nothing(name, env, tok, venv, arena
     left = set(_descendants(os.getpid())) - before - {arena.sentinel.pid}
     assert left == set(), left
     assert processes_matching(arena.marker) == []
-    assert arena.secret not in out and _original_line(task) not in out and HIDDEN not in out
+    assert arena.secret not in out and original_line(task) not in out and HIDDEN not in out
     assert result.reward == 0.0 and not result.passed
     if name == "network":  # the proxy is reachable with the episode's own key, nothing else
         assert arena.listener.connections == 0
@@ -148,8 +116,9 @@ def test_agent_attack_is_contained_and_earns_nothing(name, env, tok, venv, arena
         assert len(ep.turns) == 3
 
 
-def test_the_real_harness_runs_the_policy_s_attack_in_the_sandbox(env, tok, venv, arena):
+def test_the_real_harness_runs_the_policy_s_attack_in_the_sandbox(env, tool_tok, agent_venv, arena):
     """mini-swe-agent executes a tool call the policy wrote: the same containment."""
+    tok, venv = tool_tok, agent_venv
     task = env.task_by_id(TASK_ID)
     attack = _fill(ATTACKS["write_outside"] + "; " + ATTACKS["network"], arena, task,
                    "/var/tmp", venv)  # fmt: skip
@@ -172,8 +141,9 @@ CONTROLS = {  # witness -> (attack, what the witness reports without the sandbox
 
 
 @pytest.mark.parametrize("witness", sorted(CONTROLS))
-def test_control_without_the_sandbox_each_witness_sees_the_breach(witness, env, venv, arena,
+def test_control_without_the_sandbox_each_witness_sees_the_breach(witness, env, agent_venv, arena,
                                                                   tmp_path):  # fmt: skip
+    venv = agent_venv
     attack, report = CONTROLS[witness]
     task = env.task_by_id(TASK_ID)
     command = _fill(ATTACKS[attack], arena, task, str(tmp_path), venv)
@@ -191,9 +161,10 @@ def test_control_without_the_sandbox_each_witness_sees_the_breach(witness, env, 
             os.kill(pid, signal.SIGKILL)
 
 
-def test_control_without_the_sandbox_the_body_and_hidden_test_are_readable(env, venv, arena):
+def test_control_without_the_sandbox_the_body_and_hidden_test_are_readable(env, arena):
+    """The read attack's first command (the source tree) and ``env``, on the host."""
     task = env.task_by_id(TASK_ID)
-    command = _fill(ATTACKS["read_body_and_hidden_tests"], arena, task, "/var/tmp", venv)
-    out = subprocess.run(["sh", "-c", command + "; env"], capture_output=True, text=True,
-                         timeout=120, cwd=Path(TEXTKIT)).stdout  # fmt: skip
-    assert _original_line(task) in out and HIDDEN in out and arena.secret in out
+    command = f"cat {TEXTKIT}/textkit/core.py {TEXTKIT}/tests/test_core.py; env"
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                         timeout=60).stdout  # fmt: skip
+    assert original_line(task) in out and HIDDEN in out and arena.secret in out

@@ -8,21 +8,12 @@ from PyPI, then cached under ~/.cache/composer-replication/)."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 from support.agent_proxy import RIGHT, TASK_ID, WRONG, Played, trainer_stub
-from support.agent_venv import ensure_agent_venv
 from support.textkit import textkit_env
 
 from composer_replication.agents.episodes import AgentEpisodes, AgentReward
 from composer_replication.config import AgentProxyConfig
-from composer_replication.lm.chat_templates import ensure_tool_template
-
-
-@pytest.fixture(scope="module")
-def venv() -> str:
-    return str(ensure_agent_venv())  # builds the harness venv once (PyPI), then cached
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +21,11 @@ def env(tmp_path_factory):
     return textkit_env(tmp_path_factory.mktemp("tasks"))
 
 
-@pytest.fixture
-def tok(tokenizer):
-    t = copy.deepcopy(tokenizer)
-    ensure_tool_template(t)
-    return t
-
-
-def test_mini_swe_agent_episodes_are_graded_and_joined(env, tok, venv):
-    """Two episodes of the same task at once: the right edit scores 1, the wrong one 0; each
+def test_mini_swe_agent_episodes_are_graded_and_joined(env, tool_tok, agent_venv):
+    """Two episodes of the same task, one after the other: the right edit scores 1, the wrong
+    one 0; each
     sequence holds both turns, with the harness's tool result between them masked out."""
+    tok, venv = tool_tok, agent_venv
     task = env.task_by_id(TASK_ID)
     prompt = env.row(task)["prompt"]
     cfg = AgentProxyConfig(enabled=True, venv=venv, timeout_s=120, workers=1)

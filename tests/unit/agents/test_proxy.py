@@ -4,7 +4,6 @@ the policy's own."""
 
 from __future__ import annotations
 
-import copy
 import json
 import threading
 
@@ -16,7 +15,6 @@ from conftest import make_tiny_model
 
 from composer_replication.agents.policy import ModelPolicy, sampled_logprobs
 from composer_replication.agents.proxy import PolicyProxy
-from composer_replication.lm.chat_templates import ensure_tool_template
 
 BASH = {"type": "function", "function": {"name": "bash", "description": "Run a command",
         "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
@@ -37,20 +35,14 @@ class Scripted:
         return ids, sampled_logprobs(self.model, prompt_ids, ids, 1.0)
 
 
-@pytest.fixture
-def tok(tokenizer):
-    t = copy.deepcopy(tokenizer)
-    ensure_tool_template(t)
-    return t
-
-
 def _client(proxy: PolicyProxy, key: str) -> openai.OpenAI:
     transport = httpx.HTTPTransport(uds=proxy.socket_path)
     return openai.OpenAI(api_key=key, base_url="http://proxy/v1", max_retries=0,
                          http_client=httpx.Client(transport=transport))  # fmt: skip
 
 
-def test_openai_client_gets_tool_calls_and_each_key_records_its_own_turns(tok, tmp_path):
+def test_openai_client_gets_tool_calls_and_each_key_records_its_own_turns(tool_tok, tmp_path):
+    tok = tool_tok
     model = make_tiny_model(len(tok), max_positions=1024)
     texts = ['Let me look.<tool_call>{"name": "bash", "arguments": {"command": "ls -la"}}'
              "</tool_call>", "All done."]  # fmt: skip
@@ -85,7 +77,8 @@ def test_openai_client_gets_tool_calls_and_each_key_records_its_own_turns(tok, t
     assert ta.messages[-1]["tool_calls"][0]["function"]["name"] == "bash"
 
 
-def test_refusals_unknown_key_request_budget_and_context(tok, tmp_path):
+def test_refusals_unknown_key_request_budget_and_context(tool_tok, tmp_path):
+    tok = tool_tok
     model = make_tiny_model(len(tok), max_positions=1024)
     policy = Scripted(tok, model, ["one", "two", "three"])
     with PolicyProxy(policy, tok, str(tmp_path / "p.sock"), max_requests=2,
@@ -105,10 +98,11 @@ def test_refusals_unknown_key_request_budget_and_context(tok, tmp_path):
     assert len(turns) == 1 and refused == 2 and policy.prompts == [turns[0].prompt_ids]
 
 
-def test_model_policy_logprobs_are_the_sampling_distribution(tok, tmp_path):
+def test_model_policy_logprobs_are_the_sampling_distribution(tool_tok, tmp_path):
     """Real sampling from a tiny model: the recorded log-probs equal a fresh forward's
     ``log_softmax(logits / T)`` at the sampled tokens, and 4 concurrent clients each get their
     own single turn."""
+    tok = tool_tok
     torch.manual_seed(0)
     model = make_tiny_model(len(tok), max_positions=1024).eval()
     policy = ModelPolicy(model, tok, temperature=0.7, max_new_tokens=8)

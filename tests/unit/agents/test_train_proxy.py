@@ -16,18 +16,15 @@ from PyPI, then cached)."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
 from support.agent_proxy import TASK_ID, branching_model
-from support.agent_venv import ensure_agent_venv
 from support.textkit import TEXTKIT
 
 import composer_replication
 from composer_replication.agents.episodes import AgentEpisodes
 from composer_replication.config import load_config
-from composer_replication.lm.chat_templates import ensure_tool_template
 from composer_replication.run.train import (
     VocabularyWarning,
     build_env,
@@ -38,11 +35,6 @@ from composer_replication.trainer.callbacks import read_metrics
 
 PAIRS = Path(composer_replication.__file__).parent / "data" / "fixture_replay_pairs.jsonl"
 """Channel 3's packaged fixture pairs: the replay channel trains next to the agent's GRPO."""
-
-
-@pytest.fixture(scope="module")
-def venv() -> str:
-    return str(ensure_agent_venv())
 
 
 def _cfg(tmp_path, venv):
@@ -58,9 +50,8 @@ def _cfg(tmp_path, venv):
     ])  # fmt: skip
 
 
-def test_two_grpo_steps_through_mini_swe_agent(tokenizer, venv, tmp_path):
-    tok = copy.deepcopy(tokenizer)
-    ensure_tool_template(tok)
+def test_two_grpo_steps_through_mini_swe_agent(tool_tok, agent_venv, tmp_path):
+    tok, venv = tool_tok, agent_venv
     cfg = _cfg(tmp_path, venv)
     env = build_env(cfg)
     model = branching_model(tok, seed=0)

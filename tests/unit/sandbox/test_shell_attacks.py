@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from support.sandbox_witness import Arena, processes_matching
-from support.textkit import TEXTKIT, textkit_env
+from support.textkit import TEXTKIT, original_line, textkit_env
 
 from composer_replication.envs.feature_deletion.candidates import original_body
 from composer_replication.envs.feature_deletion.workspace import candidate_of
@@ -88,22 +88,9 @@ def _cmdline(pid: int) -> str:
         return "<gone>"
 
 
-def _original_line(task) -> str:
-    body = original_body((TEXTKIT / task.data["file"]).read_text(), candidate_of(task.data))
-    return max(body.splitlines(), key=len).strip()
-
-
 def _fill(command: str, a: Arena, tools, task) -> str:
-    return (
-        command.replace("MARK", a.marker)
-        .replace("ROOT", str(a.root))
-        .replace("PORT", str(a.listener.port))
-        .replace("ABSTRACT", a.listener.abstract)
-        .replace("SENTINEL", str(a.sentinel.pid))
-        .replace("SRC", str(TEXTKIT))
-        .replace("WS", str(tools.workspace))
-        .replace("ORIGINAL", _original_line(task))
-    )
+    return a.fill(command, SRC=str(TEXTKIT), WS=str(tools.workspace),
+                  ORIGINAL=original_line(task))  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
@@ -121,7 +108,7 @@ def test_shell_attack_is_contained_and_earns_nothing(name, env, task, arena):
     # nothing of the call is still running (other sandboxes on the machine are not ours)
     left = set(_descendants(os.getpid())) - before - {arena.sentinel.pid}
     assert left == set(), {pid: _cmdline(pid) for pid in left}
-    assert arena.secret not in out and _original_line(task) not in out
+    assert arena.secret not in out and original_line(task) not in out
     assert len(out) <= env.max_output_chars + 80
     links = [p for p in tools.workspace.rglob("*") if p.is_symlink() or p.is_fifo()]
     assert links == []
@@ -188,5 +175,5 @@ def test_control_without_the_sandbox_the_body_and_the_secret_are_readable(env, t
     tools.reset(**env.row(task))
     out = subprocess.run(["sh", "-c", f"cat {TEXTKIT}/textkit/core.py; env"], cwd=tools.workspace,
                          capture_output=True, text=True, timeout=30).stdout  # fmt: skip
-    assert _original_line(task) in out and arena.secret in out
+    assert original_line(task) in out and arena.secret in out
     tools._close()
