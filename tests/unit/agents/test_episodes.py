@@ -23,8 +23,8 @@ def env(tmp_path_factory):
 
 def test_mini_swe_agent_episodes_are_graded_and_joined(env, tool_tok, agent_venv):
     """Two episodes of the same task, one after the other: the right edit scores 1, the wrong
-    one 0; each
-    sequence holds both turns, with the harness's tool result between them masked out."""
+    one 0; each sequence holds both turns, with the harness's tool result between them masked
+    out."""
     tok, venv = tool_tok, agent_venv
     task = env.task_by_id(TASK_ID)
     prompt = env.row(task)["prompt"]
