@@ -8,6 +8,7 @@ from __future__ import annotations
 from composer_replication.config.ablation import (
     AblationArm,
     AblationConfig,
+    StepReport,
     load_ablation_config,
 )
 from composer_replication.config.base import (
@@ -128,6 +129,7 @@ __all__ = [
     "SdpoConfig",
     "SdpoLossConfig",
     "SimpoLossConfig",
+    "StepReport",
     "StrictModel",
     "TaidLossConfig",
     "TaskGenConfig",
