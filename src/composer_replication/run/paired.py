@@ -291,7 +291,7 @@ def verdict_cell(p: Paired | None, unit: Unit) -> str:
         return "-"
     if p.verdict is None:
         return "- (1 seed: no interval)"
-    half = f"{p.half_width:.1%}" if unit == "rate" else f"{p.half_width:.1f} steps"
+    half = f"{100 * p.half_width:.1f} points" if unit == "rate" else f"{p.half_width:.1f} steps"
     return f"{p.verdict} (half-width {half})"
 
 
@@ -353,7 +353,8 @@ def analysis_markdown(an: StepAnalysis, plot: Path) -> str:
         'Student-t interval. Decision rule: "helps" if the interval lies on the better side of '
         '0 (above for pass@1, below for steps), "hurts" if on the worse side, otherwise "no '
         'difference detected"; the half-width is the effect this experiment could have seen. '
-        f"{others} arm(s) are compared with `{an.ref}` with unadjusted 95% intervals. Scores "
+        f"{others} arm{'s' * (others != 1)} compared with `{an.ref}`, with unadjusted 95% "
+        "intervals. Scores "
         "are the periodic held-out evaluations (heldout.jsonl), the final row excepted "
         "(final_eval.json). " + wall,
         "",

@@ -85,10 +85,10 @@ def test_primary_step_paired_interval_and_verdict(finished):
     primary = "held-out pass@1 at step 10 (primary)"
     assert _row(md, primary, "distill") == (
         f"| {primary} | distill | 63.0% | 60.0%, 60.0%, 70.0%, 55.0%, 70.0% | +10.0%, +20.0%, "
-        "+15.0%, +10.0%, +20.0% | +15.0% [+8.8%, +21.2%] | helps (half-width 6.2%) |"
+        "+15.0%, +10.0%, +20.0% | +15.0% [+8.8%, +21.2%] | helps (half-width 6.2 points) |"
     )
     assert _row(md, primary, "mix").endswith(
-        "| +0.0% [-9.8%, +9.8%] | no difference detected (half-width 9.8%) |"
+        "| +0.0% [-9.8%, +9.8%] | no difference detected (half-width 9.8 points) |"
     )
     assert _row(md, primary, "grpo").endswith(
         "| 50.0%, 40.0%, 55.0%, 45.0%, 50.0% | - | - | reference |"
@@ -103,7 +103,7 @@ def test_final_score_uses_the_final_evaluation(finished):
     -0.10, sd 0.01414, half-width 0.01756: hurts (the periodic step-20 scores would not)."""
     md = (finished / "docs" / "results.md").read_text()
     row = _row(md, "final held-out pass@1", "distill")
-    assert row.endswith("| -10.0% [-11.8%, -8.2%] | hurts (half-width 1.8%) |")
+    assert row.endswith("| -10.0% [-11.8%, -8.2%] | hurts (half-width 1.8 points) |")
 
 
 def test_steps_to_threshold_counts_a_never_reached_run_one_interval_past_the_end(finished):
@@ -141,12 +141,12 @@ def test_fixed_wall_time_cuts_each_run_at_the_reference_median(finished):
     assert _row(md, at_t, "mix").endswith(
         "| 60.0% (step 10), 30.0% (step 10), 60.0% (step 10), 40.0% (step 10), 50.0% (step 10) "
         "| -25.0%, -40.0%, -22.0%, -5.0%, -25.0% | -23.4% [-38.9%, -7.9%] "
-        "| hurts (half-width 15.5%) |"
+        "| hurts (half-width 15.5 points) |"
     )
     half = "held-out pass@1 at training wall time 0.5 T = 10 s"
     assert _row(md, half, "distill").endswith(
         "| +0.0%, +20.0%, +5.0%, +10.0%, +0.0% | +7.0% [-3.4%, +17.4%] "
-        "| no difference detected (half-width 10.4%) |"
+        "| no difference detected (half-width 10.4 points) |"
     )
     saved = json.loads((finished / "out" / "step_analysis.json").read_text())
     assert saved["budget_s"] == pytest.approx(20.0)
