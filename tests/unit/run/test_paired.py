@@ -53,8 +53,10 @@ FINAL = {
 }
 
 
-@pytest.fixture
-def finished(tmp_path):
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """15 finished runs and the report on them (built once: the tests only read it)."""
+    tmp_path = tmp_path_factory.mktemp("ablation")
     out = tmp_path / "out"
     for arm, per_seed in SCORES.items():
         for i, scores in enumerate(per_seed):
