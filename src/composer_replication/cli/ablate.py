@@ -38,7 +38,8 @@ def ablate_command(
     results table and a held-out-vs-step plot into the run directory (and into the docs with
     results_md=docs/results.md)."""
     from composer_replication.config import load_ablation_config, resolve_config_path
-    from composer_replication.run.ablation import arm_config, run_ablation, with_interval
+    from composer_replication.run.ablation import arm_config, run_ablation
+    from composer_replication.run.paired import with_interval
 
     with exit_on():
         acfg = load_ablation_config(resolve_config_path(str(config)), overrides or [])

@@ -8,6 +8,7 @@ from __future__ import annotations
 from composer_replication.config.ablation import (
     AblationArm,
     AblationConfig,
+    StepReport,
     load_ablation_config,
 )
 from composer_replication.config.agent import AgentProxyConfig
@@ -130,6 +131,7 @@ __all__ = [
     "SdpoConfig",
     "SdpoLossConfig",
     "SimpoLossConfig",
+    "StepReport",
     "StrictModel",
     "TaidLossConfig",
     "TaskGenConfig",

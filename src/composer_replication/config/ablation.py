@@ -28,6 +28,34 @@ class AblationArm(StrictModel):
     (the peer), configured from the same run config."""
 
 
+class StepReport(StrictModel):
+    """The per-step analysis of ``ablate``'s report (issue 38's pre-registration in
+    docs/results.md), read from each finished run's periodic held-out scores (``heldout.jsonl``)
+    and per-step training times (``step_time`` in ``metrics.jsonl``). Every figure is a per-seed
+    paired difference against ``reference_arm`` with a 95% Student-t interval and the decision
+    rule's verdict ("helps" / "hurts" / "no difference detected")."""
+
+    primary_step: int = Field(ge=0)
+    """The fixed early step of the primary metric: each run's periodic held-out pass@1 there
+    (step 10 in regime (a), 4 in (c)). Must be an evaluated step (a multiple of eval_every)."""
+    threshold: float = Field(0.8, gt=0.0, le=1.0)
+    """Steps to this held-out pass@1: the first evaluated step whose periodic score is >= it;
+    a run that never gets there counts as one evaluation interval past its last evaluated
+    step (and the number of such runs per arm is reported)."""
+    wall_fractions: list[float] = Field(default_factory=lambda: [1.0, 0.5], min_length=1)
+    """Fractions of the wall-time budget ``T`` (the median over the reference arm's seeds of
+    the summed per-step ``step_time``; periodic evaluations do not count) at which each run's
+    periodic held-out score is compared: its score at the last evaluated step whose cumulative
+    step time is <= the fraction of ``T``."""
+
+    @model_validator(mode="after")
+    def _fractions_in_range(self) -> StepReport:
+        bad = [f for f in self.wall_fractions if not 0.0 < f <= 1.0]
+        if bad:
+            raise ValueError(f"wall_fractions must lie in (0, 1]: {bad}")
+        return self
+
+
 class AblationConfig(StrictModel):
     """``composer-replication ablate``: arms x seeds on one base config, held-out eval curves."""
 
@@ -59,6 +87,9 @@ class AblationConfig(StrictModel):
     """Heading of the section."""
     reference_arm: str | None = None
     """Arm the others are paired against per seed (default: the first arm)."""
+    report: StepReport | None = None
+    """Also report the per-step analysis (a fixed early step, the difference at every
+    evaluated step, steps to a threshold, fixed wall time); None = the final scores only."""
 
     @model_validator(mode="after")
     def _reference_is_an_arm(self) -> AblationConfig:
@@ -67,6 +98,11 @@ class AblationConfig(StrictModel):
             raise ValueError(f"arm names must be unique: {names}")
         if self.reference_arm is not None and self.reference_arm not in names:
             raise ValueError(f"reference_arm {self.reference_arm!r} is not an arm: {names}")
+        if self.report is not None and self.report.primary_step % self.eval_every:
+            raise ValueError(
+                f"report.primary_step={self.report.primary_step} is not a multiple of "
+                f"eval_every={self.eval_every}: no periodic held-out evaluation there"
+            )
         return self
 
 

@@ -191,6 +191,8 @@ def _hub_or_cache(ref: str) -> ModelSource:
             raise OSError("HF_HUB_OFFLINE is set: only the local HF cache is read")
         _probe_hub()
     except OSError as err:
+        if not _in_hub_cache(ref):  # skips snapshot_download's ~2 s import on the way to an error
+            raise _hub_error(ref, err) from None
         from huggingface_hub import snapshot_download
 
         try:
@@ -198,6 +200,14 @@ def _hub_or_cache(ref: str) -> ModelSource:
         except Exception:  # noqa: BLE001 - not cached (any reason): report the hub error
             raise _hub_error(ref, err) from None
     return ModelSource("hub", ref)
+
+
+def _in_hub_cache(ref: str) -> bool:
+    """Whether the local HF cache has a folder for model ``ref`` (``models--org--name`` under
+    ``HF_HUB_CACHE``, as huggingface_hub lays it out); a complete snapshot is checked after."""
+    from huggingface_hub import constants
+
+    return (Path(constants.HF_HUB_CACHE) / f"models--{ref.replace('/', '--')}").is_dir()
 
 
 def _probe_hub(timeout_s: float = 3.0) -> None:

@@ -10,6 +10,7 @@ import re
 import shutil
 import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,15 @@ from composer_replication.config import (
     nested_diffs,
     resolve_config_path,
 )
-
-# two-sided 95% Student-t quantiles by degrees of freedom (seeds - 1)
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
+from composer_replication.run.paired import (
+    RunCurve,
+    analysis_markdown,
+    paired_differences,
+    plot_differences,
+    step_analysis,
+    t_interval,
+    with_interval,
+)
 
 FINAL_EVAL = "final_eval.json"
 """An arm/seed run's final held-out result; its presence marks the run as finished."""
@@ -316,15 +322,6 @@ def build_trl_sdpo_trainer(cfg: RunConfig, model, tokenizer, env):
     )
 
 
-def t_interval(vals: list[float]) -> tuple[float, float, float]:
-    """Mean and two-sided 95% Student-t interval over seeds (half-width 0 for one value)."""
-    mean = statistics.fmean(vals)
-    half = 0.0
-    if len(vals) > 1:
-        half = _T95.get(len(vals) - 1, 1.96) * statistics.stdev(vals) / math.sqrt(len(vals))
-    return mean, mean - half, mean + half
-
-
 def summarize(
     results: list[dict[str, Any]], arms: list[str], reference: str | None = None
 ) -> list[dict[str, Any]]:
@@ -401,25 +398,20 @@ def pick_learning_rates(rows: list[dict[str, Any]], default: float = 1e-5) -> di
     }
 
 
-def plot_curves(acfg: AblationConfig, arms: list[str], out: Path) -> Path:
-    """Held-out pass rate vs step, mean over the finished seeds, one line per arm (a killed
-    run's partial curve is left out)."""
+def plot_curves(acfg: AblationConfig, curves: dict[str, dict[int, RunCurve]], out: Path) -> Path:
+    """Held-out pass rate vs step, mean over the finished seeds, one line per arm (``curves``:
+    :func:`finished_curves`, so a killed run's partial curve is left out)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import orjson
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for arm in arms:
+    for arm, by_seed in curves.items():
         by_step: dict[int, list[float]] = {}
-        for seed in acfg.seeds:
-            path = arm_dir(acfg, arm) / f"seed{seed}" / "heldout.jsonl"
-            if not (path.is_file() and path.with_name(FINAL_EVAL).is_file()):
-                continue
-            for line in path.read_bytes().splitlines():
-                row = orjson.loads(line)
-                by_step.setdefault(row["step"], []).append(row["pass_rate"])
+        for curve in by_seed.values():
+            for step, rate in curve.scores.items():
+                by_step.setdefault(step, []).append(rate)
         if by_step:
             steps = sorted(by_step)
             ax.plot(steps, [statistics.fmean(by_step[s]) for s in steps], marker="o", label=arm)
@@ -436,12 +428,16 @@ def plot_curves(acfg: AblationConfig, arms: list[str], out: Path) -> Path:
 def _paired_by_seed(results: list[dict[str, Any]], arm: str, ref: str) -> list[float]:
     """``arm`` minus ``ref`` final pass rate for each seed both ran (same seed = same first
     rollouts), in seed order."""
-    ref_by_seed = {r["seed"]: r["pass_rate"] for r in results if r["arm"] == ref}
-    return [
-        r["pass_rate"] - ref_by_seed[r["seed"]]
-        for r in sorted(results, key=lambda r: r["seed"])
-        if r["arm"] == arm and r["seed"] in ref_by_seed
-    ]
+    by_seed = final_rates(results)
+    return paired_differences(by_seed.get(arm, {}), by_seed.get(ref, {}))
+
+
+def final_rates(results: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """Final held-out pass rate by arm, then seed."""
+    out: dict[str, dict[int, float]] = {}
+    for r in results:
+        out.setdefault(r["arm"], {})[r["seed"]] = r["pass_rate"]
+    return out
 
 
 def markdown_table(
@@ -452,9 +448,11 @@ def markdown_table(
     plot: Path,
     base: dict[str, Any] | None = None,
     done: tuple[int, int] | None = None,
+    extra: str | None = None,
 ) -> str:
     """The section of ``results_md``; ``done`` = (finished runs, planned runs) marks a partial
-    report (``ablate --report``) in its heading."""
+    report (``ablate --report``) in its heading; ``extra`` (the per-step analysis) follows the
+    table and its plot."""
     begin, end = markers(acfg.section)
     ref = rows[0]["reference"] if rows else "first arm"
     partial = done is not None and done[0] < done[1]
@@ -497,15 +495,11 @@ def markdown_table(
         lines += ["", f"Learning rate per arm by the pre-registered rule{so_far} (best mean "
                   "final pass@1; ties: closest to 1e-5): "
                   + ", ".join(f"{a} {lr:g}" for a, lr in picks.items()) + "."]  # fmt: skip
-    lines += ["", f"![held-out score vs step]({plot.as_posix()})", "", end]
+    lines += ["", f"![held-out score vs step]({plot.as_posix()})", ""]
+    if extra is not None:
+        lines += [extra, ""]
+    lines.append(end)
     return "\n".join(lines)
-
-
-def with_interval(value: float, ci: tuple[float, float], n: int, sign: str = "") -> str:
-    """``value [lo, hi]`` as percentages; one seed has no interval (``value (1 seed)``)."""
-    if n < 2:
-        return f"{value:{sign}.1%} (1 seed)"
-    return f"{value:{sign}.1%} [{ci[0]:{sign}.1%}, {ci[1]:{sign}.1%}]"
 
 
 def write_results(md_path: Path, section: str, name: str = "ablation") -> None:
@@ -579,18 +573,50 @@ def run_ablation(
             raise ConfigError(f"ablate --report: no finished run under {out}")
     names = [a.name for a in acfg.arms if any(r["arm"] == a.name for r in results)]
     rows = summarize(results, names, acfg.reference_arm)
-    plot = plot_curves(acfg, names, out / "heldout_vs_step.png")
     (out / "summary.json").write_text(json.dumps(rows, indent=2))
+    curves = finished_curves(acfg, names)
+    plots = [plot_curves(acfg, curves, out / "heldout_vs_step.png")]
+    analysis = None
+    if acfg.report is not None:
+        ref = acfg.reference_arm or names[0]
+        analysis = step_analysis(curves, final_rates(results), ref, acfg.report, acfg.eval_every)
+        (out / "step_analysis.json").write_text(json.dumps(asdict(analysis), indent=1))
+        plots.append(plot_differences(analysis, out / "difference_vs_step.png"))
     whole = train and only is None
     wall = time.monotonic() - t0 if whole else sum(r.get("wall_s", 0.0) for r in results)
     done = (len(results), len(acfg.arms) * len(acfg.seeds))
-    table = markdown_table(rows, acfg, command, wall, Path(plot.name), base, done)
-    write_results(out / "results.md", table, acfg.section)
+
+    def render(paths: list[Path]) -> str:
+        extra = analysis_markdown(analysis, paths[1]) if analysis is not None else None
+        return markdown_table(rows, acfg, command, wall, paths[0], base, done, extra)
+
+    publish(acfg, out, plots, render)
+    return rows
+
+
+def finished_curves(acfg: AblationConfig, arms: list[str]) -> dict[str, dict[int, RunCurve]]:
+    """The held-out curves and step times of the finished runs (with ``final_eval.json``) of
+    ``arms``, by arm, then seed."""
+    out: dict[str, dict[int, RunCurve]] = {}
+    for arm in arms:
+        for seed in acfg.seeds:
+            run = arm_dir(acfg, arm) / f"seed{seed}"
+            if (run / FINAL_EVAL).is_file():
+                out.setdefault(arm, {})[seed] = RunCurve.read(run)
+    return out
+
+
+def publish(acfg: AblationConfig, out: Path, plots: list[Path], render) -> None:
+    """Write the section, ``render(plot paths relative to the Markdown file)``, into
+    ``out/results.md`` (the plots are beside it) and into ``results_md`` with each plot copied
+    next to it as ``{section}_{plot name}``."""
+    write_results(out / "results.md", render([Path(p.name) for p in plots]), acfg.section)
     if acfg.results_md:
         md = Path(acfg.results_md)
-        docs_plot = md.parent / f"{acfg.section}_heldout_vs_step.png"
-        docs_plot.parent.mkdir(parents=True, exist_ok=True)
-        docs_plot.write_bytes(plot.read_bytes())
-        table = markdown_table(rows, acfg, command, wall, Path(docs_plot.name), base, done)
-        write_results(md, table, acfg.section)
-    return rows
+        md.parent.mkdir(parents=True, exist_ok=True)
+        copies = []
+        for plot in plots:
+            copy = md.parent / f"{acfg.section}_{plot.name}"
+            copy.write_bytes(plot.read_bytes())
+            copies.append(Path(copy.name))
+        write_results(md, render(copies), acfg.section)

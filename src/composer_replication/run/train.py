@@ -57,11 +57,20 @@ def run_header(cfg: RunConfig) -> list[tuple[str, str]]:
     return [
         ("model", model),
         ("env", env),
-        ("channels", " + ".join([f"grpo ({cfg.grpo.loss_type})", *weights])),
+        ("channels", " + ".join([*_grpo_label(cfg), *weights])),
         ("steps", f"{cfg.max_steps} x {g.prompts_per_step} prompts x {g.num_generations} "
                   f"completions, lr {cfg.optim.learning_rate:g}, seed {cfg.seed}"),
         ("output", f"{out}  (full config: {out / CONFIG_FILE})"),
     ]  # fmt: skip
+
+
+def _grpo_label(cfg: RunConfig) -> list[str]:
+    """GRPO's part of the header's channel list: its loss type, its weight when not 1, nothing
+    when it is off (``grpo.weight=0``: distillation or self-distillation alone)."""
+    w = cfg.grpo.weight
+    if w == 0:
+        return []
+    return [f"grpo ({cfg.grpo.loss_type})" + (f" {w:g}" if w != 1 else "")]
 
 
 def seed_everything(seed: int) -> None:

@@ -18,7 +18,8 @@ PLOT_FILE = "training_curves.png"
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a metrics.jsonl file (one dict per logged step)."""
+    """Rows of a metrics.jsonl file (one dict per logged step), or of a heldout.jsonl file
+    (one per evaluated step); [] when the file does not exist."""
     path = Path(path)
     if not path.is_file():
         return []
@@ -223,6 +224,9 @@ class RichProgressCallback(TrainerCallback):
 
 
 HELDOUT_FILE = "heldout.jsonl"
+"""A run's periodic held-out scores, one row per evaluated step (written by
+:class:`HeldoutEvalCallback`): ``step``, ``pass_rate``, ``ci95_low``, ``ci95_high``,
+``mean_reward``, ``n``."""
 
 
 class HeldoutEvalCallback(TrainerCallback):

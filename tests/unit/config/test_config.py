@@ -366,3 +366,15 @@ def test_an_old_flat_env_section_still_loads():
     assert RunConfig.model_validate({"env": flat}).env.levels == [1]
     with pytest.raises(ValueError, match="shots"):
         RunConfig.model_validate({"env": {**flat, "shots": 1}})
+
+
+def test_distill_evidence_configs_carry_the_preregistered_analysis():
+    """docs/results.md (issue 38) fixes the primary metric at step 10 in regime (a) and 4 in
+    (c), steps to 80%, and the wall-time budget T and T/2."""
+    for name, step in (("distill_a.yaml", 10), ("distill_c.yaml", 4)):
+        report = load_ablation_config(REPO / "configs" / "evidence" / name).report
+        assert (report.primary_step, report.threshold, report.wall_fractions) == (
+            step,
+            0.8,
+            [1.0, 0.5],
+        )
