@@ -58,7 +58,13 @@ class Episode:
 
 def harness_venv(cfg: AgentProxyConfig) -> str:
     """The real path of ``agent_proxy.venv``; a `UserError` naming the field if it is not a
-    virtual environment with the harness in its ``bin``."""
+    virtual environment with the harness in its ``bin`` (or if the proxy's server packages,
+    the ``replay`` extra, are missing)."""
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn")):
+        raise UserError("agent_proxy serves the policy with fastapi and uvicorn: "
+                        "pip install 'composer-replication[replay]'")  # fmt: skip
     path = os.path.realpath(os.path.expanduser(cfg.venv))
     program = "mini" if cfg.harness == "mini_swe_agent" else ""
     if not os.path.isfile(os.path.join(path, "pyvenv.cfg")) or (
