@@ -12,7 +12,8 @@ socket: agents reach it only through the sandbox's relay, agents/sandboxed.py).
   refused (400, "maximum context length") rather than cut, so every recorded prompt is
   what the policy saw.
 * **Generation** is the policy's (:class:`Policy`): the trainer's own generation path and
-  sampling settings (agents/episodes.py), whatever temperature the harness asks for; one
+  sampling settings (agents/episodes.py), whatever temperature or ``max_tokens`` the harness
+  asks for; one
   request at a time (a lock). The recorded turn holds the prompt ids, the completion ids (up
   to and including the end-of-turn token) and their log-probs under the sampling
   distribution (logits divided by the temperature, TRL's convention).
