@@ -129,3 +129,21 @@ def test_model_policy_logprobs_are_the_sampling_distribution(tool_tok, tmp_path)
             1, torch.tensor(turn.completion_ids)[:, None])[:, 0]  # fmt: skip
         torch.testing.assert_close(torch.tensor(turn.logprobs), want, atol=1e-5, rtol=1e-5)
         assert 1 <= len(turn.completion_ids) <= 8
+
+
+def test_a_streaming_client_gets_the_whole_answer_as_one_chunk(tool_tok, tmp_path):
+    tok = tool_tok
+    model = make_tiny_model(len(tok), max_positions=1024)
+    text = 'ok<tool_call>{"name": "bash", "arguments": {"command": "pwd"}}</tool_call>'
+    with PolicyProxy(Scripted(tok, model, [text]), tok, str(tmp_path / "p.sock")) as proxy:
+        key = proxy.open_episode()
+        stream = _client(proxy, key).chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "where?"}], tools=[BASH],
+            stream=True)  # fmt: skip
+        chunks = list(stream)
+        turns, _ = proxy.close_episode(key)
+    (chunk,) = chunks
+    delta = chunk.choices[0].delta
+    assert delta.content == "ok" and chunk.choices[0].finish_reason == "tool_calls"
+    assert json.loads(delta.tool_calls[0].function.arguments) == {"command": "pwd"}
+    assert len(turns) == 1
