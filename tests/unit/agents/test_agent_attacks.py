@@ -60,6 +60,8 @@ ATTACKS: dict[str, str] = {
     "environment_secret": "env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; echo done",
 }
 
+pytestmark = pytest.mark.agent_venv  # builds the harness venv on first use
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):

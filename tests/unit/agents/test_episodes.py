@@ -15,6 +15,8 @@ from support.textkit import textkit_env
 from composer_replication.agents.episodes import AgentEpisodes, AgentReward
 from composer_replication.config import AgentProxyConfig
 
+pytestmark = pytest.mark.agent_venv  # builds the harness venv on first use
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):

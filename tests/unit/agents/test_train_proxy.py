@@ -36,6 +36,8 @@ from composer_replication.trainer.callbacks import read_metrics
 PAIRS = Path(composer_replication.__file__).parent / "data" / "fixture_replay_pairs.jsonl"
 """Channel 3's packaged fixture pairs: the replay channel trains next to the agent's GRPO."""
 
+pytestmark = pytest.mark.agent_venv  # builds the harness venv on first use
+
 
 def _cfg(tmp_path, venv):
     return load_config("agent_proxy.yaml", [
