@@ -128,3 +128,15 @@ def pytest_collection_modifyitems(config, items):
     device_check.SELECTED[:] = [
         i.nodeid for i in items if getattr(getattr(i, "function", None), "on_check_device", False)
     ]
+
+
+@pytest.fixture
+def arena(tmp_path, monkeypatch):
+    """What a sandbox attack may try to reach (support.sandbox_witness.Arena), with its secret in
+    the trainer's environment under ``SECRET_NAME``; closed after the test."""
+    from support.sandbox_witness import SECRET_NAME, Arena
+
+    a = Arena(tmp_path)
+    monkeypatch.setenv(SECRET_NAME, a.secret)
+    yield a
+    a.close()

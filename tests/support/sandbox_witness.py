@@ -78,6 +78,11 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+SECRET_NAME = "CR_TEST_API_KEY"
+"""The trainer-side environment variable holding :attr:`Arena.secret` during an attack test
+(the ``arena`` fixture in tests/conftest.py sets it)."""
+
+
 @dataclass
 class Arena:
     """Everything an attack may try to reach, and the checks that it did not."""

@@ -27,7 +27,6 @@ from composer_replication.config import AgentProxyConfig
 from composer_replication.sandbox.sandbox import _descendants
 
 TASK_ID = "textkit-local:textkit/core.py::slugify"
-SECRET_NAME = "CR_TEST_API_KEY"
 HIDDEN = 'slugify("a b  c", sep="_")'
 ASK = (  # a chat request to the proxy with KEY; prints the HTTP status
     'python -c "import json, sys, urllib.request as u; r = u.Request('
@@ -66,14 +65,6 @@ pytestmark = pytest.mark.agent_venv  # builds the harness venv on first use
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     return textkit_env(tmp_path_factory.mktemp("tasks"))
-
-
-@pytest.fixture
-def arena(tmp_path, monkeypatch):
-    a = Arena(tmp_path)
-    monkeypatch.setenv(SECRET_NAME, a.secret)
-    yield a
-    a.close()
 
 
 def _fill(command: str, a: Arena, task, workspace: str, venv: str) -> str:

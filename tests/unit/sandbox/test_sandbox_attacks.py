@@ -23,8 +23,6 @@ from support.sandbox_witness import Arena, sandbox_processes
 from composer_replication.config import SandboxConfig
 from composer_replication.envs.humaneval import HumanEvalEnv, humaneval_path
 
-SECRET_NAME = "CR_TEST_API_KEY"
-
 ATTACKS: dict[str, str] = {
     "sys_exit_before_tests": "    import sys\n    sys.exit(0)\n",
     "os_exit": "    import os\n    os._exit(0)\n",
@@ -171,14 +169,6 @@ def env():
 @pytest.fixture(scope="module")
 def task(env):
     return next(t for t in env.tasks("train") + env.tasks("heldout") if t.task_id == "HumanEval/0")
-
-
-@pytest.fixture
-def arena(tmp_path, monkeypatch):
-    a = Arena(tmp_path)
-    monkeypatch.setenv(SECRET_NAME, a.secret)
-    yield a
-    a.close()
 
 
 def _fill(code: str, a: Arena) -> str:

@@ -28,7 +28,6 @@ from composer_replication.envs.feature_deletion.candidates import original_body
 from composer_replication.envs.feature_deletion.workspace import candidate_of
 from composer_replication.sandbox.sandbox import _descendants
 
-SECRET_NAME = "CR_TEST_API_KEY"
 WRONG_BODY = "sed -i 's/raise NotImplementedError.*/return text/' textkit/core.py"
 CONFTEST = (
     "printf 'import pytest\\n@pytest.hookimpl(hookwrapper=True)\\n"
@@ -71,14 +70,6 @@ def env(tmp_path_factory):
 def task(env):
     return next(t for s in ("train", "heldout") for t in env.tasks(s)
                 if t.data["symbol"] == "titlecase")  # fmt: skip
-
-
-@pytest.fixture
-def arena(tmp_path, monkeypatch):
-    a = Arena(tmp_path)
-    monkeypatch.setenv(SECRET_NAME, a.secret)
-    yield a
-    a.close()
 
 
 def _cmdline(pid: int) -> str:
