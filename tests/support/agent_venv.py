@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 
+from composer_replication.agents.harnesses import MINI_SWE_AGENT_REQUIREMENTS  # noqa: E402
 from support.verl_venv import cached_venv  # noqa: E402
 
-REQUIREMENTS = ["mini-swe-agent==2.4.6", "litellm==1.110.2", "openai==3.57.0"]
-"""The harness and the two libraries its model calls go through, pinned (the versions this
-machine's PyPI resolved on 2026-11-26)."""
+REQUIREMENTS = list(MINI_SWE_AGENT_REQUIREMENTS)
+"""The harness's pinned requirements (one source: ``agents.harnesses``)."""
 
 
 def ensure_agent_venv() -> Path:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from composer_replication.agents.align import Joined, join_turns
-from composer_replication.agents.harnesses import MODEL_NAME, harness_command
+from composer_replication.agents.harnesses import MODEL_NAME, harness_command, venv_setup_command
 from composer_replication.agents.policy import TrainerPolicy
 from composer_replication.agents.proxy import Policy, PolicyProxy, Turn
 from composer_replication.agents.sandboxed import AgentRun, run_agent
@@ -71,8 +71,9 @@ def harness_venv(cfg: AgentProxyConfig) -> str:
         program and not os.path.isfile(os.path.join(path, "bin", program))
     ):
         what = f"with bin/{program} " if program else ""
-        raise UserError(f"agent_proxy.venv: {cfg.venv} is no virtual environment {what}(build "
-                        "mini-swe-agent's from PyPI: python tests/support/agent_venv.py)")  # fmt: skip
+        build = f": {venv_setup_command(cfg.venv)}" if program else ""
+        raise UserError(f"agent_proxy.venv: {cfg.venv} is no virtual environment {what}"
+                        f"(build it from PyPI{build})")  # fmt: skip
     return path
 
 

@@ -42,6 +42,19 @@ HARNESSES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
 """name -> (command, environment) of the harnesses with a preset."""
 
 
+MINI_SWE_AGENT_REQUIREMENTS = ("mini-swe-agent==2.4.6", "litellm==1.110.2", "openai==3.57.0")
+"""The harness and the two libraries its model calls go through, pinned (the versions PyPI
+resolved on 2026-11-26); installed into their own venv, never the trainer's environment."""
+
+
+def venv_setup_command(venv: str) -> str:
+    """The shell command that builds mini-swe-agent's venv at ``venv`` from PyPI (~1-2 min,
+    ~750 MB; the tests build theirs with tests/support/agent_venv.py)."""
+    return f"python -m venv {venv} && {venv}/bin/pip install " + " ".join(
+        MINI_SWE_AGENT_REQUIREMENTS
+    )
+
+
 HARNESS_TOOLS: dict[str, tuple[str, ...]] = {"mini_swe_agent": ("bash",)}
 """The tools each preset harness offers its model (for channel 3's vocabulary check)."""
 

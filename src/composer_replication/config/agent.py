@@ -27,8 +27,8 @@ class AgentProxyConfig(StrictModel):
     ``OPENAI_BASE_URL``)."""
     venv: str = "~/.cache/composer-replication/mini-swe-agent-venv"
     """The harness's virtual environment (``~`` expanded, links resolved; its ``bin`` goes on
-    ``PATH``; bound read-only into the sandbox). ``python tests/support/agent_venv.py`` builds
-    mini-swe-agent's from PyPI and links it here."""
+    ``PATH``; bound read-only into the sandbox). A missing one is a one-line error holding the
+    command that builds mini-swe-agent's here from PyPI (``agents.harnesses``)."""
     command: str = ""
     """The shell command that runs the agent in ``/repo`` (``harness: command`` only)."""
     step_limit: int = Field(6, ge=1, le=200)

@@ -22,5 +22,11 @@ def test_unknown_keys_and_the_wrong_environment_are_refused():
 
 def test_a_missing_harness_venv_is_one_line_before_anything_loads(tmp_path):
     cfg = load_config("agent_proxy.yaml", [f"agent_proxy.venv={tmp_path / 'nowhere'}"])
-    with pytest.raises(UserError, match=r"agent_proxy.venv: .*nowhere is no virtual environment"):
+    with pytest.raises(
+        UserError, match=r"agent_proxy.venv: .*nowhere is no virtual environment"
+    ) as err:
         preflight(cfg)
+    # the fix is in the message: the command that builds the harness's venv there
+    assert "\n" not in str(err.value)
+    assert f"python -m venv {tmp_path / 'nowhere'} && " in str(err.value)
+    assert "pip install mini-swe-agent==" in str(err.value)
