@@ -51,6 +51,17 @@ def cached_venv(name: str, requirements: list[str], system_site_packages: bool =
     return python
 
 
+def assert_exactly_passed(r: subprocess.CompletedProcess, expected: int) -> None:
+    """A pytest run in a venv (``r``: its completed process) exited 0 with exactly ``expected``
+    tests passed and none skipped, xfailed or deselected."""
+    import re
+
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    m = re.search(r"(\d+) passed", r.stdout)
+    assert m and int(m.group(1)) == expected, r.stdout[-2000:]
+    assert not re.search(r"\d+ (skipped|xfailed|deselected)", r.stdout), r.stdout[-2000:]
+
+
 def pip_install(python: Path, *args: str) -> None:
     cmd = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args]
     r = subprocess.run(cmd, capture_output=True, text=True)

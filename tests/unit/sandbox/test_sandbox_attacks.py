@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.sandbox_witness import Arena, sandbox_processes
+from support.sandbox_witness import sandbox_processes
 
 from composer_replication.config import SandboxConfig
 from composer_replication.envs.humaneval import HumanEvalEnv, humaneval_path
@@ -171,20 +171,10 @@ def task(env):
     return next(t for t in env.tasks("train") + env.tasks("heldout") if t.task_id == "HumanEval/0")
 
 
-def _fill(code: str, a: Arena) -> str:
-    return (
-        code.replace("MARK", a.marker)
-        .replace("ROOT", str(a.root))
-        .replace("PORT", str(a.listener.port))
-        .replace("ABSTRACT", a.listener.abstract)
-        .replace("SENTINEL", str(a.sentinel.pid))
-    )
-
-
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_attack_scores_zero_and_is_contained(name, env, task, arena):
     before = sandbox_processes()
-    result = env.grade(task, _fill(ATTACKS[name], arena))
+    result = env.grade(task, arena.fill(ATTACKS[name]))
     assert result.reward == 0.0 and not result.passed, result.feedback
     assert arena.breaches() == [], result.feedback
     assert sandbox_processes() <= before, "a sandboxed process outlived its grading"
@@ -203,7 +193,7 @@ def test_control_without_isolation_the_witnesses_see_the_breach(task, arena):
     """Not vacuous: with no bubblewrap and no audit hook, the same write attack lands on the
     host and the arena reports it."""
     bare = HumanEvalEnv(sandbox=SandboxConfig(unsafe_run_without_isolation=True, audit_hook=False))
-    bare.grade(task, _fill(ATTACKS["write_outside"], arena))
+    bare.grade(task, arena.fill(ATTACKS["write_outside"]))
     breaches = arena.breaches()
     assert f"created {arena.escape_path('plain.txt')}" in breaches
     assert f"created {Path(tempfile.gettempdir()) / f'{arena.marker}-tmp.txt'}" in breaches

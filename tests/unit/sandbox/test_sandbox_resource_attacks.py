@@ -17,7 +17,7 @@ import time
 import tracemalloc
 
 import pytest
-from support.sandbox_witness import Arena, sandbox_processes
+from support.sandbox_witness import sandbox_processes
 
 from composer_replication.config import SandboxConfig
 from composer_replication.envs.humaneval import HumanEvalEnv, build_program
@@ -280,13 +280,6 @@ def test_forged_load_error_cannot_pose_as_the_graders_verdict(fast_env):
 # ---- blocked: escapes by children that run without the audit hook ---------------------------
 
 
-@pytest.fixture
-def arena(tmp_path):
-    a = Arena(tmp_path)
-    yield a
-    a.close()
-
-
 def test_hookless_child_cannot_escape(fast_env, arena):
     """A child interpreter started through ``fork_exec`` has no audit hook: it tries a host
     write, TCP and abstract-unix connections to host listeners, killing a host sentinel, and
@@ -303,13 +296,7 @@ def test_hookless_child_cannot_escape(fast_env, arena):
         "os.setsid()\n"
         "time.sleep(600)\n"
     )
-    child = (
-        child.replace("MARK", arena.marker)
-        .replace("ROOT", str(arena.root))
-        .replace("PORT", str(arena.listener.port))
-        .replace("ABSTRACT", arena.listener.abstract)
-        .replace("SENTINEL", str(arena.sentinel.pid))
-    )
+    child = arena.fill(child)
     attack = SPAWN + (
         f"    spawn([sys.executable, '-c', {child!r}, {arena.marker!r}])\n"
         "    import time\n"
