@@ -54,17 +54,23 @@ class Listener:
         self.unix.close()
 
 
+def cmdline(pid: int | str) -> str | None:
+    """Process ``pid``'s command line, arguments joined by spaces; None once it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode(errors="replace")
+
+
 def processes_matching(needle: str) -> list[int]:
     """Pids whose command line contains ``needle`` (any user, any namespace)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if needle.encode() in cmdline:
+        line = cmdline(entry)
+        if line is not None and needle in line:
             found.append(int(entry))
     return found
 

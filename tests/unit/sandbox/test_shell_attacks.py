@@ -18,10 +18,9 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
-from support.sandbox_witness import Arena, processes_matching
+from support.sandbox_witness import Arena, cmdline, processes_matching
 from support.textkit import TEXTKIT, original_line, textkit_env
 
 from composer_replication.envs.feature_deletion.candidates import original_body
@@ -72,13 +71,6 @@ def task(env):
                 if t.data["symbol"] == "titlecase")  # fmt: skip
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
-    except OSError:
-        return "<gone>"
-
-
 def _fill(command: str, a: Arena, tools, task) -> str:
     return a.fill(command, SRC=str(TEXTKIT), WS=str(tools.workspace),
                   ORIGINAL=original_line(task))  # fmt: skip
@@ -98,7 +90,7 @@ def test_shell_attack_is_contained_and_earns_nothing(name, env, task, arena):
     assert arena.breaches() == [], out[:500]
     # nothing of the call is still running (other sandboxes on the machine are not ours)
     left = set(_descendants(os.getpid())) - before - {arena.sentinel.pid}
-    assert left == set(), {pid: _cmdline(pid) for pid in left}
+    assert left == set(), {pid: (cmdline(pid) or "<gone>")[:200] for pid in left}
     assert arena.secret not in out and original_line(task) not in out
     assert len(out) <= env.max_output_chars + 80
     links = [p for p in tools.workspace.rglob("*") if p.is_symlink() or p.is_fifo()]
