@@ -69,8 +69,9 @@ def test_shout_many():
 """
 
 
-def _tasks(source, out: Path) -> dict[str, dict]:
-    summary = generate_tasks(source, out, TaskGenConfig(workers=1), spec=str(source.root))
+def _tasks(source, out: Path, max_candidates: int | None = None) -> dict[str, dict]:
+    cfg = TaskGenConfig(workers=1, max_candidates=max_candidates)
+    summary = generate_tasks(source, out, cfg, spec=str(source.root))
     lines = (summary.out_dir / "tasks.jsonl").read_text().splitlines()
     return {t["symbol"]: t for t in map(json.loads, lines)}
 
@@ -201,16 +202,32 @@ def _vendored_copies(module: str, symbol: str) -> list[str]:
 INFLECTION = Path.home() / ".cache/composer_replication/feature_deletion/src/inflection-0.5.1"
 
 LOAD_VENDORED = """
-import os as _os, runpy as _runpy
-for _d, _subs, _files in _os.walk("/usr"):
-    if "inflection.py" in _files:
-        try:
-            _ns = _runpy.run_path(_os.path.join(_d, "inflection.py"))
-        except Exception:
-            continue
-        if "camelize" in _ns:
-            return _ns["camelize"](string, uppercase_first_letter)
-raise RuntimeError("no copy")
+return _vendored_camelize()(string, uppercase_first_letter)
+"""
+
+# the walk of /usr runs once per graded process, not once per call of the function (the
+# inflection suite calls it hundreds of times); a failed search is remembered too
+FIND_VENDORED = """
+_FOUND = []
+
+
+def _vendored_camelize():
+    import os as _os, runpy as _runpy
+    if not _FOUND:
+        for _d, _subs, _files in _os.walk("/usr"):
+            if "inflection.py" in _files:
+                try:
+                    _ns = _runpy.run_path(_os.path.join(_d, "inflection.py"))
+                except Exception:
+                    continue
+                if "camelize" in _ns:
+                    _FOUND.append(_ns["camelize"])
+                    break
+        else:
+            _FOUND.append(None)
+    if _FOUND[0] is None:
+        raise RuntimeError("no copy")
+    return _FOUND[0]
 """
 
 
@@ -222,10 +239,14 @@ def test_a_copy_vendored_under_usr_is_not_readable(tmp_path_factory, box):
     check is tests/unit/sandbox/test_sandbox.py (no importable package under /usr)."""
     if not _vendored_copies("inflection", "camelize"):
         pytest.skip("no vendored inflection under /usr on this machine")
+    control: dict = {}
+    exec(FIND_VENDORED, control)  # outside the sandbox the attack finds a working copy
+    assert control["_vendored_camelize"]()("foo_bar", True) == "FooBar"
     source = resolve_source(str(INFLECTION))
-    tasks = _tasks(source, tmp_path_factory.mktemp("tasks"))
+    # camelize is the second function of inflection/__init__.py (after _irregular)
+    tasks = _tasks(source, tmp_path_factory.mktemp("tasks"), max_candidates=2)
     task = tasks["camelize"]
-    v = _grade(box, source, task, LOAD_VENDORED)
+    v = _grade(box, source, task, LOAD_VENDORED, FIND_VENDORED)
     assert v.flags == []
     assert v.reward == 0.0, v.feedback
 
