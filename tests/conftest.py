@@ -85,6 +85,19 @@ def tiny_model(tokenizer):
 
 
 @pytest.fixture(scope="session")
+def textkit_tasks(tmp_path_factory) -> Path:
+    """The textkit Feature Deletion task set, generated once per session (the slow part: a
+    sandboxed suite run per candidate); modules build their envs over it with
+    ``support.textkit.textkit_env(textkit_tasks, ...)``, which finds it cached. Read-only:
+    a test that changes a task set generates its own."""
+    from support.textkit import textkit_env
+
+    out = tmp_path_factory.mktemp("textkit-tasks")
+    textkit_env(out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     """Trace fixtures: ``../shared/fixtures`` when present, else the vendored subset (never a
     skip)."""

@@ -63,8 +63,8 @@ pytestmark = pytest.mark.agent_venv  # builds the harness venv on first use
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return textkit_env(tmp_path_factory.mktemp("tasks"))
+def env(textkit_tasks):
+    return textkit_env(textkit_tasks)
 
 
 def _fill(command: str, a: Arena, task, workspace: str, venv: str) -> str:

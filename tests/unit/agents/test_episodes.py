@@ -19,8 +19,8 @@ pytestmark = pytest.mark.agent_venv  # builds the harness venv on first use
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return textkit_env(tmp_path_factory.mktemp("tasks"))
+def env(textkit_tasks):
+    return textkit_env(textkit_tasks)
 
 
 def test_mini_swe_agent_episodes_are_graded_and_joined(env, tool_tok, agent_venv):

@@ -27,8 +27,8 @@ from composer_replication.envs.tools import tool_methods
 
 
 @pytest.fixture(scope="module")
-def task_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("tasks")
+def task_dir(textkit_tasks):
+    return textkit_tasks
 
 
 @pytest.fixture(scope="module", params=[h for h in HARNESSES if h != "native"])

@@ -61,8 +61,8 @@ ATTACKS: dict[str, str] = {
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return textkit_env(tmp_path_factory.mktemp("tasks"), harness="claude_code")
+def env(textkit_tasks):
+    return textkit_env(textkit_tasks, harness="claude_code")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,9 @@ CALL = '<tool_call>{"name": "run_tests", "arguments": {}}</tool_call><|im_end|>'
 ANSWER = "done<|im_end|>"
 
 
-def test_feature_deletion_trains_with_tool_calls_and_graded_rewards(tokenizer, tmp_path):
+def test_feature_deletion_trains_with_tool_calls_and_graded_rewards(
+    tokenizer, textkit_tasks, tmp_path
+):
     from conftest import make_tiny_model
 
     tok = copy.deepcopy(tokenizer)
@@ -32,7 +34,7 @@ def test_feature_deletion_trains_with_tool_calls_and_graded_rewards(tokenizer, t
             "max_steps=1",
             "num_threads=1",
             f"env.task_sources=[{FIXTURE}]",
-            f"env.task_dir={tmp_path / 'tasks'}",
+            f"env.task_dir={textkit_tasks}",
             "env.task_generation.workers=2",
             "env.task_generation.suite_timeout_s=30",
             "generation.num_generations=2",

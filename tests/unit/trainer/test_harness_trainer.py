@@ -37,8 +37,8 @@ RUN_TESTS = {
 
 
 @pytest.fixture(scope="module")
-def task_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("tasks")  # generated once for the three runs
+def task_dir(textkit_tasks):
+    return textkit_tasks  # the session's textkit task set (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -30,8 +30,8 @@ SCRIPTS = [  # one hostile episode per rollout, one call per turn
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return textkit_env(tmp_path_factory.mktemp("tasks"))
+def env(textkit_tasks):
+    return textkit_env(textkit_tasks)
 
 
 def _episodes(env, concurrent: bool):

@@ -18,8 +18,8 @@ FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit
 
 
 @pytest.fixture(scope="module")
-def task_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("tasks")
+def task_dir(textkit_tasks):
+    return textkit_tasks
 
 
 @pytest.fixture(scope="module")

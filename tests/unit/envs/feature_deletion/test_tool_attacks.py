@@ -26,8 +26,8 @@ TOOLS = {"list_files", "read_file", "search", "write_file", "replace_in_file", "
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return textkit_env(tmp_path_factory.mktemp("tasks"))
+def env(textkit_tasks):
+    return textkit_env(textkit_tasks)
 
 
 def _task(env, symbol="slugify"):
