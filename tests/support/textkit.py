@@ -16,6 +16,14 @@ def textkit_env(task_dir: Path, workers: int = 2, **options):
                    heldout_fraction=0.3, **options)  # fmt: skip
 
 
+def textkit_records(task_dir: Path) -> list[dict]:
+    """The task records of the one textkit task set generated under ``task_dir``."""
+    import json
+
+    (tasks_file,) = Path(task_dir).glob("*/tasks.jsonl")
+    return [json.loads(line) for line in tasks_file.read_text().splitlines()]
+
+
 def original_line(task) -> str:
     """The longest line of the body a textkit task deleted (what an attack must never read)."""
     from composer_replication.envs.feature_deletion.candidates import original_body

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.textkit import textkit_records
 
 from composer_replication.config import TaskGenConfig
 from composer_replication.envs.base import unit_hash
@@ -62,13 +63,16 @@ different files keep the suite short, ``CR_FD_ATTACK_TASKS=5`` runs the full mat
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory):
+def generated(tmp_path_factory, textkit_tasks):
     source = resolve_source(SOURCE)
-    out = tmp_path_factory.mktemp("tasks")
-    summary = generate_tasks(source, out, TaskGenConfig(workers=2), spec=SOURCE)
-    tasks = [json.loads(x) for x in (summary.out_dir / "tasks.jsonl").read_text().splitlines()]
-    if SOURCE != str(FIXTURE):
-        return source, sorted(tasks, key=lambda t: unit_hash(t["task_id"]))[: len(SYMBOLS)]
+    if SOURCE == str(FIXTURE):
+        tasks = textkit_records(textkit_tasks)  # the session's textkit set (tests/conftest.py)
+    else:
+        out = tmp_path_factory.mktemp("tasks")
+        summary = generate_tasks(source, out, TaskGenConfig(workers=2), spec=SOURCE)
+        lines = (summary.out_dir / "tasks.jsonl").read_text().splitlines()
+        tasks = sorted(map(json.loads, lines), key=lambda t: unit_hash(t["task_id"]))
+        return source, tasks[: len(SYMBOLS)]
     by_symbol = {t["symbol"]: t for t in tasks}
     return source, [by_symbol[s] for s in SYMBOLS]
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.textkit import textkit_records
 
 from composer_replication.config import TaskGenConfig
 from composer_replication.envs.feature_deletion.candidates import STUB
@@ -77,9 +78,9 @@ def _tasks(source, out: Path, max_candidates: int | None = None) -> dict[str, di
 
 
 @pytest.fixture(scope="module")
-def textkit(tmp_path_factory):
-    source = resolve_source(str(FIXTURE))
-    return source, _tasks(source, tmp_path_factory.mktemp("tasks"))
+def textkit(textkit_tasks):
+    source = resolve_source(str(FIXTURE))  # the session's textkit set (tests/conftest.py)
+    return source, {t["symbol"]: t for t in textkit_records(textkit_tasks)}
 
 
 @pytest.fixture(scope="module")
