@@ -29,7 +29,8 @@ class EvalResult:
     temperature: float = 0.0
     """0 = greedy; else one sample per problem at this temperature."""
     tool_stats: dict[str, float] | None = None
-    """Tool environments: mean turns and tool calls per rollout, failed-call fraction."""
+    """Tool environments: mean turns and tool calls per rollout, failed-call fraction, and
+    ``calls/<name>``: calls per rollout of each tool (``envs.tools.tool_call_counts``)."""
 
     @property
     def n(self) -> int:
@@ -48,6 +49,17 @@ class EvalResult:
 
     def reward_ci(self) -> tuple[float, float]:
         return mean_interval(self.rewards)
+
+    def episodes(self, tag: str) -> list[dict[str, object]]:
+        """One record per problem: ``tag`` (which model), task, outcome and the completion
+        (for a tool environment, its one-line transcript: text, ``Name(arguments)`` calls and
+        ``-> result`` lines)."""
+        return [
+            {"tag": tag, "task_id": t, "passed": ok, "reward": r, "completion": c}
+            for t, ok, r, c in zip(
+                self.task_ids, self.passed, self.rewards, self.completions, strict=True
+            )
+        ]
 
     def summary(self) -> dict[str, float | int | str]:
         lo, hi = self.pass_ci()
@@ -198,7 +210,7 @@ def _result(env, split, tasks, results, completions, temperature, tool_stats=Non
 
 def _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_size, progress,
                     max_turns, max_tool_calls, temperature, shared_prefix=True) -> EvalResult:  # fmt: skip
-    from composer_replication.envs.tools import bounded_tools
+    from composer_replication.envs.tools import bounded_tools, tool_call_counts, tool_methods
     from composer_replication.lm.chat_templates import ensure_tool_template
     from composer_replication.rollout import RolloutStats, run_agent
 
@@ -215,6 +227,8 @@ def _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_s
         "tool_calls_per_rollout": st.tool_calls,
         "tool_error_frac": st.tool_error_frac,
     }
+    counts = tool_call_counts([r.messages for r in rollouts], tool_methods(env.tools_class()))
+    stats.update({f"calls/{name}": n for name, n in counts.items()})
     texts = [_transcript(r.messages) for r in rollouts]
     return _result(env, split, tasks, results, texts, temperature, stats)
 

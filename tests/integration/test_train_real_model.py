@@ -3,6 +3,7 @@ run with its artefacts, and a resume that continues exactly like an uninterrupte
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -52,6 +53,13 @@ def test_cli_quickstart_two_steps(tmp_path):
     assert (out / "final" / "model.safetensors").is_file()
     assert (out / "checkpoint-2" / "optimizer.pt").is_file()
     assert (out / "eval.json").is_file()
+    episodes = [json.loads(x) for x in (out / "eval_episodes.jsonl").read_text().splitlines()]
+    base = [e for e in episodes if e["tag"] == "base"]
+    trained = [e for e in episodes if e["tag"] == "trained"]
+    n = json.loads((out / "eval.json").read_text())["base"]["n"]  # the held-out split's size
+    assert len(base) == len(trained) == n > 0 and len(episodes) == 2 * n
+    assert [e["task_id"] for e in base] == [e["task_id"] for e in trained]
+    assert all(isinstance(e["completion"], str) and e["reward"] >= 0.0 for e in episodes)
 
 
 def test_resume_continues_like_an_uninterrupted_run(tmp_path):

@@ -11,8 +11,10 @@ from transformers.utils import get_json_schema
 from composer_replication.envs.calculator import CalculatorEnv, CalculatorTools
 from composer_replication.envs.tools import (
     BUDGET_EXHAUSTED,
+    NOT_OFFERED,
     bounded_tools,
     call_tool,
+    tool_call_counts,
     tool_methods,
     wire_safe,
     wire_snippet,
@@ -101,6 +103,25 @@ def test_evaluate_on_a_tool_env_reports_turns_and_tool_calls(tokenizer):
     assert (s["turns_per_rollout"], s["tool_calls_per_rollout"], s["tool_error_frac"]) == (2, 1, 0)
     assert s["pass_rate"] == 0.0  # "13936" is the answer of another task
     assert "calculate({'expression': '208 * 67'}) | -> 13936 | 13936" in res.completions[0]
+    assert s["calls/calculate"] == 1.0  # per rollout, by name
+    (first, _) = res.episodes("base")
+    assert first == {"tag": "base", "task_id": res.task_ids[0], "passed": False, "reward": 0.0,
+                     "completion": res.completions[0]}  # fmt: skip
+
+
+def test_tool_call_counts_sum_names_the_env_does_not_offer_under_one_key():
+    """A policy can invent any number of tool names; the metric keys stay bounded."""
+    call = lambda name: {"type": "function", "function": {"name": name, "arguments": "{}"}}  # noqa: E731
+    rollouts = [
+        [{"role": "assistant", "tool_calls": [call("Read"), call("Transliterate")]},
+         {"role": "tool", "content": "x"},
+         {"role": "assistant", "tool_calls": [{"name": "Bash"}, call("inflection.py")]}],
+        [{"role": "assistant", "content": "no call"}, "not a message"],
+    ]  # fmt: skip
+    assert tool_call_counts(rollouts, ["Read", "Bash", "Edit"]) == {
+        "Bash": 0.5, "Read": 0.5, NOT_OFFERED: 1.0,
+    }  # fmt: skip
+    assert tool_call_counts([], ["Read"]) == {}
 
 
 def test_wire_safe_escapes_lone_surrogates_and_cuts_before_escaping():

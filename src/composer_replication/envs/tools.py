@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from composer_replication.sandbox.harness import preview
 
 BUDGET_EXHAUSTED = "error: the budget of {n} tool calls for this task is used up; answer now"
+NOT_OFFERED = "_not_offered"
+"""The one name under which :func:`tool_call_counts` counts calls of tools the environment does
+not offer (a policy can invent any number of names; a metric per invented name would not end)."""
 
 
 def tool_methods(cls: type) -> dict[str, Callable[..., Any]]:
@@ -22,6 +26,26 @@ def tool_methods(cls: type) -> dict[str, Callable[..., Any]]:
         for name, fn in inspect.getmembers(cls, predicate=inspect.isfunction)
         if not name.startswith("_") and name not in ("reset", "get_reward")
     }
+
+
+def tool_call_counts(
+    rollouts: list[list[dict[str, Any]]], offered: Iterable[str]
+) -> dict[str, float]:
+    """Calls per rollout of each tool the rollouts called (the vocabulary the policy used):
+    ``{name: calls / len(rollouts)}``, names not in ``offered`` summed under
+    :data:`NOT_OFFERED`, sorted by name. Messages are OpenAI-style (``tool_calls`` entries with
+    or without a ``function`` wrapper)."""
+    known = set(offered)
+    calls = [
+        c.get("function", c) for messages in rollouts for m in messages if isinstance(m, dict)
+        for c in m.get("tool_calls") or [] if isinstance(c, dict)
+    ]  # fmt: skip
+    names = Counter(
+        fn.get("name") if isinstance(fn, dict) and fn.get("name") in known else NOT_OFFERED
+        for fn in calls
+    )
+    n = max(len(rollouts), 1)
+    return {name: names[name] / n for name in sorted(names)}
 
 
 def tool_functions(instance: Any) -> list[Callable[..., Any]]:

@@ -389,8 +389,10 @@ def run_training(
     base = (
         evaluate_run(cfg, model, tokenizer, env, "base", console) if evals and not resume else None
     )
-    if base is not None and report is not None:
-        report("base", base.summary())
+    if base is not None:
+        _log_eval_episodes(run_dir, "base", base)
+        if report is not None:
+            report("base", base.summary())
     trainer = build_trainer(cfg, model, tokenizer, env, console)
     for cb in extra_callbacks:
         trainer.add_callback(cb)
@@ -404,8 +406,10 @@ def run_training(
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
     trained = evaluate_run(cfg, model, tokenizer, env, "trained", console) if evals else None
-    if trained is not None and report is not None:
-        report("trained", trained.summary())
+    if trained is not None:
+        _log_eval_episodes(run_dir, "trained", trained)
+        if report is not None:
+            report("trained", trained.summary())
     delta = paired_difference(base, trained) if base is not None and trained is not None else None
     summary = RunSummary(
         run_dir=run_dir,
@@ -423,6 +427,17 @@ def run_training(
         write_model_card(cfg, record, run_dir, final)
         plot_metrics(run_dir / METRICS_FILE)  # again, now with the held-out results
     return summary
+
+
+def _log_eval_episodes(run_dir: Path, tag: str, result) -> None:
+    """Append the evaluation's problems to the run's ``eval_episodes.jsonl`` (rank 0 only)."""
+    from composer_replication.trainer.callbacks import EVAL_EPISODES_FILE
+
+    if process_rank()[0] != 0:
+        return
+    with open(run_dir / EVAL_EPISODES_FILE, "a", encoding="utf-8") as fh:
+        for line in result.episodes(tag):
+            fh.write(json.dumps(line, default=str) + "\n")
 
 
 def close_rollouts(trainer) -> None:

@@ -66,6 +66,9 @@ def _rolling_mean(values, window: int) -> list[float]:
 
 EVAL_FILE = "eval.json"
 """Held-out results of the run (written by ``trainer.run`` after the final evaluation)."""
+EVAL_EPISODES_FILE = "eval_episodes.jsonl"
+"""Every held-out problem of the run's evaluations, one JSON line each (``EvalResult.episodes``:
+``tag`` base or trained, task, outcome, completion or tool transcript)."""
 
 
 def _loss_keys(rows: list[dict]) -> list[str]:

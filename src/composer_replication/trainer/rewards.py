@@ -7,13 +7,13 @@ batch, so later stages (hints for channel 2, metrics) can read *why* a completio
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from composer_replication.envs.base import Environment, StepResult
+from composer_replication.envs.tools import tool_call_counts, tool_methods
 from composer_replication.lm.chat import to_text
 
 
@@ -58,17 +58,12 @@ class EnvReward:
 
     def _log_tools(self, task_id, rollouts, results, log_metric) -> None:
         """``tools/calls/<name>``: calls of each tool per rollout (the vocabulary the policy
-        used), and the first rollout of the batch in ``episode_log``."""
-        names = Counter(
-            c.get("function", c).get("name")
-            for messages in rollouts
-            for m in messages
-            if isinstance(m, dict)
-            for c in m.get("tool_calls") or []
-        )
+        used; names the environment does not offer summed under ``tools/calls/_not_offered``),
+        and the first rollout of the batch in ``episode_log``."""
+        offered = tool_methods(self.env.tools_class())
         if log_metric is not None:
-            for name, n in sorted(names.items(), key=lambda kv: str(kv[0])):
-                log_metric(f"tools/calls/{name}", n / len(rollouts))
+            for name, per_rollout in tool_call_counts(rollouts, offered).items():
+                log_metric(f"tools/calls/{name}", per_rollout)
         if self.episode_log is not None and rollouts:
             r = results[0]
             line = {"task_id": task_id[0], "messages": rollouts[0], "reward": r.reward,
