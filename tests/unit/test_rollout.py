@@ -103,7 +103,8 @@ def test_evaluate_on_a_tool_env_reports_turns_and_tool_calls(tokenizer):
     assert (s["turns_per_rollout"], s["tool_calls_per_rollout"], s["tool_error_frac"]) == (2, 1, 0)
     assert s["pass_rate"] == 0.0  # "13936" is the answer of another task
     assert "calculate({'expression': '208 * 67'}) | -> 13936 | 13936" in res.completions[0]
-    assert s["calls/calculate"] == 1.0  # per rollout, by name
+    assert s["calls/calculate"] == 1.0  # per rollout, by name: the same calls as the total
+    assert sum(v for k, v in s.items() if k.startswith("calls/")) == s["tool_calls_per_rollout"]
     (first, _) = res.episodes("base")
     assert first == {"tag": "base", "task_id": res.task_ids[0], "passed": False, "reward": 0.0,
                      "completion": res.completions[0]}  # fmt: skip
@@ -114,8 +115,10 @@ def test_tool_call_counts_sum_names_the_env_does_not_offer_under_one_key():
     call = lambda name: {"type": "function", "function": {"name": name, "arguments": "{}"}}  # noqa: E731
     rollouts = [
         [{"role": "assistant", "tool_calls": [call("Read"), call("Transliterate")]},
-         {"role": "tool", "content": "x"},
-         {"role": "assistant", "tool_calls": [{"name": "Bash"}, call("inflection.py")]}],
+         {"role": "tool", "content": "x"}, {"role": "tool", "content": "y"},
+         {"role": "assistant", "tool_calls": [{"name": "Bash"}, call("inflection.py")]},
+         {"role": "tool", "content": "z"}, {"role": "tool", "content": "w"},
+         {"role": "assistant", "tool_calls": [call("Read")]}],  # cut off: not run, not counted
         [{"role": "assistant", "content": "no call"}, "not a message"],
     ]  # fmt: skip
     assert tool_call_counts(rollouts, ["Read", "Bash", "Edit"]) == {

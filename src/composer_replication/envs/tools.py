@@ -31,15 +31,21 @@ def tool_methods(cls: type) -> dict[str, Callable[..., Any]]:
 def tool_call_counts(
     rollouts: list[list[dict[str, Any]]], offered: Iterable[str]
 ) -> dict[str, float]:
-    """Calls per rollout of each tool the rollouts called (the vocabulary the policy used):
+    """Calls per rollout of each tool the rollouts ran (the vocabulary the policy used):
     ``{name: calls / len(rollouts)}``, names not in ``offered`` summed under
-    :data:`NOT_OFFERED`, sorted by name. Messages are OpenAI-style (``tool_calls`` entries with
-    or without a ``function`` wrapper)."""
+    :data:`NOT_OFFERED`, sorted by name. A call counts when a tool result follows its turn:
+    calls written in a last turn that was cut off are neither run (as in TRL) nor counted, as
+    in ``rollout.RolloutStats``. Messages are OpenAI-style (``tool_calls`` entries with or
+    without a ``function`` wrapper)."""
     known = set(offered)
     calls = [
-        c.get("function", c) for messages in rollouts for m in messages if isinstance(m, dict)
-        for c in m.get("tool_calls") or [] if isinstance(c, dict)
-    ]  # fmt: skip
+        c.get("function", c)
+        for messages in rollouts
+        for m, after in zip(messages, [*messages[1:], None], strict=True)
+        if isinstance(m, dict) and isinstance(after, dict) and after.get("role") == "tool"
+        for c in m.get("tool_calls") or []
+        if isinstance(c, dict)
+    ]
     names = Counter(
         fn.get("name") if isinstance(fn, dict) and fn.get("name") in known else NOT_OFFERED
         for fn in calls
