@@ -49,10 +49,18 @@ def test_unreachable_hub_uses_the_local_cache(hub_unreachable, tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("ref", ["/nope", "./x", "../x", "~/x", "a/b/c", "models\\x", "x/"])
-def test_a_name_that_can_only_be_a_path_fails_at_once_with_the_rule(ref, hub_unreachable):
-    """No hub probe for these: they cannot be hub ids. The error states the rule."""
+def test_a_name_that_can_only_be_a_path_fails_at_once_with_the_rule(
+    ref, hub_unreachable, tmp_path, monkeypatch
+):
+    """No hub probe for these: they cannot be hub ids. The error states the rule. Run from an
+    empty directory with an empty home, so no ``x`` of this machine's (a ``/tmp/x`` next to the
+    checkout did) makes a relative ref exist."""
     from composer_replication.lm.models import MODEL_RULE, resolve_model_source
 
+    (tmp_path / "home").mkdir()
+    (tmp_path / "a" / "cwd").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path / "a" / "cwd")
     with pytest.raises(ModelLoadError, match="does not exist") as err:
         resolve_model_source(ref)
     assert MODEL_RULE in str(err.value) and "\n" not in str(err.value)
