@@ -29,6 +29,9 @@ class EnvReward:
         self._tasks = {t.task_id: t for split in ("train", "heldout") for t in env.tasks(split)}
         self.last_results: list[StepResult] = []
         self.multi_turn = env.tools
+        self._offered = tuple(tool_methods(env.tools_class())) if env.tools else ()
+        """The tool names the environment offers (``tools/calls/<name>``; others are counted
+        as ``_not_offered``)."""
 
     def __call__(
         self, prompts, completions, task_id, log_metric=None, environments=None, **_: Any
@@ -60,9 +63,8 @@ class EnvReward:
         """``tools/calls/<name>``: calls of each tool per rollout (the vocabulary the policy
         used; names the environment does not offer summed under ``tools/calls/_not_offered``),
         and the first rollout of the batch in ``episode_log``."""
-        offered = tool_methods(self.env.tools_class())
         if log_metric is not None:
-            for name, per_rollout in tool_call_counts(rollouts, offered).items():
+            for name, per_rollout in tool_call_counts(rollouts, self._offered).items():
                 log_metric(f"tools/calls/{name}", per_rollout)
         if self.episode_log is not None and rollouts:
             r = results[0]
