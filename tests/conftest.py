@@ -16,6 +16,20 @@ settings.register_profile("ci", derandomize=True, database=None, print_blob=True
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+
+def _worker_threads() -> int | None:
+    """Under pytest-xdist (the README's ``-n 2``), each worker's share of the cores, so that
+    the workers' torch thread pools do not oversubscribe them (None: not a worker)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return None
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, (os.cpu_count() or 1) // max(1, workers))
+
+
+if _worker_threads() is not None:  # before torch is imported: it reads these once
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, str(_worker_threads()))
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO.parent / "shared" / "fixtures"
 
@@ -124,6 +138,15 @@ def pytest_runtest_logreport(report):
         from support.device_check import report_to_parent
 
         report_to_parent(report)
+
+
+def pytest_configure(config):
+    """A worker sets torch's thread pool to its share of the cores (:func:`_worker_threads`)."""
+    threads = _worker_threads()
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import tomllib
 
+from composer_replication.lm.models import cache_entry_lock
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -42,12 +44,14 @@ def cached_venv(name: str, requirements: list[str], system_site_packages: bool =
     python = d / "bin" / "python"
     done = d / ".installed"
     if not done.exists():
-        builder = venv.EnvBuilder(
-            system_site_packages=system_site_packages, clear=True, with_pip=True
-        )
-        builder.create(d)
-        pip_install(python, *requirements)
-        done.write_text("\n".join(requirements))
+        with cache_entry_lock(d):  # a second test worker waits for the first's build
+            if not done.exists():
+                builder = venv.EnvBuilder(
+                    system_site_packages=system_site_packages, clear=True, with_pip=True
+                )
+                builder.create(d)
+                pip_install(python, *requirements)
+                done.write_text("\n".join(requirements))
     return python
 
 
@@ -72,7 +76,8 @@ def pip_install(python: Path, *args: str) -> None:
 def ensure_verl_venv() -> Path:
     """The venv's python, creating the venv if needed and (re)installing this checkout."""
     python = cached_venv("verl", verl_requirements())
-    pip_install(python, "--no-deps", "--no-build-isolation", "-e", str(REPO))
+    with cache_entry_lock(python.parent.parent):  # one install into the venv at a time
+        pip_install(python, "--no-deps", "--no-build-isolation", "-e", str(REPO))
     return python
 
 

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,19 @@ def cache_dir() -> Path:
         return Path(root).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "composer_replication"
+
+
+@contextlib.contextmanager
+def cache_entry_lock(entry: Path) -> Iterator[None]:
+    """Hold a cross-process lock on the cache entry ``entry`` (a file beside it,
+    ``.<name>.lock``) while it is checked and filled: two processes that need the same entry
+    (two ``ablate --arm`` runs, two test workers) never build or replace it at once; the
+    second waits, then finds it complete. Callers check completeness again inside."""
+    from filelock import FileLock
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(entry.parent / f".{entry.name}.lock")):
+        yield
 
 
 def embedded_gguf_path(name: str) -> Path:
@@ -106,8 +120,9 @@ def materialize_gguf(gguf_path: Path, name: str | None = None) -> Path:
     out_dir = cache_dir() / "models" / key
     if (out_dir / "config.json").is_file():
         return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _dequantize_gguf_to_dir(gguf_path, out_dir)
+    with cache_entry_lock(out_dir):
+        if not (out_dir / "config.json").is_file():
+            _dequantize_gguf_to_dir(gguf_path, out_dir)
     return out_dir
 
 

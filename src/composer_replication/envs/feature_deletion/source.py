@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from composer_replication.config.base import UserError
-from composer_replication.lm.models import cache_dir
+from composer_replication.lm.models import cache_dir, cache_entry_lock
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 BYTECODE = ("__pycache__", "*.pyc", "*.pyo")
@@ -72,7 +72,9 @@ def resolve_source(spec: str, cache: Path | None = None) -> SourceTree:
     base = (cache or cache_dir()) / "feature_deletion" / "src"
     root = base / f"{name}-{version}"
     if not (root / ".complete").exists():
-        _fetch_sdist(name, version, base, root)
+        with cache_entry_lock(root):
+            if not (root / ".complete").exists():
+                _fetch_sdist(name, version, base, root)
     return SourceTree(name, version, root, (root / ".complete").read_text().strip())
 
 
@@ -219,15 +221,23 @@ def renamed(tree: SourceTree, cache: Path | None = None) -> SourceTree:
     base = (cache or cache_dir()) / "feature_deletion" / "src"
     root = base / f"{tree.label}-as-{new}"
     if not (root / ".complete").exists():
-        if root.exists():
-            shutil.rmtree(root)
-        shutil.copytree(tree.root, root, ignore=shutil.ignore_patterns(*BYTECODE, ".complete"))
-        word = re.compile(rf"\b{re.escape(old)}\b")
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and path.suffix in (".py", ".cfg", ".toml", ".ini", ".txt", ".rst"):
-                text = path.read_text(encoding="utf-8", errors="replace")
-                path.write_text(word.sub(new, text), encoding="utf-8")
-        (root / old).rename(root / new)
-        (root / ".complete").write_text(tree_digest(root) + "\n")
+        with cache_entry_lock(root):
+            if not (root / ".complete").exists():
+                _write_renamed(tree.root, root, old, new)
     return SourceTree(tree.name, f"{tree.version}-as-{new}", root,
                       (root / ".complete").read_text().strip())  # fmt: skip
+
+
+def _write_renamed(src: Path, root: Path, old: str, new: str) -> None:
+    """Copy ``src`` to ``root`` with the package ``old`` renamed ``new`` (its directory and
+    every word-boundary mention in text files), then mark the copy complete."""
+    if root.exists():
+        shutil.rmtree(root)
+    shutil.copytree(src, root, ignore=shutil.ignore_patterns(*BYTECODE, ".complete"))
+    word = re.compile(rf"\b{re.escape(old)}\b")
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".cfg", ".toml", ".ini", ".txt", ".rst"):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            path.write_text(word.sub(new, text), encoding="utf-8")
+    (root / old).rename(root / new)
+    (root / ".complete").write_text(tree_digest(root) + "\n")
