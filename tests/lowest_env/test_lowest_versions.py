@@ -27,7 +27,7 @@ def test_train_builds_its_trl_config_on_the_lowest_transformers():
     """transformers < 5.23 has no ``activation_checkpointing``: the switch is detected, and
     goes to ``gradient_checkpointing`` (issue 35: ``train`` failed on the GPU image here)."""
     assert "activation_checkpointing" not in {f.name for f in dataclasses.fields(GRPOConfig)}
-    on = build_grpo_args(load_config(None, []))
+    on = build_grpo_args(load_config(None, ["optim.gradient_checkpointing=true"]))
     off = build_grpo_args(load_config(None, ["optim.gradient_checkpointing=false"]))
     assert (
         isinstance(on, GRPOConfig) and on.gradient_checkpointing and not off.gradient_checkpointing

@@ -71,7 +71,7 @@ def test_initial_teacher_is_the_model_before_training(tmp_path, tokenizer, tiny_
 def test_live_teacher_in_training_mode_sees_the_whole_prompt(tmp_path, tokenizer, tiny_model):
     """The live teacher, called in training mode after a step (TRL turned gradient
     checkpointing on), equals a plain forward of the same model on prompt + completion."""
-    cfg = _cfg(tmp_path, "sdpo.teacher=live")
+    cfg = _cfg(tmp_path, "sdpo.teacher=live", "optim.gradient_checkpointing=true")
     trainer = build_trainer(cfg, tiny_model, tokenizer, build_env(cfg))
     trainer.train()
     assert any(getattr(m, "gradient_checkpointing", False) for m in tiny_model.modules())
