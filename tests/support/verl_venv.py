@@ -20,7 +20,7 @@ from pathlib import Path
 
 import tomllib
 
-from composer_replication.lm.models import cache_entry_lock
+from composer_replication.lm.models import cache_entry_lock, fill_once
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,15 +43,15 @@ def cached_venv(name: str, requirements: list[str], system_site_packages: bool =
     d = root / "composer-replication" / f"{name}-venv-{key}"
     python = d / "bin" / "python"
     done = d / ".installed"
-    if not done.exists():
-        with cache_entry_lock(d):  # a second test worker waits for the first's build
-            if not done.exists():
-                builder = venv.EnvBuilder(
-                    system_site_packages=system_site_packages, clear=True, with_pip=True
-                )
-                builder.create(d)
-                pip_install(python, *requirements)
-                done.write_text("\n".join(requirements))
+
+    def build() -> None:
+        venv.EnvBuilder(
+            system_site_packages=system_site_packages, clear=True, with_pip=True
+        ).create(d)
+        pip_install(python, *requirements)
+        done.write_text("\n".join(requirements))
+
+    fill_once(d, done, build)  # a second test worker waits for the first's build
     return python
 
 

@@ -16,7 +16,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +73,17 @@ def cache_entry_lock(entry: Path) -> Iterator[None]:
         yield
 
 
+def fill_once(entry: Path, marker: Path, fill: Callable[[], None]) -> None:
+    """Build the cache entry ``entry`` with ``fill`` unless its completion ``marker`` exists,
+    checking the marker again once the entry's lock (:func:`cache_entry_lock`) is held: of two
+    processes that need the entry, one builds it and the other waits, then finds it complete."""
+    if marker.exists():
+        return
+    with cache_entry_lock(entry):
+        if not marker.exists():
+            fill()
+
+
 def embedded_gguf_path(name: str) -> Path:
     """Path of the GGUF file of an embedded model, or a ModelLoadError saying how to install it."""
     if name not in EMBEDDED_MODELS:
@@ -118,11 +129,7 @@ def materialize_gguf(gguf_path: Path, name: str | None = None) -> Path:
     """Return a directory holding a safetensors copy of ``gguf_path``, converting on first use."""
     key = name or f"{gguf_path.stem}-{gguf_path.stat().st_size}"
     out_dir = cache_dir() / "models" / key
-    if (out_dir / "config.json").is_file():
-        return out_dir
-    with cache_entry_lock(out_dir):
-        if not (out_dir / "config.json").is_file():
-            _dequantize_gguf_to_dir(gguf_path, out_dir)
+    fill_once(out_dir, out_dir / "config.json", lambda: _dequantize_gguf_to_dir(gguf_path, out_dir))
     return out_dir
 
 

@@ -47,3 +47,18 @@ def test_the_lock_is_a_file_beside_the_entry_and_the_entry_itself_is_untouched(t
     with cache_entry_lock(entry):
         assert (tmp_path / "a" / ".b.lock").exists()
     assert not entry.exists()
+
+
+def test_fill_once_fills_a_missing_entry_once_and_never_a_complete_one(tmp_path: Path):
+    from composer_replication.lm.models import fill_once
+
+    entry, calls = tmp_path / "entry", []
+
+    def fill() -> None:
+        calls.append(1)
+        entry.mkdir()
+        (entry / ".complete").write_text("x")
+
+    fill_once(entry, entry / ".complete", fill)
+    fill_once(entry, entry / ".complete", fill)
+    assert calls == [1] and (entry / ".complete").read_text() == "x"

@@ -19,7 +19,7 @@ RECORDS = REPO / "docs" / "evidence_runs"
 EXPERIMENTS = sorted(
     p.stem
     for p in (REPO / "configs" / "evidence").glob("*.yaml")
-    if (RECORDS / load_ablation_config(p).output_dir.split("/")[-1]).is_dir()
+    if (RECORDS / Path(load_ablation_config(p).output_dir).name).is_dir()
 )
 
 

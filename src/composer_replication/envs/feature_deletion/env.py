@@ -149,7 +149,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         progress=None,
     ):
         super().__init__()
-        from composer_replication.lm.models import cache_dir, cache_entry_lock
+        from composer_replication.lm.models import cache_dir, fill_once
 
         self.generation = generation or TaskGenConfig()
         self.reward_mode, self.max_output_chars = reward, max_output_chars
@@ -165,11 +165,9 @@ class FeatureDeletionEnv(ToolEnvironment):
         for spec in sources:
             source = prepare_source(spec, self.generation)
             set_dir = out / source.label
-            if not (set_dir / "tasks.jsonl").exists():
-                with cache_entry_lock(set_dir):  # another process may be generating it
-                    if not (set_dir / "tasks.jsonl").exists():
-                        generate_tasks(source, out, self.generation, spec=spec,
-                                       progress=progress)  # fmt: skip
+            generate = functools.partial(generate_tasks, source, out, self.generation, spec=spec,
+                                         progress=progress)  # fmt: skip
+            fill_once(set_dir, set_dir / "tasks.jsonl", generate)  # another process may be at it
             for record in load_tasks(set_dir):
                 if len(record.get("hidden_tests", ())) < min_hidden_tests:
                     continue  # every target readable in the workspace (config: min_hidden_tests)

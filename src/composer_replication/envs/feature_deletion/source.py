@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from composer_replication.config.base import UserError
-from composer_replication.lm.models import cache_dir, cache_entry_lock
+from composer_replication.lm.models import cache_dir, fill_once
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 BYTECODE = ("__pycache__", "*.pyc", "*.pyo")
@@ -71,10 +71,7 @@ def resolve_source(spec: str, cache: Path | None = None) -> SourceTree:
     name, version = m.groups()
     base = (cache or cache_dir()) / "feature_deletion" / "src"
     root = base / f"{name}-{version}"
-    if not (root / ".complete").exists():
-        with cache_entry_lock(root):
-            if not (root / ".complete").exists():
-                _fetch_sdist(name, version, base, root)
+    fill_once(root, root / ".complete", lambda: _fetch_sdist(name, version, base, root))
     return SourceTree(name, version, root, (root / ".complete").read_text().strip())
 
 
@@ -220,10 +217,7 @@ def renamed(tree: SourceTree, cache: Path | None = None) -> SourceTree:
     new = f"pkg_{tree.digest[:6]}"
     base = (cache or cache_dir()) / "feature_deletion" / "src"
     root = base / f"{tree.label}-as-{new}"
-    if not (root / ".complete").exists():
-        with cache_entry_lock(root):
-            if not (root / ".complete").exists():
-                _write_renamed(tree.root, root, old, new)
+    fill_once(root, root / ".complete", lambda: _write_renamed(tree.root, root, old, new))
     return SourceTree(tree.name, f"{tree.version}-as-{new}", root,
                       (root / ".complete").read_text().strip())  # fmt: skip
 
