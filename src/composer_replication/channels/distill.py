@@ -34,8 +34,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import fnmatch
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,6 +48,7 @@ from composer_replication.channels.base import Channel, LossContext, Rollouts
 from composer_replication.config import (
     BestRoute,
     ColumnRoute,
+    ConfigError,
     DistillConfig,
     JsdDistillLoss,
     LocalTeacherConfig,
@@ -106,6 +110,32 @@ class DistillChannel(Channel):
         if isinstance(loss, JsdDistillLoss):
             return max([loss.top_k or 1, *remote])
         return 1
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    STATE_FILE = "distill_channel.json"
+
+    def save(self, checkpoint_dir: str) -> None:
+        """Each teacher's running counters (requests, scored tokens, cost), so a resumed run
+        keeps counting against ``max_scored_tokens`` / ``budget_usd`` where it stopped instead
+        of spending the whole budget again."""
+        state = {s.spec.name: dataclasses.asdict(s.stats) for s in self.scorers}
+        Path(checkpoint_dir, self.STATE_FILE).write_text(json.dumps(state, indent=1))
+
+    def load(self, checkpoint_dir: str) -> None:
+        """Restore what :meth:`save` wrote; a teacher the checkpoint does not name (a resume
+        with ``resume_override_channels``) starts from zero. A missing file is an error: the
+        budget would silently start over."""
+        path = Path(checkpoint_dir, self.STATE_FILE)
+        if not path.is_file():
+            raise ConfigError(
+                f"{path}: missing; the distill channel's teacher counters (its budget) cannot "
+                "be restored from this checkpoint"
+            )
+        state = json.loads(path.read_text())
+        for scorer in self.scorers:
+            saved = state.get(scorer.spec.name)
+            if saved is not None:
+                scorer.stats = type(scorer.stats)(**saved)
 
     # ---- after rollouts are scored ----------------------------------------------------------
     def attach(self, batch: dict[str, Any], rollouts: Rollouts) -> dict[str, Any]:

@@ -103,6 +103,11 @@ def arm_config(acfg: AblationConfig, arm: AblationArm, seed: int) -> RunConfig:
 
 
 def _arm_run_config(acfg: AblationConfig, arm: AblationArm, seed: int, out: Path) -> RunConfig:
+    if acfg.checkpoint_every:  # resumable: full state, the newest only
+        saving = [f"save_steps={acfg.checkpoint_every}", "save_only_model=false",
+                  "save_total_limit=1"]  # fmt: skip
+    else:  # an unfinished arm starts over; finished arms are reused
+        saving = ["save_steps=0", "save_only_model=true"]
     return load_config(
         resolve_config_path(acfg.base_config),
         [
@@ -111,10 +116,32 @@ def _arm_run_config(acfg: AblationConfig, arm: AblationArm, seed: int, out: Path
             f"seed={seed}",
             f"output_dir={out}",
             "eval.before_and_after=false",
-            "save_steps=0",
-            "save_only_model=true",  # an arm is never resumed mid-way: finished arms are reused
+            *saving,
         ],
     )
+
+
+SAVING_FIELDS = frozenset({"output_dir", "save_steps", "save_total_limit", "save_only_model",
+                           "resume_from"})  # fmt: skip
+"""Run-config fields that change where and what a run saves, never what it trains: a run is
+reused, or resumed, whatever they were (``checkpoint_every`` may be turned on mid-study)."""
+
+
+def _resume_point(acfg: AblationConfig, cfg: RunConfig) -> tuple[RunConfig, str | None, float]:
+    """An unfinished run's config with ``resume_from`` set, its checkpoint and the wall seconds
+    it had spent up to that step (``time/elapsed_s`` of its last kept metrics row); ``cfg``,
+    None, 0 when there is nothing to resume (checkpointing off, or no checkpoint yet)."""
+    from composer_replication.run.preflight import check_resume
+    from composer_replication.trainer.callbacks import METRICS_FILE, read_metrics
+
+    if not acfg.checkpoint_every or not list(Path(cfg.output_dir).glob("checkpoint-*")):
+        return cfg, None, 0.0
+    check_reusable(cfg)
+    cfg = cfg.model_copy(update={"resume_from": "latest"})
+    ckpt = check_resume(cfg)
+    step = int(Path(ckpt).name.split("-")[1])
+    rows = [r for r in read_metrics(Path(cfg.output_dir, METRICS_FILE)) if r["step"] <= step]
+    return cfg, ckpt, float(rows[-1].get("time/elapsed_s", 0.0)) if rows else 0.0
 
 
 def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> dict[str, Any]:
@@ -129,7 +156,10 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
         if console is not None:
             console.print(f"[dim]{arm.name} seed {seed}: reusing {done}")
         return load_result(done)
-    t0 = time.monotonic()
+    cfg, resume, spent_s = _resume_point(acfg, cfg)
+    if resume is not None and console is not None:
+        console.print(f"[dim]{arm.name} seed {seed}: resuming from {resume}")
+    t0 = time.monotonic() - spent_s
     model, tokenizer, env = prepare(cfg)
     if arm.trainer == "trl_sdpo":
         trainer = build_trl_sdpo_trainer(cfg, model, tokenizer, env)
@@ -149,7 +179,7 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
             shared_prefix=cfg.generation.shared_prefix,
         )
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     final = evaluate_run(cfg, model, tokenizer, env, f"{arm.name} seed {seed}", console)
     result = {
         "arm": arm.name,
@@ -157,6 +187,7 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
         **final.summary(),
         "wall_s": time.monotonic() - t0,
         "run_dir": cfg.output_dir,
+        **({"resumed_from": resume} if resume else {}),
     }
     done.write_text(json.dumps(result, indent=2))
     if not acfg.keep_checkpoints:
@@ -166,20 +197,21 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
 
 
 def check_reusable(cfg: RunConfig) -> None:
-    """A finished run is reused only if it was trained with ``cfg`` (its ``config.yaml``, read
-    with today's defaults, equal but for ``output_dir``); else ConfigError naming what differs.
+    """A finished run is reused (an unfinished one resumed) only if it was trained with ``cfg``
+    (its ``config.yaml``, read with today's defaults, equal but for :data:`SAVING_FIELDS`);
+    else ConfigError naming what differs.
     So two experiments may share runs by pointing at one directory, and an edited arm is never
     silently answered by its old run."""
     saved = Path(cfg.output_dir, "config.yaml")
     if not saved.is_file():
         raise ConfigError(f"{saved}: missing; cannot tell what {cfg.output_dir} was trained with")
     diffs = nested_diffs(
-        load_config(saved, []).model_dump(exclude={"output_dir"}),
-        cfg.model_dump(exclude={"output_dir"}),
+        load_config(saved, []).model_dump(exclude=SAVING_FIELDS),
+        cfg.model_dump(exclude=SAVING_FIELDS),
     )
     if diffs:
         raise ConfigError(
-            f"{cfg.output_dir} finished with another config (saved -> this arm):\n  "
+            f"{cfg.output_dir} was trained with another config (saved -> this arm):\n  "
             + "\n  ".join(diffs[:10])
             + "\nrename the arm or move that run directory away"
         )

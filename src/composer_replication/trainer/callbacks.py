@@ -26,11 +26,20 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
+def _rows_up_to(path: Path, step: int) -> list[dict[str, Any]]:
+    """Rewrite a per-step JSONL file keeping only the rows of steps <= ``step`` (a resume's
+    checkpoint step); returns them."""
+    rows = [r for r in read_metrics(path) if r.get("step", 0) <= step]
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return rows
+
+
 class MetricsJsonlCallback(TrainerCallback):
     """Append every training log (one per step with ``logging_steps=1``) to metrics.jsonl.
 
     On resume, rows logged after the checkpoint's step are dropped first, so the file always
-    describes one consistent history.
+    describes one consistent history, and ``time/elapsed_s`` goes on from the last kept row
+    (the time the earlier process spent up to the checkpoint, plus this one's).
     """
 
     def __init__(self, run_dir: str | Path):
@@ -41,8 +50,9 @@ class MetricsJsonlCallback(TrainerCallback):
         if not state.is_world_process_zero:  # one writer in a multi-process run
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        rows = [r for r in read_metrics(self.path) if r.get("step", 0) <= state.global_step]
-        self.path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+        rows = _rows_up_to(self.path, state.global_step)
+        if state.global_step > 0 and rows:
+            self._t0 -= float(rows[-1].get("time/elapsed_s", 0.0))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or "train_runtime" in logs:
@@ -234,7 +244,8 @@ HELDOUT_FILE = "heldout.jsonl"
 
 class HeldoutEvalCallback(TrainerCallback):
     """Greedy held-out pass rate every ``every`` optimizer steps (and at step 0), appended to
-    ``heldout.jsonl`` in the run dir: the data of score-vs-step curves. Tool environments run
+    ``heldout.jsonl`` in the run dir: the data of score-vs-step curves (on resume, rows after
+    the checkpoint's step are dropped first). Tool environments run
     episodes of at most ``max_turns`` turns and ``max_tool_calls`` calls (the run's
     ``rollout`` budget, as its final evaluation)."""
 
@@ -282,9 +293,10 @@ class HeldoutEvalCallback(TrainerCallback):
             fh.write(orjson.dumps(row) + b"\n")
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        """A fresh run evaluates step 0; a resumed one keeps the rows up to its checkpoint."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _rows_up_to(self.path, state.global_step)
         if state.global_step == 0:
-            self.path.write_bytes(b"")
             self._eval(model, 0)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):

@@ -1,7 +1,7 @@
 """The distill channel's ``best`` routing rule and its budget, on one scored generation round
 of tiny random models (no optimizer step): the rule picks, per row, the teacher whose mean
 log-prob of the student's own tokens is highest; rows past ``max_scored_tokens`` are reported
-over budget, never scored as 0."""
+over budget, never scored as 0; what was spent survives a checkpoint."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from support.distill import tiny_student_and_teacher, train_overrides
 
-from composer_replication.config import load_config
+from composer_replication.config import ConfigError, load_config
 from composer_replication.lm.models import load_model
 from composer_replication.run.train import build_env, build_trainer
 
@@ -19,15 +19,19 @@ def models(tmp_path_factory):
     return tiny_student_and_teacher(tmp_path_factory.mktemp("route"))
 
 
-def _round(tmp_path, tokenizer, student, teachers: dict, *extra):
+def _trainer(tmp_path, tokenizer, student, teachers: dict, *extra):
     names = ", ".join(f"{{name: {n}, model: x{i}}}" for i, n in enumerate(teachers))
     cfg = load_config(None, train_overrides(
         tmp_path / "run", f"model.name={student}", "max_steps=1", "distill.weight=1",
         f"distill.teachers=[{names}]", *extra,
     ))  # fmt: skip
     student_m = load_model(str(student))
-    trainer = build_trainer(cfg, student_m, tokenizer, build_env(cfg),
-                            channel_kwargs={"distill": {"models": teachers}})  # fmt: skip
+    return build_trainer(cfg, student_m, tokenizer, build_env(cfg),
+                         channel_kwargs={"distill": {"models": teachers}})  # fmt: skip
+
+
+def _round(tmp_path, tokenizer, student, teachers: dict, *extra):
+    trainer = _trainer(tmp_path, tokenizer, student, teachers, *extra)
     rows = [trainer.train_dataset[i] for i in range(2)]
     trainer.model.train()
     return trainer, trainer._generate_and_score_completions([r for r in rows for _ in range(2)])
@@ -77,3 +81,32 @@ def test_rows_past_the_token_budget_are_reported_over_budget(tmp_path, models, t
     metrics = trainer.channel("distill")._row_metrics(batch)
     assert metrics["over_budget_frac"] == 1 - sum(fits) / 4
     assert metrics["teacher/t/rows"] == sum(fits)
+
+
+def test_the_spent_budget_survives_a_checkpoint(tmp_path, models, tokenizer):
+    """A resumed run keeps counting where the checkpoint stopped: restored from the channel's
+    saved state, it refuses the rows the uninterrupted run refuses; a fresh channel (what a
+    resume without the saved counters would be) would score them again."""
+    student, teacher = models
+    t = load_model(str(teacher))
+    _, batch = _round(tmp_path / "probe", tokenizer, student, {"t": t})
+    sizes = [int(p.sum() + c.sum()) for p, c in zip(batch["prompt_mask"], batch["completion_mask"],
+                                                     strict=True)]  # fmt: skip
+    budget = f"distill.max_scored_tokens={sizes[0] + sizes[1]}"
+    ran, _ = _round(tmp_path / "ran", tokenizer, student, {"t": t}, budget)
+    ckpt = tmp_path / "checkpoint-1"
+    ckpt.mkdir()
+    ran.channel("distill").save(str(ckpt))
+    resumed = _trainer(tmp_path / "resumed", tokenizer, student, {"t": t}, budget)
+    resumed.channel("distill").load(str(ckpt))
+    fresh = _trainer(tmp_path / "fresh", tokenizer, student, {"t": t}, budget)
+
+    def admitted(trainer):
+        return trainer.channel("distill")._within_budget(0, [0, 1, 2, 3], sizes)
+
+    assert ran.channel("distill").scorers[0].stats.scored_tokens == sizes[0] + sizes[1]
+    assert resumed.channel("distill").scorers[0].stats == ran.channel("distill").scorers[0].stats
+    assert admitted(resumed) == admitted(ran) == []
+    assert admitted(fresh) == [0, 1]
+    with pytest.raises(ConfigError, match="distill_channel.json: missing"):
+        fresh.channel("distill").load(str(tmp_path))

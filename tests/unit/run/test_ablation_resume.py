@@ -1,0 +1,120 @@
+"""``ablate`` with ``checkpoint_every``: a run killed after a checkpoint continues from it as
+the same run (the steps after the checkpoint match an uninterrupted run's, the periodic
+held-out rows are not duplicated, the distill channel's budget goes on), runs finished without
+checkpoints are still reused, and a checkpoint trained with another config is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from support.distill import tiny_student_and_teacher
+from transformers import TrainerCallback
+
+from composer_replication.config import ConfigError, load_ablation_config
+from composer_replication.run import train
+from composer_replication.run.ablation import run_ablation
+from composer_replication.trainer.callbacks import read_metrics
+
+
+class Killed(Exception):
+    """Stands in for the process being killed right after a checkpoint was written."""
+
+
+class KillAfterSave(TrainerCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise Killed(f"killed after checkpoint-{self.step}")
+
+
+def _ablation(tmp_path: Path, out: str, student: Path, teacher: Path, every: int):
+    path = tmp_path / f"{out}.yaml"
+    path.write_text(yaml.safe_dump({
+        "base_config": "quickstart.yaml",
+        "base_overrides": [
+            f"model.name={student}", "max_steps=3", "num_threads=1", "optim.warmup_steps=0",
+            "optim.learning_rate=1e-3", "generation.num_generations=2",
+            "generation.prompts_per_step=2", "generation.max_completion_length=4",
+            "eval.n=6", "eval.max_new_tokens=4", "env.levels=[1]", "env.num_train=8",
+        ],
+        "seeds": [0], "eval_every": 1, "eval_n_during": 4, "checkpoint_every": every,
+        "output_dir": str(tmp_path / out),
+        "arms": [{"name": "grpo+distill", "overrides": [
+            "distill.weight=1.0", "distill.max_scored_tokens=100000",
+            f"distill.teachers=[{{name: t, model: {teacher}}}]",
+        ]}],
+    }))  # fmt: skip
+    return load_ablation_config(path)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return tiny_student_and_teacher(tmp_path_factory.mktemp("resume"))
+
+
+def test_a_killed_run_resumes_from_its_checkpoint_as_the_same_run(tmp_path, models, monkeypatch):
+    student, teacher = models
+    whole = _ablation(tmp_path, "whole", student, teacher, every=1)
+    run_ablation(whole, "test")
+    killed = _ablation(tmp_path, "killed", student, teacher, every=1)
+    build = train.build_trainer
+
+    def build_then_kill(*args, **kwargs):
+        trainer = build(*args, **kwargs)
+        trainer.add_callback(KillAfterSave(2))
+        return trainer
+
+    monkeypatch.setattr(train, "build_trainer", build_then_kill)
+    with pytest.raises(Killed):
+        run_ablation(killed, "test")
+    monkeypatch.setattr(train, "build_trainer", build)
+    run_dir = tmp_path / "killed" / "grpo+distill" / "seed0"
+    assert [p.name for p in run_dir.glob("checkpoint-*")] == ["checkpoint-2"]
+    assert [r["step"] for r in read_metrics(run_dir / "heldout.jsonl")] == [0, 1, 2]
+    with (run_dir / "heldout.jsonl").open("a") as fh:  # a row past the checkpoint (a kill
+        fh.write(json.dumps({"step": 3, "pass_rate": 0.0}) + "\n")  # mid-way) is dropped
+
+    run_ablation(killed, "test")
+    ref_dir = tmp_path / "whole" / "grpo+distill" / "seed0"
+    a, b = read_metrics(ref_dir / "metrics.jsonl"), read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in b] == [1, 2, 3]
+    for key in ("loss", "reward", "grad_norm", "distill/loss", "distill/teacher/t/scored_tokens"):
+        assert b[2][key] == pytest.approx(a[2][key], rel=1e-4, abs=1e-6), key
+    assert b[2]["time/elapsed_s"] > b[1]["time/elapsed_s"]  # elapsed goes on, not from 0
+    heldout = read_metrics(run_dir / "heldout.jsonl")
+    assert [r["step"] for r in heldout] == [0, 1, 2, 3]
+    assert heldout == read_metrics(ref_dir / "heldout.jsonl")
+    final = json.loads((run_dir / "final_eval.json").read_text())
+    ref = json.loads((ref_dir / "final_eval.json").read_text())
+    assert final["resumed_from"].endswith("checkpoint-2") and "resumed_from" not in ref
+    assert final["pass_rate"] == ref["pass_rate"]
+    assert not list(run_dir.glob("checkpoint-*"))  # removed once the run is recorded
+
+
+def test_checkpointing_turned_on_reuses_finished_runs_and_refuses_a_changed_one(
+    tmp_path, models, monkeypatch
+):
+    student, teacher = models
+    before = _ablation(tmp_path, "out", student, teacher, every=0)
+    run_ablation(before, "test")
+    run_dir = tmp_path / "out" / "grpo+distill" / "seed0"
+    finished = (run_dir / "final_eval.json").read_text()
+    after = _ablation(tmp_path, "out", student, teacher, every=1)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(train, "build_trainer", no_training)
+    run_ablation(after, "test")  # the saving settings differ; what was trained does not
+    assert (run_dir / "final_eval.json").read_text() == finished
+
+    (run_dir / "final_eval.json").unlink()  # now an unfinished run with a checkpoint...
+    (run_dir / "checkpoint-2").mkdir()
+    after.arms[0].overrides.append("optim.learning_rate=3e-5")  # ...of another config
+    with pytest.raises(ConfigError, match=r"(?s)was trained with another config.*learning_rate"):
+        run_ablation(after, "test")
