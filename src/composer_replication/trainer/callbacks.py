@@ -295,8 +295,10 @@ class HeldoutEvalCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         """A fresh run evaluates step 0; a resumed one keeps the rows up to its checkpoint."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        _rows_up_to(self.path, state.global_step)
-        if state.global_step == 0:
+        if state.global_step > 0:
+            _rows_up_to(self.path, state.global_step)
+        else:  # a run started over (none of an earlier attempt's rows is kept)
+            self.path.write_bytes(b"")
             self._eval(model, 0)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):

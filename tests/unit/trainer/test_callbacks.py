@@ -67,3 +67,36 @@ def test_step_lines_name_step_reward_loss_seconds_and_eta():
     ]
     assert all(line.split("  ")[3].endswith(" s") for line in lines)
     assert all(line.split("  ")[4].startswith("ETA ") for line in lines)
+
+
+def test_heldout_rows_after_a_resumed_checkpoint_are_dropped_and_a_restart_starts_over(
+    tmp_path, monkeypatch
+):
+    """Resumed at step 2: rows 3 and 4 of the killed attempt go, 0-2 stay, nothing is
+    evaluated; started over (step 0): the earlier attempt's rows all go and step 0 is
+    evaluated once."""
+    from types import SimpleNamespace
+
+    from composer_replication import evaluation
+    from composer_replication.trainer.callbacks import HeldoutEvalCallback
+
+    calls = []
+
+    def fake_evaluate(*args, **kwargs):
+        calls.append(1)
+        return EvalResult("arithmetic", "heldout", ["0", "1"], [True, False], [1.0, 0.0])
+
+    monkeypatch.setattr(evaluation, "evaluate", fake_evaluate)
+    cb = HeldoutEvalCallback(tmp_path, None, None, 1, 2, 4, 2, max_turns=1, max_tool_calls=0)
+    earlier = b"".join(orjson.dumps({"step": s, "pass_rate": 0.1 * s}) + b"\n" for s in range(5))
+    model = SimpleNamespace(training=True, train=lambda mode: None)
+
+    cb.path.write_bytes(earlier)
+    cb.on_train_begin(None, SimpleNamespace(global_step=2), None, model=model)
+    assert [r["step"] for r in map(orjson.loads, cb.path.read_bytes().splitlines())] == [0, 1, 2]
+    assert calls == []
+
+    cb.path.write_bytes(earlier)
+    cb.on_train_begin(None, SimpleNamespace(global_step=0), None, model=model)
+    rows = [orjson.loads(x) for x in cb.path.read_bytes().splitlines()]
+    assert [(r["step"], r["pass_rate"]) for r in rows] == [(0, 0.5)] and calls == [1]
