@@ -1,7 +1,11 @@
 """On a real CUDA GPU (``pytest -m gpu``; skipped with a reason where there is none): the
 prefix-cached forward equals the plain one, and a 2-step train of each ``configs/gpu/*.yaml``
 with every channel on runs on a model built from the config's shape (no download: 2 layers,
-the embedded tokenizer's vocabulary), with transformers generation (no vLLM) on arithmetic."""
+the embedded tokenizer's vocabulary), with transformers generation (no vLLM) on arithmetic; and
+2 steps of GRPO + self-distillation + on-policy distillation from a local bf16 teacher on the
+same GPU, with the sampled reverse KL and with the full-vocabulary JSD (the chunked kernel).
+Truncated completions are kept in the loss: a random model never stops within 16 tokens, and
+masking them (DAPO's default) would leave every channel without a token."""
 
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ def test_two_steps_of_each_gpu_config_with_every_channel(path, tmp_path, tokeniz
         "generation.backend=transformers", "generation.prompts_per_step=2",
         "generation.num_generations=4", "generation.max_completion_length=16",
         "optim.gradient_accumulation_steps=1", "eval.before_and_after=false",
+        "grpo.mask_truncated_completions=false",  # a random model never stops within 16 tokens
         "env.name=arithmetic", "sdpo.weight=0.5", "replay.weight=0.5", "replay.pairs_per_step=2",
         "replay.dataset=embedded:fixture-replay-pairs",
     ])  # fmt: skip
@@ -62,3 +67,37 @@ def test_two_steps_of_each_gpu_config_with_every_channel(path, tmp_path, tokeniz
     assert all(r["sdpo/active"] == 1.0 for r in rows)
     assert {p.device.type for p in model.parameters()} == {"cuda"}
     assert (tmp_path / "run" / "checkpoint-2").is_dir()
+
+
+def distill_two_steps(tmp_path, tokenizer, loss: str, dtype=torch.bfloat16) -> list[dict]:
+    """2 steps of the 0.5B config's shape with GRPO, self-distillation and on-policy
+    distillation from a local teacher of the same shape (another seed) on the student's
+    device; ``loss`` ``jsd`` runs the full-vocabulary generalized JSD through the chunked fused
+    kernel on the teacher's hidden states. Returns the metrics rows."""
+    cfg = load_config(configs_dir() / "gpu" / "qwen2.5-0.5b.yaml", [
+        f"output_dir={tmp_path / 'run'}", "max_steps=2", "logging.report_to=none",
+        "generation.backend=transformers", "generation.prompts_per_step=2",
+        "generation.num_generations=4", "generation.max_completion_length=16",
+        "optim.gradient_accumulation_steps=1", "eval.before_and_after=false",
+        "grpo.mask_truncated_completions=false",  # a random model never stops within 16 tokens
+        "sdpo.weight=0.5", "distill.weight=1.0", f"distill.loss.type={loss}",
+        "distill.teachers=[{name: big, model: built-in-test, dtype: bfloat16}]",
+    ])  # fmt: skip
+    model = qwen2_from_config(cfg.model.name, len(tokenizer), dtype=dtype)
+    teacher = qwen2_from_config(cfg.model.name, len(tokenizer), layers=3, dtype=dtype, seed=1)
+    trainer = build_trainer(cfg, model, tokenizer, build_env(cfg),
+                            channel_kwargs={"distill": {"models": {"big": teacher}}})  # fmt: skip
+    trainer.train()
+    scorer = trainer.channel("distill").scorers[0]
+    assert scorer.model.device == next(model.parameters()).device  # device "same"
+    return read_metrics(tmp_path / "run" / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("loss", ["reverse_kl", "jsd"])
+def test_two_steps_with_on_policy_distillation_on_cuda(loss, tmp_path, tokenizer):
+    rows = distill_two_steps(tmp_path, tokenizer, loss)
+    assert len(rows) == 2
+    for r in rows:
+        assert r["distill/active"] == 1.0 and r["distill/scored_frac"] == 1.0
+        assert r["sdpo/active"] == 1.0
+        assert torch.isfinite(torch.tensor([r["distill/loss"], r["loss"], r["grad_norm"]])).all()
