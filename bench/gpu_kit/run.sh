@@ -13,7 +13,7 @@
 #   losses.log    bench_losses.py table;  losses.json  its raw numbers
 #   step.log      bench_step.py table;    step.json    its raw numbers
 # Stage limits (seconds) can be changed with KIT_T_INSTALL, KIT_T_ENV, KIT_T_TESTS, KIT_T_LOSSES,
-# KIT_T_STEP (defaults 45, 30, 150, 180, 120: at most 8.75 min; a healthy H100 run should take ~5).
+# KIT_T_STEP (defaults 45, 30, 195, 180, 120: at most 9.5 min; a healthy H100 run should take ~5).
 set -u
 OUT=${1:?usage: run.sh OUT_DIR [--smoke]}
 MODE=${2:-gpu}
@@ -110,7 +110,7 @@ run_tests() {
   if [ ${#checks[@]} -gt 0 ]; then "${pytest[@]}" "${checks[@]}" $CHECK_K || rc2=$?; fi
   return $((rc > rc2 ? rc : rc2))
 }
-stage tests "${KIT_T_TESTS:-150}" tests.log run_tests
+stage tests "${KIT_T_TESTS:-195}" tests.log run_tests
 
 stage losses "${KIT_T_LOSSES:-180}" losses.log \
   "$PY" bench/bench_losses.py "${LOSSES[@]}" --json "$OUT/losses.json"
