@@ -588,13 +588,13 @@ def run_ablation(
     if train:
         base = base_result(acfg, console)
         results = []
-        for seed in acfg.seeds:
-            for arm in arms:
-                if console is not None:
-                    console.rule(f"[bold]{arm.name} / seed {seed}")
-                results.append(run_arm(acfg, arm, seed, console))
-                if only is None:
-                    (out / "results.json").write_text(json.dumps(results, indent=2))
+        order = [(seed, arm) for seed in acfg.seeds for arm in arms]
+        for k, (seed, arm) in enumerate(order, 1):
+            if console is not None:
+                console.rule(f"[bold]{arm.name} / seed {seed}[/] ({k} of {len(order)})")
+            results.append(run_arm(acfg, arm, seed, console))
+            if only is None:
+                (out / "results.json").write_text(json.dumps(results, indent=2))
         if only is not None:  # the table is of every finished run, as with --report
             results = finished_results(acfg)
     else:
