@@ -170,6 +170,7 @@ def build_grpo_args(cfg: RunConfig):
 
 
 def build_reward_funcs(cfg: RunConfig, env) -> list:
+    from composer_replication.trainer.callbacks import EPISODES_FILE
     from composer_replication.trainer.rewards import EnvReward
 
     if cfg.agent_proxy.enabled:  # graded in the rollout function (agents/episodes.py)
@@ -181,7 +182,7 @@ def build_reward_funcs(cfg: RunConfig, env) -> list:
 
         funcs = [OpenEnvReward(env.name)]
     else:
-        log = Path(cfg.output_dir) / "episodes.jsonl" if env.tools else None
+        log = Path(cfg.output_dir) / EPISODES_FILE if env.tools else None
         funcs = [EnvReward(env, episode_log=log)]
     if cfg.grpo.overlong.enabled:
         from trl.rewards import get_soft_overlong_punishment

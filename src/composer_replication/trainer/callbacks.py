@@ -29,7 +29,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 def _rows_up_to(path: Path, step: int) -> list[dict[str, Any]]:
     """Rewrite a per-step JSONL file keeping only the rows of steps <= ``step`` (a resume's
     checkpoint step); returns them."""
-    rows = [r for r in read_metrics(path) if r.get("step", 0) <= step]
+    rows = [r for r in read_metrics(path) if (r.get("step") or 0) <= step]
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     return rows
 
@@ -37,8 +37,8 @@ def _rows_up_to(path: Path, step: int) -> list[dict[str, Any]]:
 class MetricsJsonlCallback(TrainerCallback):
     """Append every training log (one per step with ``logging_steps=1``) to metrics.jsonl.
 
-    On resume, rows logged after the checkpoint's step are dropped first, so the file always
-    describes one consistent history, and ``time/elapsed_s`` goes on from the last kept row
+    On resume, rows logged after the checkpoint's step are dropped first (from
+    ``episodes.jsonl`` too), so the files always describe one consistent history, and ``time/elapsed_s`` goes on from the last kept row
     (the time the earlier process spent up to the checkpoint, plus this one's).
     """
 
@@ -53,6 +53,9 @@ class MetricsJsonlCallback(TrainerCallback):
         rows = _rows_up_to(self.path, state.global_step)
         if state.global_step > 0 and rows:
             self._t0 -= float(rows[-1].get("time/elapsed_s", 0.0))
+        episodes = self.path.parent / EPISODES_FILE
+        if episodes.is_file():
+            _rows_up_to(episodes, state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or "train_runtime" in logs:
@@ -76,6 +79,8 @@ def _rolling_mean(values, window: int) -> list[float]:
 
 EVAL_FILE = "eval.json"
 """Held-out results of the run (written by ``trainer.run`` after the final evaluation)."""
+EPISODES_FILE = "episodes.jsonl"
+"""Tool environments: the first rollout of each graded batch, with its step (trainer/rewards.py)."""
 EVAL_EPISODES_FILE = "eval_episodes.jsonl"
 """Every held-out problem of the run's evaluations, one JSON line each (``EvalResult.episodes``:
 ``tag`` base or trained, task, outcome, completion or tool transcript)."""

@@ -34,7 +34,14 @@ class EnvReward:
         as ``_not_offered``)."""
 
     def __call__(
-        self, prompts, completions, task_id, log_metric=None, environments=None, **_: Any
+        self,
+        prompts,
+        completions,
+        task_id,
+        log_metric=None,
+        environments=None,
+        trainer_state=None,
+        **_: Any,
     ) -> list[float]:
         unknown = [tid for tid in task_id if tid not in self._tasks]
         if unknown:
@@ -50,7 +57,8 @@ class EnvReward:
             results = self.env.grade_batch(tasks, texts)
         self.last_results = results
         if self.multi_turn:
-            self._log_tools(task_id, texts, results, log_metric)
+            step = trainer_state.global_step + 1 if trainer_state is not None else None
+            self._log_tools(task_id, texts, results, log_metric, step)
         if log_metric is not None and results:
             log_metric("env/pass_rate", sum(r.passed for r in results) / len(results))
             flagged = [len(r.info.get("flags", ())) for r in results]
@@ -59,16 +67,17 @@ class EnvReward:
                 log_metric("env/flags_per_rollout", sum(flagged) / len(results))
         return [r.reward for r in results]
 
-    def _log_tools(self, task_id, rollouts, results, log_metric) -> None:
+    def _log_tools(self, task_id, rollouts, results, log_metric, step: int | None) -> None:
         """``tools/calls/<name>``: calls of each tool per rollout (the vocabulary the policy
         used; names the environment does not offer summed under ``tools/calls/_not_offered``),
-        and the first rollout of the batch in ``episode_log``."""
+        and the first rollout of the batch in ``episode_log``, with the optimizer ``step`` it
+        was generated for (a resumed run drops the lines past its checkpoint)."""
         if log_metric is not None:
             for name, per_rollout in tool_call_counts(rollouts, self._offered).items():
                 log_metric(f"tools/calls/{name}", per_rollout)
         if self.episode_log is not None and rollouts:
             r = results[0]
-            line = {"task_id": task_id[0], "messages": rollouts[0], "reward": r.reward,
+            line = {"step": step, "task_id": task_id[0], "messages": rollouts[0], "reward": r.reward,
                     "passed": r.passed, "flags": r.info.get("flags", [])}  # fmt: skip
             self.episode_log.parent.mkdir(parents=True, exist_ok=True)
             with open(self.episode_log, "ab") as fh:

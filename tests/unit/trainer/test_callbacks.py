@@ -100,3 +100,27 @@ def test_heldout_rows_after_a_resumed_checkpoint_are_dropped_and_a_restart_start
     cb.on_train_begin(None, SimpleNamespace(global_step=0), None, model=model)
     rows = [orjson.loads(x) for x in cb.path.read_bytes().splitlines()]
     assert [(r["step"], r["pass_rate"]) for r in rows] == [(0, 0.5)] and calls == [1]
+
+
+def test_resumed_metrics_and_episode_logs_keep_one_history(tmp_path):
+    """Resumed at step 2: metrics.jsonl and episodes.jsonl lose the killed attempt's steps 3-4
+    (an episode line without a step, from before steps were logged, stays), and the next row's
+    ``time/elapsed_s`` goes on from the kept row's 20 s instead of restarting at 0."""
+    from types import SimpleNamespace
+
+    from composer_replication.trainer.callbacks import EPISODES_FILE, MetricsJsonlCallback
+
+    def write(name, rows):
+        (tmp_path / name).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+
+    write(METRICS_FILE, [{"step": s, "time/elapsed_s": 10.0 * s} for s in (1, 2, 3, 4)])
+    write(EPISODES_FILE, [{"task_id": "old"}, *({"step": s, "task_id": str(s)} for s in (1, 3))])
+    cb = MetricsJsonlCallback(tmp_path)
+    state = SimpleNamespace(global_step=2, is_world_process_zero=True)
+    cb.on_train_begin(None, state, None)
+    cb.on_log(None, SimpleNamespace(global_step=3, is_world_process_zero=True), None,
+              logs={"loss": 0.5})  # fmt: skip
+    rows = [orjson.loads(x) for x in (tmp_path / METRICS_FILE).read_bytes().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[2]["time/elapsed_s"] >= 20.0
+    episodes = [orjson.loads(x) for x in (tmp_path / EPISODES_FILE).read_bytes().splitlines()]
+    assert [e["task_id"] for e in episodes] == ["old", "1"]

@@ -110,7 +110,7 @@ def test_feature_deletion_trains_in_a_harness_profile(
     first, result, last = episode["messages"]
     assert first["tool_calls"][0]["function"]["name"] == name and result["name"] == name
     assert "NotImplementedError" in result["content"]  # the sandboxed pytest ran and failed
-    assert episode["reward"] == 0.0 and episode["flags"] == []
+    assert episode["reward"] == 0.0 and episode["flags"] == [] and episode["step"] == 1
 
 
 def test_pairs_of_another_vocabulary_warn(claude_pairs, tmp_path):
