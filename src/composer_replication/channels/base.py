@@ -127,6 +127,10 @@ class Channel(ABC):
     def after_step(self, model: Any, global_step: int) -> None:  # noqa: B027 (optional)
         """Called after every optimizer step."""
 
+    state_per_rank: bool = False
+    """True: every process holds its own state and :meth:`save` writes a file per process
+    (called on every rank); False: the state is the same on every rank, saved by rank 0."""
+
     def save(self, checkpoint_dir: str) -> None:  # noqa: B027 (optional)
         """Write the channel's state next to the trainer's checkpoint."""
 

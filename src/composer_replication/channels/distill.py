@@ -22,7 +22,9 @@ tool-result tokens excluded, as for the policy loss:
   tail bucket for a remote one (losses/distill.py).
 
 The student side costs no extra forward: the trainer captures the policy forward's hidden
-states (``needs_student_hidden``). Rows no teacher scored (no route, a failed call, the budget
+states (``needs_student_hidden``). With several processes each scores its own rows against an
+equal share of ``budget_usd`` / ``max_scored_tokens`` (no collective per round), and each
+checkpoints its own counters. Rows no teacher scored (no route, a failed call, the budget
 spent) are masked out and counted (``distill/unrouted_frac``, ``failed_frac``,
 ``over_budget_frac``); ``distill/active`` is 0 on a micro-batch with no scored token.
 Routing is visible per teacher: ``distill/teacher/<name>/rows`` (rows it scored in the
@@ -81,6 +83,7 @@ class DistillChannel(Channel):
         super().__init__(cfg)
         self._models = models or {}
         self.scorers: list[Any] = []
+        self.rank, self.world = 0, 1  # this process of how many (setup reads the launch)
         self._hidden_rows: dict[int, tuple[list[int], Tensor]] = {}
 
     # ---- setup ------------------------------------------------------------------------------
@@ -88,6 +91,9 @@ class DistillChannel(Channel):
         """Build the teachers: local ones loaded on their device and dtype, frozen."""
         self.pad_id = pad_token_id(tokenizer)
         self.model, self.temperature = model, float(getattr(args, "temperature", 1.0))
+        # several processes: each scores its own rows, against an equal share of the budget
+        self.rank = int(getattr(args, "process_index", 0))
+        self.world = int(getattr(args, "world_size", 1))
         student_device = next(model.parameters()).device
         for spec in self.cfg.teachers:
             if isinstance(spec, LocalTeacherConfig):
@@ -112,20 +118,23 @@ class DistillChannel(Channel):
         return 1
 
     # ---- checkpoints -------------------------------------------------------------------------
-    STATE_FILE = "distill_channel.json"
+    state_per_rank = True  # each process counts what it scored
+
+    def _state_file(self, checkpoint_dir: str) -> Path:
+        return Path(checkpoint_dir, f"distill_channel.rank{self.rank}.json")
 
     def save(self, checkpoint_dir: str) -> None:
-        """Each teacher's running counters (requests, scored tokens, cost), so a resumed run
-        keeps counting against ``max_scored_tokens`` / ``budget_usd`` where it stopped instead
-        of spending the whole budget again."""
+        """This process's running counters of each teacher (requests, scored tokens, cost), so
+        a resumed run keeps counting against ``max_scored_tokens`` / ``budget_usd`` where it
+        stopped instead of spending the whole budget again."""
         state = {s.spec.name: dataclasses.asdict(s.stats) for s in self.scorers}
-        Path(checkpoint_dir, self.STATE_FILE).write_text(json.dumps(state, indent=1))
+        self._state_file(checkpoint_dir).write_text(json.dumps(state, indent=1))
 
     def load(self, checkpoint_dir: str) -> None:
         """Restore what :meth:`save` wrote; a teacher the checkpoint does not name (a resume
         with ``resume_override_channels``) starts from zero. A missing file is an error: the
         budget would silently start over."""
-        path = Path(checkpoint_dir, self.STATE_FILE)
+        path = self._state_file(checkpoint_dir)
         if not path.is_file():
             raise ConfigError(
                 f"{path}: missing; the distill channel's teacher counters (its budget) cannot "
@@ -227,9 +236,12 @@ class DistillChannel(Channel):
         for r in rows:
             spent_tok += sizes[r]
             spent_usd += sizes[r] * price
-            if self.cfg.max_scored_tokens is not None and spent_tok > self.cfg.max_scored_tokens:
+            if (
+                self.cfg.max_scored_tokens is not None
+                and spent_tok > self.cfg.max_scored_tokens / self.world
+            ):
                 break
-            if self.cfg.budget_usd is not None and spent_usd > self.cfg.budget_usd:
+            if self.cfg.budget_usd is not None and spent_usd > self.cfg.budget_usd / self.world:
                 break
             kept.append(r)
         return kept

@@ -385,9 +385,11 @@ class DistillConfig(StrictModel):
     """Which teacher scores which row: ``single``, ``column`` or ``best``."""
     budget_usd: float | None = Field(None, ge=0.0)
     """Stop calling priced remote teachers once this many dollars are spent; later rows are
-    reported unscored (``distill/unscored_frac``), never silently 0. None: no limit."""
+    reported over budget (``distill/over_budget_frac``), never silently 0. None: no limit.
+    With several processes each gets an equal share. Checkpoints carry what was spent."""
     max_scored_tokens: int | None = Field(None, ge=1)
-    """Stop scoring once the teachers have scored this many tokens in all (local ones too)."""
+    """Stop scoring once the teachers have scored this many tokens in all (local ones too);
+    with several processes each gets an equal share."""
 
     @model_validator(mode="before")
     @classmethod

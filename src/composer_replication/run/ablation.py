@@ -94,6 +94,12 @@ def arm_dir(acfg: AblationConfig, arm: str) -> Path:
 def arm_config(acfg: AblationConfig, arm: AblationArm, seed: int) -> RunConfig:
     out = arm_dir(acfg, arm.name) / f"seed{seed}"
     cfg = _arm_run_config(acfg, arm, seed, out)
+    if acfg.checkpoint_every % cfg.grpo.num_iterations:
+        raise ConfigError(
+            f"arm {arm.name!r}: checkpoint_every={acfg.checkpoint_every} is not a multiple of "
+            f"grpo.num_iterations={cfg.grpo.num_iterations}: a run resumed between two "
+            "generations would regenerate early and not continue as the same run"
+        )
     if arm.trainer == "trl_sdpo" and cfg.sdpo.weight <= 0:
         raise ConfigError(
             f"arm {arm.name!r}: the TRL SDPO peer takes its distillation weight from "
@@ -128,20 +134,29 @@ reused, or resumed, whatever they were (``checkpoint_every`` may be turned on mi
 
 
 def _resume_point(acfg: AblationConfig, cfg: RunConfig) -> tuple[RunConfig, str | None, float]:
-    """An unfinished run's config with ``resume_from`` set, its checkpoint and the wall seconds
-    it had spent up to that step (``time/elapsed_s`` of its last kept metrics row); ``cfg``,
-    None, 0 when there is nothing to resume (checkpointing off, or no checkpoint yet)."""
-    from composer_replication.run.preflight import check_resume
+    """Where an unfinished run goes on from: ``(cfg, checkpoint, spent_s)``, ``spent_s`` the
+    wall seconds it had spent up to the checkpoint (``time/elapsed_s`` of its last kept metrics
+    row). The checkpoint is the newest whole one (run/preflight.py; saves cut short are set
+    aside): at ``max_steps`` training is over (the process died in the final evaluation), and
+    the caller only evaluates it; before that, with ``checkpoint_every``, ``cfg`` comes back
+    with ``resume_from`` set. ``(cfg, None, 0)``: start over."""
+    from composer_replication.run.preflight import check_resume, newest_checkpoint
     from composer_replication.trainer.callbacks import METRICS_FILE, read_metrics
 
-    if not acfg.checkpoint_every or not list(Path(cfg.output_dir).glob("checkpoint-*")):
+    ckpt = newest_checkpoint(Path(cfg.output_dir))
+    if ckpt is None:
         return cfg, None, 0.0
-    check_reusable(cfg)
-    cfg = cfg.model_copy(update={"resume_from": "latest"})
-    ckpt = check_resume(cfg)
-    step = int(Path(ckpt).name.split("-")[1])
+    step = int(ckpt.name.split("-")[1])
+    if step < cfg.max_steps:
+        if not acfg.checkpoint_every or not (ckpt / "optimizer.pt").is_file():
+            return cfg, None, 0.0
+        check_reusable(cfg)
+        cfg = cfg.model_copy(update={"resume_from": str(ckpt)})
+        check_resume(cfg)
+    else:
+        check_reusable(cfg)
     rows = [r for r in read_metrics(Path(cfg.output_dir, METRICS_FILE)) if r["step"] <= step]
-    return cfg, ckpt, float(rows[-1].get("time/elapsed_s", 0.0)) if rows else 0.0
+    return cfg, str(ckpt), float(rows[-1].get("time/elapsed_s", 0.0)) if rows else 0.0
 
 
 def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> dict[str, Any]:
@@ -157,8 +172,10 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
             console.print(f"[dim]{arm.name} seed {seed}: reusing {done}")
         return load_result(done)
     cfg, resume, spent_s = _resume_point(acfg, cfg)
+    trained = resume is not None and cfg.resume_from is None  # killed in the final evaluation
     if resume is not None and console is not None:
-        console.print(f"[dim]{arm.name} seed {seed}: resuming from {resume}")
+        what = "evaluating the trained" if trained else "resuming from"
+        console.print(f"[dim]{arm.name} seed {seed}: {what} {resume}")
     t0 = time.monotonic() - spent_s
     model, tokenizer, env = prepare(cfg)
     if arm.trainer == "trl_sdpo":
@@ -179,7 +196,10 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
             shared_prefix=cfg.generation.shared_prefix,
         )
     )
-    trainer.train(resume_from_checkpoint=resume)
+    if trained:
+        trainer._load_from_checkpoint(resume)  # the weights it ended with; nothing to train
+    else:
+        trainer.train(resume_from_checkpoint=cfg.resume_from)
     final = evaluate_run(cfg, model, tokenizer, env, f"{arm.name} seed {seed}", console)
     result = {
         "arm": arm.name,
@@ -187,7 +207,7 @@ def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> 
         **final.summary(),
         "wall_s": time.monotonic() - t0,
         "run_dir": cfg.output_dir,
-        **({"resumed_from": resume} if resume else {}),
+        **({"resumed_from": resume} if resume else {}),  # trained: its weights were evaluated
     }
     done.write_text(json.dumps(result, indent=2))
     if not acfg.keep_checkpoints:

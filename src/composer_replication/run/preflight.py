@@ -7,7 +7,10 @@ unless given its result."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +23,8 @@ from composer_replication.config import (
 )
 from composer_replication.envs.base import Environment
 from composer_replication.prefs.dataset import load_pairs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,6 +68,14 @@ def check_resume(cfg: RunConfig) -> str | None:
     resume = resolve_resume(cfg)
     if resume is not None:
         check_resume_channels(resume, cfg.channel_settings(), cfg.resume_override_channels)
+        step = json.loads((Path(resume) / TRAINER_STATE).read_text()).get("global_step", 0)
+        if step % cfg.grpo.num_iterations:
+            log.warning(
+                "resuming at step %d, inside a generation's grpo.num_iterations=%d updates: "
+                "TRL does not checkpoint its buffered rollouts, so the resumed run generates "
+                "anew here and will not continue exactly as the interrupted one would have",
+                step, cfg.grpo.num_iterations,
+            )  # fmt: skip
     return resume
 
 
@@ -77,20 +90,50 @@ def resolve_resume(cfg: RunConfig) -> str | None:
     if cfg.resume_from is None:
         return None
     if cfg.resume_from == "latest":
-        steps = {
-            int(p.name.split("-")[1]): p
-            for p in Path(cfg.output_dir).glob("checkpoint-*")
-            if p.is_dir() and p.name.split("-")[1].isdigit()
-        }
-        if not steps:
+        newest = newest_checkpoint(Path(cfg.output_dir))
+        if newest is None:
             raise ConfigError(
-                f"resume_from=latest: no checkpoint-N directory in {cfg.output_dir} "
-                "(start without resume_from, or point output_dir at the earlier run)"
+                f"resume_from=latest: no checkpoint-N directory in {cfg.output_dir} saved "
+                "whole (start without resume_from, or point output_dir at the earlier run)"
             )
-        return _resumable(str(steps[max(steps)]))
+        return _resumable(str(newest))
     if not Path(cfg.resume_from).is_dir():
         raise ConfigError(f"resume_from: {cfg.resume_from} is not a directory")
     return _resumable(cfg.resume_from)
+
+
+TRAINER_STATE = "trainer_state.json"
+"""Written last into a checkpoint (after the weights, optimizer, RNG and channel state), so a
+checkpoint whose copy parses was saved whole."""
+
+
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest whole ``checkpoint-N`` in ``run_dir`` (None: none). Newer ones whose save was
+    cut short (no readable ``trainer_state.json``) are renamed ``incomplete-checkpoint-N``, with
+    a warning: kept for a look, out of the way of the resumed run's checkpoint rotation (which
+    could otherwise keep the broken one and delete the run's new checkpoint)."""
+    steps = {
+        int(p.name.split("-")[1]): p
+        for p in run_dir.glob("checkpoint-*")
+        if p.is_dir() and p.name.split("-")[1].isdigit()
+    }
+    for step in sorted(steps, reverse=True):
+        if _complete(steps[step]):
+            return steps[step]
+        aside = steps[step].with_name(f"incomplete-{steps[step].name}")
+        log.warning("%s: incomplete (no readable %s: its save was cut short); moved to %s",
+                    steps[step], TRAINER_STATE, aside)  # fmt: skip
+        shutil.rmtree(aside, ignore_errors=True)
+        steps[step].rename(aside)
+    return None
+
+
+def _complete(checkpoint: Path) -> bool:
+    try:
+        json.loads((checkpoint / TRAINER_STATE).read_text())
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _resumable(checkpoint: str) -> str:
@@ -98,5 +141,10 @@ def _resumable(checkpoint: str) -> str:
         raise ConfigError(
             f"resume: {checkpoint} has no optimizer state (saved with save_only_model=true, or "
             "not a training checkpoint); it can be loaded as model.name but not resumed"
+        )
+    if not _complete(Path(checkpoint)):
+        raise ConfigError(
+            f"resume: {checkpoint} is incomplete (no readable {TRAINER_STATE}: its save was "
+            "cut short); resume from an earlier checkpoint or start over"
         )
     return checkpoint

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,9 @@ def _rows_up_to(path: Path, step: int) -> list[dict[str, Any]]:
     """Rewrite a per-step JSONL file keeping only the rows of steps <= ``step`` (a resume's
     checkpoint step); returns them."""
     rows = [r for r in read_metrics(path) if (r.get("step") or 0) <= step]
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    tmp = path.with_name(path.name + ".tmp")  # replaced whole: a kill leaves the old or the new
+    tmp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    os.replace(tmp, path)
     return rows
 
 
@@ -39,7 +42,8 @@ class MetricsJsonlCallback(TrainerCallback):
 
     On resume, rows logged after the checkpoint's step are dropped first (from
     ``episodes.jsonl`` too), so the files always describe one consistent history, and ``time/elapsed_s`` goes on from the last kept row
-    (the time the earlier process spent up to the checkpoint, plus this one's).
+    (the time the earlier process spent up to the checkpoint, plus this one's since its
+    training began).
     """
 
     def __init__(self, run_dir: str | Path):
@@ -51,8 +55,8 @@ class MetricsJsonlCallback(TrainerCallback):
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         rows = _rows_up_to(self.path, state.global_step)
-        if state.global_step > 0 and rows:
-            self._t0 -= float(rows[-1].get("time/elapsed_s", 0.0))
+        if state.global_step > 0 and rows:  # resumed: this process's set-up does not count
+            self._t0 = time.monotonic() - float(rows[-1].get("time/elapsed_s", 0.0))
         episodes = self.path.parent / EPISODES_FILE
         if episodes.is_file():
             _rows_up_to(episodes, state.global_step)

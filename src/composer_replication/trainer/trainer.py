@@ -155,14 +155,22 @@ class ComposerReplicationTrainer(GRPOTrainer):
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if not self.args.should_save:  # rank 0 writes; channel state is the same on every rank
-            return
+        """The channels' settings and state go into the checkpoint first; the trainer's own
+        save then ends with ``trainer_state.json`` and only then drops older checkpoints, so a
+        process killed mid-save leaves the previous checkpoint whole (run/preflight.py resumes
+        from the newest checkpoint whose ``trainer_state.json`` reads)."""
         ckpt = Path(self._get_output_dir(trial)) / f"checkpoint-{self.state.global_step}"
-        settings = {c.name: c.settings() for c in self.channels}
-        (ckpt / CHANNELS_FILE).write_text(json.dumps(settings, indent=1, sort_keys=True))
-        for channel in self.channels:
-            channel.save(str(ckpt))
+        ckpt.mkdir(parents=True, exist_ok=True)
+        for channel in self.channels:  # per-process state: every rank writes its own file
+            if channel.state_per_rank:
+                channel.save(str(ckpt))
+        if self.args.should_save:  # shared state: rank 0 writes it
+            settings = {c.name: c.settings() for c in self.channels}
+            (ckpt / CHANNELS_FILE).write_text(json.dumps(settings, indent=1, sort_keys=True))
+            for channel in self.channels:
+                if not channel.state_per_rank:
+                    channel.save(str(ckpt))
+        super()._save_checkpoint(model, trial)
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         """Channel and dynamic-sampling metrics are kept per process; average them over the

@@ -108,5 +108,12 @@ def test_the_spent_budget_survives_a_checkpoint(tmp_path, models, tokenizer):
     assert resumed.channel("distill").scorers[0].stats == ran.channel("distill").scorers[0].stats
     assert admitted(resumed) == admitted(ran) == []
     assert admitted(fresh) == [0, 1]
-    with pytest.raises(ConfigError, match="distill_channel.json: missing"):
+    with pytest.raises(ConfigError, match="distill_channel.rank0.json: missing"):
         fresh.channel("distill").load(str(tmp_path))
+    # two processes: each scores against half the budget and checkpoints its own counters
+    fresh.channel("distill").world = 2
+    half = [r for r in range(4) if sum(sizes[: r + 1]) <= (sizes[0] + sizes[1]) / 2]
+    assert admitted(fresh) == half and half != [0, 1]
+    fresh.channel("distill").rank = 1
+    fresh.channel("distill").save(str(ckpt))
+    assert (ckpt / "distill_channel.rank1.json").is_file()

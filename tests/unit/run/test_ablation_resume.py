@@ -1,7 +1,8 @@
 """``ablate`` with ``checkpoint_every``: a run killed after a checkpoint continues from it as
 the same run (the steps after the checkpoint match an uninterrupted run's, the periodic
 held-out rows are not duplicated, the distill channel's budget goes on), runs finished without
-checkpoints are still reused, and a checkpoint trained with another config is refused."""
+checkpoints are still reused, a run killed in its final evaluation is evaluated, not trained
+further, and a checkpoint trained with another config is refused."""
 
 from __future__ import annotations
 
@@ -109,12 +110,39 @@ def test_checkpointing_turned_on_reuses_finished_runs_and_refuses_a_changed_one(
     def no_training(*args, **kwargs):
         raise AssertionError("a finished run was trained again")
 
+    build = train.build_trainer
     monkeypatch.setattr(train, "build_trainer", no_training)
     run_ablation(after, "test")  # the saving settings differ; what was trained does not
     assert (run_dir / "final_eval.json").read_text() == finished
 
+    # killed in its final evaluation: training is over (a weights-only checkpoint-3 remains),
+    # so the rerun evaluates those weights and trains no further step
+    killed = _ablation(tmp_path, "killed", student, teacher, every=0)
+    evaluate = train.evaluate_run
+
+    def killed_in_evaluation(cfg, model, tokenizer, env, label, *args, **kwargs):
+        if label == "base":  # the untrained model's evaluation, before any arm
+            return evaluate(cfg, model, tokenizer, env, label, *args, **kwargs)
+        raise Killed("killed in the final evaluation")
+
+    monkeypatch.setattr(train, "build_trainer", build)
+    monkeypatch.setattr(train, "evaluate_run", killed_in_evaluation)
+    with pytest.raises(Killed):
+        run_ablation(killed, "test")
+    monkeypatch.setattr(train, "evaluate_run", evaluate)
+    killed_dir = tmp_path / "killed" / "grpo+distill" / "seed0"
+    last = killed_dir / "checkpoint-3"
+    assert (last / "trainer_state.json").is_file() and not (last / "optimizer.pt").exists()
+    run_ablation(killed, "test")
+    assert [r["step"] for r in read_metrics(killed_dir / "metrics.jsonl")] == [1, 2, 3]
+    again = json.loads((killed_dir / "final_eval.json").read_text())
+    assert again["resumed_from"].endswith("checkpoint-3")
+    assert again["pass_rate"] == json.loads(finished)["pass_rate"]
+
     (run_dir / "final_eval.json").unlink()  # now an unfinished run with a checkpoint...
     (run_dir / "checkpoint-2").mkdir()
+    (run_dir / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": 2}')
+    (run_dir / "checkpoint-2" / "optimizer.pt").write_bytes(b"")
     after.arms[0].overrides.append("optim.learning_rate=3e-5")  # ...of another config
     with pytest.raises(ConfigError, match=r"(?s)was trained with another config.*learning_rate"):
         run_ablation(after, "test")

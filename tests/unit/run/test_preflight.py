@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from composer_replication.cli import app
 from composer_replication.config import UserError, load_config
-from composer_replication.run.preflight import preflight
+from composer_replication.run.preflight import preflight, resolve_resume
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "feature_deletion" / "textkit"
 
@@ -73,3 +73,28 @@ def test_preflight_builds_the_environment_once_and_finds_no_checkpoint(tmp_path)
     assert checked.resume is None and checked.env.name == "arithmetic"
     with pytest.raises(UserError, match="resume_from=latest: no checkpoint-N"):
         preflight(load_config(None, [f"output_dir={tmp_path}", "resume_from=latest"]))
+
+
+def test_latest_skips_a_checkpoint_whose_save_was_cut_short(tmp_path, caplog):
+    """checkpoint-4's save was killed before trainer_state.json (written last) was whole:
+    naming it is refused; ``latest`` sets it aside (so the resumed run's checkpoint rotation
+    cannot keep it over a good one), says so, and takes checkpoint-2."""
+
+    def ckpt(step: int, state: str | None) -> Path:
+        d = tmp_path / f"checkpoint-{step}"
+        d.mkdir()
+        (d / "optimizer.pt").write_bytes(b"x")
+        if state is not None:
+            (d / "trainer_state.json").write_text(state)
+        return d
+
+    ckpt(2, '{"global_step": 2}')
+    cut = ckpt(4, '{"global_st')
+    cfg = load_config(None, [f"output_dir={tmp_path}", "resume_from=latest"])
+    with pytest.raises(UserError, match="checkpoint-4 is incomplete"):
+        resolve_resume(load_config(None, [f"output_dir={tmp_path}", f"resume_from={cut}"]))
+    with caplog.at_level("WARNING"):
+        assert resolve_resume(cfg) == str(tmp_path / "checkpoint-2")
+    assert "checkpoint-4: incomplete" in caplog.text
+    assert not cut.exists() and (tmp_path / "incomplete-checkpoint-4").is_dir()  # set aside
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
