@@ -303,6 +303,8 @@ class HeldoutEvalCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         """A fresh run evaluates step 0; a resumed one keeps the rows up to its checkpoint."""
+        if not getattr(state, "is_world_process_zero", True):  # one writer in a multi-process run
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if state.global_step > 0:
             _rows_up_to(self.path, state.global_step)
@@ -311,6 +313,8 @@ class HeldoutEvalCallback(TrainerCallback):
             self._eval(model, 0)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
+        if not getattr(state, "is_world_process_zero", True):
+            return
         if state.global_step % self.every == 0 or state.global_step == state.max_steps:
             self._eval(model, state.global_step)
 
