@@ -36,7 +36,8 @@ def ablate_command(
 ) -> None:
     """Train every arm (GRPO, +SDPO, +replay, all, TRL SDPO peer) for every seed; write the
     results table and a held-out-vs-step plot into the run directory (and into the docs with
-    results_md=docs/results.md)."""
+    results_md=docs/results.md). Several processes may run one config at once (one per GPU
+    with CUDA_VISIBLE_DEVICES, say): each trains the runs no other process holds."""
     from composer_replication.config import load_ablation_config, resolve_config_path
     from composer_replication.run.ablation import arm_config, run_ablation
     from composer_replication.run.paired import with_interval

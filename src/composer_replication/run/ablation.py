@@ -159,18 +159,49 @@ def _resume_point(acfg: AblationConfig, cfg: RunConfig) -> tuple[RunConfig, str 
     return cfg, str(ckpt), float(rows[-1].get("time/elapsed_s", 0.0)) if rows else 0.0
 
 
-def run_arm(acfg: AblationConfig, arm: AblationArm, seed: int, console=None) -> dict[str, Any]:
-    """Train one arm/seed; returns its final held-out result and timing."""
+def run_arm(
+    acfg: AblationConfig, arm: AblationArm, seed: int, console=None
+) -> dict[str, Any] | None:
+    """Train one arm/seed; returns its final held-out result and timing, or None when another
+    ``ablate`` process holds the run (a lock beside its directory), so that several processes
+    on one config (one per GPU, say) each take the next run no other holds."""
+    from filelock import FileLock, Timeout
+
+    cfg = arm_config(acfg, arm, seed)
+    out = Path(cfg.output_dir)
+    done = out / FINAL_EVAL
+    if done.is_file():  # finished by an earlier, interrupted `ablate`: keep it
+        return _reuse(cfg, arm, seed, console)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(out.parent / f".{out.name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        if console is not None:
+            console.print(f"[dim]{arm.name} seed {seed}: another process is training it")
+        return None
+    try:
+        if done.is_file():  # that other process finished it just now
+            return _reuse(cfg, arm, seed, console)
+        return _train_arm(acfg, arm, seed, cfg, console)
+    finally:
+        lock.release()
+
+
+def _reuse(cfg: RunConfig, arm: AblationArm, seed: int, console) -> dict[str, Any]:
+    check_reusable(cfg)
+    if console is not None:
+        console.print(f"[dim]{arm.name} seed {seed}: reusing {Path(cfg.output_dir, FINAL_EVAL)}")
+    return load_result(Path(cfg.output_dir, FINAL_EVAL))
+
+
+def _train_arm(
+    acfg: AblationConfig, arm: AblationArm, seed: int, cfg: RunConfig, console
+) -> dict[str, Any]:
     from composer_replication.run.train import build_trainer, evaluate_run, prepare
     from composer_replication.trainer.callbacks import HeldoutEvalCallback
 
-    cfg = arm_config(acfg, arm, seed)
     done = Path(cfg.output_dir, FINAL_EVAL)
-    if done.is_file():  # finished by an earlier, interrupted `ablate`: keep it
-        check_reusable(cfg)
-        if console is not None:
-            console.print(f"[dim]{arm.name} seed {seed}: reusing {done}")
-        return load_result(done)
     cfg, resume, spent_s = _resume_point(acfg, cfg)
     trained = resume is not None and cfg.resume_from is None  # killed in the final evaluation
     if resume is not None and console is not None:
@@ -239,19 +270,24 @@ def check_reusable(cfg: RunConfig) -> None:
 
 def base_result(acfg: AblationConfig, console=None) -> dict[str, Any]:
     """The untrained model on the same held-out set as the arms' final evaluation (cached)."""
+    from composer_replication.lm.models import fill_once
     from composer_replication.run.train import evaluate_run, prepare
 
     path = Path(acfg.output_dir) / "base_eval.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    cfg = arm_config(acfg, acfg.arms[0], acfg.seeds[0])
-    model, tokenizer, env = prepare(cfg)
-    result = {
-        "arm": "base (untrained)",
-        **evaluate_run(cfg, model, tokenizer, env, "base", console).summary(),
-    }
-    path.write_text(json.dumps(result, indent=2))
-    return result
+
+    def fill() -> None:  # once, whichever of several `ablate` processes gets here first
+        cfg = arm_config(acfg, acfg.arms[0], acfg.seeds[0])
+        model, tokenizer, env = prepare(cfg)
+        result = {
+            "arm": "base (untrained)",
+            **evaluate_run(cfg, model, tokenizer, env, "base", console).summary(),
+        }
+        tmp = path.with_name(path.name + ".tmp")  # whole or absent for a reader
+        tmp.write_text(json.dumps(result, indent=2))
+        tmp.replace(path)
+
+    fill_once(path, path, fill)
+    return json.loads(path.read_text())
 
 
 TRL_SDPO_MAPPING: tuple[tuple[str, str, str], ...] = (
@@ -600,8 +636,11 @@ def run_ablation(
     table. ``train=False`` (``ablate --report``) trains nothing: it tabulates the runs already
     finished, marked as partial when some are missing (the wall time is then their sum).
     ``only`` (``ablate --arm``) trains just those arms, so that two processes can share one
-    experiment without racing for the same run; the table then holds every finished run."""
+    experiment without racing for the same run; the table then holds every finished run. So
+    does a process that found runs held by others: several processes may run one config at
+    once, each training the runs no other holds (:func:`run_arm`)."""
     arms = selected_arms(acfg, only)
+    elsewhere = 0  # runs another process held
     t0 = time.monotonic()
     out = Path(acfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -612,11 +651,19 @@ def run_ablation(
         for k, (seed, arm) in enumerate(order, 1):
             if console is not None:
                 console.rule(f"[bold]{arm.name} / seed {seed}[/] ({k} of {len(order)})")
-            results.append(run_arm(acfg, arm, seed, console))
+            result = run_arm(acfg, arm, seed, console)
+            if result is None:  # another process holds it
+                elsewhere += 1
+                continue
+            results.append(result)
             if only is None:
                 (out / "results.json").write_text(json.dumps(results, indent=2))
-        if only is not None:  # the table is of every finished run, as with --report
+        if only is not None or elsewhere:  # the table is of every finished run, as --report's
             results = finished_results(acfg)
+        if not results:  # every run is still being trained by other processes
+            if console is not None:
+                console.print(f"no run finished yet ({elsewhere} held by other processes)")
+            return []
     else:
         base_path = out / "base_eval.json"
         base = json.loads(base_path.read_text()) if base_path.is_file() else None
@@ -634,7 +681,7 @@ def run_ablation(
         analysis = step_analysis(curves, final_rates(results), ref, acfg.report, acfg.eval_every)
         (out / "step_analysis.json").write_text(json.dumps(asdict(analysis), indent=1))
         plots.append(plot_differences(analysis, out / "difference_vs_step.png"))
-    whole = train and only is None
+    whole = train and only is None and not elsewhere  # else wall time is the runs' sum
     wall = time.monotonic() - t0 if whole else sum(r.get("wall_s", 0.0) for r in results)
     done = (len(results), len(acfg.arms) * len(acfg.seeds))
 

@@ -146,3 +146,37 @@ def test_checkpointing_turned_on_reuses_finished_runs_and_refuses_a_changed_one(
     after.arms[0].overrides.append("optim.learning_rate=3e-5")  # ...of another config
     with pytest.raises(ConfigError, match=r"(?s)was trained with another config.*learning_rate"):
         run_ablation(after, "test")
+
+
+def test_two_processes_on_one_config_take_different_runs(tmp_path, models):
+    """Another process holds seed 0's run (its lock, held here by a child process): this one
+    skips it, trains seed 1, and tabulates what is finished (partial); once the lock is free
+    a second pass trains seed 0."""
+    import subprocess
+    import sys
+
+    student, teacher = models
+    acfg = _ablation(tmp_path, "shared", student, teacher, every=0)
+    acfg.seeds = [0, 1]
+    acfg.results_md = str(tmp_path / "results.md")
+    lock = tmp_path / "shared" / "grpo+distill" / ".seed0.lock"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from filelock import FileLock; "
+         f"held = FileLock({str(lock)!r}); held.acquire(); print('held', flush=True); "
+         "sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        rows = run_ablation(acfg, "test")
+    finally:
+        holder.communicate("")  # releases the lock by exiting
+    runs = tmp_path / "shared" / "grpo+distill"
+    assert not (runs / "seed0" / "final_eval.json").exists()
+    assert (runs / "seed1" / "final_eval.json").is_file()
+    assert rows[0]["per_seed"] == [json.loads((runs / "seed1" / "final_eval.json").read_text())[
+        "pass_rate"]]  # fmt: skip
+    assert "(in progress: 1 of 2 runs finished)" in (tmp_path / "results.md").read_text()
+    run_ablation(acfg, "test")
+    assert (runs / "seed0" / "final_eval.json").is_file()
