@@ -7,6 +7,9 @@ further, and a checkpoint trained with another config is refused."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,10 +61,19 @@ def models(tmp_path_factory):
     return tiny_student_and_teacher(tmp_path_factory.mktemp("resume"))
 
 
-def test_a_killed_run_resumes_from_its_checkpoint_as_the_same_run(tmp_path, models, monkeypatch):
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory, models):
+    """An experiment finished without resumable checkpoints (``checkpoint_every`` 0): the
+    uninterrupted reference run. Tests copy it before changing anything."""
+    root = tmp_path_factory.mktemp("plain")
+    run_ablation(_ablation(root, "out", *models, every=0), "test")
+    return root / "out"
+
+
+def test_a_killed_run_resumes_from_its_checkpoint_as_the_same_run(
+    tmp_path, models, plain, monkeypatch
+):
     student, teacher = models
-    whole = _ablation(tmp_path, "whole", student, teacher, every=1)
-    run_ablation(whole, "test")
     killed = _ablation(tmp_path, "killed", student, teacher, every=1)
     build = train.build_trainer
 
@@ -81,7 +93,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_as_the_same_run(tmp_path, mode
         fh.write(json.dumps({"step": 3, "pass_rate": 0.0}) + "\n")  # mid-way) is dropped
 
     run_ablation(killed, "test")
-    ref_dir = tmp_path / "whole" / "grpo+distill" / "seed0"
+    ref_dir = plain / "grpo+distill" / "seed0"  # trained alike, saved differently
     a, b = read_metrics(ref_dir / "metrics.jsonl"), read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in b] == [1, 2, 3]
     for key in ("loss", "reward", "grad_norm", "distill/loss", "distill/teacher/t/scored_tokens"):
@@ -98,11 +110,10 @@ def test_a_killed_run_resumes_from_its_checkpoint_as_the_same_run(tmp_path, mode
 
 
 def test_checkpointing_turned_on_reuses_finished_runs_and_refuses_a_changed_one(
-    tmp_path, models, monkeypatch
+    tmp_path, models, plain, monkeypatch
 ):
     student, teacher = models
-    before = _ablation(tmp_path, "out", student, teacher, every=0)
-    run_ablation(before, "test")
+    shutil.copytree(plain, tmp_path / "out")
     run_dir = tmp_path / "out" / "grpo+distill" / "seed0"
     finished = (run_dir / "final_eval.json").read_text()
     after = _ablation(tmp_path, "out", student, teacher, every=1)
@@ -148,19 +159,16 @@ def test_checkpointing_turned_on_reuses_finished_runs_and_refuses_a_changed_one(
         run_ablation(after, "test")
 
 
-def test_two_processes_on_one_config_take_different_runs(tmp_path, models):
-    """Another process holds seed 0's run (its lock, held here by a child process): this one
-    skips it, trains seed 1, and tabulates what is finished (partial); once the lock is free
-    a second pass trains seed 0."""
-    import subprocess
-    import sys
-
+def test_two_processes_on_one_config_take_different_runs(tmp_path, models, plain):
+    """Another process holds seed 1's run (its lock, held here by a child process): this one
+    reuses seed 0, skips seed 1 and tabulates what is finished (partial); once the lock is
+    free a second pass trains seed 1."""
     student, teacher = models
+    shutil.copytree(plain, tmp_path / "shared")
     acfg = _ablation(tmp_path, "shared", student, teacher, every=0)
     acfg.seeds = [0, 1]
     acfg.results_md = str(tmp_path / "results.md")
-    lock = tmp_path / "shared" / "grpo+distill" / ".seed0.lock"
-    lock.parent.mkdir(parents=True)
+    lock = tmp_path / "shared" / "grpo+distill" / ".seed1.lock"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from filelock import FileLock; "
          f"held = FileLock({str(lock)!r}); held.acquire(); print('held', flush=True); "
@@ -173,10 +181,9 @@ def test_two_processes_on_one_config_take_different_runs(tmp_path, models):
     finally:
         holder.communicate("")  # releases the lock by exiting
     runs = tmp_path / "shared" / "grpo+distill"
-    assert not (runs / "seed0" / "final_eval.json").exists()
-    assert (runs / "seed1" / "final_eval.json").is_file()
-    assert rows[0]["per_seed"] == [json.loads((runs / "seed1" / "final_eval.json").read_text())[
-        "pass_rate"]]  # fmt: skip
+    assert not (runs / "seed1" / "final_eval.json").exists()
+    seed0 = json.loads((runs / "seed0" / "final_eval.json").read_text())
+    assert rows[0]["per_seed"] == [seed0["pass_rate"]]
     assert "(in progress: 1 of 2 runs finished)" in (tmp_path / "results.md").read_text()
     run_ablation(acfg, "test")
-    assert (runs / "seed0" / "final_eval.json").is_file()
+    assert (runs / "seed1" / "final_eval.json").is_file()
