@@ -23,6 +23,7 @@ import random
 import re
 from typing import Any
 
+from composer_replication.envs import pyast
 from composer_replication.envs.base import (
     FEEDBACK_FORMS,
     StepResult,
@@ -116,7 +117,7 @@ def safe_calculate(expression: str) -> str:
         return f"error: expression longer than {MAX_EXPRESSION_CHARS} characters"
     text = expression.replace("×", "*").replace("^", "**").replace(",", "").strip()
     try:
-        tree = ast.parse(text, mode="eval")
+        tree = pyast.parse(text, mode="eval")
         if sum(1 for _ in ast.walk(tree)) > MAX_NODES:
             raise CalculatorError(f"expression has more than {MAX_NODES} parts")
         value = _eval(tree.body)

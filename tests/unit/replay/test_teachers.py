@@ -162,7 +162,9 @@ def test_client_retries_429_and_500_then_succeeds(scripted):
         sleeps.append(s)
 
     async def go():
-        t = OpenAITeacher(_spec(url, max_retries=30), sleep=fake_sleep)
+        # no attempt may time out (this test counts 429/500 retries: a busy machine once let a
+        # 0.5 s attempt expire before the server had counted it)
+        t = OpenAITeacher(_spec(url, max_retries=30, timeout_s=30.0), sleep=fake_sleep)
         try:
             return [await t.complete([{"role": "user", "content": f"q{i}"}]) for i in range(6)]
         finally:

@@ -16,6 +16,8 @@ import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from composer_replication.envs import pyast
+
 STUB = "raise NotImplementedError  # deleted: rebuild this"
 SKIP_DIRS = {"tests", "test", "testing", "docs", "doc", "examples", "benchmarks", "build", "dist"}
 SKIP_DECORATORS = {"overload", "abstractmethod", "abstractproperty"}
@@ -78,7 +80,7 @@ def find_candidates(root: Path, testcode=None) -> list[Candidate]:
     for rel in source_files(root, testcode):
         text = (root / rel).read_text(encoding="utf-8", errors="replace")
         try:
-            tree = ast.parse(text)
+            tree = pyast.parse(text)
         except SyntaxError:
             continue
         lines = text.splitlines()

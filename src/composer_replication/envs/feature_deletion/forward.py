@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 
+from composer_replication.envs import pyast
 from composer_replication.envs.feature_deletion.candidates import STUB, Candidate
 
 
@@ -22,7 +23,7 @@ def forwarding_text(deleted_text: str, cand: Candidate) -> str:
     line = cand.body_start - 1
     if line >= len(lines) or lines[line] != cand.indent + STUB:
         raise ValueError(f"{cand.key}: no deletion stub at line {cand.body_start}")
-    node = function_at(ast.parse(deleted_text), cand)
+    node = function_at(pyast.parse(deleted_text), cand)
     lines[line] = cand.indent + forwarding_line(node.args, cand.symbol)
     return "\n".join(lines) + ("\n" if deleted_text.endswith("\n") else "")
 

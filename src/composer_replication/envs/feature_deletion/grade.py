@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from composer_replication.envs import pyast
 from composer_replication.envs.feature_deletion.forward import forwarding_text
 from composer_replication.envs.feature_deletion.source import staged_copy, suite_files
 from composer_replication.envs.feature_deletion.workspace import (
@@ -75,7 +76,7 @@ def suspicious_constructs(source: str) -> set[str]:
     nesting too deep for the parser (``RecursionError``, ``MemoryError``: ``~~~...~1`` a few
     thousand deep), all of which an agent can write on purpose; the grader must not raise."""
     try:
-        tree = ast.parse(source)
+        tree = pyast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {"syntax_error"}
     found: set[str] = set()

@@ -21,6 +21,7 @@ import ast
 import re
 from collections.abc import Iterable
 
+from composer_replication.envs import pyast
 from composer_replication.envs.base import unit_hash
 
 _PARAMS = re.compile(r"\[.*\]$", re.S)
@@ -64,7 +65,7 @@ def hide_in_file(text: str, defs: Iterable[str]) -> tuple[str, list[str]]:
     """``text`` (a test module) without the test functions ``defs`` (``Class::name`` or
     ``name``) and the module-level assignments only they used; returns the new text and the
     defs that could not be found."""
-    tree = ast.parse(text)
+    tree = pyast.parse(text)
     lines = text.splitlines()
     spans, missing, removed = [], [], []
     for d in defs:
@@ -78,7 +79,7 @@ def hide_in_file(text: str, defs: Iterable[str]) -> tuple[str, list[str]]:
     used_by_removed = set().union(*(_names_loaded(n) for n in removed)) if removed else set()
     out = _blank(lines, spans)
     for _ in range(3):  # a table another table was built from goes in a second round
-        kept = ast.parse("\n".join(out))
+        kept = pyast.parse("\n".join(out))
         loaded = {n.id for n in ast.walk(kept) if isinstance(n, ast.Name)
                   and isinstance(n.ctx, ast.Load)}  # fmt: skip
         extra = []

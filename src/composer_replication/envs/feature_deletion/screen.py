@@ -15,8 +15,7 @@ trivial body passes). The per-body counts are recorded in the task (``screen``).
 
 from __future__ import annotations
 
-import ast
-
+from composer_replication.envs import pyast
 from composer_replication.envs.feature_deletion.candidates import STUB, Candidate
 
 TRIVIAL_BODIES: tuple[str, ...] = (
@@ -41,7 +40,7 @@ def trivial_bodies(deleted_text: str, cand: Candidate) -> list[str]:
     ``self``/``cls``)."""
     from composer_replication.envs.feature_deletion.forward import function_at
 
-    node = function_at(ast.parse(deleted_text), cand)
+    node = function_at(pyast.parse(deleted_text), cand)
     params = [a.arg for a in [*node.args.posonlyargs, *node.args.args]]
     firsts = [f"return {p}" for p in params[: 2 if "." in cand.symbol else 1]]
     return [*TRIVIAL_BODIES, *firsts]
