@@ -84,6 +84,17 @@ def fill_once(entry: Path, marker: Path, fill: Callable[[], None]) -> None:
             fill()
 
 
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``path`` through a temporary file beside it and a rename, so that a reader (or a
+    process killed mid-write) sees the old file or the new one, never a part."""
+    tmp = path.with_name(path.name + ".tmp")
+    if isinstance(data, str):
+        tmp.write_text(data, encoding="utf-8")
+    else:
+        tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def embedded_gguf_path(name: str) -> Path:
     """Path of the GGUF file of an embedded model, or a ModelLoadError saying how to install it."""
     if name not in EMBEDDED_MODELS:

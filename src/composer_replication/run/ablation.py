@@ -270,7 +270,7 @@ def check_reusable(cfg: RunConfig) -> None:
 
 def base_result(acfg: AblationConfig, console=None) -> dict[str, Any]:
     """The untrained model on the same held-out set as the arms' final evaluation (cached)."""
-    from composer_replication.lm.models import fill_once
+    from composer_replication.lm.models import fill_once, write_atomic
     from composer_replication.run.train import evaluate_run, prepare
 
     path = Path(acfg.output_dir) / "base_eval.json"
@@ -282,9 +282,7 @@ def base_result(acfg: AblationConfig, console=None) -> dict[str, Any]:
             "arm": "base (untrained)",
             **evaluate_run(cfg, model, tokenizer, env, "base", console).summary(),
         }
-        tmp = path.with_name(path.name + ".tmp")  # whole or absent for a reader
-        tmp.write_text(json.dumps(result, indent=2))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(result, indent=2))  # whole or absent for a reader
 
     fill_once(path, path, fill)
     return json.loads(path.read_text())

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import orjson
 from transformers import TrainerCallback
 
+from composer_replication.lm.models import write_atomic
 from composer_replication.progress import eta
 
 METRICS_FILE = "metrics.jsonl"
@@ -31,9 +31,7 @@ def _rows_up_to(path: Path, step: int) -> list[dict[str, Any]]:
     """Rewrite a per-step JSONL file keeping only the rows of steps <= ``step`` (a resume's
     checkpoint step); returns them."""
     rows = [r for r in read_metrics(path) if (r.get("step") or 0) <= step]
-    tmp = path.with_name(path.name + ".tmp")  # replaced whole: a kill leaves the old or the new
-    tmp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    os.replace(tmp, path)
+    write_atomic(path, b"".join(orjson.dumps(r) + b"\n" for r in rows))  # a kill: old or new
     return rows
 
 
@@ -41,9 +39,9 @@ class MetricsJsonlCallback(TrainerCallback):
     """Append every training log (one per step with ``logging_steps=1``) to metrics.jsonl.
 
     On resume, rows logged after the checkpoint's step are dropped first (from
-    ``episodes.jsonl`` too), so the files always describe one consistent history, and ``time/elapsed_s`` goes on from the last kept row
-    (the time the earlier process spent up to the checkpoint, plus this one's since its
-    training began).
+    ``episodes.jsonl`` too), so the files always describe one consistent history, and
+    ``time/elapsed_s`` goes on from the last kept row (the time the earlier process spent up
+    to the checkpoint, plus this one's since its training began).
     """
 
     def __init__(self, run_dir: str | Path):
@@ -303,7 +301,7 @@ class HeldoutEvalCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         """A fresh run evaluates step 0; a resumed one keeps the rows up to its checkpoint."""
-        if not getattr(state, "is_world_process_zero", True):  # one writer in a multi-process run
+        if not state.is_world_process_zero:  # one writer in a multi-process run
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if state.global_step > 0:
@@ -313,7 +311,7 @@ class HeldoutEvalCallback(TrainerCallback):
             self._eval(model, 0)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if not getattr(state, "is_world_process_zero", True):
+        if not state.is_world_process_zero:
             return
         if state.global_step % self.every == 0 or state.global_step == state.max_steps:
             self._eval(model, state.global_step)

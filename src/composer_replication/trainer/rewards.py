@@ -77,8 +77,9 @@ class EnvReward:
                 log_metric(f"tools/calls/{name}", per_rollout)
         if self.episode_log is not None and rollouts:
             r = results[0]
-            line = {"step": step, "task_id": task_id[0], "messages": rollouts[0], "reward": r.reward,
-                    "passed": r.passed, "flags": r.info.get("flags", [])}  # fmt: skip
+            line = {"step": step, "task_id": task_id[0], "messages": rollouts[0],
+                    "reward": r.reward, "passed": r.passed,
+                    "flags": r.info.get("flags", [])}  # fmt: skip
             self.episode_log.parent.mkdir(parents=True, exist_ok=True)
             with open(self.episode_log, "ab") as fh:
                 fh.write(orjson.dumps(line, default=str) + b"\n")

@@ -92,12 +92,16 @@ def test_heldout_rows_after_a_resumed_checkpoint_are_dropped_and_a_restart_start
     model = SimpleNamespace(training=True, train=lambda mode: None)
 
     cb.path.write_bytes(earlier)
-    cb.on_train_begin(None, SimpleNamespace(global_step=2), None, model=model)
+    cb.on_train_begin(
+        None, SimpleNamespace(global_step=2, is_world_process_zero=True), None, model=model
+    )
     assert [r["step"] for r in map(orjson.loads, cb.path.read_bytes().splitlines())] == [0, 1, 2]
     assert calls == []
 
     cb.path.write_bytes(earlier)
-    cb.on_train_begin(None, SimpleNamespace(global_step=0), None, model=model)
+    cb.on_train_begin(
+        None, SimpleNamespace(global_step=0, is_world_process_zero=True), None, model=model
+    )
     rows = [orjson.loads(x) for x in cb.path.read_bytes().splitlines()]
     assert [(r["step"], r["pass_rate"]) for r in rows] == [(0, 0.5)] and calls == [1]
 

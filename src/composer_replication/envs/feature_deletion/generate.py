@@ -40,6 +40,7 @@ from composer_replication.envs.feature_deletion.hidden import hide_tests, split_
 from composer_replication.envs.feature_deletion.screen import run_screen
 from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy
 from composer_replication.envs.feature_deletion.testcode import TestCode, classify
+from composer_replication.lm.models import write_atomic
 from composer_replication.sandbox.pytest_suite import SuiteReport, pytest_tools, run_suite
 from composer_replication.sandbox.sandbox import Sandbox
 
@@ -149,7 +150,7 @@ def generate_tasks(
         pool.shutdown(wait=False, cancel_futures=True)  # runs.jsonl); runs in flight end
     tasks = [_task(source, c, done[c.key], passing, cfg, testcode) for c in cands]
     tasks = [t for t in tasks if t is not None]
-    _write_atomic(out_dir / "tasks.jsonl", "".join(json.dumps(t) + "\n" for t in tasks))
+    write_atomic(out_dir / "tasks.jsonl", "".join(json.dumps(t) + "\n" for t in tasks))
     by_status: dict[str, int] = {}
     for c in cands:
         status = done[c.key]["status"]
@@ -200,7 +201,7 @@ def _manifest(out_dir: Path, source: SourceTree, cfg: TaskGenConfig, spec: str, 
             )
         return have
     want["baseline"] = baseline(box, source.root, tuple(cfg.test_requirements))
-    _write_atomic(path, json.dumps(want, indent=1, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(want, indent=1, sort_keys=True) + "\n")
     return want
 
 
@@ -316,12 +317,6 @@ def _task(source: SourceTree, cand: Candidate, run: dict, passing: list[str], cf
         "suite_seconds": run["seconds"],
         "generator_version": GENERATOR_VERSION,
     }
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def load_tasks(task_dir: Path) -> list[dict]:
