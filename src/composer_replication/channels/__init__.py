@@ -12,13 +12,15 @@ section with a ``weight`` and an entry in :data:`CHANNEL_TYPES`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from composer_replication.channels.base import Channel, LossContext, Rollouts
 from composer_replication.channels.distill import DistillChannel
 from composer_replication.channels.replay import ReplayChannel
 from composer_replication.channels.self_distill import SelfDistillChannel
-from composer_replication.config import CHANNEL_SECTIONS
+from composer_replication.config import CHANNEL_SECTIONS, recorded_channels
 
 CHANNEL_TYPES: dict[str, type[Channel]] = {
     SelfDistillChannel.name: SelfDistillChannel,
@@ -36,6 +38,21 @@ def build_channels(cfg: Any, **kwargs: dict[str, Any]) -> list[Channel]:
     return [cls(getattr(cfg, name), **kwargs.get(name, {})) for name, cls in CHANNEL_TYPES.items()]
 
 
+def missing_state_files(
+    checkpoint_dir: str | Path, enabled: Iterable[str], rank: int
+) -> list[Path]:
+    """State files process ``rank`` needs to resume ``enabled`` channels from ``checkpoint_dir``
+    and does not find: those of the channels the checkpoint recorded that keep per-process
+    state (a channel the checkpoint did not have starts fresh)."""
+    recorded = recorded_channels(checkpoint_dir)
+    files = [
+        CHANNEL_TYPES[name].state_file(checkpoint_dir, rank)
+        for name in enabled
+        if name in recorded and CHANNEL_TYPES[name].state_per_rank
+    ]
+    return [f for f in files if not f.is_file()]
+
+
 __all__ = [
     "CHANNEL_TYPES",
     "Channel",
@@ -45,4 +62,5 @@ __all__ = [
     "Rollouts",
     "SelfDistillChannel",
     "build_channels",
+    "missing_state_files",
 ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -130,6 +131,12 @@ class Channel(ABC):
     state_per_rank: bool = False
     """True: every process holds its own state and :meth:`save` writes a file per process
     (called on every rank); False: the state is the same on every rank, saved by rank 0."""
+
+    @classmethod
+    def state_file(cls, checkpoint_dir: str | Path, rank: int) -> Path:
+        """Where process ``rank`` keeps this channel's state in a checkpoint (``state_per_rank``
+        channels; preflight checks it is there before a resume loads any model)."""
+        return Path(checkpoint_dir, f"{cls.name}_channel.rank{rank}.json")
 
     def save(self, checkpoint_dir: str) -> None:  # noqa: B027 (optional)
         """Write the channel's state next to the trainer's checkpoint."""

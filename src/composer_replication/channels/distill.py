@@ -40,7 +40,6 @@ import dataclasses
 import fnmatch
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -120,21 +119,18 @@ class DistillChannel(Channel):
     # ---- checkpoints -------------------------------------------------------------------------
     state_per_rank = True  # each process counts what it scored
 
-    def _state_file(self, checkpoint_dir: str) -> Path:
-        return Path(checkpoint_dir, f"distill_channel.rank{self.rank}.json")
-
     def save(self, checkpoint_dir: str) -> None:
         """This process's running counters of each teacher (requests, scored tokens, cost), so
         a resumed run keeps counting against ``max_scored_tokens`` / ``budget_usd`` where it
         stopped instead of spending the whole budget again."""
         state = {s.spec.name: dataclasses.asdict(s.stats) for s in self.scorers}
-        self._state_file(checkpoint_dir).write_text(json.dumps(state, indent=1))
+        self.state_file(checkpoint_dir, self.rank).write_text(json.dumps(state, indent=1))
 
     def load(self, checkpoint_dir: str) -> None:
         """Restore what :meth:`save` wrote; a teacher the checkpoint does not name (a resume
         with ``resume_override_channels``) starts from zero. A missing file is an error: the
         budget would silently start over."""
-        path = self._state_file(checkpoint_dir)
+        path = self.state_file(checkpoint_dir, self.rank)
         if not path.is_file():
             raise ConfigError(
                 f"{path}: missing; the distill channel's teacher counters (its budget) cannot "

@@ -53,6 +53,7 @@ from composer_replication.config.channels import (
     channel_setting_diffs,
     check_resume_channels,
     move_weight_aliases,
+    recorded_channels,
 )
 from composer_replication.config.diloco import (
     DilocoConfig,
@@ -142,6 +143,7 @@ __all__ = [
     "channel_setting_diffs",
     "check_processes",
     "check_resume_channels",
+    "recorded_channels",
     "configs_dir",
     "default_config_path",
     "dump_config",

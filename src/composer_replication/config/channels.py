@@ -484,18 +484,23 @@ def channel_setting_diffs(saved: dict[str, Any], current: dict[str, Any]) -> lis
     return out
 
 
+def recorded_channels(checkpoint_dir: str | Path) -> dict[str, Any]:
+    """The channel settings a checkpoint recorded (``CHANNELS_FILE``), by channel name; none
+    recorded is ``{}``. An unreadable record raises :class:`ChannelSettingsError`."""
+    path = Path(checkpoint_dir) / CHANNELS_FILE
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError) as err:
+        raise ChannelSettingsError(f"{path}: unreadable channel record: {err}") from None
+
+
 def check_resume_channels(
     checkpoint_dir: str | Path, current: dict[str, Any], override: bool
 ) -> list[str]:
     """Compare the checkpoint's recorded channel settings with ``current``. Differences raise
     :class:`ChannelSettingsError` (naming each one) unless ``override``; they are returned
     either way so the caller can warn. A checkpoint without a record counts as no channels."""
-    path = Path(checkpoint_dir) / CHANNELS_FILE
-    try:
-        saved = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError) as err:
-        raise ChannelSettingsError(f"{path}: unreadable channel record: {err}") from None
-    diffs = channel_setting_diffs(saved, current)
+    diffs = channel_setting_diffs(recorded_channels(checkpoint_dir), current)
     if diffs and not override:
         raise ChannelSettingsError(
             f"resume: {checkpoint_dir} was trained with other channel settings:\n  "

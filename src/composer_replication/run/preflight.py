@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +69,7 @@ def check_resume(cfg: RunConfig) -> str | None:
     resume = resolve_resume(cfg)
     if resume is not None:
         check_resume_channels(resume, cfg.channel_settings(), cfg.resume_override_channels)
+        check_channel_state(resume, cfg.channel_settings(), process_rank()[0])
         step = json.loads((Path(resume) / TRAINER_STATE).read_text()).get("global_step", 0)
         if step % cfg.grpo.num_iterations:
             log.warning(
@@ -77,6 +79,21 @@ def check_resume(cfg: RunConfig) -> str | None:
                 step, cfg.grpo.num_iterations,
             )  # fmt: skip
     return resume
+
+
+def check_channel_state(checkpoint: str, enabled: Iterable[str], rank: int) -> None:
+    """Each channel the checkpoint recorded that keeps per-process state (the distill channel's
+    teacher counters, its budget) finds this process's file there; else one line naming it
+    (found at load time, the models would already be loaded)."""
+    from composer_replication.channels import missing_state_files
+
+    missing = missing_state_files(checkpoint, enabled, rank)
+    if missing:
+        raise ConfigError(
+            f"resume: {missing[0]} is missing: the channel state of process {rank} cannot be "
+            "restored from this checkpoint (saved by another number of processes, or copied "
+            "without it); resume from a checkpoint that has it, or start over"
+        )
 
 
 def process_rank() -> tuple[int, int]:

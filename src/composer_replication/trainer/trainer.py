@@ -46,6 +46,7 @@ from composer_replication.config import (
     CHANNELS_FILE,
     check_processes,
     check_resume_channels,
+    recorded_channels,
 )
 from composer_replication.lm.models import HiddenCapture, backbone, pad_token_id
 from composer_replication.lm.prefix import (
@@ -150,8 +151,10 @@ class ComposerReplicationTrainer(GRPOTrainer):
             )
             if diffs:
                 log.warning("resuming with changed channel settings: %s", "; ".join(diffs))
-            for channel in self.channels:
-                channel.load(str(resume_from_checkpoint))
+            recorded = recorded_channels(resume_from_checkpoint)
+            for channel in self.channels:  # one the checkpoint did not have starts fresh
+                if channel.name in recorded:
+                    channel.load(str(resume_from_checkpoint))
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):

@@ -4,6 +4,7 @@ broken Feature Deletion task set and a bad source each end the command with one 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,34 @@ def test_latest_skips_a_checkpoint_whose_save_was_cut_short(tmp_path, caplog):
     assert "checkpoint-4: incomplete" in caplog.text
     assert not cut.exists() and (tmp_path / "incomplete-checkpoint-4").is_dir()  # set aside
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
+
+
+def test_a_resume_missing_this_process_channel_state_is_one_line_before_any_model(
+    tmp_path, monkeypatch
+):
+    """A checkpoint that recorded the distill channel but lacks this process's counter file
+    (its budget) is refused by preflight, naming the file; rank 1 of a two-process launch
+    looks for its own file; a checkpoint without the channel (added with
+    ``resume_override_channels``) needs none: the channel starts fresh."""
+    from composer_replication.config import CHANNELS_FILE
+    from composer_replication.run.preflight import check_resume
+
+    ckpt = tmp_path / "checkpoint-2"
+    ckpt.mkdir()
+    (ckpt / "optimizer.pt").write_bytes(b"x")
+    (ckpt / "trainer_state.json").write_text('{"global_step": 2}')
+    over = [f"output_dir={tmp_path}", "resume_from=latest", "distill.weight=1",
+            "distill.teachers=runs/teacher/final"]  # fmt: skip
+    cfg = load_config(None, over)
+    (ckpt / CHANNELS_FILE).write_text(json.dumps(cfg.channel_settings()))
+    with pytest.raises(UserError, match=r"checkpoint-2/distill_channel\.rank0\.json is missing"):
+        check_resume(cfg)
+    (ckpt / "distill_channel.rank0.json").write_text("{}")
+    assert check_resume(cfg) == str(ckpt)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match=r"distill_channel\.rank1\.json is missing"):
+        check_resume(cfg)
+    (ckpt / CHANNELS_FILE).write_text("{}")  # trained without it: resumed with the override
+    added = load_config(None, [*over, "resume_override_channels=true"])
+    assert check_resume(added) == str(ckpt)
