@@ -274,6 +274,7 @@ def chunked_generalized_jsd_loss(
     token_clip: float | None = None,
     chunk_size: int | None = None,
     impl: Literal["auto", "blocked", "fused"] = "auto",
+    fused_budget_bytes: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Generalized JSD (GKD Eq. 1) from hidden states + lm_head, chunked and fused.
 
@@ -297,6 +298,11 @@ def chunked_generalized_jsd_loss(
         impl: ``blocked`` (fp32 chunks of sub-blocks, tuned for CPUs), ``fused`` (matmuls in the
             inputs' dtype, fused elementwise, compiled on CUDA; see :class:`_FusedLinearGJSDDevice`)
             or ``auto``: ``blocked`` on the CPU, ``fused`` on any other device.
+        fused_budget_bytes: ``fused`` only: the working memory for logits chunks and scratch
+            (default: half the head weight's bytes, at least 64 MiB; always at most a quarter
+            of the device's free memory). More memory means fewer, larger chunks: at a small
+            hidden size, where the default makes many small ones, that is faster
+            (docs/gpu.md).
 
     Returns:
         ``(loss, metrics)``: ``jsd_per_token``, ``num_tokens``.
@@ -337,7 +343,9 @@ def chunked_generalized_jsd_loss(
         loss = (flat.sum() + weight_VH.sum()) * 0.0
     elif impl == "fused" or (impl == "auto" and h.device.type != "cpu"):
         args = (h, weight_VH, teacher, row_ids, float(beta), float(temperature))
-        loss = _FusedLinearGJSDDevice.apply(*args, chunk_size, 1.0 / denom, token_clip, None)
+        loss = _FusedLinearGJSDDevice.apply(
+            *args, chunk_size, 1.0 / denom, token_clip, None, fused_budget_bytes
+        )
     else:
         loss = _FusedLinearGJSD.apply(
             h,
@@ -412,7 +420,12 @@ three: both log-softmaxes and the mixture; eager runs a few more, on small sub-b
 
 
 def fused_chunk_rows(
-    n_rows: int, vocab: int, hidden: int, elem_bytes: int, free_bytes: int
+    n_rows: int,
+    vocab: int,
+    hidden: int,
+    elem_bytes: int,
+    free_bytes: int,
+    budget_bytes: int | None = None,
 ) -> tuple[int, int]:
     """``(chunk, sub)``: rows per matmul chunk and per elementwise sub-block of the fused path.
 
@@ -421,9 +434,10 @@ def fused_chunk_rows(
     a quarter of ``B`` goes to the fp32 scratch of one sub-block (``12*sub*V`` bytes, ``sub``
     a power of two in 8..256), the rest to the two ``[chunk, V]`` logits buffers
     (``2*chunk*V*elem_bytes``); ``chunk`` is a multiple of ``sub`` and at most ``n_rows``
-    rounded up to it.
+    rounded up to it. ``budget_bytes`` replaces the first two bounds (the free-memory one
+    stays).
     """
-    budget = max(vocab * hidden * elem_bytes // 2, _MIN_BUDGET_BYTES)
+    budget = budget_bytes or max(vocab * hidden * elem_bytes // 2, _MIN_BUDGET_BYTES)
     budget = max(min(budget, free_bytes // 4), 1)
     sub_rows = budget // 4 // (_SCRATCH_BYTES_PER_ELEMENT * max(vocab, 1))
     sub = 1 << max(3, min(8, int(sub_rows).bit_length() - 1))
@@ -590,6 +604,7 @@ class _FusedLinearGJSDDevice(torch.autograd.Function):
         scale: float,
         token_clip: float | None,
         compile_rows: bool | None,
+        budget_bytes: int | None = None,
     ) -> Tensor:
         n = hidden_NH.shape[0]
         vocab, dev = weight_VH.shape[0], hidden_NH.device
@@ -602,7 +617,7 @@ class _FusedLinearGJSDDevice(torch.autograd.Function):
         else:
             tdt = dt
         chunk, sub = fused_chunk_rows(
-            n, vocab, h.shape[1], max(dt.itemsize, tdt.itemsize), _free_bytes(dev)
+            n, vocab, h.shape[1], max(dt.itemsize, tdt.itemsize), _free_bytes(dev), budget_bytes
         )
         if chunk_size:
             chunk = max(1, min(chunk_size, n))
@@ -644,4 +659,4 @@ class _FusedLinearGJSDDevice(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         grads = _FusedLinearGJSD.backward(ctx, grad_out)
-        return (*grads, None)
+        return (*grads, None, None)

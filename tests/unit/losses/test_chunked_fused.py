@@ -143,6 +143,23 @@ def test_fused_chunk_rows_follow_the_budget():
     assert fused_chunk_rows(5, V, 896, 2, 70 * 1024**3)[0] == 8  # n_rows rounded up to sub
 
 
+def test_a_larger_fused_budget_makes_fewer_larger_chunks_and_the_same_loss():
+    """``fused_budget_bytes``: at H=896 the default budget (half the head, 136 MB) makes
+    16-row sub-blocks; 512 MiB makes them 4x larger and the chunks too, within the budget,
+    still capped by free memory. The loss and gradients do not depend on it."""
+    V, MiB = 151936, 2**20
+    chunk, sub = fused_chunk_rows(4096, V, 896, 2, 70 * 1024**3)
+    chunk2, sub2 = fused_chunk_rows(4096, V, 896, 2, 70 * 1024**3, budget_bytes=512 * MiB)
+    assert sub2 == 4 * sub and chunk2 >= 3 * chunk
+    assert 2 * chunk2 * V * 2 + 12 * sub2 * V <= 512 * MiB
+    assert fused_chunk_rows(4096, V, 896, 2, 1024**3, budget_bytes=512 * MiB)[0] < chunk2
+    h, w, th, tw = _inputs(N=40, H=16, V=300, dtype=torch.float32)
+    small = _loss_and_grads(_fused, h, w, th, tw, fused_budget_bytes=12 * 300 * 8 + 1)
+    default = _loss_and_grads(_fused, h, w, th, tw)
+    for a, b in zip(small, default, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.fixture
 def fresh_compile(monkeypatch):
     """A process-fresh compile state for the fused path's elementwise function."""
