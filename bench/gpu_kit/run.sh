@@ -20,6 +20,11 @@ set -u
 OUT=${1:?usage: run.sh OUT_DIR [--smoke]}
 MODE=${2:-gpu}
 KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+for s in ${KIT_SKIP:-}; do
+  case $s in env | tests | losses | step) ;;
+    *) echo "KIT_SKIP: unknown stage '$s' (stages: env tests losses step)" >&2; exit 2 ;;
+  esac
+done
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 : >"$OUT/summary.txt"

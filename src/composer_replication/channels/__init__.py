@@ -12,6 +12,7 @@ section with a ``weight`` and an entry in :data:`CHANNEL_TYPES`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -38,19 +39,22 @@ def build_channels(cfg: Any, **kwargs: dict[str, Any]) -> list[Channel]:
     return [cls(getattr(cfg, name), **kwargs.get(name, {})) for name, cls in CHANNEL_TYPES.items()]
 
 
-def missing_state_files(
-    checkpoint_dir: str | Path, enabled: Iterable[str], rank: int
-) -> list[Path]:
-    """State files process ``rank`` needs to resume ``enabled`` channels from ``checkpoint_dir``
-    and does not find: those of the channels the checkpoint recorded that keep per-process
-    state (a channel the checkpoint did not have starts fresh)."""
+def missing_state_files(checkpoint_dir: str | Path, enabled: Iterable[str]) -> list[Path]:
+    """Per-process state files a resume of ``enabled`` channels from ``checkpoint_dir`` needs
+    and does not find: for each channel the checkpoint recorded that keeps per-process state
+    (a channel it did not have starts fresh), rank 0's, and any below a rank that is there
+    (a resume by another number of processes shares the saved ranks' state out)."""
     recorded = recorded_channels(checkpoint_dir)
-    files = [
-        CHANNEL_TYPES[name].state_file(checkpoint_dir, rank)
-        for name in enabled
-        if name in recorded and CHANNEL_TYPES[name].state_per_rank
-    ]
-    return [f for f in files if not f.is_file()]
+    missing = []
+    for name in enabled:
+        cls = CHANNEL_TYPES[name]
+        if name not in recorded or not cls.state_per_rank:
+            continue
+        ranks = [int(m.group(1)) for p in Path(checkpoint_dir).glob(f"{name}_channel.rank*.json")
+                 if (m := re.fullmatch(rf"{name}_channel\.rank(\d+)\.json", p.name))]  # fmt: skip
+        missing += [cls.state_file(checkpoint_dir, r) for r in range(max(ranks, default=0) + 1)
+                    if r not in ranks]  # fmt: skip
+    return missing
 
 
 __all__ = [

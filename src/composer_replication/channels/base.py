@@ -138,6 +138,15 @@ class Channel(ABC):
         channels; preflight checks it is there before a resume loads any model)."""
         return Path(checkpoint_dir, f"{cls.name}_channel.rank{rank}.json")
 
+    @classmethod
+    def saved_state_files(cls, checkpoint_dir: str | Path) -> list[Path]:
+        """The per-process state files in a checkpoint, rank 0 up to the first one missing
+        (the processes that saved it, when none was lost)."""
+        files = []
+        while (path := cls.state_file(checkpoint_dir, len(files))).is_file():
+            files.append(path)
+        return files
+
     def save(self, checkpoint_dir: str) -> None:  # noqa: B027 (optional)
         """Write the channel's state next to the trainer's checkpoint."""
 

@@ -39,6 +39,7 @@ import concurrent.futures
 import dataclasses
 import fnmatch
 import json
+import logging
 import math
 from typing import Any
 
@@ -65,6 +66,8 @@ from composer_replication.replay.scoring import LocalScorer, RemoteScorer, RowSc
 
 SCORED, UNROUTED, FAILED, OVER_BUDGET, EMPTY = range(5)
 """``distill_status`` per row: why a row was (not) scored."""
+
+log = logging.getLogger(__name__)
 
 
 class DistillChannel(Channel):
@@ -128,19 +131,30 @@ class DistillChannel(Channel):
 
     def load(self, checkpoint_dir: str) -> None:
         """Restore what :meth:`save` wrote; a teacher the checkpoint does not name (a resume
-        with ``resume_override_channels``) starts from zero. A missing file is an error: the
-        budget would silently start over."""
-        path = self.state_file(checkpoint_dir, self.rank)
-        if not path.is_file():
+        with ``resume_override_channels``) starts from zero. Resumed by as many processes as
+        saved it, each takes its own counters back; by another number, the saved processes'
+        counters are summed and shared equally (each process's budget is an equal share, so
+        the run as a whole spends what is left of it). A missing file is an error: the budget
+        would silently start over."""
+        files = self.saved_state_files(checkpoint_dir)
+        if not files:
             raise ConfigError(
-                f"{path}: missing; the distill channel's teacher counters (its budget) cannot "
-                "be restored from this checkpoint"
+                f"{self.state_file(checkpoint_dir, 0)}: missing; the distill channel's teacher "
+                "counters (its budget) cannot be restored from this checkpoint"
             )
-        state = json.loads(path.read_text())
+        saved = [json.loads(f.read_text()) for f in files]
+        if len(saved) != self.world:
+            log.warning("distill: %d processes saved the teacher counters, %d resume: each "
+                        "takes an equal share of their sum", len(saved), self.world)  # fmt: skip
         for scorer in self.scorers:
-            saved = state.get(scorer.spec.name)
-            if saved is not None:
-                scorer.stats = type(scorer.stats)(**saved)
+            per_rank = [x[scorer.spec.name] for x in saved if scorer.spec.name in x]
+            if not per_rank:
+                continue
+            if len(saved) == self.world:
+                own = saved[self.rank].get(scorer.spec.name)
+                scorer.stats = type(scorer.stats)(**own) if own else type(scorer.stats)()
+            else:
+                scorer.stats = _share(type(scorer.stats), per_rank, self.rank, self.world)
 
     # ---- after rollouts are scored ----------------------------------------------------------
     def attach(self, batch: dict[str, Any], rollouts: Rollouts) -> dict[str, Any]:
@@ -444,3 +458,16 @@ def _run(coro):
         return asyncio.run(coro)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+def _share(cls: type, per_rank: list[dict[str, Any]], rank: int, world: int) -> Any:
+    """Process ``rank``'s equal share (of ``world``) of the summed counters ``per_rank``:
+    floats divided, integers split so that the shares add up to the sum."""
+    out = {}
+    for field in dataclasses.fields(cls):
+        total = sum(x.get(field.name, 0) for x in per_rank)
+        if isinstance(total, int):
+            out[field.name] = total // world + (1 if rank < total % world else 0)
+        else:
+            out[field.name] = total / world
+    return cls(**out)

@@ -437,6 +437,8 @@ def fused_chunk_rows(
     rounded up to it. ``budget_bytes`` replaces the first two bounds (the free-memory one
     stays).
     """
+    if budget_bytes is not None and budget_bytes <= 0:
+        raise ValueError(f"fused_budget_bytes must be > 0, got {budget_bytes}")
     budget = budget_bytes or max(vocab * hidden * elem_bytes // 2, _MIN_BUDGET_BYTES)
     budget = max(min(budget, free_bytes // 4), 1)
     sub_rows = budget // 4 // (_SCRATCH_BYTES_PER_ELEMENT * max(vocab, 1))

@@ -69,7 +69,7 @@ def check_resume(cfg: RunConfig) -> str | None:
     resume = resolve_resume(cfg)
     if resume is not None:
         check_resume_channels(resume, cfg.channel_settings(), cfg.resume_override_channels)
-        check_channel_state(resume, cfg.channel_settings(), process_rank()[0])
+        check_channel_state(resume, cfg.channel_settings())
         step = json.loads((Path(resume) / TRAINER_STATE).read_text()).get("global_step", 0)
         if step % cfg.grpo.num_iterations:
             log.warning(
@@ -81,18 +81,18 @@ def check_resume(cfg: RunConfig) -> str | None:
     return resume
 
 
-def check_channel_state(checkpoint: str, enabled: Iterable[str], rank: int) -> None:
+def check_channel_state(checkpoint: str, enabled: Iterable[str]) -> None:
     """Each channel the checkpoint recorded that keeps per-process state (the distill channel's
-    teacher counters, its budget) finds this process's file there; else one line naming it
-    (found at load time, the models would already be loaded)."""
+    teacher counters, its budget) finds the files of the processes that saved it; else one
+    line naming the first missing (found at load time, the models would be loaded)."""
     from composer_replication.channels import missing_state_files
 
-    missing = missing_state_files(checkpoint, enabled, rank)
+    missing = missing_state_files(checkpoint, enabled)
     if missing:
         raise ConfigError(
-            f"resume: {missing[0]} is missing: the channel state of process {rank} cannot be "
-            "restored from this checkpoint (saved by another number of processes, or copied "
-            "without it); resume from a checkpoint that has it, or start over"
+            f"resume: {missing[0]} is missing: the channel state saved with this checkpoint "
+            "cannot be restored whole (was it copied without it?); resume from a checkpoint "
+            "that has it, or start over"
         )
 
 

@@ -5,6 +5,8 @@ over budget, never scored as 0; what was spent survives a checkpoint."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from support.distill import tiny_student_and_teacher, train_overrides
@@ -117,3 +119,64 @@ def test_the_spent_budget_survives_a_checkpoint(tmp_path, models, tokenizer):
     fresh.channel("distill").rank = 1
     fresh.channel("distill").save(str(ckpt))
     assert (ckpt / "distill_channel.rank1.json").is_file()
+
+
+def test_a_resume_by_another_number_of_processes_shares_the_spent_budget(tmp_path):
+    """Saved by 2 processes, resumed by 1, 2 or 3: with as many, each takes its own counters
+    back; otherwise the sum is shared equally (integers split exactly), so the run as a whole
+    keeps what it spent against the budget instead of dropping a process's spending."""
+    from types import SimpleNamespace
+
+    from composer_replication.channels import DistillChannel
+    from composer_replication.replay.scoring import ScoreStats
+
+    cfg = load_config(None, ["distill.weight=1", "distill.teachers=runs/t/final"]).distill
+    saved = [ScoreStats(requests=3, scored_tokens=101, cost_usd=0.5),
+             ScoreStats(requests=2, scored_tokens=50, cost_usd=0.25)]  # fmt: skip
+    for rank, stats in enumerate(saved):
+        ch = DistillChannel(cfg)
+        ch.rank, ch.world = rank, 2
+        ch.scorers = [SimpleNamespace(spec=SimpleNamespace(name="t"), stats=stats)]
+        ch.save(str(tmp_path))
+
+    def resumed(world: int) -> list[ScoreStats]:
+        out = []
+        for rank in range(world):
+            ch = DistillChannel(cfg)
+            ch.rank, ch.world = rank, world
+            ch.scorers = [SimpleNamespace(spec=SimpleNamespace(name="t"), stats=ScoreStats())]
+            ch.load(str(tmp_path))
+            out.append(ch.scorers[0].stats)
+        return out
+
+    assert resumed(2) == saved
+    assert resumed(1) == [ScoreStats(requests=5, scored_tokens=151, cost_usd=0.75)]
+    three = resumed(3)
+    assert [s.scored_tokens for s in three] == [51, 50, 50]
+    assert sum(s.requests for s in three) == 5
+    assert sum(s.cost_usd for s in three) == pytest.approx(0.75)
+
+
+def test_a_resume_loads_only_the_channels_the_checkpoint_recorded(
+    tmp_path, models, tokenizer, monkeypatch
+):
+    """The trainer's resume (HF's own loading stubbed out): a checkpoint trained without the
+    distill channel, resumed with it added (``resume_override_channels``), starts the channel
+    fresh; one that recorded it but lost its counter file is refused, naming the file."""
+    import transformers
+
+    from composer_replication.config import CHANNELS_FILE
+
+    student, teacher = models
+    monkeypatch.setattr(transformers.Trainer, "train", lambda self, *a, **kw: "trained")
+    trainer = _trainer(tmp_path, tokenizer, student, {"t": load_model(str(teacher))},
+                       "resume_override_channels=true")  # fmt: skip
+    ckpt = tmp_path / "checkpoint-1"
+    ckpt.mkdir()
+    (ckpt / CHANNELS_FILE).write_text("{}")
+    assert trainer.train(resume_from_checkpoint=str(ckpt)) == "trained"
+    assert trainer.channel("distill").scorers[0].stats.requests == 0
+    settings = {"distill": trainer.channel("distill").settings()}
+    (ckpt / CHANNELS_FILE).write_text(json.dumps(settings))
+    with pytest.raises(ConfigError, match=r"distill_channel\.rank0\.json: missing"):
+        trainer.train(resume_from_checkpoint=str(ckpt))
