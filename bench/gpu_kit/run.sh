@@ -111,7 +111,8 @@ run_tests() {
   listing=$(mktemp)
   "${pytest[@]}" --co -m gpu --continue-on-collection-errors $TEST_PATHS >"$listing" 2>&1
   cat "$listing"
-  mapfile -t ids < <(grep '::' "$listing")
+  # the trainer's GPU tests first (the slowest, and the ones a cut-short stage must not lose)
+  mapfile -t ids < <(grep '::' "$listing" | grep '^tests/unit/trainer/'; grep '::' "$listing" | grep -v '^tests/unit/trainer/')
   if [ ${#ids[@]} -eq 0 ]; then
     echo "no gpu-marked tests found"
   else
