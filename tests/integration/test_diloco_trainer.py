@@ -69,6 +69,9 @@ def _assert_equal_and_trained(result: LaunchResult, tiny_model_dir: Path, local:
         assert any(not torch.equal(w0[k], start[k]) for k in w0)
 
 
+# one store backend per launch path (file:// and s3:// are each compared replica by replica in
+# test_diloco_serverless.py; the HF Jobs test below runs on s3 too)
+@pytest.mark.parametrize("store", ["file"], indirect=True)
 def test_launcher_object_store_trains_two_replicas_without_a_lighthouse(
     tiny_model_dir, tmp_path, store, monkeypatch
 ):
@@ -81,6 +84,7 @@ def test_launcher_object_store_trains_two_replicas_without_a_lighthouse(
     _assert_equal_and_trained(result, tiny_model_dir, local=True)
 
 
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
 def test_local_process_executor_with_the_trainer_entrypoint(tiny_model_dir, tmp_path, store):
     result = launch_with_executor(None, _overrides(tiny_model_dir, tmp_path, store), 2)
     _assert_equal_and_trained(result, tiny_model_dir, local=True)

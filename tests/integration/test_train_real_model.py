@@ -1,5 +1,6 @@
 """The real embedded SmolLM2-135M-Instruct through ComposerReplicationTrainer: the CLI's two-step
-run with its artefacts, and a resume that continues exactly like an uninterrupted run."""
+run with its artefacts. (A resume that continues exactly like an uninterrupted run is
+tests/unit/run/test_train_resume.py, on a tiny model: the same code path, a quarter the time.)"""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from composer_replication.config import load_config
-from composer_replication.run.train import run_training
 from composer_replication.trainer.callbacks import read_metrics
 
 pytestmark = pytest.mark.integration
@@ -60,32 +59,3 @@ def test_cli_quickstart_two_steps(tmp_path):
     assert len(base) == len(trained) == n > 0 and len(episodes) == 2 * n
     assert [e["task_id"] for e in base] == [e["task_id"] for e in trained]
     assert all(isinstance(e["completion"], str) and e["reward"] >= 0.0 for e in episodes)
-
-
-def test_resume_continues_like_an_uninterrupted_run(tmp_path):
-    # keep checkpoint-2 after checkpoint-3 is written (the default keeps only the newest)
-    common = [
-        *SMALL,
-        "eval.before_and_after=false",
-        "save_steps=2",
-        "seed=3",
-        "save_total_limit=null",
-    ]
-    full = load_config(None, [*common, "max_steps=3", f"output_dir={tmp_path / 'full'}"])
-    run_training(full)
-    resumed = load_config(
-        None,
-        [
-            *common,
-            "max_steps=3",
-            f"output_dir={tmp_path / 'resumed'}",
-            f"resume_from={tmp_path / 'full' / 'checkpoint-2'}",
-        ],
-    )
-    run_training(resumed)
-    a = read_metrics(tmp_path / "full" / "metrics.jsonl")
-    b = read_metrics(tmp_path / "resumed" / "metrics.jsonl")
-    assert [r["step"] for r in a] == [1, 2, 3]
-    assert [r["step"] for r in b] == [3]
-    for key in ("reward", "loss", "grad_norm", "entropy", "completions/mean_length"):
-        assert b[0][key] == pytest.approx(a[2][key], rel=1e-5, abs=1e-7), key
