@@ -80,6 +80,46 @@ def sandbox_processes() -> set[int]:
     return set(processes_matching("pycache_prefix=")) | set(processes_matching("--unshare-pid"))
 
 
+def uptime_s() -> float:
+    """Seconds since boot (the clock of :func:`started_s`)."""
+    return float(Path("/proc/uptime").read_text().split()[0])
+
+
+def started_s(pid: int) -> float | None:
+    """When process ``pid`` started, in seconds since boot; None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+
+
+class SandboxWatch:
+    """Sandboxed processes started while the ``with`` block ran that are still alive after it
+    (``left``): a grading's own processes, told apart from those another test process starts
+    meanwhile (pytest-xdist) by their start time; ones that are only tearing down get
+    ``grace_s`` to go."""
+
+    def __init__(self, grace_s: float = 30.0):
+        self.grace_s = grace_s
+
+    def __enter__(self) -> SandboxWatch:
+        self.since = uptime_s() - 0.02  # both clocks tick in 10 ms
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.until = uptime_s() + 0.02
+
+    def left(self) -> set[int]:
+        deadline = time.monotonic() + self.grace_s
+        while True:
+            alive = {p for p in sandbox_processes()
+                     if self.since <= (started_s(p) or -1.0) <= self.until}  # fmt: skip
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.2)
+
+
 def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.sandbox_witness import sandbox_processes
+from support.sandbox_witness import SandboxWatch
 
 from composer_replication.config import SandboxConfig
 from composer_replication.envs.humaneval import HumanEvalEnv, humaneval_path
@@ -173,11 +173,11 @@ def task(env):
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_attack_scores_zero_and_is_contained(name, env, task, arena):
-    before = sandbox_processes()
-    result = env.grade(task, arena.fill(ATTACKS[name]))
+    with SandboxWatch() as watch:
+        result = env.grade(task, arena.fill(ATTACKS[name]))
     assert result.reward == 0.0 and not result.passed, result.feedback
     assert arena.breaches() == [], result.feedback
-    assert sandbox_processes() <= before, "a sandboxed process outlived its grading"
+    assert watch.left() == set(), "a sandboxed process outlived its grading"
     assert arena.secret not in result.feedback and arena.secret not in result.observation
     assert os.getpid() and os.getppid() > 1  # the grader is alive (we are running)
 
@@ -241,3 +241,27 @@ def _grade_raw_frame(env, task, tag: str, payload: str):
     start, cpu = time.monotonic(), time.process_time()
     result = env.grade(task, completion)
     return result, time.monotonic() - start, time.process_time() - cpu
+
+
+def test_the_watch_sees_a_process_left_behind_and_not_one_started_after():
+    """The witness the attack tests rely on: a sandbox-like process started inside the block
+    and still alive is reported (after its grace); one started after the block is another
+    test's (pytest-xdist) and is not; a process that ends within the grace is not."""
+    import subprocess
+    import sys
+
+    def sandboxish(seconds: float) -> subprocess.Popen:
+        code = f"import time; time.sleep({seconds})"
+        return subprocess.Popen([sys.executable, "-X", "pycache_prefix=/nonexistent", "-c", code])
+
+    with SandboxWatch(grace_s=1.0) as watch:
+        stays, goes = sandboxish(60), sandboxish(0.3)
+    time.sleep(0.1)  # past the clocks' 10 ms ticks
+    later = sandboxish(60)
+    try:
+        assert watch.left() == {stays.pid}
+    finally:
+        for p in (stays, goes, later):
+            p.kill()
+            p.wait()
+    assert watch.left() == set()

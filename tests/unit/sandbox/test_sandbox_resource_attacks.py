@@ -17,7 +17,7 @@ import time
 import tracemalloc
 
 import pytest
-from support.sandbox_witness import sandbox_processes
+from support.sandbox_witness import SandboxWatch
 
 from composer_replication.config import SandboxConfig
 from composer_replication.envs.humaneval import HumanEvalEnv, build_program
@@ -303,11 +303,11 @@ def test_hookless_child_cannot_escape(fast_env, arena):
         "    time.sleep(1.0)\n"
         "    return True\n"
     )
-    before = sandbox_processes()
-    result = fast_env.grade(_task(fast_env), attack)
+    with SandboxWatch() as watch:
+        result = fast_env.grade(_task(fast_env), attack)
     assert result.reward == 0.0
     assert arena.breaches() == [], result.feedback
-    assert sandbox_processes() <= before
+    assert watch.left() == set()
 
 
 def test_no_copy_of_the_dataset_is_visible(fast_env):
