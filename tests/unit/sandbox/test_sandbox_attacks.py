@@ -254,8 +254,8 @@ def test_the_watch_sees_a_process_left_behind_and_not_one_started_after():
         code = f"import time; time.sleep({seconds})"
         return subprocess.Popen([sys.executable, "-X", "pycache_prefix=/nonexistent", "-c", code])
 
-    with SandboxWatch(grace_s=1.0) as watch:
-        stays, goes = sandboxish(60), sandboxish(0.3)
+    with SandboxWatch(grace_s=8.0) as watch:  # enough for `goes` to start and end under load
+        stays, goes = sandboxish(60), sandboxish(0.2)
     time.sleep(0.1)  # past the clocks' 10 ms ticks
     later = sandboxish(60)
     try:
