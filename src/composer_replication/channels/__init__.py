@@ -12,7 +12,6 @@ section with a ``weight`` and an entry in :data:`CHANNEL_TYPES`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -42,18 +41,18 @@ def build_channels(cfg: Any, **kwargs: dict[str, Any]) -> list[Channel]:
 def missing_state_files(checkpoint_dir: str | Path, enabled: Iterable[str]) -> list[Path]:
     """Per-process state files a resume of ``enabled`` channels from ``checkpoint_dir`` needs
     and does not find: for each channel the checkpoint recorded that keeps per-process state
-    (a channel it did not have starts fresh), rank 0's, and any below a rank that is there
-    (a resume by another number of processes shares the saved ranks' state out)."""
+    (a channel it did not have starts fresh), rank 0's, or the first one below a rank that is
+    there (a resume by another number of processes shares the saved ranks' state out)."""
     recorded = recorded_channels(checkpoint_dir)
     missing = []
     for name in enabled:
         cls = CHANNEL_TYPES[name]
         if name not in recorded or not cls.state_per_rank:
             continue
-        ranks = [int(m.group(1)) for p in Path(checkpoint_dir).glob(f"{name}_channel.rank*.json")
-                 if (m := re.fullmatch(rf"{name}_channel\.rank(\d+)\.json", p.name))]  # fmt: skip
-        missing += [cls.state_file(checkpoint_dir, r) for r in range(max(ranks, default=0) + 1)
-                    if r not in ranks]  # fmt: skip
+        saved = cls.saved_state_files(checkpoint_dir)  # rank 0 up to the first gap
+        present = list(Path(checkpoint_dir).glob(cls.state_file(checkpoint_dir, "*").name))
+        if not saved or len(saved) < len(present):
+            missing.append(cls.state_file(checkpoint_dir, len(saved)))
     return missing
 
 

@@ -133,9 +133,10 @@ class Channel(ABC):
     (called on every rank); False: the state is the same on every rank, saved by rank 0."""
 
     @classmethod
-    def state_file(cls, checkpoint_dir: str | Path, rank: int) -> Path:
+    def state_file(cls, checkpoint_dir: str | Path, rank: int | str) -> Path:
         """Where process ``rank`` keeps this channel's state in a checkpoint (``state_per_rank``
-        channels; preflight checks it is there before a resume loads any model)."""
+        channels; preflight checks it is there before a resume loads any model; ``"*"`` gives
+        the glob pattern of every rank's)."""
         return Path(checkpoint_dir, f"{cls.name}_channel.rank{rank}.json")
 
     @classmethod
