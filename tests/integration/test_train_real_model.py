@@ -39,7 +39,7 @@ def test_cli_quickstart_two_steps(tmp_path):
         str(REPO / "configs" / "quickstart.yaml"),
         "max_steps=2",
         f"output_dir={out}",
-        "eval.n=24",
+        "eval.n=8",
         *SMALL,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

@@ -63,6 +63,7 @@ from composer_replication.losses import (
     topk_distill_loss,
 )
 from composer_replication.replay.scoring import LocalScorer, RemoteScorer, RowScores
+from composer_replication.replay.teachers import TeacherError
 
 SCORED, UNROUTED, FAILED, OVER_BUDGET, EMPTY = range(5)
 """``distill_status`` per row: why a row was (not) scored."""
@@ -87,6 +88,7 @@ class DistillChannel(Channel):
         self.scorers: list[Any] = []
         self.rank, self.world = 0, 1  # this process of how many (setup reads the launch)
         self._hidden_rows: dict[int, tuple[list[int], Tensor]] = {}
+        self._warned: set[tuple[str, str]] = set()  # (teacher, error kind) already logged
 
     # ---- setup ------------------------------------------------------------------------------
     def setup(self, model, tokenizer, args) -> None:
@@ -109,6 +111,21 @@ class DistillChannel(Channel):
             and isinstance(s, LocalScorer)
             for s in self.scorers
         ]
+        self._check_heads(model, tokenizer)
+
+    def _check_heads(self, model, tokenizer) -> None:
+        """The full-vocabulary loss compares the two heads row by row over the rows both have:
+        heads padded past the tokenizer to different sizes (Qwen2.5-7B's 152064 rows and
+        Qwen2.5-0.5B's 151936) are fine; fewer rows than the tokenizer's ids are not."""
+        mine = head_weight(model).shape[0]
+        for full, scorer in zip(self._full_jsd, self.scorers, strict=True):
+            theirs = scorer.head_weight().shape[0] if full else mine
+            if full and min(mine, theirs) < len(tokenizer):
+                raise ConfigError(
+                    f"distill.teachers: {scorer.spec.name!r}: the full-vocabulary loss needs "
+                    f"both heads to cover the tokenizer's {len(tokenizer)} ids; the student's "
+                    f"has {mine} rows, the teacher's {theirs}"
+                )
 
     @property
     def top_k(self) -> int:
@@ -270,10 +287,33 @@ class DistillChannel(Channel):
                 await scorer.aclose()
             if self._full_jsd[i] and isinstance(scorer, LocalScorer):  # kept for the loss
                 self._hidden_rows[i] = (rows, scorer.last_hidden)
-            return dict(zip(rows, got, strict=True))
+            return dict(zip(rows, self._checked(scorer, got), strict=True))
 
         self._hidden_rows = {}
         return list(await asyncio.gather(*(one(i, rows) for i, rows in enumerate(asked))))
+
+    def _checked(self, scorer: Any, got: list[Any]) -> list[Any]:
+        """``got`` with a row whose top-k name a token id outside the student's vocabulary
+        (``[0, V)``, V its head's rows) made a malformed :class:`TeacherError`; the first
+        failure of each kind per teacher is logged with its reason."""
+        vocab = head_weight(self.model).shape[0]
+        out = []
+        for g in got:
+            bad = next((i for ids in g.top_ids for i in ids if not 0 <= i < vocab), None) \
+                if isinstance(g, RowScores) else None  # fmt: skip
+            if bad is not None:
+                scorer.stats.scored_rows -= 1
+                scorer.stats.failed_rows += 1
+                g = TeacherError("malformed", f"token id {bad} is outside the student's "
+                                 f"vocabulary ({vocab} ids)")  # fmt: skip
+            if isinstance(g, TeacherError) and (scorer.spec.name, g.kind) not in self._warned:
+                self._warned.add((scorer.spec.name, g.kind))
+                log.warning("distill: teacher %r could not score a row (%s); its rows are "
+                            "reported unscored (distill/teacher/%s/failed_rows), further "
+                            "failures of this kind are counted, not logged",
+                            scorer.spec.name, g, scorer.spec.name)  # fmt: skip
+            out.append(g)
+        return out
 
     def _choose(self, wanted, asked, results, lengths, batch) -> list[int]:
         """The teacher each row is distilled from (-1: none). ``best``: the scored teacher with
@@ -368,7 +408,8 @@ class DistillChannel(Channel):
             sparse &= ~rows
             t_NH = batch[f"distill_hidden_{i}"].to(h_NH.device)[mask][rows].to(h_NH.dtype)
             t_w = self.scorers[i].head_weight().to(h_NH.device, h_NH.dtype)
-            loss, m = chunked_generalized_jsd_loss(h_NH[rows], w, t_NH, t_w, beta=lc.beta,
+            v = min(w.shape[0], t_w.shape[0])  # heads padded past the tokenizer (setup checks)
+            loss, m = chunked_generalized_jsd_loss(h_NH[rows], w[:v], t_NH, t_w[:v], beta=lc.beta,
                                                    temperature=lc.temperature, divisor=divisor)  # fmt: skip
             total, parts = total + loss, parts + float(m["jsd_per_token"]) * int(rows.sum())
         if sparse.any():

@@ -133,11 +133,24 @@ class ScoreStats:
     seconds: float = 0.0
 
 
+LOGPROB_SLACK = 1e-3
+"""Rounding allowed above 0 for a reported log-prob, and above 1 for the summed probability
+of one position's entries, before the answer is refused as malformed."""
+
+
 def parse_prompt_logprobs(
     entries: Any, sequence: list[int], prompt_len: int, top_k: int
 ) -> RowScores:
-    """The completion part (positions ``prompt_len..``) of one choice's ``prompt_logprobs``;
-    raises ``TeacherError('malformed')`` if it does not cover the sequence."""
+    """The completion part (positions ``prompt_len..``) of one choice's ``prompt_logprobs``.
+
+    An answer is untrusted input: anything that is not vLLM's shape raises
+    ``TeacherError('malformed')`` naming the position: the wrong number of entries, an entry
+    that is not a mapping, a token id that is not a non-negative integer (``"7"`` or ``7``),
+    the same id twice, a log-prob that is not a number (NaN, a bool, a string, a bare number
+    instead of ``{"logprob": ...}``) or lies above 0, or entries whose probabilities sum
+    past 1. The top-k are taken by log-prob (ties by id), never by the reported ``rank``;
+    ``-inf`` entries (probability 0) are left out of them. The sampled token's log-prob is NaN
+    when the position does not report it (the channel masks it out)."""
     if not isinstance(entries, list) or len(entries) != len(sequence):
         got = len(entries) if isinstance(entries, list) else type(entries).__name__
         raise TeacherError(
@@ -145,22 +158,43 @@ def parse_prompt_logprobs(
         )
     row = RowScores(actual=[])
     for pos in range(prompt_len, len(sequence)):
-        entry = entries[pos]
-        if not isinstance(entry, dict):
-            raise TeacherError("malformed", f"prompt_logprobs[{pos}] is not a mapping")
-        items = []
-        for tid, info in entry.items():
-            lp = info.get("logprob") if isinstance(info, dict) else None
-            if not isinstance(lp, int | float) or math.isnan(lp):
-                continue
-            items.append((info.get("rank", 10**9), int(tid), float(lp)))
-        items.sort()
-        actual = next((lp for _, tid, lp in items if tid == sequence[pos]), math.nan)
-        top = items[:top_k]
-        row.actual.append(actual)
-        row.top_ids.append([tid for _, tid, _ in top])
-        row.top_logps.append([lp for _, _, lp in top])
+        items = _position(entries[pos], pos)
+        row.actual.append(items.get(sequence[pos], math.nan))
+        top = sorted((-lp, tid) for tid, lp in items.items() if lp != -math.inf)[:top_k]
+        row.top_ids.append([tid for _, tid in top])
+        row.top_logps.append([-neg for neg, _ in top])
     return row
+
+
+def _position(entry: Any, pos: int) -> dict[int, float]:
+    """Token id -> log-prob of one position's entry (:func:`parse_prompt_logprobs`)."""
+    if not isinstance(entry, dict):
+        raise TeacherError("malformed", f"prompt_logprobs[{pos}] is not a mapping")
+    out: dict[int, float] = {}
+    for key, info in entry.items():
+        where = f"prompt_logprobs[{pos}][{str(key)[:20]!r}]"
+        tid = _token_id(key)
+        if tid is None:
+            raise TeacherError("malformed", f"{where}: not a token id")
+        lp = info.get("logprob") if isinstance(info, dict) else None
+        if isinstance(lp, bool) or not isinstance(lp, int | float) or not lp <= LOGPROB_SLACK:
+            raise TeacherError("malformed", f"{where}: logprob {str(lp)[:20]} is not a log-prob")
+        if tid in out:
+            raise TeacherError("malformed", f"{where}: token id {tid} reported twice")
+        out[tid] = min(float(lp), 0.0)
+    mass = sum(math.exp(lp) for lp in out.values())
+    if mass > 1.0 + LOGPROB_SLACK:
+        raise TeacherError("malformed", f"prompt_logprobs[{pos}]: probabilities sum to {mass:.3g}")
+    return out
+
+
+def _token_id(key: Any) -> int | None:
+    """A token id from a ``prompt_logprobs`` key (a decimal string, or an int), else None."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key if key >= 0 else None
+    if isinstance(key, str) and 0 < len(key) <= 12 and key.isascii() and key.isdigit():
+        return int(key)
+    return None
 
 
 class LocalScorer:
@@ -297,14 +331,20 @@ class RemoteScorer:
 
         async def one(rows: range) -> list[Any]:
             async with gate:
-                return await self._request(
-                    [sequences[r] for r in rows], [prompt_lens[r] for r in rows]
-                )
+                try:
+                    return await self._request(
+                        [sequences[r] for r in rows], [prompt_lens[r] for r in rows]
+                    )
+                except Exception as err:  # unforeseen: these rows fail, the step goes on
+                    self.stats.failed_rows += len(rows)
+                    return [TeacherError("other", f"{type(err).__name__}: {err}")] * len(rows)
 
         parts = await asyncio.gather(*(one(rows) for rows in chunks))
         return [x for part in parts for x in part]
 
     async def _request(self, seqs: list[list[int]], plens: list[int]) -> list[Any]:
+        """One request for ``seqs`` (retried at the edge): per row its :class:`RowScores`, or a
+        :class:`TeacherError` (the request failed, or that row's answer is malformed)."""
         t0 = time.perf_counter()
         for attempt in range(self.spec.max_retries + 1):
             self.stats.requests += 1
@@ -319,8 +359,10 @@ class RemoteScorer:
                 self.stats.failed_requests += 1
                 self.stats.failed_rows += len(seqs)
                 return [err] * len(seqs)
-            tokens = sum(len(s) for s in seqs)
-            self.stats.scored_rows += len(seqs)
+            tokens = sum(len(s) for s in seqs)  # answered: billed, malformed rows included
+            failed = sum(isinstance(r, TeacherError) for r in rows)
+            self.stats.scored_rows += len(seqs) - failed
+            self.stats.failed_rows += failed
             self.stats.scored_tokens += tokens
             self.stats.cost_usd += tokens * self.spec.price_in_per_mtok / 1e6
             self.stats.seconds += time.perf_counter() - t0
@@ -364,19 +406,26 @@ class RemoteScorer:
             self._model_id = page.data[0].id
         return self._model_id
 
-    def _parse(self, body: bytes, seqs: list[list[int]], plens: list[int]) -> list[RowScores]:
+    def _parse(self, body: bytes, seqs: list[list[int]], plens: list[int]) -> list[Any]:
+        """Per row a :class:`RowScores` or a malformed-answer :class:`TeacherError`; raises
+        ``TeacherError('malformed')`` when the answer as a whole is unreadable."""
         try:
             choices = json.loads(body)["choices"]
             by_index = {int(c.get("index", i)): c for i, c in enumerate(choices)}
             entries = [by_index[i]["prompt_logprobs"] for i in range(len(seqs))]
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
             raise TeacherError(
                 "malformed", f"{type(err).__name__}: {err}; body={body[:120]!r}"
             ) from err
-        return [
-            parse_prompt_logprobs(e, s, p, self.spec.top_k)
-            for e, s, p in zip(entries, seqs, plens, strict=True)
-        ]
+        out: list[Any] = []
+        for e, s, p in zip(entries, seqs, plens, strict=True):
+            try:
+                out.append(parse_prompt_logprobs(e, s, p, self.spec.top_k))
+            except TeacherError as err:
+                out.append(err)
+            except Exception as err:  # an answer no rule above foresaw: this row, not the step
+                out.append(TeacherError("malformed", f"{type(err).__name__}: {err}"))
+        return out
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -39,10 +39,10 @@ PAIRS = Path(composer_replication.__file__).parent / "data" / "fixture_replay_pa
 pytestmark = pytest.mark.agent_venv  # builds the harness venv on first use
 
 
-def _cfg(tmp_path, venv):
+def _cfg(tmp_path, venv, task_dir):
     return load_config("agent_proxy.yaml", [
         f"output_dir={tmp_path / 'run'}", "max_steps=2", "num_threads=2",
-        f"env.task_sources=[{TEXTKIT}]", f"env.task_dir={tmp_path / 'tasks'}",
+        f"env.task_sources=[{TEXTKIT}]", f"env.task_dir={task_dir}",
         "env.min_hidden_tests=0", "env.task_generation.workers=2",
         "env.task_generation.suite_timeout_s=30", f"agent_proxy.venv={venv}",
         "agent_proxy.step_limit=3", "agent_proxy.timeout_s=180",
@@ -52,9 +52,9 @@ def _cfg(tmp_path, venv):
     ])  # fmt: skip
 
 
-def test_two_grpo_steps_through_mini_swe_agent(tool_tok, agent_venv, tmp_path):
+def test_two_grpo_steps_through_mini_swe_agent(tool_tok, agent_venv, textkit_tasks, tmp_path):
     tok, venv = tool_tok, agent_venv
-    cfg = _cfg(tmp_path, venv)
+    cfg = _cfg(tmp_path, venv, textkit_tasks)  # the session's textkit tasks (tests/conftest.py)
     env = build_env(cfg)
     model = branching_model(tok, seed=0)
     before = model.model.layers[0].mlp.up_proj.weight.detach().clone()

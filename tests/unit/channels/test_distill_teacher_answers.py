@@ -1,0 +1,104 @@
+"""What the distill channel does with teacher answers it cannot use, and with a local teacher
+whose head is padded to another size (tiny random models, one scored generation round or one
+step): a server naming token ids outside the student's vocabulary fails those rows (reported,
+the reason logged once per teacher and kind), never an index error inside the loss; a teacher
+with more head rows than the student (Qwen2.5-7B's 152064 against 0.5B's 151936, the same
+tokenizer) trains the full-vocabulary loss over the rows both heads have."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from fastapi import FastAPI
+from support.distill import tiny_student_and_teacher, train_overrides
+from support.scripted_openai import ServerThread
+
+from composer_replication.channels.distill import FAILED
+from composer_replication.config import ConfigError, load_config
+from composer_replication.lm.models import head_weight, load_model
+from composer_replication.run.train import build_env, build_trainer
+from composer_replication.trainer.callbacks import read_metrics
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return tiny_student_and_teacher(tmp_path_factory.mktemp("answers"))
+
+
+def _server(extra_id: int) -> FastAPI:
+    """vLLM's protocol; every position also reports ``extra_id`` in its top-k."""
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions(req: dict):
+        def entry(t: int) -> dict:
+            return {str(t): {"logprob": -1.0, "rank": 1}, str(extra_id): {"logprob": -2.0}}
+
+        return {"choices": [{"index": i, "text": "", "prompt_logprobs": [None] + [
+            entry(t) for t in p[1:]]} for i, p in enumerate(req["prompt"])]}  # fmt: skip
+
+    return app
+
+
+def test_token_ids_outside_the_vocabulary_fail_their_rows(tmp_path, models, tokenizer, caplog):
+    student, _ = models
+    vocab = len(tokenizer)
+    with ServerThread(_server(vocab + 5)) as srv:
+        cfg = load_config(None, train_overrides(
+            tmp_path / "run", f"model.name={student}", "max_steps=1", "distill.weight=1",
+            "distill.loss.type=jsd",
+            f"distill.teachers=[{{name: wide, base_url: '{srv.base_url}', model: m, top_k: 2, "
+            "check_tokenizer: false}]",
+        ))  # fmt: skip
+        trainer = build_trainer(cfg, load_model(str(student)), tokenizer, build_env(cfg))
+        assert head_weight(trainer.model).shape[0] == vocab
+        rows = [trainer.train_dataset[i] for i in range(2)]
+        with caplog.at_level(logging.WARNING, "composer_replication.channels.distill"):
+            for _ in range(2):  # two rounds: the reason is logged once
+                batch = trainer._generate_and_score_completions([r for r in rows for _ in "ab"])
+    assert (batch["distill_status"] == FAILED).all()
+    stats = trainer.channel("distill").scorers[0].stats
+    assert stats.failed_rows == 8 and stats.scored_rows == 0
+    said = [r.getMessage() for r in caplog.records if "could not score" in r.getMessage()]
+    assert len(said) == 1 and f"token id {vocab + 5} is outside" in said[0], said
+
+
+def _padded_teacher(root, tokenizer, rows: int):
+    """A tiny teacher over the same tokenizer whose head has ``rows`` rows (padding)."""
+    from conftest import make_tiny_model
+
+    out = root / f"padded{rows}"
+    make_tiny_model(rows, seed=3).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def test_a_teacher_head_padded_past_the_students_trains_the_full_vocabulary_loss(
+    tmp_path, models, tokenizer
+):
+    student, _ = models
+    teacher = _padded_teacher(tmp_path, tokenizer, len(tokenizer) + 64)
+    cfg = load_config(None, train_overrides(
+        tmp_path / "run", f"model.name={student}", "max_steps=1", "distill.weight=1",
+        "distill.loss.type=jsd", f"distill.teachers={teacher}",
+    ))  # fmt: skip
+    trainer = build_trainer(cfg, load_model(str(student)), tokenizer, build_env(cfg))
+    trainer.train()
+    row = read_metrics(f"{cfg.output_dir}/metrics.jsonl")[0]
+    assert row["distill/active"] == 1.0 and row["distill/scored_frac"] == 1.0
+    assert row["distill/divergence_per_token"] > 0 and torch.isfinite(
+        torch.tensor(row["distill/loss"])
+    )
+
+
+def test_a_head_smaller_than_the_tokenizer_is_refused_at_setup(tmp_path, models, tokenizer):
+    student, _ = models
+    teacher = _padded_teacher(tmp_path, tokenizer, len(tokenizer) - 8)
+    cfg = load_config(None, train_overrides(
+        tmp_path / "run", f"model.name={student}", "max_steps=1", "distill.weight=1",
+        "distill.loss.type=jsd", f"distill.teachers={teacher}",
+    ))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"cover the tokenizer's \d+ ids"):
+        build_trainer(cfg, load_model(str(student)), tokenizer, build_env(cfg))
