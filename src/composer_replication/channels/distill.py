@@ -114,18 +114,22 @@ class DistillChannel(Channel):
         self._check_heads(model, tokenizer)
 
     def _check_heads(self, model, tokenizer) -> None:
-        """The full-vocabulary loss compares the two heads row by row over the rows both have:
-        heads padded past the tokenizer to different sizes (Qwen2.5-7B's 152064 rows and
-        Qwen2.5-0.5B's 151936) are fine; fewer rows than the tokenizer's ids are not."""
-        mine = head_weight(model).shape[0]
+        """A local teacher scores over the head rows the student's head shares: heads padded
+        past the tokenizer to different sizes (Qwen2.5-7B's 152064 rows and Qwen2.5-0.5B's
+        151936) are fine; for the full-vocabulary loss, fewer shared rows than the tokenizer's
+        ids are not. The student's row count is kept (``_vocab``: the ids a teacher may name)."""
+        self._vocab = mine = head_weight(model).shape[0]
         for full, scorer in zip(self._full_jsd, self.scorers, strict=True):
-            theirs = scorer.head_weight().shape[0] if full else mine
+            if not isinstance(scorer, LocalScorer):
+                continue
+            theirs = scorer.head_weight().shape[0]
             if full and min(mine, theirs) < len(tokenizer):
                 raise ConfigError(
                     f"distill.teachers: {scorer.spec.name!r}: the full-vocabulary loss needs "
                     f"both heads to cover the tokenizer's {len(tokenizer)} ids; the student's "
                     f"has {mine} rows, the teacher's {theirs}"
                 )
+            scorer.rows = min(mine, theirs)
 
     @property
     def top_k(self) -> int:
@@ -296,7 +300,7 @@ class DistillChannel(Channel):
         """``got`` with a row whose top-k name a token id outside the student's vocabulary
         (``[0, V)``, V its head's rows) made a malformed :class:`TeacherError`; the first
         failure of each kind per teacher is logged with its reason."""
-        vocab = head_weight(self.model).shape[0]
+        vocab = self._vocab
         out = []
         for g in got:
             bad = next((i for ids in g.top_ids for i in ids if not 0 <= i < vocab), None) \
@@ -475,8 +479,10 @@ def _loss_mask(batch: dict[str, Any]) -> Tensor:
 
 
 def _masked_mean(values: list[float], keep: Tensor) -> float:
-    t = torch.tensor(values)
-    sel = keep[: len(values)] & torch.isfinite(t)
+    """Mean over the kept positions; a position the teacher did not report (NaN) or gave
+    probability 0 counts as ``-inf``, so such a teacher is never the nearest."""
+    t = torch.tensor(values).nan_to_num(nan=-math.inf, posinf=-math.inf)
+    sel = keep[: len(values)]
     return float(t[sel].mean()) if sel.any() else -math.inf
 
 

@@ -134,8 +134,16 @@ class ScoreStats:
 
 
 LOGPROB_SLACK = 1e-3
-"""Rounding allowed above 0 for a reported log-prob, and above 1 for the summed probability
-of one position's entries, before the answer is refused as malformed."""
+"""Rounding allowed above 0 for a reported log-prob before the answer is refused."""
+
+MASS_SLACK = 2e-2
+"""Rounding allowed above 1 for the summed probability of one position's entries (top-k plus
+the sampled token): a server computing in bfloat16 reaches ~1.01; the tail bucket clamps the
+excess (losses/distill.py)."""
+
+ZERO_LOGPROB = -9999.0
+"""vLLM writes a log-prob of ``-inf`` as -9999.0 (JSON has no infinity): at or below it a
+reported log-prob is read as ``-inf``, probability 0."""
 
 
 def parse_prompt_logprobs(
@@ -149,8 +157,9 @@ def parse_prompt_logprobs(
     the same id twice, a log-prob that is not a number (NaN, a bool, a string, a bare number
     instead of ``{"logprob": ...}``) or lies above 0, or entries whose probabilities sum
     past 1. The top-k are taken by log-prob (ties by id), never by the reported ``rank``;
-    ``-inf`` entries (probability 0) are left out of them. The sampled token's log-prob is NaN
-    when the position does not report it (the channel masks it out)."""
+    entries of probability 0 (``-inf``, or vLLM's -9999.0: :data:`ZERO_LOGPROB`) are left out
+    of them. The sampled token's log-prob is NaN when the position does not report it, ``-inf``
+    when the teacher gives it probability 0 (the channel masks both out of its losses)."""
     if not isinstance(entries, list) or len(entries) != len(sequence):
         got = len(entries) if isinstance(entries, list) else type(entries).__name__
         raise TeacherError(
@@ -172,18 +181,17 @@ def _position(entry: Any, pos: int) -> dict[int, float]:
         raise TeacherError("malformed", f"prompt_logprobs[{pos}] is not a mapping")
     out: dict[int, float] = {}
     for key, info in entry.items():
-        where = f"prompt_logprobs[{pos}][{str(key)[:20]!r}]"
         tid = _token_id(key)
-        if tid is None:
-            raise TeacherError("malformed", f"{where}: not a token id")
         lp = info.get("logprob") if isinstance(info, dict) else None
+        if tid is None or tid in out:
+            why = "not a token id" if tid is None else f"token id {tid} reported twice"
+            raise TeacherError("malformed", f"prompt_logprobs[{pos}][{str(key)[:20]!r}]: {why}")
         if isinstance(lp, bool) or not isinstance(lp, int | float) or not lp <= LOGPROB_SLACK:
-            raise TeacherError("malformed", f"{where}: logprob {str(lp)[:20]} is not a log-prob")
-        if tid in out:
-            raise TeacherError("malformed", f"{where}: token id {tid} reported twice")
-        out[tid] = min(float(lp), 0.0)
+            raise TeacherError("malformed", f"prompt_logprobs[{pos}][{str(key)[:20]!r}]: "
+                               f"logprob {str(lp)[:20]} is not a log-prob")  # fmt: skip
+        out[tid] = -math.inf if lp <= ZERO_LOGPROB else min(float(lp), 0.0)
     mass = sum(math.exp(lp) for lp in out.values())
-    if mass > 1.0 + LOGPROB_SLACK:
+    if mass > 1.0 + MASS_SLACK:
         raise TeacherError("malformed", f"prompt_logprobs[{pos}]: probabilities sum to {mass:.3g}")
     return out
 
@@ -213,11 +221,19 @@ class LocalScorer:
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.stats = ScoreStats()
         self.last_hidden = None
+        self.rows: int | None = None
+        """Head rows to score over (the channel sets the rows the student's head shares, so a
+        head padded past the student's never names an id the student does not have)."""
 
     def head_weight(self) -> Any:
+        """The head (``[V, H_t]``), cut to :attr:`rows` when set."""
         from composer_replication.lm.models import head_weight
 
-        return head_weight(self.model).detach()
+        return head_weight(self.model).detach()[: self.rows]
+
+    def embedding_rows(self) -> int:
+        """Token ids the teacher can read: ``[0, embedding_rows)``."""
+        return self.model.get_input_embeddings().weight.shape[0]
 
     def hidden_states(self, sequences: list[list[int]], prompt_lens: list[int], pad_id: int):
         """``[R, K, H_t]`` last hidden states predicting each row's completion tokens (rows
@@ -241,28 +257,38 @@ class LocalScorer:
     def score(self, sequences: list[list[int]], prompt_lens: list[int], top_k: int, pad_id: int):
         """One :class:`RowScores` per sequence (a single padded forward). The hidden states
         stay in ``last_hidden`` (``[R, K, H_t]``, row order of the call) for the
-        full-vocabulary loss, so it needs no second forward."""
+        full-vocabulary loss, so it needs no second forward. A row holding an id past the
+        teacher's embedding (a student head padded past the teacher's) is a malformed
+        :class:`TeacherError`: it is read as padding, never indexed."""
         import torch
 
         t0 = time.perf_counter()
-        h = self.last_hidden = self.hidden_states(sequences, prompt_lens, pad_id)
+        limit = self.embedding_rows()
+        bad = [any(t >= limit or t < 0 for t in seq) for seq in sequences]
+        readable = [[pad_id] * len(s) if b else s for s, b in zip(sequences, bad, strict=True)]
+        h = self.last_hidden = self.hidden_states(readable, prompt_lens, pad_id)
         with torch.no_grad():
             logp = torch.log_softmax(h.float() @ self.head_weight().float().T, dim=-1)
             top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
-        out = []
+        out: list[Any] = []
         for r, (seq, p) in enumerate(zip(sequences, prompt_lens, strict=True)):
+            if bad[r]:
+                out.append(TeacherError("malformed", f"a token id past the teacher's {limit} "
+                                        "embedding rows"))  # fmt: skip
+                continue
             comp = torch.tensor(seq[p:], device=logp.device)
             n = len(comp)
             actual = logp[r, :n].gather(1, comp[:, None]).squeeze(1) if n else comp.float()
             out.append(
                 RowScores(actual.tolist(), top.indices[r, :n].tolist(), top.values[r, :n].tolist())
             )
-        self._count(sequences, prompt_lens, time.perf_counter() - t0)
+        self._count(sequences, sum(bad), time.perf_counter() - t0)
         return out
 
-    def _count(self, sequences, prompt_lens, seconds: float) -> None:
+    def _count(self, sequences, failed: int, seconds: float) -> None:
         self.stats.requests += 1
-        self.stats.scored_rows += len(sequences)
+        self.stats.scored_rows += len(sequences) - failed
+        self.stats.failed_rows += failed
         self.stats.scored_tokens += sum(len(s) for s in sequences)
         self.stats.seconds += seconds
 
@@ -335,7 +361,10 @@ class RemoteScorer:
                     return await self._request(
                         [sequences[r] for r in rows], [prompt_lens[r] for r in rows]
                     )
+                except ConfigError:
+                    raise  # the run's configuration (an unset api_key_env): stop with its line
                 except Exception as err:  # unforeseen: these rows fail, the step goes on
+                    self.stats.failed_requests += 1
                     self.stats.failed_rows += len(rows)
                     return [TeacherError("other", f"{type(err).__name__}: {err}")] * len(rows)
 
@@ -350,7 +379,6 @@ class RemoteScorer:
             self.stats.requests += 1
             try:
                 body = await self._post(seqs)
-                rows = self._parse(body, seqs, plens)
             except TeacherError as err:
                 err.attempts = attempt + 1
                 if err.retryable and attempt < self.spec.max_retries:
@@ -359,13 +387,22 @@ class RemoteScorer:
                 self.stats.failed_requests += 1
                 self.stats.failed_rows += len(seqs)
                 return [err] * len(seqs)
-            tokens = sum(len(s) for s in seqs)  # answered: billed, malformed rows included
-            failed = sum(isinstance(r, TeacherError) for r in rows)
-            self.stats.scored_rows += len(seqs) - failed
-            self.stats.failed_rows += failed
+            tokens = sum(len(s) for s in seqs)  # answered: billed, whatever the body holds
             self.stats.scored_tokens += tokens
             self.stats.cost_usd += tokens * self.spec.price_in_per_mtok / 1e6
             self.stats.seconds += time.perf_counter() - t0
+            try:
+                rows = self._parse(body, seqs, plens)
+            except (
+                TeacherError
+            ) as err:  # unreadable as a whole: not retried (it may answer so again)
+                err.attempts = attempt + 1
+                self.stats.failed_requests += 1
+                self.stats.failed_rows += len(seqs)
+                return [err] * len(seqs)
+            failed = sum(isinstance(r, TeacherError) for r in rows)
+            self.stats.scored_rows += len(seqs) - failed
+            self.stats.failed_rows += failed
             return rows
         raise AssertionError("unreachable")
 
@@ -413,7 +450,14 @@ class RemoteScorer:
             choices = json.loads(body)["choices"]
             by_index = {int(c.get("index", i)): c for i, c in enumerate(choices)}
             entries = [by_index[i]["prompt_logprobs"] for i in range(len(seqs))]
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            RecursionError,
+            OverflowError,
+        ) as err:
             raise TeacherError(
                 "malformed", f"{type(err).__name__}: {err}; body={body[:120]!r}"
             ) from err

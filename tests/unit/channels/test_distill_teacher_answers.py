@@ -3,11 +3,13 @@ whose head is padded to another size (tiny random models, one scored generation 
 step): a server naming token ids outside the student's vocabulary fails those rows (reported,
 the reason logged once per teacher and kind), never an index error inside the loss; a teacher
 with more head rows than the student (Qwen2.5-7B's 152064 against 0.5B's 151936, the same
-tokenizer) trains the full-vocabulary loss over the rows both heads have."""
+tokenizer) scores and trains over the rows both heads have, and a student head padded past the
+teacher's never hands the teacher an id it cannot read."""
 
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
@@ -65,21 +67,47 @@ def test_token_ids_outside_the_vocabulary_fail_their_rows(tmp_path, models, toke
     assert len(said) == 1 and f"token id {vocab + 5} is outside" in said[0], said
 
 
-def _padded_teacher(root, tokenizer, rows: int):
-    """A tiny teacher over the same tokenizer whose head has ``rows`` rows (padding)."""
+def _padded(root, tokenizer, rows: int, seed: int = 3, loud: bool = False):
+    """A tiny model over the same tokenizer whose head has ``rows`` rows; ``loud``: its rows
+    past the tokenizer scaled up so they hold most of its probability (the worst padding)."""
     from conftest import make_tiny_model
 
-    out = root / f"padded{rows}"
-    make_tiny_model(rows, seed=3).save_pretrained(out)
+    out = root / f"padded{rows}-{seed}"
+    model = make_tiny_model(rows, seed=seed)
+    if loud:
+        with torch.no_grad():
+            head_weight(model)[len(tokenizer) :] *= 50.0
+    model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 
 
-def test_a_teacher_head_padded_past_the_students_trains_the_full_vocabulary_loss(
-    tmp_path, models, tokenizer
+@pytest.mark.parametrize("loss", ["jsd", "jsd_top_k", "reverse_kl"])
+def test_a_teacher_head_padded_past_the_students_scores_over_the_shared_rows(
+    tmp_path, models, tokenizer, loss
 ):
+    """Even padding that holds most of the teacher's mass never fails a row: the teacher is
+    scored over the student's rows only (full-vocabulary JSD, its top-k, the sampled token)."""
     student, _ = models
-    teacher = _padded_teacher(tmp_path, tokenizer, len(tokenizer) + 64)
+    teacher = _padded(tmp_path, tokenizer, len(tokenizer) + 64, loud=True)
+    kind = {"jsd": ["distill.loss.type=jsd"], "reverse_kl": ["distill.loss.type=reverse_kl"],
+            "jsd_top_k": ["distill.loss.type=jsd", "distill.loss.top_k=4"]}[loss]  # fmt: skip
+    cfg = load_config(None, train_overrides(
+        tmp_path / "run", f"model.name={student}", "max_steps=1", "distill.weight=1",
+        *kind, f"distill.teachers={teacher}",
+    ))  # fmt: skip
+    trainer = build_trainer(cfg, load_model(str(student)), tokenizer, build_env(cfg))
+    trainer.train()
+    row = read_metrics(f"{cfg.output_dir}/metrics.jsonl")[0]
+    assert row["distill/active"] == 1.0 and row["distill/scored_frac"] == 1.0, row
+    assert math.isfinite(row["distill/loss"]) and row["distill/loss"] != 0.0
+
+
+def test_a_student_head_padded_past_the_teachers_trains_the_full_vocabulary_loss(
+    tmp_path, tokenizer
+):
+    student = _padded(tmp_path, tokenizer, len(tokenizer) + 64, seed=0)
+    teacher = _padded(tmp_path, tokenizer, len(tokenizer), seed=1)
     cfg = load_config(None, train_overrides(
         tmp_path / "run", f"model.name={student}", "max_steps=1", "distill.weight=1",
         "distill.loss.type=jsd", f"distill.teachers={teacher}",
@@ -87,15 +115,29 @@ def test_a_teacher_head_padded_past_the_students_trains_the_full_vocabulary_loss
     trainer = build_trainer(cfg, load_model(str(student)), tokenizer, build_env(cfg))
     trainer.train()
     row = read_metrics(f"{cfg.output_dir}/metrics.jsonl")[0]
-    assert row["distill/active"] == 1.0 and row["distill/scored_frac"] == 1.0
-    assert row["distill/divergence_per_token"] > 0 and torch.isfinite(
-        torch.tensor(row["distill/loss"])
-    )
+    assert row["distill/active"] == 1.0 and row["distill/divergence_per_token"] > 0
+
+
+def test_an_id_past_the_teachers_embedding_fails_its_row_only(tmp_path, tokenizer):
+    """What a student head padded past the teacher's can sample: the row is malformed, read
+    as padding (on a GPU an out-of-range index is a device assert that ends the process)."""
+    from composer_replication.config import LocalTeacherConfig
+    from composer_replication.replay.scoring import LocalScorer, RowScores
+    from composer_replication.replay.teachers import TeacherError
+
+    teacher = _padded(tmp_path, tokenizer, len(tokenizer), seed=1)
+    scorer = LocalScorer(LocalTeacherConfig(name="t", model=str(teacher)), "cpu")
+    seqs = [[5, 6, 7, 8], [5, 6, len(tokenizer) + 3, 8]]
+    rows = scorer.score(seqs, [2, 2], top_k=2, pad_id=0)
+    assert isinstance(rows[0], RowScores) and len(rows[0].actual) == 2
+    assert isinstance(rows[1], TeacherError) and rows[1].kind == "malformed"
+    assert scorer.last_hidden.shape[0] == 2  # row order kept for the full-vocabulary loss
+    assert scorer.stats.scored_rows == 1 and scorer.stats.failed_rows == 1
 
 
 def test_a_head_smaller_than_the_tokenizer_is_refused_at_setup(tmp_path, models, tokenizer):
     student, _ = models
-    teacher = _padded_teacher(tmp_path, tokenizer, len(tokenizer) - 8)
+    teacher = _padded(tmp_path, tokenizer, len(tokenizer) - 8)
     cfg = load_config(None, train_overrides(
         tmp_path / "run", f"model.name={student}", "max_steps=1", "distill.weight=1",
         "distill.loss.type=jsd", f"distill.teachers={teacher}",

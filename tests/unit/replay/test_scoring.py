@@ -80,7 +80,7 @@ def test_bad_scoring_requests_are_refused(served, body, status):
     assert httpx.post(f"{base_url}/completions", json=body, timeout=30).status_code == status
 
 
-def test_parse_keeps_rank_order_and_flags_a_short_answer():
+def test_parse_orders_by_logprob_and_flags_a_short_answer():
     entries = [None, {"7": {"logprob": -2.0, "rank": 2}, "3": {"logprob": -0.5, "rank": 1}}]
     row = parse_prompt_logprobs(entries, [5, 7], 1, top_k=2)
     assert row == RowScores(actual=[-2.0], top_ids=[[3, 7]], top_logps=[[-0.5, -2.0]])

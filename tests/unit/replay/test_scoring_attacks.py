@@ -2,8 +2,8 @@
 vLLM's shape makes the row it spoils a malformed :class:`TeacherError` (the channel reports it
 unscored), never an exception into the training step and never a number the losses would
 turn into NaN or a negative divergence; the other rows of the same request are still scored.
-Answers a real server sends (``-Infinity`` for a token of probability 0, odd ``rank``
-values) are read, not refused."""
+Answers a real server sends (vLLM's -9999.0 for a token of probability 0, ``decoded_token``
+keys, odd ``rank`` values, bfloat16 rounding) are read, not refused."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from support.scripted_openai import ServerThread
 
-from composer_replication.config import RemoteTeacherConfig
+from composer_replication.config import ConfigError, RemoteTeacherConfig
 from composer_replication.replay.scoring import RemoteScorer, RowScores
 from composer_replication.replay.teachers import TeacherError
 
@@ -86,21 +86,37 @@ def test_a_malformed_position_fails_its_row_only(fault):
     assert scorer.stats.scored_rows == 1 and scorer.stats.failed_rows == 1
 
 
-def test_what_real_servers_send_is_read():
-    """``-Infinity`` (probability 0) is the sampled token's log-prob but never a top-k entry
-    (its 0 * -inf would be NaN in the divergence); ``rank`` is ignored (order by log-prob)."""
+@pytest.mark.parametrize("zero", [-9999.0, -math.inf, -1e30])
+def test_what_real_servers_send_is_read(zero):
+    """Probability 0 (vLLM writes -9999.0; ``-Infinity``; anything below) is the sampled
+    token's log-prob ``-inf`` (masked by the channel) and never a top-k entry (its
+    ``0 * -inf`` would be NaN in the divergence); ``rank`` is ignored (order by log-prob)."""
     last = {
-        "9": {"logprob": -math.inf, "rank": "unknown"},
-        "4": {"logprob": -3.0, "rank": None},
+        "9": {"logprob": zero, "rank": "unknown", "decoded_token": "x"},
+        "4": {"logprob": -3.0, "rank": None, "decoded_token": "y"},
         "2": {"logprob": -1.5, "rank": 7},
         "3": {"logprob": -1.5, "rank": [1]},
+        "6": {"logprob": -9999.0, "rank": 49000},
     }
-    rows, scorer = _score(_app(last), top_k=3)
+    rows, scorer = _score(_app(last), top_k=4)
     row = rows[0]
     assert isinstance(row, RowScores), row
     assert row.actual[1] == -math.inf
     assert row.top_ids[1] == [2, 3, 4] and row.top_logps[1] == [-1.5, -1.5, -3.0]
     assert scorer.stats.failed_rows == 0 and scorer.stats.scored_rows == 2
+
+
+def test_rounding_is_read_and_only_rounding():
+    """A log-prob a hair above 0 is read as 0; a bfloat16 server's top-k summing to ~1.01 is
+    read; 1.05 is not."""
+    rows, _ = _score(_app({"9": {"logprob": 1e-7}}))
+    assert isinstance(rows[0], RowScores) and rows[0].actual[1] == 0.0
+    bf16 = {"9": {"logprob": math.log(0.6)}, "4": {"logprob": math.log(0.41)}}  # 1.01
+    rows, _ = _score(_app(bf16))
+    assert isinstance(rows[0], RowScores)
+    over = {"9": {"logprob": math.log(0.6)}, "4": {"logprob": math.log(0.45)}}  # 1.05
+    rows, _ = _score(_app(over))
+    assert isinstance(rows[0], TeacherError) and "sum to 1.05" in rows[0].message
 
 
 UNREADABLE = {
@@ -109,6 +125,7 @@ UNREADABLE = {
     "index not a number": b'{"choices": [{"index": "zero", "prompt_logprobs": []}]}',
     "a row missing": b'{"choices": [{"index": 0, "prompt_logprobs": []}]}',
     "not json": b"\xff\xfe not json",
+    "index past a float": b'{"choices": [{"index": 1e400, "prompt_logprobs": []}]}',
 }
 
 
@@ -123,3 +140,23 @@ def test_an_unreadable_answer_fails_every_row_of_the_request(body):
     rows, scorer = _score(app)
     assert all(isinstance(r, TeacherError) and r.kind == "malformed" for r in rows), rows
     assert scorer.stats.failed_rows == 2 and scorer.stats.failed_requests == 1
+    assert scorer.stats.scored_tokens == 2 * len(SEQ)  # answered: billed all the same
+
+
+def test_an_unforeseen_failure_fails_its_rows_and_a_config_error_stops_the_run(monkeypatch):
+    async def broken(self, seqs):
+        raise RuntimeError("something no rule foresaw")
+
+    monkeypatch.setattr(RemoteScorer, "_post", broken)
+    spec = RemoteTeacherConfig(name="t", base_url="http://127.0.0.1:9/v1", model="m")
+    scorer = RemoteScorer(spec)
+    rows = asyncio.run(scorer.ascore([SEQ, SEQ], [1, 1], 1, 0))
+    assert all(isinstance(r, TeacherError) and r.kind == "other" for r in rows)
+    assert "something no rule foresaw" in rows[0].message
+    assert scorer.stats.failed_rows == 2 and scorer.stats.failed_requests == 1
+    monkeypatch.undo()
+    monkeypatch.delenv("CR_TEST_UNSET_KEY", raising=False)
+    keyed = RemoteTeacherConfig(name="t", base_url="http://127.0.0.1:9/v1", model="m",
+                                api_key_env="CR_TEST_UNSET_KEY")  # fmt: skip
+    with pytest.raises(ConfigError, match="CR_TEST_UNSET_KEY is not set"):
+        asyncio.run(RemoteScorer(keyed).ascore([SEQ], [1], 1, 0))
