@@ -98,6 +98,7 @@ def check_same_tokenizer(student_ref: str, teachers: list[Any]) -> None:
                     "serve`, or set check_tokenizer=false if it surely uses the student's tokenizer"
                 )
         else:
+            _auth_headers(t)  # an unset api_key_env: its line now, not after the models load
             continue
         if theirs != mine:
             raise TokenizerMismatchError(

@@ -166,6 +166,25 @@ def test_a_teacher_with_another_tokenizer_is_refused_before_any_model_loads(
     assert loaded == [] and not (tmp_path / "run").exists()
 
 
+def test_an_unset_api_key_is_one_line_before_any_model_loads(tmp_path, models, monkeypatch):
+    """``api_key_env`` names a variable that is not set (the tokenizer check off, so nothing
+    else asks the server first): the run stops with that line, nothing loaded or written."""
+    student, _ = models
+    loaded = []
+    monkeypatch.setattr(
+        "composer_replication.lm.models.load_model", lambda *a, **k: loaded.append(a)
+    )
+    monkeypatch.delenv("CR_TEST_TEACHER_KEY", raising=False)
+    teachers = ("[{name: paid, base_url: 'http://127.0.0.1:9/v1', check_tokenizer: false, "
+                "api_key_env: CR_TEST_TEACHER_KEY}]")  # fmt: skip
+    args = ["train", *train_overrides(tmp_path / "run", f"model.name={student}",
+                                      "distill.weight=1", f"distill.teachers={teachers}")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "CR_TEST_TEACHER_KEY is not set" in " ".join(result.output.split())
+    assert loaded == [] and not (tmp_path / "run").exists()
+
+
 def socket_closed_port():
     """A context giving a 127.0.0.1 port nothing listens on."""
     import contextlib
