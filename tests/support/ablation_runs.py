@@ -42,17 +42,28 @@ def write_finished_run(
     step_times: list[float],
     final: float,
     every: int,
+    load: float | None = None,
 ) -> Path:
     """Train ``len(step_times)`` fake steps; the held-out evaluation at step ``s`` scores
-    ``scores[s]`` (a KeyError if the callback evaluates a step not given)."""
+    ``scores[s]`` (a KeyError if the callback evaluates a step not given). The machine's load
+    logged at each step is ``load`` (None: not logged, as runs written before it was)."""
     state, control, args = TrainerState(), TrainerControl(), None
     state.max_steps = len(step_times)
     heldout = HeldoutEvalCallback(run_dir, None, None, every, 100, 8, 4, max_turns=1,
                                   max_tool_calls=0)  # fmt: skip
     metrics = MetricsJsonlCallback(run_dir)
-    with mock.patch(
-        "composer_replication.evaluation.evaluate",
-        lambda *a, **k: _Scored(scores[state.global_step]),
+
+    def loadavg():
+        if load is None:
+            raise OSError("no load average")
+        return (load, load, load)
+
+    with (
+        mock.patch(
+            "composer_replication.evaluation.evaluate",
+            lambda *a, **k: _Scored(scores[state.global_step]),
+        ),
+        mock.patch("composer_replication.trainer.callbacks.os.getloadavg", loadavg),
     ):
         metrics.on_train_begin(args, state, control)
         heldout.on_train_begin(args, state, control, model=_Model())

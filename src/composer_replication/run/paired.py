@@ -95,26 +95,33 @@ class RunCurve:
 
     scores: dict[int, float]
     train_s: dict[int, float]
+    load: tuple[float, ...] = ()
+    """The machine's 1-minute load average at each logged step (``time/load_1m``; empty for
+    runs logged before it was recorded)."""
 
     @classmethod
     def read(cls, run_dir: str | Path) -> RunCurve:
         """From a run directory's heldout.jsonl and metrics.jsonl. A row logged for several
         steps (``logging_steps`` > 1, TRL logs their mean) counts once per step it covers."""
-        from composer_replication.trainer.callbacks import HELDOUT_FILE, METRICS_FILE, read_metrics
+        from composer_replication.trainer.callbacks import (
+            HELDOUT_FILE,
+            LOAD_KEY,
+            METRICS_FILE,
+            read_metrics,
+        )
 
         run_dir = Path(run_dir)
         rows = read_metrics(run_dir / HELDOUT_FILE)
         scores = {int(r["step"]): float(r["pass_rate"]) for r in rows}
-        timed = sorted(
-            (int(r["step"]), float(r[STEP_TIME_KEY]))
-            for r in read_metrics(run_dir / METRICS_FILE)
-            if STEP_TIME_KEY in r
-        )
+        logged = read_metrics(run_dir / METRICS_FILE)
+        timed = sorted((int(r["step"]), float(r[STEP_TIME_KEY])) for r in logged
+                       if STEP_TIME_KEY in r)  # fmt: skip
+        load = tuple(float(r[LOAD_KEY]) for r in logged if LOAD_KEY in r)
         train_s, total, prev = {}, 0.0, 0
         for step, secs in timed:
             total += secs * (step - prev)
             train_s[step], prev = total, step
-        return cls(scores, train_s)
+        return cls(scores, train_s, load)
 
     def total_s(self) -> float | None:
         """Training seconds to the last logged step (None: no ``step_time`` logged)."""
@@ -195,6 +202,9 @@ class StepAnalysis:
     metrics: list[Metric]
     curve: dict[str, list[tuple[int, Paired]]]
     budget_s: float | None
+    load: dict[str, tuple[float | None, int, int]] = field(default_factory=dict)
+    """Per arm: the median load over its runs' logged steps (None: none logged), the runs
+    that logged it, and the runs."""
 
 
 def step_analysis(
@@ -211,7 +221,31 @@ def step_analysis(
     budget = wall_budget(curves.get(ref, {}))
     if budget is not None:
         metrics += [at_time_metric(curves, ref, f, budget) for f in report.wall_fractions]
-    return StepAnalysis(ref, metrics, difference_curve(curves, ref), budget)
+    return StepAnalysis(ref, metrics, difference_curve(curves, ref), budget, load_by_arm(curves))
+
+
+def load_by_arm(curves: Curves) -> dict[str, tuple[float | None, int, int]]:
+    """Per arm: median load over every logged step of its runs, runs that logged it, runs."""
+    out = {}
+    for arm, by_seed in curves.items():
+        values = [x for c in by_seed.values() for x in c.load]
+        logged = sum(bool(c.load) for c in by_seed.values())
+        out[arm] = (statistics.median(values) if values else None, logged, len(by_seed))
+    return out
+
+
+def load_sentence(load: Mapping[str, tuple[float | None, int, int]]) -> str:
+    """How busy the machine was while each arm trained (the wall-time rows depend on it)."""
+    parts = [
+        f"`{arm}` {med:.1f} ({n} of {total} runs)" if med is not None else f"`{arm}` not logged"
+        for arm, (med, n, total) in load.items()
+    ]
+    if not any(med is not None for med, _, _ in load.values()):
+        return "No run logged the machine's load (`time/load_1m`, recorded from 2026-11-27 on)."
+    return (
+        "Machine load while training (the 1-minute load average at each step, "
+        "`time/load_1m`; median over an arm's logged steps): " + ", ".join(parts) + "."
+    )
 
 
 def steps_to_metric(curves: Curves, ref: str, threshold: float, every: int) -> Metric:
@@ -356,7 +390,7 @@ def analysis_markdown(an: StepAnalysis, plot: Path) -> str:
         f"{others} arm{'s' * (others != 1)} compared with `{an.ref}`, with unadjusted 95% "
         "intervals. Scores "
         "are the periodic held-out evaluations (heldout.jsonl), the final row excepted "
-        "(final_eval.json). " + wall,
+        "(final_eval.json). " + wall + " " + load_sentence(an.load),
         "",
         f"| metric | arm | mean over seeds | per seed | minus {an.ref}, per seed | minus "
         f"{an.ref}, mean [95% t-CI] | verdict (half-width: the detectable effect) |",

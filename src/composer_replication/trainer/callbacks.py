@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,10 @@ def _rows_up_to(path: Path, step: int) -> list[dict[str, Any]]:
     return rows
 
 
+LOAD_KEY = "time/load_1m"
+"""The machine's 1-minute load average when a step's row is logged (``os.getloadavg``)."""
+
+
 class MetricsJsonlCallback(TrainerCallback):
     """Append every training log (one per step with ``logging_steps=1``) to metrics.jsonl.
 
@@ -63,6 +68,10 @@ class MetricsJsonlCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs or "train_runtime" in logs:
             return  # other ranks, and the end-of-training summary record
         row = {"step": state.global_step, "time/elapsed_s": time.monotonic() - self._t0}
+        try:  # how busy the machine was (wall-time comparisons on a shared machine report it)
+            row[LOAD_KEY] = os.getloadavg()[0]
+        except (OSError, AttributeError):  # a platform without a load average
+            pass
         row.update({k: v for k, v in logs.items() if isinstance(v, int | float)})
         with self.path.open("ab") as fh:
             fh.write(orjson.dumps(row) + b"\n")

@@ -46,6 +46,12 @@ STEP_S = {
     "distill": (2.0,) * 5,
     "mix": (1.4,) * 5,
 }
+# the machine's load logged at each step, per seed (None: a run logged before it was recorded)
+LOAD = {
+    "grpo": (2.0, 2.0, 2.5, 3.0, 2.0),  # median over 100 steps: 2.0
+    "distill": (3.0, 3.0, 4.0, None, None),  # 60 steps: median 3.0, 3 of 5 runs
+    "mix": (None,) * 5,
+}
 FINAL = {
     "grpo": (0.90,) * 5,
     "distill": (0.80, 0.82, 0.78, 0.80, 0.80),
@@ -63,7 +69,8 @@ def finished(tmp_path_factory):
             run = out / arm / f"seed{i + 1}"
             run.mkdir(parents=True)
             write_finished_run(run, arm, i + 1, dict(zip(STEPS, scores, strict=True)),
-                               [STEP_S[arm][i]] * 20, FINAL[arm][i], every=5)  # fmt: skip
+                               [STEP_S[arm][i]] * 20, FINAL[arm][i], every=5,
+                               load=LOAD[arm][i])  # fmt: skip
     acfg = AblationConfig.model_validate({
         "seeds": [1, 2, 3, 4, 5], "output_dir": str(out), "section": "ev", "eval_every": 5,
         "results_md": str(tmp_path / "docs" / "results.md"), "reference_arm": "grpo",
@@ -152,6 +159,14 @@ def test_fixed_wall_time_cuts_each_run_at_the_reference_median(finished):
     )
     saved = json.loads((finished / "out" / "step_analysis.json").read_text())
     assert saved["budget_s"] == pytest.approx(20.0)
+
+
+def test_the_machine_load_is_reported_next_to_the_wall_time_rows(finished):
+    md = (finished / "docs" / "results.md").read_text()
+    assert (
+        "(the 1-minute load average at each step, `time/load_1m`; median over an arm's logged "
+        "steps): `grpo` 2.0 (5 of 5 runs), `distill` 3.0 (3 of 5 runs), `mix` not logged."
+    ) in md
 
 
 def test_difference_curve_at_every_evaluated_step_and_its_plot(finished):
