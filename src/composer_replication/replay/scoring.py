@@ -394,9 +394,7 @@ class RemoteScorer:
             self.stats.seconds += time.perf_counter() - t0
             try:
                 rows = self._parse(body, seqs, plens)
-            except (
-                TeacherError
-            ) as err:  # unreadable as a whole: not retried (it may answer so again)
+            except TeacherError as err:  # unreadable as a whole: not retried
                 err.attempts = attempt + 1
                 self.stats.failed_requests += 1
                 self.stats.failed_rows += len(seqs)
