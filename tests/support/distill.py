@@ -48,6 +48,22 @@ def train_overrides(out: Path, *extra: str) -> list[str]:
     ]
 
 
+def train_one_step(run_dir: Path, tokenizer, student: Path, *extra: str):
+    """Build the trainer for one step of ``train_overrides`` + ``extra`` on the ``student``
+    directory, train it, and return ``(trainer, the step's metrics row)``."""
+    from composer_replication.config import load_config
+    from composer_replication.lm.models import load_model
+    from composer_replication.run.train import build_env, build_trainer
+    from composer_replication.trainer.callbacks import read_metrics
+
+    cfg = load_config(
+        None, train_overrides(run_dir, f"model.name={student}", "max_steps=1", *extra)
+    )
+    trainer = build_trainer(cfg, load_model(str(student)), tokenizer, build_env(cfg))
+    trainer.train()
+    return trainer, read_metrics(f"{cfg.output_dir}/metrics.jsonl")[0]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

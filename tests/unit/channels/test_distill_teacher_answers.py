@@ -14,14 +14,13 @@ import math
 import pytest
 import torch
 from fastapi import FastAPI
-from support.distill import tiny_student_and_teacher, train_overrides
+from support.distill import tiny_student_and_teacher, train_one_step, train_overrides
 from support.scripted_openai import ServerThread
 
 from composer_replication.channels.distill import FAILED
 from composer_replication.config import ConfigError, load_config
 from composer_replication.lm.models import head_weight, load_model
 from composer_replication.run.train import build_env, build_trainer
-from composer_replication.trainer.callbacks import read_metrics
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +91,8 @@ def test_a_teacher_head_padded_past_the_students_scores_over_the_shared_rows(
     teacher = _padded(tmp_path, tokenizer, len(tokenizer) + 64, loud=True)
     kind = {"jsd": ["distill.loss.type=jsd"], "reverse_kl": ["distill.loss.type=reverse_kl"],
             "jsd_top_k": ["distill.loss.type=jsd", "distill.loss.top_k=4"]}[loss]  # fmt: skip
-    cfg = load_config(None, train_overrides(
-        tmp_path / "run", f"model.name={student}", "max_steps=1", "distill.weight=1",
-        *kind, f"distill.teachers={teacher}",
-    ))  # fmt: skip
-    trainer = build_trainer(cfg, load_model(str(student)), tokenizer, build_env(cfg))
-    trainer.train()
-    row = read_metrics(f"{cfg.output_dir}/metrics.jsonl")[0]
+    _, row = train_one_step(tmp_path / "run", tokenizer, student, "distill.weight=1", *kind,
+                            f"distill.teachers={teacher}")  # fmt: skip
     assert row["distill/active"] == 1.0 and row["distill/scored_frac"] == 1.0, row
     assert math.isfinite(row["distill/loss"]) and row["distill/loss"] != 0.0
 
@@ -108,13 +102,8 @@ def test_a_student_head_padded_past_the_teachers_trains_the_full_vocabulary_loss
 ):
     student = _padded(tmp_path, tokenizer, len(tokenizer) + 64, seed=0)
     teacher = _padded(tmp_path, tokenizer, len(tokenizer), seed=1)
-    cfg = load_config(None, train_overrides(
-        tmp_path / "run", f"model.name={student}", "max_steps=1", "distill.weight=1",
-        "distill.loss.type=jsd", f"distill.teachers={teacher}",
-    ))  # fmt: skip
-    trainer = build_trainer(cfg, load_model(str(student)), tokenizer, build_env(cfg))
-    trainer.train()
-    row = read_metrics(f"{cfg.output_dir}/metrics.jsonl")[0]
+    _, row = train_one_step(tmp_path / "run", tokenizer, student, "distill.weight=1",
+                            "distill.loss.type=jsd", f"distill.teachers={teacher}")  # fmt: skip
     assert row["distill/active"] == 1.0 and row["distill/divergence_per_token"] > 0
 
 

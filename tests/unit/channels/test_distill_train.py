@@ -17,6 +17,7 @@ from support.distill import (
     ServeProcess,
     other_tokenizer_model,
     tiny_student_and_teacher,
+    train_one_step,
     train_overrides,
 )
 from typer.testing import CliRunner
@@ -204,13 +205,8 @@ def test_distillation_alone_policy_weight_zero(tmp_path, models, tokenizer):
     """``grpo.weight=0``: the step's loss is the distillation term alone (the policy loss is
     still computed and logged unweighted)."""
     student, teacher = models
-    cfg = load_config(None, train_overrides(
-        tmp_path / "run", f"model.name={student}", "max_steps=1", "grpo.weight=0",
-        "distill.weight=1", f"distill.teachers={teacher}",
-    ))  # fmt: skip
-    trainer = build_trainer(cfg, load_model(str(student)), tokenizer, build_env(cfg))
-    trainer.train()
-    row = read_metrics(f"{cfg.output_dir}/metrics.jsonl")[0]
+    _, row = train_one_step(tmp_path / "run", tokenizer, student, "grpo.weight=0",
+                            "distill.weight=1", f"distill.teachers={teacher}")  # fmt: skip
     assert row["policy/weight"] == 0.0 and row["distill/active"] == 1.0
     assert row["total/loss"] == pytest.approx(row["distill/loss"], abs=1e-7)
     assert row["distill/loss"] != 0.0
