@@ -19,12 +19,13 @@ import inspect
 import json
 import keyword
 import logging
+import math
 import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from composer_replication.config.base import UserError
-from composer_replication.envs.base import StepResult
+from composer_replication.envs.base import FEEDBACK_FORMS, StepResult
 from composer_replication.envs.tools import wire_safe, wire_snippet
 from composer_replication.sandbox.sandbox import Slots
 
@@ -121,7 +122,7 @@ class OpenEnvTools:
             self._session.close()
             self._session, self._lost = _client(self._base_url), ""
         result = self._session.reset(**params)
-        self._rewards = []
+        self._rewards, self._rejected = [], ""
         obs = result.observation if isinstance(result.observation, dict) else {}
         if "prompt" in obs:
             return None  # our servers: the dataset row already holds this prompt
@@ -146,7 +147,11 @@ class OpenEnvTools:
                 f"{self._base_url}: {name} failed: {type(e).__name__}: {e}"
             ) from None
         if result.reward is not None:
-            self._rewards.append(server_reward(result.reward, f"{self._base_url}: {name}"))
+            try:
+                self._rewards.append(server_reward(result.reward, f"{self._base_url}: {name}"))
+            except OpenEnvError as e:  # TRL shows a tool's error to the model and goes on:
+                self._rejected = str(e)  # the episode must not be graded on an earlier reward
+                raise
         obs = result.observation if isinstance(result.observation, dict) else {}
         error = obs.get("error")
         if error:
@@ -177,6 +182,8 @@ class OpenEnvTools:
         obs = result.observation if isinstance(result.observation, dict) else {}
         error = obs.get("error")
         if error and _not_found(error):  # a third-party server without our grading tool
+            if getattr(self, "_rejected", ""):
+                raise OpenEnvError(self._rejected)
             reward = self._rewards[-1] if self._rewards else 0.0
             return StepResult(final, reward, True, reward > 0, "", {})
         verdict = obs.get("result")
@@ -190,10 +197,52 @@ class OpenEnvTools:
                 f"{where}: the verdict's passed must be a bool and info a dict, got {got}"
             )
         feedback = wire_safe(str(verdict.get("feedback", "")), self._max_output_chars)
-        return StepResult(final, reward, True, passed, feedback, dict(info))
+        return StepResult(final, reward, True, passed, feedback, verdict_info(info, where))
 
     def _close(self) -> None:
         self._session.close()
+
+
+MAX_TURN = 2**31 - 1
+"""Largest ``failed_turn`` a verdict may name (it becomes a torch int64 index)."""
+
+
+def verdict_info(info: dict[Any, Any], where: str) -> dict[str, Any]:
+    """A server verdict's ``info``, checked: the fields the trainer reads must have their
+    type (``flags`` a list of strings, ``failed_turn`` an int in ``[0, MAX_TURN]``,
+    ``reason``/``reason_kind`` strings, ``feedback_forms`` a mapping of strings to strings;
+    ``OpenEnvError`` naming the field otherwise, as for a lying reward); any other field is
+    kept only as plain data (a finite number, a string, None, a list of strings)."""
+    checks = {
+        "flags": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+        "failed_turn": lambda v: type(v) is int and 0 <= v <= MAX_TURN,
+        "reason": lambda v: isinstance(v, str),
+        "reason_kind": lambda v: isinstance(v, str),
+        FEEDBACK_FORMS: lambda v: (
+            isinstance(v, dict)
+            and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
+        ),
+    }
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if key in checks:
+            if not checks[key](value):
+                raise OpenEnvError(
+                    f"{where}: the verdict's info[{key!r}] is not what the trainer reads, got "
+                    f"{wire_snippet(value, 80, repr)}"
+                )
+            out[key] = value
+        elif isinstance(key, str) and _plain(value):
+            out[key] = value
+    return out
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, list):
+        return all(isinstance(v, str) for v in value)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, (int, str, type(None)))
 
 
 def _not_found(error: Any) -> bool:

@@ -94,6 +94,60 @@ def test_a_verdict_with_a_string_passed_flag_is_an_error():
         tools._close()
 
 
+@pytest.mark.parametrize("info", [
+    {"flags": 5},  # TypeError in the reward function: the step died
+    {"flags": [1]},  # AttributeError (.startswith)
+    {"flags": "grading_failed:x"},  # iterated letter by letter: a wrong grading_failed_frac
+    {"feedback_forms": ["wrong"]},  # AttributeError in the hint channel
+    {"feedback_forms": {"wrong": 3}},
+    {"failed_turn": 10**20},  # overflowed torch's int64 in self-distillation
+    {"failed_turn": True},  # read as turn 1
+    {"failed_turn": -1},
+    {"reason": ["x"]},
+])  # fmt: skip
+def test_a_verdict_info_the_trainer_cannot_read_is_an_error_naming_the_field(info):
+    verdict = {"result": {"passed": False, "feedback": "", "info": info}}
+    with _grading_server(verdict, 0.0) as url:
+        tools = _episode(url)
+        with pytest.raises(OpenEnvError, match=rf"info\['{next(iter(info))}'\]"):
+            OpenEnvReward()(None, [MESSAGES], environments=[tools])
+        tools._close()
+
+
+def test_a_verdict_info_keeps_plain_extras_and_drops_the_rest():
+    info = {"failed_turn": 2, "reason": "r", "flags": ["f"], "feedback_forms": {"wrong": "w"},
+            "targets_passed": 3, "note": "n", "nested": {"a": [1, {"b": 2}]}, "ids": [1, 2]}  # fmt: skip
+    verdict = {"result": {"passed": False, "feedback": "", "info": info}}
+    with _grading_server(verdict, 0.0) as url:
+        tools = _episode(url)
+        got = tools._verdict(MESSAGES).info
+        tools._close()
+    assert got == {"failed_turn": 2, "reason": "r", "flags": ["f"], "feedback_forms": {"wrong": "w"},
+                   "targets_passed": 3, "note": "n"}  # fmt: skip
+
+
+def test_a_rejected_call_reward_is_never_replaced_by_an_earlier_one():
+    """A server without ``_grade``: its episode's reward is the last call's. The second call's
+    1e39 is refused (TRL shows the tool's error to the model and goes on); the episode was
+    graded 0.9 from the first call, passed."""
+    rewards = iter([0.9, 1e39])
+    verdict = {
+        "error": {"error_type": "tool_not_found", "message": f"Tool not found: {GRADE_TOOL}"}
+    }
+
+    def on_call(name, args):
+        return (verdict, None) if name == GRADE_TOOL else ({"result": "ok"}, next(rewards))
+
+    with scripted_server([ECHO], on_call) as url:
+        tools = _episode(url)
+        tools.echo(text="x")
+        with pytest.raises(OpenEnvError, match="1e\\+39|1e39"):
+            tools.echo(text="y")
+        with pytest.raises(OpenEnvError, match="echo"):
+            OpenEnvReward()(None, [MESSAGES], environments=[tools])
+        tools._close()
+
+
 def test_after_a_lost_connection_the_episode_is_not_graded_on_a_new_session():
     """openenv reconnects silently after a transport failure: the next call and the grading
     landed on a new, never-reset session, which scored a different episode 1.0."""
