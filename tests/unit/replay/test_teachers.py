@@ -251,7 +251,9 @@ def test_connection_refused_is_retried_then_reported():
     s.close()  # nothing listens there now
 
     async def go():
-        t = OpenAITeacher(_spec(f"http://127.0.0.1:{port}/v1", max_retries=2))
+        # refused at once; 30 s per attempt so a loaded machine's slow first attempt (the
+        # client's set-up) is not a timeout (it was, once, at 0.5 s)
+        t = OpenAITeacher(_spec(f"http://127.0.0.1:{port}/v1", max_retries=2, timeout_s=30))
         try:
             await t.complete([{"role": "user", "content": "q"}])
         finally:
