@@ -112,6 +112,7 @@ class OpenEnvTools:
     def __init__(self) -> None:
         self._session = _client(self._base_url)
         self._rewards: list[float] = []
+        self._rejected = ""  # a call reward refused as a lie, in this episode
         self._lost = ""
 
     def reset(self, **row: Any) -> str | None:
@@ -182,7 +183,7 @@ class OpenEnvTools:
         obs = result.observation if isinstance(result.observation, dict) else {}
         error = obs.get("error")
         if error and _not_found(error):  # a third-party server without our grading tool
-            if getattr(self, "_rejected", ""):
+            if self._rejected:
                 raise OpenEnvError(self._rejected)
             reward = self._rewards[-1] if self._rewards else 0.0
             return StepResult(final, reward, True, reward > 0, "", {})
@@ -232,12 +233,14 @@ def verdict_info(info: dict[Any, Any], where: str) -> dict[str, Any]:
                     f"{wire_snippet(value, 80, repr)}"
                 )
             out[key] = value
-        elif isinstance(key, str) and _plain(value):
+        elif isinstance(key, str) and plain_info(value):
             out[key] = value
     return out
 
 
-def _plain(value: Any) -> bool:
+def plain_info(value: Any) -> bool:
+    """Verdict details that travel between server and client: finite numbers, strings, None
+    and lists of strings (flags)."""
     if isinstance(value, list):
         return all(isinstance(v, str) for v in value)
     if isinstance(value, float):

@@ -45,7 +45,7 @@ from pydantic import Field
 from transformers.utils import get_json_schema
 
 from composer_replication.envs.base import ToolEnvironment
-from composer_replication.envs.openenv.adapter import GRADE_TOOL
+from composer_replication.envs.openenv.adapter import GRADE_TOOL, plain_info
 from composer_replication.envs.tools import bounded_tools, call_tool, tool_methods
 
 
@@ -136,7 +136,7 @@ class ServedToolEnv(OpenEnvEnvironment):
             raise ValueError(f"{GRADE_TOOL} needs arguments.messages, a list of chat messages")
         self._graded = True
         [r] = self.env.grade_episodes([self._task], [messages], [self._tools])
-        info = {k: v for k, v in r.info.items() if _plain_info(v)}
+        info = {k: v for k, v in r.info.items() if plain_info(v)}
         verdict = {"passed": r.passed, "feedback": r.feedback, "info": info}
         return CallToolObservation(tool_name=GRADE_TOOL, result=verdict, reward=r.reward, done=True)
 
@@ -159,13 +159,6 @@ class ServedToolEnv(OpenEnvEnvironment):
         release = getattr(self._tools, "_close", None)
         if release is not None:
             release()
-
-
-def _plain_info(value: Any) -> bool:
-    """Verdict details that travel to the client: scalars and lists of strings (flags)."""
-    if isinstance(value, list):
-        return all(isinstance(v, str) for v in value)
-    return isinstance(value, (int, float, str, type(None)))
 
 
 def create_env_app(
