@@ -114,22 +114,21 @@ class DistillChannel(Channel):
         self._check_heads(model, tokenizer)
 
     def _check_heads(self, model, tokenizer) -> None:
-        """A local teacher scores over the head rows the student's head shares: heads padded
-        past the tokenizer to different sizes (Qwen2.5-7B's 152064 rows and Qwen2.5-0.5B's
-        151936) are fine; for the full-vocabulary loss, fewer shared rows than the tokenizer's
-        ids are not. The student's row count is kept (``_vocab``: the ids a teacher may name)."""
-        self._vocab = mine = head_weight(model).shape[0]
+        """Every teacher scores within the student's ids (``scorer.vocab``: its head's rows;
+        a local teacher's head is cut to them, a server naming another id fails its row).
+        Heads padded past the tokenizer to different sizes (Qwen2.5-7B's 152064 rows and
+        Qwen2.5-0.5B's 151936) are fine; for the full-vocabulary loss, fewer shared rows than
+        the tokenizer's ids are not."""
+        mine = head_weight(model).shape[0]
         for full, scorer in zip(self._full_jsd, self.scorers, strict=True):
-            if not isinstance(scorer, LocalScorer):
-                continue
-            theirs = scorer.head_weight().shape[0]
+            theirs = scorer.head_weight().shape[0] if full else mine
             if full and min(mine, theirs) < len(tokenizer):
                 raise ConfigError(
                     f"distill.teachers: {scorer.spec.name!r}: the full-vocabulary loss needs "
                     f"both heads to cover the tokenizer's {len(tokenizer)} ids; the student's "
                     f"has {mine} rows, the teacher's {theirs}"
                 )
-            scorer.rows = min(mine, theirs)
+            scorer.vocab = mine
 
     @property
     def top_k(self) -> int:
@@ -291,33 +290,22 @@ class DistillChannel(Channel):
                 await scorer.aclose()
             if self._full_jsd[i] and isinstance(scorer, LocalScorer):  # kept for the loss
                 self._hidden_rows[i] = (rows, scorer.last_hidden)
-            return dict(zip(rows, self._checked(scorer, got), strict=True))
+            self._log_failures(scorer, got)
+            return dict(zip(rows, got, strict=True))
 
         self._hidden_rows = {}
         return list(await asyncio.gather(*(one(i, rows) for i, rows in enumerate(asked))))
 
-    def _checked(self, scorer: Any, got: list[Any]) -> list[Any]:
-        """``got`` with a row whose top-k name a token id outside the student's vocabulary
-        (``[0, V)``, V its head's rows) made a malformed :class:`TeacherError`; the first
-        failure of each kind per teacher is logged with its reason."""
-        vocab = self._vocab
-        out = []
+    def _log_failures(self, scorer: Any, got: list[Any]) -> None:
+        """Log the first failed row of each kind per teacher with its reason (later ones are
+        counted in ``distill/teacher/<name>/failed_rows``)."""
         for g in got:
-            bad = next((i for ids in g.top_ids for i in ids if not 0 <= i < vocab), None) \
-                if isinstance(g, RowScores) else None  # fmt: skip
-            if bad is not None:
-                scorer.stats.scored_rows -= 1
-                scorer.stats.failed_rows += 1
-                g = TeacherError("malformed", f"token id {bad} is outside the student's "
-                                 f"vocabulary ({vocab} ids)")  # fmt: skip
             if isinstance(g, TeacherError) and (scorer.spec.name, g.kind) not in self._warned:
                 self._warned.add((scorer.spec.name, g.kind))
                 log.warning("distill: teacher %r could not score a row (%s); its rows are "
                             "reported unscored (distill/teacher/%s/failed_rows), further "
                             "failures of this kind are counted, not logged",
                             scorer.spec.name, g, scorer.spec.name)  # fmt: skip
-            out.append(g)
-        return out
 
     def _choose(self, wanted, asked, results, lengths, batch) -> list[int]:
         """The teacher each row is distilled from (-1: none). ``best``: the scored teacher with
@@ -412,8 +400,8 @@ class DistillChannel(Channel):
             sparse &= ~rows
             t_NH = batch[f"distill_hidden_{i}"].to(h_NH.device)[mask][rows].to(h_NH.dtype)
             t_w = self.scorers[i].head_weight().to(h_NH.device, h_NH.dtype)
-            v = min(w.shape[0], t_w.shape[0])  # heads padded past the tokenizer (setup checks)
-            loss, m = chunked_generalized_jsd_loss(h_NH[rows], w[:v], t_NH, t_w[:v], beta=lc.beta,
+            v = t_w.shape[0]  # the teacher's head is cut to the rows both share (setup)
+            loss, m = chunked_generalized_jsd_loss(h_NH[rows], w[:v], t_NH, t_w, beta=lc.beta,
                                                    temperature=lc.temperature, divisor=divisor)  # fmt: skip
             total, parts = total + loss, parts + float(m["jsd_per_token"]) * int(rows.sum())
         if sparse.any():

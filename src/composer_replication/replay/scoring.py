@@ -148,14 +148,14 @@ reported log-prob is read as ``-inf``, probability 0."""
 
 
 def parse_prompt_logprobs(
-    entries: Any, sequence: list[int], prompt_len: int, top_k: int
+    entries: Any, sequence: list[int], prompt_len: int, top_k: int, vocab: int | None = None
 ) -> RowScores:
     """The completion part (positions ``prompt_len..``) of one choice's ``prompt_logprobs``.
 
     An answer is untrusted input: anything that is not vLLM's shape raises
     ``TeacherError('malformed')`` naming the position: the wrong number of entries, an entry
-    that is not a mapping, a token id that is not a non-negative integer (``"7"`` or ``7``),
-    the same id twice, a log-prob that is not a number (NaN, a bool, a string, a bare number
+    that is not a mapping, a token id that is not a non-negative integer (``"7"`` or ``7``) or
+    is past the student's ``vocab`` ids, the same id twice, a log-prob that is not a number (NaN, a bool, a string, a bare number
     instead of ``{"logprob": ...}``) or lies above 0, or entries whose probabilities sum
     past 1. The top-k are taken by log-prob (ties by id), never by the reported ``rank``;
     entries of probability 0 (``-inf``, or vLLM's -9999.0: :data:`ZERO_LOGPROB`) are left out
@@ -168,7 +168,7 @@ def parse_prompt_logprobs(
         )
     row = RowScores(actual=[])
     for pos in range(prompt_len, len(sequence)):
-        items = _position(entries[pos], pos)
+        items = _position(entries[pos], pos, vocab)
         row.actual.append(items.get(sequence[pos], math.nan))
         top = sorted((-lp, tid) for tid, lp in items.items() if lp != -math.inf)[:top_k]
         row.top_ids.append([tid for _, tid in top])
@@ -176,7 +176,7 @@ def parse_prompt_logprobs(
     return row
 
 
-def _position(entry: Any, pos: int) -> dict[int, float]:
+def _position(entry: Any, pos: int, vocab: int | None) -> dict[int, float]:
     """Token id -> log-prob of one position's entry (:func:`parse_prompt_logprobs`)."""
     if not isinstance(entry, dict):
         raise TeacherError("malformed", f"prompt_logprobs[{pos}] is not a mapping")
@@ -184,8 +184,12 @@ def _position(entry: Any, pos: int) -> dict[int, float]:
     for key, info in entry.items():
         tid = _token_id(key)
         lp = info.get("logprob") if isinstance(info, dict) else None
-        if tid is None or tid in out:
-            why = "not a token id" if tid is None else f"token id {tid} reported twice"
+        if tid is None or tid in out or (vocab is not None and tid >= vocab):
+            why = (
+                "not a token id" if tid is None
+                else f"token id {tid} reported twice" if tid in out
+                else f"token id {tid} is outside the student's vocabulary ({vocab} ids)"
+            )  # fmt: skip
             raise TeacherError("malformed", f"prompt_logprobs[{pos}][{str(key)[:20]!r}]: {why}")
         if isinstance(lp, bool) or not isinstance(lp, int | float) or not lp <= LOGPROB_SLACK:
             raise TeacherError("malformed", f"prompt_logprobs[{pos}][{str(key)[:20]!r}]: "
@@ -222,15 +226,15 @@ class LocalScorer:
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.stats = ScoreStats()
         self.last_hidden = None
-        self.rows: int | None = None
-        """Head rows to score over (the channel sets the rows the student's head shares, so a
-        head padded past the student's never names an id the student does not have)."""
+        self.vocab: int | None = None
+        """The student's ids, ``[0, vocab)`` (the channel sets its head's rows): the head is
+        cut to them, so a head padded past the student's never names an id it lacks."""
 
     def head_weight(self) -> Any:
-        """The head (``[V, H_t]``), cut to :attr:`rows` when set."""
+        """The head (``[V, H_t]``), cut to :attr:`vocab` rows when set."""
         from composer_replication.lm.models import head_weight
 
-        return head_weight(self.model).detach()[: self.rows]
+        return head_weight(self.model).detach()[: self.vocab]
 
     def embedding_rows(self) -> int:
         """Token ids the teacher can read: ``[0, embedding_rows)``."""
@@ -338,6 +342,9 @@ class RemoteScorer:
         self.stats = ScoreStats()
         self._sleep = sleep
         self._client = None
+        self.vocab: int | None = None
+        """The student's ids, ``[0, vocab)`` (the channel sets it): an answer naming another
+        id fails its row as malformed."""
 
     def _get_client(self):
         import openai
@@ -463,7 +470,7 @@ class RemoteScorer:
         out: list[Any] = []
         for e, s, p in zip(entries, seqs, plens, strict=True):
             try:
-                out.append(parse_prompt_logprobs(e, s, p, self.spec.top_k))
+                out.append(parse_prompt_logprobs(e, s, p, self.spec.top_k, self.vocab))
             except TeacherError as err:
                 out.append(err)
             except Exception as err:  # an answer no rule above foresaw: this row, not the step
