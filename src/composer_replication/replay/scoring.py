@@ -38,6 +38,7 @@ from composer_replication.replay.teachers import (
     backoff_delay,
     classify_openai_error,
     parse_retry_after,
+    read_capped,
 )
 
 TOKENIZER_PATH = "/tokenizer"
@@ -145,6 +146,17 @@ excess (losses/distill.py)."""
 ZERO_LOGPROB = -9999.0
 """vLLM writes a log-prob of ``-inf`` as -9999.0 (JSON has no infinity): at or below it a
 reported log-prob is read as ``-inf``, probability 0."""
+
+
+ENTRY_BYTES = 256
+"""Bytes of JSON one ``prompt_logprobs`` entry may take (``"id": {"logprob", "rank",
+"decoded_token"}`` is about 70; a long decoded token, escaped, stays far below)."""
+
+
+def scoring_byte_limit(seqs: list[list[int]], top_k: int) -> int:
+    """The most bytes a ``prompt_logprobs`` answer for ``seqs`` is read to: per position top-k
+    entries plus the sampled token's and one spare, :data:`ENTRY_BYTES` each, plus 1 MiB."""
+    return sum(len(s) for s in seqs) * (top_k + 2) * ENTRY_BYTES + (1 << 20)
 
 
 def parse_prompt_logprobs(
@@ -392,12 +404,12 @@ class RemoteScorer:
                 if err.retryable and attempt < self.spec.max_retries:
                     await self._sleep(backoff_delay(attempt, err.retry_after))
                     continue
+                if err.kind == "malformed":  # an answer arrived (too long to read): billed
+                    self._bill(seqs)
                 self.stats.failed_requests += 1
                 self.stats.failed_rows += len(seqs)
                 return [err] * len(seqs)
-            tokens = sum(len(s) for s in seqs)  # answered: billed, whatever the body holds
-            self.stats.scored_tokens += tokens
-            self.stats.cost_usd += tokens * self.spec.price_in_per_mtok / 1e6
+            self._bill(seqs)  # answered: billed, whatever the body holds
             self.stats.seconds += time.perf_counter() - t0
             try:
                 rows = self._parse(body, seqs, plens)
@@ -412,7 +424,13 @@ class RemoteScorer:
             return rows
         raise AssertionError("unreachable")
 
+    def _bill(self, seqs: list[list[int]]) -> None:
+        tokens = sum(len(s) for s in seqs)
+        self.stats.scored_tokens += tokens
+        self.stats.cost_usd += tokens * self.spec.price_in_per_mtok / 1e6
+
     async def _post(self, seqs: list[list[int]]) -> bytes:
+        """The answer's bytes (read up to :func:`scoring_byte_limit`); raises TeacherError."""
         import openai
 
         kwargs: dict[str, Any] = {
@@ -424,8 +442,9 @@ class RemoteScorer:
         }
         try:
             async with asyncio.timeout(self.spec.timeout_s):
-                raw = await self._get_client().completions.with_raw_response.create(**kwargs)
-                return raw.http_response.content
+                create = self._get_client().completions.with_streaming_response.create
+                async with create(**kwargs) as response:
+                    return await read_capped(response, scoring_byte_limit(seqs, self.spec.top_k))
         except TimeoutError as err:
             raise TeacherError("timeout", f"no answer within {self.spec.timeout_s:g} s") from err
         except openai.APIError as err:

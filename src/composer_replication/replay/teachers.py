@@ -285,6 +285,30 @@ def _transport_error(err: BaseException) -> TeacherError:
     return TeacherError("transport", f"{type(cause).__name__}: {cause}"[:300])
 
 
+async def read_capped(response: Any, limit: int) -> bytes:
+    """The body of an openai ``with_streaming_response`` answer, read in chunks and refused
+    (``malformed``) once it passes ``limit`` bytes (a declared Content-Length past it is refused
+    before reading), so a misbehaving server cannot make us hold an unbounded answer in memory."""
+    declared = response.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TeacherError("malformed", f"the answer declares {declared} bytes, more than {limit}")
+    chunks, size = [], 0
+    try:
+        async for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise TeacherError(
+                    "malformed", f"the answer is longer than {limit} bytes (not read further)"
+                )
+            chunks.append(chunk)
+    except Exception as err:
+        # the body is read outside the SDK, so its HTTP library's errors arrive unwrapped
+        if any(k.__name__ == "HTTPError" for k in type(err).__mro__):
+            raise TeacherError("transport", f"{type(err).__name__}: {err}"[:300]) from err
+        raise
+    return b"".join(chunks)
+
+
 def token_count(value: Any) -> int | None:
     """A reported token count if it is a non-negative integer below 2**53, else None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -375,6 +399,12 @@ def _clean_call(c: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def answer_byte_limit(max_tokens: int) -> int:
+    """The most bytes a chat answer of ``max_tokens`` tokens is read to: 1 KiB per token (a
+    token's text, JSON-escaped, in the message and a tool call's arguments) plus 1 MiB."""
+    return max_tokens * 1024 + (1 << 20)
+
+
 class OpenAITeacher:
     """A teacher behind any OpenAI-compatible endpoint (OpenRouter, vLLM, SGLang, Ollama, ...)."""
 
@@ -450,8 +480,9 @@ class OpenAITeacher:
             kwargs["tools"] = tools
         try:
             async with asyncio.timeout(self.spec.timeout_s):  # overall deadline, not per read
-                raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
-                body = raw.http_response.content
+                create = self._client.chat.completions.with_streaming_response.create
+                async with create(**kwargs) as response:
+                    body = await read_capped(response, answer_byte_limit(self.spec.max_tokens))
         except TimeoutError as err:
             raise TeacherError(
                 "timeout", f"no complete answer within the {self.spec.timeout_s:g} s deadline"
