@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from composer_replication.lm.chat import parse_tool_calls, render_prompt
 
@@ -66,6 +66,30 @@ class _Episode:
     refused: int = 0
 
 
+class _Function(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    arguments: str | dict[str, Any] = ""
+
+
+class _ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    function: _Function
+
+
+class _Message(BaseModel):
+    """The shape of one chat message the prompt is rendered from (checked, so a malformed
+    message is a 400 naming its field, not an error inside the chat template)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
 class ChatRequest(BaseModel):
     """The part of an OpenAI chat request the proxy reads (other fields are ignored)."""
 
@@ -75,6 +99,13 @@ class ChatRequest(BaseModel):
     messages: list[dict[str, Any]] = Field(min_length=1, max_length=4096)
     tools: list[dict[str, Any]] | None = None
     stream: bool = False
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_have_chat_shape(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for message in messages:
+            _Message.model_validate(message)
+        return messages  # kept as sent: they are rendered and recorded as dicts
 
 
 class PolicyProxy:
@@ -191,9 +222,9 @@ class PolicyProxy:
                     raise ValueError(f"the request is larger than {MAX_BODY_BYTES} bytes")
                 req = ChatRequest.model_validate(json.loads(body))
                 prompt_ids = self._prompt_ids(req)
-            except (ValueError, TypeError, KeyError) as e:  # pydantic's errors are ValueErrors
-                ep.refused += 1
-                return 400, _error(str(e)[:500], "invalid_request_error")
+            except Exception as e:  # noqa: BLE001 - all of it is the client's input: refused
+                ep.refused += 1  # (a JSON nested past the parser's limit, a template's error)
+                return 400, _error(f"{type(e).__name__}: {e}"[:500], "invalid_request_error")
             completion_ids, logprobs = self.policy(prompt_ids)
             text = self.tokenizer.decode(completion_ids, skip_special_tokens=True)
             content, calls = parse_tool_calls(text) if req.tools else (text.strip(), [])
