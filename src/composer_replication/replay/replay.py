@@ -38,7 +38,15 @@ from .budget import (
     worst_case_prompt_tokens,
 )
 from .journal import CallRecord, Journal, JournalError, Unrecorded, params_hash
-from .teachers import MAYBE_BILLED_KINDS, OnRetry, Teacher, TeacherError, TeacherSpec, build_teacher
+from .teachers import (
+    INCOMPLETE_FINISH,
+    MAYBE_BILLED_KINDS,
+    OnRetry,
+    Teacher,
+    TeacherError,
+    TeacherSpec,
+    build_teacher,
+)
 
 BUDGET = "budget"  # sentinel outcome: not sent, its worst case does not fit the budget left
 JOURNAL = "journal"  # sentinel outcome: not sent because the journal can no longer be written
@@ -408,10 +416,17 @@ class _Replayer:
         for why in resp.anomalies:
             key = f"teacher {spec.name!r} {why}"
             self.result.flagged_answers[key] = self.result.flagged_answers.get(key, 0) + 1
+        cut = INCOMPLETE_FINISH.get(resp.finish_reason or "")
+        if resp.finish_reason == "length" and spec.keep_cut_answers:
+            cut = None
+        outcome: dict[str, Any] = {"status": "ok", "response": resp.as_message()}
+        if cut is not None:  # paid for, but not the whole action: never a consensus answer
+            why = cut.format(max_tokens=spec.max_tokens)
+            outcome = {"status": "error", "error_kind": "incomplete",
+                       "error": f"the answer was cut (finish_reason {resp.finish_reason!r}): {why}"}  # fmt: skip
         return CallRecord(
             **base,
-            status="ok",
-            response=resp.as_message(),
+            **outcome,
             prompt_tokens=bill.prompt_tokens,
             completion_tokens=bill.completion_tokens,
             cost_usd=spec.cost_usd(bill.prompt_tokens, bill.completion_tokens),

@@ -82,6 +82,11 @@ class TeacherSpec(BaseModel):
     """First backoff window, seconds; doubles per retry (optional)."""
     backoff_cap_s: float = Field(30.0, gt=0, le=600)
     """Largest backoff window, seconds (optional)."""
+    keep_cut_answers: bool = False
+    """Keep an answer cut at ``max_tokens`` (``finish_reason: length``) as a whole answer. Off
+    (default): it is billed but journaled as ``incomplete`` and is never a consensus answer (an
+    action cut mid-call is not the action the teacher meant). On for demos with a small
+    ``max_tokens`` (optional). A content-filtered answer is never kept."""
 
     @model_validator(mode="after")
     def _check_url(self) -> TeacherSpec:
@@ -172,10 +177,20 @@ class TeacherResponse:
 
 
 ErrorKind = Literal[
-    "rate_limit", "server", "timeout", "connection", "transport", "malformed", "client", "other"
-]
+    "rate_limit", "server", "timeout", "connection", "transport", "malformed", "client",
+    "incomplete", "other",
+]  # fmt: skip
 """``connection``: nothing answered at the address (refused, DNS); ``transport``: a server
-answered but the exchange broke (connection reset, redirect loop, protocol error)."""
+answered but the exchange broke (connection reset, redirect loop, protocol error);
+``incomplete``: an answer arrived but was cut (:data:`INCOMPLETE_FINISH`): billed as answered,
+never a consensus answer, not retried unless asked (the same request gets the same cut)."""
+
+INCOMPLETE_FINISH = {
+    "length": "it reached max_tokens ({max_tokens}): raise the teacher's max_tokens (or set "
+    "keep_cut_answers)",
+    "content_filter": "the provider's content filter withheld part of it",
+}
+"""``finish_reason`` values (OpenAI's) of an answer that is not the whole action, and why."""
 
 
 MAYBE_BILLED_KINDS = frozenset({"malformed", "timeout", "transport"})
