@@ -77,19 +77,37 @@ def remote_fingerprint(spec: RemoteTeacherConfig, timeout_s: float = 10.0) -> st
     return value if isinstance(value, str) else None
 
 
-def check_same_tokenizer(student_ref: str, teachers: list[Any]) -> None:
+def full_vocab_problem(teacher: str, student_rows: int, teacher_rows: int, ids: int) -> str | None:
+    """Why the full-vocabulary loss cannot compare these two heads, or None: both softmaxes
+    are taken over the rows they share, which must cover the tokenizer's ``ids`` (heads padded
+    past it to different sizes are fine)."""
+    if min(student_rows, teacher_rows) >= ids:
+        return None
+    return (f"distill.teachers: {teacher!r}: the full-vocabulary loss needs both heads to cover "
+            f"the tokenizer's {ids} ids; the student's has {student_rows} rows, the teacher's "
+            f"{teacher_rows}")  # fmt: skip
+
+
+def check_same_tokenizer(student_ref: str, teachers: list[Any], full_vocab: bool = False) -> None:
     """Refuse (before any model loads) a teacher whose tokenizer differs from the student's:
     local teachers by their tokenizer files, remote ones by the fingerprint their server
-    reports. Loads tokenizers only."""
-    from composer_replication.lm.models import ModelLoadError, load_tokenizer
+    reports. With ``full_vocab`` (the full-vocabulary loss), a local teacher whose head and the
+    student's, as their configs declare them, share fewer rows than the tokenizer has ids is
+    refused too (:func:`full_vocab_problem`; the channel checks the loaded heads again). Loads
+    tokenizers and configs only."""
+    from composer_replication.lm.models import ModelLoadError, head_rows, load_tokenizer
 
-    mine = tokenizer_fingerprint(load_tokenizer(student_ref))
+    student_tok = load_tokenizer(student_ref)
+    mine = tokenizer_fingerprint(student_tok)
     for t in teachers:
         if isinstance(t, LocalTeacherConfig):
             try:
                 theirs, where = tokenizer_fingerprint(load_tokenizer(t.model)), t.model
+                rows = (head_rows(student_ref), head_rows(t.model)) if full_vocab else (None, None)
             except ModelLoadError as err:
                 raise ConfigError(f"distill.teachers: {t.name!r}: {err}") from None
+            if None not in rows and (why := full_vocab_problem(t.name, *rows, len(student_tok))):
+                raise ConfigError(why)
         elif t.check_tokenizer:
             theirs, where = remote_fingerprint(t), t.base_url
             if theirs is None:
