@@ -163,3 +163,67 @@ def test_world_of_one_refuses_non_finite(tmp_path):
     red = ObjectStoreAllReduce(f"file://{tmp_path}/s", 0, 1)
     with pytest.raises(ObjectStorePayloadError, match="non-finite"):
         red.allreduce([torch.tensor([float("inf")])])
+
+
+def _payload_object(payload, **override):
+    obj = {"rank": 1, "world_size": 2, "round": 0, "tensors": [payload], **override}
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        (torch.nn.Parameter(torch.ones(4)), "expected a torch.float32 tensor"),
+        (torch.ones(4).to_sparse(), "not a dense CPU one"),
+    ],
+    ids=["parameter-subclass", "sparse"],
+)
+def test_tensor_kinds_encode_never_writes_are_refused(tmp_path, data, match):
+    _put(tmp_path, "rank-00001.pt", _payload_object({"codec": "none", "data": data}))
+    with pytest.raises(ObjectStorePayloadError, match=match):
+        _rank0(tmp_path, [torch.zeros(4)])
+
+
+@pytest.mark.parametrize(
+    "scale, data, match",
+    [
+        (-0.0, torch.ones(4, dtype=torch.int8), "scale -0.0 is not positive"),
+        (1.0, torch.tensor([-128, 0, 0, 0], dtype=torch.int8), "int8 value -128"),
+    ],
+)
+def test_int8_values_encode_never_writes_are_refused(tmp_path, scale, data, match):
+    payload = {"codec": "int8", "data": data, "scale": scale}
+    _put(tmp_path, "rank-00001.pt", _payload_object(payload))
+    with pytest.raises(ObjectStorePayloadError, match=match):
+        _rank0(tmp_path, [torch.zeros(4)], codec="int8")
+
+
+def test_a_header_value_of_another_type_is_refused(tmp_path):
+    payload = encode(torch.ones(4), "none")
+    _put(tmp_path, "rank-00001.pt", _payload_object(payload, rank=torch.tensor(1)))
+    with pytest.raises(ObjectStorePayloadError, match="written as"):
+        _rank0(tmp_path, [torch.zeros(4)])
+
+
+def test_many_small_tensors_fit_the_size_bound(tmp_path):
+    """torch.save spends ~280 bytes per tensor: 5000 tensors of 4 floats (an MoE's unfused
+    experts have ~18k) used to exceed a flat 1 MiB allowance."""
+    n = 5000
+    _put(tmp_path, "rank-00001.pt", _peer_object([torch.ones(4)] * n))
+    out = _rank0(tmp_path, [torch.zeros(4)] * n)
+    assert len(out) == n and out[-1].tolist() == [0.5] * 4
+
+
+def test_the_round_directorys_own_marker_is_not_a_stray_key(tmp_path, monkeypatch):
+    """s3fs lists a zero-byte `round-.../` folder marker as a child of that folder."""
+    red = ObjectStoreAllReduce(f"file://{tmp_path}/s", 0, 2, timeout_s=5)
+    real_ls = red.fs.ls
+
+    def ls(path, detail=False):
+        return [path.rstrip("/") + "/", *real_ls(path, detail=detail)]
+
+    monkeypatch.setattr(red.fs, "ls", ls)
+    _put(tmp_path, "rank-00001.pt", _peer_object([torch.tensor([2.0])]))
+    assert red.allreduce([torch.tensor([4.0])])[0].tolist() == [3.0]

@@ -58,7 +58,8 @@ class ObjectStorePayloadError(ValueError):
 
 
 _RANK_KEY = re.compile(r"rank-(\d{5})\.pt")
-_OVERHEAD_BYTES = 1 << 20  # torch.save's container, per object, far above what it writes
+_OVERHEAD_BYTES = 1 << 20  # torch.save's container per object, far above what it writes
+_TENSOR_OVERHEAD_BYTES = 1024  # and per tensor (about 280 bytes measured): an MoE has ~18k
 
 
 @dataclass
@@ -144,6 +145,8 @@ class ObjectStoreAllReduce:
             return set()
         out = set()
         for name in names:
+            if name.rstrip("/") == self._round_dir(k).rstrip("/"):
+                continue  # s3: the directory's own marker object, listed as its child
             base = name.rstrip("/").rsplit("/", 1)[-1]
             if base.startswith(".tmp-"):  # a rank's write in progress
                 continue
@@ -174,7 +177,8 @@ class ObjectStoreAllReduce:
         """Rank ``r``'s payloads for round ``k``, checked against the header it must carry and
         sized before they are read (fp32 data of ``shapes`` plus the container)."""
         key = self._rank_key(k, r)
-        limit = sum(4 * max(1, _numel(s)) for s in shapes) + _OVERHEAD_BYTES
+        limit = sum(4 * max(1, _numel(s)) + _TENSOR_OVERHEAD_BYTES for s in shapes)
+        limit += _OVERHEAD_BYTES
         size = self.fs.size(key)
         if size is not None and size > limit:
             raise ObjectStorePayloadError(
@@ -190,7 +194,7 @@ class ObjectStoreAllReduce:
         if not isinstance(obj, dict) or set(obj) != {*want, "tensors"}:
             raise ObjectStorePayloadError(k, key, "not an object this all-reduce writes")
         got = {name: obj[name] for name in want}
-        if got != want:
+        if any(type(v) is not int for v in got.values()) or got != want:  # noqa: E721
             raise ObjectStorePayloadError(
                 k, key, f"written as {got}, expected {want} (another run's object?)"
             )
@@ -204,12 +208,13 @@ class ObjectStoreAllReduce:
     def _decoded(
         self, k: int, r: int, payloads: list[Any], shapes: list[tuple[int, ...]]
     ) -> list[torch.Tensor]:
+        where = self._rank_key(k, r) if self.world_size > 1 else "this rank's own tensors"
         out = []
         for i, (payload, shape) in enumerate(zip(payloads, shapes, strict=True)):
             try:
                 out.append(check_payload(payload, shape))
             except PayloadError as e:
-                raise ObjectStorePayloadError(k, self._rank_key(k, r), f"tensor {i}: {e}") from e
+                raise ObjectStorePayloadError(k, where, f"tensor {i}: {e}") from e
         return out
 
     def allreduce(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -55,19 +55,25 @@ def check_payload(payload: Any, shape: tuple[int, ...]) -> torch.Tensor:
     if set(payload) != keys:
         raise PayloadError(f"keys {sorted(payload)}; a {codec} payload has {sorted(keys)}")
     data = payload["data"]
-    if not isinstance(data, torch.Tensor) or data.dtype != _DTYPES[codec]:
-        what = data.dtype if isinstance(data, torch.Tensor) else type(data).__name__
-        raise PayloadError(f"{codec} data is {what}, expected {_DTYPES[codec]}")
+    if type(data) is not torch.Tensor or data.dtype != _DTYPES[codec]:  # noqa: E721 - no subclass
+        what = data.dtype if type(data) is torch.Tensor else type(data).__name__  # noqa: E721
+        raise PayloadError(f"{codec} data is {what}, expected a {_DTYPES[codec]} tensor")
+    if data.layout != torch.strided or data.device.type != "cpu":
+        raise PayloadError(f"data is a {data.layout} tensor on {data.device}, not a dense CPU one")
     if tuple(data.shape) != tuple(shape):
         raise PayloadError(f"shape {list(data.shape)}, this rank's tensor is {list(shape)}")
     if codec == "int8":
         scale = payload["scale"]
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise PayloadError(f"int8 scale is a {type(scale).__name__}, not a number")
-        if not (math.isfinite(scale) and scale > 0):
+        if not math.isfinite(scale):
             raise PayloadError(
                 f"int8 scale {scale!r} (max|x| was NaN or inf: the replica diverged)"
             )
+        if scale <= 0:
+            raise PayloadError(f"int8 scale {scale!r} is not positive")
+        if data.numel() and int(data.min()) < -127:
+            raise PayloadError("int8 value -128, which the encoding never writes")
     out = decode(payload)
     if not bool(torch.isfinite(out).all()):
         raise PayloadError("non-finite values (NaN/inf: the replica diverged)")
