@@ -343,10 +343,14 @@ class _Replayer:
             rec = await self._send(state, teacher, messages, tools, phash, bound, on_retry)
             charges = [worst] * (len(attempts) - 1)  # earlier attempts that may have been billed
             last = attempts[-1][0]
+            if rec.status == "error" and rec.cost_usd:  # a rejected answer, at its usage: a
+                charges.append(rec.cost_usd)  # charge, which a later retry's row cannot erase
+                rec.cost_usd = 0.0
             if last is not None:
                 billed = rec.status == "error" and rec.error_kind in MAYBE_BILLED_KINDS
                 charges += [worst] if billed else []
-                await self.ledger.settle(last, rec.cost_usd + (worst if billed else 0.0))
+                paid = sum(charges[len(attempts) - 1 :])
+                await self.ledger.settle(last, rec.cost_usd + paid)
         self._record(rec, [i for _, i in attempts if i is not None], charges)
         self._account(rec, charges)
         return rec
@@ -421,8 +425,8 @@ class _Replayer:
             cut = None
         outcome: dict[str, Any] = {"status": "ok", "response": resp.as_message()}
         if cut is not None:  # paid for, but not the whole action: never a consensus answer
-            why = cut.format(max_tokens=spec.max_tokens)
-            outcome = {"status": "error", "error_kind": "incomplete",
+            why = cut.format(max_tokens=spec.max_tokens)  # (its text is kept, for audit)
+            outcome = {**outcome, "status": "error", "error_kind": "incomplete",
                        "error": f"the answer was cut (finish_reason {resp.finish_reason!r}): {why}"}  # fmt: skip
         return CallRecord(
             **base,

@@ -422,7 +422,7 @@ class RemoteScorer:
                 if err.retryable and attempt < self.spec.max_retries:
                     await self._sleep(backoff_delay(attempt, err.retry_after))
                     continue
-                if err.kind == "malformed":  # an answer arrived (too long to read): billed
+                if err.answered:  # an answer arrived (too long to read): billed
                     self._bill(seqs)
                 self.stats.failed_requests += 1
                 self.stats.failed_rows += len(seqs)

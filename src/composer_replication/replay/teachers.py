@@ -210,6 +210,7 @@ class TeacherError(Exception):
         self.attempts = attempts
         self.status = status
         self.retry_after: float | None = None  # seconds the server asked us to wait
+        self.answered = False  # an answer arrived (and was refused while read): it was billed
 
     @property
     def retryable(self) -> bool:
@@ -306,15 +307,19 @@ async def read_capped(response: Any, limit: int) -> bytes:
     before reading), so a misbehaving server cannot make us hold an unbounded answer in memory."""
     declared = response.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise TeacherError("malformed", f"the answer declares {declared} bytes, more than {limit}")
+        err = TeacherError("malformed", f"the answer declares {declared} bytes, more than {limit}")
+        err.answered = True
+        raise err
     chunks, size = [], 0
     try:
         async for chunk in response.iter_bytes():
             size += len(chunk)
             if size > limit:
-                raise TeacherError(
+                err = TeacherError(
                     "malformed", f"the answer is longer than {limit} bytes (not read further)"
                 )
+                err.answered = True
+                raise err
             chunks.append(chunk)
     except Exception as err:
         # the body is read outside the SDK, so its HTTP library's errors arrive unwrapped

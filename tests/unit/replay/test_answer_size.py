@@ -29,6 +29,9 @@ class _Oversized(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:  # /v1/models, for a scorer without a model name
+        if self.path.startswith("/nomodel/"):
+            self._send(b'{"object": "list", "data": []}')
+            return
         self._send(b'{"object": "list", "data": [{"id": "m", "object": "model"}]}')
 
     def _send(self, body: bytes) -> None:
@@ -125,3 +128,15 @@ def test_a_scorers_oversized_answer_fails_its_rows_and_is_billed(oversized, mode
         assert (f"longer than {limit}" if mode == "endless" else "declares") in str(row)
     assert scorer.stats.failed_rows == 2 and scorer.stats.scored_tokens == 6
     assert scorer.stats.cost_usd == pytest.approx(6 / 1e6)
+
+
+def test_rows_never_sent_are_not_billed(oversized):
+    """The server lists no model, so no scoring request is sent: nothing is billed (the
+    refusal is ``malformed`` too, but no answer arrived)."""
+    spec = RemoteTeacherConfig(
+        name="t", base_url=f"{oversized}/nomodel/v1", top_k=2, max_retries=0, price_in_per_mtok=1.0
+    )
+    scorer = RemoteScorer(spec, sleep=_no_sleep)
+    rows = asyncio.run(scorer.ascore([[1, 2, 3]] * 2, [1, 1], 2, 0))
+    assert all(isinstance(r, TeacherError) and "lists no model" in str(r) for r in rows)
+    assert scorer.stats.scored_tokens == 0 and scorer.stats.cost_usd == 0

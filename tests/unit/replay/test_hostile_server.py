@@ -335,9 +335,16 @@ def test_a_cut_answer_is_paid_for_but_never_a_consensus_answer(scripted, tmp_pat
         r = asyncio.run(replay_trace(make_states(2), specs, journal=jr))
         errors = [c for c in jr.calls("error") if c.teacher == "cut"]
         actions = jr.teacher_actions()
+        paid = jr.spent_usd() + jr.lost_usd()
+        # paid as a charge, so a --retry-failed run replacing the row cannot erase it
+        again = asyncio.run(replay_trace(make_states(2), specs, journal=jr, retry_failed=True))
+        assert jr.spent_usd() + jr.lost_usd() == pytest.approx(paid + again.cost_usd)
     assert len(errors) == 2 and all(c.error_kind == "incomplete" for c in errors)
     assert all(f"finish_reason {finish!r}" in c.error for c in errors)
-    assert all(c.cost_usd > 0 and c.completion_tokens == script.completion_tokens for c in errors)
+    assert all(c.completion_tokens == script.completion_tokens for c in errors)
+    assert all(c.response["content"].startswith("Answer") for c in errors)  # kept, for audit
+    assert r.charged_usd > 0 and r.cost_usd > r.charged_usd  # the cut calls, at their usage
+    assert again.calls_sent == 2 and again.charged_usd == pytest.approx(r.charged_usd)
     assert r.errors_by_kind == {"incomplete": 2}
     assert all(set(answers) == {"whole"} for answers in actions.values())
     assert all(set(answers) == {"whole"} for answers in r.teacher_actions.values())

@@ -8,6 +8,7 @@ import asyncio
 
 import httpx
 import pytest
+import torch
 
 from composer_replication.config import RemoteTeacherConfig
 from composer_replication.replay.local_model import LocalChatModel
@@ -67,3 +68,47 @@ def test_a_scorer_sees_the_refusal_as_failed_rows_with_the_reason(limited):
     assert isinstance(rows[0], RowScores)
     assert isinstance(rows[1], TeacherError) and "40 tokens" in str(rows[1])
     assert scorer.stats.scored_rows == 1 and scorer.stats.failed_rows == 1
+
+
+class _Scripted(torch.nn.Module):
+    """A "model" whose generate appends fixed ids (no end-of-turn): what a cut answer is."""
+
+    def __init__(self, new_ids):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.new_ids = new_ids
+        self.config = type("Config", (), {"_name_or_path": "scripted"})()
+
+    def generate(self, input_ids, **kwargs):
+        new = torch.tensor([self.new_ids[: kwargs["max_new_tokens"]]])
+        return torch.cat([input_ids, new], dim=1)
+
+
+def test_an_answer_cut_after_a_whole_tool_call_is_reported_as_length(tool_tok):
+    """OpenAI's rule: a generation that reached max_tokens is ``length`` even if the part
+    before the cut parsed as a tool call (it used to say ``tool_calls``, so replay kept it)."""
+    text = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call> and then'
+    ids = tool_tok(text, add_special_tokens=False)["input_ids"]
+    chat = LocalChatModel.from_objects(_Scripted(ids), tool_tok)
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
+    cut = chat.generate([{"role": "user", "content": "go"}], max_tokens=len(ids), tools=tools)
+    assert cut.tool_calls and cut.finish_reason == "length"
+    call_only = tool_tok(text.removesuffix(" and then"), add_special_tokens=False)["input_ids"]
+    whole = LocalChatModel.from_objects(_Scripted(call_only), tool_tok)
+    done = whole.generate([{"role": "user", "content": "go"}], max_tokens=len(ids), tools=tools)
+    assert done.tool_calls and done.finish_reason == "tool_calls"
+
+
+def test_a_huge_text_prompt_is_refused_before_it_is_tokenized(limited):
+    """An 8 MB string used to be tokenized in full on the event loop (12 s here, every other
+    request waiting) before its length was checked."""
+    r = _post(limited, "word " * 200_000, 0)
+    assert r.status_code == 400 and "1000000 characters" in r.json()["error"]["message"]
+
+
+def test_a_body_past_the_limit_is_refused_by_its_length(limited, monkeypatch):
+    from composer_replication.replay import server
+
+    monkeypatch.setattr(server, "MAX_BODY_BYTES", 1000)
+    r = _post(limited, [[5] * 1000], 0)  # about 2000 bytes
+    assert r.status_code == 413 and "larger than 1000 bytes" in r.json()["error"]["message"]
