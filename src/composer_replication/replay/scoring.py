@@ -37,8 +37,10 @@ from composer_replication.replay.teachers import (
     TeacherError,
     backoff_delay,
     classify_openai_error,
+    http_client,
     parse_retry_after,
     read_capped,
+    unwrapped_http_error,
 )
 
 TOKENIZER_PATH = "/tokenizer"
@@ -382,8 +384,9 @@ class RemoteScorer:
         if self._client is None:  # one client per event loop run (see aclose)
             key = _auth_headers(self.spec).get("Authorization", "Bearer none").split(" ", 1)[1]
             self._client = openai.AsyncOpenAI(
-                base_url=self.spec.base_url, api_key=key, max_retries=0, timeout=self.spec.timeout_s
-            )
+                base_url=self.spec.base_url, api_key=key, max_retries=0,
+                timeout=self.spec.timeout_s, http_client=http_client(self.spec.timeout_s),
+            )  # fmt: skip
         return self._client
 
     async def ascore(self, sequences, prompt_lens, top_k: int, pad_id: int) -> list[Any]:
@@ -470,6 +473,10 @@ class RemoteScorer:
             terr.retry_after = parse_retry_after(
                 getattr(getattr(err, "response", None), "headers", None)
             )
+            raise terr from err
+        except Exception as err:  # an error answer's body cut by http_client's transport
+            if (terr := unwrapped_http_error(err)) is None:
+                raise
             raise terr from err
 
     async def _served_model(self) -> str:

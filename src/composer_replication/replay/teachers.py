@@ -301,6 +301,62 @@ def _transport_error(err: BaseException) -> TeacherError:
     return TeacherError("transport", f"{type(cause).__name__}: {cause}"[:300])
 
 
+ERROR_BODY_BYTES = 1 << 20
+"""An error answer's (4xx/5xx) body is read up to this many bytes (the SDK reads it itself)."""
+
+
+def http_client(timeout_s: float) -> Any:
+    """The SDK's default HTTP client over a transport that cuts an error answer's body at
+    :data:`ERROR_BODY_BYTES` (a transport error then): the SDK reads a 4xx/5xx body in full
+    before our code sees it, so a server answering 500 with gigabytes would otherwise fill
+    memory. A 200's body is bounded by :func:`read_capped`."""
+    import importlib
+
+    import openai
+
+    client_class = openai.DefaultAsyncHttpxClient  # the SDK's HTTP library: httpx or a fork
+    httpx = importlib.import_module(client_class.__mro__[1].__module__.split(".")[0])
+
+    class ErrorBodyCap(httpx.AsyncByteStream):
+        def __init__(self, inner: Any):
+            self.inner = inner
+
+        async def __aiter__(self):
+            size = 0
+            async for chunk in self.inner:
+                size += len(chunk)
+                if size > ERROR_BODY_BYTES:
+                    raise httpx.ReadError(f"an error answer longer than {ERROR_BODY_BYTES} bytes")
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    class Transport(httpx.AsyncBaseTransport):
+        def __init__(self):
+            self.inner = httpx.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: Any) -> Any:
+            response = await self.inner.handle_async_request(request)
+            if response.status_code >= 400:
+                response.stream = ErrorBodyCap(response.stream)
+            return response
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    return client_class(transport=Transport(), timeout=timeout_s)
+
+
+def unwrapped_http_error(err: BaseException) -> TeacherError | None:
+    """The HTTP library's own error (read outside the SDK's wrapping) as a ``transport``
+    failure; None for anything else. Matched by class name: the SDK's HTTP library is ``httpx``
+    or a fork of it."""
+    if any(k.__name__ == "HTTPError" for k in type(err).__mro__):
+        return TeacherError("transport", f"{type(err).__name__}: {err}"[:300])
+    return None
+
+
 async def read_capped(response: Any, limit: int) -> bytes:
     """The body of an openai ``with_streaming_response`` answer, read in chunks and refused
     (``malformed``) once it passes ``limit`` bytes (a declared Content-Length past it is refused
@@ -323,8 +379,8 @@ async def read_capped(response: Any, limit: int) -> bytes:
             chunks.append(chunk)
     except Exception as err:
         # the body is read outside the SDK, so its HTTP library's errors arrive unwrapped
-        if any(k.__name__ == "HTTPError" for k in type(err).__mro__):
-            raise TeacherError("transport", f"{type(err).__name__}: {err}"[:300]) from err
+        if (terr := unwrapped_http_error(err)) is not None:
+            raise terr from err
         raise
     return b"".join(chunks)
 
@@ -440,8 +496,9 @@ class OpenAITeacher:
                 )
         self.spec = spec
         self._client = openai.AsyncOpenAI(
-            base_url=spec.base_url, api_key=key, max_retries=0, timeout=spec.timeout_s
-        )
+            base_url=spec.base_url, api_key=key, max_retries=0, timeout=spec.timeout_s,
+            http_client=http_client(spec.timeout_s),
+        )  # fmt: skip
         self._sleep = sleep
 
     async def complete(
@@ -511,6 +568,10 @@ class OpenAITeacher:
             terr = classify_openai_error(err)
             response = getattr(err, "response", None)
             terr.retry_after = parse_retry_after(getattr(response, "headers", None))
+            raise terr from err
+        except Exception as err:  # an error answer's body cut by http_client's transport
+            if (terr := unwrapped_http_error(err)) is None:
+                raise
             raise terr from err
         return parse_completion(body, self.spec.model)
 

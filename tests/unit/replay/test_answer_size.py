@@ -14,6 +14,7 @@ import pytest
 from composer_replication.config import RemoteTeacherConfig
 from composer_replication.replay.scoring import RemoteScorer, scoring_byte_limit
 from composer_replication.replay.teachers import (
+    ERROR_BODY_BYTES,
     OpenAITeacher,
     TeacherError,
     TeacherSpec,
@@ -44,10 +45,10 @@ class _Oversized(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         mode = self.path.split("/")[1]
-        self.send_response(200)
+        self.send_response(500 if mode == "err500" else 200)
         self.send_header("Content-Type", "application/json")
         self.close_connection = True
-        if mode == "endless":  # chunked, no length: a body that does not end
+        if mode in ("endless", "err500"):  # chunked, no length: a body that does not end
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             chunk = b'{"choices": [' + b" " * 65536
@@ -99,13 +100,15 @@ def _complete(url: str) -> TeacherError:
         ("endless", "malformed", f"longer than {answer_byte_limit(16)} bytes"),
         ("declared", "malformed", "declares 1000000000000 bytes"),
         ("cut", "transport", ""),
+        # the SDK reads an error answer's body itself, before our code: cut by the transport
+        ("err500", "transport", f"longer than {ERROR_BODY_BYTES} bytes"),
     ],
 )
 def test_a_chat_teachers_answer_is_read_up_to_a_bound(oversized, mode, kind, says):
     err = _complete(f"{oversized}/{mode}/v1")
     assert err.kind == kind and says in err.message
-    if mode == "endless":  # stopped near the bound, not after the server's 256 MiB
-        assert _Oversized.sent["endless"] < 64 << 20
+    if mode in ("endless", "err500"):  # stopped near the bound, not after the server's 256 MiB
+        assert _Oversized.sent[mode] < 64 << 20
     if kind == "transport":
         assert err.retryable
 
