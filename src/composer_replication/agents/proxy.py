@@ -25,6 +25,7 @@ socket: agents reach it only through the sandbox's relay, agents/sandboxed.py).
 
 import asyncio
 import json
+import logging
 import os
 import secrets
 import threading
@@ -36,6 +37,8 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from composer_replication.lm.chat import parse_tool_calls, render_prompt
+
+logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 << 20
 """Largest request body read (4 MiB): the agent is model-driven and untrusted."""
@@ -224,6 +227,8 @@ class PolicyProxy:
                 prompt_ids = self._prompt_ids(req)
             except Exception as e:  # noqa: BLE001 - all of it is the client's input: refused
                 ep.refused += 1  # (a JSON nested past the parser's limit, a template's error)
+                if not isinstance(e, (ValueError, RecursionError)):  # may be a bug of ours
+                    logger.warning("proxy: a request refused by %s", type(e).__name__, exc_info=e)
                 return 400, _error(f"{type(e).__name__}: {e}"[:500], "invalid_request_error")
             completion_ids, logprobs = self.policy(prompt_ids)
             text = self.tokenizer.decode(completion_ids, skip_special_tokens=True)
