@@ -90,7 +90,8 @@ def test_replay_pairs_dpo_over_loopback(servers, tmp_path, tokenizer, tiny_model
     assert len(states) == 4
     sfile = tmp_path / "states.jsonl"
     sfile.write_bytes(b"".join(s.to_json() + b"\n" for s in states))
-    common = {"model": "smol", "max_tokens": 8, "max_concurrency": 1, "timeout_s": 120}
+    common = {"model": "smol", "max_tokens": 8, "max_concurrency": 1, "timeout_s": 120,
+              "keep_cut_answers": True}  # fmt: skip
     pool = tmp_path / "pool.yaml"
     pool.write_text(yaml.safe_dump({"teachers": [
         {"name": "greedy-a", "base_url": urls[0], "temperature": 0.0, "tier": 0,

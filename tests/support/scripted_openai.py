@@ -39,6 +39,7 @@ class Script:
     drip_s: float = 0.0  # > 0: stream each answer's body one byte per drip_s seconds
     completion_tokens: int = 5
     answer_by_model: bool = False
+    finish_by_model: dict = field(default_factory=dict)  # model -> finish_reason (else "stop")
     seed: int = 0
     requests: Counter = field(default_factory=Counter)  # (model, digest) -> attempts
     answered: Counter = field(default_factory=Counter)  # (model, digest) -> 200 answers
@@ -121,7 +122,7 @@ def make_app(script: Script):
                     {
                         "index": 0,
                         "message": {"role": "assistant", "content": text},
-                        "finish_reason": "stop",
+                        "finish_reason": script.finish_by_model.get(body["model"], "stop"),
                     }
                 ],  # fmt: skip
                 "usage": {

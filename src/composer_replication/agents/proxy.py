@@ -25,6 +25,7 @@ socket: agents reach it only through the sandbox's relay, agents/sandboxed.py).
 
 import asyncio
 import json
+import logging
 import os
 import secrets
 import threading
@@ -33,9 +34,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from composer_replication.lm.chat import parse_tool_calls, render_prompt
+
+logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 << 20
 """Largest request body read (4 MiB): the agent is model-driven and untrusted."""
@@ -66,6 +69,30 @@ class _Episode:
     refused: int = 0
 
 
+class _Function(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    arguments: str | dict[str, Any] = ""
+
+
+class _ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    function: _Function
+
+
+class _Message(BaseModel):
+    """The shape of one chat message the prompt is rendered from (checked, so a malformed
+    message is a 400 naming its field, not an error inside the chat template)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
 class ChatRequest(BaseModel):
     """The part of an OpenAI chat request the proxy reads (other fields are ignored)."""
 
@@ -75,6 +102,13 @@ class ChatRequest(BaseModel):
     messages: list[dict[str, Any]] = Field(min_length=1, max_length=4096)
     tools: list[dict[str, Any]] | None = None
     stream: bool = False
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_have_chat_shape(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for message in messages:
+            _Message.model_validate(message)
+        return messages  # kept as sent: they are rendered and recorded as dicts
 
 
 class PolicyProxy:
@@ -191,9 +225,11 @@ class PolicyProxy:
                     raise ValueError(f"the request is larger than {MAX_BODY_BYTES} bytes")
                 req = ChatRequest.model_validate(json.loads(body))
                 prompt_ids = self._prompt_ids(req)
-            except (ValueError, TypeError, KeyError) as e:  # pydantic's errors are ValueErrors
-                ep.refused += 1
-                return 400, _error(str(e)[:500], "invalid_request_error")
+            except Exception as e:  # noqa: BLE001 - all of it is the client's input: refused
+                ep.refused += 1  # (a JSON nested past the parser's limit, a template's error)
+                if not isinstance(e, (ValueError, RecursionError)):  # may be a bug of ours
+                    logger.warning("proxy: a request refused by %s", type(e).__name__, exc_info=e)
+                return 400, _error(f"{type(e).__name__}: {e}"[:500], "invalid_request_error")
             completion_ids, logprobs = self.policy(prompt_ids)
             text = self.tokenizer.decode(completion_ids, skip_special_tokens=True)
             content, calls = parse_tool_calls(text) if req.tools else (text.strip(), [])

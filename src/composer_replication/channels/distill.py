@@ -62,7 +62,12 @@ from composer_replication.losses import (
     sampled_reverse_kl_loss,
     topk_distill_loss,
 )
-from composer_replication.replay.scoring import LocalScorer, RemoteScorer, RowScores
+from composer_replication.replay.scoring import (
+    LocalScorer,
+    RemoteScorer,
+    RowScores,
+    full_vocab_problem,
+)
 from composer_replication.replay.teachers import TeacherError
 
 SCORED, UNROUTED, FAILED, OVER_BUDGET, EMPTY = range(5)
@@ -122,12 +127,8 @@ class DistillChannel(Channel):
         mine = head_weight(model).shape[0]
         for full, scorer in zip(self._full_jsd, self.scorers, strict=True):
             theirs = scorer.head_weight().shape[0] if full else mine
-            if full and min(mine, theirs) < len(tokenizer):
-                raise ConfigError(
-                    f"distill.teachers: {scorer.spec.name!r}: the full-vocabulary loss needs "
-                    f"both heads to cover the tokenizer's {len(tokenizer)} ids; the student's "
-                    f"has {mine} rows, the teacher's {theirs}"
-                )
+            if full and (why := full_vocab_problem(scorer.spec.name, mine, theirs, len(tokenizer))):
+                raise ConfigError(why)
             scorer.vocab = mine
 
     @property

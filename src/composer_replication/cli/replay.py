@@ -59,8 +59,21 @@ def serve_command(
         str | None, typer.Option("--served-model-name", help="model id listed by /v1/models")
     ] = None,
     max_prompt_tokens: Annotated[
-        int, typer.Option("--max-prompt-tokens", min=16, help="keep the last N prompt tokens")
+        int,
+        typer.Option(
+            "--max-prompt-tokens",
+            min=16,
+            help="chat: keep the last N prompt tokens; scoring: refuse longer prompts (400)",
+        ),
     ] = 2048,
+    max_logprob_entries: Annotated[
+        int,
+        typer.Option(
+            "--max-logprob-entries",
+            min=1,
+            help="scoring: refuse a request whose answer holds more entries (400)",
+        ),
+    ] = 2_000_000,
 ) -> None:
     """Serve a local HF model as an OpenAI-compatible teacher (/v1/chat/completions, /v1/models)."""
     require_extra("replay", "fastapi", "uvicorn")
@@ -68,7 +81,8 @@ def serve_command(
 
     with exit_on():
         serve(model, port=port, host=host, served_model_name=served_model_name,
-              max_prompt_tokens=max_prompt_tokens)  # fmt: skip
+              max_prompt_tokens=max_prompt_tokens,
+              max_logprob_entries=max_logprob_entries)  # fmt: skip
 
 
 def replay_command(

@@ -306,6 +306,21 @@ def load_tokenizer(ref: str):
     return tok
 
 
+def head_rows(ref: str) -> int | None:
+    """Rows of a model's output head as its config declares them (``vocab_size``; a config
+    with a text sub-config: that one's), read without loading weights; None if the config
+    does not say."""
+    path = resolve_model_path(ref)
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise _hub_error(ref, err) from err
+    rows = getattr(config.get_text_config(), "vocab_size", None)
+    return rows if isinstance(rows, int) and rows > 0 else None
+
+
 def load_model(ref: str, dtype: str = "float32", peft: object | None = None):
     """Load a causal LM from a reference; wrap it with a LoRA adapter when ``peft`` is enabled.
 

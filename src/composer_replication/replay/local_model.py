@@ -98,6 +98,7 @@ class LocalChatModel:
             tool_calls=calls,
             prompt_tokens=len(ids),
             completion_tokens=len(new),
-            finish_reason="tool_calls" if calls else finish,
+            # a cut is "length" even after a whole call (OpenAI's rule: a later call may be cut)
+            finish_reason="tool_calls" if calls and finish == "stop" else finish,
             truncated_prompt_tokens=cut,
         )

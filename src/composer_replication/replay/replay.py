@@ -38,7 +38,15 @@ from .budget import (
     worst_case_prompt_tokens,
 )
 from .journal import CallRecord, Journal, JournalError, Unrecorded, params_hash
-from .teachers import MAYBE_BILLED_KINDS, OnRetry, Teacher, TeacherError, TeacherSpec, build_teacher
+from .teachers import (
+    INCOMPLETE_FINISH,
+    MAYBE_BILLED_KINDS,
+    OnRetry,
+    Teacher,
+    TeacherError,
+    TeacherSpec,
+    build_teacher,
+)
 
 BUDGET = "budget"  # sentinel outcome: not sent, its worst case does not fit the budget left
 JOURNAL = "journal"  # sentinel outcome: not sent because the journal can no longer be written
@@ -335,10 +343,14 @@ class _Replayer:
             rec = await self._send(state, teacher, messages, tools, phash, bound, on_retry)
             charges = [worst] * (len(attempts) - 1)  # earlier attempts that may have been billed
             last = attempts[-1][0]
+            if rec.status == "error" and rec.cost_usd:  # a rejected answer, at its usage: a
+                charges.append(rec.cost_usd)  # charge, which a later retry's row cannot erase
+                rec.cost_usd = 0.0
             if last is not None:
                 billed = rec.status == "error" and rec.error_kind in MAYBE_BILLED_KINDS
                 charges += [worst] if billed else []
-                await self.ledger.settle(last, rec.cost_usd + (worst if billed else 0.0))
+                paid = sum(charges[len(attempts) - 1 :])
+                await self.ledger.settle(last, rec.cost_usd + paid)
         self._record(rec, [i for _, i in attempts if i is not None], charges)
         self._account(rec, charges)
         return rec
@@ -408,10 +420,17 @@ class _Replayer:
         for why in resp.anomalies:
             key = f"teacher {spec.name!r} {why}"
             self.result.flagged_answers[key] = self.result.flagged_answers.get(key, 0) + 1
+        cut = INCOMPLETE_FINISH.get(resp.finish_reason or "")
+        if resp.finish_reason == "length" and spec.keep_cut_answers:
+            cut = None
+        outcome: dict[str, Any] = {"status": "ok", "response": resp.as_message()}
+        if cut is not None:  # paid for, but not the whole action: never a consensus answer
+            why = cut.format(max_tokens=spec.max_tokens)  # (its text is kept, for audit)
+            outcome = {**outcome, "status": "error", "error_kind": "incomplete",
+                       "error": f"the answer was cut (finish_reason {resp.finish_reason!r}): {why}"}  # fmt: skip
         return CallRecord(
             **base,
-            status="ok",
-            response=resp.as_message(),
+            **outcome,
             prompt_tokens=bill.prompt_tokens,
             completion_tokens=bill.completion_tokens,
             cost_usd=spec.cost_usd(bill.prompt_tokens, bill.completion_tokens),

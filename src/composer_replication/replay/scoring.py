@@ -37,7 +37,10 @@ from composer_replication.replay.teachers import (
     TeacherError,
     backoff_delay,
     classify_openai_error,
+    http_client,
     parse_retry_after,
+    read_capped,
+    unwrapped_http_error,
 )
 
 TOKENIZER_PATH = "/tokenizer"
@@ -76,19 +79,37 @@ def remote_fingerprint(spec: RemoteTeacherConfig, timeout_s: float = 10.0) -> st
     return value if isinstance(value, str) else None
 
 
-def check_same_tokenizer(student_ref: str, teachers: list[Any]) -> None:
+def full_vocab_problem(teacher: str, student_rows: int, teacher_rows: int, ids: int) -> str | None:
+    """Why the full-vocabulary loss cannot compare these two heads, or None: both softmaxes
+    are taken over the rows they share, which must cover the tokenizer's ``ids`` (heads padded
+    past it to different sizes are fine)."""
+    if min(student_rows, teacher_rows) >= ids:
+        return None
+    return (f"distill.teachers: {teacher!r}: the full-vocabulary loss needs both heads to cover "
+            f"the tokenizer's {ids} ids; the student's has {student_rows} rows, the teacher's "
+            f"{teacher_rows}")  # fmt: skip
+
+
+def check_same_tokenizer(student_ref: str, teachers: list[Any], full_vocab: bool = False) -> None:
     """Refuse (before any model loads) a teacher whose tokenizer differs from the student's:
     local teachers by their tokenizer files, remote ones by the fingerprint their server
-    reports. Loads tokenizers only."""
-    from composer_replication.lm.models import ModelLoadError, load_tokenizer
+    reports. With ``full_vocab`` (the full-vocabulary loss), a local teacher whose head and the
+    student's, as their configs declare them, share fewer rows than the tokenizer has ids is
+    refused too (:func:`full_vocab_problem`; the channel checks the loaded heads again). Loads
+    tokenizers and configs only."""
+    from composer_replication.lm.models import ModelLoadError, head_rows, load_tokenizer
 
-    mine = tokenizer_fingerprint(load_tokenizer(student_ref))
+    student_tok = load_tokenizer(student_ref)
+    mine = tokenizer_fingerprint(student_tok)
     for t in teachers:
         if isinstance(t, LocalTeacherConfig):
             try:
                 theirs, where = tokenizer_fingerprint(load_tokenizer(t.model)), t.model
+                rows = (head_rows(student_ref), head_rows(t.model)) if full_vocab else (None, None)
             except ModelLoadError as err:
                 raise ConfigError(f"distill.teachers: {t.name!r}: {err}") from None
+            if None not in rows and (why := full_vocab_problem(t.name, *rows, len(student_tok))):
+                raise ConfigError(why)
         elif t.check_tokenizer:
             theirs, where = remote_fingerprint(t), t.base_url
             if theirs is None:
@@ -145,6 +166,17 @@ excess (losses/distill.py)."""
 ZERO_LOGPROB = -9999.0
 """vLLM writes a log-prob of ``-inf`` as -9999.0 (JSON has no infinity): at or below it a
 reported log-prob is read as ``-inf``, probability 0."""
+
+
+ENTRY_BYTES = 256
+"""Bytes of JSON one ``prompt_logprobs`` entry may take (``"id": {"logprob", "rank",
+"decoded_token"}`` is about 70; a long decoded token, escaped, stays far below)."""
+
+
+def scoring_byte_limit(seqs: list[list[int]], top_k: int) -> int:
+    """The most bytes a ``prompt_logprobs`` answer for ``seqs`` is read to: per position top-k
+    entries plus the sampled token's and one spare, :data:`ENTRY_BYTES` each, plus 1 MiB."""
+    return sum(len(s) for s in seqs) * (top_k + 2) * ENTRY_BYTES + (1 << 20)
 
 
 def parse_prompt_logprobs(
@@ -352,8 +384,9 @@ class RemoteScorer:
         if self._client is None:  # one client per event loop run (see aclose)
             key = _auth_headers(self.spec).get("Authorization", "Bearer none").split(" ", 1)[1]
             self._client = openai.AsyncOpenAI(
-                base_url=self.spec.base_url, api_key=key, max_retries=0, timeout=self.spec.timeout_s
-            )
+                base_url=self.spec.base_url, api_key=key, max_retries=0,
+                timeout=self.spec.timeout_s, http_client=http_client(self.spec.timeout_s),
+            )  # fmt: skip
         return self._client
 
     async def ascore(self, sequences, prompt_lens, top_k: int, pad_id: int) -> list[Any]:
@@ -392,12 +425,12 @@ class RemoteScorer:
                 if err.retryable and attempt < self.spec.max_retries:
                     await self._sleep(backoff_delay(attempt, err.retry_after))
                     continue
+                if err.answered:  # an answer arrived (too long to read): billed
+                    self._bill(seqs)
                 self.stats.failed_requests += 1
                 self.stats.failed_rows += len(seqs)
                 return [err] * len(seqs)
-            tokens = sum(len(s) for s in seqs)  # answered: billed, whatever the body holds
-            self.stats.scored_tokens += tokens
-            self.stats.cost_usd += tokens * self.spec.price_in_per_mtok / 1e6
+            self._bill(seqs)  # answered: billed, whatever the body holds
             self.stats.seconds += time.perf_counter() - t0
             try:
                 rows = self._parse(body, seqs, plens)
@@ -412,7 +445,13 @@ class RemoteScorer:
             return rows
         raise AssertionError("unreachable")
 
+    def _bill(self, seqs: list[list[int]]) -> None:
+        tokens = sum(len(s) for s in seqs)
+        self.stats.scored_tokens += tokens
+        self.stats.cost_usd += tokens * self.spec.price_in_per_mtok / 1e6
+
     async def _post(self, seqs: list[list[int]]) -> bytes:
+        """The answer's bytes (read up to :func:`scoring_byte_limit`); raises TeacherError."""
         import openai
 
         kwargs: dict[str, Any] = {
@@ -424,8 +463,9 @@ class RemoteScorer:
         }
         try:
             async with asyncio.timeout(self.spec.timeout_s):
-                raw = await self._get_client().completions.with_raw_response.create(**kwargs)
-                return raw.http_response.content
+                create = self._get_client().completions.with_streaming_response.create
+                async with create(**kwargs) as response:
+                    return await read_capped(response, scoring_byte_limit(seqs, self.spec.top_k))
         except TimeoutError as err:
             raise TeacherError("timeout", f"no answer within {self.spec.timeout_s:g} s") from err
         except openai.APIError as err:
@@ -433,6 +473,10 @@ class RemoteScorer:
             terr.retry_after = parse_retry_after(
                 getattr(getattr(err, "response", None), "headers", None)
             )
+            raise terr from err
+        except Exception as err:  # an error answer's body cut by http_client's transport
+            if (terr := unwrapped_http_error(err)) is None:
+                raise
             raise terr from err
 
     async def _served_model(self) -> str:

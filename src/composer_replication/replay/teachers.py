@@ -82,6 +82,11 @@ class TeacherSpec(BaseModel):
     """First backoff window, seconds; doubles per retry (optional)."""
     backoff_cap_s: float = Field(30.0, gt=0, le=600)
     """Largest backoff window, seconds (optional)."""
+    keep_cut_answers: bool = False
+    """Keep an answer cut at ``max_tokens`` (``finish_reason: length``) as a whole answer. Off
+    (default): it is billed but journaled as ``incomplete`` and is never a consensus answer (an
+    action cut mid-call is not the action the teacher meant). On for demos with a small
+    ``max_tokens`` (optional). A content-filtered answer is never kept."""
 
     @model_validator(mode="after")
     def _check_url(self) -> TeacherSpec:
@@ -172,10 +177,20 @@ class TeacherResponse:
 
 
 ErrorKind = Literal[
-    "rate_limit", "server", "timeout", "connection", "transport", "malformed", "client", "other"
-]
+    "rate_limit", "server", "timeout", "connection", "transport", "malformed", "client",
+    "incomplete", "other",
+]  # fmt: skip
 """``connection``: nothing answered at the address (refused, DNS); ``transport``: a server
-answered but the exchange broke (connection reset, redirect loop, protocol error)."""
+answered but the exchange broke (connection reset, redirect loop, protocol error);
+``incomplete``: an answer arrived but was cut (:data:`INCOMPLETE_FINISH`): billed as answered,
+never a consensus answer, not retried unless asked (the same request gets the same cut)."""
+
+INCOMPLETE_FINISH = {
+    "length": "it reached max_tokens ({max_tokens}): raise the teacher's max_tokens (or set "
+    "keep_cut_answers)",
+    "content_filter": "the provider's content filter withheld part of it",
+}
+"""``finish_reason`` values (OpenAI's) of an answer that is not the whole action, and why."""
 
 
 MAYBE_BILLED_KINDS = frozenset({"malformed", "timeout", "transport"})
@@ -195,6 +210,7 @@ class TeacherError(Exception):
         self.attempts = attempts
         self.status = status
         self.retry_after: float | None = None  # seconds the server asked us to wait
+        self.answered = False  # an answer arrived (and was refused while read): it was billed
 
     @property
     def retryable(self) -> bool:
@@ -283,6 +299,90 @@ def _transport_error(err: BaseException) -> TeacherError:
     if cause is None or any(k.__name__ == "ConnectError" for k in type(cause).__mro__):
         return TeacherError("connection", f"could not connect: {cause or err}")
     return TeacherError("transport", f"{type(cause).__name__}: {cause}"[:300])
+
+
+ERROR_BODY_BYTES = 1 << 20
+"""An error answer's (4xx/5xx) body is read up to this many bytes (the SDK reads it itself)."""
+
+
+def http_client(timeout_s: float) -> Any:
+    """The SDK's default HTTP client over a transport that cuts an error answer's body at
+    :data:`ERROR_BODY_BYTES` (a transport error then): the SDK reads a 4xx/5xx body in full
+    before our code sees it, so a server answering 500 with gigabytes would otherwise fill
+    memory. A 200's body is bounded by :func:`read_capped`."""
+    import importlib
+
+    import openai
+
+    client_class = openai.DefaultAsyncHttpxClient  # the SDK's HTTP library: httpx or a fork
+    httpx = importlib.import_module(client_class.__mro__[1].__module__.split(".")[0])
+
+    class ErrorBodyCap(httpx.AsyncByteStream):
+        def __init__(self, inner: Any):
+            self.inner = inner
+
+        async def __aiter__(self):
+            size = 0
+            async for chunk in self.inner:
+                size += len(chunk)
+                if size > ERROR_BODY_BYTES:
+                    raise httpx.ReadError(f"an error answer longer than {ERROR_BODY_BYTES} bytes")
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    class Transport(httpx.AsyncBaseTransport):
+        def __init__(self):
+            self.inner = httpx.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: Any) -> Any:
+            response = await self.inner.handle_async_request(request)
+            if response.status_code >= 400:
+                response.stream = ErrorBodyCap(response.stream)
+            return response
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    return client_class(transport=Transport(), timeout=timeout_s)
+
+
+def unwrapped_http_error(err: BaseException) -> TeacherError | None:
+    """The HTTP library's own error (read outside the SDK's wrapping) as a ``transport``
+    failure; None for anything else. Matched by class name: the SDK's HTTP library is ``httpx``
+    or a fork of it."""
+    if any(k.__name__ == "HTTPError" for k in type(err).__mro__):
+        return TeacherError("transport", f"{type(err).__name__}: {err}"[:300])
+    return None
+
+
+async def read_capped(response: Any, limit: int) -> bytes:
+    """The body of an openai ``with_streaming_response`` answer, read in chunks and refused
+    (``malformed``) once it passes ``limit`` bytes (a declared Content-Length past it is refused
+    before reading), so a misbehaving server cannot make us hold an unbounded answer in memory."""
+    declared = response.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        err = TeacherError("malformed", f"the answer declares {declared} bytes, more than {limit}")
+        err.answered = True
+        raise err
+    chunks, size = [], 0
+    try:
+        async for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > limit:
+                err = TeacherError(
+                    "malformed", f"the answer is longer than {limit} bytes (not read further)"
+                )
+                err.answered = True
+                raise err
+            chunks.append(chunk)
+    except Exception as err:
+        # the body is read outside the SDK, so its HTTP library's errors arrive unwrapped
+        if (terr := unwrapped_http_error(err)) is not None:
+            raise terr from err
+        raise
+    return b"".join(chunks)
 
 
 def token_count(value: Any) -> int | None:
@@ -375,6 +475,12 @@ def _clean_call(c: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def answer_byte_limit(max_tokens: int) -> int:
+    """The most bytes a chat answer of ``max_tokens`` tokens is read to: 1 KiB per token (a
+    token's text, JSON-escaped, in the message and a tool call's arguments) plus 1 MiB."""
+    return max_tokens * 1024 + (1 << 20)
+
+
 class OpenAITeacher:
     """A teacher behind any OpenAI-compatible endpoint (OpenRouter, vLLM, SGLang, Ollama, ...)."""
 
@@ -390,8 +496,9 @@ class OpenAITeacher:
                 )
         self.spec = spec
         self._client = openai.AsyncOpenAI(
-            base_url=spec.base_url, api_key=key, max_retries=0, timeout=spec.timeout_s
-        )
+            base_url=spec.base_url, api_key=key, max_retries=0, timeout=spec.timeout_s,
+            http_client=http_client(spec.timeout_s),
+        )  # fmt: skip
         self._sleep = sleep
 
     async def complete(
@@ -450,8 +557,9 @@ class OpenAITeacher:
             kwargs["tools"] = tools
         try:
             async with asyncio.timeout(self.spec.timeout_s):  # overall deadline, not per read
-                raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
-                body = raw.http_response.content
+                create = self._client.chat.completions.with_streaming_response.create
+                async with create(**kwargs) as response:
+                    body = await read_capped(response, answer_byte_limit(self.spec.max_tokens))
         except TimeoutError as err:
             raise TeacherError(
                 "timeout", f"no complete answer within the {self.spec.timeout_s:g} s deadline"
@@ -460,6 +568,10 @@ class OpenAITeacher:
             terr = classify_openai_error(err)
             response = getattr(err, "response", None)
             terr.retry_after = parse_retry_after(getattr(response, "headers", None))
+            raise terr from err
+        except Exception as err:  # an error answer's body cut by http_client's transport
+            if (terr := unwrapped_http_error(err)) is None:
+                raise
             raise terr from err
         return parse_completion(body, self.spec.model)
 

@@ -147,3 +147,38 @@ def test_a_streaming_client_gets_the_whole_answer_as_one_chunk(tool_tok, tmp_pat
     assert delta.content == "ok" and chunk.choices[0].finish_reason == "tool_calls"
     assert json.loads(delta.tool_calls[0].function.arguments) == {"command": "pwd"}
     assert len(turns) == 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": [{"role": "assistant", "content": "", "tool_calls": "abc"}]},
+        {"messages": [{"role": "assistant", "content": "", "tool_calls": [1]}]},
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": 5}}]}]},
+        {"messages": [{"role": "user", "content": 5}]},
+        {"messages": [{"content": "no role"}]},
+        "[" * 100_000 + "]" * 100_000,  # past the JSON parser's recursion limit
+        "{not json",
+    ],
+    ids=["tool-calls-str", "tool-calls-int", "name-int", "content-int", "no-role", "deep", "bad"],
+)
+def test_malformed_requests_are_refused_and_counted_never_a_500(tool_tok, tmp_path, body):
+    """Such bodies used to raise inside the chat template or the JSON parser (500, not counted
+    as refused); each is a 400 saying why, and the episode's next request is answered."""
+    tok = tool_tok
+    policy = Scripted(tok, make_tiny_model(len(tok), max_positions=1024), ["fine"])
+    with PolicyProxy(policy, tok, str(tmp_path / "p.sock")) as proxy:
+        key = proxy.open_episode()
+        raw = body if isinstance(body, str) else json.dumps({"model": "policy", **body})
+        transport = httpx.HTTPTransport(uds=proxy.socket_path)
+        with httpx.Client(transport=transport, timeout=60) as http:
+            r = http.post("http://proxy/v1/chat/completions", content=raw,
+                          headers={"authorization": f"Bearer {key}"})  # fmt: skip
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "invalid_request_error"
+        ok = _client(proxy, key).chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert ok.choices[0].message.content == "fine"
+        turns, refused = proxy.close_episode(key)
+    assert refused == 1 and len(turns) == 1

@@ -133,3 +133,33 @@ def test_a_head_smaller_than_the_tokenizer_is_refused_at_setup(tmp_path, models,
     ))  # fmt: skip
     with pytest.raises(ConfigError, match=r"cover the tokenizer's \d+ ids"):
         build_trainer(cfg, load_model(str(student)), tokenizer, build_env(cfg))
+
+
+def test_a_head_smaller_than_the_tokenizer_is_refused_before_any_model_loads(
+    tmp_path, models, tokenizer, monkeypatch
+):
+    """The same refusal, from the configs' vocab_size, before a weight is read (it used to
+    come only when the channel was built, after both models had loaded); a top-k loss, which
+    needs no shared head, is not refused."""
+    from typer.testing import CliRunner
+
+    from composer_replication.cli import app
+
+    student, _ = models
+    teacher = _padded(tmp_path, tokenizer, len(tokenizer) - 8)
+    loaded = []
+    monkeypatch.setattr(
+        "composer_replication.lm.models.load_model", lambda *a, **k: loaded.append(a)
+    )
+    args = ["train", *train_overrides(tmp_path / "run", f"model.name={student}",
+                                      "distill.weight=1", "distill.loss.type=jsd",
+                                      f"distill.teachers={teacher}")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "cover the tokenizer's" in " ".join(result.output.split())
+    assert loaded == [] and not (tmp_path / "run").exists()
+    from composer_replication.replay.scoring import check_same_tokenizer
+
+    cfg = load_config(None, train_overrides(tmp_path / "r2", f"model.name={student}",
+                                            "distill.weight=1", f"distill.teachers={teacher}"))  # fmt: skip
+    check_same_tokenizer(str(student), cfg.distill.teachers, full_vocab=False)  # no error

@@ -319,3 +319,45 @@ def test_nothing_listening_is_could_not_connect():
     with pytest.raises(TeacherError) as ei:
         _ask(f"http://127.0.0.1:{port}/v1", max_retries=0)
     assert ei.value.kind == "connection" and "could not connect" in ei.value.message
+
+
+@pytest.mark.parametrize("finish", ["length", "content_filter"])
+def test_a_cut_answer_is_paid_for_but_never_a_consensus_answer(scripted, tmp_path, finish):
+    """An answer cut at max_tokens or by a content filter used to be journaled as a whole answer
+    and could become the consensus a preference pair is built on. It is billed (it was
+    generated), journaled as ``incomplete`` with the reason, and left out of the answers."""
+    script, url = scripted
+    script.finish_by_model = {"cut": finish}
+    specs = [TeacherSpec(name=n, base_url=url, model=n, price_in_per_mtok=1.0,
+                         price_out_per_mtok=1.0, max_tokens=16, timeout_s=5)
+             for n in ("whole", "cut")]  # fmt: skip
+    with Journal(tmp_path / "j.db") as jr:
+        r = asyncio.run(replay_trace(make_states(2), specs, journal=jr))
+        errors = [c for c in jr.calls("error") if c.teacher == "cut"]
+        actions = jr.teacher_actions()
+        paid = jr.spent_usd() + jr.lost_usd()
+        # paid as a charge, so a --retry-failed run replacing the row cannot erase it
+        again = asyncio.run(replay_trace(make_states(2), specs, journal=jr, retry_failed=True))
+        assert jr.spent_usd() + jr.lost_usd() == pytest.approx(paid + again.cost_usd)
+    assert len(errors) == 2 and all(c.error_kind == "incomplete" for c in errors)
+    assert all(f"finish_reason {finish!r}" in c.error for c in errors)
+    assert all(c.completion_tokens == script.completion_tokens for c in errors)
+    assert all(c.response["content"].startswith("Answer") for c in errors)  # kept, for audit
+    assert r.charged_usd > 0 and r.cost_usd > r.charged_usd  # the cut calls, at their usage
+    assert again.calls_sent == 2 and again.charged_usd == pytest.approx(r.charged_usd)
+    assert r.errors_by_kind == {"incomplete": 2}
+    assert all(set(answers) == {"whole"} for answers in actions.values())
+    assert all(set(answers) == {"whole"} for answers in r.teacher_actions.values())
+    if finish == "length":
+        assert "raise the teacher's max_tokens" in errors[0].error
+
+
+def test_keep_cut_answers_keeps_a_length_cut_but_never_a_filtered_one(scripted, tmp_path):
+    script, url = scripted
+    script.finish_by_model = {"long": "length", "filtered": "content_filter"}
+    specs = [TeacherSpec(name=n, base_url=url, model=n, max_tokens=16, timeout_s=5,
+                         keep_cut_answers=True) for n in ("long", "filtered")]  # fmt: skip
+    with Journal(tmp_path / "j.db") as jr:
+        r = asyncio.run(replay_trace(make_states(2), specs, journal=jr))
+    assert all(set(answers) == {"long"} for answers in r.teacher_actions.values())
+    assert r.errors_by_kind == {"incomplete": 2}

@@ -10,6 +10,7 @@ _LAZY = {
     "ObjectStoreAllReduce": "allreduce",
     "ObjectStoreManager": "allreduce",
     "ObjectStoreTimeoutError": "allreduce",
+    "ObjectStorePayloadError": "allreduce",
     "WireStats": "allreduce",
     "RANK_ENV": "executor",
     "LocalProcessExecutor": "executor",

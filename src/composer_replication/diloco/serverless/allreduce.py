@@ -4,14 +4,20 @@ other (serverless jobs). Any fsspec filesystem works; file:// and s3:// are test
 Round ``k`` lives under ``{uri}/round-{k:08d}/``. Each rank encodes its tensors, writes them to
 a temporary key and renames it to ``rank-{r:05d}.pt`` (on s3 the rename is a server-side copy,
 so a reader sees either nothing or the whole object). Every rank polls the round's listing
-until all ``world_size`` objects exist, decodes them and sums them in rank order, so every rank
-computes bit-identical averages. When rank 0 has seen round ``k`` complete, every rank has
+until the objects of ranks ``0..world_size-1`` exist, decodes them and sums them in rank order,
+so every rank computes bit-identical averages. An object is read as untrusted: it must say which
+rank, world size and round wrote it, hold one payload per tensor of this rank's shapes, and hold
+only finite numbers (a diverged replica stops every rank with an error naming it, instead of
+turning every replica's weights into NaN); a key in the round that is not ``rank-NNNNN.pt`` of a
+rank below ``world_size`` is an error naming it (another run's leftovers, or replicas started with
+different world sizes). When rank 0 has seen round ``k`` complete, every rank has
 already finished reading round ``k-1`` (it wrote round ``k`` after), so rank 0 deletes it.
 """
 
 from __future__ import annotations
 
 import io
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -22,7 +28,8 @@ import torch
 from composer_replication.diloco.serverless.compression import (
     CODECS,
     Codec,
-    decode,
+    PayloadError,
+    check_payload,
     encode,
     relative_error,
     wire_bytes,
@@ -40,6 +47,19 @@ class ObjectStoreTimeoutError(TimeoutError):
             f"object-store all-reduce round {round_id}: rank(s) {missing} of world_size "
             f"{world_size} did not write to {url} within {timeout_s:g} s"
         )
+
+
+class ObjectStorePayloadError(ValueError):
+    """An object in the store is not a well-formed contribution to this round (names the key)."""
+
+    def __init__(self, round_id: int, key: str, reason: str):
+        self.round_id, self.key = round_id, key
+        super().__init__(f"object-store all-reduce round {round_id}: {key}: {reason}")
+
+
+_RANK_KEY = re.compile(r"rank-(\d{5})\.pt")
+_OVERHEAD_BYTES = 1 << 20  # torch.save's container per object, far above what it writes
+_TENSOR_OVERHEAD_BYTES = 1024  # and per tensor (about 280 bytes measured): an MoE has ~18k
 
 
 @dataclass
@@ -108,7 +128,8 @@ class ObjectStoreAllReduce:
 
     def _write(self, k: int, payloads: list[dict[str, Any]]) -> int:
         buf = io.BytesIO()
-        torch.save(payloads, buf)
+        header = {"rank": self.rank, "world_size": self.world_size, "round": k}
+        torch.save({**header, "tensors": payloads}, buf)
         data = buf.getvalue()
         tmp = f"{self._round_dir(k)}/.tmp-{self.rank:05d}-{uuid.uuid4().hex}"
         self.fs.makedirs(self._round_dir(k), exist_ok=True)
@@ -124,52 +145,106 @@ class ObjectStoreAllReduce:
             return set()
         out = set()
         for name in names:
+            if name.rstrip("/") == self._round_dir(k).rstrip("/"):
+                continue  # s3: the directory's own marker object, listed as its child
             base = name.rstrip("/").rsplit("/", 1)[-1]
-            if base.startswith("rank-") and base.endswith(".pt"):
-                out.add(int(base[5:-3]))
+            if base.startswith(".tmp-"):  # a rank's write in progress
+                continue
+            match = _RANK_KEY.fullmatch(base)
+            if match is None or int(match.group(1)) >= self.world_size:
+                raise ObjectStorePayloadError(
+                    k,
+                    f"{self._round_dir(k)}/{base}",
+                    f"not the key of a rank below world_size {self.world_size} (another run's "
+                    "leftovers, or replicas started with different world sizes: give each run "
+                    "its own empty uri)",
+                )
+            out.add(int(match.group(1)))
         return out
 
     def _wait_all(self, k: int) -> None:
         deadline = time.monotonic() + self.timeout_s
         while True:
             present = self._present(k)
-            if len(present) >= self.world_size:
+            if set(range(self.world_size)) <= present:
                 return
             if time.monotonic() > deadline:
                 missing = sorted(set(range(self.world_size)) - present)
                 raise ObjectStoreTimeoutError(k, missing, self.world_size, self.uri, self.timeout_s)
             time.sleep(self.poll_s)
 
-    def _read(self, k: int, r: int) -> list[dict[str, Any]]:
-        data = self.fs.cat_file(self._rank_key(k, r))
+    def _read(self, k: int, r: int, shapes: list[tuple[int, ...]]) -> list[Any]:
+        """Rank ``r``'s payloads for round ``k``, checked against the header it must carry and
+        sized before they are read (fp32 data of ``shapes`` plus the container)."""
+        key = self._rank_key(k, r)
+        limit = sum(4 * max(1, _numel(s)) + _TENSOR_OVERHEAD_BYTES for s in shapes)
+        limit += _OVERHEAD_BYTES
+        size = self.fs.size(key)
+        if size is not None and size > limit:
+            raise ObjectStorePayloadError(
+                k, key, f"{size} bytes, more than fp32 tensors of this round's shapes ({limit})"
+            )
+        data = self.fs.cat_file(key)
         self.stats.bytes_received += len(data)
-        return torch.load(io.BytesIO(data), weights_only=True)
+        try:
+            obj = torch.load(io.BytesIO(data), weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable object is the same error, named
+            raise ObjectStorePayloadError(k, key, f"unreadable ({type(e).__name__}: {e})") from e
+        want = {"rank": r, "world_size": self.world_size, "round": k}
+        if not isinstance(obj, dict) or set(obj) != {*want, "tensors"}:
+            raise ObjectStorePayloadError(k, key, "not an object this all-reduce writes")
+        got = {name: obj[name] for name in want}
+        if any(type(v) is not int for v in got.values()) or got != want:  # noqa: E721
+            raise ObjectStorePayloadError(
+                k, key, f"written as {got}, expected {want} (another run's object?)"
+            )
+        if not isinstance(obj["tensors"], list) or len(obj["tensors"]) != len(shapes):
+            n = len(obj["tensors"]) if isinstance(obj["tensors"], list) else "no list of"
+            raise ObjectStorePayloadError(
+                k, key, f"{n} tensors, rank {self.rank} has {len(shapes)}"
+            )
+        return obj["tensors"]
+
+    def _decoded(
+        self, k: int, r: int, payloads: list[Any], shapes: list[tuple[int, ...]]
+    ) -> list[torch.Tensor]:
+        where = self._rank_key(k, r) if self.world_size > 1 else "this rank's own tensors"
+        out = []
+        for i, (payload, shape) in enumerate(zip(payloads, shapes, strict=True)):
+            try:
+                out.append(check_payload(payload, shape))
+            except PayloadError as e:
+                raise ObjectStorePayloadError(k, where, f"tensor {i}: {e}") from e
+        return out
 
     def allreduce(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Average ``tensors`` (same shapes on every rank) over all ranks; returns new fp32
         tensors on their devices (this rank's own contribution is counted in its encoded form, like the others').
         Raises :class:`ObjectStoreTimeoutError` naming the missing ranks and the round."""
         k = self.round_id
+        shapes = [tuple(t.shape) for t in tensors]
         payloads = [encode(t, self.compression) for t in tensors]
-        mine = [decode(p).to(t.device) for p, t in zip(payloads, tensors, strict=True)]
+        if self.world_size > 1:  # written before this rank checks its own, so peers fail fast too
+            self.stats.bytes_sent += self._write(k, payloads)
+            self.stats.tensor_bytes_sent += sum(wire_bytes(p) for p in payloads)
+        mine = [
+            d.to(t.device)
+            for d, t in zip(self._decoded(k, self.rank, payloads, shapes), tensors, strict=True)
+        ]
         self.stats.last_relative_error = relative_error(tensors, mine)
         self.stats.relative_errors.append(self.stats.last_relative_error)
         if self.world_size == 1:
             self.round_id += 1
             self.stats.rounds += 1
             return mine
-        self.stats.bytes_sent += self._write(k, payloads)
-        self.stats.tensor_bytes_sent += sum(wire_bytes(p) for p in payloads)
         self._wait_all(k)
         total = [torch.zeros_like(t) for t in mine]
         for r in range(self.world_size):
-            parts = mine if r == self.rank else self._read(k, r)
-            if len(parts) != len(total):
-                raise ValueError(
-                    f"round {k}: rank {r} sent {len(parts)} tensors, rank {self.rank} has {len(total)}"
-                )
-            if r != self.rank:  # off the wire (host memory) onto this rank's tensors' devices
-                parts = [decode(p).to(a.device) for p, a in zip(parts, total, strict=True)]
+            if r == self.rank:
+                parts = mine
+            else:  # off the wire (host memory) onto this rank's tensors' devices
+                peer = self._decoded(k, r, self._read(k, r, shapes), shapes)
+                parts = [p.to(a.device) for p, a in zip(peer, total, strict=True)]
             for acc, part in zip(total, parts, strict=True):
                 acc.add_(part)
         out = [t / self.world_size for t in total]
@@ -188,6 +263,13 @@ class ObjectStoreAllReduce:
     def rounds_on_store(self) -> list[int]:
         """Round ids whose directories still exist (for inspection and tests)."""
         return _rounds(self.fs, self.root)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _rounds(fs: Any, root: str) -> list[int]:
