@@ -175,6 +175,21 @@ class ServerThread:
         self.thread.join(timeout=10)
 
 
+def ask_teacher(spec, content: str = "q", sleep=asyncio.sleep):
+    """One completion of ``[{"role": "user", "content": content}]`` from an ``OpenAITeacher``
+    built from ``spec`` (its client closed after); its errors propagate."""
+    from composer_replication.replay.teachers import OpenAITeacher
+
+    async def go():
+        teacher = OpenAITeacher(spec, sleep=sleep)
+        try:
+            return await teacher.complete([{"role": "user", "content": content}])
+        finally:
+            await teacher.aclose()
+
+    return asyncio.run(go())
+
+
 def synthetic_states(n: int, session: str = "s1", tool_every: int = 0):
     """Small synthetic TraceStates (prefix: system + user turn; action: text or a tool call)."""
     from composer_replication.traces.schema import Action, StateMeta, TraceState

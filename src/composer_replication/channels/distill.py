@@ -111,10 +111,7 @@ class DistillChannel(Channel):
             else:
                 self.scorers.append(RemoteScorer(spec))
         self._full_jsd = [
-            isinstance(self.cfg.loss, JsdDistillLoss)
-            and self.cfg.loss.top_k is None
-            and isinstance(s, LocalScorer)
-            for s in self.scorers
+            self.cfg.full_vocabulary and isinstance(s, LocalScorer) for s in self.scorers
         ]
         self._check_heads(model, tokenizer)
 

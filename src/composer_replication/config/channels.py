@@ -409,6 +409,12 @@ class DistillConfig(StrictModel):
             data = {**data, "teachers": [_teacher_shorthand(t, i) for i, t in enumerate(teachers)]}
         return data
 
+    @property
+    def full_vocabulary(self) -> bool:
+        """The loss compares whole distributions (the JSD without ``top_k``): local teachers
+        are scored through their heads, which must cover the tokenizer's ids."""
+        return isinstance(self.loss, JsdDistillLoss) and self.loss.top_k is None
+
     @model_validator(mode="after")
     def _check(self) -> DistillConfig:
         names = [t.name for t in self.teachers]

@@ -343,14 +343,14 @@ class _Replayer:
             rec = await self._send(state, teacher, messages, tools, phash, bound, on_retry)
             charges = [worst] * (len(attempts) - 1)  # earlier attempts that may have been billed
             last = attempts[-1][0]
+            charge: float | None = None  # what the last attempt cost without a kept answer
             if rec.status == "error" and rec.cost_usd:  # a rejected answer, at its usage: a
-                charges.append(rec.cost_usd)  # charge, which a later retry's row cannot erase
-                rec.cost_usd = 0.0
+                charge, rec.cost_usd = rec.cost_usd, 0.0  # charge a retry's row cannot erase
             if last is not None:
-                billed = rec.status == "error" and rec.error_kind in MAYBE_BILLED_KINDS
-                charges += [worst] if billed else []
-                paid = sum(charges[len(attempts) - 1 :])
-                await self.ledger.settle(last, rec.cost_usd + paid)
+                if rec.status == "error" and rec.error_kind in MAYBE_BILLED_KINDS:
+                    charge = worst
+                await self.ledger.settle(last, rec.cost_usd + (charge or 0.0))
+            charges += [] if charge is None else [charge]
         self._record(rec, [i for _, i in attempts if i is not None], charges)
         self._account(rec, charges)
         return rec

@@ -38,9 +38,7 @@ from composer_replication.replay.teachers import (
     backoff_delay,
     classify_openai_error,
     http_client,
-    parse_retry_after,
-    read_capped,
-    unwrapped_http_error,
+    post_capped,
 )
 
 TOKENIZER_PATH = "/tokenizer"
@@ -101,15 +99,17 @@ def check_same_tokenizer(student_ref: str, teachers: list[Any], full_vocab: bool
 
     student_tok = load_tokenizer(student_ref)
     mine = tokenizer_fingerprint(student_tok)
+    student_rows = head_rows(student_ref) if full_vocab else None
     for t in teachers:
         if isinstance(t, LocalTeacherConfig):
             try:
                 theirs, where = tokenizer_fingerprint(load_tokenizer(t.model)), t.model
-                rows = (head_rows(student_ref), head_rows(t.model)) if full_vocab else (None, None)
+                rows = head_rows(t.model) if student_rows is not None else None
             except ModelLoadError as err:
                 raise ConfigError(f"distill.teachers: {t.name!r}: {err}") from None
-            if None not in rows and (why := full_vocab_problem(t.name, *rows, len(student_tok))):
-                raise ConfigError(why)
+            if rows is not None and student_rows is not None:
+                if why := full_vocab_problem(t.name, student_rows, rows, len(student_tok)):
+                    raise ConfigError(why)
         elif t.check_tokenizer:
             theirs, where = remote_fingerprint(t), t.base_url
             if theirs is None:
@@ -452,8 +452,6 @@ class RemoteScorer:
 
     async def _post(self, seqs: list[list[int]]) -> bytes:
         """The answer's bytes (read up to :func:`scoring_byte_limit`); raises TeacherError."""
-        import openai
-
         kwargs: dict[str, Any] = {
             "model": self.spec.model or await self._served_model(),
             "prompt": seqs,
@@ -461,23 +459,9 @@ class RemoteScorer:
             "temperature": 1.0,
             "extra_body": {"prompt_logprobs": self.spec.top_k},
         }
-        try:
-            async with asyncio.timeout(self.spec.timeout_s):
-                create = self._get_client().completions.with_streaming_response.create
-                async with create(**kwargs) as response:
-                    return await read_capped(response, scoring_byte_limit(seqs, self.spec.top_k))
-        except TimeoutError as err:
-            raise TeacherError("timeout", f"no answer within {self.spec.timeout_s:g} s") from err
-        except openai.APIError as err:
-            terr = classify_openai_error(err)
-            terr.retry_after = parse_retry_after(
-                getattr(getattr(err, "response", None), "headers", None)
-            )
-            raise terr from err
-        except Exception as err:  # an error answer's body cut by http_client's transport
-            if (terr := unwrapped_http_error(err)) is None:
-                raise
-            raise terr from err
+        create = self._get_client().completions.with_streaming_response.create
+        limit = scoring_byte_limit(seqs, self.spec.top_k)
+        return await post_capped(create, kwargs, limit, self.spec.timeout_s)
 
     async def _served_model(self) -> str:
         """The server's first listed model (``model`` left empty: the server's only one)."""

@@ -203,14 +203,21 @@ Refused connections and HTTP errors are not billed. The replay charges each its 
 class TeacherError(Exception):
     """A call that did not produce an answer (after retries, if the error was retryable)."""
 
-    def __init__(self, kind: ErrorKind, message: str, attempts: int = 1, status: int | None = None):
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        attempts: int = 1,
+        status: int | None = None,
+        answered: bool = False,
+    ):
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message
         self.attempts = attempts
         self.status = status
         self.retry_after: float | None = None  # seconds the server asked us to wait
-        self.answered = False  # an answer arrived (and was refused while read): it was billed
+        self.answered = answered  # an answer arrived (and was refused while read): billed
 
     @property
     def retryable(self) -> bool:
@@ -363,26 +370,48 @@ async def read_capped(response: Any, limit: int) -> bytes:
     before reading), so a misbehaving server cannot make us hold an unbounded answer in memory."""
     declared = response.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        err = TeacherError("malformed", f"the answer declares {declared} bytes, more than {limit}")
-        err.answered = True
-        raise err
+        raise TeacherError(
+            "malformed", f"the answer declares {declared} bytes, more than {limit}", answered=True
+        )
     chunks, size = [], 0
-    try:
-        async for chunk in response.iter_bytes():
-            size += len(chunk)
-            if size > limit:
-                err = TeacherError(
-                    "malformed", f"the answer is longer than {limit} bytes (not read further)"
-                )
-                err.answered = True
-                raise err
-            chunks.append(chunk)
-    except Exception as err:
-        # the body is read outside the SDK, so its HTTP library's errors arrive unwrapped
-        if (terr := unwrapped_http_error(err)) is not None:
-            raise terr from err
-        raise
+    async for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise TeacherError(
+                "malformed",
+                f"the answer is longer than {limit} bytes (not read further)",
+                answered=True,
+            )
+        chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def post_capped(create: Any, kwargs: dict[str, Any], limit: int, timeout_s: float) -> bytes:
+    """One request through the SDK's streaming ``create`` (``...with_streaming_response.create``):
+    the answer's bytes, read up to ``limit`` (:func:`read_capped`) within an overall deadline of
+    ``timeout_s`` (connect, send and a body that trickles in). Every failure is a
+    :class:`TeacherError`: ``timeout``, the SDK's errors classified with the server's
+    Retry-After, the HTTP library's own errors (a body read outside the SDK's wrapping, an error
+    answer cut by :func:`http_client`) as ``transport``."""
+    import openai
+
+    try:
+        async with asyncio.timeout(timeout_s), create(**kwargs) as response:
+            return await read_capped(response, limit)
+    except TimeoutError as err:
+        raise TeacherError(
+            "timeout", f"no complete answer within the {timeout_s:g} s deadline"
+        ) from err
+    except openai.APIError as err:
+        terr = classify_openai_error(err)
+        terr.retry_after = parse_retry_after(
+            getattr(getattr(err, "response", None), "headers", None)
+        )
+        raise terr from err
+    except Exception as err:
+        if (terr := unwrapped_http_error(err)) is None:
+            raise
+        raise terr from err
 
 
 def token_count(value: Any) -> int | None:
@@ -545,7 +574,6 @@ class OpenAITeacher:
     async def _once(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> TeacherResponse:
-        import openai
 
         kwargs: dict[str, Any] = {
             "model": self.spec.model,
@@ -555,24 +583,9 @@ class OpenAITeacher:
         }
         if tools:
             kwargs["tools"] = tools
-        try:
-            async with asyncio.timeout(self.spec.timeout_s):  # overall deadline, not per read
-                create = self._client.chat.completions.with_streaming_response.create
-                async with create(**kwargs) as response:
-                    body = await read_capped(response, answer_byte_limit(self.spec.max_tokens))
-        except TimeoutError as err:
-            raise TeacherError(
-                "timeout", f"no complete answer within the {self.spec.timeout_s:g} s deadline"
-            ) from err
-        except openai.APIError as err:
-            terr = classify_openai_error(err)
-            response = getattr(err, "response", None)
-            terr.retry_after = parse_retry_after(getattr(response, "headers", None))
-            raise terr from err
-        except Exception as err:  # an error answer's body cut by http_client's transport
-            if (terr := unwrapped_http_error(err)) is None:
-                raise
-            raise terr from err
+        create = self._client.chat.completions.with_streaming_response.create
+        limit = answer_byte_limit(self.spec.max_tokens)
+        body = await post_capped(create, kwargs, limit, self.spec.timeout_s)
         return parse_completion(body, self.spec.model)
 
     async def aclose(self) -> None:

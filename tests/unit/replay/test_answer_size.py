@@ -10,12 +10,12 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from support.scripted_openai import ask_teacher
 
 from composer_replication.config import RemoteTeacherConfig
 from composer_replication.replay.scoring import RemoteScorer, scoring_byte_limit
 from composer_replication.replay.teachers import (
     ERROR_BODY_BYTES,
-    OpenAITeacher,
     TeacherError,
     TeacherSpec,
     answer_byte_limit,
@@ -81,16 +81,9 @@ async def _no_sleep(_s: float) -> None:
 
 
 def _complete(url: str) -> TeacherError:
-    async def go():
-        spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=16, max_retries=0)
-        teacher = OpenAITeacher(spec, sleep=_no_sleep)
-        try:
-            await teacher.complete([{"role": "user", "content": "q"}])
-        finally:
-            await teacher.aclose()
-
+    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=16, max_retries=0)
     with pytest.raises(TeacherError) as info:
-        asyncio.run(go())
+        ask_teacher(spec, sleep=_no_sleep)
     return info.value
 
 

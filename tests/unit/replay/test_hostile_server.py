@@ -13,14 +13,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import typer
 import yaml
-from support.scripted_openai import Script, ServerThread, make_app
+from support.scripted_openai import Script, ServerThread, ask_teacher, make_app
 from typer.testing import CliRunner
 
 from composer_replication.cli.common import CHECK_FAILED
 from composer_replication.cli.replay import replay_command
 from composer_replication.replay.journal import Journal, JournalBusy
 from composer_replication.replay.replay import replay_trace
-from composer_replication.replay.teachers import OpenAITeacher, TeacherError, TeacherSpec
+from composer_replication.replay.teachers import TeacherError, TeacherSpec
 
 from .conftest import make_states
 
@@ -39,14 +39,7 @@ async def _no_sleep(_s: float) -> None:
 
 
 def _ask(url: str, **kw):
-    async def go():
-        t = OpenAITeacher(_spec(url, **kw), sleep=_no_sleep)
-        try:
-            return await t.complete([{"role": "user", "content": "q"}])
-        finally:
-            await t.aclose()
-
-    return asyncio.run(go())
+    return ask_teacher(_spec(url, **kw), sleep=_no_sleep)
 
 
 def test_drip_body_ends_within_deadline_as_retryable_timeout(scripted):

@@ -8,10 +8,11 @@ import asyncio
 
 import openai
 import pytest
+from support.scripted_openai import ask_teacher
 
 from composer_replication.replay.local_model import LocalChatModel
 from composer_replication.replay.server import create_app
-from composer_replication.replay.teachers import OpenAITeacher, TeacherSpec
+from composer_replication.replay.teachers import TeacherSpec
 
 from .conftest import ServerThread
 
@@ -64,14 +65,7 @@ def test_teacher_client_against_server(served):
     spec = TeacherSpec(name="s", base_url=served, model="tiny", max_tokens=4,
                        price_in_per_mtok=1, price_out_per_mtok=1)  # fmt: skip
 
-    async def go():
-        t = OpenAITeacher(spec)
-        try:
-            return await t.complete([{"role": "user", "content": "hello"}])
-        finally:
-            await t.aclose()
-
-    resp = asyncio.run(go())
+    resp = ask_teacher(spec, content="hello")
     assert resp.prompt_tokens > 0 and 1 <= resp.completion_tokens <= 4
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from support.scripted_openai import ask_teacher
 
 from composer_replication.replay.teachers import (
     OpenAITeacher,
@@ -194,15 +195,8 @@ def _failing_call_with_recorded_sleeps(url: str, **spec) -> tuple[TeacherError, 
     async def fake_sleep(s: float) -> None:
         sleeps.append(s)
 
-    async def go():
-        t = OpenAITeacher(_spec(url, **spec), sleep=fake_sleep)
-        try:
-            await t.complete([{"role": "user", "content": "q"}])
-        finally:
-            await t.aclose()
-
     with pytest.raises(TeacherError) as ei:
-        asyncio.run(go())
+        ask_teacher(_spec(url, **spec), sleep=fake_sleep)
     return ei.value, sleeps
 
 
@@ -225,20 +219,13 @@ def test_retry_after_longer_than_the_backoff_cap_fails_fast_and_says_so(scripted
 def test_client_times_out_and_reports_malformed(scripted):
     script, url = scripted
 
-    async def one(**kw):
-        t = OpenAITeacher(_spec(url, **kw))
-        try:
-            return await t.complete([{"role": "user", "content": "q"}])
-        finally:
-            await t.aclose()
-
     script.phang, script.hang_s = 1.0, 2.0
     with pytest.raises(TeacherError) as ei:
-        asyncio.run(one(max_retries=1, timeout_s=0.2))
+        ask_teacher(_spec(url, max_retries=1, timeout_s=0.2))
     assert ei.value.kind == "timeout" and ei.value.attempts == 2
     script.phang, script.pinvalid = 0.0, 1.0
     with pytest.raises(TeacherError) as ei:
-        asyncio.run(one(max_retries=3))
+        ask_teacher(_spec(url, max_retries=3))
     assert ei.value.kind == "malformed" and ei.value.attempts == 1  # not retried
 
 
@@ -250,17 +237,10 @@ def test_connection_refused_is_retried_then_reported():
     port = s.getsockname()[1]
     s.close()  # nothing listens there now
 
-    async def go():
-        # refused at once; 30 s per attempt so a loaded machine's slow first attempt (the
-        # client's set-up) is not a timeout (it was, once, at 0.5 s)
-        t = OpenAITeacher(_spec(f"http://127.0.0.1:{port}/v1", max_retries=2, timeout_s=30))
-        try:
-            await t.complete([{"role": "user", "content": "q"}])
-        finally:
-            await t.aclose()
-
+    # refused at once; 30 s per attempt so a loaded machine's slow first attempt (the client's
+    # set-up) is not a timeout (it was, once, at 0.5 s)
     with pytest.raises(TeacherError) as ei:
-        asyncio.run(go())
+        ask_teacher(_spec(f"http://127.0.0.1:{port}/v1", max_retries=2, timeout_s=30))
     assert ei.value.kind == "connection" and ei.value.attempts == 3
 
 

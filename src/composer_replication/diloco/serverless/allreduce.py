@@ -17,6 +17,7 @@ already finished reading round ``k-1`` (it wrote round ``k`` after), so rank 0 d
 from __future__ import annotations
 
 import io
+import math
 import re
 import time
 import uuid
@@ -177,7 +178,7 @@ class ObjectStoreAllReduce:
         """Rank ``r``'s payloads for round ``k``, checked against the header it must carry and
         sized before they are read (fp32 data of ``shapes`` plus the container)."""
         key = self._rank_key(k, r)
-        limit = sum(4 * max(1, _numel(s)) + _TENSOR_OVERHEAD_BYTES for s in shapes)
+        limit = sum(4 * max(1, math.prod(s)) + _TENSOR_OVERHEAD_BYTES for s in shapes)
         limit += _OVERHEAD_BYTES
         size = self.fs.size(key)
         if size is not None and size > limit:
@@ -263,13 +264,6 @@ class ObjectStoreAllReduce:
     def rounds_on_store(self) -> list[int]:
         """Round ids whose directories still exist (for inspection and tests)."""
         return _rounds(self.fs, self.root)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _rounds(fs: Any, root: str) -> list[int]:
