@@ -76,7 +76,7 @@ def diloco_command(
 ) -> None:
     """Train N replicas with the DiLoCo outer loop (torchft, or an object store with
     diloco.backend=object_store); print each replica's final-weight checksum."""
-    from composer_replication.config import load_config
+    from composer_replication.config import check_output_dir, load_config
     from composer_replication.diloco.launcher import launch_diloco, launch_with_executor
     from composer_replication.lm.models import resolve_model_source
 
@@ -98,6 +98,7 @@ def diloco_command(
     with exit_on():  # a bad config or model name: before any replica
         run = load_config(config, [*(overrides or []), f"diloco.replicas={replicas}"])
         resolve_model_source(run.model.name)
+        check_output_dir(run.output_dir, "output_dir")
     if launcher == "monarch":
         from composer_replication.diloco.monarch import launch_monarch
 

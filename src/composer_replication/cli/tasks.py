@@ -43,7 +43,7 @@ def generate_command(
     break some tests (resumable: a re-run continues where a killed one stopped)."""
     from pydantic import ValidationError
 
-    from composer_replication.config import TaskGenConfig
+    from composer_replication.config import TaskGenConfig, check_output_dir
     from composer_replication.envs.feature_deletion.generate import generate_tasks
     from composer_replication.envs.feature_deletion.source import prepare_source
     from composer_replication.progress import progress_bar
@@ -58,6 +58,7 @@ def generate_command(
     except ValidationError as e:
         fail(str(e))
     with exit_on():
+        check_output_dir(out, "--out")
         require_pytest()  # the grader: before a source is downloaded or unpacked
         tree = prepare_source(source, cfg)
         console.print(f"source {tree.label} ({tree.root}), sha256 {tree.digest[:12]}")

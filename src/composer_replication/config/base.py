@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 import typing
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,20 @@ def _yaml_error_message(path: Path, err: yaml.YAMLError) -> str:
     problem = getattr(err, "problem", None) or str(err)
     context = getattr(err, "context", None)
     return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+
+
+def check_output_dir(path: str | Path, what: str) -> None:
+    """Raise a `ConfigError` (``what``: the field or option, e.g. ``output_dir``) unless
+    ``path`` is a directory or can be made one: not a file, and its nearest existing ancestor a
+    writable directory. Called before any model loads or any work starts, so that an output
+    path that cannot be written stops the command at once instead of after the work."""
+    p = Path(path).expanduser().absolute()
+    ancestor = next(a for a in (p, *p.parents) if a.exists() or a.is_symlink())
+    if not ancestor.is_dir():
+        where = "it" if ancestor == p else str(ancestor)
+        raise ConfigError(f"{what} {path}: {where} exists and is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path}: {ancestor} is not writable")
 
 
 def configs_dir() -> Path:

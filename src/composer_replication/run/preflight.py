@@ -1,7 +1,7 @@
 """Everything about a run's input that can be checked before any model loads, in one function
-(:func:`preflight`): the config against this launch (processes), the checkpoint to resume
-from, the replay channel's preference data, and the environment (its task sets and sources
-are built here). A problem raises a `UserError` whose one line names the field or file; the
+(:func:`preflight`): the output directory, the config against this launch (processes), the
+checkpoint to resume from, the replay channel's preference data, and the environment (its task
+sets and sources are built here). A problem raises a `UserError` whose one line names the field or file; the
 CLI prints it and exits 2. :func:`~composer_replication.run.train.run_training` runs it
 unless given its result."""
 
@@ -19,6 +19,7 @@ from composer_replication import envs
 from composer_replication.config import (
     ConfigError,
     RunConfig,
+    check_output_dir,
     check_processes,
     check_resume_channels,
 )
@@ -39,6 +40,7 @@ class Checked:
 
 def preflight(cfg: RunConfig) -> Checked:
     """Check ``cfg``'s inputs (module docstring) and build its environment."""
+    check_output_dir(cfg.output_dir, "output_dir")
     resume = check_resume(cfg)
     if cfg.replay.weight > 0 and cfg.replay.dataset:
         load_pairs(cfg.replay.dataset, cfg.replay.max_pairs)
