@@ -34,6 +34,32 @@ class ConfigError(UserError, ValueError):
     """A config file or override that does not validate; the message names the key."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (YAML would keep the last
+    and drop the first without a word: a section's settings, a learning rate). A key merged in
+    with ``<<`` may still be set again: that is what merging is for."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, typing.Hashable) and key in first:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first[key] + 1})",
+                    key_node.start_mark,
+                )  # fmt: skip
+            if isinstance(key, typing.Hashable):
+                first[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str) -> Any:
+    """YAML text parsed as `yaml.safe_load` does, but a duplicated key is an error."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b=value`` -> (["a", "b"], value parsed as a YAML scalar)."""
     if "=" not in text:
@@ -43,7 +69,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or type(err).__name__
         raise ConfigError(f"override {text!r}: the value is not valid YAML ({problem})") from None
@@ -80,7 +106,7 @@ def load_yaml_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot read the {what} file: {err}") from None
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
     except yaml.YAMLError as err:
         raise ConfigError(_yaml_error_message(path, err)) from None
     if data is None:

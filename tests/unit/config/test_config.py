@@ -154,6 +154,34 @@ def test_yaml_loader_names_file_line_and_column(tmp_path):
         load_yaml_mapping(tmp_path / "nope.yaml", "teacher pool")
 
 
+DUPLICATED_SECTION = "optim:\n  learning_rate: 1.0e-6\nmax_steps: 3\noptim:\n  warmup_ratio: 0.1\n"
+"""``optim`` twice: YAML keeps the last, so the first section's learning rate would be dropped
+without a word and the run would train at the default rate."""
+
+
+def test_a_duplicated_key_names_its_line_and_the_first_one(tmp_path):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(DUPLICATED_SECTION)
+    with pytest.raises(ConfigError) as info:
+        load_config(dup)
+    assert str(info.value) == (
+        f"{dup}:4:1: not valid YAML: duplicate key 'optim' (first on line 1)"
+    )
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("env:\n  name: arithmetic\n  levels: [1]\n  levels: [2]\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(nested))}:4:3: .*duplicate key"):
+        load_yaml_mapping(nested)
+    with pytest.raises(ConfigError, match="duplicate key 'lr'"):
+        apply_overrides({}, ["optim={lr: 1, lr: 2}"])
+
+
+def test_merge_keys_may_still_override_what_they_merge(tmp_path):
+    """``<<: *base`` then a key of ``base``: an override, not a duplicate."""
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("x: &base {a: 1, b: 2}\ny:\n  <<: *base\n  b: 3\n")
+    assert load_yaml_mapping(merged)["y"] == {"a": 1, "b": 3}
+
+
 MIS_INDENTED_ABLATION = "seeds: [0, 1]\narms:\n  - name: grpo\n  overrides: [max_steps=1]\n"
 """``overrides`` sits at the list's indentation (line 4, column 3) instead of under ``name``."""
 
