@@ -56,7 +56,7 @@ def generate_command(
                             test_requirements=test_requirement or [],
                             rename_package=rename_package)  # fmt: skip
     except ValidationError as e:
-        fail(str(e))
+        fail("; ".join(f"{_option(err['loc'])}: {err['msg']}" for err in e.errors()))
     with exit_on():
         check_output_dir(out, "--out")
         require_pytest()  # the grader: before a source is downloaded or unpacked
@@ -80,6 +80,16 @@ def generate_command(
     console.print(
         "by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.by_status.items()))
     )
+
+
+def _option(loc: tuple) -> str:
+    """The command-line option of a `TaskGenConfig` field (``max_break_share`` ->
+    ``--max-break-share``; the list ``test_requirements`` is the repeatable
+    ``--test-requirement``)."""
+    if not loc:
+        return "options"
+    field = str(loc[0]).removesuffix("s") if loc[0] == "test_requirements" else str(loc[0])
+    return "--" + field.replace("_", "-") + "".join(f"[{i}]" for i in loc[1:])
 
 
 class _Bar:
