@@ -76,6 +76,7 @@ from composer_replication.config.env import (
 )
 from composer_replication.config.run import (
     DYNAMIC_SAMPLING_MULTIPROCESS,
+    SAVING_FIELDS,
     DynamicSamplingConfig,
     EvalConfig,
     GenerationConfig,
@@ -92,6 +93,7 @@ from composer_replication.config.run import (
     fresh_env_on_switch,
     load_config,
     nested_diffs,
+    saved_config_diffs,
 )
 
 __all__ = [
@@ -129,6 +131,7 @@ __all__ = [
     "ReplayChannelConfig",
     "RolloutConfig",
     "RunConfig",
+    "SAVING_FIELDS",
     "SandboxConfig",
     "SdpoConfig",
     "SdpoLossConfig",
@@ -160,6 +163,7 @@ __all__ = [
     "parse_override",
     "register_env_config",
     "resolve_config_path",
+    "saved_config_diffs",
     "BestRoute",
     "ColumnRoute",
     "DistillConfig",

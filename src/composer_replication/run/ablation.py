@@ -20,8 +20,8 @@ from composer_replication.config import (
     ConfigError,
     RunConfig,
     load_config,
-    nested_diffs,
     resolve_config_path,
+    saved_config_diffs,
 )
 from composer_replication.run.paired import (
     RunCurve,
@@ -125,12 +125,6 @@ def _arm_run_config(acfg: AblationConfig, arm: AblationArm, seed: int, out: Path
             *saving,
         ],
     )
-
-
-SAVING_FIELDS = frozenset({"output_dir", "save_steps", "save_total_limit", "save_only_model",
-                           "resume_from"})  # fmt: skip
-"""Run-config fields that change where and what a run saves, never what it trains: a run is
-reused, or resumed, whatever they were (``checkpoint_every`` may be turned on mid-study)."""
 
 
 def _resume_point(acfg: AblationConfig, cfg: RunConfig) -> tuple[RunConfig, str | None, float]:
@@ -256,10 +250,7 @@ def check_reusable(cfg: RunConfig) -> None:
     saved = Path(cfg.output_dir, "config.yaml")
     if not saved.is_file():
         raise ConfigError(f"{saved}: missing; cannot tell what {cfg.output_dir} was trained with")
-    diffs = nested_diffs(
-        load_config(saved, []).model_dump(exclude=SAVING_FIELDS),
-        cfg.model_dump(exclude=SAVING_FIELDS),
-    )
+    diffs = saved_config_diffs(saved, cfg)
     if diffs:
         raise ConfigError(
             f"{cfg.output_dir} was trained with another config (saved -> this arm):\n  "

@@ -22,6 +22,7 @@ from composer_replication.config import (
     check_output_dir,
     check_processes,
     check_resume_channels,
+    saved_config_diffs,
 )
 from composer_replication.envs.base import Environment
 from composer_replication.prefs.dataset import load_pairs
@@ -41,6 +42,8 @@ class Checked:
 def preflight(cfg: RunConfig) -> Checked:
     """Check ``cfg``'s inputs (module docstring) and build its environment."""
     check_output_dir(cfg.output_dir, "output_dir")
+    if cfg.resume_from is None:
+        check_fresh_run_dir(cfg)
     resume = check_resume(cfg)
     if cfg.replay.weight > 0 and cfg.replay.dataset:
         load_pairs(cfg.replay.dataset, cfg.replay.max_pairs)
@@ -49,6 +52,34 @@ def preflight(cfg: RunConfig) -> Checked:
 
         harness_venv(cfg.agent_proxy)
     return Checked(resume=resume, env=build_env(cfg))
+
+
+CONFIG_FILE = "config.yaml"
+"""The full config of a run, written into its output_dir before training (``run/train.py``)."""
+
+
+def check_fresh_run_dir(cfg: RunConfig) -> None:
+    """A fresh run (no ``resume_from``) in an ``output_dir`` that holds a run trained with
+    another config raises `ConfigError` naming what differs: it would overwrite that run's
+    config, drop its metrics and mix its evaluations with this run's. The same config again
+    (only where it saves may differ) is a re-run and goes on."""
+    saved = Path(cfg.output_dir) / CONFIG_FILE
+    if not saved.is_file():
+        return
+    try:
+        diffs = saved_config_diffs(saved, cfg)
+    except ConfigError as err:
+        raise ConfigError(
+            f"output_dir {cfg.output_dir} holds a run whose config.yaml cannot be read "
+            f"({' '.join(str(err).split())}); choose another output_dir or move it away"
+        ) from None
+    if diffs:
+        more = f"; and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+        raise ConfigError(
+            f"output_dir {cfg.output_dir} holds a run trained with another config (saved -> "
+            f"this: {'; '.join(diffs[:3])}{more}); choose another output_dir, move that run "
+            "away, or continue it with its own config and resume_from=latest"
+        )
 
 
 def build_env(cfg: RunConfig) -> Environment:
