@@ -170,19 +170,43 @@ def default_config_path() -> Path:
 
 
 def format_validation_error(
-    err: ValidationError, source: str, root: type[BaseModel], aliases: tuple[str, ...] = ()
+    err: ValidationError,
+    source: str,
+    root: type[BaseModel],
+    aliases: tuple[str, ...] = (),
+    overrides: list[str] | tuple[str, ...] = (),
 ) -> str:
     """``invalid config (source):`` and one ``key: problem`` line per error; an unknown key
     gets a ``did you mean`` from its section's field names (``aliases``: extra top-level
-    names of ``root``)."""
+    names of ``root``), and a key set by one of the ``key=value`` ``overrides`` names it."""
     lines = [f"invalid config ({source}):"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(root)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key" + _did_you_mean(e["loc"], root, aliases)
-        lines.append(f"  {key}: {msg}")
+        lines.append(f"  {key}: {msg}" + _from_override(e["loc"], overrides))
     return "\n".join(lines)
+
+
+def _from_override(loc: tuple, overrides: list[str] | tuple[str, ...]) -> str:
+    """`` (override 'a.b=1')``: the last override that set ``loc``, a section above it or a
+    key below it (``sdpo.loss.beta`` sets ``sdpo.loss.jsd.beta``: a union's tag is in the
+    error's path, not in the override); "" when the value came from the file."""
+    path = [str(p) for p in loc]
+    for text in reversed(overrides):
+        keys = parse_override(text)[0]
+        if keys[: len(path)] == path[: len(keys)] or _tagged(keys, path):
+            return f" (override {text!r})"
+    return ""
+
+
+def _tagged(keys: list[str], path: list[str]) -> bool:
+    """``keys`` is ``path`` with some inner parts (union tags) left out."""
+    if len(keys) >= len(path) or keys[0] != path[0] or keys[-1] != path[-1]:
+        return False
+    rest = iter(path)
+    return all(k in rest for k in keys)
 
 
 def _models_of(annotation: Any) -> Any:

@@ -402,7 +402,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(
-            format_validation_error(err, str(path), RunConfig, tuple(CHANNEL_ALIASES))
+            format_validation_error(
+                err, str(path), RunConfig, tuple(CHANNEL_ALIASES), overrides or []
+            )
         ) from None
 
 

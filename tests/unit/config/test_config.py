@@ -335,7 +335,7 @@ def test_a_loss_mapping_without_type_is_the_default_loss_and_typos_get_a_suggest
         ConfigError, match=r"sdpo\.loss\.jsd\.beta2: unknown key; did you mean 'beta'"
     ):
         load_config(None, ["sdpo.loss.beta2=1"])
-    with pytest.raises(ConfigError, match=r"zzz: unknown key$"):
+    with pytest.raises(ConfigError, match=r"zzz: unknown key \(override 'zzz=1'\)$"):
         load_config(None, ["zzz=1"])
 
 
@@ -406,3 +406,32 @@ def test_distill_evidence_configs_carry_the_preregistered_analysis():
             0.8,
             [1.0, 0.5],
         )
+
+
+def test_an_error_from_an_override_names_the_override_not_only_the_file(tmp_path):
+    """Before, ``optim.foo.bar=1`` was reported as an unknown key of quickstart.yaml, a file
+    that has no such line."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["optim.lerning_rate=1e-5", "max_steps=0"])
+    lines = str(info.value).splitlines()
+    assert lines[0].startswith("invalid config (") and "quickstart.yaml" in lines[0]
+    assert (
+        "  max_steps: Input should be greater than or equal to 1 (override 'max_steps=0')" in lines
+    )
+    assert (
+        "  optim.lerning_rate: unknown key; did you mean 'learning_rate'? "
+        "(override 'optim.lerning_rate=1e-5')"
+    ) in lines
+    bad = tmp_path / "run.yaml"
+    bad.write_text("max_steps: 0\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(bad, ["optim.learning_rate=1e-5"])
+    assert (
+        str(info.value).splitlines()[1] == "  max_steps: Input should be greater than or equal to 1"
+    )
+    with pytest.raises(ConfigError, match=r"  optim: .* \(override 'optim=3'\)"):
+        load_config(None, ["optim=3"])
+    with pytest.raises(
+        ConfigError, match=r"sdpo.loss.jsd.beta: .* \(override 'sdpo.loss.beta=7'\)"
+    ):
+        load_config(None, ["sdpo.loss.beta=7"])
