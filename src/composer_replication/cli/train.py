@@ -30,14 +30,13 @@ def train_command(
     ] = None,
 ) -> None:
     """Train with GRPO (+ channels) on an embedded task; evaluate base and trained model."""
-    from composer_replication.lm.models import resolve_model_source
-    from composer_replication.run.preflight import preflight, process_rank
+    from composer_replication.run.preflight import check_model_sources, preflight, process_rank
     from composer_replication.run.train import run_training
 
     with exit_on():  # bad input: one line, exit 2, before any model loads
         cfg = load_config(config, overrides or [])
         check_env_needs(cfg)  # a sandbox, a grader, an extra
-        resolve_model_source(cfg.model.name)  # a model path that does not exist, a hub id
+        check_model_sources(cfg)  # a model path that does not exist, a hub id (also teachers')
         checked = preflight(cfg)  # resume, replay data, task sets and sources
     quiet_libraries()
     if process_rank()[0] != 0:  # torchrun / accelerate launch: rank 0 speaks for the run

@@ -18,6 +18,7 @@ from pathlib import Path
 from composer_replication import envs
 from composer_replication.config import (
     ConfigError,
+    LocalTeacherConfig,
     RunConfig,
     check_output_dir,
     check_processes,
@@ -80,6 +81,22 @@ def check_fresh_run_dir(cfg: RunConfig) -> None:
             f"this: {'; '.join(diffs[:3])}{more}); choose another output_dir, move that run "
             "away, or continue it with its own config and resume_from=latest"
         )
+
+
+def check_model_sources(cfg: RunConfig) -> None:
+    """The student's model reference and each local distill teacher's resolve on this machine
+    (`resolve_model_source`: nothing loads); else one line naming the field (and teacher)."""
+    from composer_replication.lm.models import ModelLoadError, resolve_model_source
+
+    resolve_model_source(cfg.model.name)
+    if cfg.distill.weight <= 0:
+        return
+    for t in cfg.distill.teachers:
+        if isinstance(t, LocalTeacherConfig):
+            try:
+                resolve_model_source(t.model)
+            except ModelLoadError as err:
+                raise ConfigError(f"distill.teachers: {t.name!r}: {err}") from None
 
 
 def build_env(cfg: RunConfig) -> Environment:

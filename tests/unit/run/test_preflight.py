@@ -167,3 +167,20 @@ def test_a_run_directory_with_an_unreadable_config_is_refused(tmp_path, no_model
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"error: output_dir {run} holds a run whose config.yaml")
     assert f"{run / 'config.yaml'}:2:1: not valid YAML" in err[0]
+
+
+def test_a_local_teachers_missing_model_is_one_line_before_the_run_starts(tmp_path, monkeypatch):
+    """Before, it was found only after the run header, once the student's tokenizer had loaded
+    (seconds for the embedded GGUF): the teacher's path is now resolved with the student's."""
+    import composer_replication.lm.models as models
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a tokenizer was loaded before the model paths were checked")
+
+    monkeypatch.setattr(models, "load_tokenizer", loaded)
+    code, err, out = _train(
+        tmp_path, "distill.weight=0.1", "distill.teachers=[{type: local, name: t, model: ./nope}]"
+    )
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: distill.teachers: 't': model path './nope' does not exist")
+    assert "composer-replication train" not in out and not (tmp_path / "run").exists()
