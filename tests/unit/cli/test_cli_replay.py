@@ -112,3 +112,29 @@ def test_journal_that_is_not_a_database_or_is_damaged_is_bad_input(scripted, tmp
     r = runner.invoke(app, ["pairs", str(torn), "--out", str(tmp_path / "p"), "--no-embeddings"])
     assert r.exit_code == 2, r.output
     assert str(torn) in _flat(r.output) and "journal" in r.output
+
+
+def test_serve_on_a_port_in_use_is_one_line_before_the_model_loads(monkeypatch):
+    """Before, serve loaded the model, printed the pool entry as if it were up, then uvicorn
+    logged 'address already in use' and exited 3 (the replay's budget code). The port is now
+    bound first; an unknown host is refused the same way."""
+    import socket
+
+    import composer_replication.replay.local_model as local_model
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded before the port was bound")
+
+    monkeypatch.setattr(local_model.LocalChatModel, "__init__", loaded)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = runner.invoke(app, ["serve", "--model", "embedded:smollm2-135m-instruct",
+                                "--port", str(port)])  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert _flat(r.output).startswith(f"error: --host 127.0.0.1 --port {port}: cannot listen")
+    assert "teacher pool entry" not in r.output
+    r = runner.invoke(app, ["serve", "--model", "embedded:smollm2-135m-instruct",
+                            "--host", "no-such-host.invalid"])  # fmt: skip
+    assert r.exit_code == 2 and "--host no-such-host.invalid --port 8000" in _flat(r.output)
