@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 DEFAULT_CONFIG = "quickstart.yaml"
 
+MAX_CONFIG_BYTES = 16 * 2**20
+"""Larger is no config file (the shipped ones are a few KiB): refused before it is read."""
+
 
 class StrictModel(BaseModel):
     """A config section: unknown keys and out-of-range values are errors, also on assignment."""
@@ -99,6 +102,13 @@ def load_yaml_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory, not a {what} file")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{path}: not a regular file")
+    if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{path}: {path.stat().st_size / 2**20:.0f} MiB, too large for a {what} file "
+            f"(at most {MAX_CONFIG_BYTES // 2**20} MiB)"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -154,6 +164,8 @@ def resolve_config_path(name: str | Path) -> Path:
         return p
     if p.is_dir():
         raise ConfigError(f"{name}: is a directory, not a config file")
+    if p.exists():  # a FIFO, a device: reading it could block or never end
+        raise ConfigError(f"{name}: not a regular file")
     shipped = Path(*p.parts[1:]) if len(p.parts) > 1 and p.parts[0] == "configs" else p
     candidate = configs_dir() / shipped
     if not p.is_absolute() and candidate.is_file():

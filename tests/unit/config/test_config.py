@@ -435,3 +435,22 @@ def test_an_error_from_an_override_names_the_override_not_only_the_file(tmp_path
         ConfigError, match=r"sdpo.loss.jsd.beta: .* \(override 'sdpo.loss.beta=7'\)"
     ):
         load_config(None, ["sdpo.loss.beta=7"])
+
+
+def test_a_config_path_that_is_not_a_regular_file_or_is_huge_is_named(tmp_path):
+    """A FIFO (or /dev/zero) was reported as 'config file not found', though it exists; a
+    read of it could block or never end. A file far beyond any config's size is refused
+    before it is read whole."""
+    import os
+
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(fifo))}: not a regular file"):
+        load_config(fifo)
+    with pytest.raises(ConfigError, match="^/dev/zero: not a regular file"):
+        load_config("/dev/zero")
+    huge = tmp_path / "huge.yaml"
+    with open(huge, "wb") as fh:
+        fh.truncate(64 * 2**20)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(huge))}: 64 MiB, too large"):
+        load_yaml_mapping(huge)
