@@ -26,6 +26,10 @@ from composer_replication.traces.schema import TraceState
 def read_states(path: Path) -> list[TraceState]:
     """TraceStates from a JSONL file written by ``ingest``; errors name the file and line. A
     state id seen before is dropped with a warning (replayed twice, it would be paid twice)."""
+    if path.is_dir():
+        raise ValueError(f"states file {path}: is a directory")
+    if path.exists() and not path.is_file():  # a FIFO, a device: reading could block
+        raise ValueError(f"states file {path}: not a regular file")
     if not path.is_file():
         raise FileNotFoundError(f"states file not found: {path}")
     states: list[TraceState] = []

@@ -138,3 +138,19 @@ def test_serve_on_a_port_in_use_is_one_line_before_the_model_loads(monkeypatch):
     r = runner.invoke(app, ["serve", "--model", "embedded:smollm2-135m-instruct",
                             "--host", "no-such-host.invalid"])  # fmt: skip
     assert r.exit_code == 2 and "--host no-such-host.invalid --port 8000" in _flat(r.output)
+
+
+def test_a_states_path_that_is_a_directory_or_fifo_is_named_as_such(tmp_path):
+    """Both were reported as 'states file not found', though the path exists."""
+    import os
+
+    _, pool = _files(tmp_path, "http://127.0.0.1:9/v1", n=1)
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    for path, what in (
+        (tmp_path, "is a directory"),
+        (tmp_path / "fifo.jsonl", "not a regular file"),
+    ):
+        r = runner.invoke(app, ["replay", str(path), "--teachers", str(pool), "--budget-usd", "1",
+                                "--out", str(tmp_path / "r.db")])  # fmt: skip
+        assert r.exit_code == 2 and _flat(r.output) == f"error: states file {path}: {what}"
+        assert not (tmp_path / "r.db").exists()
