@@ -184,3 +184,14 @@ def test_a_local_teachers_missing_model_is_one_line_before_the_run_starts(tmp_pa
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith("error: distill.teachers: 't': model path './nope' does not exist")
     assert "composer-replication train" not in out and not (tmp_path / "run").exists()
+
+
+def test_a_task_dir_that_is_a_file_is_one_line_before_any_model(tmp_path, no_model):
+    """Before: a FileExistsError traceback from building the environment."""
+    (tmp_path / "taken").write_text("not a directory\n")
+    code, err, _ = _train(
+        tmp_path, "env.name=feature_deletion", f"env.task_sources=[{FIXTURE}]",
+        f"env.task_dir={tmp_path / 'taken'}",
+    )  # fmt: skip
+    assert (code, err) == (2, [f"error: env.task_dir {tmp_path / 'taken'}: it exists and is not "
+                               "a directory"])  # fmt: skip
