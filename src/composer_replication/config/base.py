@@ -202,15 +202,19 @@ def format_validation_error(
 
 
 def _from_override(loc: tuple, overrides: list[str] | tuple[str, ...]) -> str:
-    """`` (override 'a.b=1')``: the last override that set ``loc``, a section above it or a
-    key below it (``sdpo.loss.beta`` sets ``sdpo.loss.jsd.beta``: a union's tag is in the
-    error's path, not in the override); "" when the value came from the file."""
+    """`` (override 'a.b=1')``: the overrides that set ``loc``, a section above it or a key
+    below it (``sdpo.loss.beta`` sets ``sdpo.loss.jsd.beta``: a union's tag is in the error's
+    path, not in the override); "" when the value came from the file."""
     path = [str(p) for p in loc]
-    for text in reversed(overrides):
-        keys = parse_override(text)[0]
-        if keys[: len(path)] == path[: len(keys)] or _tagged(keys, path):
-            return f" (override {text!r})"
-    return ""
+    found = [
+        repr(text)
+        for text in overrides
+        if (keys := parse_override(text)[0])[: len(path)] == path[: len(keys)]
+        or _tagged(keys, path)
+    ]
+    if not found:
+        return ""
+    return f" (override{'s' if len(found) > 1 else ''} {', '.join(found)})"
 
 
 def _tagged(keys: list[str], path: list[str]) -> bool:
