@@ -96,7 +96,10 @@ def diloco_command(
     echo = lambda s: console.print(s, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     require_extra("diloco", "torchft")
     with exit_on():  # a bad config or model name: before any replica
-        run = load_config(config, [*(overrides or []), f"diloco.replicas={replicas}"])
+        # as each replica reads it (enabled): its rules for the outer loop are checked here
+        run = load_config(
+            config, [*(overrides or []), f"diloco.replicas={replicas}", "diloco.enabled=true"]
+        )
         check_model_sources(run)
         check_output_dir(run.output_dir, "output_dir")
     if launcher == "monarch":

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from composer_replication.config import RunConfig, load_config
+from composer_replication.config import RunConfig, check_output_dir, load_config
 from composer_replication.diloco.callback import FINAL_FILE, SYNC_LOG
 from composer_replication.diloco.replica import replica_overrides
 
@@ -76,11 +76,14 @@ def thread_overrides(overrides: list[str], n_local: int) -> list[str]:
 
 
 def check_fresh_store(cfg: RunConfig) -> None:
-    """Refuse an object store that already holds rounds (from an earlier run)."""
+    """Refuse an object store that already holds rounds (from an earlier run), and a local one
+    that cannot be a directory."""
     from composer_replication.diloco.callback import store_options
     from composer_replication.diloco.serverless.allreduce import rounds_at
 
     d = cfg.diloco
+    if d.store_uri and ("://" not in d.store_uri or d.store_uri.startswith("file://")):
+        check_output_dir(d.store_uri.removeprefix("file://"), "diloco.store_uri")
     left = rounds_at(d.store_uri or "", store_options(d))
     if left:
         raise ValueError(

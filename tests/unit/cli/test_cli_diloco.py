@@ -95,3 +95,28 @@ def test_ctrl_c_stops_a_launch_and_every_replica(tmp_path, sig):
     assert "Traceback" not in rest
     assert not group_alive(proc.pid) and not any(group_alive(r) for r in replicas)
     print(f"diloco launch exited {seconds:.1f} s after {sig.name}")
+
+
+def test_a_replica_only_rule_is_checked_before_any_replica_starts(tmp_path):
+    """diloco.backend=object_store without a store_uri passed the launcher (it read the config
+    with diloco.enabled off) and failed in every replica, exit 1."""
+    res = CliRunner().invoke(
+        app, ["diloco", "--executor", "local", "diloco.backend=object_store",
+              f"output_dir={tmp_path / 'run'}"],
+    )  # fmt: skip
+    assert res.exit_code == 2, res.output
+    assert "diloco.backend=object_store needs diloco.store_uri" in res.output
+    assert "[diloco]" not in res.output  # the launcher never started
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_local_store_that_is_a_file_is_refused_before_any_replica(tmp_path):
+    (tmp_path / "store").write_text("not a directory\n")
+    res = CliRunner().invoke(
+        app, ["diloco", "--executor", "local", "diloco.backend=object_store",
+              f"diloco.store_uri={tmp_path / 'store'}", f"output_dir={tmp_path / 'run'}"],
+    )  # fmt: skip
+    assert res.exit_code == 2, res.output
+    assert f"diloco.store_uri {tmp_path / 'store'}: it exists and is not a directory" in (
+        " ".join(res.output.split())
+    )
