@@ -43,7 +43,7 @@ def ablate_command(
         load_ablation_config,
         resolve_config_path,
     )
-    from composer_replication.run.ablation import arm_config, run_ablation
+    from composer_replication.run.ablation import arm_config, check_arm_inputs, run_ablation
     from composer_replication.run.paired import with_interval
 
     with exit_on():
@@ -51,6 +51,8 @@ def ablate_command(
         check_output_dir(acfg.output_dir, "output_dir")
         for each in acfg.arms:  # validate every arm's run config before training anything
             arm_config(acfg, each, acfg.seeds[0])
+        if not report:  # and what each arm reads: a bad one fails now, not at its turn
+            check_arm_inputs(acfg)
     quiet_libraries()
     command = (
         "composer-replication ablate --config "

@@ -19,6 +19,8 @@ from composer_replication.config import (
     AblationConfig,
     ConfigError,
     RunConfig,
+    UserError,
+    check_output_dir,
     load_config,
     resolve_config_path,
     saved_config_diffs,
@@ -106,6 +108,22 @@ def arm_config(acfg: AblationConfig, arm: AblationArm, seed: int) -> RunConfig:
             "sdpo.weight, which is 0 (the peer would not distill); set e.g. sdpo.weight=0.1"
         )
     return cfg
+
+
+def check_arm_inputs(acfg: AblationConfig) -> None:
+    """Every arm's run config (first seed) and what it reads that can be checked without
+    loading anything: model references, output directory, preference data and harness
+    (`run.preflight`). A `ConfigError` names the arm, before the first arm trains."""
+    from composer_replication.run.preflight import check_data, check_model_sources
+
+    for arm in acfg.arms:
+        cfg = arm_config(acfg, arm, acfg.seeds[0])
+        try:
+            check_model_sources(cfg)
+            check_output_dir(cfg.output_dir, "output_dir")
+            check_data(cfg)
+        except UserError as err:
+            raise ConfigError(f"arm {arm.name!r}: {err}") from None
 
 
 def _arm_run_config(acfg: AblationConfig, arm: AblationArm, seed: int, out: Path) -> RunConfig:

@@ -46,13 +46,19 @@ def preflight(cfg: RunConfig) -> Checked:
     if cfg.resume_from is None:
         check_fresh_run_dir(cfg)
     resume = check_resume(cfg)
+    check_data(cfg)
+    return Checked(resume=resume, env=build_env(cfg))
+
+
+def check_data(cfg: RunConfig) -> None:
+    """What the run reads besides its model and tasks, checked without building anything: the
+    replay channel's preference data and the agent proxy's harness environment."""
     if cfg.replay.weight > 0 and cfg.replay.dataset:
         load_pairs(cfg.replay.dataset, cfg.replay.max_pairs)
     if cfg.agent_proxy.enabled:
         from composer_replication.agents.episodes import harness_venv
 
         harness_venv(cfg.agent_proxy)
-    return Checked(resume=resume, env=build_env(cfg))
 
 
 CONFIG_FILE = "config.yaml"
