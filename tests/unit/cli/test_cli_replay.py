@@ -154,3 +154,31 @@ def test_a_states_path_that_is_a_directory_or_fifo_is_named_as_such(tmp_path):
                                 "--out", str(tmp_path / "r.db")])  # fmt: skip
         assert r.exit_code == 2 and _flat(r.output) == f"error: states file {path}: {what}"
         assert not (tmp_path / "r.db").exists()
+
+
+def test_a_state_changed_since_it_was_journaled_is_refused(scripted, tmp_path):
+    """The states file was re-ingested (its agent's action, or a redaction, changed) and
+    replayed into the same journal: the journal kept the old state (INSERT OR IGNORE) while new
+    answers were asked for the new one, so ``pairs`` paired them with the old prompt and
+    action. Now the replay stops before any call, naming the state."""
+    from composer_replication.replay.journal import Journal
+
+    _, url = scripted
+    sfile, pool = _files(tmp_path, url, n=3)
+    db = tmp_path / "r.db"
+    args = ["replay", str(sfile), "--teachers", str(pool), "--budget-usd", "1", "--out", str(db),
+            "--no-progress"]  # fmt: skip
+    assert runner.invoke(app, args).exit_code == 0
+    with Journal(db) as jr:
+        calls_before = len(list(jr.calls()))
+    lines = sfile.read_bytes().splitlines()
+    changed = orjson.loads(lines[1])
+    changed["action"]["text"] = "something else the agent did"
+    sfile.write_bytes(b"\n".join([lines[0], orjson.dumps(changed), lines[2]]) + b"\n")
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert _flat(r.output).startswith(
+        f"error: {db.resolve()}: already holds state {changed['state_id']!r} with other content"
+    )
+    with Journal(db) as jr:
+        assert len(list(jr.calls())) == calls_before
