@@ -57,11 +57,14 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def interrupt(proc: subprocess.Popen, timeout_s: float) -> tuple[str, float]:
-    """SIGINT to ``proc`` alone (as ``kill -INT``), then its remaining output and the seconds
-    it took to exit (``subprocess.TimeoutExpired`` past ``timeout_s``; the group is killed)."""
+def interrupt(
+    proc: subprocess.Popen, timeout_s: float, sig: int = signal.SIGINT
+) -> tuple[str, float]:
+    """SIGINT (or ``sig``) to ``proc`` alone (as ``kill -INT``), then its remaining output and
+    the seconds it took to exit (``subprocess.TimeoutExpired`` past ``timeout_s``; the group is
+    killed)."""
     t0 = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     try:
         rest, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -38,14 +38,21 @@ def ablate_command(
     results table and a held-out-vs-step plot into the run directory (and into the docs with
     results_md=docs/results.md). Several processes may run one config at once (one per GPU
     with CUDA_VISIBLE_DEVICES, say): each trains the runs no other process holds."""
-    from composer_replication.config import load_ablation_config, resolve_config_path
-    from composer_replication.run.ablation import arm_config, run_ablation
+    from composer_replication.config import (
+        check_output_dir,
+        load_ablation_config,
+        resolve_config_path,
+    )
+    from composer_replication.run.ablation import arm_config, check_arm_inputs, run_ablation
     from composer_replication.run.paired import with_interval
 
     with exit_on():
         acfg = load_ablation_config(resolve_config_path(str(config)), overrides or [])
+        check_output_dir(acfg.output_dir, "output_dir")
         for each in acfg.arms:  # validate every arm's run config before training anything
             arm_config(acfg, each, acfg.seeds[0])
+        if not report:  # and what each arm reads: a bad one fails now, not at its turn
+            check_arm_inputs(acfg)
     quiet_libraries()
     command = (
         "composer-replication ablate --config "

@@ -76,9 +76,9 @@ def diloco_command(
 ) -> None:
     """Train N replicas with the DiLoCo outer loop (torchft, or an object store with
     diloco.backend=object_store); print each replica's final-weight checksum."""
-    from composer_replication.config import load_config
+    from composer_replication.config import check_output_dir, load_config
     from composer_replication.diloco.launcher import launch_diloco, launch_with_executor
-    from composer_replication.lm.models import resolve_model_source
+    from composer_replication.run.preflight import check_model_sources
 
     if executor not in (None, "local"):
         fail(f"--executor {executor!r}: only 'local' is supported")
@@ -96,8 +96,12 @@ def diloco_command(
     echo = lambda s: console.print(s, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     require_extra("diloco", "torchft")
     with exit_on():  # a bad config or model name: before any replica
-        run = load_config(config, [*(overrides or []), f"diloco.replicas={replicas}"])
-        resolve_model_source(run.model.name)
+        # as each replica reads it (enabled): its rules for the outer loop are checked here
+        run = load_config(
+            config, [*(overrides or []), f"diloco.replicas={replicas}", "diloco.enabled=true"]
+        )
+        check_model_sources(run)
+        check_output_dir(run.output_dir, "output_dir")
     if launcher == "monarch":
         from composer_replication.diloco.monarch import launch_monarch
 

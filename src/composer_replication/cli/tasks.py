@@ -43,7 +43,7 @@ def generate_command(
     break some tests (resumable: a re-run continues where a killed one stopped)."""
     from pydantic import ValidationError
 
-    from composer_replication.config import TaskGenConfig
+    from composer_replication.config import TaskGenConfig, check_output_dir
     from composer_replication.envs.feature_deletion.generate import generate_tasks
     from composer_replication.envs.feature_deletion.source import prepare_source
     from composer_replication.progress import progress_bar
@@ -56,8 +56,9 @@ def generate_command(
                             test_requirements=test_requirement or [],
                             rename_package=rename_package)  # fmt: skip
     except ValidationError as e:
-        fail(str(e))
+        fail("; ".join(f"{_option(err['loc'])}: {err['msg']}" for err in e.errors()))
     with exit_on():
+        check_output_dir(out, "--out")
         require_pytest()  # the grader: before a source is downloaded or unpacked
         tree = prepare_source(source, cfg)
         console.print(f"source {tree.label} ({tree.root}), sha256 {tree.digest[:12]}")
@@ -79,6 +80,16 @@ def generate_command(
     console.print(
         "by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.by_status.items()))
     )
+
+
+def _option(loc: tuple) -> str:
+    """The command-line option of a `TaskGenConfig` field (``max_break_share`` ->
+    ``--max-break-share``; the list ``test_requirements`` is the repeatable
+    ``--test-requirement``)."""
+    if not loc:
+        return "options"
+    field = str(loc[0]).removesuffix("s") if loc[0] == "test_requirements" else str(loc[0])
+    return "--" + field.replace("_", "-") + "".join(f"[{i}]" for i in loc[1:])
 
 
 class _Bar:

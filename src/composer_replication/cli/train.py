@@ -30,14 +30,13 @@ def train_command(
     ] = None,
 ) -> None:
     """Train with GRPO (+ channels) on an embedded task; evaluate base and trained model."""
-    from composer_replication.lm.models import resolve_model_source
-    from composer_replication.run.preflight import preflight, process_rank
+    from composer_replication.run.preflight import check_model_sources, preflight, process_rank
     from composer_replication.run.train import run_training
 
     with exit_on():  # bad input: one line, exit 2, before any model loads
         cfg = load_config(config, overrides or [])
         check_env_needs(cfg)  # a sandbox, a grader, an extra
-        resolve_model_source(cfg.model.name)  # a model path that does not exist, a hub id
+        check_model_sources(cfg)  # a model path that does not exist, a hub id (also teachers')
         checked = preflight(cfg)  # resume, replay data, task sets and sources
     quiet_libraries()
     if process_rank()[0] != 0:  # torchrun / accelerate launch: rank 0 speaks for the run
@@ -195,7 +194,7 @@ def eval_command(
 
             require_pytest()
         if env == "arithmetic":
-            kwargs: dict = {"levels": [int(x) for x in levels.split(",")]}
+            kwargs: dict = {"levels": parse_levels(levels)}
         elif env == "humaneval":
             kwargs = {
                 "sandbox": SandboxConfig(unsafe_run_without_isolation=unsafe_run_without_isolation)
@@ -205,9 +204,9 @@ def eval_command(
         else:
             kwargs = {}
         environment = get_env(env, **kwargs)
+        total = min(n, len(environment.tasks(split)))  # an unknown --split: before the model
         tok = load_tokenizer(model)
         lm = load_model(model)
-    total = min(n, len(environment.tasks(split)))
     with progress_bar(console, f"eval {env}/{split}", total) as adv:
         res = evaluate(lm, tok, environment, split, n, max_new_tokens, batch_size, progress=adv,
                        max_turns=max_turns, max_tool_calls=max_tool_calls)  # fmt: skip
@@ -215,3 +214,13 @@ def eval_command(
         console.print(f"[{'green' if ok else 'red'}]{tid}[/] {comp!r}")
     s = res.summary()
     console.print(f"{model} on {env}/{split}: n={s['n']}  pass@1 {format_eval(s)}")
+
+
+def parse_levels(text: str) -> list[int]:
+    """``--levels 1,2`` -> [1, 2]; anything else is bad input naming the option."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(
+            f"--levels {text!r}: expected comma-separated integers, e.g. 1,2"
+        ) from None

@@ -18,6 +18,7 @@ from composer_replication.config.base import (
     StrictModel,
     UserError,
     apply_overrides,
+    check_output_dir,
     configs_dir,
     default_config_path,
     format_validation_error,
@@ -75,6 +76,7 @@ from composer_replication.config.env import (
 )
 from composer_replication.config.run import (
     DYNAMIC_SAMPLING_MULTIPROCESS,
+    SAVING_FIELDS,
     DynamicSamplingConfig,
     EvalConfig,
     GenerationConfig,
@@ -91,6 +93,7 @@ from composer_replication.config.run import (
     fresh_env_on_switch,
     load_config,
     nested_diffs,
+    saved_config_diffs,
 )
 
 __all__ = [
@@ -128,6 +131,7 @@ __all__ = [
     "ReplayChannelConfig",
     "RolloutConfig",
     "RunConfig",
+    "SAVING_FIELDS",
     "SandboxConfig",
     "SdpoConfig",
     "SdpoLossConfig",
@@ -141,6 +145,7 @@ __all__ = [
     "VllmConfig",
     "apply_overrides",
     "channel_setting_diffs",
+    "check_output_dir",
     "check_processes",
     "check_resume_channels",
     "recorded_channels",
@@ -158,6 +163,7 @@ __all__ = [
     "parse_override",
     "register_env_config",
     "resolve_config_path",
+    "saved_config_diffs",
     "BestRoute",
     "ColumnRoute",
     "DistillConfig",

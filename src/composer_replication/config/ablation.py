@@ -121,4 +121,6 @@ def load_ablation_config(path: str | Path, overrides: list[str] | None = None) -
     try:
         return AblationConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, str(path), AblationConfig)) from None
+        raise ConfigError(
+            format_validation_error(err, str(path), AblationConfig, overrides=overrides or [])
+        ) from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 import typing
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 DEFAULT_CONFIG = "quickstart.yaml"
+
+MAX_CONFIG_BYTES = 16 * 2**20
+"""Larger is no config file (the shipped ones are a few KiB): refused before it is read."""
 
 
 class StrictModel(BaseModel):
@@ -33,6 +37,32 @@ class ConfigError(UserError, ValueError):
     """A config file or override that does not validate; the message names the key."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (YAML would keep the last
+    and drop the first without a word: a section's settings, a learning rate). A key merged in
+    with ``<<`` may still be set again: that is what merging is for."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, typing.Hashable) and key in first:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first[key] + 1})",
+                    key_node.start_mark,
+                )  # fmt: skip
+            if isinstance(key, typing.Hashable):
+                first[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str) -> Any:
+    """YAML text parsed as `yaml.safe_load` does, but a duplicated key is an error."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b=value`` -> (["a", "b"], value parsed as a YAML scalar)."""
     if "=" not in text:
@@ -42,7 +72,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or type(err).__name__
         raise ConfigError(f"override {text!r}: the value is not valid YAML ({problem})") from None
@@ -72,6 +102,13 @@ def load_yaml_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory, not a {what} file")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{path}: not a regular file")
+    if path.is_file() and path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{path}: {path.stat().st_size / 2**20:.0f} MiB, too large for a {what} file "
+            f"(at most {MAX_CONFIG_BYTES // 2**20} MiB)"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -79,7 +116,7 @@ def load_yaml_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot read the {what} file: {err}") from None
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
     except yaml.YAMLError as err:
         raise ConfigError(_yaml_error_message(path, err)) from None
     if data is None:
@@ -99,6 +136,20 @@ def _yaml_error_message(path: Path, err: yaml.YAMLError) -> str:
     return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
 
 
+def check_output_dir(path: str | Path, what: str) -> None:
+    """Raise a `ConfigError` (``what``: the field or option, e.g. ``output_dir``) unless
+    ``path`` is a directory or can be made one: not a file, and its nearest existing ancestor a
+    writable directory. Called before any model loads or any work starts, so that an output
+    path that cannot be written stops the command at once instead of after the work."""
+    p = Path(path).expanduser().absolute()
+    ancestor = next(a for a in (p, *p.parents) if a.exists() or a.is_symlink())
+    if not ancestor.is_dir():
+        where = "it" if ancestor == p else str(ancestor)
+        raise ConfigError(f"{what} {path}: {where} exists and is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path}: {ancestor} is not writable")
+
+
 def configs_dir() -> Path:
     """The shipped configs: package data (``composer_replication/configs``), so an installed
     wheel has them; a repository checkout sees the same directory as ``configs/``."""
@@ -113,6 +164,8 @@ def resolve_config_path(name: str | Path) -> Path:
         return p
     if p.is_dir():
         raise ConfigError(f"{name}: is a directory, not a config file")
+    if p.exists():  # a FIFO, a device: reading it could block or never end
+        raise ConfigError(f"{name}: not a regular file")
     shipped = Path(*p.parts[1:]) if len(p.parts) > 1 and p.parts[0] == "configs" else p
     candidate = configs_dir() / shipped
     if not p.is_absolute() and candidate.is_file():
@@ -129,19 +182,47 @@ def default_config_path() -> Path:
 
 
 def format_validation_error(
-    err: ValidationError, source: str, root: type[BaseModel], aliases: tuple[str, ...] = ()
+    err: ValidationError,
+    source: str,
+    root: type[BaseModel],
+    aliases: tuple[str, ...] = (),
+    overrides: list[str] | tuple[str, ...] = (),
 ) -> str:
     """``invalid config (source):`` and one ``key: problem`` line per error; an unknown key
     gets a ``did you mean`` from its section's field names (``aliases``: extra top-level
-    names of ``root``)."""
+    names of ``root``), and a key set by one of the ``key=value`` ``overrides`` names it."""
     lines = [f"invalid config ({source}):"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(root)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key" + _did_you_mean(e["loc"], root, aliases)
-        lines.append(f"  {key}: {msg}")
+        lines.append(f"  {key}: {msg}" + _from_override(e["loc"], overrides))
     return "\n".join(lines)
+
+
+def _from_override(loc: tuple, overrides: list[str] | tuple[str, ...]) -> str:
+    """`` (override 'a.b=1')``: the overrides that set ``loc``, a section above it or a key
+    below it (``sdpo.loss.beta`` sets ``sdpo.loss.jsd.beta``: a union's tag is in the error's
+    path, not in the override); "" when the value came from the file."""
+    path = [str(p) for p in loc]
+    found = [
+        repr(text)
+        for text in overrides
+        if (keys := parse_override(text)[0])[: len(path)] == path[: len(keys)]
+        or _tagged(keys, path)
+    ]
+    if not found:
+        return ""
+    return f" (override{'s' if len(found) > 1 else ''} {', '.join(found)})"
+
+
+def _tagged(keys: list[str], path: list[str]) -> bool:
+    """``keys`` is ``path`` with some inner parts (union tags) left out."""
+    if len(keys) >= len(path) or keys[0] != path[0] or keys[-1] != path[-1]:
+        return False
+    rest = iter(path)
+    return all(k in rest for k in keys)
 
 
 def _models_of(annotation: Any) -> Any:

@@ -376,6 +376,22 @@ def nested_diffs(old: Any, new: Any, path: str = "") -> list[str]:
     return [] if old == new else [f"{path}: {old!r} -> {new!r}"]
 
 
+SAVING_FIELDS = frozenset({"output_dir", "save_steps", "save_total_limit", "save_only_model",
+                           "resume_from"})  # fmt: skip
+"""Run-config fields that change where and what a run saves, never what it trains: a run is
+reused, or resumed, whatever they were (``checkpoint_every`` may be turned on mid-study)."""
+
+
+def saved_config_diffs(saved: str | Path, cfg: RunConfig) -> list[str]:
+    """``key: saved -> cfg`` for each setting where the config a run saved (its
+    ``config.yaml``, read with today's defaults) differs from ``cfg``, but for
+    :data:`SAVING_FIELDS`. A `ConfigError` if the saved file cannot be read as a run config."""
+    return nested_diffs(
+        load_config(saved, []).model_dump(exclude=SAVING_FIELDS),
+        cfg.model_dump(exclude=SAVING_FIELDS),
+    )
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a RunConfig from YAML (default: the shipped quickstart) plus overrides. ``path`` is
     a file, or the name of a shipped config (`resolve_config_path`)."""
@@ -386,7 +402,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(
-            format_validation_error(err, str(path), RunConfig, tuple(CHANNEL_ALIASES))
+            format_validation_error(
+                err, str(path), RunConfig, tuple(CHANNEL_ALIASES), overrides or []
+            )
         ) from None
 
 

@@ -23,11 +23,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from composer_replication.config import RunConfig, load_config
+from composer_replication.config import RunConfig, check_output_dir, load_config
 from composer_replication.diloco.callback import FINAL_FILE, SYNC_LOG
 from composer_replication.diloco.replica import replica_overrides
 
@@ -74,11 +76,14 @@ def thread_overrides(overrides: list[str], n_local: int) -> list[str]:
 
 
 def check_fresh_store(cfg: RunConfig) -> None:
-    """Refuse an object store that already holds rounds (from an earlier run)."""
+    """Refuse an object store that already holds rounds (from an earlier run), and a local one
+    that cannot be a directory."""
     from composer_replication.diloco.callback import store_options
     from composer_replication.diloco.serverless.allreduce import rounds_at
 
     d = cfg.diloco
+    if d.store_uri and ("://" not in d.store_uri or d.store_uri.startswith("file://")):
+        check_output_dir(d.store_uri.removeprefix("file://"), "diloco.store_uri")
     left = rounds_at(d.store_uri or "", store_options(d))
     if left:
         raise ValueError(
@@ -104,6 +109,25 @@ def stop_process_groups(procs: list[subprocess.Popen], grace_s: float = STOP_GRA
             pass
         _signal_group(p, signal.SIGKILL)  # also the group's other members, if any are left
         p.wait()
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """In the block, SIGTERM (``timeout``, ``kill``, a job scheduler) raises KeyboardInterrupt
+    as Ctrl-C does, so the launcher's cleanup runs and stops its replicas; SIGTERM's default
+    action ends the process at once and leaves them running, orphaned. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:
@@ -160,30 +184,33 @@ def launch_diloco(
     where = f"object store {cfg.diloco.store_uri}" if object_store else f"lighthouse {lighthouse}"
     echo(f"[diloco] {where}; starting replicas {ids} of {replicas}")
     procs: list[tuple[int, subprocess.Popen, threading.Thread]] = []
-    try:
-        for r in ids:
-            args = [sys.executable, "-m", "composer_replication.run.replica"]
-            if config is not None:
-                args += ["--config", str(config)]
-            rep = replica_overrides(cfg, r, replicas, None if object_store else lighthouse, None)
-            args += [*overrides, *threads, *rep]
-            p = subprocess.Popen(
-                args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                start_new_session=True,  # stopped by this launcher, with their own children
-            )  # fmt: skip
-            t = threading.Thread(target=_stream, args=(p, f"[r{r}]", echo), daemon=True)
-            t.start()
-            procs.append((r, p, t))
-        for _, p, t in procs:
-            p.wait()
-            t.join(5)
-    except KeyboardInterrupt:
-        echo(f"[diloco] interrupted: stopping replicas {ids}")
-        raise
-    finally:  # also on Ctrl-C or an error here: no replica outlives the launcher
-        stop_process_groups([p for _, p, _ in procs])
-        if server is not None:
-            server.shutdown()
+    with sigterm_as_interrupt():  # a kill stops the replicas too
+        try:
+            for r in ids:
+                args = [sys.executable, "-m", "composer_replication.run.replica"]
+                if config is not None:
+                    args += ["--config", str(config)]
+                rep = replica_overrides(
+                    cfg, r, replicas, None if object_store else lighthouse, None
+                )
+                args += [*overrides, *threads, *rep]
+                p = subprocess.Popen(
+                    args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                    start_new_session=True,  # stopped by this launcher, with their own children
+                )  # fmt: skip
+                t = threading.Thread(target=_stream, args=(p, f"[r{r}]", echo), daemon=True)
+                t.start()
+                procs.append((r, p, t))
+            for _, p, t in procs:
+                p.wait()
+                t.join(5)
+        except KeyboardInterrupt:
+            echo(f"[diloco] interrupted: stopping replicas {ids}")
+            raise
+        finally:  # also on Ctrl-C or an error here: no replica outlives the launcher
+            stop_process_groups([p for _, p, _ in procs])
+            if server is not None:
+                server.shutdown()
     results = [collect_replica(cfg, r, p.returncode) for r, p, _ in procs]
     return summarize(cfg, results, None if object_store else lighthouse)
 

@@ -49,6 +49,18 @@ def resolve_pairs_file(path: str | Path) -> Path:
     raise PreferenceDataError(f"preference data not found: {p}")
 
 
+def check_pair(row: Any, where: str) -> None:
+    """A `PreferenceDataError` (``where``: file:line) unless ``row`` is an object whose
+    ``prompt``, ``chosen`` and ``rejected`` are each messages (a list) or a string."""
+    if not isinstance(row, dict):
+        raise PreferenceDataError(f"{where}: not a JSON object (a {type(row).__name__})")
+    for key in ("prompt", "chosen", "rejected"):
+        if key not in row:
+            raise PreferenceDataError(f"{where}: missing field {key!r}")
+        if not isinstance(row[key], list | str):
+            raise PreferenceDataError(f"{where}: {key!r} must be messages or a string")
+
+
 def load_pairs(path: str | Path, max_pairs: int) -> list[dict[str, Any]]:
     """Read up to ``max_pairs`` preference rows, validating each (errors name file:line)."""
     f = resolve_pairs_file(path)
@@ -61,11 +73,7 @@ def load_pairs(path: str | Path, max_pairs: int) -> list[dict[str, Any]]:
                 row = orjson.loads(line)
             except orjson.JSONDecodeError as err:
                 raise PreferenceDataError(f"{f}:{lineno}: invalid JSON ({err})") from None
-            for key in ("prompt", "chosen", "rejected"):
-                if key not in row:
-                    raise PreferenceDataError(f"{f}:{lineno}: missing field {key!r}")
-            if not isinstance(row["prompt"], list | str):
-                raise PreferenceDataError(f"{f}:{lineno}: 'prompt' must be messages or a string")
+            check_pair(row, f"{f}:{lineno}")
             rows.append(row)
             if len(rows) >= max_pairs:
                 break

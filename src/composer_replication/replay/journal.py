@@ -224,7 +224,11 @@ class Journal:
 
     # states -----------------------------------------------------------------------------------
     def add_states(self, states: Iterable[TraceState]) -> None:
-        """Store states (idempotent; keeps the first order seen)."""
+        """Store states (idempotent; keeps the first order seen). A state whose id the journal
+        holds with other content is a `JournalError`, before anything is stored: its answers
+        would be paired with the journaled state's prompt and action."""
+        states = list(states)
+        self._check_same_states(states)
         start = self.conn.execute("SELECT COALESCE(MAX(ord), -1) + 1 FROM states").fetchone()[0]
         rows = [(s.state_id, start + i, s.to_json()) for i, s in enumerate(states)]
         with self.conn:
@@ -232,6 +236,20 @@ class Journal:
             self.conn.executemany(
                 "INSERT OR IGNORE INTO states (state_id, ord, state_json) VALUES (?, ?, ?)", rows
             )
+
+    def _check_same_states(self, states: list[TraceState]) -> None:
+        ids = {s.state_id for s in states}
+        known = {
+            sid: blob
+            for sid, blob in self.conn.execute("SELECT state_id, state_json FROM states")
+            if sid in ids
+        }
+        for s in states:
+            if s.state_id in known and TraceState.from_json(known[s.state_id]) != s:
+                raise JournalError(
+                    f"{self.real}: already holds state {s.state_id!r} with other content (the "
+                    "states file was made again?); replay it into a new --out journal"
+                )
 
     def state(self, state_id: str) -> TraceState | None:
         row = self.conn.execute(

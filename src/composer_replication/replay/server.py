@@ -17,11 +17,14 @@ log writes one line per request. Binds 127.0.0.1 unless told otherwise.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 import uuid
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from composer_replication.config import UserError
 
 from .local_model import LocalChatModel
 
@@ -280,16 +283,41 @@ def serve(
     log_level: str = "info",
     max_logprob_entries: int = 2_000_000,
 ) -> None:
-    """Load ``model`` and serve it until interrupted; prints the teacher-pool entry to use."""
+    """Load ``model`` and serve it until interrupted; prints the teacher-pool entry to use. The
+    port is bound first: one taken, or a host that is not this machine's, fails at once."""
     import uvicorn
 
+    sock = listen_socket(host, port)
     chat_model = LocalChatModel(model, max_prompt_tokens=max_prompt_tokens)
     app = create_app(
         chat_model, served_model_name or model, max_logprob_entries=max_logprob_entries
     )
     print("teacher pool entry for this server (paste under `teachers:` in a pool YAML):")
     print(pool_entry(host, port, served_model_name or model), flush=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=True)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=True)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+class ServeError(UserError):
+    """``serve`` cannot listen where it was asked to; the message names host and port."""
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (uvicorn listens on it), or `ServeError`."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as err:
+        raise ServeError(f"--host {host} --port {port}: cannot listen there: {err}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as err:
+        sock.close()
+        raise ServeError(
+            f"--host {host} --port {port}: cannot listen there: {err.strerror or err}"
+        ) from None
+    return sock
 
 
 def pool_entry(host: str, port: int, model_id: str) -> str:

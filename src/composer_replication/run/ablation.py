@@ -19,9 +19,11 @@ from composer_replication.config import (
     AblationConfig,
     ConfigError,
     RunConfig,
+    UserError,
+    check_output_dir,
     load_config,
-    nested_diffs,
     resolve_config_path,
+    saved_config_diffs,
 )
 from composer_replication.run.paired import (
     RunCurve,
@@ -108,6 +110,22 @@ def arm_config(acfg: AblationConfig, arm: AblationArm, seed: int) -> RunConfig:
     return cfg
 
 
+def check_arm_inputs(acfg: AblationConfig) -> None:
+    """Every arm's run config (first seed) and what it reads that can be checked without
+    loading anything: model references, output directory, preference data and harness
+    (`run.preflight`). A `ConfigError` names the arm, before the first arm trains."""
+    from composer_replication.run.preflight import check_data, check_model_sources
+
+    for arm in acfg.arms:
+        cfg = arm_config(acfg, arm, acfg.seeds[0])
+        try:
+            check_model_sources(cfg)
+            check_output_dir(cfg.output_dir, "output_dir")
+            check_data(cfg)
+        except UserError as err:
+            raise ConfigError(f"arm {arm.name!r}: {err}") from None
+
+
 def _arm_run_config(acfg: AblationConfig, arm: AblationArm, seed: int, out: Path) -> RunConfig:
     if acfg.checkpoint_every:  # resumable: full state, the newest only
         saving = [f"save_steps={acfg.checkpoint_every}", "save_only_model=false",
@@ -125,12 +143,6 @@ def _arm_run_config(acfg: AblationConfig, arm: AblationArm, seed: int, out: Path
             *saving,
         ],
     )
-
-
-SAVING_FIELDS = frozenset({"output_dir", "save_steps", "save_total_limit", "save_only_model",
-                           "resume_from"})  # fmt: skip
-"""Run-config fields that change where and what a run saves, never what it trains: a run is
-reused, or resumed, whatever they were (``checkpoint_every`` may be turned on mid-study)."""
 
 
 def _resume_point(acfg: AblationConfig, cfg: RunConfig) -> tuple[RunConfig, str | None, float]:
@@ -256,10 +268,7 @@ def check_reusable(cfg: RunConfig) -> None:
     saved = Path(cfg.output_dir, "config.yaml")
     if not saved.is_file():
         raise ConfigError(f"{saved}: missing; cannot tell what {cfg.output_dir} was trained with")
-    diffs = nested_diffs(
-        load_config(saved, []).model_dump(exclude=SAVING_FIELDS),
-        cfg.model_dump(exclude=SAVING_FIELDS),
-    )
+    diffs = saved_config_diffs(saved, cfg)
     if diffs:
         raise ConfigError(
             f"{cfg.output_dir} was trained with another config (saved -> this arm):\n  "

@@ -1,7 +1,7 @@
 """Everything about a run's input that can be checked before any model loads, in one function
-(:func:`preflight`): the config against this launch (processes), the checkpoint to resume
-from, the replay channel's preference data, and the environment (its task sets and sources
-are built here). A problem raises a `UserError` whose one line names the field or file; the
+(:func:`preflight`): the output directory, the config against this launch (processes), the
+checkpoint to resume from, the replay channel's preference data, and the environment (its task
+sets and sources are built here). A problem raises a `UserError` whose one line names the field or file; the
 CLI prints it and exits 2. :func:`~composer_replication.run.train.run_training` runs it
 unless given its result."""
 
@@ -18,9 +18,12 @@ from pathlib import Path
 from composer_replication import envs
 from composer_replication.config import (
     ConfigError,
+    LocalTeacherConfig,
     RunConfig,
+    check_output_dir,
     check_processes,
     check_resume_channels,
+    saved_config_diffs,
 )
 from composer_replication.envs.base import Environment
 from composer_replication.prefs.dataset import load_pairs
@@ -39,14 +42,67 @@ class Checked:
 
 def preflight(cfg: RunConfig) -> Checked:
     """Check ``cfg``'s inputs (module docstring) and build its environment."""
+    check_output_dir(cfg.output_dir, "output_dir")
+    if cfg.resume_from is None:
+        check_fresh_run_dir(cfg)
     resume = check_resume(cfg)
+    check_data(cfg)
+    return Checked(resume=resume, env=build_env(cfg))
+
+
+def check_data(cfg: RunConfig) -> None:
+    """What the run reads besides its model and tasks, checked without building anything: the
+    replay channel's preference data and the agent proxy's harness environment."""
     if cfg.replay.weight > 0 and cfg.replay.dataset:
         load_pairs(cfg.replay.dataset, cfg.replay.max_pairs)
     if cfg.agent_proxy.enabled:
         from composer_replication.agents.episodes import harness_venv
 
         harness_venv(cfg.agent_proxy)
-    return Checked(resume=resume, env=build_env(cfg))
+
+
+CONFIG_FILE = "config.yaml"
+"""The full config of a run, written into its output_dir before training (``run/train.py``)."""
+
+
+def check_fresh_run_dir(cfg: RunConfig) -> None:
+    """A fresh run (no ``resume_from``) in an ``output_dir`` that holds a run trained with
+    another config raises `ConfigError` naming what differs: it would overwrite that run's
+    config, drop its metrics and mix its evaluations with this run's. The same config again
+    (only where it saves may differ) is a re-run and goes on."""
+    saved = Path(cfg.output_dir) / CONFIG_FILE
+    if not saved.is_file():
+        return
+    try:
+        diffs = saved_config_diffs(saved, cfg)
+    except ConfigError as err:
+        raise ConfigError(
+            f"output_dir {cfg.output_dir} holds a run whose config.yaml cannot be read "
+            f"({' '.join(str(err).split())}); choose another output_dir or move it away"
+        ) from None
+    if diffs:
+        more = f"; and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+        raise ConfigError(
+            f"output_dir {cfg.output_dir} holds a run trained with another config (saved -> "
+            f"this: {'; '.join(diffs[:3])}{more}); choose another output_dir, move that run "
+            "away, or continue it with its own config and resume_from=latest"
+        )
+
+
+def check_model_sources(cfg: RunConfig) -> None:
+    """The student's model reference and each local distill teacher's resolve on this machine
+    (`resolve_model_source`: nothing loads); else one line naming the field (and teacher)."""
+    from composer_replication.lm.models import ModelLoadError, resolve_model_source
+
+    resolve_model_source(cfg.model.name)
+    if cfg.distill.weight <= 0:
+        return
+    for t in cfg.distill.teachers:
+        if isinstance(t, LocalTeacherConfig):
+            try:
+                resolve_model_source(t.model)
+            except ModelLoadError as err:
+                raise ConfigError(f"distill.teachers: {t.name!r}: {err}") from None
 
 
 def build_env(cfg: RunConfig) -> Environment:

@@ -16,7 +16,13 @@ from composer_replication.config import ConfigError, RunConfig, dump_config
 from composer_replication.envs.base import Environment
 from composer_replication.progress import is_terminal, plain_line, progress_bar
 from composer_replication.run.card import write_model_card
-from composer_replication.run.preflight import Checked, build_env, preflight, process_rank
+from composer_replication.run.preflight import (
+    CONFIG_FILE,
+    Checked,
+    build_env,
+    preflight,
+    process_rank,
+)
 
 
 @dataclass
@@ -32,10 +38,6 @@ class RunSummary:
     final_checkpoint: Path
     channel_reports: list[str] = field(default_factory=list)
     """Channels with weight > 0 that stayed inactive on every step (empty if none)."""
-
-
-CONFIG_FILE = "config.yaml"
-"""The full config of a run, in its run directory."""
 
 
 def run_header(cfg: RunConfig) -> list[tuple[str, str]]:

@@ -528,14 +528,14 @@ def run_uplift(
     from composer_replication.lm.models import load_model, load_tokenizer
     from composer_replication.progress import progress_bar
 
+    envs = {level: ArithmeticEnv([level]) for level in levels}  # a bad level: before the model
     torch.manual_seed(seed)
     tokenizer, model = load_tokenizer(model_ref), load_model(model_ref).eval()
     templates = templates or HintTemplates()
     ms: list[Measurement] = []
     meta: dict[str, Any] = {"model": model_ref, "samples": samples, "temperature": temperature,
                             "contrast_scale": contrast_scale}  # fmt: skip
-    for level in levels:
-        env = ArithmeticEnv([level])
+    for level, env in envs.items():
         tasks = env.tasks("train")[:prompts]
         with progress_bar(console, f"level {level}: sampling", len(tasks) * samples) as adv:
             failures, n, won = sample_failures(

@@ -209,6 +209,7 @@ def run_uplift_calculator(
     from composer_replication.lm.models import load_model, load_tokenizer
     from composer_replication.progress import progress_bar
 
+    envs = {n: CalculatorEnv(shots=n) for n in shots}  # a bad --shots: before the model loads
     torch.manual_seed(seed)
     tokenizer, model = load_tokenizer(model_ref), load_model(model_ref).eval()
     ensure_tool_template(tokenizer)
@@ -217,8 +218,7 @@ def run_uplift_calculator(
     meta: dict[str, Any] = {"model": model_ref, "env": "calculator", "samples": samples,
                             "temperature": temperature, "max_turns": max_turns,
                             "max_tool_calls": max_tool_calls}  # fmt: skip
-    for n_shots in shots:
-        env = CalculatorEnv(shots=n_shots)
+    for n_shots, env in envs.items():
         group = f"{n_shots} shot" + ("s" if n_shots != 1 else "")
         tasks = env.tasks("train")[:prompts]
         with progress_bar(console, f"{group}: sampling", len(tasks) * samples) as adv:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -12,20 +13,44 @@ from typing import Any
 import orjson
 from transformers import TrainerCallback
 
+from composer_replication.config import UserError
 from composer_replication.lm.models import write_atomic
 from composer_replication.progress import eta
+
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training_curves.png"
 
 
+class MetricsFileError(UserError, ValueError):
+    """A per-step JSONL file of a run with a damaged line; the message names file and line."""
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a metrics.jsonl file (one dict per logged step), or of a heldout.jsonl file
-    (one per evaluated step); [] when the file does not exist."""
+    (one per evaluated step); [] when the file does not exist. A last line with no newline that
+    does not parse is a row a kill cut short (rows are appended whole, newline last): it is left
+    out, with a warning. Any other line that is not a JSON object is a `MetricsFileError`."""
     path = Path(path)
     if not path.is_file():
         return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    lines = path.read_bytes().split(b"\n")
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError as err:
+            if n == len(lines):  # after the last newline: the write was cut short
+                log.warning("%s:%d: a row cut short (killed mid-write) is left out", path, n)
+                break
+            raise MetricsFileError(f"{path}:{n}: not a JSON object ({err})") from None
+        if not isinstance(row, dict):
+            raise MetricsFileError(f"{path}:{n}: not a JSON object (a {type(row).__name__})")
+        rows.append(row)
+    return rows
 
 
 def _rows_up_to(path: Path, step: int) -> list[dict[str, Any]]:

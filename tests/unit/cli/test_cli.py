@@ -198,3 +198,39 @@ def test_a_missing_extra_is_named_before_any_work(args, hidden, extra, monkeypat
     assert f"pip install 'composer-replication[{extra}]'" in _flat(result.output)
     assert f"{hidden!r}" in result.output or f"{hidden} not installed" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["eval", "--model", "embedded:smollm2-135m-instruct", "--split", "dev"],
+         "unknown split 'dev'; use 'train' or 'heldout'"),
+        (["eval", "--model", "embedded:smollm2-135m-instruct", "--levels", "1,x"],
+         "--levels '1,x': expected comma-separated integers, e.g. 1,2"),
+        (["hints", "uplift", "--level", "9", "--out", "u"], "unknown arithmetic levels [9]"),
+        (["hints", "uplift", "--env", "calculator", "--shots", "5", "--out", "u"],
+         "shots=5: the calculator has"),
+        (["tasks", "generate", ".", "--max-break-share", "2", "--visible-tests", "0"],
+         "--max-break-share: Input should be less than or equal to 1; "
+         "--visible-tests: Input should be greater than or equal to 1"),
+    ],
+)  # fmt: skip
+def test_a_bad_option_is_one_line_before_the_model_loads(args, message, tmp_path, monkeypatch):
+    """Before, ``eval --split dev`` and ``hints uplift --level 9`` loaded the model first (the
+    split: then a traceback), ``--levels 1,x`` said only ``invalid literal for int()``, and a
+    task-generation setting printed pydantic's multi-line report with a URL."""
+    from composer_replication.lm import models
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(models, "load_model", no_model)
+    monkeypatch.setattr(models, "load_tokenizer", no_model)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == BAD_INPUT, result.output
+    assert _flat(result.output) == f"error: {message}" or (
+        _flat(result.output).startswith(f"error: {message}")
+        and len(result.output.strip().splitlines()) == 1
+    )
+    assert not (tmp_path / "u").exists()

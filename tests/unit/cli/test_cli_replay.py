@@ -112,3 +112,73 @@ def test_journal_that_is_not_a_database_or_is_damaged_is_bad_input(scripted, tmp
     r = runner.invoke(app, ["pairs", str(torn), "--out", str(tmp_path / "p"), "--no-embeddings"])
     assert r.exit_code == 2, r.output
     assert str(torn) in _flat(r.output) and "journal" in r.output
+
+
+def test_serve_on_a_port_in_use_is_one_line_before_the_model_loads(monkeypatch):
+    """Before, serve loaded the model, printed the pool entry as if it were up, then uvicorn
+    logged 'address already in use' and exited 3 (the replay's budget code). The port is now
+    bound first; an unknown host is refused the same way."""
+    import socket
+
+    import composer_replication.replay.local_model as local_model
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded before the port was bound")
+
+    monkeypatch.setattr(local_model.LocalChatModel, "__init__", loaded)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = runner.invoke(app, ["serve", "--model", "embedded:smollm2-135m-instruct",
+                                "--port", str(port)])  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert _flat(r.output).startswith(f"error: --host 127.0.0.1 --port {port}: cannot listen")
+    assert "teacher pool entry" not in r.output
+    r = runner.invoke(app, ["serve", "--model", "embedded:smollm2-135m-instruct",
+                            "--host", "no-such-host.invalid"])  # fmt: skip
+    assert r.exit_code == 2 and "--host no-such-host.invalid --port 8000" in _flat(r.output)
+
+
+def test_a_states_path_that_is_a_directory_or_fifo_is_named_as_such(tmp_path):
+    """Both were reported as 'states file not found', though the path exists."""
+    import os
+
+    _, pool = _files(tmp_path, "http://127.0.0.1:9/v1", n=1)
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    for path, what in (
+        (tmp_path, "is a directory"),
+        (tmp_path / "fifo.jsonl", "not a regular file"),
+    ):
+        r = runner.invoke(app, ["replay", str(path), "--teachers", str(pool), "--budget-usd", "1",
+                                "--out", str(tmp_path / "r.db")])  # fmt: skip
+        assert r.exit_code == 2 and _flat(r.output) == f"error: states file {path}: {what}"
+        assert not (tmp_path / "r.db").exists()
+
+
+def test_a_state_changed_since_it_was_journaled_is_refused(scripted, tmp_path):
+    """The states file was re-ingested (its agent's action, or a redaction, changed) and
+    replayed into the same journal: the journal kept the old state (INSERT OR IGNORE) while new
+    answers were asked for the new one, so ``pairs`` paired them with the old prompt and
+    action. Now the replay stops before any call, naming the state."""
+    from composer_replication.replay.journal import Journal
+
+    _, url = scripted
+    sfile, pool = _files(tmp_path, url, n=3)
+    db = tmp_path / "r.db"
+    args = ["replay", str(sfile), "--teachers", str(pool), "--budget-usd", "1", "--out", str(db),
+            "--no-progress"]  # fmt: skip
+    assert runner.invoke(app, args).exit_code == 0
+    with Journal(db) as jr:
+        calls_before = len(list(jr.calls()))
+    lines = sfile.read_bytes().splitlines()
+    changed = orjson.loads(lines[1])
+    changed["action"]["text"] = "something else the agent did"
+    sfile.write_bytes(b"\n".join([lines[0], orjson.dumps(changed), lines[2]]) + b"\n")
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert _flat(r.output).startswith(
+        f"error: {db.resolve()}: already holds state {changed['state_id']!r} with other content"
+    )
+    with Journal(db) as jr:
+        assert len(list(jr.calls())) == calls_before

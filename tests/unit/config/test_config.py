@@ -154,6 +154,34 @@ def test_yaml_loader_names_file_line_and_column(tmp_path):
         load_yaml_mapping(tmp_path / "nope.yaml", "teacher pool")
 
 
+DUPLICATED_SECTION = "optim:\n  learning_rate: 1.0e-6\nmax_steps: 3\noptim:\n  warmup_ratio: 0.1\n"
+"""``optim`` twice: YAML keeps the last, so the first section's learning rate would be dropped
+without a word and the run would train at the default rate."""
+
+
+def test_a_duplicated_key_names_its_line_and_the_first_one(tmp_path):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(DUPLICATED_SECTION)
+    with pytest.raises(ConfigError) as info:
+        load_config(dup)
+    assert str(info.value) == (
+        f"{dup}:4:1: not valid YAML: duplicate key 'optim' (first on line 1)"
+    )
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("env:\n  name: arithmetic\n  levels: [1]\n  levels: [2]\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(nested))}:4:3: .*duplicate key"):
+        load_yaml_mapping(nested)
+    with pytest.raises(ConfigError, match="duplicate key 'lr'"):
+        apply_overrides({}, ["optim={lr: 1, lr: 2}"])
+
+
+def test_merge_keys_may_still_override_what_they_merge(tmp_path):
+    """``<<: *base`` then a key of ``base``: an override, not a duplicate."""
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("x: &base {a: 1, b: 2}\ny:\n  <<: *base\n  b: 3\n")
+    assert load_yaml_mapping(merged)["y"] == {"a": 1, "b": 3}
+
+
 MIS_INDENTED_ABLATION = "seeds: [0, 1]\narms:\n  - name: grpo\n  overrides: [max_steps=1]\n"
 """``overrides`` sits at the list's indentation (line 4, column 3) instead of under ``name``."""
 
@@ -307,7 +335,7 @@ def test_a_loss_mapping_without_type_is_the_default_loss_and_typos_get_a_suggest
         ConfigError, match=r"sdpo\.loss\.jsd\.beta2: unknown key; did you mean 'beta'"
     ):
         load_config(None, ["sdpo.loss.beta2=1"])
-    with pytest.raises(ConfigError, match=r"zzz: unknown key$"):
+    with pytest.raises(ConfigError, match=r"zzz: unknown key \(override 'zzz=1'\)$"):
         load_config(None, ["zzz=1"])
 
 
@@ -378,3 +406,51 @@ def test_distill_evidence_configs_carry_the_preregistered_analysis():
             0.8,
             [1.0, 0.5],
         )
+
+
+def test_an_error_from_an_override_names_the_override_not_only_the_file(tmp_path):
+    """Before, ``optim.foo.bar=1`` was reported as an unknown key of quickstart.yaml, a file
+    that has no such line."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["optim.lerning_rate=1e-5", "max_steps=0"])
+    lines = str(info.value).splitlines()
+    assert lines[0].startswith("invalid config (") and "quickstart.yaml" in lines[0]
+    assert (
+        "  max_steps: Input should be greater than or equal to 1 (override 'max_steps=0')" in lines
+    )
+    assert (
+        "  optim.lerning_rate: unknown key; did you mean 'learning_rate'? "
+        "(override 'optim.lerning_rate=1e-5')"
+    ) in lines
+    bad = tmp_path / "run.yaml"
+    bad.write_text("max_steps: 0\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(bad, ["optim.learning_rate=1e-5"])
+    assert (
+        str(info.value).splitlines()[1] == "  max_steps: Input should be greater than or equal to 1"
+    )
+    with pytest.raises(ConfigError, match=r"  optim: .* \(override 'optim=3'\)"):
+        load_config(None, ["optim=3"])
+    with pytest.raises(
+        ConfigError, match=r"sdpo.loss.jsd.beta: .* \(override 'sdpo.loss.beta=7'\)"
+    ):
+        load_config(None, ["sdpo.loss.beta=7"])
+
+
+def test_a_config_path_that_is_not_a_regular_file_or_is_huge_is_named(tmp_path):
+    """A FIFO (or /dev/zero) was reported as 'config file not found', though it exists; a
+    read of it could block or never end. A file far beyond any config's size is refused
+    before it is read whole."""
+    import os
+
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(fifo))}: not a regular file"):
+        load_config(fifo)
+    with pytest.raises(ConfigError, match="^/dev/zero: not a regular file"):
+        load_config("/dev/zero")
+    huge = tmp_path / "huge.yaml"
+    with open(huge, "wb") as fh:
+        fh.truncate(64 * 2**20)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(huge))}: 64 MiB, too large"):
+        load_yaml_mapping(huge)

@@ -127,3 +127,71 @@ def test_a_resume_missing_saved_channel_state_is_one_line_before_any_model(tmp_p
     (ckpt / CHANNELS_FILE).write_text("{}")  # trained without it: resumed with the override
     added = load_config(None, [*over, "resume_override_channels=true"])
     assert check_resume(added) == str(ckpt)
+
+
+def _earlier_run(run: Path, *overrides: str) -> None:
+    """A run directory as `train` leaves it: its config.yaml and a metrics row."""
+    from composer_replication.config import dump_config
+
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(dump_config(load_config(None, list(overrides))))
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+
+
+def test_a_fresh_run_into_another_configs_run_directory_is_refused(tmp_path, no_model):
+    """Before, it overwrote the earlier run's config.yaml, dropped its metrics rows and appended
+    its own evaluations to the earlier ones: two experiments silently mixed in one directory."""
+    run = tmp_path / "run"
+    _earlier_run(run, "optim.learning_rate=2e-5", "max_steps=7")
+    code, err, out = _train(tmp_path)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: output_dir {run} holds a run trained with another config")
+    assert "max_steps: 7 -> 40" in err[0] and "optim.learning_rate: 2e-05 -> 1e-05" in err[0]
+    assert "resume_from=latest" in err[0]
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1, "loss": 0.5}\n'
+    assert "optim:\n  learning_rate: 2.0e-05" in (run / "config.yaml").read_text()
+
+
+def test_a_fresh_run_into_its_own_configs_directory_is_allowed(tmp_path):
+    """The same experiment again (only where it saves may differ): a re-run, as before."""
+    run = tmp_path / "run"
+    _earlier_run(run, f"output_dir={run}", "save_steps=5", "env.levels=[1]")
+    assert preflight(load_config(None, [f"output_dir={run}", "env.levels=[1]"])).resume is None
+
+
+def test_a_run_directory_with_an_unreadable_config_is_refused(tmp_path, no_model):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("max_steps: [\n")
+    code, err, _ = _train(tmp_path)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: output_dir {run} holds a run whose config.yaml")
+    assert f"{run / 'config.yaml'}:2:1: not valid YAML" in err[0]
+
+
+def test_a_local_teachers_missing_model_is_one_line_before_the_run_starts(tmp_path, monkeypatch):
+    """Before, it was found only after the run header, once the student's tokenizer had loaded
+    (seconds for the embedded GGUF): the teacher's path is now resolved with the student's."""
+    import composer_replication.lm.models as models
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a tokenizer was loaded before the model paths were checked")
+
+    monkeypatch.setattr(models, "load_tokenizer", loaded)
+    code, err, out = _train(
+        tmp_path, "distill.weight=0.1", "distill.teachers=[{type: local, name: t, model: ./nope}]"
+    )
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: distill.teachers: 't': model path './nope' does not exist")
+    assert "composer-replication train" not in out and not (tmp_path / "run").exists()
+
+
+def test_a_task_dir_that_is_a_file_is_one_line_before_any_model(tmp_path, no_model):
+    """Before: a FileExistsError traceback from building the environment."""
+    (tmp_path / "taken").write_text("not a directory\n")
+    code, err, _ = _train(
+        tmp_path, "env.name=feature_deletion", f"env.task_sources=[{FIXTURE}]",
+        f"env.task_dir={tmp_path / 'taken'}",
+    )  # fmt: skip
+    assert (code, err) == (2, [f"error: env.task_dir {tmp_path / 'taken'}: it exists and is not "
+                               "a directory"])  # fmt: skip

@@ -128,3 +128,41 @@ def test_resumed_metrics_and_episode_logs_keep_one_history(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[2]["time/elapsed_s"] >= 20.0
     episodes = [orjson.loads(x) for x in (tmp_path / EPISODES_FILE).read_bytes().splitlines()]
     assert [e["task_id"] for e in episodes] == ["old", "1"]
+
+
+def test_a_row_cut_short_by_a_kill_is_dropped_and_the_run_resumes(tmp_path):
+    """The process was killed while appending step 3's row: its last line has no newline and is
+    not JSON. Before, every reader (resume's ``on_train_begin``, the Ctrl-C summary, ``ablate``)
+    died on it with a JSONDecodeError, so the run could not be resumed; now that torn row is
+    left out, the rows before it are kept, and the resume rewrites the file whole."""
+    from types import SimpleNamespace
+
+    from composer_replication.trainer.callbacks import MetricsJsonlCallback, read_metrics
+
+    path = tmp_path / METRICS_FILE
+    path.write_bytes(b'{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n{"step": 3, "lo')
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    cb = MetricsJsonlCallback(tmp_path)
+    cb.on_train_begin(None, SimpleNamespace(global_step=2, is_world_process_zero=True), None)
+    cb.on_log(None, SimpleNamespace(global_step=3, is_world_process_zero=True), None,
+              logs={"loss": 0.3})  # fmt: skip
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        (b'{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n', ":2: not a JSON object"),
+        (b'{"step": 1}\n[2]\n', ":2: not a JSON object"),
+        (b'{"step": 1}\n\xff\xfe\n', ":2: not a JSON object"),
+    ],
+)
+def test_a_damaged_row_inside_the_file_names_its_line(tmp_path, text, where):
+    """A bad line with rows after it is not a kill's torn write: an error naming file:line."""
+    from composer_replication.config import UserError
+    from composer_replication.trainer.callbacks import read_metrics
+
+    path = tmp_path / METRICS_FILE
+    path.write_bytes(text)
+    with pytest.raises(UserError, match=f"^{path}{where}"):
+        read_metrics(path)

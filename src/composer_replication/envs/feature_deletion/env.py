@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-from composer_replication.config import TaskGenConfig
+from composer_replication.config import TaskGenConfig, check_output_dir
 from composer_replication.envs.base import StepResult, Task, ToolEnvironment, unit_hash
 from composer_replication.envs.feature_deletion.candidates import is_test_path
 from composer_replication.envs.feature_deletion.generate import (
@@ -162,6 +162,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         self.roots: dict[str, Path] = {}
         default = cache_dir() / "feature_deletion" / f"tasks-v{GENERATOR_VERSION}"
         out = Path(task_dir) if task_dir else default
+        check_output_dir(out, "env.task_dir")  # a file there: one line, not a traceback
         for spec in sources:
             source = prepare_source(spec, self.generation)
             set_dir = out / source.label

@@ -169,12 +169,16 @@ def read_runs(path: Path) -> dict[str, dict]:
         with path.open("r+b") as f:
             f.truncate(len(keep))
     rows = {}
-    for line in keep.decode("utf-8").splitlines():
+    for line in keep.splitlines():
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except ValueError:  # not JSON, or not UTF-8: that candidate runs again
             continue
-        if isinstance(row, dict) and row.get("status") in STATUSES:
+        if (
+            isinstance(row, dict)
+            and row.get("status") in STATUSES
+            and isinstance(row.get("key"), str)
+        ):
             rows[row["key"]] = row
     return rows
 
@@ -192,7 +196,7 @@ def _manifest(out_dir: Path, source: SourceTree, cfg: TaskGenConfig, spec: str, 
         "settings": cfg.model_dump(exclude={"workers"}),
     }
     if path.exists():
-        have = json.loads(path.read_text())
+        have = read_manifest(path)
         diff = [k for k in want if have.get(k) != want[k]]
         if diff:
             raise TaskSetError(
@@ -325,9 +329,7 @@ def load_tasks(task_dir: Path) -> list[dict]:
     if not path.exists():
         raise TaskSetError(f"{path} does not exist: generate the task set first")
     manifest = Path(task_dir) / "manifest.json"
-    version = (
-        json.loads(manifest.read_text()).get("generator_version") if manifest.exists() else None
-    )
+    version = read_manifest(manifest).get("generator_version") if manifest.exists() else None
     if version != GENERATOR_VERSION:
         raise TaskSetError(
             f"{task_dir} was made by task generator version {version}, this is version "
@@ -336,9 +338,41 @@ def load_tasks(task_dir: Path) -> list[dict]:
             "generate it again into another directory"
         )
     tasks = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            tasks.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise TaskSetError(f"{path}:{n}: not JSON ({e.msg})") from e
+    for n, line in enumerate(path.read_bytes().splitlines(), 1):
+        if line.strip():
+            tasks.append(_task_record(line, f"{path}:{n}"))
     return tasks
+
+
+TASK_FIELDS: dict[str, type] = {"task_id": str, "symbol": str, "file": str, "failing_tests": list,
+                                "visible_tests": list, "passing_tests": list, "served": list}  # fmt: skip
+"""The fields of a task record that building the environment, its tools and grading read."""
+
+
+def _task_record(line: bytes, where: str) -> dict:
+    """One ``tasks.jsonl`` line as a task record; a `TaskSetError` naming ``where`` (file:line)
+    and the field otherwise."""
+    try:
+        record = json.loads(line)
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise TaskSetError(f"{where}: not JSON ({getattr(e, 'msg', e)})") from None
+    if not isinstance(record, dict):
+        raise TaskSetError(f"{where}: not a task (a JSON {type(record).__name__}, not an object)")
+    for key, kind in TASK_FIELDS.items():
+        if key not in record:
+            raise TaskSetError(f"{where}: not a task: missing field {key!r}")
+        if not isinstance(record[key], kind):
+            raise TaskSetError(f"{where}: not a task: field {key!r} must be a {kind.__name__}, "
+                               f"got {type(record[key]).__name__}")  # fmt: skip
+    return record
+
+
+def read_manifest(path: Path) -> dict:
+    """A task set's ``manifest.json``; a `TaskSetError` naming it if it is not a JSON object."""
+    try:
+        data = json.loads(path.read_bytes())
+    except ValueError as e:
+        raise TaskSetError(f"{path}: not a JSON object ({getattr(e, 'msg', e)})") from None
+    if not isinstance(data, dict):
+        raise TaskSetError(f"{path}: not a JSON object (a {type(data).__name__})")
+    return data

@@ -162,3 +162,58 @@ def test_a_source_that_is_also_a_test_tool_is_refused(tmp_path):
     with pytest.raises(TaskSetError, match="pluggy is also in the sandbox's test tools"):
         generate_tasks(resolve_source(str(root)), tmp_path / "out", TaskGenConfig())
     assert not (tmp_path / "out").exists()  # refused before anything ran or was written
+
+
+def _task_row(**changes) -> dict:
+    row = {"task_id": "t:f", "symbol": "f", "file": "m.py", "failing_tests": ["a"],
+           "visible_tests": ["a"], "passing_tests": [], "served": []}  # fmt: skip
+    return {**row, **changes}
+
+
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        (b"[1]", ":2: not a task (a JSON list, not an object)"),
+        (b"{}", ":2: not a task: missing field 'task_id'"),
+        (json.dumps(_task_row(visible_tests="a")).encode(),
+         ":2: not a task: field 'visible_tests' must be a list, got str"),
+        (b'{"task_id": "\xff"}', ":2: not JSON ("),
+    ],
+)  # fmt: skip
+def test_a_task_line_of_the_wrong_shape_names_its_line_and_field(tmp_path, line, problem):
+    """Before, these raised AttributeError, KeyError or UnicodeDecodeError tracebacks while the
+    environment was built; a blank line (an editor's trailing one) is now skipped, not refused."""
+    from composer_replication.envs.feature_deletion.generate import TaskSetError, load_tasks
+
+    (tmp_path / "manifest.json").write_text('{"generator_version": 3}')
+    path = tmp_path / "tasks.jsonl"
+    path.write_bytes(json.dumps(_task_row()).encode() + b"\n" + line + b"\n\n")
+    with pytest.raises(TaskSetError) as info:
+        load_tasks(tmp_path)
+    assert str(info.value).startswith(f"{path}{problem}")
+    path.write_bytes(json.dumps(_task_row()).encode() + b"\n\n")
+    assert [t["task_id"] for t in load_tasks(tmp_path)] == ["t:f"]
+
+
+def test_a_damaged_manifest_names_its_file(tmp_path):
+    from composer_replication.envs.feature_deletion.generate import TaskSetError, load_tasks
+
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(_task_row()) + "\n")
+    (tmp_path / "manifest.json").write_text('{"generator_version": 3')
+    with pytest.raises(TaskSetError, match=rf"^{tmp_path / 'manifest.json'}: not a JSON object"):
+        load_tasks(tmp_path)
+    (tmp_path / "manifest.json").write_text("[3]")
+    with pytest.raises(TaskSetError, match="manifest.json: not a JSON object"):
+        load_tasks(tmp_path)
+
+
+def test_cached_runs_survive_damaged_lines(tmp_path):
+    """runs.jsonl is a cache of candidate runs: a line that is not UTF-8 or has no key is
+    re-run (left out) instead of stopping the resumed generation with a traceback."""
+    from composer_replication.envs.feature_deletion.generate import read_runs
+
+    path = tmp_path / "runs.jsonl"
+    good = {"key": "m.py:f", "status": "task"}
+    path.write_bytes(b'{"key": "\xff", "status": "task"}\n{"status": "task"}\n'
+                     + json.dumps(good).encode() + b"\n")  # fmt: skip
+    assert read_runs(path) == {"m.py:f": good}

@@ -1,0 +1,44 @@
+"""``ablate`` checks every arm's inputs before the first arm trains: an arm with a model path
+that does not exist or missing preference data is one line, exit 2, and nothing is trained.
+Before, only the arms' configs were validated, and such an arm failed when its turn came,
+after the earlier arms had trained (minutes to hours)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from composer_replication.cli import app
+from composer_replication.cli.common import BAD_INPUT
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    import composer_replication.lm.models as models
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model was loaded before every arm's inputs were checked")
+
+    monkeypatch.setattr(models, "load_model", loaded)
+    monkeypatch.setattr(models, "load_tokenizer", loaded)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.name=./nope"], "arm 'b': model path './nope' does not exist"),
+        (["replay.weight=0.1", "replay.dataset=/nonexistent"],
+         "arm 'b': preference data not found: /nonexistent"),
+    ],
+)  # fmt: skip
+def test_a_bad_arm_input_stops_ablate_before_any_arm_trains(tmp_path, no_model, overrides, message):
+    config = tmp_path / "ablation.yaml"
+    config.write_text(yaml.safe_dump({
+        "seeds": [0], "output_dir": str(tmp_path / "runs"),
+        "arms": [{"name": "a", "overrides": []}, {"name": "b", "overrides": overrides}],
+    }))  # fmt: skip
+    result = CliRunner().invoke(app, ["ablate", "--config", str(config)])
+    assert result.exit_code == BAD_INPUT, result.output
+    assert " ".join(result.output.split()).startswith(f"error: {message}")
+    assert not (tmp_path / "runs").exists()
