@@ -345,7 +345,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         if self.policy_weight != 1.0:
             metrics.update({"policy/loss": unweighted, "policy/weight": self.policy_weight})
         for key, value in metrics.items():
-            self._metrics[mode][key].append(float(value))
+            self._metrics[mode][key].append(_logged(key, value, ctx.grad_accum))
         return total
 
     # ---- rollouts: dynamic sampling, then each channel's batch preparation ------------------
@@ -447,6 +447,14 @@ def _find_graded_reward(reward_funcs, channels: Sequence[Channel]):
         f"channel(s) {names} need a reward function that keeps its verdicts (`last_results`, "
         "e.g. EnvReward): they are built from the verifier's feedback"
     )
+
+
+def _logged(key: str, value: Any, grad_accum: int) -> float:
+    """A micro-batch's metric as logged. A ``*/loss`` is this micro-batch's share of the step's
+    loss (divided for gradient accumulation; the step's loss is the sum over its ``grad_accum``
+    micro-batches) and TRL logs the mean over micro-batches, so it is logged times
+    ``grad_accum``: the mean is then the step's loss, as TRL's ``loss`` is."""
+    return float(value) * grad_accum if key.endswith("/loss") else float(value)
 
 
 def _cycle_shuffled(dataset, seed: int) -> Iterator[dict[str, Any]]:

@@ -245,3 +245,28 @@ def test_shared_prefix_generation_draws_what_grpo_draws(
         out.append(ids)
     assert calls and out[0] == out[1]
     assert len({tuple(x) for x in out[0]}) > 1 and max(map(len, out[0])) > 1
+
+
+def test_loss_metrics_are_the_step_loss_under_gradient_accumulation(
+    tmp_path, tokenizer, tiny_model
+):
+    """With G micro-batches per step, TRL returns each micro-batch's loss divided by G (their
+    sum is the step's loss) and averages the logged values over the micro-batches, so the
+    logged ``*/loss`` must be the returned loss times G: the same batch logs the same
+    ``policy/loss`` and ``total/loss`` at G = 1 and at G = 2 (the returned loss halves)."""
+    cfg = _cfg(tmp_path, "grpo.weight=0.5")
+    env = get_env("arithmetic", levels=[1])
+    trainer = build_trainer(cfg, tiny_model, tokenizer, env)
+    inputs = _batch(len(tokenizer))
+    tiny_model.train()
+    logged, returned = {}, {}
+    for accum in (1, 2):
+        trainer._metrics["train"].clear()
+        trainer.current_gradient_accumulation_steps = accum
+        returned[accum] = trainer._compute_loss(tiny_model, inputs).item()
+        logged[accum] = {k: v[0] for k, v in trainer._metrics["train"].items() if "/loss" in k}
+    assert abs(returned[2] - returned[1] / 2) < 1e-6 and returned[1] != 0.0
+    assert set(logged[1]) == {"policy/loss", "total/loss"}
+    for key, value in logged[1].items():
+        assert abs(logged[2][key] - value) < 1e-6, key
+    assert abs(logged[1]["total/loss"] - returned[1]) < 1e-6
