@@ -13,7 +13,15 @@ from support.ablation_runs import write_finished_run
 
 from composer_replication.config import AblationConfig
 from composer_replication.run.ablation import run_ablation
-from composer_replication.run.paired import HELPS, HURTS, NO_DIFFERENCE, RunCurve, decide
+from composer_replication.run.paired import (
+    HELPS,
+    HURTS,
+    NO_DIFFERENCE,
+    RunCurve,
+    decide,
+    t95,
+    t_interval,
+)
 
 STEPS = [0, 5, 10, 15, 20]
 # held-out pass@1 at steps 0, 5, 10, 15, 20 for seeds 1..5
@@ -200,6 +208,20 @@ def test_decision_rule_direction_and_one_seed():
     one = decide([0.3])
     assert one.verdict is None and one.mean == 0.3 and one.half_width == 0.0
     assert decide([]) is None
+
+
+def test_t_interval_uses_student_t_past_nine_degrees_of_freedom():
+    """11 seeds of values 0, 1, 0, 1, ..., 0 (mean 5/11, sample sd 0.5222): the half-width is
+    t(0.975, 10) = 2.2281 times 0.5222 / sqrt(11) = 0.1575, i.e. 0.3508, not the normal
+    quantile's 1.96 * 0.1575 = 0.3086. Reference quantiles: df 10 2.2281, 20 2.0860,
+    30 2.0423, 100 1.9840 (scipy.stats.t.ppf(0.975, df))."""
+    for df, exact in ((10, 2.2281), (20, 2.0860), (30, 2.0423), (100, 1.9840)):
+        assert t95(df) == pytest.approx(exact, abs=1e-4)
+    assert t95(4) == 2.776
+    mean, low, high = t_interval([float(i % 2) for i in range(11)])
+    assert mean == pytest.approx(5 / 11)
+    assert high - mean == pytest.approx(0.3508, abs=1e-4)
+    assert mean - low == pytest.approx(high - mean)
 
 
 def test_a_row_logged_for_several_steps_counts_once_per_step(tmp_path):
