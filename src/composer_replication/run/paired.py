@@ -360,13 +360,19 @@ def metric_rows(m: Metric, ref: str) -> list[str]:
             never = sum(n.startswith("never") for n in notes.values())
             mean += f" (never: {never} of {len(by_seed)})"
         p = m.paired.get(arm)
-        diffs = ", ".join(_fmt(d, m.unit, "+") for d in p.diffs) if p else "-"
+        diffs = _per_seed_diffs(by_seed, m.values.get(ref, {}), m.unit) if p else "-"
         verdict = "reference" if arm == ref else verdict_cell(p, m.unit)
         lines.append(
             f"| {m.label} | {arm} | {mean} | {per_seed} | {diffs} | {paired_cell(p, m.unit)} "
             f"| {verdict} |"
         )
     return lines
+
+
+def _per_seed_diffs(mine: Mapping[int, float], ref: Mapping[int, float], unit: Unit) -> str:
+    """Per seed of ``mine`` in seed order, its value minus the reference's ("-" where the
+    reference has none), so each difference sits under its seed in the "per seed" column."""
+    return ", ".join(_fmt(mine[s] - ref[s], unit, "+") if s in ref else "-" for s in sorted(mine))
 
 
 def curve_rows(an: StepAnalysis) -> list[str]:

@@ -18,7 +18,9 @@ from composer_replication.run.paired import (
     HURTS,
     NO_DIFFERENCE,
     RunCurve,
+    compare,
     decide,
+    metric_rows,
     t95,
     t_interval,
 )
@@ -222,6 +224,17 @@ def test_t_interval_uses_student_t_past_nine_degrees_of_freedom():
     assert mean == pytest.approx(5 / 11)
     assert high - mean == pytest.approx(0.3508, abs=1e-4)
     assert mean - low == pytest.approx(high - mean)
+
+
+def test_per_seed_differences_sit_under_their_seed():
+    """The reference has no value for seed 2 (a run of it unfinished, or cut by a wall-time
+    budget): b's row lists seeds 1, 2, 3 and its differences +30.0%, -, +20.0% (0.5 - 0.2,
+    none, 0.6 - 0.4); the interval is over the two paired seeds."""
+    m = compare("score", {"ref": {3: 0.4, 1: 0.2}, "b": {3: 0.6, 2: 0.9, 1: 0.5}}, "ref")
+    assert m.paired["b"].diffs == pytest.approx([0.3, 0.2])
+    ref_row, b_row = metric_rows(m, "ref")
+    assert "| 20.0%, 40.0% | - |" in ref_row
+    assert "| 50.0%, 90.0%, 60.0% | +30.0%, -, +20.0% |" in b_row
 
 
 def test_a_row_logged_for_several_steps_counts_once_per_step(tmp_path):
