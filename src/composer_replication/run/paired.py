@@ -147,11 +147,14 @@ class RunCurve:
 
     def seconds_at(self, step: int) -> float | None:
         """Cumulative training seconds through ``step`` (0 at step 0; None past the last
-        logged step, or when nothing was logged)."""
+        logged step, or when nothing was logged: a run without ``step_time``, such as TRL's
+        SDPOTrainer peer, has no training time at any step, step 0 included)."""
+        logged = sorted(self.train_s)
+        if not logged:
+            return None
         if step == 0:
             return 0.0
-        logged = sorted(self.train_s)
-        if not logged or step > logged[-1]:
+        if step > logged[-1]:
             return None
         i = bisect.bisect_right(logged, step)
         return self.train_s[logged[i - 1]] if i else 0.0

@@ -226,6 +226,20 @@ def test_t_interval_uses_student_t_past_nine_degrees_of_freedom():
     assert mean - low == pytest.approx(high - mean)
 
 
+def test_a_run_without_step_time_has_no_score_at_a_wall_time(tmp_path):
+    """TRL's SDPOTrainer (the peer arm) logs no ``step_time``: its training time is unknown at
+    every step, so it has no score at any wall-time budget (not its untrained step-0 score
+    as if no time had passed)."""
+    rows = [{"step": s, "loss": 0.1} for s in (1, 2, 3, 4)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "heldout.jsonl").write_text(
+        "".join(json.dumps({"step": s, "pass_rate": 0.2 + s / 10}) + "\n" for s in (0, 2, 4))
+    )
+    curve = RunCurve.read(tmp_path)
+    assert curve.total_s() is None and curve.seconds_at(0) is None
+    assert curve.at_time(1e9) is None
+
+
 def test_per_seed_differences_sit_under_their_seed():
     """The reference has no value for seed 2 (a run of it unfinished, or cut by a wall-time
     budget): b's row lists seeds 1, 2, 3 and its differences +30.0%, -, +20.0% (0.5 - 0.2,
