@@ -4,7 +4,9 @@ extra channels are off, dynamic sampling's group bookkeeping, metrics and resume
 from __future__ import annotations
 
 import copy
+import fnmatch
 
+import pytest
 import torch
 from trl import GRPOTrainer
 
@@ -18,6 +20,7 @@ from composer_replication.trainer.trainer import (
     ComposerReplicationTrainer,
     informative_groups,
     merge_groups,
+    reduce_over_processes,
 )
 
 
@@ -270,3 +273,26 @@ def test_loss_metrics_are_the_step_loss_under_gradient_accumulation(
     for key, value in logged[1].items():
         assert abs(logged[2][key] - value) < 1e-6, key
     assert abs(logged[1]["total/loss"] - returned[1]) < 1e-6
+
+
+def test_running_counters_are_summed_over_processes_and_rates_averaged():
+    """Two processes, micro-batches since the last log. A teacher's running cost is
+    each process's own spend so far: the run's is the latest of each, summed (0.3 + 0.5 = 0.8,
+    not their mean 0.4 nor a mean over micro-batches). A per-token figure is the mean of the
+    processes' means ((1 + 3) / 2 = 2 and 4: 3)."""
+    from composer_replication.channels.distill import DistillChannel
+
+    cost, kl = "distill/teacher/t/cost_usd", "distill/reverse_kl"
+    per_rank = [{cost: [0.1, 0.3], kl: [1.0, 3.0]}, {cost: [0.2, 0.5], kl: [4.0]}]
+
+    def running(key):
+        return any(
+            fnmatch.fnmatchcase(key, "distill/" + p) for p in DistillChannel.running_counters
+        )
+
+    merged = reduce_over_processes(per_rank, running)
+    assert merged[cost] == pytest.approx(0.8)
+    assert merged[kl] == pytest.approx(3.0)
+    # one process: the latest running value, the plain mean of the rest (NaN left out)
+    alone = reduce_over_processes([{cost: [0.1, 0.3], kl: [1.0, float("nan"), 3.0]}], running)
+    assert alone == pytest.approx({cost: 0.3, kl: 2.0})
