@@ -25,27 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from composer_replication.config import StepReport
-
-# two-sided 95% Student-t quantiles by degrees of freedom (seeds - 1)
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-_Z975 = 1.959963984540054
-
-
-def t95(df: int) -> float:
-    """The 0.975 quantile of Student's t with ``df`` degrees of freedom: the table up to 9,
-    beyond it the Cornish-Fisher expansion in ``1/df`` (Abramowitz & Stegun 26.7.5; within
-    1e-4 of the exact quantile from 10 on, and tending to the normal 1.96)."""
-    if df in _T95:
-        return _T95[df]
-    z, v = _Z975, float(df)
-    terms = (
-        (z**3 + z) / 4,
-        (5 * z**5 + 16 * z**3 + 3 * z) / 96,
-        (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
-        (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160,
-    )
-    return z + sum(c / v**k for k, c in enumerate(terms, 1))
-
+from composer_replication.evaluation import t95
 
 HELPS, HURTS, NO_DIFFERENCE = "helps", "hurts", "no difference detected"
 """The decision rule's verdicts."""
