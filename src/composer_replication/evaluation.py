@@ -9,11 +9,31 @@ differences (equivalent to McNemar's setting for 0/1 outcomes).
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from composer_replication.envs.base import Environment, Task
 
 Z95 = 1.959963984540054
+
+# two-sided 95% Student-t quantiles by degrees of freedom
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def t95(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom: the table up to 9,
+    beyond it the Cornish-Fisher expansion in ``1/df`` (Abramowitz & Stegun 26.7.5; within
+    1e-4 of the exact quantile from 10 on, and tending to the normal 1.96)."""
+    if df in _T95:
+        return _T95[df]
+    z, v = Z95, float(df)
+    terms = (
+        (z**3 + z) / 4,
+        (5 * z**5 + 16 * z**3 + 3 * z) / 96,
+        (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+        (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160,
+    )
+    return z + sum(c / v**k for k, c in enumerate(terms, 1))
 
 
 @dataclass
@@ -106,6 +126,29 @@ def mean_interval(values: list[float], z: float = Z95) -> tuple[float, float]:
     var = sum((v - m) ** 2 for v in values) / (n - 1)
     half = z * math.sqrt(var / n)
     return (m - half, m + half)
+
+
+def clustered_interval(
+    values: Sequence[float], clusters: Sequence[Hashable]
+) -> tuple[float, float]:
+    """95% interval for the mean of ``values`` that come in clusters (the failed replies of one
+    prompt share the prompt, and a hint that does not depend on the reply gives them all one
+    value): the cluster-robust standard error ``sqrt(k / (k - 1) * sum_c (sum_{i in c}
+    (x_i - mean))^2) / n`` over ``k`` clusters with Student t at ``k - 1`` degrees of freedom.
+    One value per cluster gives the ordinary t-interval. ``(nan, nan)`` with fewer than two
+    clusters: the data cannot tell how much the mean would vary."""
+    n, sums = len(values), {}
+    if n == 0:
+        return (math.nan, math.nan)
+    mean = sum(values) / n
+    for v, c in zip(values, clusters, strict=True):
+        sums[c] = sums.get(c, 0.0) + (v - mean)
+    k = len(sums)
+    if k < 2:
+        return (math.nan, math.nan)
+    se = math.sqrt(k / (k - 1) * sum(r * r for r in sums.values())) / n
+    half = t95(k - 1) * se
+    return (mean - half, mean + half)
 
 
 def paired_difference(base: EvalResult, trained: EvalResult) -> dict[str, float]:

@@ -2,6 +2,7 @@ import pytest
 
 from composer_replication.evaluation import (
     EvalResult,
+    clustered_interval,
     mean_interval,
     paired_difference,
     wilson_interval,
@@ -34,6 +35,26 @@ def test_mean_interval_hand_worked():
     """values 0,1,0,1: mean .5, sample sd .5774, se .2887, half 1.96*.2887 = .5658."""
     lo, hi = mean_interval([0, 1, 0, 1])
     assert (lo, hi) == pytest.approx((0.5 - 0.5658, 0.5 + 0.5658), abs=1e-3)
+
+
+def test_clustered_interval_counts_prompts_not_replies():
+    """Six replies from three prompts, each prompt's replies equal: 1, 1 | 2, 2 | 6, 6 (mean 3).
+    Summed residuals per prompt -4, -2, 6: se = sqrt(3/2 * (16 + 4 + 36)) / 6 = 1.5275,
+    half = t(0.975, 2) 4.303 * 1.5275 = 6.573, as the t-interval over the 3 prompt means
+    (sd 2.6458 / sqrt 3 = 1.5275). Taking the six as independent would give 1.96 * 2.3664 /
+    sqrt 6 = 1.894, 3.5 times narrower."""
+    values, prompts = [1.0, 1.0, 2.0, 2.0, 6.0, 6.0], ["a", "a", "b", "b", "c", "c"]
+    lo, hi = clustered_interval(values, prompts)
+    assert (lo, hi) == pytest.approx((3 - 6.573, 3 + 6.573), abs=1e-3)
+    # one reply per prompt: the ordinary t-interval (4.303 * 1.5275 for the 3 prompt means)
+    assert clustered_interval([1.0, 2.0, 6.0], ["a", "b", "c"]) == pytest.approx((lo, hi))
+
+
+def test_clustered_interval_from_one_prompt_is_none():
+    """Five replies of one prompt say nothing about other prompts: no interval (not the
+    zero-width one that five equal values give when taken as independent)."""
+    lo, hi = clustered_interval([6.15] * 5, ["p"] * 5)
+    assert lo != lo and hi != hi  # nan
 
 
 def _result(passed):

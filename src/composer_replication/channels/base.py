@@ -80,6 +80,9 @@ class Channel(ABC):
     """True if :meth:`attach` needs the rollouts' verdicts (a grading reward function)."""
     needs_student_hidden: ClassVar[bool] = False
     """True if :meth:`term` needs the policy forward's hidden states."""
+    running_counters: ClassVar[tuple[str, ...]] = ()
+    """Metric keys (``fnmatch`` patterns, without the prefix) that are running totals of this
+    process (calls, tokens, cost so far): logged as their latest value, summed over processes."""
     idle_hint: ClassVar[str] = ""
     """Why the channel may have had nothing to do, for the end-of-run report."""
 

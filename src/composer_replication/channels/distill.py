@@ -82,6 +82,7 @@ class DistillChannel(Channel):
 
     name = "distill"
     needs_student_hidden = True
+    running_counters = ("teacher/*/requests", "teacher/*/scored_tokens", "teacher/*/cost_usd")
     idle_hint = (
         "No completion token was scored by a teacher: every row unrouted, every teacher call "
         "failed, or the budget was spent (see distill/unrouted_frac, failed_frac, over_budget_frac)."

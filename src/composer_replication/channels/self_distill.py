@@ -206,6 +206,8 @@ class SelfDistillChannel(Channel):
             inputs = self._inputs(s_NH, w_s, t_NH, w_t, divisor)
         loss, metrics = self_distill_loss(inputs)
         n_tok = float(metrics["num_tokens"])
+        if n_tok == 0:  # nothing measured: no per-token figure (a 0 would dilute the step's mean)
+            metrics = {"num_tokens": 0.0}
         metrics = {**metrics, **extra, "active": float(n_tok > 0)}
         if self.taid is not None and ctx.mode == "train" and n_tok > 0:
             self._step_ce[0] += float(metrics["cross_entropy"]) * n_tok

@@ -421,11 +421,15 @@ def summarize(
     results: list[dict[str, Any]], arms: list[str], reference: str | None = None
 ) -> list[dict[str, Any]]:
     """Per arm: mean final pass rate over seeds with a t-interval, per-seed values, and the
-    per-seed paired difference to ``reference`` (default: the first arm) with its t-interval."""
+    per-seed paired difference to ``reference`` (default: the first arm) with its t-interval.
+    Every per-seed list is in seed order, whatever order the runs finished in;
+    ``vs_first_per_seed`` has one entry per seed of the arm (None where the reference has no
+    run), ``vs_first`` only the paired seeds (the interval's sample)."""
     ref = reference or arms[0]
+    ref_rates = final_rates(results).get(ref, {})
     rows = []
     for arm in arms:
-        rs = [r for r in results if r["arm"] == arm]
+        rs = sorted((r for r in results if r["arm"] == arm), key=lambda r: r["seed"])
         vals = [r["pass_rate"] for r in rs]
         mean, lo, hi = t_interval(vals)
         diffs = _paired_by_seed(results, arm, ref)
@@ -439,6 +443,7 @@ def summarize(
                 "ci95_high": min(1.0, hi),
                 "reference": ref,
                 "vs_first": diffs,
+                "vs_first_per_seed": [_minus(r, ref_rates) for r in rs],
                 "paired_mean": d_mean,
                 "paired_ci95": (d_lo, d_hi),
                 "per_seed": vals,
@@ -451,6 +456,12 @@ def summarize(
             }
         )
     return rows
+
+
+def _minus(result: dict[str, Any], ref_rates: dict[int, float]) -> float | None:
+    """A run's final pass rate minus the reference's on its seed (None: no reference run)."""
+    ref = ref_rates.get(result["seed"])
+    return None if ref is None else result["pass_rate"] - ref
 
 
 def _mean_known(values) -> float | None:
@@ -574,7 +585,8 @@ def markdown_table(
         )
     for r in rows:
         seeds = ", ".join(f"{v:.1%}" for v in r["per_seed"])
-        deltas = ", ".join(f"{v:+.1%}" for v in r.get("vs_first", [])) or "-"
+        per_seed = r.get("vs_first_per_seed", r.get("vs_first", []))
+        deltas = ", ".join("-" if v is None else f"{v:+.1%}" for v in per_seed) or "-"
         paired = "-"
         if r["arm"] != ref and r.get("vs_first"):
             paired = with_interval(r["paired_mean"], r["paired_ci95"], len(r["vs_first"]), "+")

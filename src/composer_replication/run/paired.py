@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from composer_replication.config import StepReport
-
-# two-sided 95% Student-t quantiles by degrees of freedom (seeds - 1)
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+from composer_replication.evaluation import t95
 
 HELPS, HURTS, NO_DIFFERENCE = "helps", "hurts", "no difference detected"
 """The decision rule's verdicts."""
@@ -41,7 +39,7 @@ def t_interval(vals: list[float]) -> tuple[float, float, float]:
     mean = statistics.fmean(vals)
     half = 0.0
     if len(vals) > 1:
-        half = _T95.get(len(vals) - 1, 1.96) * statistics.stdev(vals) / math.sqrt(len(vals))
+        half = t95(len(vals) - 1) * statistics.stdev(vals) / math.sqrt(len(vals))
     return mean, mean - half, mean + half
 
 
@@ -129,11 +127,14 @@ class RunCurve:
 
     def seconds_at(self, step: int) -> float | None:
         """Cumulative training seconds through ``step`` (0 at step 0; None past the last
-        logged step, or when nothing was logged)."""
+        logged step, or when nothing was logged: a run without ``step_time``, such as TRL's
+        SDPOTrainer peer, has no training time at any step, step 0 included)."""
+        logged = sorted(self.train_s)
+        if not logged:
+            return None
         if step == 0:
             return 0.0
-        logged = sorted(self.train_s)
-        if not logged or step > logged[-1]:
+        if step > logged[-1]:
             return None
         i = bisect.bisect_right(logged, step)
         return self.train_s[logged[i - 1]] if i else 0.0
@@ -342,13 +343,19 @@ def metric_rows(m: Metric, ref: str) -> list[str]:
             never = sum(n.startswith("never") for n in notes.values())
             mean += f" (never: {never} of {len(by_seed)})"
         p = m.paired.get(arm)
-        diffs = ", ".join(_fmt(d, m.unit, "+") for d in p.diffs) if p else "-"
+        diffs = _per_seed_diffs(by_seed, m.values.get(ref, {}), m.unit) if p else "-"
         verdict = "reference" if arm == ref else verdict_cell(p, m.unit)
         lines.append(
             f"| {m.label} | {arm} | {mean} | {per_seed} | {diffs} | {paired_cell(p, m.unit)} "
             f"| {verdict} |"
         )
     return lines
+
+
+def _per_seed_diffs(mine: Mapping[int, float], ref: Mapping[int, float], unit: Unit) -> str:
+    """Per seed of ``mine`` in seed order, its value minus the reference's ("-" where the
+    reference has none), so each difference sits under its seed in the "per seed" column."""
+    return ", ".join(_fmt(mine[s] - ref[s], unit, "+") if s in ref else "-" for s in sorted(mine))
 
 
 def curve_rows(an: StepAnalysis) -> list[str]:

@@ -46,7 +46,7 @@ from composer_replication.channels.hints import (
     placebo_hint,
 )
 from composer_replication.envs.base import Environment, StepResult, Task
-from composer_replication.evaluation import generate_greedy, mean_interval
+from composer_replication.evaluation import clustered_interval, generate_greedy
 from composer_replication.lm.chat import as_messages, render_prompt
 from composer_replication.lm.models import pad_token_id
 from composer_replication.losses import contrast_weights
@@ -423,23 +423,35 @@ def measure(
 
 
 def aggregate(ms: Sequence[Measurement]) -> list[UpliftRow]:
-    """Per (level, form): means with normal 95% intervals, and paired pass-rate difference."""
+    """Per (level, form): means with 95% intervals clustered by prompt (the failed replies of
+    one prompt are not independent: :func:`evaluation.clustered_interval`), and the paired
+    pass-rate difference; ``extra["prompts"]``: the number of prompts (clusters)."""
     rows = []
     keys = sorted({(str(m.level), m.form) for m in ms}, key=lambda k: (k[0], k[1]))
     for level, form in keys:
         g = [m for m in ms if str(m.level) == level and m.form == form]
+        tasks = [m.task_id for m in g]
+
+        def ci(xs: list[float], tasks: list[str] = tasks) -> tuple[float, float]:
+            return clustered_interval(xs, tasks)
+
         da, dr = [m.dlogp_answer for m in g], [m.dlogp_reply for m in g]
         dp = [float(m.passed_hinted) - float(m.passed_plain) for m in g]
         dh = [m.dentropy_reply for m in g]
         rows.append(
             UpliftRow(
                 g[0].level, form, len(g), _mean([float(m.leak) for m in g]),
-                _mean(da), mean_interval(da), _mean(dr), mean_interval(dr),
+                _mean(da), ci(da), _mean(dr), ci(dr),
                 _mean([float(m.passed_plain) for m in g]), _mean([float(m.passed_hinted) for m in g]),
-                mean_interval(dp), _mean(dh), mean_interval(dh),
+                _clip(ci(dp)), _mean(dh), ci(dh), {"prompts": len(set(tasks))},
             )
         )  # fmt: skip
     return rows
+
+
+def _clip(ci: tuple[float, float]) -> tuple[float, float]:
+    """A pass-rate difference's interval within [-1, 1] (NaN kept: no interval)."""
+    return (max(-1.0, ci[0]), min(1.0, ci[1])) if ci[0] == ci[0] else ci
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -449,7 +461,7 @@ def _mean(xs: Sequence[float]) -> float:
 def markdown(rows: Sequence[UpliftRow]) -> str:
     """The uplift table (docs/results.md format)."""
     head = (
-        "| level | hint form | n | hint contains the answer | Δ log p(answer) [95% CI] "
+        "| level | hint form | n (prompts) | hint contains the answer | Δ log p(answer) [95% CI] "
         "| × p(answer) | Δ log p per token of the failed reply [95% CI] "
         "| Δ entropy per token on the failed reply [95% CI] "
         "| greedy pass: no hint → hint | paired Δ [95% CI] |\n"
@@ -457,16 +469,23 @@ def markdown(rows: Sequence[UpliftRow]) -> str:
     )
     lines = []
     for r in rows:
-        (a0, a1), (r0, r1), (p0, p1) = r.dlogp_answer_ci, r.dlogp_reply_ci, r.pass_delta_ci
-        h0, h1 = r.dentropy_reply_ci
+        n = f"{r.n} ({r.extra['prompts']})" if "prompts" in r.extra else str(r.n)
         lines.append(
-            f"| {r.level} | {r.form} | {r.n} | {r.leak:.0%} | {r.dlogp_answer:+.2f} "
-            f"[{a0:+.2f}, {a1:+.2f}] | {math.exp(r.dlogp_answer):.2f} | {r.dlogp_reply:+.3f} "
-            f"[{r0:+.3f}, {r1:+.3f}] | {r.dentropy_reply:+.3f} [{h0:+.3f}, {h1:+.3f}] "
+            f"| {r.level} | {r.form} | {n} | {r.leak:.0%} | {r.dlogp_answer:+.2f} "
+            f"{_ci(r.dlogp_answer_ci, '+.2f')} | {math.exp(r.dlogp_answer):.2f} "
+            f"| {r.dlogp_reply:+.3f} {_ci(r.dlogp_reply_ci, '+.3f')} "
+            f"| {r.dentropy_reply:+.3f} {_ci(r.dentropy_reply_ci, '+.3f')} "
             f"| {r.pass_plain:.0%} → {r.pass_hinted:.0%} "
-            f"| {r.pass_hinted - r.pass_plain:+.0%} [{p0:+.0%}, {p1:+.0%}] |"
+            f"| {r.pass_hinted - r.pass_plain:+.0%} {_ci(r.pass_delta_ci, '+.0%')} |"
         )
     return head + "\n".join(lines) + "\n"
+
+
+def _ci(ci: tuple[float, float], spec: str) -> str:
+    """``[lo, hi]``, or why there is none (all from one prompt)."""
+    if any(math.isnan(x) for x in ci):
+        return "[none: one prompt]"
+    return f"[{ci[0]:{spec}}, {ci[1]:{spec}}]"
 
 
 def plot(rows: Sequence[UpliftRow], path: Path) -> Path:

@@ -23,9 +23,11 @@ aggregation, truncated-completion masking). This subclass adds:
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import logging
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -176,24 +178,27 @@ class ComposerReplicationTrainer(GRPOTrainer):
         super()._save_checkpoint(model, trial)
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
-        """Channel and dynamic-sampling metrics are kept per process; average them over the
-        processes before TRL averages over the steps since the last log (every rank calls
-        ``log`` at the same step, so the gather is collective)."""
-        if self.accelerator.num_processes > 1:
-            self._reduce_own_metrics("train" if self.model.training else "eval")
+        """Channel and dynamic-sampling metrics are kept per process; reduce them over the
+        processes (:func:`reduce_over_processes`) before TRL averages over the steps since the
+        last log (every rank calls ``log`` at the same step, so the gather is collective)."""
+        self._reduce_own_metrics("train" if self.model.training else "eval")
         super().log(logs, *args, **kwargs)
+
+    def _is_running(self, key: str) -> bool:
+        return any(
+            fnmatch.fnmatchcase(key, c.prefix + pattern)
+            for c in self.channels
+            for pattern in c.running_counters
+        )
 
     def _reduce_own_metrics(self, mode: str) -> None:
         from accelerate.utils import gather_object
 
         own = {k: v for k, v in self._metrics[mode].items() if k.split("/")[0] in self._prefixes()}
-        local = {k: sum(v) / len(v) for k, v in own.items() if v}
-        merged: dict[str, list[float]] = {}
-        for per_rank in gather_object([local]):
-            for key, value in per_rank.items():
-                merged.setdefault(key, []).append(value)
-        for key, values in merged.items():
-            self._metrics[mode][key] = [sum(values) / len(values)]
+        per_rank = gather_object([own]) if self.accelerator.num_processes > 1 else [own]
+        merged = reduce_over_processes(per_rank, self._is_running)
+        for key, value in merged.items():
+            self._metrics[mode][key] = [value]
 
     def _prefixes(self) -> set[str]:
         return {
@@ -345,7 +350,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         if self.policy_weight != 1.0:
             metrics.update({"policy/loss": unweighted, "policy/weight": self.policy_weight})
         for key, value in metrics.items():
-            self._metrics[mode][key].append(float(value))
+            self._metrics[mode][key].append(_logged(key, value, ctx.grad_accum))
         return total
 
     # ---- rollouts: dynamic sampling, then each channel's batch preparation ------------------
@@ -447,6 +452,32 @@ def _find_graded_reward(reward_funcs, channels: Sequence[Channel]):
         f"channel(s) {names} need a reward function that keeps its verdicts (`last_results`, "
         "e.g. EnvReward): they are built from the verifier's feedback"
     )
+
+
+def reduce_over_processes(
+    per_rank: Sequence[dict[str, list[float]]], running: Callable[[str], bool]
+) -> dict[str, float]:
+    """One value per metric from every process's values since the last log: the mean over the
+    processes of each one's mean, except a running counter (``running(key)``: a teacher's
+    requests, scored tokens, cost so far), which is each process's latest value summed over the
+    processes (each counts only its own calls: the run's total is their sum)."""
+    merged: dict[str, list[float]] = {}
+    for metrics in per_rank:
+        for key, all_values in metrics.items():
+            if values := [v for v in all_values if not math.isnan(v)]:  # as TRL's mean does
+                local = values[-1] if running(key) else sum(values) / len(values)
+                merged.setdefault(key, []).append(local)
+    return {
+        key: sum(vals) if running(key) else sum(vals) / len(vals) for key, vals in merged.items()
+    }
+
+
+def _logged(key: str, value: Any, grad_accum: int) -> float:
+    """A micro-batch's metric as logged. A ``*/loss`` is this micro-batch's share of the step's
+    loss (divided for gradient accumulation; the step's loss is the sum over its ``grad_accum``
+    micro-batches) and TRL logs the mean over micro-batches, so it is logged times
+    ``grad_accum``: the mean is then the step's loss, as TRL's ``loss`` is."""
+    return float(value) * grad_accum if key.endswith("/loss") else float(value)
 
 
 def _cycle_shuffled(dataset, seed: int) -> Iterator[dict[str, Any]]:

@@ -36,3 +36,14 @@ def test_gated_channel_does_not_move_the_model_when_every_reply_fails(tmp_path, 
     before, after, trainer = train_one_step(cfg, env, model, tokenizer)
     assert [r["reward"] for r in trainer.state.log_history if "reward" in r] == [0.0]
     torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+def test_an_inactive_step_logs_no_per_token_divergence(tmp_path, tokenizer):
+    """A step on which the gated channel hints nothing measured no divergence: its row says
+    ``sdpo/active`` 0 and 0 tokens, and has no ``sdpo/jsd_per_token`` (a logged 0 would read as
+    "teacher and student agreed" and pull means over steps toward 0)."""
+    cfg, env, model, *_ = setup_case(tmp_path, tokenizer, 1.0, extra=("sdpo.gate=policy_signal",))
+    *_, trainer = train_one_step(cfg, env, model, tokenizer)
+    (row,) = [r for r in trainer.state.log_history if "sdpo/active" in r]
+    assert row["sdpo/active"] == 0.0 and row["sdpo/num_tokens"] == 0.0
+    assert "sdpo/jsd_per_token" not in row

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from composer_replication.config import AblationConfig, ConfigError, load_ablation_config
-from composer_replication.run.ablation import run_ablation, summarize, write_results
+from composer_replication.run.ablation import markdown_table, run_ablation, summarize, write_results
 
 
 @pytest.fixture
@@ -120,6 +120,30 @@ def test_summary_clips_interval_and_pairs_arms_by_seed():
     a, b = summarize(results, ["a", "b"])
     assert (a["ci95_low"], a["ci95_high"]) == (0.0, 1.0)
     assert b["vs_first"] == pytest.approx([0.2, -0.1])
+
+
+def test_summary_per_seed_columns_line_up_by_seed():
+    """Runs listed seed 3 before seed 1 (a config with ``seeds: [3, 1]``), and the reference
+    has no run of seed 2: every per-seed cell of a row is in seed order (1, 2, 3) and the
+    unpaired seed shows "-" in the differences, so each difference sits under its own seed.
+    b minus a: seed 1 0.5 - 0.2 = +30.0%, seed 3 0.6 - 0.4 = +20.0%."""
+
+    def run(arm, seed, rate, flat):
+        return {"arm": arm, "seed": seed, "pass_rate": rate, "n": 10, "mean_reward": rate,
+                "wall_s": 1.0, "first_rewarded_step": seed, "flat_steps": flat}  # fmt: skip
+
+    results = [run("a", 3, 0.4, 30), run("b", 3, 0.6, 33), run("a", 1, 0.2, 10),
+               run("b", 1, 0.5, 11), run("b", 2, 0.9, 22)]  # fmt: skip
+    a, b = summarize(results, ["a", "b"])
+    assert a["per_seed"] == [0.2, 0.4] and b["per_seed"] == [0.5, 0.9, 0.6]
+    assert b["flat_steps"] == [11, 22, 33] and b["first_rewarded"] == ["1", "2", "3"]
+    assert b["vs_first"] == pytest.approx([0.3, 0.2])
+    assert b["vs_first_per_seed"][1] is None
+    acfg = AblationConfig(arms=[{"name": "a"}, {"name": "b"}], seeds=[3, 1, 2])
+    table = markdown_table([a, b], acfg, "cmd", 1.0, Path("p.png"))
+    row = next(line for line in table.splitlines() if line.startswith("| b |"))
+    assert "| 50.0%, 90.0%, 60.0% | +30.0%, -, +20.0% |" in row
+    assert "| 11, 22, 33 |" in row
 
 
 def test_paired_difference_interval_against_the_reference_arm():

@@ -13,7 +13,17 @@ from support.ablation_runs import write_finished_run
 
 from composer_replication.config import AblationConfig
 from composer_replication.run.ablation import run_ablation
-from composer_replication.run.paired import HELPS, HURTS, NO_DIFFERENCE, RunCurve, decide
+from composer_replication.run.paired import (
+    HELPS,
+    HURTS,
+    NO_DIFFERENCE,
+    RunCurve,
+    compare,
+    decide,
+    metric_rows,
+    t95,
+    t_interval,
+)
 
 STEPS = [0, 5, 10, 15, 20]
 # held-out pass@1 at steps 0, 5, 10, 15, 20 for seeds 1..5
@@ -200,6 +210,45 @@ def test_decision_rule_direction_and_one_seed():
     one = decide([0.3])
     assert one.verdict is None and one.mean == 0.3 and one.half_width == 0.0
     assert decide([]) is None
+
+
+def test_t_interval_uses_student_t_past_nine_degrees_of_freedom():
+    """11 seeds of values 0, 1, 0, 1, ..., 0 (mean 5/11, sample sd 0.5222): the half-width is
+    t(0.975, 10) = 2.2281 times 0.5222 / sqrt(11) = 0.1575, i.e. 0.3508, not the normal
+    quantile's 1.96 * 0.1575 = 0.3086. Reference quantiles: df 10 2.2281, 20 2.0860,
+    30 2.0423, 100 1.9840 (scipy.stats.t.ppf(0.975, df))."""
+    for df, exact in ((10, 2.2281), (20, 2.0860), (30, 2.0423), (100, 1.9840)):
+        assert t95(df) == pytest.approx(exact, abs=1e-4)
+    assert t95(4) == 2.776
+    mean, low, high = t_interval([float(i % 2) for i in range(11)])
+    assert mean == pytest.approx(5 / 11)
+    assert high - mean == pytest.approx(0.3508, abs=1e-4)
+    assert mean - low == pytest.approx(high - mean)
+
+
+def test_a_run_without_step_time_has_no_score_at_a_wall_time(tmp_path):
+    """TRL's SDPOTrainer (the peer arm) logs no ``step_time``: its training time is unknown at
+    every step, so it has no score at any wall-time budget (not its untrained step-0 score
+    as if no time had passed)."""
+    rows = [{"step": s, "loss": 0.1} for s in (1, 2, 3, 4)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "heldout.jsonl").write_text(
+        "".join(json.dumps({"step": s, "pass_rate": 0.2 + s / 10}) + "\n" for s in (0, 2, 4))
+    )
+    curve = RunCurve.read(tmp_path)
+    assert curve.total_s() is None and curve.seconds_at(0) is None
+    assert curve.at_time(1e9) is None
+
+
+def test_per_seed_differences_sit_under_their_seed():
+    """The reference has no value for seed 2 (a run of it unfinished, or cut by a wall-time
+    budget): b's row lists seeds 1, 2, 3 and its differences +30.0%, -, +20.0% (0.5 - 0.2,
+    none, 0.6 - 0.4); the interval is over the two paired seeds."""
+    m = compare("score", {"ref": {3: 0.4, 1: 0.2}, "b": {3: 0.6, 2: 0.9, 1: 0.5}}, "ref")
+    assert m.paired["b"].diffs == pytest.approx([0.3, 0.2])
+    ref_row, b_row = metric_rows(m, "ref")
+    assert "| 20.0%, 40.0% | - |" in ref_row
+    assert "| 50.0%, 90.0%, 60.0% | +30.0%, -, +20.0% |" in b_row
 
 
 def test_a_row_logged_for_several_steps_counts_once_per_step(tmp_path):

@@ -145,7 +145,23 @@ def test_aggregate_hand_worked():
     assert d.dlogp_reply == pytest.approx(-0.3)
     assert rows["verifier"].leak == 1.0
     table = markdown(aggregate(ms))
-    assert "| 1 | direction | 2 | 0% | +2.00" in table and f"{math.exp(2.0):.2f}" in table
+    assert "| 1 | direction | 2 (2) | 0% | +2.00" in table and f"{math.exp(2.0):.2f}" in table
+    assert "| 1 | verifier | 1 (1) | 100% | +5.00 [none: one prompt]" in table
+
+
+def test_aggregate_intervals_are_over_prompts():
+    """Four failed replies of prompt a and four of b, a placebo hint (one Δ log p(answer) per
+    prompt: 1.0 for a, 3.0 for b): mean 2.0, and the interval is the t-interval over the two
+    prompts, 2 +- 12.706 * 1.0 = [-10.71, +14.71], not 2 +- 1.96 * 1.069 / sqrt 8 = +-0.74 as
+    if the eight were independent."""
+    ms = [
+        Measurement(t, 1, "wrong", "h", False, a, -0.1, False, False)
+        for t, a in (("a", 1.0), ("b", 3.0))
+        for _ in range(4)
+    ]
+    (row,) = aggregate(ms)
+    assert row.dlogp_answer == 2.0 and row.extra["prompts"] == 2
+    assert row.dlogp_answer_ci == pytest.approx((2 - 12.706, 2 + 12.706))
 
 
 def test_cli_writes_the_report_on_a_tiny_model(tmp_path, tokenizer, tiny_model):

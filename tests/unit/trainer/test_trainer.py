@@ -4,7 +4,9 @@ extra channels are off, dynamic sampling's group bookkeeping, metrics and resume
 from __future__ import annotations
 
 import copy
+import fnmatch
 
+import pytest
 import torch
 from trl import GRPOTrainer
 
@@ -18,6 +20,7 @@ from composer_replication.trainer.trainer import (
     ComposerReplicationTrainer,
     informative_groups,
     merge_groups,
+    reduce_over_processes,
 )
 
 
@@ -245,3 +248,51 @@ def test_shared_prefix_generation_draws_what_grpo_draws(
         out.append(ids)
     assert calls and out[0] == out[1]
     assert len({tuple(x) for x in out[0]}) > 1 and max(map(len, out[0])) > 1
+
+
+def test_loss_metrics_are_the_step_loss_under_gradient_accumulation(
+    tmp_path, tokenizer, tiny_model
+):
+    """With G micro-batches per step, TRL returns each micro-batch's loss divided by G (their
+    sum is the step's loss) and averages the logged values over the micro-batches, so the
+    logged ``*/loss`` must be the returned loss times G: the same batch logs the same
+    ``policy/loss`` and ``total/loss`` at G = 1 and at G = 2 (the returned loss halves)."""
+    cfg = _cfg(tmp_path, "grpo.weight=0.5")
+    env = get_env("arithmetic", levels=[1])
+    trainer = build_trainer(cfg, tiny_model, tokenizer, env)
+    inputs = _batch(len(tokenizer))
+    tiny_model.train()
+    logged, returned = {}, {}
+    for accum in (1, 2):
+        trainer._metrics["train"].clear()
+        trainer.current_gradient_accumulation_steps = accum
+        returned[accum] = trainer._compute_loss(tiny_model, inputs).item()
+        logged[accum] = {k: v[0] for k, v in trainer._metrics["train"].items() if "/loss" in k}
+    assert abs(returned[2] - returned[1] / 2) < 1e-6 and returned[1] != 0.0
+    assert set(logged[1]) == {"policy/loss", "total/loss"}
+    for key, value in logged[1].items():
+        assert abs(logged[2][key] - value) < 1e-6, key
+    assert abs(logged[1]["total/loss"] - returned[1]) < 1e-6
+
+
+def test_running_counters_are_summed_over_processes_and_rates_averaged():
+    """Two processes, micro-batches since the last log. A teacher's running cost is
+    each process's own spend so far: the run's is the latest of each, summed (0.3 + 0.5 = 0.8,
+    not their mean 0.4 nor a mean over micro-batches). A per-token figure is the mean of the
+    processes' means ((1 + 3) / 2 = 2 and 4: 3)."""
+    from composer_replication.channels.distill import DistillChannel
+
+    cost, kl = "distill/teacher/t/cost_usd", "distill/reverse_kl"
+    per_rank = [{cost: [0.1, 0.3], kl: [1.0, 3.0]}, {cost: [0.2, 0.5], kl: [4.0]}]
+
+    def running(key):
+        return any(
+            fnmatch.fnmatchcase(key, "distill/" + p) for p in DistillChannel.running_counters
+        )
+
+    merged = reduce_over_processes(per_rank, running)
+    assert merged[cost] == pytest.approx(0.8)
+    assert merged[kl] == pytest.approx(3.0)
+    # one process: the latest running value, the plain mean of the rest (NaN left out)
+    alone = reduce_over_processes([{cost: [0.1, 0.3], kl: [1.0, float("nan"), 3.0]}], running)
+    assert alone == pytest.approx({cost: 0.3, kl: 2.0})
