@@ -84,3 +84,19 @@ def uplift_command(
             )  # fmt: skip
     console.print(markdown(rows), markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {out / 'uplift.md'}, {out / 'uplift.json'}, {out / 'uplift.png'}")
+
+
+@hints_app.command("report")
+def report_command(
+    dirs: Annotated[list[Path], typer.Argument(help="Report directories holding uplift.json.")],
+) -> None:
+    """Recompute the tables of recorded uplift measurements with this version's statistics
+    (rewrites each directory's uplift.md, its rows in uplift.json and uplift.png; the
+    measurements stay as recorded). No model loads."""
+    from composer_replication.run.uplift import markdown, rereport
+
+    for out in dirs:
+        with exit_on(ValueError):
+            rows = rereport(out)
+        console.print(f"{out}:", markup=False, highlight=False)
+        console.print(markdown(rows), markup=False, highlight=False, soft_wrap=True)

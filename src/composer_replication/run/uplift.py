@@ -30,7 +30,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -84,9 +84,10 @@ class Measurement:
     """Multi-turn rollouts: the assistant turn the verifier blamed (where the hint goes)."""
     reason: str = ""
     """Multi-turn rollouts: the verifier's reason for that turn."""
-    dentropy_reply: float = 0.0
+    dentropy_reply: float = math.nan
     """Teacher minus student entropy (nats), averaged over the failed reply's positions:
-    positive where the hint makes the teacher less sure (distilling it flattens the student)."""
+    positive where the hint makes the teacher less sure (distilling it flattens the student).
+    NaN where not measured (the multi-turn measurement; records written before it existed)."""
 
 
 @dataclass
@@ -459,26 +460,30 @@ def _mean(xs: Sequence[float]) -> float:
 
 
 def markdown(rows: Sequence[UpliftRow]) -> str:
-    """The uplift table (docs/results.md format)."""
-    head = (
-        "| level | hint form | n (prompts) | hint contains the answer | Δ log p(answer) [95% CI] "
-        "| × p(answer) | Δ log p per token of the failed reply [95% CI] "
-        "| Δ entropy per token on the failed reply [95% CI] "
-        "| greedy pass: no hint → hint | paired Δ [95% CI] |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
-    )
-    lines = []
-    for r in rows:
-        n = f"{r.n} ({r.extra['prompts']})" if "prompts" in r.extra else str(r.n)
-        lines.append(
-            f"| {r.level} | {r.form} | {n} | {r.leak:.0%} | {r.dlogp_answer:+.2f} "
-            f"{_ci(r.dlogp_answer_ci, '+.2f')} | {math.exp(r.dlogp_answer):.2f} "
-            f"| {r.dlogp_reply:+.3f} {_ci(r.dlogp_reply_ci, '+.3f')} "
-            f"| {r.dentropy_reply:+.3f} {_ci(r.dentropy_reply_ci, '+.3f')} "
-            f"| {r.pass_plain:.0%} → {r.pass_hinted:.0%} "
-            f"| {r.pass_hinted - r.pass_plain:+.0%} {_ci(r.pass_delta_ci, '+.0%')} |"
-        )
-    return head + "\n".join(lines) + "\n"
+    """The uplift table (docs/results.md format); the entropy column only where some row
+    measured it."""
+    entropy = any(not math.isnan(r.dentropy_reply) for r in rows)
+    cols = [
+        "level", "hint form", "n (prompts)", "hint contains the answer",
+        "Δ log p(answer) [95% CI]", "× p(answer)", "Δ log p per token of the failed reply [95% CI]",
+        *(["Δ entropy per token on the failed reply [95% CI]"] if entropy else []),
+        "greedy pass: no hint → hint", "paired Δ [95% CI]",
+    ]  # fmt: skip
+    head = f"| {' | '.join(cols)} |\n|{' --- |' * len(cols)}\n"
+    return head + "\n".join(_markdown_row(r, entropy) for r in rows) + "\n"
+
+
+def _markdown_row(r: UpliftRow, entropy: bool) -> str:
+    n = f"{r.n} ({r.extra['prompts']})" if "prompts" in r.extra else str(r.n)
+    cells = [
+        str(r.level), r.form, n, f"{r.leak:.0%}",
+        f"{r.dlogp_answer:+.2f} {_ci(r.dlogp_answer_ci, '+.2f')}",
+        f"{math.exp(r.dlogp_answer):.2f}", f"{r.dlogp_reply:+.3f} {_ci(r.dlogp_reply_ci, '+.3f')}",
+        *([f"{r.dentropy_reply:+.3f} {_ci(r.dentropy_reply_ci, '+.3f')}"] if entropy else []),
+        f"{r.pass_plain:.0%} → {r.pass_hinted:.0%}",
+        f"{r.pass_hinted - r.pass_plain:+.0%} {_ci(r.pass_delta_ci, '+.0%')}",
+    ]  # fmt: skip
+    return f"| {' | '.join(cells)} |"
 
 
 def _ci(ci: tuple[float, float], spec: str) -> str:
@@ -517,6 +522,27 @@ def plot(rows: Sequence[UpliftRow], path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def rereport(out: Path) -> list[UpliftRow]:
+    """Recompute the rows of a recorded ``out/uplift.json`` with today's :func:`aggregate`
+    and rewrite its rows, ``uplift.md`` and ``uplift.png``; the measurements stay as recorded
+    (a field they lack is read as not measured). A `ValueError` naming the file if it is not
+    an uplift record."""
+    path = out / "uplift.json"
+    try:
+        data = json.loads(path.read_text())
+        names = {f.name for f in fields(Measurement)}
+        ms = [Measurement(**{k: v for k, v in m.items() if k in names})
+              for m in data["measurements"]]  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not an uplift record ({type(err).__name__}: {err})") from None
+    rows = aggregate(ms)
+    data["rows"] = [asdict(r) for r in rows]
+    path.write_text(json.dumps(data, indent=1, default=str))
+    (out / "uplift.md").write_text(markdown(rows))
+    plot(rows, out / "uplift.png")
+    return rows
 
 
 def write_report(

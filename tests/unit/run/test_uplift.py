@@ -189,3 +189,37 @@ def test_cli_writes_the_report_on_a_tiny_model(tmp_path, tokenizer, tiny_model):
 def test_grade_answer_carries_the_forms():
     r = grade_answer("8", 19)
     assert r.info["feedback_forms"]["direction"] == "8 is too small"
+
+
+def test_hints_report_recomputes_a_record_without_a_model(tmp_path, monkeypatch):
+    """A record written before the prompt-clustered intervals (and before the entropy field):
+    `hints report` rewrites its rows, table and plot with today's statistics and leaves the
+    measurements as recorded; the entropy column is left out, not shown as 0, since no
+    measurement has it. Not a record: one line naming the file, exit 2."""
+    from composer_replication.cli import app
+    from composer_replication.lm import models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    raw = [
+        {"task_id": t, "level": 7, "form": "wrong", "hint": "h", "leak": False,
+         "dlogp_answer": a, "dlogp_reply": -0.1, "passed_plain": False, "passed_hinted": False}
+        for t, a in (("a", 1.0), ("b", 3.0)) for _ in range(4)
+    ]  # fmt: skip
+    out = tmp_path / "rec"
+    out.mkdir()
+    (out / "uplift.json").write_text(
+        json.dumps({"meta": {"x": 1}, "rows": [], "measurements": raw})
+    )
+    r = CliRunner().invoke(app, ["hints", "report", str(out)])
+    assert r.exit_code == 0, r.output
+    table = (out / "uplift.md").read_text()
+    assert "| 7 | wrong | 8 (2) | 0% | +2.00 [-10.71, +14.71] |" in table
+    assert "entropy" not in table and "nan" not in table
+    data = json.loads((out / "uplift.json").read_text())
+    assert data["measurements"] == raw and data["meta"] == {"x": 1}
+    assert data["rows"][0]["dlogp_answer_ci"] == pytest.approx([2 - 12.706, 2 + 12.706])
+    assert (out / "uplift.png").stat().st_size > 0
+    (out / "uplift.json").write_text("{not json")
+    bad = CliRunner().invoke(app, ["hints", "report", str(out)])
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1
+    assert f"{out / 'uplift.json'}: not an uplift record" in " ".join(bad.output.split())
