@@ -78,7 +78,7 @@ def diloco_command(
     diloco.backend=object_store); print each replica's final-weight checksum."""
     from composer_replication.config import check_output_dir, load_config
     from composer_replication.diloco.launcher import launch_diloco, launch_with_executor
-    from composer_replication.run.preflight import check_model_sources
+    from composer_replication.run.preflight import check_model_sources, check_replica_dirs
 
     if executor not in (None, "local"):
         fail(f"--executor {executor!r}: only 'local' is supported")
@@ -102,6 +102,7 @@ def diloco_command(
         )
         check_model_sources(run)
         check_output_dir(run.output_dir, "output_dir")
+        check_replica_dirs(config, overrides or [], run, ids or range(replicas))
     if launcher == "monarch":
         from composer_replication.diloco.monarch import launch_monarch
 

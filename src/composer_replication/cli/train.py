@@ -204,7 +204,10 @@ def eval_command(
         else:
             kwargs = {}
         environment = get_env(env, **kwargs)
-        total = min(n, len(environment.tasks(split)))  # an unknown --split: before the model
+        try:  # an unknown --split: before the model
+            total = min(n, len(environment.tasks(split)))
+        except ValueError as err:
+            raise ValueError(f"--split {split}: {err}") from None
         tok = load_tokenizer(model)
         lm = load_model(model)
     with progress_bar(console, f"eval {env}/{split}", total) as adv:

@@ -76,6 +76,8 @@ from composer_replication.config.env import (
 )
 from composer_replication.config.run import (
     DYNAMIC_SAMPLING_MULTIPROCESS,
+    RERUN_MAY_DIFFER,
+    RESUME_MAY_CHANGE,
     SAVING_FIELDS,
     DynamicSamplingConfig,
     EvalConfig,
@@ -131,6 +133,8 @@ __all__ = [
     "ReplayChannelConfig",
     "RolloutConfig",
     "RunConfig",
+    "RERUN_MAY_DIFFER",
+    "RESUME_MAY_CHANGE",
     "SAVING_FIELDS",
     "SandboxConfig",
     "SdpoConfig",

@@ -5,6 +5,8 @@ loads)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, Literal
 
@@ -258,6 +260,12 @@ class RunConfig(StrictModel):
     resume_override_channels: bool = False
     """Resume even when the checkpoint's channel settings (``sdpo``, ``replay``) differ from
     this config's (this config's settings then apply from the resumed step on)."""
+    resume_override_config: bool = False
+    """Resume even when the run's saved ``config.yaml`` differs from this config in what it
+    trains (seed, model, peft, env, sandbox, generation, rollout, grpo, optim, agent_proxy;
+    this config's settings then apply from the resumed step on). ``max_steps``, threads,
+    ``eval``, ``logging``, ``diloco`` and where the run saves may change without it; channel
+    settings have ``resume_override_channels``."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     peft: PeftConfig = Field(default_factory=PeftConfig)
     env: SerializeAsAny[EnvConfig] = Field(default_factory=ArithmeticEnvConfig)
@@ -382,13 +390,35 @@ SAVING_FIELDS = frozenset({"output_dir", "save_steps", "save_total_limit", "save
 reused, or resumed, whatever they were (``checkpoint_every`` may be turned on mid-study)."""
 
 
-def saved_config_diffs(saved: str | Path, cfg: RunConfig) -> list[str]:
+RESUME_MAY_CHANGE = SAVING_FIELDS | {
+    "max_steps", "num_threads", "resume_override_channels", "resume_override_config", "eval",
+    "logging", "diloco", *CHANNEL_SECTIONS,
+}  # fmt: skip
+"""Run-config fields a resume may change without ``resume_override_config``: how long and
+where it trains, how it evaluates and logs, the outer loop (set by the DiLoCo launcher), and
+the channel sections (compared with the checkpoint's own record, ``resume_override_channels``)."""
+
+
+RERUN_MAY_DIFFER: dict[str, Any] = {
+    **dict.fromkeys(SAVING_FIELDS, True), "num_threads": True, "diloco": {"lighthouse": True},
+}  # fmt: skip
+"""What a fresh run into a directory that holds the same experiment may change (pydantic's
+``exclude`` form): where it saves, threads, and the torchft lighthouse's address (the DiLoCo
+launcher starts one on a free port at each launch)."""
+
+
+def saved_config_diffs(
+    saved: str | Path,
+    cfg: RunConfig,
+    exclude: AbstractSet[str] | Mapping[str, Any] = SAVING_FIELDS,
+) -> list[str]:
     """``key: saved -> cfg`` for each setting where the config a run saved (its
-    ``config.yaml``, read with today's defaults) differs from ``cfg``, but for
-    :data:`SAVING_FIELDS`. A `ConfigError` if the saved file cannot be read as a run config."""
+    ``config.yaml``, read with today's defaults) differs from ``cfg``, but for the fields in
+    ``exclude`` (top-level names, or pydantic's nested ``exclude`` mapping). A `ConfigError` if
+    the saved file cannot be read as a run config."""
+    skip = dict(exclude) if isinstance(exclude, Mapping) else set(exclude)
     return nested_diffs(
-        load_config(saved, []).model_dump(exclude=SAVING_FIELDS),
-        cfg.model_dump(exclude=SAVING_FIELDS),
+        load_config(saved, []).model_dump(exclude=skip), cfg.model_dump(exclude=skip)
     )
 
 

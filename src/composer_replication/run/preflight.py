@@ -17,6 +17,8 @@ from pathlib import Path
 
 from composer_replication import envs
 from composer_replication.config import (
+    RERUN_MAY_DIFFER,
+    RESUME_MAY_CHANGE,
     ConfigError,
     LocalTeacherConfig,
     RunConfig,
@@ -69,12 +71,12 @@ def check_fresh_run_dir(cfg: RunConfig) -> None:
     """A fresh run (no ``resume_from``) in an ``output_dir`` that holds a run trained with
     another config raises `ConfigError` naming what differs: it would overwrite that run's
     config, drop its metrics and mix its evaluations with this run's. The same config again
-    (only where it saves may differ) is a re-run and goes on."""
+    (only `RERUN_MAY_DIFFER` may differ: where it saves, threads) is a re-run and goes on."""
     saved = Path(cfg.output_dir) / CONFIG_FILE
     if not saved.is_file():
         return
     try:
-        diffs = saved_config_diffs(saved, cfg)
+        diffs = saved_config_diffs(saved, cfg, RERUN_MAY_DIFFER)
     except ConfigError as err:
         raise ConfigError(
             f"output_dir {cfg.output_dir} holds a run whose config.yaml cannot be read "
@@ -86,6 +88,24 @@ def check_fresh_run_dir(cfg: RunConfig) -> None:
             f"output_dir {cfg.output_dir} holds a run trained with another config (saved -> "
             f"this: {'; '.join(diffs[:3])}{more}); choose another output_dir, move that run "
             "away, or continue it with its own config and resume_from=latest"
+        )
+
+
+def check_replica_dirs(
+    config: str | Path | None, overrides: list[str], cfg: RunConfig, ids: Iterable[int]
+) -> None:
+    """`check_fresh_run_dir` for each DiLoCo replica's run directory (``replica-r`` under
+    ``cfg.output_dir``, with the overrides the launcher gives it), before any replica starts:
+    else every replica fails alone with the same error."""
+    from composer_replication.config import load_config
+    from composer_replication.diloco.replica import replica_overrides
+
+    if cfg.resume_from is not None:
+        return
+    n = cfg.diloco.replicas
+    for r in ids:
+        check_fresh_run_dir(
+            load_config(config, [*overrides, *replica_overrides(cfg, r, n, None, None)])
         )
 
 
@@ -124,6 +144,7 @@ def check_resume(cfg: RunConfig) -> str | None:
     check_processes(cfg.grpo.dynamic_sampling.enabled, process_rank()[1])
     resume = resolve_resume(cfg)
     if resume is not None:
+        check_resume_config(resume, cfg)
         check_resume_channels(resume, cfg.channel_settings(), cfg.resume_override_channels)
         check_channel_state(resume, cfg.channel_settings())
         step = json.loads((Path(resume) / TRAINER_STATE).read_text()).get("global_step", 0)
@@ -135,6 +156,31 @@ def check_resume(cfg: RunConfig) -> str | None:
                 step, cfg.grpo.num_iterations,
             )  # fmt: skip
     return resume
+
+
+def check_resume_config(checkpoint: str, cfg: RunConfig) -> None:
+    """A resume whose run saved a ``config.yaml`` (beside the checkpoint) that differs from
+    ``cfg`` in what it trains (outside `RESUME_MAY_CHANGE`) raises `ConfigError` naming the
+    differences, unless ``resume_override_config``: the checkpoint would go on silently under
+    another model, task, optimizer or seed. No saved config (a checkpoint copied alone): no
+    check."""
+    saved = Path(checkpoint).parent / CONFIG_FILE
+    if cfg.resume_override_config or not saved.is_file():
+        return
+    try:
+        diffs = saved_config_diffs(saved, cfg, RESUME_MAY_CHANGE)
+    except ConfigError as err:
+        raise ConfigError(
+            f"resume: {saved} cannot be read as a run config ({' '.join(str(err).split())}); "
+            "set resume_override_config=true to resume with this config anyway"
+        ) from None
+    if diffs:
+        more = f"; and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+        raise ConfigError(
+            f"resume: {checkpoint} was trained with another config (saved -> this: "
+            f"{'; '.join(diffs[:3])}{more}); resume with the saved config, or set "
+            "resume_override_config=true to go on with this one"
+        )
 
 
 def check_channel_state(checkpoint: str, enabled: Iterable[str]) -> None:

@@ -204,7 +204,7 @@ def test_a_missing_extra_is_named_before_any_work(args, hidden, extra, monkeypat
     "args, message",
     [
         (["eval", "--model", "embedded:smollm2-135m-instruct", "--split", "dev"],
-         "unknown split 'dev'; use 'train' or 'heldout'"),
+         "--split dev: unknown split 'dev'; use 'train' or 'heldout'"),
         (["eval", "--model", "embedded:smollm2-135m-instruct", "--levels", "1,x"],
          "--levels '1,x': expected comma-separated integers, e.g. 1,2"),
         (["hints", "uplift", "--level", "9", "--out", "u"], "unknown arithmetic levels [9]"),

@@ -120,3 +120,44 @@ def test_a_local_store_that_is_a_file_is_refused_before_any_replica(tmp_path):
     assert f"diloco.store_uri {tmp_path / 'store'}: it exists and is not a directory" in (
         " ".join(res.output.split())
     )
+
+
+def _replica_run(run, replica: int, *overrides: str) -> None:
+    """``replica-r`` as a replica leaves it: its config.yaml, as the launcher configured it."""
+    from composer_replication.config import dump_config, load_config
+    from composer_replication.diloco.replica import replica_overrides
+
+    cfg = load_config(None, [f"output_dir={run}", "diloco.replicas=2", "diloco.enabled=true"])
+    rep = replica_overrides(cfg, replica, 2, "http://127.0.0.1:40001", 1)
+    saved = load_config(None, [f"output_dir={run}", *overrides, *rep])
+    (run / f"replica-{replica}").mkdir(parents=True)
+    (run / f"replica-{replica}" / "config.yaml").write_text(dump_config(saved))
+
+
+def test_a_replica_directory_of_another_config_is_refused_before_any_replica(tmp_path):
+    """Before, the launcher started every replica and each failed alone with the same error."""
+    run = tmp_path / "run"
+    _replica_run(run, 1, "max_steps=7")
+    res = CliRunner().invoke(app, ["diloco", "--replicas", "2", f"output_dir={run}"])
+    assert res.exit_code == 2, res.output
+    flat = " ".join(res.output.split())
+    assert f"output_dir {run / 'replica-1'} holds a run trained with another config" in flat
+    assert "max_steps: 7 -> 40" in flat
+    assert "[diloco]" not in res.output  # no lighthouse, no replica
+
+
+def test_a_rerun_of_the_same_replicas_is_not_refused_for_its_lighthouse_or_threads(tmp_path):
+    """The launcher starts its lighthouse on a free port and splits the cores anew at each
+    launch: a replica's config.yaml from the last launch differs there, yet it is the same
+    experiment (a refusal here would stop every re-run of a DiLoCo command)."""
+    from composer_replication.config import load_config
+    from composer_replication.diloco.replica import replica_overrides
+    from composer_replication.run.preflight import check_fresh_run_dir, check_replica_dirs
+
+    run = tmp_path / "run"
+    for r in (0, 1):
+        _replica_run(run, r)
+    cfg = load_config(None, [f"output_dir={run}", "diloco.replicas=2", "diloco.enabled=true"])
+    check_replica_dirs(None, [f"output_dir={run}"], cfg, range(2))
+    again = replica_overrides(cfg, 0, 2, "http://127.0.0.1:40999", 2)  # another port, threads
+    check_fresh_run_dir(load_config(None, [f"output_dir={run}", *again]))

@@ -195,3 +195,46 @@ def test_a_task_dir_that_is_a_file_is_one_line_before_any_model(tmp_path, no_mod
     )  # fmt: skip
     assert (code, err) == (2, [f"error: env.task_dir {tmp_path / 'taken'}: it exists and is not "
                                "a directory"])  # fmt: skip
+
+
+def _checkpointed_run(run: Path, *overrides: str) -> Path:
+    """A run directory with its config.yaml and one whole checkpoint."""
+    _earlier_run(run, f"output_dir={run}", *overrides)
+    ckpt = run / "checkpoint-2"
+    ckpt.mkdir()
+    (ckpt / "optimizer.pt").write_bytes(b"x")
+    (ckpt / "trainer_state.json").write_text('{"global_step": 2}')
+    return ckpt
+
+
+def test_a_resume_under_another_config_is_refused_naming_the_differences(tmp_path, no_model):
+    """Before, only channel settings were compared: a resume with another learning rate, seed
+    or task went on silently from the checkpoint. Now the saved config.yaml is compared; what
+    may change on a resume (max_steps, threads, eval, where it saves) still may."""
+    run = tmp_path / "run"
+    _checkpointed_run(run, "optim.learning_rate=2e-5", "seed=3")
+    code, err, out = _train(tmp_path, "resume_from=latest", "seed=4", "env.levels=[3]")
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: resume: {run / 'checkpoint-2'} was trained with another")
+    for diff in ("seed: 3 -> 4", "env.levels: [1, 2] -> [3]", "optim.learning_rate: 2e-05"):
+        assert diff in err[0]
+    assert "resume_override_config=true" in err[0]
+    assert "composer-replication train" not in out  # before the run's banner
+    same = [f"output_dir={run}", "resume_from=latest", "optim.learning_rate=2e-5", "seed=3"]
+    longer = load_config(None, [*same, "max_steps=80", "num_threads=1", "eval.n=8"])
+    assert preflight(longer).resume == str(run / "checkpoint-2")
+    forced = load_config(None, [f"output_dir={run}", "resume_from=latest", "seed=4",
+                                "resume_override_config=true"])  # fmt: skip
+    assert preflight(forced).resume == str(run / "checkpoint-2")
+
+
+def test_a_resume_whose_saved_config_cannot_be_read_names_the_override(tmp_path, no_model):
+    run = tmp_path / "run"
+    _checkpointed_run(run)
+    (run / "config.yaml").write_text("no_such_section: {a: 1}\n")  # from another version, say
+    code, err, _ = _train(tmp_path, "resume_from=latest")
+    assert code == 2 and len(err) == 1, err
+    assert "cannot be read as a run config" in err[0] and "no_such_section" in err[0]
+    assert "resume_override_config=true" in err[0]
+    over = [f"output_dir={run}", "resume_from=latest", "resume_override_config=true"]
+    assert preflight(load_config(None, over)).resume == str(run / "checkpoint-2")
