@@ -327,6 +327,8 @@ def verdict_cell(p: Paired | None, unit: Unit) -> str:
     if p.verdict is None:
         return "- (1 seed: no interval)"
     half = f"{100 * p.half_width:.1f} points" if unit == "rate" else f"{p.half_width:.1f} steps"
+    if p.half_width == 0:  # the rule's verdict stands, but a zero width is no evidence
+        return f"{p.verdict} (half-width 0: every seed's difference is the same, no spread seen)"
     return f"{p.verdict} (half-width {half})"
 
 

@@ -139,8 +139,21 @@ def test_steps_to_threshold_counts_a_never_reached_run_one_interval_past_the_end
         "-5.0, +0.0 | -4.0 [-6.8, -1.2] | helps (half-width 2.8 steps) |"
     )
     assert _row(md, label, "mix").endswith(
-        "| +0.0 [+0.0, +0.0] | no difference detected (half-width 0.0 steps) |"
+        "| +0.0 [+0.0, +0.0] | no difference detected (half-width 0: every seed's difference "
+        "is the same, no spread seen) |"
     )
+
+
+def test_a_zero_width_helps_says_that_no_spread_was_seen():
+    """Two seeds, each +68 points: the t-interval is [+68, +68] and the pre-registered rule
+    says "helps"; the cell keeps that verdict but says the zero width is no spread seen, not
+    certainty (before: "helps (half-width 0.0 points)")."""
+    from composer_replication.run.paired import decide, verdict_cell
+
+    assert verdict_cell(decide([0.68, 0.68]), "rate") == (
+        "helps (half-width 0: every seed's difference is the same, no spread seen)"
+    )
+    assert verdict_cell(decide([0.68, 0.60]), "rate") == "helps (half-width 50.8 points)"
 
 
 def test_fixed_wall_time_cuts_each_run_at_the_reference_median(finished):
