@@ -145,6 +145,7 @@ def check_resume(cfg: RunConfig) -> str | None:
     resume = resolve_resume(cfg)
     if resume is not None:
         check_resume_config(resume, cfg)
+        check_run_records(Path(cfg.output_dir))
         check_resume_channels(resume, cfg.channel_settings(), cfg.resume_override_channels)
         check_channel_state(resume, cfg.channel_settings())
         step = json.loads((Path(resume) / TRAINER_STATE).read_text()).get("global_step", 0)
@@ -181,6 +182,21 @@ def check_resume_config(checkpoint: str, cfg: RunConfig) -> None:
             f"{'; '.join(diffs[:3])}{more}); resume with the saved config, or set "
             "resume_override_config=true to go on with this one"
         )
+
+
+def check_run_records(run_dir: Path) -> None:
+    """The per-step files a resumed run reads back and rewrites up to its checkpoint parse
+    (a `MetricsFileError` naming file and line), before any model loads rather than at the
+    first training callback; a last row cut short by a kill is dropped there, as on resume."""
+    from composer_replication.trainer.callbacks import (
+        EPISODES_FILE,
+        HELDOUT_FILE,
+        METRICS_FILE,
+        read_metrics,
+    )
+
+    for name in (METRICS_FILE, EPISODES_FILE, HELDOUT_FILE):
+        read_metrics(run_dir / name)
 
 
 def check_channel_state(checkpoint: str, enabled: Iterable[str]) -> None:

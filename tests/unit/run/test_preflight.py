@@ -238,3 +238,17 @@ def test_a_resume_whose_saved_config_cannot_be_read_names_the_override(tmp_path,
     assert "resume_override_config=true" in err[0]
     over = [f"output_dir={run}", "resume_from=latest", "resume_override_config=true"]
     assert preflight(load_config(None, over)).resume == str(run / "checkpoint-2")
+
+
+def test_a_resume_with_a_damaged_metrics_line_is_one_line_before_any_model(tmp_path, no_model):
+    """A line in the middle of metrics.jsonl that does not parse (not a row cut short by a
+    kill, which is dropped): before, found by the first training callback, after the model
+    loaded; now by the preflight, naming file and line."""
+    run = tmp_path / "run"
+    _checkpointed_run(run)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
+    code, err, out = _train(tmp_path, "resume_from=latest")
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: {run / 'metrics.jsonl'}:2: not a JSON object")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo')  # cut by a kill: goes on
+    assert preflight(load_config(None, [f"output_dir={run}", "resume_from=latest"])).resume
