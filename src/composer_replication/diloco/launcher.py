@@ -245,7 +245,8 @@ def launch_with_executor(
     )
     handles = executor.launch_replicas(replicas, TRAIN_ENTRYPOINT, args)
     try:
-        records = executor.collect(handles, timeout=timeout_s)
+        with sigterm_as_interrupt():  # collect stops the replicas on an interrupt
+            records = executor.collect(handles, timeout=timeout_s)
     except ReplicaFailedError as err:  # the others were stopped: no result from any
         echo(f"[diloco] {err}")
         records = [None] * replicas
