@@ -187,3 +187,16 @@ def arena(tmp_path, monkeypatch):
     monkeypatch.setenv(SECRET_NAME, a.secret)
     yield a
     a.close()
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model or tokenizer (`lm.models`) fails the test: for checks that must happen
+    before any model loads."""
+    import composer_replication.lm.models as models
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(models, "load_model", loaded)
+    monkeypatch.setattr(models, "load_tokenizer", loaded)

@@ -83,12 +83,17 @@ def check_fresh_run_dir(cfg: RunConfig) -> None:
             f"({' '.join(str(err).split())}); choose another output_dir or move it away"
         ) from None
     if diffs:
-        more = f"; and {len(diffs) - 3} more" if len(diffs) > 3 else ""
         raise ConfigError(
-            f"output_dir {cfg.output_dir} holds a run trained with another config (saved -> "
-            f"this: {'; '.join(diffs[:3])}{more}); choose another output_dir, move that run "
-            "away, or continue it with its own config and resume_from=latest"
+            f"output_dir {cfg.output_dir} holds a run trained with another config "
+            f"({_summary(diffs)}); choose another output_dir, move that run away, or continue "
+            "it with its own config and resume_from=latest"
         )
+
+
+def _summary(diffs: list[str]) -> str:
+    """``saved -> this: a; b; c; and N more``: the first three differences of a saved config."""
+    more = f"; and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+    return f"saved -> this: {'; '.join(diffs[:3])}{more}"
 
 
 def check_replica_dirs(
@@ -176,11 +181,9 @@ def check_resume_config(checkpoint: str, cfg: RunConfig) -> None:
             "set resume_override_config=true to resume with this config anyway"
         ) from None
     if diffs:
-        more = f"; and {len(diffs) - 3} more" if len(diffs) > 3 else ""
         raise ConfigError(
-            f"resume: {checkpoint} was trained with another config (saved -> this: "
-            f"{'; '.join(diffs[:3])}{more}); resume with the saved config, or set "
-            "resume_override_config=true to go on with this one"
+            f"resume: {checkpoint} was trained with another config ({_summary(diffs)}); resume "
+            "with the saved config, or set resume_override_config=true to go on with this one"
         )
 
 

@@ -215,17 +215,12 @@ def test_a_missing_extra_is_named_before_any_work(args, hidden, extra, monkeypat
          "--visible-tests: Input should be greater than or equal to 1"),
     ],
 )  # fmt: skip
-def test_a_bad_option_is_one_line_before_the_model_loads(args, message, tmp_path, monkeypatch):
+def test_a_bad_option_is_one_line_before_the_model_loads(
+    args, message, tmp_path, monkeypatch, no_model
+):
     """Before, ``eval --split dev`` and ``hints uplift --level 9`` loaded the model first (the
     split: then a traceback), ``--levels 1,x`` said only ``invalid literal for int()``, and a
     task-generation setting printed pydantic's multi-line report with a URL."""
-    from composer_replication.lm import models
-
-    def no_model(*args, **kwargs):
-        raise AssertionError("a model was loaded before the options were checked")
-
-    monkeypatch.setattr(models, "load_model", no_model)
-    monkeypatch.setattr(models, "load_tokenizer", no_model)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == BAD_INPUT, result.output

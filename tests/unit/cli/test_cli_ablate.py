@@ -13,17 +13,6 @@ from composer_replication.cli import app
 from composer_replication.cli.common import BAD_INPUT
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    import composer_replication.lm.models as models
-
-    def loaded(*args, **kwargs):
-        raise AssertionError("a model was loaded before every arm's inputs were checked")
-
-    monkeypatch.setattr(models, "load_model", loaded)
-    monkeypatch.setattr(models, "load_tokenizer", loaded)
-
-
 @pytest.mark.parametrize(
     "overrides, message",
     [

@@ -17,18 +17,6 @@ from composer_replication.run.preflight import preflight, resolve_resume
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "feature_deletion" / "textkit"
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    """Loading a model or tokenizer fails the test."""
-    import composer_replication.lm.models as models
-
-    def loaded(*args, **kwargs):
-        raise AssertionError("a model was loaded before the inputs were checked")
-
-    monkeypatch.setattr(models, "load_model", loaded)
-    monkeypatch.setattr(models, "load_tokenizer", loaded)
-
-
 def _train(tmp_path: Path, *overrides: str):
     result = CliRunner().invoke(app, ["train", f"output_dir={tmp_path / 'run'}", *overrides])
     return result.exit_code, result.stderr.strip().splitlines(), result.stdout
