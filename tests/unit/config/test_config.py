@@ -182,6 +182,21 @@ def test_merge_keys_may_still_override_what_they_merge(tmp_path):
     assert load_yaml_mapping(merged)["y"] == {"a": 1, "b": 3}
 
 
+NESTED_MERGE = "base: &b {x: 1}\na:\n  inner: &m\n    <<: *b\n    x: 5\nc:\n  <<: *m\n"
+"""``inner`` merges ``base`` and sets ``x`` again; ``c``, a shallower mapping, merges ``inner``:
+PyYAML flattens ``inner`` (in place) while building ``c``, before ``inner`` itself is built."""
+
+
+def test_a_merged_mapping_that_overrides_a_key_may_itself_be_merged(tmp_path):
+    nested = tmp_path / "nested_merge.yaml"
+    nested.write_text(NESTED_MERGE)
+    data = load_yaml_mapping(nested)
+    assert data["a"]["inner"] == {"x": 5} and data["c"] == {"x": 5}
+    nested.write_text(NESTED_MERGE + "  x: 6\n  x: 7\n")  # still a duplicate in ``c``
+    with pytest.raises(ConfigError, match=r":9:3: .*duplicate key 'x' \(first on line 8\)"):
+        load_yaml_mapping(nested)
+
+
 MIS_INDENTED_ABLATION = "seeds: [0, 1]\narms:\n  - name: grpo\n  overrides: [max_steps=1]\n"
 """``overrides`` sits at the list's indentation (line 4, column 3) instead of under ``name``."""
 
