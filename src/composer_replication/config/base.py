@@ -217,6 +217,8 @@ def _from_override(loc: tuple, overrides: list[str] | tuple[str, ...]) -> str:
     below it (``sdpo.loss.beta`` sets ``sdpo.loss.jsd.beta``: a union's tag is in the error's
     path, not in the override); "" when the value came from the file."""
     path = [str(p) for p in loc]
+    if not path:  # a rule over the whole config: every override is under it, none is its cause
+        return ""
     found = [
         repr(text)
         for text in overrides

@@ -452,6 +452,17 @@ def test_an_error_from_an_override_names_the_override_not_only_the_file(tmp_path
         load_config(None, ["sdpo.loss.beta=7"])
 
 
+def test_a_cross_field_error_does_not_blame_every_override():
+    """A rule over the whole config (``grpo.weight=0`` with no channel) is reported at the root;
+    every override lies under the root, so each was named as its cause (``output_dir=...``,
+    ``max_steps=1`` too). Which one caused it cannot be told: none is named."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["output_dir=/tmp/x", "max_steps=1", "grpo.weight=0"])
+    root = [line for line in str(info.value).splitlines() if line.startswith("  (root):")]
+    assert len(root) == 1 and "trains nothing" in root[0], str(info.value)
+    assert "override" not in root[0]
+
+
 def test_a_config_path_that_is_not_a_regular_file_or_is_huge_is_named(tmp_path):
     """A FIFO (or /dev/zero) was reported as 'config file not found', though it exists; a
     read of it could block or never end. A file far beyond any config's size is refused
