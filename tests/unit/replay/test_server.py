@@ -86,3 +86,20 @@ def test_pool_entry_is_a_valid_teacher_pool_line(tmp_path, host, model_id, url):
     path.write_text("teachers:\n" + pool_entry(host, 8101, model_id) + "\n")
     [teacher] = load_pool(path).teachers
     assert teacher.base_url == url and teacher.model == model_id
+
+
+@pytest.mark.parametrize("host", ["", "127.0.0.1", "::1"])
+def test_serve_binds_every_host_it_used_to(host):
+    """``--host ""`` (all interfaces: uvicorn bound ``("", port)``, and `pool_entry` shows it as
+    127.0.0.1) was refused as 'Name or service not known' once the port was bound before
+    the model loads; an IPv6 address binds an IPv6 socket. Port 0: the kernel's choice."""
+    import socket
+
+    from composer_replication.replay.server import listen_socket
+
+    sock = listen_socket(host, 0)
+    try:
+        assert sock.getsockname()[1] > 0
+        assert sock.family == (socket.AF_INET6 if ":" in host else socket.AF_INET)
+    finally:
+        sock.close()
