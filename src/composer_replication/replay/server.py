@@ -288,6 +288,7 @@ def serve(
     import uvicorn
 
     sock = listen_socket(host, port)
+    port = sock.getsockname()[1]  # --port 0: the one the kernel chose, for the pool entry
     chat_model = LocalChatModel(model, max_prompt_tokens=max_prompt_tokens)
     app = create_app(
         chat_model, served_model_name or model, max_logprob_entries=max_logprob_entries

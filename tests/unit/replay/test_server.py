@@ -103,3 +103,21 @@ def test_serve_binds_every_host_it_used_to(host):
         assert sock.family == (socket.AF_INET6 if ":" in host else socket.AF_INET)
     finally:
         sock.close()
+
+
+def test_serve_on_port_0_prints_the_port_it_got(monkeypatch, capsys):
+    """``--port 0`` lets the kernel pick; the pool entry named port 0, a URL no replay can
+    reach. The socket is bound before the entry is printed, so it names the real port."""
+    import uvicorn
+
+    import composer_replication.replay.server as server
+
+    served = {}
+    monkeypatch.setattr(server, "LocalChatModel", lambda *a, **k: object())
+    monkeypatch.setattr(server, "create_app", lambda *a, **k: object())
+    monkeypatch.setattr(
+        uvicorn.Server, "run", lambda self, sockets: served.update(port=sockets[0].getsockname()[1])
+    )
+    server.serve("smol", port=0)
+    entry = capsys.readouterr().out.splitlines()[-1]
+    assert served["port"] > 0 and f'"base_url": "http://127.0.0.1:{served["port"]}/v1"' in entry
