@@ -40,14 +40,26 @@ class ConfigError(UserError, ValueError):
 class _UniqueKeyLoader(yaml.SafeLoader):
     """`yaml.SafeLoader` that refuses a key given twice in one mapping (YAML would keep the last
     and drop the first without a word: a section's settings, a learning rate). A key merged in
-    with ``<<`` may still be set again: that is what merging is for."""
+    with ``<<`` may still be set again: that is what merging is for.
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+    The check runs where PyYAML flattens a mapping's merge keys (`flatten_mapping`), once per
+    mapping, on the keys as written: flattening rewrites a mapping in place (merged keys first),
+    and a mapping merged into another one is flattened there, possibly before it is itself
+    constructed; checked after that, its merged and own keys would look like duplicates."""
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        checked = self.__dict__.setdefault("_unique_checked", set())
+        if id(node) not in checked:  # the first flattening sees the keys as written
+            checked.add(id(node))
+            self._check_unique(node)
+        super().flatten_mapping(node)
+
+    def _check_unique(self, node: yaml.MappingNode) -> None:
         first: dict[Any, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
-            key = self.construct_object(key_node, deep=deep)
+            key = self.construct_object(key_node, deep=False)
             if isinstance(key, typing.Hashable) and key in first:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r} (first on line {first[key] + 1})",
@@ -55,7 +67,6 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )  # fmt: skip
             if isinstance(key, typing.Hashable):
                 first[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
 
 
 def _load_yaml(text: str) -> Any:
@@ -206,6 +217,8 @@ def _from_override(loc: tuple, overrides: list[str] | tuple[str, ...]) -> str:
     below it (``sdpo.loss.beta`` sets ``sdpo.loss.jsd.beta``: a union's tag is in the error's
     path, not in the override); "" when the value came from the file."""
     path = [str(p) for p in loc]
+    if not path:  # a rule over the whole config: every override is under it, none is its cause
+        return ""
     found = [
         repr(text)
         for text in overrides

@@ -400,11 +400,15 @@ the channel sections (compared with the checkpoint's own record, ``resume_overri
 
 
 RERUN_MAY_DIFFER: dict[str, Any] = {
-    **dict.fromkeys(SAVING_FIELDS, True), "num_threads": True, "diloco": {"lighthouse": True},
+    **dict.fromkeys(SAVING_FIELDS, True), "num_threads": True, "resume_override_channels": True,
+    "resume_override_config": True, "diloco": {"lighthouse": True, "store_uri": True},
 }  # fmt: skip
 """What a fresh run into a directory that holds the same experiment may change (pydantic's
-``exclude`` form): where it saves, threads, and the torchft lighthouse's address (the DiLoCo
-launcher starts one on a free port at each launch)."""
+``exclude`` form): where it saves, threads, the resume override flags (a resume that passed
+them wrote them into config.yaml; they change nothing the run trains), and where DiLoCo's
+replicas meet: the torchft lighthouse's address (the launcher starts one on a free port at each
+launch) or the object store's prefix (the launcher refuses one holding an earlier run's
+rounds: each launch needs a fresh one)."""
 
 
 def saved_config_diffs(

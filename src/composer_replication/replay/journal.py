@@ -15,6 +15,7 @@ from then on, so killing and resuming a replay cannot spend past its budget.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import math
@@ -245,7 +246,9 @@ class Journal:
             if sid in ids
         }
         for s in states:
-            if s.state_id in known and TraceState.from_json(known[s.state_id]) != s:
+            if s.state_id not in known:
+                continue
+            if _replayed_part(TraceState.from_json(known[s.state_id])) != _replayed_part(s):
                 raise JournalError(
                     f"{self.real}: already holds state {s.state_id!r} with other content (the "
                     "states file was made again?); replay it into a new --out journal"
@@ -531,3 +534,10 @@ def _row_to_record(row: tuple) -> CallRecord:
         raw_usage=orjson.loads(row[14]) if row[14] is not None else None,
         misreport=row[15],
     )
+
+
+def _replayed_part(state: TraceState) -> TraceState:
+    """``state`` without its provenance (``meta``: the log file and line it was read from, its
+    timestamp): the same log ingested again from another path, or after it moved, is the same
+    state; what a teacher is sent (prefix, action, tools) is compared."""
+    return dataclasses.replace(state, meta=None)

@@ -288,6 +288,7 @@ def serve(
     import uvicorn
 
     sock = listen_socket(host, port)
+    port = sock.getsockname()[1]  # --port 0: the one the kernel chose, for the pool entry
     chat_model = LocalChatModel(model, max_prompt_tokens=max_prompt_tokens)
     app = create_app(
         chat_model, served_model_name or model, max_logprob_entries=max_logprob_entries
@@ -303,9 +304,14 @@ class ServeError(UserError):
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host``:``port`` (uvicorn listens on it), or `ServeError`."""
+    """A TCP socket bound to ``host``:``port`` (uvicorn listens on it), or `ServeError`. Bound
+    as uvicorn binds it: IPv6 for an address with a colon, else IPv4 (``localhost`` is
+    127.0.0.1 even where the resolver lists ::1 first), an empty ``host`` every interface."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host or None, port, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
+        )[0]
         sock = socket.socket(family, kind, proto)
     except OSError as err:
         raise ServeError(f"--host {host} --port {port}: cannot listen there: {err}") from None

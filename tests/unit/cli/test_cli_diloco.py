@@ -161,3 +161,20 @@ def test_a_rerun_of_the_same_replicas_is_not_refused_for_its_lighthouse_or_threa
     check_replica_dirs(None, [f"output_dir={run}"], cfg, range(2))
     again = replica_overrides(cfg, 0, 2, "http://127.0.0.1:40999", 2)  # another port, threads
     check_fresh_run_dir(load_config(None, [f"output_dir={run}", *again]))
+
+
+def test_a_rerun_over_an_object_store_may_use_a_fresh_store_prefix(tmp_path):
+    """The launcher refuses a store prefix that holds an earlier run's rounds ("give each run a
+    fresh prefix"), so the same object-store experiment run again into its directory comes with
+    another ``diloco.store_uri``: like the lighthouse, a meeting point of this launch, not
+    another config (refused, no re-run could follow the launcher's own advice)."""
+    from composer_replication.config import load_config
+    from composer_replication.run.preflight import check_replica_dirs
+
+    run = tmp_path / "run"
+    store = ["diloco.backend=object_store"]
+    for r in (0, 1):
+        _replica_run(run, r, *store, f"diloco.store_uri=file://{tmp_path}/store-1")
+    again = [f"output_dir={run}", *store, f"diloco.store_uri=file://{tmp_path}/store-2"]
+    cfg = load_config(None, [*again, "diloco.replicas=2", "diloco.enabled=true"])
+    check_replica_dirs(None, again, cfg, range(2))

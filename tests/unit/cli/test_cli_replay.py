@@ -182,3 +182,27 @@ def test_a_state_changed_since_it_was_journaled_is_refused(scripted, tmp_path):
     )
     with Journal(db) as jr:
         assert len(list(jr.calls())) == calls_before
+
+
+def test_the_same_states_ingested_from_another_path_go_on_paying_nothing_twice(scripted, tmp_path):
+    """``ingest logs`` then ``ingest /abs/logs`` (or the logs moved): the same states, the same
+    ids, only ``meta.file`` (where they were read) differs. Replaying the new file into the
+    journal goes on and asks nothing again, as before the re-made-states check."""
+    from composer_replication.replay.journal import Journal
+
+    _, url = scripted
+    sfile, pool = _files(tmp_path, url, n=3)
+    db = tmp_path / "r.db"
+    args = ["replay", str(sfile), "--teachers", str(pool), "--budget-usd", "1", "--out", str(db),
+            "--no-progress"]  # fmt: skip
+    assert runner.invoke(app, args).exit_code == 0
+    with Journal(db) as jr:
+        calls_before = len(list(jr.calls()))
+    moved = [orjson.loads(line) for line in sfile.read_bytes().splitlines()]
+    for state in moved:
+        state["meta"]["file"] = "/elsewhere/" + state["meta"]["file"]
+    sfile.write_bytes(b"".join(orjson.dumps(s) + b"\n" for s in moved))
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    with Journal(db) as jr:
+        assert len(list(jr.calls())) == calls_before

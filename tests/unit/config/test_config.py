@@ -182,6 +182,21 @@ def test_merge_keys_may_still_override_what_they_merge(tmp_path):
     assert load_yaml_mapping(merged)["y"] == {"a": 1, "b": 3}
 
 
+NESTED_MERGE = "base: &b {x: 1}\na:\n  inner: &m\n    <<: *b\n    x: 5\nc:\n  <<: *m\n"
+"""``inner`` merges ``base`` and sets ``x`` again; ``c``, a shallower mapping, merges ``inner``:
+PyYAML flattens ``inner`` (in place) while building ``c``, before ``inner`` itself is built."""
+
+
+def test_a_merged_mapping_that_overrides_a_key_may_itself_be_merged(tmp_path):
+    nested = tmp_path / "nested_merge.yaml"
+    nested.write_text(NESTED_MERGE)
+    data = load_yaml_mapping(nested)
+    assert data["a"]["inner"] == {"x": 5} and data["c"] == {"x": 5}
+    nested.write_text(NESTED_MERGE + "  x: 6\n  x: 7\n")  # still a duplicate in ``c``
+    with pytest.raises(ConfigError, match=r":9:3: .*duplicate key 'x' \(first on line 8\)"):
+        load_yaml_mapping(nested)
+
+
 MIS_INDENTED_ABLATION = "seeds: [0, 1]\narms:\n  - name: grpo\n  overrides: [max_steps=1]\n"
 """``overrides`` sits at the list's indentation (line 4, column 3) instead of under ``name``."""
 
@@ -435,6 +450,17 @@ def test_an_error_from_an_override_names_the_override_not_only_the_file(tmp_path
         ConfigError, match=r"sdpo.loss.jsd.beta: .* \(override 'sdpo.loss.beta=7'\)"
     ):
         load_config(None, ["sdpo.loss.beta=7"])
+
+
+def test_a_cross_field_error_does_not_blame_every_override():
+    """A rule over the whole config (``grpo.weight=0`` with no channel) is reported at the root;
+    every override lies under the root, so each was named as its cause (``output_dir=...``,
+    ``max_steps=1`` too). Which one caused it cannot be told: none is named."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["output_dir=/tmp/x", "max_steps=1", "grpo.weight=0"])
+    root = [line for line in str(info.value).splitlines() if line.startswith("  (root):")]
+    assert len(root) == 1 and "trains nothing" in root[0], str(info.value)
+    assert "override" not in root[0]
 
 
 def test_a_config_path_that_is_not_a_regular_file_or_is_huge_is_named(tmp_path):

@@ -86,3 +86,38 @@ def test_pool_entry_is_a_valid_teacher_pool_line(tmp_path, host, model_id, url):
     path.write_text("teachers:\n" + pool_entry(host, 8101, model_id) + "\n")
     [teacher] = load_pool(path).teachers
     assert teacher.base_url == url and teacher.model == model_id
+
+
+@pytest.mark.parametrize("host", ["", "127.0.0.1", "::1"])
+def test_serve_binds_every_host_it_used_to(host):
+    """``--host ""`` (all interfaces: uvicorn bound ``("", port)``, and `pool_entry` shows it as
+    127.0.0.1) was refused as 'Name or service not known' once the port was bound before
+    the model loads; an IPv6 address binds an IPv6 socket. Port 0: the kernel's choice."""
+    import socket
+
+    from composer_replication.replay.server import listen_socket
+
+    sock = listen_socket(host, 0)
+    try:
+        assert sock.getsockname()[1] > 0
+        assert sock.family == (socket.AF_INET6 if ":" in host else socket.AF_INET)
+    finally:
+        sock.close()
+
+
+def test_serve_on_port_0_prints_the_port_it_got(monkeypatch, capsys):
+    """``--port 0`` lets the kernel pick; the pool entry named port 0, a URL no replay can
+    reach. The socket is bound before the entry is printed, so it names the real port."""
+    import uvicorn
+
+    import composer_replication.replay.server as server
+
+    served = {}
+    monkeypatch.setattr(server, "LocalChatModel", lambda *a, **k: object())
+    monkeypatch.setattr(server, "create_app", lambda *a, **k: object())
+    monkeypatch.setattr(
+        uvicorn.Server, "run", lambda self, sockets: served.update(port=sockets[0].getsockname()[1])
+    )
+    server.serve("smol", port=0)
+    entry = capsys.readouterr().out.splitlines()[-1]
+    assert served["port"] > 0 and f'"base_url": "http://127.0.0.1:{served["port"]}/v1"' in entry

@@ -147,6 +147,17 @@ def test_a_fresh_run_into_its_own_configs_directory_is_allowed(tmp_path):
     assert preflight(load_config(None, [f"output_dir={run}", "env.levels=[1]"])).resume is None
 
 
+def test_a_rerun_may_drop_the_resume_override_flags_an_earlier_launch_had(tmp_path):
+    """The run was continued with ``resume_from=latest`` and the override flags (passed out of
+    habit, or by a launch script), which the resume wrote into config.yaml; the same experiment
+    started again with its first command is a re-run, not another config: the flags change
+    nothing the run trains (a resume may change them too, `RESUME_MAY_CHANGE`)."""
+    run = tmp_path / "run"
+    _earlier_run(run, f"output_dir={run}", "resume_override_channels=true",
+                 "resume_override_config=true")  # fmt: skip
+    assert preflight(load_config(None, [f"output_dir={run}"])).resume is None
+
+
 def test_a_run_directory_with_an_unreadable_config_is_refused(tmp_path, no_model):
     run = tmp_path / "run"
     run.mkdir()
