@@ -5,6 +5,7 @@ loads)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -293,6 +294,13 @@ class RunConfig(StrictModel):
     @classmethod
     def _weight_aliases(cls, data: Any) -> Any:
         return move_weight_aliases(data)
+
+    @field_validator("output_dir")
+    @classmethod
+    def _home(cls, value: str) -> str:
+        """``~`` in output_dir is the home directory (as the output checks read it), not a
+        folder named ``~`` in the working directory."""
+        return os.path.expanduser(value)
 
     @field_validator("env", mode="before")
     @classmethod

@@ -480,3 +480,14 @@ def test_a_config_path_that_is_not_a_regular_file_or_is_huge_is_named(tmp_path):
         fh.truncate(64 * 2**20)
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(huge))}: 64 MiB, too large"):
         load_yaml_mapping(huge)
+
+
+def test_a_tilde_in_output_dir_is_the_home_directory():
+    """Before, the output checks expanded ``~`` but training wrote to a folder named ``~`` in
+    the working directory."""
+    from pathlib import Path
+
+    assert load_config(None, ["output_dir=~/cr_runs/x"]).output_dir == str(
+        Path.home() / "cr_runs" / "x"
+    )
+    assert load_config(None, ["output_dir=runs/a~b"]).output_dir == "runs/a~b"
