@@ -111,13 +111,21 @@ def arm_config(acfg: AblationConfig, arm: AblationArm, seed: int) -> RunConfig:
 
 
 def check_arm_inputs(acfg: AblationConfig) -> None:
-    """Every arm's run config (first seed) and what it reads that can be checked without
-    loading anything: model references, output directory, preference data and harness
-    (`run.preflight`). A `ConfigError` names the arm, before the first arm trains."""
+    """What each arm with a run still to train reads that can be checked without loading
+    anything: model references, output directory, preference data and harness
+    (`run.preflight`). A `ConfigError` names the arm, before the first arm trains. An arm whose
+    every seed has finished is only reused: a teacher deleted since does not stop the table."""
     from composer_replication.run.preflight import check_data, check_model_sources
 
     for arm in acfg.arms:
-        cfg = arm_config(acfg, arm, acfg.seeds[0])
+        todo = [
+            s
+            for s in acfg.seeds
+            if not Path(arm_config(acfg, arm, s).output_dir, FINAL_EVAL).is_file()
+        ]
+        if not todo:
+            continue
+        cfg = arm_config(acfg, arm, todo[0])
         try:
             check_model_sources(cfg)
             check_output_dir(cfg.output_dir, "output_dir")

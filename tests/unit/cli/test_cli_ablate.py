@@ -31,3 +31,24 @@ def test_a_bad_arm_input_stops_ablate_before_any_arm_trains(tmp_path, no_model, 
     assert result.exit_code == BAD_INPUT, result.output
     assert " ".join(result.output.split()).startswith(f"error: {message}")
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_arm_whose_runs_all_finished_is_not_checked_again(tmp_path, no_model):
+    """A finished arm is only reused: its teacher (or model) deleted since must not stop the
+    study's other arms; an arm with a seed still to train is checked."""
+    from composer_replication.config import ConfigError, load_ablation_config
+    from composer_replication.run.ablation import check_arm_inputs
+
+    config = tmp_path / "ablation.yaml"
+    config.write_text(yaml.safe_dump({
+        "seeds": [0, 1], "output_dir": str(tmp_path / "runs"),
+        "arms": [{"name": "a", "overrides": []}, {"name": "b", "overrides": ["model.name=./gone"]}],
+    }))  # fmt: skip
+    acfg = load_ablation_config(config)
+    for seed in (0, 1):
+        (tmp_path / "runs" / "b" / f"seed{seed}").mkdir(parents=True)
+        (tmp_path / "runs" / "b" / f"seed{seed}" / "final_eval.json").write_text("{}")
+    check_arm_inputs(acfg)
+    (tmp_path / "runs" / "b" / "seed1" / "final_eval.json").unlink()
+    with pytest.raises(ConfigError, match="arm 'b': model path './gone' does not exist"):
+        check_arm_inputs(acfg)
