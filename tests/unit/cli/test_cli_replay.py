@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 import typer
 import yaml
@@ -156,11 +158,9 @@ def test_a_states_path_that_is_a_directory_or_fifo_is_named_as_such(tmp_path):
         assert not (tmp_path / "r.db").exists()
 
 
-def test_a_state_changed_since_it_was_journaled_is_refused(scripted, tmp_path):
-    """The states file was re-ingested (its agent's action, or a redaction, changed) and
-    replayed into the same journal: the journal kept the old state (INSERT OR IGNORE) while new
-    answers were asked for the new one, so ``pairs`` paired them with the old prompt and
-    action. Now the replay stops before any call, naming the state."""
+def _replayed_once(scripted, tmp_path: Path) -> tuple[Path, Path, list[str], int]:
+    """Three states replayed into a journal: (states file, journal, the command's args, the
+    number of calls journaled)."""
     from composer_replication.replay.journal import Journal
 
     _, url = scripted
@@ -170,7 +170,17 @@ def test_a_state_changed_since_it_was_journaled_is_refused(scripted, tmp_path):
             "--no-progress"]  # fmt: skip
     assert runner.invoke(app, args).exit_code == 0
     with Journal(db) as jr:
-        calls_before = len(list(jr.calls()))
+        return sfile, db, args, len(list(jr.calls()))
+
+
+def test_a_state_changed_since_it_was_journaled_is_refused(scripted, tmp_path):
+    """The states file was re-ingested (its agent's action, or a redaction, changed) and
+    replayed into the same journal: the journal kept the old state (INSERT OR IGNORE) while new
+    answers were asked for the new one, so ``pairs`` paired them with the old prompt and
+    action. Now the replay stops before any call, naming the state."""
+    from composer_replication.replay.journal import Journal
+
+    sfile, db, args, calls_before = _replayed_once(scripted, tmp_path)
     lines = sfile.read_bytes().splitlines()
     changed = orjson.loads(lines[1])
     changed["action"]["text"] = "something else the agent did"
@@ -190,14 +200,7 @@ def test_the_same_states_ingested_from_another_path_go_on_paying_nothing_twice(s
     journal goes on and asks nothing again, as before the re-made-states check."""
     from composer_replication.replay.journal import Journal
 
-    _, url = scripted
-    sfile, pool = _files(tmp_path, url, n=3)
-    db = tmp_path / "r.db"
-    args = ["replay", str(sfile), "--teachers", str(pool), "--budget-usd", "1", "--out", str(db),
-            "--no-progress"]  # fmt: skip
-    assert runner.invoke(app, args).exit_code == 0
-    with Journal(db) as jr:
-        calls_before = len(list(jr.calls()))
+    sfile, db, args, calls_before = _replayed_once(scripted, tmp_path)
     moved = [orjson.loads(line) for line in sfile.read_bytes().splitlines()]
     for state in moved:
         state["meta"]["file"] = "/elsewhere/" + state["meta"]["file"]
