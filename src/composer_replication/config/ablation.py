@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from composer_replication.config.base import (
     ConfigError,
     StrictModel,
     apply_overrides,
     format_validation_error,
+    home_expanded,
     load_yaml_mapping,
     resolve_config_path,
 )
@@ -98,6 +99,11 @@ class AblationConfig(StrictModel):
     report: StepReport | None = None
     """Also report the per-step analysis (a fixed early step, the difference at every
     evaluated step, steps to a threshold, fixed wall time); None = the final scores only."""
+
+    @field_validator("output_dir")
+    @classmethod
+    def _home(cls, value: str) -> str:
+        return home_expanded(value)
 
     @model_validator(mode="after")
     def _reference_is_an_arm(self) -> AblationConfig:

@@ -147,6 +147,13 @@ def _yaml_error_message(path: Path, err: yaml.YAMLError) -> str:
     return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
 
 
+def home_expanded(path: str) -> str:
+    """``~`` at the start of an output path is the home directory (as `check_output_dir` reads
+    it), not a folder named ``~`` in the working directory: the validator of every config's
+    ``output_dir``."""
+    return os.path.expanduser(path)
+
+
 def check_output_dir(path: str | Path, what: str) -> None:
     """Raise a `ConfigError` (``what``: the field or option, e.g. ``output_dir``) unless
     ``path`` is a directory or can be made one: not a file, and its nearest existing ancestor a

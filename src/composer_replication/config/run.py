@@ -5,7 +5,6 @@ loads)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -21,6 +20,7 @@ from composer_replication.config.base import (
     apply_overrides,
     default_config_path,
     format_validation_error,
+    home_expanded,
     load_yaml_mapping,
     parse_override,
     resolve_config_path,
@@ -298,9 +298,7 @@ class RunConfig(StrictModel):
     @field_validator("output_dir")
     @classmethod
     def _home(cls, value: str) -> str:
-        """``~`` in output_dir is the home directory (as the output checks read it), not a
-        folder named ``~`` in the working directory."""
-        return os.path.expanduser(value)
+        return home_expanded(value)
 
     @field_validator("env", mode="before")
     @classmethod

@@ -93,8 +93,13 @@ def arm_dir(acfg: AblationConfig, arm: str) -> Path:
     return Path(acfg.output_dir) / (re.sub(r"[^A-Za-z0-9._=+-]+", "-", arm).strip("-") or "arm")
 
 
+def seed_dir(acfg: AblationConfig, arm: str, seed: int) -> Path:
+    """The run directory of one arm and seed (its ``output_dir``)."""
+    return arm_dir(acfg, arm) / f"seed{seed}"
+
+
 def arm_config(acfg: AblationConfig, arm: AblationArm, seed: int) -> RunConfig:
-    out = arm_dir(acfg, arm.name) / f"seed{seed}"
+    out = seed_dir(acfg, arm.name, seed)
     cfg = _arm_run_config(acfg, arm, seed, out)
     if acfg.checkpoint_every % cfg.grpo.num_iterations:
         raise ConfigError(
@@ -118,11 +123,7 @@ def check_arm_inputs(acfg: AblationConfig) -> None:
     from composer_replication.run.preflight import check_data, check_model_sources
 
     for arm in acfg.arms:
-        todo = [
-            s
-            for s in acfg.seeds
-            if not Path(arm_config(acfg, arm, s).output_dir, FINAL_EVAL).is_file()
-        ]
+        todo = [s for s in acfg.seeds if not (seed_dir(acfg, arm.name, s) / FINAL_EVAL).is_file()]
         if not todo:
             continue
         cfg = arm_config(acfg, arm, todo[0])
@@ -636,7 +637,7 @@ def finished_results(acfg: AblationConfig) -> list[dict[str, Any]]:
     out = []
     for seed in acfg.seeds:
         for arm in acfg.arms:
-            path = Path(arm_config(acfg, arm, seed).output_dir, FINAL_EVAL)
+            path = seed_dir(acfg, arm.name, seed) / FINAL_EVAL
             if path.is_file():
                 out.append(load_result(path))
     return out

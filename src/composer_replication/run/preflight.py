@@ -1,8 +1,8 @@
 """Everything about a run's input that can be checked before any model loads, in one function
 (:func:`preflight`): the output directory, the config against this launch (processes), the
 checkpoint to resume from, the replay channel's preference data, and the environment (its task
-sets and sources are built here). A problem raises a `UserError` whose one line names the field or file; the
-CLI prints it and exits 2. :func:`~composer_replication.run.train.run_training` runs it
+sets and sources are built here). A problem raises a `UserError` whose one line names the
+field or file; the CLI prints it and exits 2. :func:`~composer_replication.run.train.run_training` runs it
 unless given its result."""
 
 from __future__ import annotations

@@ -491,3 +491,5 @@ def test_a_tilde_in_output_dir_is_the_home_directory():
         Path.home() / "cr_runs" / "x"
     )
     assert load_config(None, ["output_dir=runs/a~b"]).output_dir == "runs/a~b"
+    ablation = load_ablation_config(configs_dir() / "ablation.yaml", ["output_dir=~/cr_runs/ab"])
+    assert ablation.output_dir == str(Path.home() / "cr_runs" / "ab")  # and its arms' runs below
