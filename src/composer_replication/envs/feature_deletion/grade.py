@@ -50,6 +50,12 @@ SUSPICIOUS_CALLS = {"_exit", "_getframe", "currentframe", "settrace", "setprofil
 SUSPICIOUS_NAMES = {"sys.modules", "sys.meta_path", "sys.path_hooks", "__builtins__", "__code__",
                     "__globals__", "f_back", "f_globals", "f_locals", "gi_frame", "tb_frame"}  # fmt: skip
 SUSPICIOUS_STRINGS = (".pyc", "__pycache__", "site-packages", "conftest", "junit", "/proc/")
+MAX_ADDED_CHARS = 256 << 10
+"""How many characters longer than the original file a submission may be: a rebuilt function
+is a body, not a file of its own. The static check parses the submission in the trainer's
+process (4 MB of ``x = 1`` lines took 2.4 GB and 15 s there), and the shell tools leave a
+file as large as their ``/repo`` (32-64 MB) without the file tools' 1 MiB cap: a larger
+submission is refused unparsed (``oversized_submission``), before any sandbox starts."""
 CALL_DEADLINE_S = 20.0
 """Longest wait for one answer of the submission's sandbox in split grading: a body that
 loops fails that call and every later one at once (forward_client.connect), instead of
@@ -183,6 +189,10 @@ def grade_submission(
 ) -> GradeVerdict:
     """Grade ``target_text`` as the new content of ``task['file']`` (module docstring)."""
     original = (Path(source_root) / task["file"]).read_text(encoding="utf-8")
+    if len(target_text) > len(original) + MAX_ADDED_CHARS:
+        why = f"refused: the file is more than {MAX_ADDED_CHARS} characters longer than before"
+        return GradeVerdict(0.0, False, [], list(task["failing_tests"]), [],
+                            ["oversized_submission"], why)  # fmt: skip
     flags = submission_flags(original, target_text)
     rep = split_run(box, Path(source_root), task, target_text)
     targets = task["failing_tests"]
