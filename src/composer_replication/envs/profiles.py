@@ -314,6 +314,10 @@ class ClaudeCodeTools(WorkspaceTools):
                 "occurrence, please provide more context to uniquely identify the instance.\n"
                 f"String: {old}"
             )
+        cap = self._native._max_write_bytes
+        if (chars := len(text) + count * (len(new) - len(old))) > cap:
+            # refused before the text is built (each character is at least one byte)
+            return self._err(f"{chars} characters is more than a file may hold here ({cap})")
         if err := self._write(target, text.replace(old, new)):
             return err
         return f"The file {self._shown(target)} has been updated successfully."

@@ -14,6 +14,7 @@ its attack works.
 from __future__ import annotations
 
 import os
+import tracemalloc
 
 import pytest
 from support.textkit import textkit_env
@@ -45,6 +46,22 @@ def test_edit_replace_all_cannot_multiply_a_file_past_the_cap(claude):
         out = tools.Edit("/repo/notes.txt", "x", "x" * 2000, replace_all=True)
         assert out.startswith("<tool_use_error>") and "more than a file may hold" in out
         assert (tools.workspace / "notes.txt").stat().st_size == 1000  # untouched
+    finally:
+        tools._close()
+
+
+def test_edit_refuses_a_multiplied_file_before_building_it(claude):
+    """The cap alone refused the result only after ``str.replace`` had built it: a 1 MiB file
+    times a 5000-character ``new_string`` is 5 GB in the trainer's memory first."""
+    tools = _tools(claude)
+    try:
+        assert tools.Write("/repo/notes.txt", "x" * 100_000).startswith("File created")
+        tracemalloc.start()
+        out = tools.Edit("/repo/notes.txt", "x", "x" * 1000, replace_all=True)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert out.startswith("<tool_use_error>") and "more than a file may hold" in out
+        assert peak < 20 << 20, f"{peak >> 20} MB held to refuse the edit"
     finally:
         tools._close()
 

@@ -262,6 +262,7 @@ class FeatureDeletionTools:
     """A repository to repair: file tools, the tests, and submit (TRL environment_factory)."""
 
     _env: FeatureDeletionEnv
+    _max_write_bytes = MAX_WRITE_BYTES  # read by the harness profiles' Edit before it builds
 
     def __init__(self) -> None:
         self.workspace: Path | None = None

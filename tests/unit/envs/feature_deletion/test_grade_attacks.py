@@ -490,3 +490,22 @@ def test_unparseable_submissions_are_flagged_not_raised(source):
         assert submission_flags("x = 1\n", source) == ["syntax_error"]
     finally:
         sys.setrecursionlimit(limit)
+
+
+def test_the_static_check_folds_a_chain_of_strings_once(monkeypatch):
+    """Red-team pass 10: every ``+`` of a chain was folded from scratch (calls of ``folded``
+    grew as the chain's length squared: 250 kB of 800-term chains held the trainer's process
+    for 14 s per check, twice per grading). Counted, not timed; the folded name is still
+    flagged."""
+    calls = []
+    real = fd_grade.folded
+
+    def counting(node, *memo):  # the old folded took the node only
+        calls.append(1)
+        return real(node, *memo)
+
+    monkeypatch.setattr(fd_grade, "folded", counting)
+    n = 400
+    chain = "+".join(['"a"'] * n)
+    assert suspicious_constructs(f"x = {chain} + '/pr' + 'oc/'\n") == {"string:/proc/"}
+    assert len(calls) <= 10 * n, f"{len(calls)} folds for a chain of {n}"
