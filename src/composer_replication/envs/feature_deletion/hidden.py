@@ -84,10 +84,10 @@ def hide_in_file(text: str, defs: Iterable[str]) -> tuple[str, list[str]]:
         kept = pyast.parse("\n".join(out))
         used = _names_used(kept, loads_only=True)
         extra = []
-        scopes = [kept.body] + [n.body for n in kept.body
-                                if isinstance(n, ast.ClassDef) and n.name in owners]  # fmt: skip
-        for node in (n for scope in scopes for n in scope):
-            names = _assigned(node) | _helper_name(node)
+        scopes = [(kept.body, False)] + [(n.body, True) for n in kept.body
+                                         if isinstance(n, ast.ClassDef) and n.name in owners]  # fmt: skip
+        for node, in_class in ((n, c) for scope, c in scopes for n in scope):
+            names = _assigned(node) | _helper_name(node, in_class)
             if names and names & used_by_removed and not names & used:
                 extra.append((_first_line(node), node.end_lineno or node.lineno, node.col_offset))
                 used_by_removed |= _names_used(node)
@@ -114,16 +114,20 @@ def _names_used(tree: ast.AST, loads_only: bool = False) -> set[str]:
     return out
 
 
-def _helper_name(node: ast.stmt) -> set[str]:
-    """The name of a helper function, fixture or class (never a test, never an autouse
-    fixture, which runs for the tests that stay), else nothing."""
+def _helper_name(node: ast.stmt, in_class: bool) -> set[str]:
+    """The name of a helper that may go with the hidden tests, else nothing: never a test or
+    an autouse fixture (it runs for the tests that stay); at module level only a fixture or
+    a private helper (``_expect``), since a public one may be imported by another test
+    module, which this file does not see."""
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return set()
     if node.name.lower().startswith("test"):
         return set()
-    autouse = any(isinstance(k, ast.keyword) and k.arg == "autouse"
-                  for d in node.decorator_list for k in ast.walk(d))  # fmt: skip
-    return set() if autouse else {node.name}
+    keywords = [k for d in node.decorator_list for k in ast.walk(d) if isinstance(k, ast.keyword)]
+    if any(k.arg == "autouse" for k in keywords):
+        return set()
+    fixture = any("fixture" in _names_loaded(d) for d in node.decorator_list)
+    return {node.name} if in_class or fixture or node.name.startswith("_") else set()
 
 
 def _first_line(node: ast.stmt) -> int:

@@ -205,6 +205,10 @@ def _expect(a):
 TABLE = {"x y": "x-y"}
 
 
+def public_helper(a):
+    return a
+
+
 class TestF:
     CASES = [("Hello World", "hello-world")]
     KEEP = 3
@@ -221,7 +225,7 @@ class TestF:
 
 
 def test_hidden2(pairs, shared, _clean):
-    assert f("x y") == _expect("x y")
+    assert f("x y") == _expect("x y") == public_helper("x-y")
     for a, b in pairs:
         assert f(a) == b
 """
@@ -231,12 +235,20 @@ def test_hidden_expected_values_in_helpers_fixtures_and_class_tables_go_too():
     """Red-team pass 10: only module-level assignments went with a hidden test, so a class's
     table (``self.CASES``), a helper computing the expected value (and the table it reads)
     and a fixture only hidden tests named stayed in the workspace, with the hidden answers.
-    What the tests that stay use (a shared fixture, an autouse one, a class attribute) stays."""
+    What the tests that stay use (a shared fixture, an autouse one, a class attribute) stays,
+    and so does a public module-level helper (another test module may import it)."""
     out, missing = hide_in_file(HIDDEN_BY_HELPERS, ["TestF::test_hidden", "test_hidden2"])
     assert missing == []
     for answer in ("hello-world", "x-y", "a-b", "def _check", "def _expect", "def pairs"):
         assert answer not in out
-    for kept in ("def _clean", "def shared", "KEEP = 3", "def test_visible(self, shared)"):
+    kept_too = (
+        "def _clean",
+        "def shared",
+        "KEEP = 3",
+        "def test_visible(self, shared)",
+        "def public_helper",
+    )
+    for kept in kept_too:
         assert kept in out
     compile(out, "t.py", "exec")
 
