@@ -453,6 +453,7 @@ class CodexTools(WorkspaceTools):
                 for p in (c.path, c.move_to):
                     if p is not None and isinstance(self._resolve(p), str):
                         raise PatchError(str(self._resolve(p)))
+            self._check_writes([c.text for c in changes if c.op != "D"])
             for c in changes:
                 target = self._resolve(c.path)
                 if c.op == "D" or c.move_to:
@@ -469,6 +470,20 @@ class CodexTools(WorkspaceTools):
                 f"apply_patch failed: {e.strerror or type(e).__name__}", self._max_chars
             )
         return wire_safe(summary(changes), self._max_chars)
+
+    def _check_writes(self, texts: list[str]) -> None:
+        """Raise :class:`PatchError` before anything is written if one of ``texts`` is not
+        UTF-8 or they would pass the write caps (a patch changes all its files or none)."""
+        sizes = []
+        for text in texts:
+            try:
+                sizes.append(len(text.encode("utf-8")))
+            except UnicodeEncodeError as e:
+                raise PatchError(
+                    f"the content is not valid UTF-8 text (position {e.start})"
+                ) from None
+        if refused := self._native._write_refusal(sizes):
+            raise PatchError(refused.removeprefix("error: "))
 
     def _patch_read(self, path: str) -> str | None:
         target = self._resolve(path)

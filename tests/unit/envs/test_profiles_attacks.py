@@ -91,6 +91,21 @@ def test_apply_patch_writes_are_capped(codex):
         tools._close()
 
 
+def test_a_patch_over_the_caps_writes_none_of_its_files(codex):
+    """Checked file by file while writing, a patch over the caps left its first files written
+    (and a move's source deleted) though it answered that it failed."""
+    tools = _tools(codex)
+    try:
+        big = "+" + "w" * (fd_env.MAX_WRITE_BYTES + 10) + "\n"
+        patch = f"*** Begin Patch\n*** Add File: small.txt\n+hi\n*** Add File: big.txt\n{big}"
+        out = tools.apply_patch(patch + "*** End Patch")
+        assert "more than a file may hold" in out
+        assert not (tools.workspace / "small.txt").exists()
+        assert tools._native.written_bytes == 0
+    finally:
+        tools._close()
+
+
 def test_glob_work_grows_with_the_tree_not_with_the_pattern(claude, monkeypatch):
     """Counted, not timed: the directories the trainer's process lists for one Glob."""
     tools = _tools(claude)
