@@ -86,7 +86,7 @@ def suspicious_constructs(source: str) -> set[str]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {"syntax_error"}
     found: set[str] = set()
-    memo: dict[int, str | None] = {}  # folded strings of this tree's nodes (folded)
+    memo: dict[int, str | None] = {}  # node id -> what folded() made of it, for this tree
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {f"import:{a.name.split('.')[0]}" for a in node.names
