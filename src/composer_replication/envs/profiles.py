@@ -50,6 +50,8 @@ MIN_SHELL_S = 1.0
 GREP_TIMEOUT_S = 10.0
 MAX_LISTED = 100
 """Most paths ``Glob`` / ``Grep`` list (Claude Code cuts its listings too)."""
+MAX_GLOB_STARS = 2
+"""Most ``**`` components a ``Glob`` pattern may hold once consecutive ones are merged."""
 SAFE_PREFIXES = (REPO, "/tmp", "/dev/null", "/dev/stdout", "/dev/stderr", "/usr/bin/", "/bin/")
 _ABS_PATH = re.compile(r"(?:^|[\s'\"=<>;|&(])(/[^\s'\";|&<>()]*)")
 _PARENT = re.compile(r"(?:^|[\s'\"=/])\.\.(?:/|$|[\s'\";|&)])")
@@ -145,11 +147,15 @@ class WorkspaceTools:
         return REPO if rel == "." else f"{REPO}/{rel}"
 
     def _write(self, target: Path, text: str) -> str | None:
-        """Write ``text`` (checked before the file is touched); an error result or None."""
+        """Write ``text`` (checked before the file is touched, against the native tools' caps
+        per file and per episode: ``Edit(replace_all=True)`` multiplies a file); an error
+        result or None."""
         try:
             data = str(text).encode("utf-8")
         except UnicodeEncodeError as e:
             return self._err(f"the content is not valid UTF-8 text (position {e.start})")
+        if refused := self._native._over_write_caps(len(data)):
+            return self._err(refused.removeprefix("error: "))
         self._native._note_write(target.relative_to(self.workspace.resolve()).as_posix())
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
@@ -308,6 +314,10 @@ class ClaudeCodeTools(WorkspaceTools):
                 "occurrence, please provide more context to uniquely identify the instance.\n"
                 f"String: {old}"
             )
+        cap = self._native._max_write_bytes
+        if (chars := len(text) + count * (len(new) - len(old))) > cap:
+            # refused before the text is built (each character is at least one byte)
+            return self._err(f"{chars} characters is more than a file may hold here ({cap})")
         if err := self._write(target, text.replace(old, new)):
             return err
         return f"The file {self._shown(target)} has been updated successfully."
@@ -367,12 +377,23 @@ class ClaudeCodeTools(WorkspaceTools):
 
 
 def _glob(tools: WorkspaceTools, pattern: Any, path: Any) -> str:
+    """``Glob`` in the trainer's process (pathlib). Each ``**`` component walks every
+    directory below the one it starts from, so k of them cost the tree's depth to the power
+    k - 1: consecutive ones mean one and are merged, and at most :data:`MAX_GLOB_STARS`
+    remain."""
     base = tools._resolve(path or REPO)
     if isinstance(base, str):
         return base
     pat = str(pattern)
     if not pat or pat.startswith("/") or ".." in Path(pat).parts or "\x00" in pat:
         return tools._err("the pattern must be relative to the directory, without ..")
+    parts: list[str] = []
+    for part in pat.split("/"):
+        if part != "**" or parts[-1:] != ["**"]:
+            parts.append(part)
+    if parts.count("**") > MAX_GLOB_STARS:
+        return tools._err(f"the pattern may hold at most {MAX_GLOB_STARS} ** components")
+    pat = "/".join(parts)
     if not base.is_dir():
         return tools._err(f"{wire_snippet(path)} is not a directory")
     hits = sorted(tools._shown(p) for p in base.glob(pat)
@@ -432,6 +453,7 @@ class CodexTools(WorkspaceTools):
                 for p in (c.path, c.move_to):
                     if p is not None and isinstance(self._resolve(p), str):
                         raise PatchError(str(self._resolve(p)))
+            self._check_writes([c.text for c in changes if c.op != "D"])
             for c in changes:
                 target = self._resolve(c.path)
                 if c.op == "D" or c.move_to:
@@ -448,6 +470,20 @@ class CodexTools(WorkspaceTools):
                 f"apply_patch failed: {e.strerror or type(e).__name__}", self._max_chars
             )
         return wire_safe(summary(changes), self._max_chars)
+
+    def _check_writes(self, texts: list[str]) -> None:
+        """Raise :class:`PatchError` before anything is written if one of ``texts`` is not
+        UTF-8 or they would pass the write caps (a patch changes all its files or none)."""
+        sizes = []
+        for text in texts:
+            try:
+                sizes.append(len(text.encode("utf-8")))
+            except UnicodeEncodeError as e:
+                raise PatchError(
+                    f"the content is not valid UTF-8 text (position {e.start})"
+                ) from None
+        if refused := self._native._write_refusal(sizes):
+            raise PatchError(refused.removeprefix("error: "))
 
     def _patch_read(self, path: str) -> str | None:
         target = self._resolve(path)

@@ -10,8 +10,9 @@ The workspace never enters the sandbox writable. Per call:
    ``/dev/null`` and its output in a file, then writes the exit status and the output's first
    ``max_output_chars`` bytes to stderr and ``/repo`` as a base64 tar to stdout;
 3. the trusted side reads the tar as untrusted data (:func:`apply_tree`): only regular files
-   and directories at clean relative paths come back; symlinks, hard links, devices and FIFOs
-   are refused and reported; a stream that is cut, malformed or over the caps changes
+   and directories at clean relative paths come back; symlinks, hard links, devices, FIFOs
+   and sparse members (whose holes would be read as zeros the stream never carried) are
+   refused and reported; a stream that is cut, malformed or over the caps changes
    nothing. Files are rewritten only when their bytes changed, and files the command removed
    are removed.
 
@@ -80,8 +81,8 @@ class ShellResult:
     changed: list[str] = field(default_factory=list)
     """Relative paths the command created, changed or removed (brought back to the host)."""
     refused: list[str] = field(default_factory=list)
-    """``kind:path`` of what was not brought back (``symlink:``, ``hardlink:``, ``special:``,
-    ``path:``)."""
+    """``kind:path`` of what was not brought back (``symlink:``, ``hardlink:``, ``sparse:``,
+    ``special:``, ``path:``)."""
     error: str = ""
     """Why the workspace was left unchanged (cut or malformed stream, limits), or ''."""
 
@@ -208,6 +209,8 @@ def apply_tree(data: bytes, workspace: Path, max_depth: int) -> tuple[list[str],
                     refused.append(f"path:{member.name[:120]}")
                 elif member.issym() or member.islnk():
                     refused.append(f"{'symlink' if member.issym() else 'hardlink'}:{rel}")
+                elif member.issparse():  # its size is claimed, not stored: 2 kB read as 64 MB
+                    refused.append(f"sparse:{rel}")
                 elif member.isdir():
                     wanted.setdefault(rel, None) if rel else None
                 elif member.isfile():

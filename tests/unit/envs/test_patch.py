@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from composer_replication.envs.patch import PatchError, apply_patch, summary
+from composer_replication.envs.patch import PatchError, _find, apply_patch, summary
 
 FILES = {"a.py": "def f():\n    raise NotImplementedError\n\n\ndef g():\n    return 1\n"}
 
@@ -44,3 +44,28 @@ def test_update_add_move_and_delete():
 def test_bad_patches_say_why(patch, message):
     with pytest.raises(PatchError, match=message.replace("*", r"\*")):
         apply_patch(patch, FILES.get)
+
+
+class _CountingLines(list):
+    """A file's lines that count how many of them slices hand out."""
+
+    taken = 0
+
+    def __getitem__(self, key):
+        out = super().__getitem__(key)
+        if isinstance(key, slice):
+            _CountingLines.taken += len(out)
+        return out
+
+
+def test_a_hunk_that_almost_matches_costs_the_file_plus_the_hunk_not_their_product():
+    """Red-team pass 10: the search compared a hunk-sized window at every line (a 400-line
+    hunk that almost matches a 500k-line file held the trainer's process ~25 s per call; a
+    shell-made 32 MB file, minutes). Counted, not timed."""
+    lines = _CountingLines(["x"] * 20_000)
+    want = ["x"] * 199 + ["y"]
+    _CountingLines.taken = 0
+    assert _find(lines, want, 0) is None
+    assert _CountingLines.taken <= 3 * (len(lines) + len(want))
+    assert _find(lines, ["x", "x"], 5) == 5
+    assert _find(["a", " b ", "c"], ["b", "c"], 0) == 1  # the third pass strips

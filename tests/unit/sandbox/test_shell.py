@@ -1,6 +1,6 @@
 """The shell tool's read-back (envs/shell.py ``apply_tree``): a tar from the sandbox is
 untrusted data. Only regular files and directories at clean relative paths reach the
-workspace; absolute paths, ``..``, links, devices and FIFOs are refused and reported; a
+workspace; absolute paths, ``..``, links, devices, FIFOs and sparse files are refused and reported; a
 malformed stream or a file/directory conflict changes nothing; files the command removed are
 removed. And a command's exit status, output and edits come back (a real sandbox)."""
 
@@ -56,6 +56,32 @@ def test_only_regular_files_at_clean_paths_come_back(ws, tmp_path):
     assert not (ws / "gone.txt").exists()
     assert sorted(p.name for p in ws.iterdir()) == ["new", "pkg"]
     assert not (tmp_path / "out.txt").exists() and not (tmp_path / "up.txt").exists()
+
+
+def _sparse_tar(name: str, claimed: int) -> bytes:
+    """A tar whose one member is an old-GNU sparse file: 512 bytes stored, ``claimed`` bytes
+    long (the rest holes, read back as zeros)."""
+    info = tarfile.TarInfo(name)
+    info.size = 512
+    hdr = bytearray(info.tobuf(format=tarfile.GNU_FORMAT))
+    hdr[156:157] = tarfile.GNUTYPE_SPARSE
+    hdr[386:410] = b"%011o\0%011o\0" % (0, 512)  # one stored chunk: offset 0, 512 bytes
+    hdr[483:495] = b"%011o\0" % claimed  # the file's real size
+    hdr[148:156] = b" " * 8
+    hdr[148:156] = b"%06o\0 " % sum(hdr)
+    return bytes(hdr) + b"x" * 512 + b"\0" * 1024
+
+
+def test_a_sparse_member_is_refused_not_inflated(ws):
+    """Red-team pass 10: a 2 kB stream claiming a 64 MB sparse file was read back as 64 MB in
+    the trainer (and written to the workspace); the claim is unbounded (100 GB costs the same
+    2 kB). The read-back's own caps assume a member's bytes are in the stream."""
+    data = _sparse_tar("./big.txt", 64 << 20)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:  # what the attack relies on
+        assert [m.size for m in tar] == [64 << 20]
+    changed, refused, error = apply_tree(data, ws, max_depth=24)
+    assert "sparse:big.txt" in refused
+    assert not (ws / "big.txt").exists()
 
 
 @pytest.mark.parametrize(

@@ -262,6 +262,7 @@ class FeatureDeletionTools:
     """A repository to repair: file tools, the tests, and submit (TRL environment_factory)."""
 
     _env: FeatureDeletionEnv
+    _max_write_bytes = MAX_WRITE_BYTES  # read by the harness profiles' Edit before it builds
 
     def __init__(self) -> None:
         self.workspace: Path | None = None
@@ -502,11 +503,20 @@ class FeatureDeletionTools:
         """An error result if a write of ``size`` bytes passes :data:`MAX_WRITE_BYTES` or
         the episode's :data:`MAX_EPISODE_WRITE_BYTES` (else '' and the bytes are counted):
         the host-side tools, the staging copies and grading read what the policy wrote."""
-        if size > MAX_WRITE_BYTES:
-            return f"error: {size} bytes is more than a file may hold here ({MAX_WRITE_BYTES})"
-        if self.written_bytes + size > MAX_EPISODE_WRITE_BYTES:
-            return f"error: this episode wrote its {MAX_EPISODE_WRITE_BYTES} bytes"
+        if refused := self._write_refusal([size]):
+            return refused
         self.written_bytes += size
+        return ""
+
+    def _write_refusal(self, sizes: list[int]) -> str:
+        """Why writes of ``sizes`` bytes would pass the caps ('' if they would not), counting
+        nothing: a tool that writes several files checks them all first (Codex's patch)."""
+        if sizes and max(sizes) > MAX_WRITE_BYTES:
+            return (
+                f"error: {max(sizes)} bytes is more than a file may hold here ({MAX_WRITE_BYTES})"
+            )
+        if self.written_bytes + sum(sizes) > MAX_EPISODE_WRITE_BYTES:
+            return f"error: this episode wrote its {MAX_EPISODE_WRITE_BYTES} bytes"
         return ""
 
     def _note_write(self, rel: str) -> None:

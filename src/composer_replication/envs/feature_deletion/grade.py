@@ -50,6 +50,12 @@ SUSPICIOUS_CALLS = {"_exit", "_getframe", "currentframe", "settrace", "setprofil
 SUSPICIOUS_NAMES = {"sys.modules", "sys.meta_path", "sys.path_hooks", "__builtins__", "__code__",
                     "__globals__", "f_back", "f_globals", "f_locals", "gi_frame", "tb_frame"}  # fmt: skip
 SUSPICIOUS_STRINGS = (".pyc", "__pycache__", "site-packages", "conftest", "junit", "/proc/")
+MAX_ADDED_CHARS = 256 << 10
+"""How many characters longer than the original file a submission may be: a rebuilt function
+is a body, not a file of its own. The static check parses the submission in the trainer's
+process (4 MB of ``x = 1`` lines took 2.4 GB and 15 s there), and the shell tools leave a
+file as large as their ``/repo`` (32-64 MB) without the file tools' 1 MiB cap: a larger
+submission is refused unparsed (``oversized_submission``), before any sandbox starts."""
 CALL_DEADLINE_S = 20.0
 """Longest wait for one answer of the submission's sandbox in split grading: a body that
 loops fails that call and every later one at once (forward_client.connect), instead of
@@ -80,6 +86,7 @@ def suspicious_constructs(source: str) -> set[str]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {"syntax_error"}
     found: set[str] = set()
+    memo: dict[int, str | None] = {}  # node id -> what folded() made of it, for this tree
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {f"import:{a.name.split('.')[0]}" for a in node.names
@@ -100,7 +107,7 @@ def suspicious_constructs(source: str) -> set[str]:
             found.add(f"name:{node.id}")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             found |= {f"string:{s}" for s in SUSPICIOUS_STRINGS if s in node.value}
-        found |= _resolved_names(node)
+        found |= _resolved_names(node, memo)
     return found
 
 
@@ -109,28 +116,37 @@ _DYNAMIC = {"getattr", "setattr", "hasattr", "delattr", "__getattribute__", "__i
             "import_module"}  # fmt: skip
 
 
-def folded(node: ast.AST) -> str | None:
+def folded(node: ast.AST, memo: dict[int, str | None] | None = None) -> str | None:
     """The string an expression of constants spells (``"_get" + "frame"``, an f-string of
-    constants, ``"".join([...])``, ``"a" "b"``), else None."""
+    constants, ``"".join([...])``, ``"a" "b"``), else None. ``memo`` (node id -> result, for
+    the nodes of one tree) makes the check of a whole tree linear: it folds every ``+`` of a
+    chain, and folding each one from scratch cost the chain's length squared (a 250 kB file
+    of 800-term chains held the trainer's process for 14 s)."""
+    if memo is not None and id(node) in memo:
+        return memo[id(node)]
+    out = None
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = folded(node.left), folded(node.right)
-        return left + right if left is not None and right is not None else None
-    if isinstance(node, ast.JoinedStr):
-        parts = [folded(v.value if isinstance(v, ast.FormattedValue) else v) for v in node.values]
-        return "".join(parts) if all(p is not None for p in parts) else None
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        out = node.value
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = folded(node.left, memo), folded(node.right, memo)
+        out = left + right if left is not None and right is not None else None
+    elif isinstance(node, ast.JoinedStr):
+        parts = [folded(v.value if isinstance(v, ast.FormattedValue) else v, memo)
+                 for v in node.values]  # fmt: skip
+        out = "".join(parts) if all(p is not None for p in parts) else None
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
             and node.func.attr == "join" and len(node.args) == 1
             and isinstance(node.args[0], (ast.List, ast.Tuple))):  # fmt: skip
-        sep = folded(node.func.value)
-        parts = [folded(e) for e in node.args[0].elts]
+        sep = folded(node.func.value, memo)
+        parts = [folded(e, memo) for e in node.args[0].elts]
         if sep is not None and all(p is not None for p in parts):
-            return sep.join(parts)
-    return None
+            out = sep.join(parts)
+    if memo is not None:
+        memo[id(node)] = out
+    return out
 
 
-def _resolved_names(node: ast.AST) -> set[str]:
+def _resolved_names(node: ast.AST, memo: dict[int, str | None] | None = None) -> set[str]:
     """Names reached through strings: ``getattr(sys, "_get" + "frame")``, ``vars(sys)[
     "modules"]``, ``__import__("g" + "c")``: the folded name is flagged as if spelled out;
     a name computed at run time (not foldable) in ``getattr`` and kin is ``dynamic:<fn>``.
@@ -146,7 +162,7 @@ def _resolved_names(node: ast.AST) -> set[str]:
             arg = node.args[0] if called in ("__getattribute__", "__import__",
                                              "import_module") and node.args else arg  # fmt: skip
             if arg is not None:
-                if folded(arg) is None:
+                if folded(arg, memo) is None:
                     out.add(f"dynamic:{called}")
                 names.append(arg)
     elif isinstance(node, ast.Subscript):
@@ -154,7 +170,7 @@ def _resolved_names(node: ast.AST) -> set[str]:
     elif isinstance(node, (ast.BinOp, ast.JoinedStr)):
         names.append(node)
     for arg in names:
-        text = folded(arg)
+        text = folded(arg, memo)
         if text is None or (isinstance(arg, ast.Constant) and not isinstance(node, ast.Call)
                             and text not in (_ATTR_NAMES - {"modules"}) | SUSPICIOUS_CALLS):  # fmt: skip
             continue  # a literal key is the ordinary case, unless it names a frame or code
@@ -183,6 +199,10 @@ def grade_submission(
 ) -> GradeVerdict:
     """Grade ``target_text`` as the new content of ``task['file']`` (module docstring)."""
     original = (Path(source_root) / task["file"]).read_text(encoding="utf-8")
+    if len(target_text) > len(original) + MAX_ADDED_CHARS:
+        why = f"refused: the file is more than {MAX_ADDED_CHARS} characters longer than before"
+        return GradeVerdict(0.0, False, [], list(task["failing_tests"]), [],
+                            ["oversized_submission"], why)  # fmt: skip
     flags = submission_flags(original, target_text)
     rep = split_run(box, Path(source_root), task, target_text)
     targets = task["failing_tests"]

@@ -63,11 +63,12 @@ def _names_loaded(tree: ast.AST) -> set[str]:
 
 def hide_in_file(text: str, defs: Iterable[str]) -> tuple[str, list[str]]:
     """``text`` (a test module) without the test functions ``defs`` (``Class::name`` or
-    ``name``) and the module-level assignments only they used; returns the new text and the
-    defs that could not be found."""
+    ``name``) and what only they used: module-level assignments, helper functions and
+    fixtures (named as parameters), and in a class that lost a test its attributes and helper
+    methods (``self.CASES``); returns the new text and the defs that could not be found."""
     tree = pyast.parse(text)
     lines = text.splitlines()
-    spans, missing, removed = [], [], []
+    spans, missing, removed, owners = [], [], [], set()
     for d in defs:
         node = _locate(tree, d.split("::"))
         if node is None:
@@ -76,22 +77,61 @@ def hide_in_file(text: str, defs: Iterable[str]) -> tuple[str, list[str]]:
         first = min([node.lineno] + [x.lineno for x in node.decorator_list])
         spans.append((first, node.end_lineno or node.lineno, node.col_offset))
         removed.append(node)
-    used_by_removed = set().union(*(_names_loaded(n) for n in removed)) if removed else set()
+        owners |= {d.split("::")[0]} if "::" in d else set()
+    used_by_removed = set().union(*(_names_used(n) for n in removed)) if removed else set()
     out = _blank(lines, spans)
-    for _ in range(3):  # a table another table was built from goes in a second round
+    for _ in range(5):  # a table another table (or a helper) was built from goes in a next round
         kept = pyast.parse("\n".join(out))
-        loaded = {n.id for n in ast.walk(kept) if isinstance(n, ast.Name)
-                  and isinstance(n.ctx, ast.Load)}  # fmt: skip
+        used = _names_used(kept, loads_only=True)
         extra = []
-        for node in kept.body:
-            names = _assigned(node)
-            if names and names & used_by_removed and not names & loaded:
-                extra.append((node.lineno, node.end_lineno or node.lineno, 0))
-                used_by_removed |= _names_loaded(node)
+        scopes = [(kept.body, False)] + [(n.body, True) for n in kept.body
+                                         if isinstance(n, ast.ClassDef) and n.name in owners]  # fmt: skip
+        for node, in_class in ((n, c) for scope, c in scopes for n in scope):
+            names = _assigned(node) | _helper_name(node, in_class)
+            if names and names & used_by_removed and not names & used:
+                extra.append((_first_line(node), node.end_lineno or node.lineno, node.col_offset))
+                used_by_removed |= _names_used(node)
         if not extra:
             break
         out = _blank(out, extra)
     return "\n".join(out) + ("\n" if text.endswith("\n") else ""), missing
+
+
+def _names_used(tree: ast.AST, loads_only: bool = False) -> set[str]:
+    """Names ``tree`` may reach: names (loaded only, with ``loads_only``), attributes,
+    parameter names (a fixture is named as one) and string constants (``usefixtures("x")``,
+    ``getattr(self, "x")``)."""
+    out = _names_loaded(tree) if not loads_only else set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr)
+        elif isinstance(n, ast.arg):
+            out.add(n.arg)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and len(n.value) < 200:
+            out.add(n.value)
+    return out
+
+
+def _helper_name(node: ast.stmt, in_class: bool) -> set[str]:
+    """The name of a helper that may go with the hidden tests, else nothing: never a test or
+    an autouse fixture (it runs for the tests that stay); at module level only a fixture or
+    a private helper (``_expect``), since a public one may be imported by another test
+    module, which this file does not see."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return set()
+    if node.name.lower().startswith("test"):
+        return set()
+    keywords = [k for d in node.decorator_list for k in ast.walk(d) if isinstance(k, ast.keyword)]
+    if any(k.arg == "autouse" for k in keywords):
+        return set()
+    fixture = any("fixture" in _names_loaded(d) for d in node.decorator_list)
+    return {node.name} if in_class or fixture or node.name.startswith("_") else set()
+
+
+def _first_line(node: ast.stmt) -> int:
+    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
 
 
 def _assigned(node: ast.stmt) -> set[str]:

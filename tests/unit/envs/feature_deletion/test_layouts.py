@@ -179,6 +179,80 @@ def test_hidden_tables_go_with_their_tests():
     compile(out, "t.py", "exec")
 
 
+HIDDEN_BY_HELPERS = """import pytest
+from pkg import f
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+
+
+@pytest.fixture
+def pairs():
+    return [("a b", "a-b")]
+
+
+@pytest.fixture
+def shared():
+    return 1
+
+
+def _expect(a):
+    return TABLE[a]
+
+
+TABLE = {"x y": "x-y"}
+
+
+def public_helper(a):
+    return a
+
+
+class TestF:
+    CASES = [("Hello World", "hello-world")]
+    KEEP = 3
+
+    def _check(self, a, b):
+        assert f(a) == b
+
+    def test_visible(self, shared):
+        assert f("a") == "a" and self.KEEP
+
+    def test_hidden(self):
+        for a, b in self.CASES:
+            self._check(a, b)
+
+
+def test_hidden2(pairs, shared, _clean):
+    assert f("x y") == _expect("x y") == public_helper("x-y")
+    for a, b in pairs:
+        assert f(a) == b
+"""
+
+
+def test_hidden_expected_values_in_helpers_fixtures_and_class_tables_go_too():
+    """Red-team pass 10: only module-level assignments went with a hidden test, so a class's
+    table (``self.CASES``), a helper computing the expected value (and the table it reads)
+    and a fixture only hidden tests named stayed in the workspace, with the hidden answers.
+    What the tests that stay use (a shared fixture, an autouse one, a class attribute) stays,
+    and so does a public module-level helper (another test module may import it)."""
+    out, missing = hide_in_file(HIDDEN_BY_HELPERS, ["TestF::test_hidden", "test_hidden2"])
+    assert missing == []
+    for answer in ("hello-world", "x-y", "a-b", "def _check", "def _expect", "def pairs"):
+        assert answer not in out
+    kept_too = (
+        "def _clean",
+        "def shared",
+        "KEEP = 3",
+        "def test_visible(self, shared)",
+        "def public_helper",
+    )
+    for kept in kept_too:
+        assert kept in out
+    compile(out, "t.py", "exec")
+
+
 # ---- the wire (issue 37): call ids and the per-call deadline ---------------------------------
 
 WIRE = "import __main__ as _h  # the harness: the submission can write any frame\n"

@@ -1,0 +1,132 @@
+"""Red-team pass on the harness profiles' tools (envs/profiles.py) that run in the trainer's
+process: a few policy tokens must not cost the host gigabytes or hours. Each test fails while
+its attack works.
+
+* ``Write``/``Edit`` (Claude Code) and ``apply_patch`` (Codex) wrote without the native tools'
+  caps (``MAX_WRITE_BYTES`` per file, ``MAX_EPISODE_WRITE_BYTES`` per episode), and
+  ``Edit(replace_all=True)`` multiplies a file: ``"x"`` -> 2000 ``"x"`` twice turns 1 kB into
+  4 GB in the trainer's memory and on its disk (about 60 tokens).
+* ``Glob`` runs pathlib's glob in the trainer's process, and each ``**`` component multiplies
+  its walk by the tree's depth: ``**/`` twelve times over a 24-level directory (one ``Write``)
+  lists about 10**9 directories, hours of the trainer's CPU for about 30 tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+
+import pytest
+from support.textkit import textkit_env
+
+from composer_replication.envs.feature_deletion import env as fd_env
+
+
+@pytest.fixture(scope="module")
+def claude(textkit_tasks):
+    return textkit_env(textkit_tasks, harness="claude_code")
+
+
+@pytest.fixture(scope="module")
+def codex(textkit_tasks):
+    return textkit_env(textkit_tasks, harness="codex")
+
+
+def _tools(env):
+    task = env.tasks("train")[0]
+    tools = env.tools_class()()
+    tools.reset(**env.row(task))
+    return tools
+
+
+def test_edit_replace_all_cannot_multiply_a_file_past_the_cap(claude):
+    tools = _tools(claude)
+    try:
+        assert tools.Write("/repo/notes.txt", "x" * 1000).startswith("File created")
+        out = tools.Edit("/repo/notes.txt", "x", "x" * 2000, replace_all=True)
+        assert out.startswith("<tool_use_error>") and "more than a file may hold" in out
+        assert (tools.workspace / "notes.txt").stat().st_size == 1000  # untouched
+    finally:
+        tools._close()
+
+
+def test_edit_refuses_a_multiplied_file_before_building_it(claude):
+    """The cap alone refused the result only after ``str.replace`` had built it: a 1 MiB file
+    times a 5000-character ``new_string`` is 5 GB in the trainer's memory first."""
+    tools = _tools(claude)
+    try:
+        assert tools.Write("/repo/notes.txt", "x" * 100_000).startswith("File created")
+        tracemalloc.start()
+        out = tools.Edit("/repo/notes.txt", "x", "x" * 1000, replace_all=True)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert out.startswith("<tool_use_error>") and "more than a file may hold" in out
+        assert peak < 20 << 20, f"{peak >> 20} MB held to refuse the edit"
+    finally:
+        tools._close()
+
+
+def test_claude_code_writes_share_the_episode_cap(claude):
+    tools = _tools(claude)
+    try:
+        big = "y" * fd_env.MAX_WRITE_BYTES
+        assert "more than a file may hold" in tools.Write("/repo/big.txt", big + "y")
+        answers = [tools.Write(f"/repo/chunk{i}.txt", big) for i in range(17)]
+        assert all(a.startswith("File created") for a in answers[:16])
+        assert answers[16].startswith("<tool_use_error>") and "wrote its" in answers[16]
+        assert not (tools.workspace / "chunk16.txt").exists()
+    finally:
+        tools._close()
+
+
+def test_apply_patch_writes_are_capped(codex):
+    tools = _tools(codex)
+    try:
+        line = "z" * 1000
+        body = "".join(f"+{line}\n" for _ in range(fd_env.MAX_WRITE_BYTES // 1000 + 1))
+        out = tools.apply_patch(f"*** Begin Patch\n*** Add File: big.txt\n{body}*** End Patch")
+        assert "more than a file may hold" in out
+        assert not (tools.workspace / "big.txt").exists()
+    finally:
+        tools._close()
+
+
+def test_a_patch_over_the_caps_writes_none_of_its_files(codex):
+    """Checked file by file while writing, a patch over the caps left its first files written
+    (and a move's source deleted) though it answered that it failed."""
+    tools = _tools(codex)
+    try:
+        big = "+" + "w" * (fd_env.MAX_WRITE_BYTES + 10) + "\n"
+        patch = f"*** Begin Patch\n*** Add File: small.txt\n+hi\n*** Add File: big.txt\n{big}"
+        out = tools.apply_patch(patch + "*** End Patch")
+        assert "more than a file may hold" in out
+        assert not (tools.workspace / "small.txt").exists()
+        assert tools._native.written_bytes == 0
+    finally:
+        tools._close()
+
+
+def test_glob_work_grows_with_the_tree_not_with_the_pattern(claude, monkeypatch):
+    """Counted, not timed: the directories the trainer's process lists for one Glob."""
+    tools = _tools(claude)
+    try:
+        deep = "/".join(["d"] * fd_env.MAX_PATH_DEPTH)
+        assert tools.Write(f"/repo/{deep}/f.py", "x = 1\n").startswith("File created")
+        dirs = sum(1 for _ in os.walk(tools.workspace))
+        listed = []
+        real = os.scandir
+
+        def counting(path="."):
+            listed.append(path)
+            return real(path)
+
+        monkeypatch.setattr(os, "scandir", counting)
+        out = tools.Glob("**/" * 4 + "*.py")  # 20475 listings before the fix, 12 ** ~ 10**9
+        assert len(listed) <= 4 * dirs, f"{len(listed)} listings for {dirs} directories"
+        assert f"/repo/{deep}/f.py" in out
+        many = tools.Glob("**/d/**/d/**/d/**/*.py")
+        assert many.startswith("<tool_use_error>") and "**" in many
+        assert len(listed) <= 8 * dirs
+        assert "/repo/tests/test_core.py" in tools.Glob("**/test_*.py")
+    finally:
+        tools._close()
