@@ -330,14 +330,16 @@ class SingleRoute(StrictModel):
 
 
 class ColumnRoute(StrictModel):
-    """A teacher per environment, task tag or dataset column (MOPD's domain teachers): a row
+    """A teacher per kind of task, read from a dataset column (MOPD's domain teachers): a row
     goes to the first teacher one of whose patterns matches the row's ``column`` value
-    (shell-style wildcards, e.g. ``task_id`` ``L1:*``). A row matching none is not scored and
+    (shell-style wildcards, e.g. ``task_id`` ``L1:*``). A column the environment's rows lack is
+    refused before any model loads (run/preflight.py). A row matching none is not scored and
     is counted in ``distill/unrouted_frac``."""
 
     type: Literal["column"] = "column"
     column: str = Field("task_id", min_length=1)
-    """Dataset column read per row (``task_id`` always exists)."""
+    """Dataset column read per row (``task_id`` always exists; a tool environment's rows add
+    their own)."""
     match: dict[str, list[str]] = Field(min_length=1)
     """Teacher name -> patterns of ``column`` values it scores."""
 
