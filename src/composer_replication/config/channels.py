@@ -370,6 +370,23 @@ def _teacher_shorthand(item: Any, index: int) -> Any:
     return item
 
 
+def _check_loss_keys(loss: dict[str, Any], defaulted: bool) -> None:
+    """A key of the other loss type (``top_k`` under the default ``reverse_kl``) names the
+    type it belongs to, rather than an unknown key under a type the user never wrote."""
+    kinds = {"reverse_kl": ReverseKlDistillLoss, "jsd": JsdDistillLoss}
+    mine = kinds.get(loss.get("type"))
+    if mine is None:
+        return  # an unknown type: the union reports it
+    for key in loss:
+        owner = next((k for k, c in kinds.items() if c is not mine and key in c.model_fields), None)
+        if key not in mine.model_fields and owner is not None:
+            default = " (the default when loss.type is not set)" if defaulted else ""
+            raise ValueError(
+                f"loss.{key} is a key of loss.type={owner}, not of {loss['type']}{default}: "
+                f"set distill.loss.type={owner} to use it"
+            )
+
+
 class DistillConfig(StrictModel):
     """The on-policy distillation channel (``distill``): stronger teachers score the student's
     own completion tokens and the student is pulled toward them (channels/distill.py)."""
@@ -397,8 +414,10 @@ class DistillConfig(StrictModel):
     @classmethod
     def _shorthand(cls, data: Any) -> Any:
         if isinstance(data, dict) and isinstance(data.get("loss"), dict):
-            if "type" not in data["loss"]:  # `distill.loss.x=...` alone: the default loss's x
+            defaulted = "type" not in data["loss"]
+            if defaulted:  # `distill.loss.x=...` alone: the default loss's x
                 data = {**data, "loss": {"type": "reverse_kl", **data["loss"]}}
+            _check_loss_keys(data["loss"], defaulted)
         if isinstance(data, dict) and isinstance(data.get("route"), dict):
             if "type" not in data["route"]:  # a route with `match` is a column route
                 kind = "column" if "match" in data["route"] else "single"
