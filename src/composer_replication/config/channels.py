@@ -298,9 +298,9 @@ class ReverseKlDistillLoss(StrictModel):
     as_advantage: bool = False
     """Fold the per-token advantage into GRPO's instead of a loss term of its own: ``A_t =
     A_GRPO + distill.weight * (log q(y_t) - log p_old(y_t))``, trained by the clipped policy
-    loss (OPD combined with RL through the advantage, as in Thinking Machines' post). The
-    channel's own term is then an exact 0; its metrics still report. Needs ``grpo.weight`` >
-    0."""
+    loss (OPD combined with RL through the advantage, as in Thinking Machines' tinker-cookbook
+    on-policy distillation recipe). The channel's own term is then an exact 0; its metrics
+    still report. Needs ``grpo.weight`` > 0."""
 
 
 class JsdDistillLoss(StrictModel):
