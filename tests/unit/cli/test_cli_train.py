@@ -89,8 +89,8 @@ def test_train_starts_with_a_short_header_and_writes_the_full_config(tiny_model_
 @pytest.mark.parametrize(
     ("ref", "message"),
     [
-        ("/nope", "error: model path '/nope' does not exist (model.name is "),
-        ("models/nope", "error: model path 'models/nope' does not exist (model.name is "),
+        ("/nope", "error: model path '/nope' does not exist (model.name and a "),
+        ("models/nope", "error: model path 'models/nope' does not exist (model.name and a "),
         ("Org/nope", "error: could not load 'Org/nope' from the Hugging Face Hub ("),
     ],
 )
