@@ -138,9 +138,10 @@ def check_same_tokenizer(student_ref: str, teachers: list[Any], full_vocab: bool
             theirs, where = remote_fingerprint(t), t.base_url
             if theirs is None:
                 raise TokenizerMismatchError(
-                    f"distill.teachers: {t.name!r} at {t.base_url} reports no tokenizer "
-                    f"fingerprint (GET {TOKENIZER_PATH}); serve it with `composer-replication "
-                    "serve`, or set check_tokenizer=false if it surely uses the student's tokenizer"
+                    f"distill.teachers: {t.name!r} reports no tokenizer fingerprint (GET "
+                    f"{t.base_url.rstrip('/')}{TOKENIZER_PATH}); serve it with "
+                    "`composer-replication serve`, or set check_tokenizer=false if it surely uses "
+                    "the student's tokenizer"
                 )
             check_served_model(t)
         else:

@@ -160,3 +160,27 @@ def test_a_remote_teacher_whose_model_the_server_does_not_list_is_refused(served
     for name in ("tiny", ""):
         check_same_tokenizer(DEFAULT_MODEL, [RemoteTeacherConfig(name="t", base_url=base_url,
                                                                  model=name)])  # fmt: skip
+
+
+def test_a_server_without_a_tokenizer_fingerprint_is_refused_unless_told(tokenizer):
+    """A plain vLLM server has no ``GET /v1/tokenizer``: it is refused before any model loads,
+    the message naming ``check_tokenizer=false``; with that set it is accepted."""
+    from composer_replication.config import ConfigError
+    from composer_replication.lm.models import DEFAULT_MODEL
+    from composer_replication.replay.scoring import check_same_tokenizer
+
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": "plain", "object": "model"}]}
+
+    with ServerThread(app) as srv:
+        spec = RemoteTeacherConfig(name="v", base_url=srv.base_url, model="plain")
+        with pytest.raises(ConfigError) as info:
+            check_same_tokenizer(DEFAULT_MODEL, [spec])
+        assert f"'v' reports no tokenizer fingerprint (GET {srv.base_url}/tokenizer)" in str(
+            info.value
+        )
+        assert "set check_tokenizer=false" in str(info.value)
+        check_same_tokenizer(DEFAULT_MODEL, [spec.model_copy(update={"check_tokenizer": False})])
