@@ -413,6 +413,9 @@ class DistillConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, data: Any) -> Any:
+        for key in ("loss", "route"):  # `distill.route=best`: the type alone
+            if isinstance(data, dict) and isinstance(data.get(key), str):
+                data = {**data, key: {"type": data[key]}}
         if isinstance(data, dict) and isinstance(data.get("loss"), dict):
             defaulted = "type" not in data["loss"]
             if defaulted:  # `distill.loss.x=...` alone: the default loss's x

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from composer_replication.config import (
+    BestRoute,
     ColumnRoute,
     ConfigError,
+    JsdDistillLoss,
     LocalTeacherConfig,
     RemoteTeacherConfig,
     load_config,
@@ -30,6 +32,17 @@ def test_teacher_shorthands_local_and_remote():
     local, remote = cfg.distill.teachers
     assert isinstance(remote, RemoteTeacherConfig) and remote.top_k == 8
     assert isinstance(cfg.distill.route, ColumnRoute) and cfg.distill.route.column == "task_id"
+
+
+def test_a_loss_or_route_given_as_its_type_alone():
+    """``distill.route=best`` / ``distill.loss=jsd`` are the type with its defaults (before,
+    "Input should be a valid dictionary"); a type that needs more says which field."""
+    cfg = load_config(None, ["distill.weight=1", "distill.teachers=[a, b]", "distill.route=best",
+                             "distill.loss=jsd"])  # fmt: skip
+    assert isinstance(cfg.distill.route, BestRoute)
+    assert isinstance(cfg.distill.loss, JsdDistillLoss) and cfg.distill.loss.beta == 0.0
+    with pytest.raises(ConfigError, match="distill.route.column.match: Field required"):
+        load_config(None, ["distill.weight=1", "distill.teachers=[a, b]", "distill.route=column"])
 
 
 def test_the_shipped_example_names_a_local_teacher():
