@@ -139,6 +139,21 @@ class DistillChannel(Channel):
             return max([loss.top_k or 1, *remote])
         return 1
 
+    def idle_report(self) -> str | None:
+        """The channel's own report (inactive on every step), plus a sentence per teacher that
+        could not score a single row it was asked for: under ``best`` or ``column`` the channel
+        may stay active on the other teachers, and that teacher's failure would show only in
+        its ``failed_rows`` and the first warning."""
+        dead = [
+            f"teacher {s.spec.name!r} could not score any of the {s.stats.failed_rows} rows it "
+            f"was asked for (distill/teacher/{s.spec.name}/failed_rows; the first failure's "
+            "reason is in the log)."
+            for s in self.scorers
+            if s.stats.failed_rows and not s.stats.scored_rows
+        ]
+        parts = [r for r in (super().idle_report(), *dead) if r]
+        return " ".join(parts) or None
+
     # ---- checkpoints -------------------------------------------------------------------------
     state_per_rank = True  # each process counts what it scored
 

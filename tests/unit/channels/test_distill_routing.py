@@ -91,6 +91,11 @@ def test_best_route_counts_a_dead_teachers_failures_against_it(tmp_path, models,
     assert metrics["scored_frac"] == 1.0 and metrics["failed_frac"] == 0.0
     assert metrics["teacher/live/rows"] == 4.0 and metrics["teacher/live/failed_rows"] == 0.0
     assert metrics["teacher/gone/rows"] == 0.0 and metrics["teacher/gone/failed_rows"] == 4.0
+    report = trainer.channel("distill").idle_report()  # what the run prints and eval.json keeps
+    assert report == (
+        "teacher 'gone' could not score any of the 4 rows it was asked for "
+        "(distill/teacher/gone/failed_rows; the first failure's reason is in the log)."
+    )
 
 
 def test_rows_past_the_token_budget_are_reported_over_budget(tmp_path, models, tokenizer):
