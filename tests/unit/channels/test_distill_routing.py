@@ -93,7 +93,7 @@ def test_best_route_counts_a_dead_teachers_failures_against_it(tmp_path, models,
     assert metrics["teacher/gone/rows"] == 0.0 and metrics["teacher/gone/failed_rows"] == 4.0
     report = trainer.channel("distill").idle_report()  # what the run prints and eval.json keeps
     assert report == (
-        "teacher 'gone' could not score any of the 4 rows it was asked for "
+        "channel 'distill': teacher 'gone' could not score any of the 4 rows it was asked for "
         "(distill/teacher/gone/failed_rows; the first failure's reason is in the log)."
     )
 
