@@ -146,8 +146,8 @@ class DistillChannel(Channel):
         its ``failed_rows`` and the first warning."""
         dead = [
             f"channel 'distill': teacher {s.spec.name!r} could not score any of the "
-            f"{s.stats.failed_rows} rows it was asked for "
-            f"(distill/teacher/{s.spec.name}/failed_rows; the first failure's reason is in the log)."
+            f"{s.stats.failed_rows} rows it was asked for (distill/teacher/{s.spec.name}/"
+            "failed_rows; the first failure's reason is in the log)."
             for s in self.scorers
             if s.stats.failed_rows and not s.stats.scored_rows
         ]
