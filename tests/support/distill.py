@@ -4,6 +4,7 @@ real process on 127.0.0.1."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -62,6 +63,15 @@ def train_one_step(run_dir: Path, tokenizer, student: Path, *extra: str):
     trainer = build_trainer(cfg, load_model(str(student)), tokenizer, build_env(cfg))
     trainer.train()
     return trainer, read_metrics(f"{cfg.output_dir}/metrics.jsonl")[0]
+
+
+@contextlib.contextmanager
+def socket_closed_port():
+    """A 127.0.0.1 port nothing listens on (bound once, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    yield port
 
 
 def _free_port() -> int:

@@ -28,7 +28,8 @@ checkpoints its own counters. Rows no teacher scored (no route, a failed call, t
 spent) are masked out and counted (``distill/unrouted_frac``, ``failed_frac``,
 ``over_budget_frac``); ``distill/active`` is 0 on a micro-batch with no scored token.
 Routing is visible per teacher: ``distill/teacher/<name>/rows`` (rows it scored in the
-micro-batch), ``.../failed_rows``, ``.../reverse_kl`` and its running ``requests``,
+micro-batch), ``.../failed_rows`` (rows it was asked for and could not score, also under
+``best`` when another teacher took the row), ``.../reverse_kl`` and its running ``requests``,
 ``scored_tokens`` and ``cost_usd``.
 """
 
@@ -138,6 +139,21 @@ class DistillChannel(Channel):
             return max([loss.top_k or 1, *remote])
         return 1
 
+    def idle_report(self) -> str | None:
+        """The channel's own report (inactive on every step), plus a sentence per teacher that
+        could not score a single row it was asked for: under ``best`` or ``column`` the channel
+        may stay active on the other teachers, and that teacher's failure would show only in
+        its ``failed_rows`` and the first warning."""
+        dead = [
+            f"channel 'distill': teacher {s.spec.name!r} could not score any of the "
+            f"{s.stats.failed_rows} rows it was asked for (distill/teacher/{s.spec.name}/"
+            "failed_rows; the first failure's reason is in the log)."
+            for s in self.scorers
+            if s.stats.failed_rows and not s.stats.scored_rows
+        ]
+        parts = [r for r in (super().idle_report(), *dead) if r]
+        return " ".join(parts) or None
+
     # ---- checkpoints -------------------------------------------------------------------------
     state_per_rank = True  # each process counts what it scored
 
@@ -198,6 +214,7 @@ class DistillChannel(Channel):
                 _fill(results[choice[r]][r], r, actual, top_ids, top_lp)
         batch["distill_teacher"] = torch.tensor(choice, dtype=torch.long, device=device)
         batch["distill_status"] = status.to(device)
+        batch["distill_failed_by"] = _failed_by(results, n_rows).to(device)
         batch["distill_actual"] = actual.to(device)
         batch["distill_top_ids"] = top_ids.to(device)
         batch["distill_top_logps"] = top_lp.to(device)
@@ -419,10 +436,11 @@ class DistillChannel(Channel):
                 (("scored_frac", SCORED), ("unrouted_frac", UNROUTED), ("failed_frac", FAILED),
                  ("over_budget_frac", OVER_BUDGET))}  # fmt: skip
         teacher = batch["distill_teacher"]
+        failed_by = batch["distill_failed_by"]
         for i, s in enumerate(self.scorers):
             name = s.spec.name
             frac[f"teacher/{name}/rows"] = float(((teacher == i) & (status == SCORED)).sum())
-            frac[f"teacher/{name}/failed_rows"] = float(((teacher == i) & (status == FAILED)).sum())
+            frac[f"teacher/{name}/failed_rows"] = float(failed_by[:, i].sum())
             frac[f"teacher/{name}/requests"] = float(s.stats.requests)
             frac[f"teacher/{name}/scored_tokens"] = float(s.stats.scored_tokens)
             frac[f"teacher/{name}/cost_usd"] = float(s.stats.cost_usd)
@@ -457,6 +475,17 @@ def _sequences(batch: dict[str, Any]) -> tuple[list[list[int]], list[int], list[
         plens.append(len(prompt))
         lengths.append(n)
     return seqs, plens, lengths
+
+
+def _failed_by(results: list[dict[int, Any]], n_rows: int) -> Tensor:
+    """``[B, T]`` bool: teacher ``t`` was asked to score row ``b`` and could not. Under
+    ``best`` a row another teacher then scored still counts against the one that failed, so
+    a dead teacher shows in its ``failed_rows`` whichever teacher the rows went to."""
+    out = torch.zeros(n_rows, max(len(results), 1), dtype=torch.bool)
+    for t, by_row in enumerate(results):
+        for r, got in by_row.items():
+            out[r, t] = isinstance(got, TeacherError)
+    return out
 
 
 def _loss_mask(batch: dict[str, Any]) -> Tensor:

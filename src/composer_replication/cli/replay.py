@@ -79,7 +79,8 @@ def serve_command(
         ),
     ] = 2_000_000,
 ) -> None:
-    """Serve a local HF model as an OpenAI-compatible teacher (/v1/chat/completions, /v1/models)."""
+    """Serve a local HF model as an OpenAI-compatible teacher: /v1/chat/completions (replay),
+    /v1/completions with vLLM's prompt_logprobs (distill), /v1/tokenizer, /v1/models."""
     require_extra("replay", "fastapi", "uvicorn")
     from composer_replication.replay.server import serve
 

@@ -109,7 +109,23 @@ def format_eval(s: dict) -> str:
 
 def print_train_summary(summary) -> None:
     """Held-out results of base and trained model, their paired difference, and where the run
-    wrote its files."""
+    wrote its files (with ``eval.before_and_after=false``, no table: nothing was evaluated)."""
+    if summary.base or summary.trained:
+        _print_eval_table(summary)
+        n = summary.base["n"] if summary.base else summary.trained["n"]
+        evaluated = f"n = {n} held-out problems"
+    else:
+        evaluated = "no held-out evaluation (eval.before_and_after=false)"
+    console.print(
+        f"{evaluated}; train {summary.train_seconds:.0f} s, "
+        f"total {summary.total_seconds:.0f} s; checkpoint: {summary.final_checkpoint}; "
+        f"metrics: {summary.run_dir / 'metrics.jsonl'}; plot: {summary.run_dir / 'training_curves.png'}"
+    )
+    for report in summary.channel_reports:
+        console.print(f"[bold yellow]warning:[/] {report}", highlight=False)
+
+
+def _print_eval_table(summary) -> None:
     table = Table(title=f"held-out results ({summary.run_dir})")
     table.add_column("model")
     decoding = (summary.base or summary.trained or {}).get("decoding", "greedy")
@@ -125,14 +141,6 @@ def print_train_summary(summary) -> None:
             f"{d['delta_pass_rate']:+.1%} [{d['ci95_low']:+.1%}, {d['ci95_high']:+.1%}] (paired)",
         )
     console.print(table)
-    n = summary.base["n"] if summary.base else (summary.trained or {}).get("n")
-    console.print(
-        f"n = {n} held-out problems; train {summary.train_seconds:.0f} s, "
-        f"total {summary.total_seconds:.0f} s; checkpoint: {summary.final_checkpoint}; "
-        f"metrics: {summary.run_dir / 'metrics.jsonl'}; plot: {summary.run_dir / 'training_curves.png'}"
-    )
-    for report in summary.channel_reports:
-        console.print(f"[bold yellow]warning:[/] {report}", highlight=False)
 
 
 def eval_command(

@@ -298,9 +298,9 @@ class ReverseKlDistillLoss(StrictModel):
     as_advantage: bool = False
     """Fold the per-token advantage into GRPO's instead of a loss term of its own: ``A_t =
     A_GRPO + distill.weight * (log q(y_t) - log p_old(y_t))``, trained by the clipped policy
-    loss (OPD combined with RL through the advantage, as in Thinking Machines' post). The
-    channel's own term is then an exact 0; its metrics still report. Needs ``grpo.weight`` >
-    0."""
+    loss (OPD combined with RL through the advantage, as in Thinking Machines' tinker-cookbook
+    on-policy distillation recipe). The channel's own term is then an exact 0; its metrics
+    still report. Needs ``grpo.weight`` > 0."""
 
 
 class JsdDistillLoss(StrictModel):
@@ -330,14 +330,16 @@ class SingleRoute(StrictModel):
 
 
 class ColumnRoute(StrictModel):
-    """A teacher per environment, task tag or dataset column (MOPD's domain teachers): a row
+    """A teacher per kind of task, read from a dataset column (MOPD's domain teachers): a row
     goes to the first teacher one of whose patterns matches the row's ``column`` value
-    (shell-style wildcards, e.g. ``task_id`` ``L1:*``). A row matching none is not scored and
+    (shell-style wildcards, e.g. ``task_id`` ``L1:*``). A column the environment's rows lack is
+    refused before any model loads (run/preflight.py). A row matching none is not scored and
     is counted in ``distill/unrouted_frac``."""
 
     type: Literal["column"] = "column"
     column: str = Field("task_id", min_length=1)
-    """Dataset column read per row (``task_id`` always exists)."""
+    """Dataset column read per row (``task_id`` always exists; a tool environment's rows add
+    their own)."""
     match: dict[str, list[str]] = Field(min_length=1)
     """Teacher name -> patterns of ``column`` values it scores."""
 
@@ -368,6 +370,23 @@ def _teacher_shorthand(item: Any, index: int) -> Any:
     return item
 
 
+def _check_loss_keys(loss: dict[str, Any], defaulted: bool) -> None:
+    """A key of the other loss type (``top_k`` under the default ``reverse_kl``) names the
+    type it belongs to, rather than an unknown key under a type the user never wrote."""
+    kinds = {"reverse_kl": ReverseKlDistillLoss, "jsd": JsdDistillLoss}
+    mine = kinds.get(loss.get("type"))
+    if mine is None:
+        return  # an unknown type: the union reports it
+    for key in loss:
+        owner = next((k for k, c in kinds.items() if c is not mine and key in c.model_fields), None)
+        if key not in mine.model_fields and owner is not None:
+            default = " (the default when loss.type is not set)" if defaulted else ""
+            raise ValueError(
+                f"loss.{key} is a key of loss.type={owner}, not of {loss['type']}{default}: "
+                f"set distill.loss.type={owner} to use it"
+            )
+
+
 class DistillConfig(StrictModel):
     """The on-policy distillation channel (``distill``): stronger teachers score the student's
     own completion tokens and the student is pulled toward them (channels/distill.py)."""
@@ -394,9 +413,14 @@ class DistillConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, data: Any) -> Any:
+        for key in ("loss", "route"):  # `distill.route=best`: the type alone
+            if isinstance(data, dict) and isinstance(data.get(key), str):
+                data = {**data, key: {"type": data[key]}}
         if isinstance(data, dict) and isinstance(data.get("loss"), dict):
-            if "type" not in data["loss"]:  # `distill.loss.x=...` alone: the default loss's x
+            defaulted = "type" not in data["loss"]
+            if defaulted:  # `distill.loss.x=...` alone: the default loss's x
                 data = {**data, "loss": {"type": "reverse_kl", **data["loss"]}}
+            _check_loss_keys(data["loss"], defaulted)
         if isinstance(data, dict) and isinstance(data.get("route"), dict):
             if "type" not in data["route"]:  # a route with `match` is a column route
                 kind = "column" if "match" in data["route"] else "single"

@@ -157,9 +157,9 @@ class ModelSource:
 
 
 MODEL_RULE = (
-    "model.name is `embedded:NAME`, an existing .gguf file or directory with config.json, "
-    "or a hub id `name` / `org/name`; a name that starts with /, ./, ../ or ~, has more than "
-    "one /, or whose first part is a local directory is a path"
+    "model.name and a distill teacher's model are `embedded:NAME`, an existing .gguf file or "
+    "directory with config.json, or a hub id `name` / `org/name`; a name that starts with /, "
+    "./, ../ or ~, has more than one /, or whose first part is a local directory is a path"
 )
 """How `resolve_model_source` reads a reference (quoted in its errors)."""
 

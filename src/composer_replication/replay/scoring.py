@@ -77,6 +77,29 @@ def remote_fingerprint(spec: RemoteTeacherConfig, timeout_s: float = 10.0) -> st
     return value if isinstance(value, str) else None
 
 
+def check_served_model(spec: RemoteTeacherConfig, timeout_s: float = 10.0) -> None:
+    """A remote teacher's ``model`` is one its server lists (``GET {base_url}/models``): a
+    misspelt name would fail every scoring call (404) and the run would train without the
+    channel. Nothing to check when ``model`` is empty (the server's first model is used) or
+    the server cannot be asked (its calls then fail, reported per row)."""
+    import httpx
+
+    if not spec.model:
+        return
+    try:
+        r = httpx.get(spec.base_url.rstrip("/") + "/models", timeout=timeout_s,
+                      headers=_auth_headers(spec))  # fmt: skip
+        ids = [m["id"] for m in r.json()["data"]] if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return
+    if ids is not None and spec.model not in ids:
+        raise ConfigError(
+            f"distill.teachers: {spec.name!r}: model {spec.model!r} is not served at "
+            f"{spec.base_url} (GET /models lists {ids[:10]}); fix model or leave it empty for "
+            "the server's first model"
+        )
+
+
 def full_vocab_problem(teacher: str, student_rows: int, teacher_rows: int, ids: int) -> str | None:
     """Why the full-vocabulary loss cannot compare these two heads, or None: both softmaxes
     are taken over the rows they share, which must cover the tokenizer's ``ids`` (heads padded
@@ -91,7 +114,8 @@ def full_vocab_problem(teacher: str, student_rows: int, teacher_rows: int, ids: 
 def check_same_tokenizer(student_ref: str, teachers: list[Any], full_vocab: bool = False) -> None:
     """Refuse (before any model loads) a teacher whose tokenizer differs from the student's:
     local teachers by their tokenizer files, remote ones by the fingerprint their server
-    reports. With ``full_vocab`` (the full-vocabulary loss), a local teacher whose head and the
+    reports; and a remote teacher whose ``model`` its server does not list
+    (:func:`check_served_model`). With ``full_vocab`` (the full-vocabulary loss), a local teacher whose head and the
     student's, as their configs declare them, share fewer rows than the tokenizer has ids is
     refused too (:func:`full_vocab_problem`; the channel checks the loaded heads again). Loads
     tokenizers and configs only."""
@@ -114,12 +138,15 @@ def check_same_tokenizer(student_ref: str, teachers: list[Any], full_vocab: bool
             theirs, where = remote_fingerprint(t), t.base_url
             if theirs is None:
                 raise TokenizerMismatchError(
-                    f"distill.teachers: {t.name!r} at {t.base_url} reports no tokenizer "
-                    f"fingerprint (GET {TOKENIZER_PATH}); serve it with `composer-replication "
-                    "serve`, or set check_tokenizer=false if it surely uses the student's tokenizer"
+                    f"distill.teachers: {t.name!r} reports no tokenizer fingerprint (GET "
+                    f"{t.base_url.rstrip('/')}{TOKENIZER_PATH}); serve it with "
+                    "`composer-replication serve`, or set check_tokenizer=false if it surely uses "
+                    "the student's tokenizer"
                 )
+            check_served_model(t)
         else:
             _auth_headers(t)  # an unset api_key_env: its line now, not after the models load
+            check_served_model(t)
             continue
         if theirs != mine:
             raise TokenizerMismatchError(

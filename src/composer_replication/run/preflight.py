@@ -1,7 +1,7 @@
 """Everything about a run's input that can be checked before any model loads, in one function
 (:func:`preflight`): the output directory, the config against this launch (processes), the
-checkpoint to resume from, the replay channel's preference data, and the environment (its task
-sets and sources are built here). A problem raises a `UserError` whose one line names the
+checkpoint to resume from, the replay channel's preference data, the environment (its task
+sets and sources are built here) and the distill channel's routing column against its rows. A problem raises a `UserError` whose one line names the
 field or file; the CLI prints it and exits 2. :func:`~composer_replication.run.train.run_training` runs it
 unless given its result."""
 
@@ -19,6 +19,7 @@ from composer_replication import envs
 from composer_replication.config import (
     RERUN_MAY_DIFFER,
     RESUME_MAY_CHANGE,
+    ColumnRoute,
     ConfigError,
     LocalTeacherConfig,
     RunConfig,
@@ -49,7 +50,26 @@ def preflight(cfg: RunConfig) -> Checked:
         check_fresh_run_dir(cfg)
     resume = check_resume(cfg)
     check_data(cfg)
-    return Checked(resume=resume, env=build_env(cfg))
+    env = build_env(cfg)
+    check_distill_route(cfg, env)
+    return Checked(resume=resume, env=env)
+
+
+def check_distill_route(cfg: RunConfig, env: Environment) -> None:
+    """``distill.route.column`` names a column of the environment's rows: else every row would
+    go unrouted (reported, but only once steps have run), so it is refused here, naming the
+    columns there are."""
+    from composer_replication.trainer.data import row_columns
+
+    route = cfg.distill.route
+    if cfg.distill.weight <= 0 or not isinstance(route, ColumnRoute):
+        return
+    columns = row_columns(env)
+    if route.column not in columns:
+        raise ConfigError(
+            f"distill.route.column: {route.column!r} is not a column of {env.name}'s rows; "
+            f"its rows have {columns}"
+        )
 
 
 def check_data(cfg: RunConfig) -> None:

@@ -54,4 +54,18 @@ def build_prompt_dataset(
         return Dataset.from_list([env.row(t) for t in order])
     texts = [env.user_message(t) for t in order]
     prompts = [as_messages(x) for x in texts] if conversational else texts
-    return Dataset.from_dict({"prompt": prompts, "task_id": [t.task_id for t in order]})
+    return Dataset.from_dict({"prompt": prompts, ROW_ID: [t.task_id for t in order]})
+
+
+ROW_ID = "task_id"
+"""The column every prompt dataset has (the reward function finds the task by it)."""
+
+
+def row_columns(env: Environment, split: str = "train") -> list[str]:
+    """The columns besides ``prompt`` of :func:`build_prompt_dataset`'s rows for ``env``
+    (what the trainer hands the channels per row, e.g. for ``distill.route.column``), without
+    building the dataset."""
+    tasks = env.tasks(split)
+    if env.tools and tasks:
+        return sorted(k for k in env.row(tasks[0]) if k != "prompt")
+    return [ROW_ID]

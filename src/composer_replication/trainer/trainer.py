@@ -427,7 +427,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
 class _ChannelCallback(TrainerCallback):
     """After each optimizer step: every channel's ``after_step``; at the end of training: the
-    report of channels that had weight > 0 but never did anything."""
+    channels' reports (weight > 0 but never did anything; a distill teacher that scored
+    nothing)."""
 
     def __init__(self, trainer: ComposerReplicationTrainer):
         self.trainer = trainer

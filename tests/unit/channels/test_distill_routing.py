@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from support.distill import tiny_student_and_teacher, train_overrides
+from support.distill import socket_closed_port, tiny_student_and_teacher, train_overrides
 
 from composer_replication.config import ConfigError, load_config
 from composer_replication.lm.models import load_model
@@ -65,6 +65,37 @@ def test_best_route_picks_the_teacher_nearest_the_student_per_row(tmp_path, mode
     assert (batch["distill_status"] == 0).all()
     stats = [s.stats for s in trainer.channel("distill").scorers]
     assert [s.scored_rows for s in stats] == [4, 4]  # best-of: every teacher scores every row
+
+
+def test_best_route_counts_a_dead_teachers_failures_against_it(tmp_path, models, tokenizer):
+    """``best`` with a live local teacher and one whose server is gone: every row goes to the
+    live one (scored, nothing reported failed for the row), and the dead one's
+    ``failed_rows`` counts the 4 rows it could not score. Before, it read 0: its failures
+    showed nowhere in the metrics, as if it had merely never been the nearest."""
+    student, teacher = models
+    with socket_closed_port() as port:
+        cfg = load_config(None, train_overrides(
+            tmp_path / "run", f"model.name={student}", "max_steps=1", "distill.weight=1",
+            "distill.route.type=best",
+            f"distill.teachers=[{{name: live, model: x0}}, {{name: gone, base_url: "
+            f"'http://127.0.0.1:{port}/v1', max_retries: 0, check_tokenizer: false}}]",
+        ))  # fmt: skip
+        trainer = build_trainer(cfg, load_model(str(student)), tokenizer, build_env(cfg),
+                                channel_kwargs={"distill": {"models": {"live": load_model(
+                                    str(teacher))}}})  # fmt: skip
+        rows = [trainer.train_dataset[i] for i in range(2)]
+        trainer.model.train()
+        batch = trainer._generate_and_score_completions([r for r in rows for _ in range(2)])
+    metrics = trainer.channel("distill")._row_metrics(batch)
+    assert batch["distill_teacher"].tolist() == [0, 0, 0, 0]
+    assert metrics["scored_frac"] == 1.0 and metrics["failed_frac"] == 0.0
+    assert metrics["teacher/live/rows"] == 4.0 and metrics["teacher/live/failed_rows"] == 0.0
+    assert metrics["teacher/gone/rows"] == 0.0 and metrics["teacher/gone/failed_rows"] == 4.0
+    report = trainer.channel("distill").idle_report()  # what the run prints and eval.json keeps
+    assert report == (
+        "channel 'distill': teacher 'gone' could not score any of the 4 rows it was asked for "
+        "(distill/teacher/gone/failed_rows; the first failure's reason is in the log)."
+    )
 
 
 def test_rows_past_the_token_budget_are_reported_over_budget(tmp_path, models, tokenizer):

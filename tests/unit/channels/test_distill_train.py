@@ -16,6 +16,7 @@ import torch
 from support.distill import (
     ServeProcess,
     other_tokenizer_model,
+    socket_closed_port,
     tiny_student_and_teacher,
     train_one_step,
     train_overrides,
@@ -184,21 +185,6 @@ def test_an_unset_api_key_is_one_line_before_any_model_loads(tmp_path, models, m
     assert result.exit_code == 2, result.output
     assert "CR_TEST_TEACHER_KEY is not set" in " ".join(result.output.split())
     assert loaded == [] and not (tmp_path / "run").exists()
-
-
-def socket_closed_port():
-    """A context giving a 127.0.0.1 port nothing listens on."""
-    import contextlib
-    import socket
-
-    @contextlib.contextmanager
-    def ctx():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        yield port
-
-    return ctx()
 
 
 def test_distillation_alone_policy_weight_zero(tmp_path, models, tokenizer):

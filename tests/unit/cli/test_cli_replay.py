@@ -209,3 +209,11 @@ def test_the_same_states_ingested_from_another_path_go_on_paying_nothing_twice(s
     assert r.exit_code == 0, r.output
     with Journal(db) as jr:
         assert len(list(jr.calls())) == calls_before
+
+
+def test_serve_help_names_the_distillation_endpoints():
+    """A user looking for a remote distillation teacher finds it in ``serve --help``: the
+    scoring endpoint (vLLM's ``prompt_logprobs``) and the tokenizer fingerprint."""
+    out = " ".join(CliRunner().invoke(app, ["serve", "--help"]).output.split())
+    assert "/v1/completions with vLLM's prompt_logprobs (distill)" in out
+    assert "/v1/tokenizer" in out

@@ -89,8 +89,8 @@ def test_train_starts_with_a_short_header_and_writes_the_full_config(tiny_model_
 @pytest.mark.parametrize(
     ("ref", "message"),
     [
-        ("/nope", "error: model path '/nope' does not exist (model.name is "),
-        ("models/nope", "error: model path 'models/nope' does not exist (model.name is "),
+        ("/nope", "error: model path '/nope' does not exist (model.name and a "),
+        ("models/nope", "error: model path 'models/nope' does not exist (model.name and a "),
         ("Org/nope", "error: could not load 'Org/nope' from the Hugging Face Hub ("),
     ],
 )
@@ -135,3 +135,16 @@ def test_ctrl_c_stops_a_running_train_and_says_what_it_kept(tiny_model_dir, tmp_
     rows = (out / "metrics.jsonl").read_text().splitlines()
     assert 1 <= len(rows) < 500
     print(f"train exited {seconds:.1f} s after SIGINT")
+
+
+def test_a_run_without_evaluation_prints_no_empty_results_table(tmp_path, capsys):
+    """``eval.before_and_after=false``: the summary says nothing was evaluated, instead of an
+    empty "held-out results" table and "n = None held-out problems"."""
+    from composer_replication.cli.train import print_train_summary
+    from composer_replication.run.train import RunSummary
+
+    summary = RunSummary(tmp_path, None, None, None, 4.0, 9.0, tmp_path / "final")
+    print_train_summary(summary)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "held-out results" not in out and "None" not in out
+    assert out.startswith("no held-out evaluation (eval.before_and_after=false); train 4 s")

@@ -138,3 +138,49 @@ def test_failures_and_malformed_answers_become_per_row_errors():
     with ServerThread(_flaky_app(0, body=b'{"choices": [{"index": 0}]}')) as srv:
         rows = asyncio.run(_scorer(srv.base_url).ascore([[1, 2]], [1], 1, 0))
     assert isinstance(rows[0], TeacherError) and rows[0].kind == "malformed"
+
+
+def test_a_remote_teacher_whose_model_the_server_does_not_list_is_refused(served):
+    """``model: tiny2`` on a server that lists ``tiny``: every scoring call would answer 404
+    and the run would train without the channel, so it is refused before any model loads,
+    with or without the tokenizer check; the right name and an empty one pass."""
+    from composer_replication.config import ConfigError
+    from composer_replication.lm.models import DEFAULT_MODEL
+    from composer_replication.replay.scoring import check_same_tokenizer
+
+    base_url, _ = served
+    for check in (True, False):
+        wrong = RemoteTeacherConfig(name="t", base_url=base_url, model="tiny2",
+                                    check_tokenizer=check)  # fmt: skip
+        with pytest.raises(ConfigError) as info:
+            check_same_tokenizer(DEFAULT_MODEL, [wrong])
+        assert f"'t': model 'tiny2' is not served at {base_url} (GET /models lists ['tiny'])" in (
+            str(info.value)
+        )
+    for name in ("tiny", ""):
+        check_same_tokenizer(DEFAULT_MODEL, [RemoteTeacherConfig(name="t", base_url=base_url,
+                                                                 model=name)])  # fmt: skip
+
+
+def test_a_server_without_a_tokenizer_fingerprint_is_refused_unless_told(tokenizer):
+    """A plain vLLM server has no ``GET /v1/tokenizer``: it is refused before any model loads,
+    the message naming ``check_tokenizer=false``; with that set it is accepted."""
+    from composer_replication.config import ConfigError
+    from composer_replication.lm.models import DEFAULT_MODEL
+    from composer_replication.replay.scoring import check_same_tokenizer
+
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": "plain", "object": "model"}]}
+
+    with ServerThread(app) as srv:
+        spec = RemoteTeacherConfig(name="v", base_url=srv.base_url, model="plain")
+        with pytest.raises(ConfigError) as info:
+            check_same_tokenizer(DEFAULT_MODEL, [spec])
+        assert f"'v' reports no tokenizer fingerprint (GET {srv.base_url}/tokenizer)" in str(
+            info.value
+        )
+        assert "set check_tokenizer=false" in str(info.value)
+        check_same_tokenizer(DEFAULT_MODEL, [spec.model_copy(update={"check_tokenizer": False})])

@@ -251,3 +251,37 @@ def test_a_resume_with_a_damaged_metrics_line_is_one_line_before_any_model(tmp_p
     assert err[0].startswith(f"error: {run / 'metrics.jsonl'}:2: not a JSON object")
     (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo')  # cut by a kill: goes on
     assert preflight(load_config(None, [f"output_dir={run}", "resume_from=latest"])).resume
+
+
+ROUTE_TEACHERS = (
+    "distill.weight=1",
+    "distill.teachers=[{name: a, base_url: 'http://127.0.0.1:9/v1'}, "
+    "{name: b, base_url: 'http://127.0.0.1:9/v1'}]",
+)
+
+
+def test_a_distill_route_column_the_rows_lack_is_one_line_before_any_model(tmp_path, no_model):
+    """Arithmetic's rows carry only ``task_id``: a route on ``level`` would leave every row
+    unrouted (reported only after steps had run), so it is refused first, naming the columns."""
+    code, err, out = _train(
+        tmp_path, *ROUTE_TEACHERS, "distill.route={type: column, column: level, match: {a: ['1']}}"
+    )
+    assert (code, err) == (
+        2,
+        ["error: distill.route.column: 'level' is not a column of arithmetic's rows; "
+         "its rows have ['task_id']"],
+    )  # fmt: skip
+    assert "composer-replication train" not in out and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("env", "column"), [("env.name=arithmetic", "task_id"), ("env.name=calculator", "answer")]
+)
+def test_a_distill_route_on_a_column_the_rows_have_passes(tmp_path, env, column):
+    """``task_id`` is in every prompt dataset; a tool environment's rows add their own columns
+    (the calculator's ``answer``), which the route may read."""
+    cfg = load_config(None, [
+        f"output_dir={tmp_path / 'run'}", env, *ROUTE_TEACHERS,
+        f"distill.route={{type: column, column: {column}, match: {{a: ['*']}}}}",
+    ])  # fmt: skip
+    assert preflight(cfg).env.name == env.split("=")[1]
