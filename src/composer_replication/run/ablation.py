@@ -116,11 +116,12 @@ def arm_config(acfg: AblationConfig, arm: AblationArm, seed: int) -> RunConfig:
 
 
 def check_arm_inputs(acfg: AblationConfig) -> None:
-    """What each arm with a run still to train reads that can be checked without loading
-    anything: model references, output directory, preference data and harness
-    (`run.preflight`). A `ConfigError` names the arm, before the first arm trains. An arm whose
-    every seed has finished is only reused: a teacher deleted since does not stop the table."""
-    from composer_replication.run.preflight import check_data, check_model_sources
+    """What each arm with a run still to train reads that can be checked without loading a
+    model: model references, output directory, preference data, harness and the distill
+    teachers' tokenizers (`run.preflight`). A `ConfigError` names the arm, before the first arm
+    trains. An arm whose every seed has finished is only reused: a teacher deleted since does
+    not stop the table."""
+    from composer_replication.run.preflight import check_data, check_model_sources, check_teachers
 
     for arm in acfg.arms:
         todo = [s for s in acfg.seeds if not (seed_dir(acfg, arm.name, s) / FINAL_EVAL).is_file()]
@@ -131,6 +132,7 @@ def check_arm_inputs(acfg: AblationConfig) -> None:
             check_model_sources(cfg)
             check_output_dir(cfg.output_dir, "output_dir")
             check_data(cfg)
+            check_teachers(cfg)
         except UserError as err:
             raise ConfigError(f"arm {arm.name!r}: {err}") from None
 

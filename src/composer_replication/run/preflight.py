@@ -1,8 +1,10 @@
 """Everything about a run's input that can be checked before any model loads, in one function
 (:func:`preflight`): the output directory, the config against this launch (processes), the
 checkpoint to resume from, the replay channel's preference data, the environment (its task
-sets and sources are built here) and the distill channel's routing column against its rows. A problem raises a `UserError` whose one line names the
-field or file; the CLI prints it and exits 2. :func:`~composer_replication.run.train.run_training` runs it
+sets and sources are built here), the distill channel's routing column against its rows and its
+teachers' tokenizers (and served model names) against the student's. A problem raises a
+`UserError` whose one line names the field or file; the CLI prints it and exits 2, before its
+run header. :func:`~composer_replication.run.train.run_training` runs it
 unless given its result."""
 
 from __future__ import annotations
@@ -52,7 +54,19 @@ def preflight(cfg: RunConfig) -> Checked:
     check_data(cfg)
     env = build_env(cfg)
     check_distill_route(cfg, env)
+    check_teachers(cfg)
     return Checked(resume=resume, env=env)
+
+
+def check_teachers(cfg: RunConfig) -> None:
+    """The distill channel's teachers share the student's tokenizer (a served teacher: its
+    fingerprint, and the model it names is served). Tokenizers and fingerprints only, no model
+    loads; refused here so the run has printed and written nothing."""
+    if cfg.distill.weight <= 0:
+        return
+    from composer_replication.replay.scoring import check_same_tokenizer
+
+    check_same_tokenizer(cfg.model.name, cfg.distill.teachers, cfg.distill.full_vocabulary)
 
 
 def check_distill_route(cfg: RunConfig, env: Environment) -> None:

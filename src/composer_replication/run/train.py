@@ -326,10 +326,6 @@ def prepare(cfg: RunConfig, env: Environment | None = None):
     seed_everything(cfg.seed)
     env = env or build_env(cfg)  # first: a code env refuses to start without its sandbox
     tokenizer = load_tokenizer(cfg.model.name)  # a bad model id fails here, nothing written yet
-    if cfg.distill.weight > 0:  # teachers must share the student's tokenizer (tokenizers only)
-        from composer_replication.replay.scoring import check_same_tokenizer
-
-        check_same_tokenizer(cfg.model.name, cfg.distill.teachers, cfg.distill.full_vocabulary)
     if env.tools:
         ensure_tool_template(tokenizer)  # SmolLM2's own template cannot render tool calls
     model = load_model(cfg.model.name, dtype=cfg.model.dtype, peft=cfg.peft)

@@ -166,6 +166,7 @@ def test_a_teacher_with_another_tokenizer_is_refused_before_any_model_loads(
     assert "does not use the student's tokenizer" in " ".join(result.output.split())
     assert "cross-tokenizer distillation is not supported" in " ".join(result.output.split())
     assert loaded == [] and not (tmp_path / "run").exists()
+    assert "full config" not in result.output  # refused before the run header
 
 
 def test_an_unset_api_key_is_one_line_before_any_model_loads(tmp_path, models, monkeypatch):

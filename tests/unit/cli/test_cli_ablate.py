@@ -52,3 +52,27 @@ def test_an_arm_whose_runs_all_finished_is_not_checked_again(tmp_path, no_model)
     (tmp_path / "runs" / "b" / "seed1" / "final_eval.json").unlink()
     with pytest.raises(ConfigError, match="arm 'b': model path './gone' does not exist"):
         check_arm_inputs(acfg)
+
+
+def test_an_arm_whose_teacher_has_another_tokenizer_stops_ablate_first(tmp_path, monkeypatch):
+    """A distill teacher's tokenizer is compared with the student's before the first arm
+    trains (tokenizers only, no model loads), not when that arm's turn comes."""
+    from support.distill import other_tokenizer_model
+
+    other = other_tokenizer_model(tmp_path)
+    monkeypatch.setattr("composer_replication.lm.models.load_model", _no_model_loads)
+    config = tmp_path / "ablation.yaml"
+    config.write_text(yaml.safe_dump({
+        "seeds": [0], "output_dir": str(tmp_path / "runs"),
+        "arms": [{"name": "a", "overrides": []},
+                 {"name": "b", "overrides": ["distill.weight=1", f"distill.teachers={other}"]}],
+    }))  # fmt: skip
+    result = CliRunner().invoke(app, ["ablate", "--config", str(config)])
+    assert result.exit_code == BAD_INPUT, result.output
+    text = " ".join(result.output.split())
+    assert text.startswith("error: arm 'b': ") and "does not use the student's tokenizer" in text
+    assert not (tmp_path / "runs").exists()
+
+
+def _no_model_loads(*args, **kwargs):
+    raise AssertionError("a model was loaded before the inputs were checked")
