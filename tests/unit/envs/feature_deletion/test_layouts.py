@@ -20,7 +20,7 @@ from composer_replication.envs.feature_deletion import grade as fd_grade
 from composer_replication.envs.feature_deletion.candidates import STUB
 from composer_replication.envs.feature_deletion.generate import generate_tasks, suite_sandbox
 from composer_replication.envs.feature_deletion.grade import grade_submission
-from composer_replication.envs.feature_deletion.hidden import def_of_test, hide_in_file
+from composer_replication.envs.feature_deletion.hidden import def_of_test, hide_in_file, hide_tests
 from composer_replication.envs.feature_deletion.screen import trivial_bodies, with_body
 from composer_replication.envs.feature_deletion.source import resolve_source
 from composer_replication.envs.feature_deletion.workspace import (
@@ -251,6 +251,114 @@ def test_hidden_expected_values_in_helpers_fixtures_and_class_tables_go_too():
     for kept in kept_too:
         assert kept in out
     compile(out, "t.py", "exec")
+
+
+def test_what_pytest_and_unittest_call_by_name_stays_with_the_kept_tests():
+    """Review of pass 10: a class that lost a test lost every attribute and method a hidden
+    test named, hooks included, so ``setUp``/``setup_method`` (which a hidden test called, or
+    whose name was one of its strings) went and the kept tests failed in the workspace; and
+    a fixture renamed by ``name=`` went when a hidden test used its function's name."""
+    text = """import pytest
+import unittest
+
+
+@pytest.fixture(name="numbers")
+def fixture_numbers():
+    return [1, 2]
+
+
+class TestU(unittest.TestCase):
+    def setUp(self):
+        self.data = [1]
+
+    def test_hidden(self):
+        self.setUp()
+        assert self.data == [1]
+
+    def test_kept(self):
+        assert self.data == [1]
+
+
+class TestS:
+    pytestmark = pytest.mark.filterwarnings("ignore")
+
+    def setup_method(self, method):
+        self.v = 1
+
+    def test_hidden(self):
+        fixture_numbers = ["setup_method", "pytestmark"]
+        assert fixture_numbers
+
+    def test_kept(self, numbers):
+        assert self.v == 1 and numbers == [1, 2]
+"""
+    out, missing = hide_in_file(text, ["TestU::test_hidden", "TestS::test_hidden"])
+    assert missing == []
+    for kept in ("def setUp", "def setup_method", "pytestmark =", "def fixture_numbers"):
+        assert kept in out
+    assert "def test_hidden" not in out
+    compile(out, "t.py", "exec")
+
+
+def test_what_other_test_files_reach_stays():
+    """Review of pass 10: only the hidden tests' own file was read, so a module's override of
+    a conftest fixture (which a conftest fixture requests) and a test class's members that a
+    subclass in another module uses went when only hidden tests here named them."""
+    files = {
+        "tests/conftest.py": """import pytest
+
+
+@pytest.fixture
+def app(config):
+    return dict(config)
+""",
+        "tests/test_a.py": """import pytest
+
+
+@pytest.fixture
+def config():
+    return {"debug": True}
+
+
+class TestBase:
+    CASES = [(1, 2)]
+
+    def check(self, x, y):
+        assert x * 2 == y
+
+    def test_hidden(self, app, config):
+        assert app == config
+        for x, y in self.CASES:
+            self.check(x, y)
+
+    def test_kept(self, app):
+        assert app["debug"]
+""",
+        "tests/test_b.py": """from tests.test_a import TestBase
+
+
+class TestMore(TestBase):
+    def test_more(self):
+        for x, y in self.CASES:
+            self.check(x, y)
+""",
+    }
+
+    def read(rel: str) -> str:
+        if rel not in files:
+            raise FileNotFoundError(rel)
+        return files[rel]
+
+    texts, missing = hide_tests(read, ["tests/test_a.py::TestBase::test_hidden"],
+                                ["tests/test_a.py", "tests/test_b.py"])  # fmt: skip
+    assert missing == []
+    out = texts["tests/test_a.py"]
+    assert "def test_hidden" not in out
+    for kept in ("def config", "CASES = [(1, 2)]", "def check"):
+        assert kept in out
+    # the conftest is read though the task's files did not name it; without it config goes
+    texts, _ = hide_tests(read, ["tests/test_a.py::TestBase::test_hidden"])
+    assert "def config" in texts["tests/test_a.py"] and "def check" not in texts["tests/test_a.py"]
 
 
 # ---- the wire (issue 37): call ids and the per-call deadline ---------------------------------
