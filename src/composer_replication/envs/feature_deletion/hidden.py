@@ -67,25 +67,33 @@ def hide_in_file(
     """``text`` (a test module) without the test functions ``defs`` (``Class::name`` or
     ``name``) and what only they used: module-level assignments, helper functions and
     fixtures (named as parameters), and in a class that lost a test its attributes and helper
-    methods (``self.CASES``); returns the new text and the defs that could not be found.
+    methods (``self.CASES``); returns the new text and the defs that could not be found or
+    stay because a test that stays calls them (``missing``: they are visible tests).
     ``used_elsewhere``: names other files reach (:func:`_names_used` of a conftest whose
     fixture requests this module's override, of a module subclassing a class here): they
     stay. Never removed either: what pytest or unittest call by name (``setUp``,
     ``setup_method``, ``pytestmark``, dunders), since they run for the tests that stay."""
     tree = pyast.parse(text)
     lines = text.splitlines()
-    spans, missing, removed, owners = [], [], [], set()
+    missing, found = [], {}
     for d in defs:
         node = _locate(tree, d.split("::"))
         if node is None:
             missing.append(d)
-            continue
-        first = min([node.lineno] + [x.lineno for x in node.decorator_list])
-        spans.append((first, node.end_lineno or node.lineno, node.col_offset))
-        removed.append(node)
-        owners |= {d.split("::")[0]} if "::" in d else set()
+        else:
+            found[d] = node
+    while True:  # a test that a test staying calls (toolz: test_is_partial calls test_is_valid)
+        spans = [(_first_line(n), n.end_lineno or n.lineno, n.col_offset) for n in found.values()]
+        out = _blank(lines, spans)
+        used = _names_used(pyast.parse("\n".join(out)), loads_only=True) | set(used_elsewhere)
+        called = [d for d, n in found.items() if n.name in used]
+        if not called:
+            break
+        missing += called  # stays, and is visible (generate.py's unremovable)
+        found = {d: n for d, n in found.items() if d not in called}
+    removed = list(found.values())
+    owners = {d.split("::")[0] for d in found if "::" in d}
     used_by_removed = set().union(*(_names_used(n) for n in removed)) if removed else set()
-    out = _blank(lines, spans)
     for _ in range(5):  # a table another table (or a helper) was built from goes in a next round
         kept = pyast.parse("\n".join(out))
         used = _names_used(kept, loads_only=True) | set(used_elsewhere)

@@ -300,6 +300,41 @@ class TestS:
     compile(out, "t.py", "exec")
 
 
+def test_a_hidden_test_that_a_kept_test_calls_stays_visible():
+    """Review of pass 10 (older than it): toolz's ``test_is_partial`` calls ``test_is_valid``
+    and ``test_is_valid_py3``; hiding one of them left ``test_is_partial`` failing in the
+    workspace with a NameError. Such a test stays, and is reported as not removable (the
+    task makes it visible); one that only hidden tests call still goes."""
+    text = """def test_is_valid(check=bool):
+    assert check(1)
+
+
+def test_helper_test(check=bool):
+    assert check(2)
+
+
+def test_is_partial():
+    test_is_valid(check=lambda x: x > 0)
+
+
+def test_other():
+    test_helper_test()
+"""
+    out, missing = hide_in_file(text, ["test_is_valid", "test_other", "test_helper_test"])
+    assert missing == ["test_is_valid"]
+    assert "def test_is_valid" in out and "def test_is_partial" in out
+    assert "def test_other" not in out and "def test_helper_test" not in out
+
+    def read(rel: str) -> str:
+        if rel != "tests/test_a.py":
+            raise FileNotFoundError(rel)
+        return text
+
+    _, lost = hide_tests(read, ["tests/test_a.py::test_is_valid"])
+    assert lost == ["tests/test_a.py::test_is_valid"]
+    compile(out, "t.py", "exec")
+
+
 def test_what_other_test_files_reach_stays():
     """Review of pass 10: only the hidden tests' own file was read, so a module's override of
     a conftest fixture (which a conftest fixture requests) and a test class's members that a
