@@ -68,7 +68,8 @@ def hide_in_file(
     ``name``) and what only they used: module-level assignments, helper functions and
     fixtures (named as parameters), and in a class that lost a test its attributes and helper
     methods (``self.CASES``); returns the new text and the defs that could not be found or
-    stay because a test that stays calls them (``missing``: they are visible tests).
+    stay because a test that stays calls them or a class here inherits them (``missing``:
+    they are visible tests).
     ``used_elsewhere``: names other files reach (:func:`_names_used` of a conftest whose
     fixture requests this module's override, of a module subclassing a class here): they
     stay. Never removed either: what pytest or unittest call by name (``setUp``,
@@ -82,11 +83,13 @@ def hide_in_file(
             missing.append(d)
         else:
             found[d] = node
+    inherited = _inherited(tree)
     while True:  # a test that a test staying calls (toolz: test_is_partial calls test_is_valid)
         spans = [(_first_line(n), n.end_lineno or n.lineno, n.col_offset) for n in found.values()]
         out = _blank(lines, spans)
-        used = _names_used(pyast.parse("\n".join(out)), loads_only=True) | set(used_elsewhere)
-        called = [d for d, n in found.items() if n.name in used]
+        kept = pyast.parse("\n".join(out))
+        used = _names_used(kept, loads_only=True) | set(used_elsewhere)
+        called = [d for d, n in found.items() if n.name in used or d in inherited]
         if not called:
             break
         missing += called  # stays, and is visible (generate.py's unremovable)
@@ -109,6 +112,28 @@ def hide_in_file(
             break
         out = _blank(out, extra)
     return "\n".join(out) + ("\n" if text.endswith("\n") else ""), missing
+
+
+def _inherited(tree: ast.Module) -> set[str]:
+    """``Base::test_x`` for each test a class of this module inherits from a base class here
+    without defining it (toolz's ``TestCustomMapping(TestDict)``): removing the base's test
+    would remove the subclass's too, which may be a visible test."""
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    out: set[str] = set()
+    for cls in classes.values():
+        own = {m.name for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        bases = [b.id for b in cls.bases if isinstance(b, ast.Name) and b.id in classes]
+        seen = {cls.name}
+        while bases:
+            base = classes[bases.pop()]
+            if base.name in seen:
+                continue
+            seen.add(base.name)
+            out |= {f"{base.name}::{m.name}" for m in base.body
+                    if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and m.name not in own}  # fmt: skip
+            bases += [b.id for b in base.bases if isinstance(b, ast.Name) and b.id in classes]
+    return out
 
 
 def _names_used(tree: ast.AST, loads_only: bool = False) -> set[str]:

@@ -335,6 +335,32 @@ def test_other():
     compile(out, "t.py", "exec")
 
 
+def test_a_hidden_test_that_a_subclass_inherits_stays_visible():
+    """Review of pass 10 (older than it): toolz's ``TestCustomMapping(TestDict)`` inherits
+    ``test_merge``; hiding ``TestDict::test_merge`` took the subclass's copy (a visible test,
+    since an inherited test cannot be located) out of the workspace too."""
+    text = """class TestDict:
+    D = dict
+
+    def test_merge(self):
+        assert self.D(a=1)
+
+    def test_own(self):
+        assert self.D() == {}
+
+
+class TestCustom(TestDict):
+    D = dict
+
+    def test_own(self):
+        assert True
+"""
+    out, missing = hide_in_file(text, ["TestDict::test_merge", "TestDict::test_own"])
+    assert missing == ["TestDict::test_merge"]
+    assert "def test_merge" in out and out.count("def test_own") == 1
+    compile(out, "t.py", "exec")
+
+
 def test_what_other_test_files_reach_stays():
     """Review of pass 10: only the hidden tests' own file was read, so a module's override of
     a conftest fixture (which a conftest fixture requests) and a test class's members that a
