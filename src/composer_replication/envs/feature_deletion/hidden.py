@@ -8,11 +8,14 @@ lookup table built from them scored 1.0. Now:
   code and its data, so a function is visible or hidden as a whole (:func:`split_visible`).
   A task with more than one target function keeps at least one hidden.
 * **The workspace loses the hidden functions** (:func:`hide_tests`): each is replaced by
-  ``pass`` (decorators included), then every module-level assignment that only the removed
-  code used (the ``CASES = [...]`` table a parametrize read) goes too; test data that only
-  hidden tests opened in the baseline run is left out of the workspace.
-* A hidden test whose code cannot be located as a ``def`` (generated, inherited, a doctest)
-  becomes visible: the task records the real split (``visible_tests``/``hidden_tests``).
+  ``pass`` (decorators included), then what only the removed code used goes too (the
+  ``CASES = [...]`` table a parametrize read, private helpers, fixtures, a class's tables and
+  helper methods), unless the tests that stay, the task's other test files or the conftests
+  above reach it, or pytest calls it by name (``setUp``); test data that only hidden tests
+  opened in the baseline run is left out of the workspace.
+* A hidden test whose code cannot be located as a ``def`` (generated, inherited, a doctest),
+  that a test staying calls, or that a class of its module inherits becomes visible: the task
+  records the real split (``visible_tests``/``hidden_tests``).
 """
 
 from __future__ import annotations
