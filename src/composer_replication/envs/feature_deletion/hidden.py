@@ -14,8 +14,8 @@ lookup table built from them scored 1.0. Now:
   above reach it, or pytest calls it by name (``setUp``); test data that only hidden tests
   opened in the baseline run is left out of the workspace.
 * A hidden test whose code cannot be located as a ``def`` (generated, inherited, a doctest),
-  that a test staying calls, or that a class of its module inherits becomes visible: the task
-  records the real split (``visible_tests``/``hidden_tests``).
+  that a test staying calls, or that a class inherits (here or in another test module)
+  becomes visible: the task records the real split (``visible_tests``/``hidden_tests``).
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def hide_in_file(
     ``name``) and what only they used: module-level assignments, helper functions and
     fixtures (named as parameters), and in a class that lost a test its attributes and helper
     methods (``self.CASES``); returns the new text and the defs that could not be found or
-    stay because a test that stays calls them or a class here inherits them (``missing``:
-    they are visible tests).
+    stay because a test that stays calls them or a class inherits them (here, or elsewhere:
+    a class ``used_elsewhere`` names keeps its tests) (``missing``: they are visible tests).
     ``used_elsewhere``: names other files reach (:func:`_names_used` of a conftest whose
     fixture requests this module's override, of a module subclassing a class here): they
     stay. Never removed either: what pytest or unittest call by name (``setUp``,
@@ -86,13 +86,17 @@ def hide_in_file(
             missing.append(d)
         else:
             found[d] = node
-    inherited = _inherited(tree)
+    inherited, elsewhere = _inherited(tree), set(used_elsewhere)
     while True:  # a test that a test staying calls (toolz: test_is_partial calls test_is_valid)
         spans = [(_first_line(n), n.end_lineno or n.lineno, n.col_offset) for n in found.values()]
         out = _blank(lines, spans)
         kept = pyast.parse("\n".join(out))
-        used = _names_used(kept, loads_only=True) | set(used_elsewhere)
-        called = [d for d, n in found.items() if n.name in used or d in inherited]
+        used = _names_used(kept, loads_only=True) | elsewhere
+        called = [
+            d
+            for d, n in found.items()
+            if n.name in used or d in inherited or d.partition("::")[0] in elsewhere
+        ]  # a class another module subclasses
         if not called:
             break
         missing += called  # stays, and is visible (generate.py's unremovable)
@@ -102,7 +106,7 @@ def hide_in_file(
     used_by_removed = set().union(*(_names_used(n) for n in removed)) if removed else set()
     for _ in range(5):  # a table another table (or a helper) was built from goes in a next round
         kept = pyast.parse("\n".join(out))
-        used = _names_used(kept, loads_only=True) | set(used_elsewhere)
+        used = _names_used(kept, loads_only=True) | elsewhere
         extra = []
         scopes = [(kept.body, False)] + [(n.body, True) for n in kept.body
                                          if isinstance(n, ast.ClassDef) and n.name in owners]  # fmt: skip
