@@ -8,10 +8,13 @@ lookup table built from them scored 1.0. Now:
   code and its data, so a function is visible or hidden as a whole (:func:`split_visible`).
   A task with more than one target function keeps at least one hidden.
 * **The workspace loses the hidden functions** (:func:`hide_tests`): each is replaced by
-  ``pass`` (decorators included), then every module-level assignment that only the removed
-  code used (the ``CASES = [...]`` table a parametrize read) goes too; test data that only
-  hidden tests opened in the baseline run is left out of the workspace.
-* A hidden test whose code cannot be located as a ``def`` (generated, inherited, a doctest)
+  ``pass`` (decorators included), then what only the removed code used goes too (the
+  ``CASES = [...]`` table a parametrize read, private helpers, fixtures, a class's tables and
+  helper methods), unless the tests that stay, the task's other test files or the conftests
+  above reach it, or pytest calls it by name (``setUp``); test data that only hidden tests
+  opened in the baseline run is left out of the workspace.
+* A hidden test whose code cannot be located as a ``def`` (generated, inherited, a doctest),
+  that a test staying calls, or that a class inherits (here or in another test module)
   becomes visible: the task records the real split (``visible_tests``/``hidden_tests``).
 """
 
@@ -61,33 +64,54 @@ def _names_loaded(tree: ast.AST) -> set[str]:
     }
 
 
-def hide_in_file(text: str, defs: Iterable[str]) -> tuple[str, list[str]]:
+def hide_in_file(
+    text: str, defs: Iterable[str], used_elsewhere: Iterable[str] = ()
+) -> tuple[str, list[str]]:
     """``text`` (a test module) without the test functions ``defs`` (``Class::name`` or
     ``name``) and what only they used: module-level assignments, helper functions and
     fixtures (named as parameters), and in a class that lost a test its attributes and helper
-    methods (``self.CASES``); returns the new text and the defs that could not be found."""
+    methods (``self.CASES``); returns the new text and the defs that could not be found or
+    stay because a test that stays calls them or a class inherits them (here, or elsewhere:
+    a class ``used_elsewhere`` names keeps its tests) (``missing``: they are visible tests).
+    ``used_elsewhere``: names other files reach (:func:`_names_used` of a conftest whose
+    fixture requests this module's override, of a module subclassing a class here): they
+    stay. Never removed either: what pytest or unittest call by name (``setUp``,
+    ``setup_method``, ``pytestmark``, dunders), since they run for the tests that stay."""
     tree = pyast.parse(text)
     lines = text.splitlines()
-    spans, missing, removed, owners = [], [], [], set()
+    missing, found = [], {}
     for d in defs:
         node = _locate(tree, d.split("::"))
         if node is None:
             missing.append(d)
-            continue
-        first = min([node.lineno] + [x.lineno for x in node.decorator_list])
-        spans.append((first, node.end_lineno or node.lineno, node.col_offset))
-        removed.append(node)
-        owners |= {d.split("::")[0]} if "::" in d else set()
+        else:
+            found[d] = node
+    inherited, elsewhere = _inherited(tree), set(used_elsewhere)
+    while True:  # a test that a test staying calls (toolz: test_is_partial calls test_is_valid)
+        spans = [(_first_line(n), n.end_lineno or n.lineno, n.col_offset) for n in found.values()]
+        out = _blank(lines, spans)
+        kept = pyast.parse("\n".join(out))
+        used = _names_used(kept, loads_only=True) | elsewhere
+        called = [
+            d
+            for d, n in found.items()
+            if n.name in used or d in inherited or d.partition("::")[0] in elsewhere
+        ]  # a class another module subclasses
+        if not called:
+            break
+        missing += called  # stays, and is visible (generate.py's unremovable)
+        found = {d: n for d, n in found.items() if d not in called}
+    removed = list(found.values())
+    owners = {d.split("::")[0] for d in found if "::" in d}
     used_by_removed = set().union(*(_names_used(n) for n in removed)) if removed else set()
-    out = _blank(lines, spans)
     for _ in range(5):  # a table another table (or a helper) was built from goes in a next round
         kept = pyast.parse("\n".join(out))
-        used = _names_used(kept, loads_only=True)
+        used = _names_used(kept, loads_only=True) | elsewhere
         extra = []
         scopes = [(kept.body, False)] + [(n.body, True) for n in kept.body
                                          if isinstance(n, ast.ClassDef) and n.name in owners]  # fmt: skip
         for node, in_class in ((n, c) for scope, c in scopes for n in scope):
-            names = _assigned(node) | _helper_name(node, in_class)
+            names = {n for n in _assigned(node) | _helper_name(node, in_class) if not _implicit(n)}
             if names and names & used_by_removed and not names & used:
                 extra.append((_first_line(node), node.end_lineno or node.lineno, node.col_offset))
                 used_by_removed |= _names_used(node)
@@ -95,6 +119,28 @@ def hide_in_file(text: str, defs: Iterable[str]) -> tuple[str, list[str]]:
             break
         out = _blank(out, extra)
     return "\n".join(out) + ("\n" if text.endswith("\n") else ""), missing
+
+
+def _inherited(tree: ast.Module) -> set[str]:
+    """``Base::test_x`` for each test a class of this module inherits from a base class here
+    without defining it (toolz's ``TestCustomMapping(TestDict)``): removing the base's test
+    would remove the subclass's too, which may be a visible test."""
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    out: set[str] = set()
+    for cls in classes.values():
+        own = {m.name for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        bases = [b.id for b in cls.bases if isinstance(b, ast.Name) and b.id in classes]
+        seen = {cls.name}
+        while bases:
+            base = classes[bases.pop()]
+            if base.name in seen:
+                continue
+            seen.add(base.name)
+            out |= {f"{base.name}::{m.name}" for m in base.body
+                    if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and m.name not in own}  # fmt: skip
+            bases += [b.id for b in base.bases if isinstance(b, ast.Name) and b.id in classes]
+    return out
 
 
 def _names_used(tree: ast.AST, loads_only: bool = False) -> set[str]:
@@ -115,10 +161,11 @@ def _names_used(tree: ast.AST, loads_only: bool = False) -> set[str]:
 
 
 def _helper_name(node: ast.stmt, in_class: bool) -> set[str]:
-    """The name of a helper that may go with the hidden tests, else nothing: never a test or
+    """The names of a helper that may go with the hidden tests, else nothing: never a test or
     an autouse fixture (it runs for the tests that stay); at module level only a fixture or
     a private helper (``_expect``), since a public one may be imported by another test
-    module, which this file does not see."""
+    module, which this file does not see. A fixture renamed by ``name="x"`` has both names
+    (a test that stays requests it as ``x``)."""
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return set()
     if node.name.lower().startswith("test"):
@@ -127,7 +174,24 @@ def _helper_name(node: ast.stmt, in_class: bool) -> set[str]:
     if any(k.arg == "autouse" for k in keywords):
         return set()
     fixture = any("fixture" in _names_loaded(d) for d in node.decorator_list)
-    return {node.name} if in_class or fixture or node.name.startswith("_") else set()
+    if not (in_class or fixture or node.name.startswith("_")):
+        return set()
+    renamed = {k.value.value for k in keywords if k.arg == "name"
+               and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)}  # fmt: skip
+    return {node.name} | renamed
+
+
+_CALLED_BY_NAME = {"setUp", "tearDown", "setUpClass", "tearDownClass", "asyncSetUp",
+                   "asyncTearDown", "setup_method", "teardown_method", "setup_class",
+                   "teardown_class", "setup", "teardown", "setup_module", "teardown_module",
+                   "setup_function", "teardown_function", "setUpModule", "tearDownModule",
+                   "pytestmark", "maxDiff", "longMessage"}  # fmt: skip
+
+
+def _implicit(name: str) -> bool:
+    """A name pytest or unittest reaches without the tests naming it (a hook, a mark)."""
+    return (name in _CALLED_BY_NAME or name.startswith("pytest_")
+            or (name.startswith("__") and name.endswith("__")))  # fmt: skip
 
 
 def _first_line(node: ast.stmt) -> int:
@@ -153,9 +217,13 @@ def _blank(lines: list[str], spans: list[tuple[int, int, int]]) -> list[str]:
     return out
 
 
-def hide_tests(read, hidden: list[str]) -> tuple[dict[str, str], list[str]]:
+def hide_tests(
+    read, hidden: list[str], others: Iterable[str] = ()
+) -> tuple[dict[str, str], list[str]]:
     """Per test file, its text without the hidden test functions; ``read(rel)`` gives a file's
-    text. Returns ({file: new text}, hidden test ids that could not be removed)."""
+    text. ``others`` (the task's ``test_files``) and the ``conftest.py`` files above a test
+    file are read for the names they reach, which stay in that file (:func:`hide_in_file`).
+    Returns ({file: new text}, hidden test ids that could not be removed)."""
     by_file: dict[str, set[str]] = {}
     for t in hidden:
         file, _, rest = def_of_test(t).partition("::")
@@ -163,7 +231,8 @@ def hide_tests(read, hidden: list[str]) -> tuple[dict[str, str], list[str]]:
     texts, missing = {}, []
     for file, defs in sorted(by_file.items()):
         try:
-            new, lost = hide_in_file(read(file), sorted(defs))
+            elsewhere = _used_by(read, {*others, *_conftests_above(file)} - {file}, by_file)
+            new, lost = hide_in_file(read(file), sorted(defs), elsewhere)
         except (OSError, SyntaxError, ValueError):
             new, lost = None, sorted(defs)
         if new is not None:
@@ -171,3 +240,23 @@ def hide_tests(read, hidden: list[str]) -> tuple[dict[str, str], list[str]]:
         missing += [t for t in hidden if t.startswith(file + "::") and
                     def_of_test(t).partition("::")[2] in lost]  # fmt: skip
     return texts, sorted(missing)
+
+
+def _conftests_above(file: str) -> list[str]:
+    parts = file.split("/")[:-1]
+    return ["/".join([*parts[:i], "conftest.py"]) for i in range(len(parts) + 1)]
+
+
+def _used_by(read, files: Iterable[str], by_file: dict[str, set[str]]) -> set[str]:
+    """The names ``files`` reach as the workspace holds them (less their own hidden tests);
+    a file that cannot be read or parsed adds nothing."""
+    out: set[str] = set()
+    for rel in sorted(files):
+        try:
+            text = read(rel)
+            if rel in by_file:
+                text = hide_in_file(text, sorted(by_file[rel]))[0]
+            out |= _names_used(pyast.parse(text), loads_only=True)
+        except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+            continue
+    return out
