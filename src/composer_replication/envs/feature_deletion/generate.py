@@ -44,8 +44,9 @@ from composer_replication.lm.models import write_atomic
 from composer_replication.sandbox.pytest_suite import SuiteReport, pytest_tools, run_suite
 from composer_replication.sandbox.sandbox import Sandbox
 
-GENERATOR_VERSION = 3
-"""3: test code from the suite's run (testcode.py), hidden tests out of the workspace
+GENERATOR_VERSION = 4
+"""4: a hidden test that a kept test calls or a class of the module inherits is visible (it
+stays in the workspace; a version-3 set listed it hidden); 3: test code from the suite's run (testcode.py), hidden tests out of the workspace
 (hidden.py), the triviality screen (screen.py); 2: only tasks split grading can grade."""
 TASK = "task"
 STATUSES = ("task", "no_failure", "too_broad", "collect_error", "broken_run", "not_forwardable",
@@ -333,7 +334,8 @@ def load_tasks(task_dir: Path) -> list[dict]:
     if version != GENERATOR_VERSION:
         raise TaskSetError(
             f"{task_dir} was made by task generator version {version}, this is version "
-            f"{GENERATOR_VERSION} (version 3 decides test code from the suite's run, keeps "
+            f"{GENERATOR_VERSION} (version 4 shows a hidden test that a kept test calls or a "
+            "class inherits; version 3 decides test code from the suite's run, keeps "
             "hidden tests out of the workspace and drops deletions a trivial body passes): "
             "generate it again into another directory"
         )
