@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication.envs.patch import PatchError, apply_patch, summary
-from composer_replication.envs.tools import wire_safe, wire_snippet
+from composer_replication.envs.tools import encode_text, wire_safe, wire_snippet
 from composer_replication.sandbox.shell import REPO, ShellResult, run_shell
 
 HARNESSES = ("native", "claude_code", "codex", "bash")
@@ -146,14 +146,12 @@ class WorkspaceTools:
         rel = target.relative_to(self.workspace.resolve()).as_posix()
         return REPO if rel == "." else f"{REPO}/{rel}"
 
-    def _write(self, target: Path, text: str) -> str | None:
-        """Write ``text`` (checked before the file is touched, against the native tools' caps
-        per file and per episode: ``Edit(replace_all=True)`` multiplies a file); an error
-        result or None."""
-        try:
-            data = str(text).encode("utf-8")
-        except UnicodeEncodeError as e:
-            return self._err(f"the content is not valid UTF-8 text (position {e.start})")
+    def _write(self, target: Path, text: str | bytes) -> str | None:
+        """Write ``text`` (or its already encoded bytes), checked before the file is touched
+        against the native tools' caps per file and per episode; an error result or None."""
+        data = text if isinstance(text, bytes) else encode_text(text)
+        if isinstance(data, str):
+            return self._err(data.removeprefix("error: "))
         if refused := self._native._over_write_caps(len(data)):
             return self._err(refused.removeprefix("error: "))
         self._native._note_write(target.relative_to(self.workspace.resolve()).as_posix())
@@ -314,10 +312,8 @@ class ClaudeCodeTools(WorkspaceTools):
                 "occurrence, please provide more context to uniquely identify the instance.\n"
                 f"String: {old}"
             )
-        cap = self._native._max_write_bytes
-        if (chars := len(text) + count * (len(new) - len(old))) > cap:
-            # refused before the text is built (each character is at least one byte)
-            return self._err(f"{chars} characters is more than a file may hold here ({cap})")
+        if refused := self._native._chars_refusal(len(text) + count * (len(new) - len(old))):
+            return self._err(refused.removeprefix("error: "))  # asked before the text is built
         if err := self._write(target, text.replace(old, new)):
             return err
         return f"The file {self._shown(target)} has been updated successfully."
@@ -453,16 +449,8 @@ class CodexTools(WorkspaceTools):
                 for p in (c.path, c.move_to):
                     if p is not None and isinstance(self._resolve(p), str):
                         raise PatchError(str(self._resolve(p)))
-            self._check_writes([c.text for c in changes if c.op != "D"])
-            for c in changes:
-                target = self._resolve(c.path)
-                if c.op == "D" or c.move_to:
-                    self._native._note_write(c.path)
-                    target.unlink()
-                if c.op != "D":
-                    dest = self._resolve(c.move_to) if c.move_to else target
-                    if err := self._write(dest, c.text):
-                        raise PatchError(err)
+            data = self._check_writes([c.text for c in changes if c.op != "D"])
+            self._apply_all(changes, iter(data))
         except PatchError as e:
             return wire_safe(str(e), self._max_chars)
         except OSError as e:
@@ -471,19 +459,39 @@ class CodexTools(WorkspaceTools):
             )
         return wire_safe(summary(changes), self._max_chars)
 
-    def _check_writes(self, texts: list[str]) -> None:
-        """Raise :class:`PatchError` before anything is written if one of ``texts`` is not
-        UTF-8 or they would pass the write caps (a patch changes all its files or none)."""
-        sizes = []
+    def _apply_all(self, changes: list[Any], data: Any) -> None:
+        """Write a checked patch's files (``data``: their encoded texts in order), all or
+        none: if the filesystem refuses one midway (a directory where a file goes, a full
+        disk), the files already changed get their old bytes back and the error is raised."""
+        touched = {self._resolve(p) for c in changes for p in (c.path, c.move_to) if p}
+        saved = {t: (t.read_bytes() if t.is_file() else None) for t in touched}
+        try:
+            for c in changes:
+                target = self._resolve(c.path)
+                if c.op == "D" or c.move_to:
+                    self._native._note_write(c.path)
+                    target.unlink()
+                if c.op != "D":
+                    dest = self._resolve(c.move_to) if c.move_to else target
+                    if err := self._write(dest, next(data)):
+                        raise PatchError(err)
+        except (OSError, PatchError):
+            for target, old in saved.items():
+                _restore(target, old)
+            raise
+
+    def _check_writes(self, texts: list[str]) -> list[bytes]:
+        """The UTF-8 bytes of ``texts``; raise :class:`PatchError` before anything is written
+        if one is not UTF-8 or they would pass the write caps together."""
+        data = []
         for text in texts:
-            try:
-                sizes.append(len(text.encode("utf-8")))
-            except UnicodeEncodeError as e:
-                raise PatchError(
-                    f"the content is not valid UTF-8 text (position {e.start})"
-                ) from None
-        if refused := self._native._write_refusal(sizes):
+            encoded = encode_text(text)
+            if isinstance(encoded, str):
+                raise PatchError(encoded.removeprefix("error: "))
+            data.append(encoded)
+        if refused := self._native._write_refusal([len(d) for d in data]):
             raise PatchError(refused.removeprefix("error: "))
+        return data
 
     def _patch_read(self, path: str) -> str | None:
         target = self._resolve(path)
@@ -492,6 +500,20 @@ class CodexTools(WorkspaceTools):
         if not target.is_file():
             return None
         return target.read_text(encoding="utf-8", errors="replace")
+
+
+def _restore(target: Path, old: bytes | None) -> None:
+    """Put back a file's bytes from before a patch (None: it did not exist); best effort, as
+    the filesystem that failed the patch may fail this too."""
+    try:
+        if old is None:
+            if target.is_file() or target.is_symlink():
+                target.unlink()
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(old)
+    except OSError:
+        pass
 
 
 def _codex_answer(output: str, code: int, seconds: float, limit: int | None = None) -> str:

@@ -79,6 +79,16 @@ def wire_safe(result: Any, limit: int | None = None) -> Any:
     return text[:limit] + f"\n... (cut: {len(result)} characters in all)"
 
 
+def encode_text(content: Any) -> bytes | str:
+    """The UTF-8 bytes of a tool's file content, or an error result (``error: ...``) naming
+    the first character UTF-8 cannot encode (a lone surrogate): checked before a file is
+    touched, since an encoding error after ``open(..., "w")`` left the file truncated."""
+    try:
+        return str(content).encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"error: the content is not valid UTF-8 text (position {e.start})"
+
+
 def wire_snippet(value: Any, limit: int = 120, show: Callable[[Any], str] = str) -> str:
     """``value`` quoted inside a message (a refused path, a server's bad reward): ``show(value)``
     cut to ``limit`` characters by ``sandbox.harness.preview`` (which never raises), then made

@@ -130,3 +130,62 @@ def test_glob_work_grows_with_the_tree_not_with_the_pattern(claude, monkeypatch)
         assert "/repo/tests/test_core.py" in tools.Glob("**/test_*.py")
     finally:
         tools._close()
+
+
+def test_a_patch_the_filesystem_refuses_midway_changes_nothing(codex):
+    """Written file by file, a patch whose later file the filesystem refused (a file where a
+    directory must go) left its earlier files changed and a moved file's source deleted, though
+    it answered that it failed."""
+    tools = _tools(codex)
+    try:
+        ws = tools.workspace
+        (ws / "keep.txt").write_text("one\n")
+        (ws / "blocker").write_text("a file, not a directory\n")
+        patch = (
+            "*** Begin Patch\n*** Update File: keep.txt\n@@\n-one\n+two\n"
+            "*** Add File: fresh.txt\n+new\n"
+            "*** Update File: keep2.txt\n*** Move to: moved.txt\n@@\n-a\n+b\n"
+            "*** Add File: blocker/inside.txt\n+x\n*** End Patch"
+        )
+        (ws / "keep2.txt").write_text("a\n")
+        out = tools.apply_patch(patch)
+        assert out.startswith("apply_patch failed"), out
+        assert (ws / "keep.txt").read_text() == "one\n"
+        assert (ws / "keep2.txt").read_text() == "a\n"
+        assert not (ws / "fresh.txt").exists() and not (ws / "moved.txt").exists()
+        assert (ws / "blocker").read_text() == "a file, not a directory\n"
+        ok = "*** Begin Patch\n*** Update File: keep.txt\n@@\n-one\n+two\n*** End Patch"
+        assert tools.apply_patch(ok).startswith("Success.")
+        assert (ws / "keep.txt").read_text() == "two\n"
+    finally:
+        tools._close()
+
+
+def test_a_patch_with_text_utf8_cannot_encode_writes_nothing(codex):
+    tools = _tools(codex)
+    try:
+        patch = (
+            "*** Begin Patch\n*** Add File: a.txt\n+ok\n*** Add File: b.txt\n+\ud800\n*** End Patch"
+        )
+        out = tools.apply_patch(patch)
+        assert "not valid UTF-8 text" in out
+        assert not (tools.workspace / "a.txt").exists()
+    finally:
+        tools._close()
+
+
+def test_edit_is_refused_before_building_when_the_episode_cap_would_pass(claude):
+    """Under the per-file cap but over what the episode may still write: refused (the
+    character count is asked before the text is built) and the file is untouched."""
+    tools = _tools(claude)
+    try:
+        big = "y" * fd_env.MAX_WRITE_BYTES
+        for i in range(15):
+            assert tools.Write(f"/repo/chunk{i}.txt", big).startswith("File created")
+        assert tools.Write("/repo/half.txt", "y" * 500_000).startswith("File created")
+        assert tools.Write("/repo/notes.txt", "x" * 1000).startswith("File created")
+        out = tools.Edit("/repo/notes.txt", "x", "x" * 1000, replace_all=True)
+        assert out.startswith("<tool_use_error>") and "wrote its" in out
+        assert (tools.workspace / "notes.txt").stat().st_size == 1000
+    finally:
+        tools._close()

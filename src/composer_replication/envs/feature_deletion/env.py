@@ -48,7 +48,7 @@ from composer_replication.envs.profiles import (
     profile,
     result_message,
 )
-from composer_replication.envs.tools import wire_safe, wire_snippet
+from composer_replication.envs.tools import encode_text, wire_safe, wire_snippet
 from composer_replication.sandbox.pytest_suite import run_suite
 from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 
@@ -262,7 +262,6 @@ class FeatureDeletionTools:
     """A repository to repair: file tools, the tests, and submit (TRL environment_factory)."""
 
     _env: FeatureDeletionEnv
-    _max_write_bytes = MAX_WRITE_BYTES  # read by the harness profiles' Edit before it builds
 
     def __init__(self) -> None:
         self.workspace: Path | None = None
@@ -402,7 +401,7 @@ class FeatureDeletionTools:
         rel = target.relative_to(self.workspace.resolve()).as_posix()
         if target == self.workspace.resolve() or target.is_dir():
             return f"error: {wire_snippet(path)} is a directory"
-        data = _encoded(content)
+        data = encode_text(content)
         if isinstance(data, str):
             return data
         if refused := self._over_write_caps(len(data)):
@@ -432,7 +431,7 @@ class FeatureDeletionTools:
             return (
                 f"error: the text occurs {count} times in {wire_snippet(path)}; it must occur once"
             )
-        data = _encoded(text.replace(str(old), str(new), 1))
+        data = encode_text(text.replace(str(old), str(new), 1))
         if isinstance(data, str):
             return data
         if refused := self._over_write_caps(len(data)):
@@ -519,6 +518,18 @@ class FeatureDeletionTools:
             return f"error: this episode wrote its {MAX_EPISODE_WRITE_BYTES} bytes"
         return ""
 
+    def _chars_refusal(self, chars: int) -> str:
+        """Why a text of ``chars`` characters cannot be written ('' if it may be), asked before
+        the text is built: each character is at least one byte, so a text over the caps in
+        characters is over them in bytes (``Edit(replace_all=True)`` multiplies a file)."""
+        if chars > MAX_WRITE_BYTES:
+            return (
+                f"error: {chars} characters is more than a file may hold here ({MAX_WRITE_BYTES})"
+            )
+        if self.written_bytes + chars > MAX_EPISODE_WRITE_BYTES:
+            return f"error: this episode wrote its {MAX_EPISODE_WRITE_BYTES} bytes"
+        return ""
+
     def _note_write(self, rel: str) -> None:
         name = Path(rel).name
         if rel.endswith(".pth") or name in ("conftest.py", "sitecustomize.py"):
@@ -541,12 +552,3 @@ def _unusable_path(path: str) -> str:
     if any(len(part) > 255 for part in encoded.split(b"/")):
         return "has a name longer than 255 bytes"
     return ""
-
-
-def _encoded(content: Any) -> bytes | str:
-    """The UTF-8 bytes of file content, or an error result (checked before the file is
-    touched: a lone surrogate used to fail after the file was truncated)."""
-    try:
-        return str(content).encode("utf-8")
-    except UnicodeEncodeError as e:
-        return f"error: the content is not valid UTF-8 text (position {e.start})"
