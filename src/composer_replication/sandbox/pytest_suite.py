@@ -132,6 +132,8 @@ class _Reporter:
                      for i in session.items}}
         if _probe:
             _PROBE["items"] = sorted({{str(getattr(i, "path", "")) for i in session.items}})
+            _PROBE["fixtures"] = {{i.nodeid: list(getattr(i, "fixturenames", ()))
+                                  for i in session.items}}
         _emit("collected", len(session.items))
 
     def pytest_runtest_protocol(self, item, nextitem):
@@ -357,7 +359,8 @@ def run_suite(
     collected test files, loaded conftests, ``python_files``, the tree's modules imported,
     the names its packages export, every function of the tree with its callers (the nearest
     function of the tree up the stack, ``file::qualname``),
-    and the files opened with the file and test that opened them; about 2x slower);
+    the files opened with the file and test that opened them, and each test's fixture closure
+    (``item.fixturenames``: fixtures a plugin's mark or hook adds included); about 2x slower);
     ``screen``: run every test once per body 0..n-1 of a target file whose body dispatches
     on ``_cr_screen.BODY[0]`` (feature_deletion/screen.py; ``SuiteReport.screened``);
     ``call_deadline_s``: with ``served``, the longest wait for one answer of the served side
@@ -392,7 +395,7 @@ _PROBE_CODE = r"""
 import json as _json, os as _os, sys as _sys, threading as _threading
 
 _ROOT = _os.path.realpath(_os.getcwd()) + "/"
-_PROBE = {"current": "", "items": [], "edges": set(), "opens": {}}
+_PROBE = {"current": "", "items": [], "edges": set(), "opens": {}, "fixtures": {}}
 
 
 def _nearest(frame, _root=_ROOT):
@@ -462,6 +465,8 @@ def _probe_report(session):
         "python_files": list(session.config.getini("python_files")),
         "calls": {k: sorted(v) for k, v in calls.items()},
         "modules": modules,
+        "fixtures": {k: sorted({n for n in v if isinstance(n, str)} - {"request"})
+                     for k, v in _PROBE["fixtures"].items()},
         "exported": sorted(exported - {""}),
         "opens": {_rel(p): sorted({(_rel(w), t) for w, t in v})
                   for p, v in _PROBE["opens"].items()},

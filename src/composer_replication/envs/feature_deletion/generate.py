@@ -39,13 +39,15 @@ from composer_replication.envs.feature_deletion.grade import split_run
 from composer_replication.envs.feature_deletion.hidden import hide_tests, split_visible
 from composer_replication.envs.feature_deletion.screen import run_screen
 from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy
-from composer_replication.envs.feature_deletion.testcode import TestCode, classify
+from composer_replication.envs.feature_deletion.testcode import TestCode, classify, kept_fixtures
 from composer_replication.lm.models import write_atomic
 from composer_replication.sandbox.pytest_suite import SuiteReport, pytest_tools, run_suite
 from composer_replication.sandbox.sandbox import Sandbox
 
-GENERATOR_VERSION = 4
-"""4: a hidden test that a kept test calls or a class of the module inherits is visible (it
+GENERATOR_VERSION = 5
+"""5: the fixtures the kept tests got in the baseline run stay in the workspace (a plugin's
+mark requests one only hidden tests name), and a hidden test a class of another test module
+inherits is visible at generation as in the workspace; 4: a hidden test that a kept test calls or a class of the module inherits is visible (it
 stays in the workspace; a version-3 set listed it hidden); 3: test code from the suite's run (testcode.py), hidden tests out of the workspace
 (hidden.py), the triviality screen (screen.py); 2: only tasks split grading can grade."""
 TASK = "task"
@@ -300,7 +302,8 @@ def _task(source: SourceTree, cand: Candidate, run: dict, passing: list[str], cf
     failing = run["failing"]
     visible, hidden = split_visible(failing, cfg.visible_tests)
     _, unremovable = hide_tests(lambda rel: (source.root / rel).read_text(encoding="utf-8"),
-                                hidden)  # fmt: skip
+                                hidden, testcode.test_files,
+                                kept_fixtures(testcode.fixtures_by_test, hidden))  # fmt: skip
     visible, hidden = sorted({*visible, *unremovable}), sorted(set(hidden) - set(unremovable))
     data = [f for f, openers in testcode.data_by_test.items()
             if openers and set(openers) <= set(hidden)]  # fmt: skip
@@ -317,6 +320,7 @@ def _task(source: SourceTree, cand: Candidate, run: dict, passing: list[str], cf
         "screen": {body: len(tests) for body, tests in screen["bodies"].items()},
         "served": testcode.served,
         "test_files": testcode.test_files,
+        "kept_fixtures": kept_fixtures(testcode.fixtures_by_test, hidden),
         "passing_tests": sorted(set(passing) - set(failing)),
         "test_requirements": list(cfg.test_requirements),
         "suite_seconds": run["seconds"],
@@ -334,7 +338,8 @@ def load_tasks(task_dir: Path) -> list[dict]:
     if version != GENERATOR_VERSION:
         raise TaskSetError(
             f"{task_dir} was made by task generator version {version}, this is version "
-            f"{GENERATOR_VERSION} (version 4 shows a hidden test that a kept test calls or a "
+            f"{GENERATOR_VERSION} (version 5 keeps the fixtures the kept tests use in the "
+            "workspace; version 4 shows a hidden test that a kept test calls or a "
             "class inherits; version 3 decides test code from the suite's run, keeps "
             "hidden tests out of the workspace and drops deletions a trivial body passes): "
             "generate it again into another directory"

@@ -218,11 +218,13 @@ def _blank(lines: list[str], spans: list[tuple[int, int, int]]) -> list[str]:
 
 
 def hide_tests(
-    read, hidden: list[str], others: Iterable[str] = ()
+    read, hidden: list[str], others: Iterable[str] = (), keep: dict[str, list[str]] | None = None
 ) -> tuple[dict[str, str], list[str]]:
     """Per test file, its text without the hidden test functions; ``read(rel)`` gives a file's
     text. ``others`` (the task's ``test_files``) and the ``conftest.py`` files above a test
-    file are read for the names they reach, which stay in that file (:func:`hide_in_file`).
+    file are read for the names they reach, which stay in that file (:func:`hide_in_file`);
+    ``keep``: per file, names that stay too (the fixtures the tests staying there got in the
+    baseline run, testcode.kept_fixtures: a plugin's mark requests a fixture no file names).
     Returns ({file: new text}, hidden test ids that could not be removed)."""
     by_file: dict[str, set[str]] = {}
     for t in hidden:
@@ -232,6 +234,7 @@ def hide_tests(
     for file, defs in sorted(by_file.items()):
         try:
             elsewhere = _used_by(read, {*others, *_conftests_above(file)} - {file}, by_file)
+            elsewhere |= set((keep or {}).get(file, ()))
             new, lost = hide_in_file(read(file), sorted(defs), elsewhere)
         except (OSError, SyntaxError, ValueError):
             new, lost = None, sorted(defs)

@@ -54,6 +54,9 @@ class TestCode:
     """The files the submission's sandbox gets."""
     data_by_test: dict[str, list[str]] = field(default_factory=dict)
     """Test data file -> the test ids that opened it ('' for opens outside a test)."""
+    fixtures_by_test: dict[str, list[str]] = field(default_factory=dict)
+    """Test id -> the fixtures pytest set up for it (its closure, as collected: those a
+    plugin's mark or hook adds included, which no test file names)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,6 +64,23 @@ class TestCode:
     def is_test_file(self, rel: str) -> bool:
         """A test file, or any file under a directory holding collected test files."""
         return rel in self.test_files or _under(rel, self.test_dirs) or is_test_path(rel)
+
+
+def kept_fixtures(
+    fixtures_by_test: dict[str, list[str]], hidden: list[str]
+) -> dict[str, list[str]]:
+    """Per test file that loses hidden tests, the fixtures the tests staying in it get
+    (:attr:`TestCode.fixtures_by_test`): the workspace keeps their definitions though only
+    hidden tests name them (a module's ``anyio_backend`` override that a plugin's mark
+    requests for the kept tests; hidden.py cannot see plugins)."""
+    gone = set(hidden)
+    files = {t.partition("::")[0] for t in gone}
+    out: dict[str, set[str]] = {}
+    for test, names in fixtures_by_test.items():
+        file = test.partition("::")[0]
+        if file in files and test not in gone:
+            out.setdefault(file, set()).update(names)
+    return {f: sorted(v) for f, v in sorted(out.items())}
 
 
 def _under(rel: str, dirs: list[str]) -> bool:
@@ -111,8 +131,10 @@ def classify(root: Path, probe: str) -> TestCode:
         else:
             pkg_data.add(rel)
     test_data |= {f for f in files if _under(f, dirs) and not f.endswith(".py")}
+    fixtures = {t: [n for n in names if isinstance(n, str)]
+                for t, names in data.get("fixtures", {}).items() if isinstance(names, list)}  # fmt: skip
     return TestCode(sorted(tests), dirs, sorted(helpers), sorted(test_data),
-                    sorted(served_py | pkg_data), by_test)  # fmt: skip
+                    sorted(served_py | pkg_data), by_test, fixtures)  # fmt: skip
 
 
 def _file(key: str) -> str:

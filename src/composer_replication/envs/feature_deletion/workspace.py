@@ -46,7 +46,8 @@ def workspace_changes(source_root: Path, task: dict) -> tuple[dict[str, str], se
 
     root = Path(source_root)
     texts, _ = hide_tests(lambda rel: (root / rel).read_text(encoding="utf-8"),
-                          task.get("hidden_tests", []), task.get("test_files", ()))  # fmt: skip
+                          task.get("hidden_tests", []), task.get("test_files", ()),
+                          task.get("kept_fixtures", {}))  # fmt: skip
     texts[task["file"]] = task_state_text(source_root, task)
     return texts, set(task.get("hidden_data", []))
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 from support.fd_layouts import FEATURES, TEST_CODE, write_layout_repo
@@ -29,6 +31,7 @@ from composer_replication.envs.feature_deletion.workspace import (
     task_state_text,
     workspace_flags,
 )
+from composer_replication.sandbox.pytest_suite import run_suite
 from composer_replication.sandbox.sandbox import Sandbox
 
 
@@ -498,3 +501,82 @@ def test_hint_quotes_what_the_submission_wrote(layout, box):
             assert len(quoted[1]) <= 210
     assert "\nYou passed" not in v.feedback
     assert os.linesep not in shout
+
+
+PLUGGED = {
+    "calc.py": "import os\n\n\ndef scale(x):\n    return x * int(os.environ.get('CALC_FACTOR', '1'))\n",
+    "conftest.py": 'pytest_plugins = ["plug.hooks"]\n',
+    "plug/__init__.py": "",
+    # a plugin of the tree (no test file): a mark that requests a fixture by name, the way
+    # anyio's ``@pytest.mark.anyio`` requests ``anyio_backend``
+    "plug/hooks.py": """import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "tuned: runs with the module's tuning")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector, name, obj):
+    if any(m.name == "tuned" for m in getattr(obj, "pytestmark", [])):
+        pytest.mark.usefixtures("tuning")(obj)
+""",
+    "tests/__init__.py": "",
+    "tests/test_calc.py": """import pytest
+
+from calc import scale
+
+
+@pytest.fixture
+def tuning(monkeypatch):
+    monkeypatch.setenv("CALC_FACTOR", "3")
+    return 3
+
+
+@pytest.mark.tuned
+def test_kept():
+    assert scale(2) == 6
+
+
+def test_hidden(tuning):
+    assert scale(5) == 5 * tuning
+""",
+}
+
+
+def test_a_fixture_a_plugin_requests_for_the_kept_tests_stays(box, tmp_path):
+    """Pass 10's review left this open: a module's fixture that only hidden tests name went
+    from the workspace though a plugin's mark requests it for a kept test (the plugin is no
+    file the removal reads), so the kept test errored ("fixture 'tuning' not found"). The
+    baseline run now records each test's fixture closure, and the workspace keeps those."""
+    from composer_replication.envs.feature_deletion.testcode import classify, kept_fixtures
+    from composer_replication.sandbox.sandbox import bindable_dir
+
+    repo = Path(bindable_dir("cr-plugged-"))
+    try:
+        for rel, text in PLUGGED.items():
+            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+            (repo / rel).write_text(text)
+        rep = run_suite(box, str(repo), probe=True)
+        assert rep.ok and rep.passing() == {"tests/test_calc.py::test_kept",
+                                            "tests/test_calc.py::test_hidden"}  # fmt: skip
+        code = classify(repo, rep.probe)
+        assert "tuning" in code.fixtures_by_test["tests/test_calc.py::test_kept"]
+        hidden = ["tests/test_calc.py::test_hidden"]
+        keep = kept_fixtures(code.fixtures_by_test, hidden)
+        assert "tuning" in keep["tests/test_calc.py"]
+
+        def read(rel: str) -> str:
+            return (repo / rel).read_text()
+
+        blind, _ = hide_tests(read, hidden, code.test_files)  # what version 4 did
+        texts, missing = hide_tests(read, hidden, code.test_files, keep)
+        assert "def tuning" not in blind["tests/test_calc.py"]
+        out = texts["tests/test_calc.py"]
+        assert missing == [] and "def test_hidden" not in out and "def tuning" in out
+        for text, want in ((blind["tests/test_calc.py"], "error"), (out, "passed")):
+            (repo / "tests/test_calc.py").write_text(text)
+            got = run_suite(box, str(repo), ["tests/test_calc.py"])
+            assert got.outcomes == {"tests/test_calc.py::test_kept": want}
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
