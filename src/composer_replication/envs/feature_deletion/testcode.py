@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 from composer_replication.envs.feature_deletion.candidates import is_test_path
+from composer_replication.envs.feature_deletion.hidden import def_of_test
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,9 @@ class TestCode:
     data_by_test: dict[str, list[str]] = field(default_factory=dict)
     """Test data file -> the test ids that opened it ('' for opens outside a test)."""
     fixtures_by_test: dict[str, list[str]] = field(default_factory=dict)
-    """Test id -> the fixtures pytest set up for it (its closure, as collected: those a
-    plugin's mark or hook adds included, which no test file names)."""
+    """Test function (``file::Class::name``, parameters merged) -> the fixtures pytest set up
+    for it (its closure, as collected: those a plugin's mark or hook adds included, which no
+    test file names)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,7 +75,7 @@ def kept_fixtures(
     (:attr:`TestCode.fixtures_by_test`): the workspace keeps their definitions though only
     hidden tests name them (a module's ``anyio_backend`` override that a plugin's mark
     requests for the kept tests; hidden.py cannot see plugins)."""
-    gone = set(hidden)
+    gone = {def_of_test(t) for t in hidden}  # a function is hidden whole (hidden.py)
     files = {t.partition("::")[0] for t in gone}
     out: dict[str, set[str]] = {}
     for test, names in fixtures_by_test.items():
@@ -131,8 +133,13 @@ def classify(root: Path, probe: str) -> TestCode:
         else:
             pkg_data.add(rel)
     test_data |= {f for f in files if _under(f, dirs) and not f.endswith(".py")}
-    fixtures = {t: [n for n in names if isinstance(n, str)]
-                for t, names in data.get("fixtures", {}).items() if isinstance(names, list)}  # fmt: skip
+    merged: dict[str, set[str]] = {}
+    for test, names in data.get("fixtures", {}).items():
+        if isinstance(names, list):
+            merged.setdefault(def_of_test(test), set()).update(
+                n for n in names if isinstance(n, str)
+            )
+    fixtures = {d: sorted(v) for d, v in sorted(merged.items())}
     return TestCode(sorted(tests), dirs, sorted(helpers), sorted(test_data),
                     sorted(served_py | pkg_data), by_test, fixtures)  # fmt: skip
 

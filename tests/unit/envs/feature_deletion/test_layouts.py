@@ -534,8 +534,9 @@ def tuning(monkeypatch):
 
 
 @pytest.mark.tuned
-def test_kept():
-    assert scale(2) == 6
+@pytest.mark.parametrize("x", [2, 4])
+def test_kept(x):
+    assert scale(x) == 3 * x
 
 
 def test_hidden(tuning):
@@ -558,9 +559,10 @@ def test_a_fixture_a_plugin_requests_for_the_kept_tests_stays(box, tmp_path):
             (repo / rel).parent.mkdir(parents=True, exist_ok=True)
             (repo / rel).write_text(text)
         rep = run_suite(box, str(repo), probe=True)
-        assert rep.ok and rep.passing() == {"tests/test_calc.py::test_kept",
-                                            "tests/test_calc.py::test_hidden"}  # fmt: skip
-        code = classify(repo, rep.probe)
+        kept = {"tests/test_calc.py::test_kept[2]": "passed",
+                "tests/test_calc.py::test_kept[4]": "passed"}  # fmt: skip
+        assert rep.ok and rep.outcomes == {**kept, "tests/test_calc.py::test_hidden": "passed"}
+        code = classify(repo, rep.probe)  # recorded per test function, parameters merged
         assert "tuning" in code.fixtures_by_test["tests/test_calc.py::test_kept"]
         hidden = ["tests/test_calc.py::test_hidden"]
         keep = kept_fixtures(code.fixtures_by_test, hidden)
@@ -577,6 +579,6 @@ def test_a_fixture_a_plugin_requests_for_the_kept_tests_stays(box, tmp_path):
         for text, want in ((blind["tests/test_calc.py"], "error"), (out, "passed")):
             (repo / "tests/test_calc.py").write_text(text)
             got = run_suite(box, str(repo), ["tests/test_calc.py"])
-            assert got.outcomes == {"tests/test_calc.py::test_kept": want}
+            assert got.outcomes == {k: want for k in kept}
     finally:
         shutil.rmtree(repo, ignore_errors=True)
