@@ -58,7 +58,7 @@ def test_two_processes_all_channels_equal_weights(tmp_path):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]  # one writer
     for r in rows:
-        assert r["replay/num_pairs"] == 1.0  # 2 pairs a step, one per process
+        assert r["replay/num_pairs"] == 2.0  # the step's 2 pairs, one per process, summed
         assert r["replay/loss"] > 0 and r["sdpo/loss"] != 0
     assert json.loads((out / "checkpoint-2" / "channels.json").read_text()).keys() == {
         "sdpo", "replay"

@@ -83,6 +83,9 @@ class Channel(ABC):
     running_counters: ClassVar[tuple[str, ...]] = ()
     """Metric keys (``fnmatch`` patterns, without the prefix) that are running totals of this
     process (calls, tokens, cost so far): logged as their latest value, summed over processes."""
+    step_counts: ClassVar[tuple[str, ...]] = ("num_tokens", "num_pairs")
+    """Metric keys (patterns, without the prefix) that count things in a micro-batch (tokens,
+    pairs, rows): logged as the step's total, summed over its micro-batches and processes."""
     idle_hint: ClassVar[str] = ""
     """Why the channel may have had nothing to do, for the end-of-run report."""
 

@@ -28,7 +28,7 @@ checkpoints its own counters. Rows no teacher scored (no route, a failed call, t
 spent) are masked out and counted (``distill/unrouted_frac``, ``failed_frac``,
 ``over_budget_frac``); ``distill/active`` is 0 on a micro-batch with no scored token.
 Routing is visible per teacher: ``distill/teacher/<name>/rows`` (rows it scored in the
-micro-batch), ``.../failed_rows`` (rows it was asked for and could not score, also under
+step, over its micro-batches and processes), ``.../failed_rows`` (rows it was asked for and could not score, also under
 ``best`` when another teacher took the row), ``.../reverse_kl`` and its running ``requests``,
 ``scored_tokens`` and ``cost_usd``.
 """
@@ -84,6 +84,7 @@ class DistillChannel(Channel):
     name = "distill"
     needs_student_hidden = True
     running_counters = ("teacher/*/requests", "teacher/*/scored_tokens", "teacher/*/cost_usd")
+    step_counts = ("num_tokens", "teacher/*/rows", "teacher/*/failed_rows")
     idle_hint = (
         "No completion token was scored by a teacher: every row unrouted, every teacher call "
         "failed, or the budget was spent (see distill/unrouted_frac, failed_frac, over_budget_frac)."

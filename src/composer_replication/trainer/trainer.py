@@ -191,12 +191,19 @@ class ComposerReplicationTrainer(GRPOTrainer):
             for pattern in c.running_counters
         )
 
+    def _is_count(self, key: str) -> bool:
+        return any(
+            fnmatch.fnmatchcase(key, c.prefix + pattern)
+            for c in self.channels
+            for pattern in c.step_counts
+        )
+
     def _reduce_own_metrics(self, mode: str) -> None:
         from accelerate.utils import gather_object
 
         own = {k: v for k, v in self._metrics[mode].items() if k.split("/")[0] in self._prefixes()}
         per_rank = gather_object([own]) if self.accelerator.num_processes > 1 else [own]
-        merged = reduce_over_processes(per_rank, self._is_running)
+        merged = reduce_over_processes(per_rank, self._is_running, self._is_count)
         for key, value in merged.items():
             self._metrics[mode][key] = [value]
 
@@ -350,7 +357,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
         if self.policy_weight != 1.0:
             metrics.update({"policy/loss": unweighted, "policy/weight": self.policy_weight})
         for key, value in metrics.items():
-            self._metrics[mode][key].append(_logged(key, value, ctx.grad_accum))
+            self._metrics[mode][key].append(
+                _logged(key, value, ctx.grad_accum, self._is_count(key))
+            )
         return total
 
     # ---- rollouts: dynamic sampling, then each channel's batch preparation ------------------
@@ -456,12 +465,17 @@ def _find_graded_reward(reward_funcs, channels: Sequence[Channel]):
 
 
 def reduce_over_processes(
-    per_rank: Sequence[dict[str, list[float]]], running: Callable[[str], bool]
+    per_rank: Sequence[dict[str, list[float]]],
+    running: Callable[[str], bool],
+    counted: Callable[[str], bool] = lambda key: False,
 ) -> dict[str, float]:
     """One value per metric from every process's values since the last log: the mean over the
     processes of each one's mean, except a running counter (``running(key)``: a teacher's
     requests, scored tokens, cost so far), which is each process's latest value summed over the
-    processes (each counts only its own calls: the run's total is their sum)."""
+    processes (each counts only its own calls: the run's total is their sum), and a step count
+    (``counted(key)``: tokens, pairs, rows; each micro-batch's logged as the step's share,
+    :func:`_logged`), whose per-process mean (the step's count in that process) is summed
+    over the processes: the step's count."""
     merged: dict[str, list[float]] = {}
     for metrics in per_rank:
         for key, all_values in metrics.items():
@@ -469,16 +483,19 @@ def reduce_over_processes(
                 local = values[-1] if running(key) else sum(values) / len(values)
                 merged.setdefault(key, []).append(local)
     return {
-        key: sum(vals) if running(key) else sum(vals) / len(vals) for key, vals in merged.items()
+        key: sum(vals) if running(key) or counted(key) else sum(vals) / len(vals)
+        for key, vals in merged.items()
     }
 
 
-def _logged(key: str, value: Any, grad_accum: int) -> float:
+def _logged(key: str, value: Any, grad_accum: int, count: bool = False) -> float:
     """A micro-batch's metric as logged. A ``*/loss`` is this micro-batch's share of the step's
     loss (divided for gradient accumulation; the step's loss is the sum over its ``grad_accum``
     micro-batches) and TRL logs the mean over micro-batches, so it is logged times
-    ``grad_accum``: the mean is then the step's loss, as TRL's ``loss`` is."""
-    return float(value) * grad_accum if key.endswith("/loss") else float(value)
+    ``grad_accum``: the mean is then the step's loss, as TRL's ``loss`` is. A step ``count``
+    (a channel's ``step_counts``: tokens, pairs, rows of this micro-batch) likewise, so the mean
+    is the step's count in this process."""
+    return float(value) * grad_accum if key.endswith("/loss") or count else float(value)
 
 
 def _cycle_shuffled(dataset, seed: int) -> Iterator[dict[str, Any]]:

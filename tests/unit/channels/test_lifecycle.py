@@ -97,7 +97,7 @@ def test_replay_draws_pairs_per_optimizer_step(
     assert [n for n, _ in seen] == [1, 2, 1, 2]
     assert all(training for _, training in seen)
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert [r["replay/num_pairs"] for r in rows] == [1.5, 1.5]  # mean over the 2 micro-batches
+    assert [r["replay/num_pairs"] for r in rows] == [3.0, 3.0]  # the step's 3 pairs (2 + 1)
 
 
 def test_taid_schedule_gets_the_steps_token_weighted_objective(

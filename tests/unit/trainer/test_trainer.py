@@ -296,3 +296,31 @@ def test_running_counters_are_summed_over_processes_and_rates_averaged():
     # one process: the latest running value, the plain mean of the rest (NaN left out)
     alone = reduce_over_processes([{cost: [0.1, 0.3], kl: [1.0, float("nan"), 3.0]}], running)
     assert alone == pytest.approx({cost: 0.3, kl: 2.0})
+
+
+def test_step_counts_are_the_steps_totals_over_micro_batches_and_processes():
+    """``*/num_tokens`` and a teacher's ``rows`` were means over micro-batches and processes:
+    with 2 processes x 2 micro-batches of 10 tokens the step's 40 tokens read 10. Each
+    micro-batch's count is logged times ``grad_accum`` (as its loss share is), and the
+    processes' means are summed: 40."""
+    from composer_replication.channels.distill import DistillChannel
+    from composer_replication.trainer.trainer import _logged
+
+    tokens, rows, kl = "distill/num_tokens", "distill/teacher/t/rows", "distill/reverse_kl"
+
+    def counted(key):
+        return any(fnmatch.fnmatchcase(key, "distill/" + p) for p in DistillChannel.step_counts)
+
+    assert counted(tokens) and counted(rows) and not counted(kl)
+    per_rank = [
+        {k: [_logged(k, v, 2, counted(k)) for v in vals] for k, vals in rank.items()}
+        for rank in (
+            {tokens: [10.0, 10.0], rows: [3.0, 1.0], kl: [1.0, 3.0]},
+            {tokens: [12.0, 8.0], rows: [2.0, 2.0], kl: [2.0, 2.0]},
+        )
+    ]
+    merged = reduce_over_processes(per_rank, lambda key: False, counted)
+    assert merged == pytest.approx({tokens: 40.0, rows: 8.0, kl: 2.0})
+    # one process, one micro-batch a step, two steps since the last log: the mean step
+    alone = reduce_over_processes([{tokens: [10.0, 30.0]}], lambda key: False, counted)
+    assert alone == pytest.approx({tokens: 20.0})
