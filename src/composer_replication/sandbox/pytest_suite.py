@@ -122,6 +122,12 @@ class _Reporter:
     def pytest_runtest_teardown(self, item):
         if not self.intact(item):
             _emit("tampered", item.nodeid)
+        if _probe:  # what the test's request set up: getfixturevalue(name built at run time)
+            try:
+                names = list(getattr(getattr(item, "_request", None), "fixturenames", ()))
+            except Exception:
+                names = []
+            _PROBE["fixtures"].setdefault(item.nodeid, []).extend(names)
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -359,8 +365,9 @@ def run_suite(
     collected test files, loaded conftests, ``python_files``, the tree's modules imported,
     the names its packages export, every function of the tree with its callers (the nearest
     function of the tree up the stack, ``file::qualname``),
-    the files opened with the file and test that opened them, and each test's fixture closure
-    (``item.fixturenames``: fixtures a plugin's mark or hook adds included); about 2x slower);
+    the files opened with the file and test that opened them, and each test's fixtures
+    (``item.fixturenames``: those a plugin's mark or hook adds included, and what its request
+    set up, ``request.getfixturevalue`` of a name built at run time too); about 2x slower);
     ``screen``: run every test once per body 0..n-1 of a target file whose body dispatches
     on ``_cr_screen.BODY[0]`` (feature_deletion/screen.py; ``SuiteReport.screened``);
     ``call_deadline_s``: with ``served``, the longest wait for one answer of the served side

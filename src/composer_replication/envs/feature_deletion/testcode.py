@@ -58,7 +58,8 @@ class TestCode:
     fixtures_by_test: dict[str, list[str]] = field(default_factory=dict)
     """Test function (``file::Class::name``, parameters merged) -> the fixtures pytest set up
     for it (its closure, as collected: those a plugin's mark or hook adds included, which no
-    test file names)."""
+    test file names; and what its request set up, ``request.getfixturevalue`` of a name built
+    at run time too)."""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -582,3 +582,60 @@ def test_a_fixture_a_plugin_requests_for_the_kept_tests_stays(box, tmp_path):
             assert got.outcomes == {k: want for k in kept}
     finally:
         shutil.rmtree(repo, ignore_errors=True)
+
+
+DYNAMIC = {
+    "codecs_.py": "import json\n\n\ndef dumps(x):\n    return json.dumps(x)\n",
+    "tests/__init__.py": "",
+    "tests/test_codecs.py": """import json
+
+import pytest
+
+from codecs_ import dumps
+
+
+@pytest.fixture
+def json_codec():
+    return json
+
+
+@pytest.mark.parametrize("kind", ["json"])
+def test_kept(request, kind):
+    codec = request.getfixturevalue(kind + "_codec")  # a name built at run time
+    assert codec.loads(dumps([1])) == [1]
+
+
+def test_hidden(json_codec):
+    assert json_codec.loads(dumps([2])) == [2]
+""",
+}
+
+
+def test_a_fixture_a_kept_test_requests_at_run_time_stays(box, tmp_path):
+    """Review 22: ``request.getfixturevalue(name)`` with a name built at run time is in no
+    test's collected closure (``item.fixturenames``) and in no file's text, so the fixture
+    only the hidden test names went from the workspace and the kept test errored ("fixture
+    'json_codec' not found"). The probe now also records what each test's request set up."""
+    from composer_replication.envs.feature_deletion.testcode import classify, kept_fixtures
+    from composer_replication.sandbox.sandbox import bindable_dir
+
+    repo = Path(bindable_dir("cr-dynamic-"))
+    try:
+        for rel, text in DYNAMIC.items():
+            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+            (repo / rel).write_text(text)
+        rep = run_suite(box, str(repo), probe=True)
+        kept = {"tests/test_codecs.py::test_kept[json]": "passed"}
+        assert rep.ok and rep.outcomes == {**kept, "tests/test_codecs.py::test_hidden": "passed"}
+        code = classify(repo, rep.probe)
+        hidden = ["tests/test_codecs.py::test_hidden"]
+        keep = kept_fixtures(code.fixtures_by_test, hidden)
+        assert "json_codec" in keep["tests/test_codecs.py"]
+        texts, missing = hide_tests(lambda rel: (repo / rel).read_text(), hidden,
+                                    code.test_files, keep)  # fmt: skip
+        out = texts["tests/test_codecs.py"]
+        assert missing == [] and "def test_hidden" not in out and "def json_codec" in out
+        (repo / "tests/test_codecs.py").write_text(out)
+        assert run_suite(box, str(repo), ["tests/test_codecs.py"]).outcomes == kept
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
