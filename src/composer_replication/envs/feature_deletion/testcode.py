@@ -134,8 +134,11 @@ def classify(root: Path, probe: str) -> TestCode:
         else:
             pkg_data.add(rel)
     test_data |= {f for f in files if _under(f, dirs) and not f.endswith(".py")}
+    closures = data.get("closures", [])  # the probe names each distinct closure once
     merged: dict[str, set[str]] = {}
     for test, names in data.get("fixtures", {}).items():
+        if type(names) is int and 0 <= names < len(closures):
+            names = closures[names]
         if isinstance(names, list):
             merged.setdefault(def_of_test(test), set()).update(
                 n for n in names if isinstance(n, str)

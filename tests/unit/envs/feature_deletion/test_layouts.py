@@ -639,3 +639,36 @@ def test_a_fixture_a_kept_test_requests_at_run_time_stays(box, tmp_path):
         assert run_suite(box, str(repo), ["tests/test_codecs.py"]).outcomes == kept
     finally:
         shutil.rmtree(repo, ignore_errors=True)
+
+
+def test_the_probe_of_a_large_suite_stays_within_the_output_cap(box):
+    """Review 22: the probe sent every test id's fixture closure, so a parametrized suite
+    whose tests get many fixtures (autouse ones of a conftest or a plugin) wrote more than
+    the sandbox's 4 MiB of output and the baseline run did not finish (1,200 ids x 80
+    fixtures: ~5 MB). Now one entry per test function, each distinct closure sent once."""
+    from composer_replication.envs.feature_deletion.testcode import classify
+    from composer_replication.sandbox.sandbox import bindable_dir
+
+    names = [f"an_autouse_fixture_of_the_suite_with_a_long_name_{i:03d}" for i in range(80)]
+    conftest = "import pytest\n" + "".join(
+        f"\n\n@pytest.fixture(scope='session', autouse=True)\ndef {n}():\n    return 1\n"
+        for n in names
+    )
+    repo = Path(bindable_dir("cr-large-"))
+    try:
+        (repo / "tests").mkdir()
+        (repo / "tests/conftest.py").write_text(conftest)
+        (repo / "tests/test_many.py").write_text(
+            "import pytest\n\n\n@pytest.mark.parametrize('i', range(1200))\n"
+            "def test_p(i):\n    assert i >= 0\n\n\ndef test_q():\n    pass\n"
+        )
+        rep = run_suite(box, str(repo), probe=True)
+        assert rep.ok and len(rep.passing()) == 1201
+        assert len(rep.probe) < 100_000
+        code = classify(repo, rep.probe)
+        assert code.fixtures_by_test == {
+            "tests/test_many.py::test_p": sorted([*names, "i"]),
+            "tests/test_many.py::test_q": sorted(names),
+        }
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
