@@ -231,9 +231,18 @@ def hide_tests(
         file, _, rest = def_of_test(t).partition("::")
         by_file.setdefault(file, set()).add(rest)
     texts, missing = {}, []
+    names: dict[str, set[str]] = {}  # each other file's names, read once for every file
+
+    def reached(rel: str) -> set[str]:
+        if rel not in names:
+            names[rel] = _used_by(read, [rel], by_file)
+        return names[rel]
+
     for file, defs in sorted(by_file.items()):
         try:
-            elsewhere = _used_by(read, {*others, *_conftests_above(file)} - {file}, by_file)
+            elsewhere = set().union(
+                *(reached(rel) for rel in sorted({*others, *_conftests_above(file)} - {file}))
+            )
             elsewhere |= set((keep or {}).get(file, ()))
             new, lost = hide_in_file(read(file), sorted(defs), elsewhere)
         except (OSError, SyntaxError, ValueError):
