@@ -75,14 +75,22 @@ def kept_fixtures(
     """Per test file that loses hidden tests, the fixtures the tests staying in it get
     (:attr:`TestCode.fixtures_by_test`): the workspace keeps their definitions though only
     hidden tests name them (a module's ``anyio_backend`` override that a plugin's mark
-    requests for the kept tests; hidden.py cannot see plugins)."""
+    requests for the kept tests; hidden.py cannot see plugins). Also per top-level class
+    that loses one (``file::Class``, possibly empty), those its staying tests get: a fixture
+    of a class stays for them, not for another class's test of a fixture of the same name."""
     gone = {def_of_test(t) for t in hidden}  # a function is hidden whole (hidden.py)
     files = {t.partition("::")[0] for t in gone}
     out: dict[str, set[str]] = {}
+    for t in gone:
+        file, _, rest = t.partition("::")
+        if "::" in rest:
+            out.setdefault(f"{file}::{rest.partition('::')[0]}", set())
     for test, names in fixtures_by_test.items():
-        file = test.partition("::")[0]
+        file, _, rest = test.partition("::")
         if file in files and test not in gone:
             out.setdefault(file, set()).update(names)
+            if "::" in rest:
+                out.setdefault(f"{file}::{rest.partition('::')[0]}", set()).update(names)
     return {f: sorted(v) for f, v in sorted(out.items())}
 
 
