@@ -446,10 +446,19 @@ class CodexTools(WorkspaceTools):
         """
         try:
             changes = apply_patch(str(input), self._patch_read)
+            seen: set[Path] = set()
             for c in changes:
+                mine = set()
                 for p in (c.path, c.move_to):
-                    if p is not None and isinstance(self._resolve(p), str):
-                        raise PatchError(str(self._resolve(p)))
+                    target = self._resolve(p) if p is not None else None
+                    if isinstance(target, str):
+                        raise PatchError(target)
+                    if target is not None:
+                        mine.add(target)
+                if mine & seen:  # each section is built from the file on disk: one would be lost
+                    raise PatchError(f"Invalid patch: {self._shown(min(mine & seen))} is changed "
+                                     "more than once; change each file in one section")  # fmt: skip
+                seen |= mine
             data = self._check_writes([c.text for c in changes if c.op != "D"])
             self._apply_all(changes, iter(data))
         except PatchError as e:

@@ -243,3 +243,24 @@ def test_a_failed_patch_keeps_a_moved_files_mode(codex):
         assert (ws / "run.sh").stat().st_mode & 0o777 == 0o755
     finally:
         tools._close()
+
+
+def test_a_patch_changing_one_file_twice_does_not_drop_a_change(codex):
+    """Review 22: each section is parsed against the files on disk, so a second ``Update
+    File`` of the same file (or of it under another name, ``/repo/x`` or ``./x``) was built
+    from the old text and wrote over the first: ``Success.`` though the first change was
+    lost. A patch that changes a file twice is now refused, and nothing is written."""
+    tools = _tools(codex)
+    try:
+        ws = tools.workspace
+        (ws / "two.txt").write_text("a\nb\n")
+        for second in ("two.txt", "/repo/two.txt", "./two.txt"):
+            patch = (
+                "*** Begin Patch\n*** Update File: two.txt\n@@\n-a\n+A\n"
+                f"*** Update File: {second}\n@@\n-b\n+B\n*** End Patch"
+            )
+            out = tools.apply_patch(patch)
+            text = (ws / "two.txt").read_text()
+            assert text == "A\nB\n" or (text == "a\nb\n" and "more than once" in out), (out, text)
+    finally:
+        tools._close()
