@@ -27,6 +27,7 @@ in the trainer's process (a policy-written pattern can backtrack for days).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -445,10 +446,19 @@ class CodexTools(WorkspaceTools):
         """
         try:
             changes = apply_patch(str(input), self._patch_read)
+            seen: set[Path] = set()
             for c in changes:
+                mine = set()
                 for p in (c.path, c.move_to):
-                    if p is not None and isinstance(self._resolve(p), str):
-                        raise PatchError(str(self._resolve(p)))
+                    target = self._resolve(p) if p is not None else None
+                    if isinstance(target, str):
+                        raise PatchError(target)
+                    if target is not None:
+                        mine.add(target)
+                if mine & seen:  # each section is built from the file on disk: one would be lost
+                    raise PatchError(f"Invalid patch: {self._shown(min(mine & seen))} is changed "
+                                     "more than once; change each file in one section")  # fmt: skip
+                seen |= mine
             data = self._check_writes([c.text for c in changes if c.op != "D"])
             self._apply_all(changes, iter(data))
         except PatchError as e:
@@ -463,8 +473,11 @@ class CodexTools(WorkspaceTools):
         """Write a checked patch's files (``data``: their encoded texts in order), all or
         none: if the filesystem refuses one midway (a directory where a file goes, a full
         disk), the files already changed get their old bytes back and the error is raised."""
+        root = self.workspace.resolve()
         touched = {self._resolve(p) for c in changes for p in (c.path, c.move_to) if p}
-        saved = {t: (t.read_bytes() if t.is_file() else None) for t in touched}
+        saved = {t: _saved(t) for t in touched}
+        # directories the writes may make (a deleted file's path included: notes.txt/x.py)
+        made = {d for t in touched for d in t.parents if root in d.parents and not d.is_dir()}
         try:
             for c in changes:
                 target = self._resolve(c.path)
@@ -476,8 +489,7 @@ class CodexTools(WorkspaceTools):
                     if err := self._write(dest, next(data)):
                         raise PatchError(err)
         except (OSError, PatchError):
-            for target, old in saved.items():
-                _restore(target, old)
+            _roll_back(saved, made)
             raise
 
     def _check_writes(self, texts: list[str]) -> list[bytes]:
@@ -502,18 +514,31 @@ class CodexTools(WorkspaceTools):
         return target.read_text(encoding="utf-8", errors="replace")
 
 
-def _restore(target: Path, old: bytes | None) -> None:
-    """Put back a file's bytes from before a patch (None: it did not exist); best effort, as
-    the filesystem that failed the patch may fail this too."""
-    try:
-        if old is None:
-            if target.is_file() or target.is_symlink():
+def _saved(target: Path) -> tuple[bytes, int] | None:
+    """A file's bytes and permission bits before a patch (None: no file there)."""
+    if not target.is_file():
+        return None
+    return target.read_bytes(), target.stat().st_mode & 0o7777
+
+
+def _roll_back(saved: dict[Path, tuple[bytes, int] | None], made: set[Path]) -> None:
+    """Put the files a failed patch touched back as they were (``saved``, :func:`_saved`):
+    the files it created go, then the directories it made (``made``, deepest first, only if
+    empty: one where a deleted file was), then the old files get their bytes and mode back.
+    Best effort, as the filesystem that failed the patch may fail this too."""
+    for target, old in saved.items():
+        if old is None and (target.is_file() or target.is_symlink()):
+            with contextlib.suppress(OSError):
                 target.unlink()
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(old)
-    except OSError:
-        pass
+    for d in sorted(made, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    for target, old in saved.items():
+        if old is not None:
+            with contextlib.suppress(OSError):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(old[0])
+                target.chmod(old[1])
 
 
 def _codex_answer(output: str, code: int, seconds: float, limit: int | None = None) -> str:

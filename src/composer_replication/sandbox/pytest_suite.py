@@ -122,6 +122,12 @@ class _Reporter:
     def pytest_runtest_teardown(self, item):
         if not self.intact(item):
             _emit("tampered", item.nodeid)
+        if _probe:  # what the test's request set up: getfixturevalue(name built at run time)
+            try:
+                names = list(getattr(getattr(item, "_request", None), "fixturenames", ()))
+            except Exception:
+                names = []
+            _PROBE["fixtures"].setdefault(item.nodeid, []).extend(names)
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -359,8 +365,9 @@ def run_suite(
     collected test files, loaded conftests, ``python_files``, the tree's modules imported,
     the names its packages export, every function of the tree with its callers (the nearest
     function of the tree up the stack, ``file::qualname``),
-    the files opened with the file and test that opened them, and each test's fixture closure
-    (``item.fixturenames``: fixtures a plugin's mark or hook adds included); about 2x slower);
+    the files opened with the file and test that opened them, and each test's fixtures
+    (``item.fixturenames``: those a plugin's mark or hook adds included, and what its request
+    set up, ``request.getfixturevalue`` of a name built at run time too); about 2x slower);
     ``screen``: run every test once per body 0..n-1 of a target file whose body dispatches
     on ``_cr_screen.BODY[0]`` (feature_deletion/screen.py; ``SuiteReport.screened``);
     ``call_deadline_s``: with ``served``, the longest wait for one answer of the served side
@@ -392,7 +399,7 @@ def _runner(tools: str, repo: str, tests, extra, forward, probe=False, screen=0)
 
 
 _PROBE_CODE = r"""
-import json as _json, os as _os, sys as _sys, threading as _threading
+import json as _json, os as _os, re as _re, sys as _sys, threading as _threading
 
 _ROOT = _os.path.realpath(_os.getcwd()) + "/"
 _PROBE = {"current": "", "items": [], "edges": set(), "opens": {}, "fixtures": {}}
@@ -459,14 +466,24 @@ def _probe_report(session):
     conftests = sorted({_rel(_os.path.realpath(p.__file__))
                         for p in session.config.pluginmanager.get_plugins()
                         if str(getattr(p, "__file__", "")).endswith("conftest.py")} - {""})
+    merged = {}  # per test function (parameters merged), each distinct closure once: the
+    for k, v in _PROBE["fixtures"].items():  # frame stays small for a large suite
+        merged.setdefault(_re.sub(r"\[.*\]$", "", k, flags=_re.S), set()).update(
+            n for n in v if isinstance(n, str))
+    closures, index, by_def = [], {}, {}
+    for k, v in sorted(merged.items()):
+        names = tuple(sorted(v - {"request"}))
+        by_def[k] = index.setdefault(names, len(closures))
+        if by_def[k] == len(closures):
+            closures.append(list(names))
     return _json.dumps({
         "items": sorted({_rel(_os.path.realpath(p)) for p in _PROBE["items"]} - {""}),
         "conftests": conftests,
         "python_files": list(session.config.getini("python_files")),
         "calls": {k: sorted(v) for k, v in calls.items()},
         "modules": modules,
-        "fixtures": {k: sorted({n for n in v if isinstance(n, str)} - {"request"})
-                     for k, v in _PROBE["fixtures"].items()},
+        "fixtures": by_def,
+        "closures": closures,
         "exported": sorted(exported - {""}),
         "opens": {_rel(p): sorted({(_rel(w), t) for w, t in v})
                   for p, v in _PROBE["opens"].items()},

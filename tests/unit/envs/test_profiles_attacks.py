@@ -189,3 +189,78 @@ def test_edit_is_refused_before_building_when_the_episode_cap_would_pass(claude)
         assert (tools.workspace / "notes.txt").stat().st_size == 1000
     finally:
         tools._close()
+
+
+def test_a_failed_patch_that_put_a_directory_where_a_file_was_gets_the_file_back(codex):
+    """Review 22: a patch that deletes ``notes.txt`` and adds ``notes.txt/x.py`` (allowed: the
+    parser reads the files as they are) and then fails left a directory where the file was:
+    the rollback wrote the old bytes onto that directory, which failed silently, so the file
+    was lost though the patch answered that it changed nothing."""
+    tools = _tools(codex)
+    try:
+        ws = tools.workspace
+        (ws / "notes.txt").write_text("keep me\n")
+        (ws / "blocker").write_text("a file, not a directory\n")
+        patch = (
+            "*** Begin Patch\n*** Delete File: notes.txt\n*** Add File: notes.txt/x.py\n+x = 1\n"
+            "*** Add File: blocker/inside.txt\n+x\n*** End Patch"
+        )
+        out = tools.apply_patch(patch)
+        assert out.startswith("apply_patch failed"), out
+        assert (ws / "notes.txt").is_file() and (ws / "notes.txt").read_text() == "keep me\n"
+    finally:
+        tools._close()
+
+
+def test_a_failed_patch_leaves_no_directory_it_made(codex):
+    tools = _tools(codex)
+    try:
+        ws = tools.workspace
+        (ws / "blocker").write_text("a file, not a directory\n")
+        patch = (
+            "*** Begin Patch\n*** Add File: fresh/deep/a.py\n+a = 1\n"
+            "*** Add File: blocker/inside.txt\n+x\n*** End Patch"
+        )
+        assert tools.apply_patch(patch).startswith("apply_patch failed")
+        assert not (ws / "fresh").exists()
+    finally:
+        tools._close()
+
+
+def test_a_failed_patch_keeps_a_moved_files_mode(codex):
+    tools = _tools(codex)
+    try:
+        ws = tools.workspace
+        (ws / "run.sh").write_text("echo a\n")
+        (ws / "run.sh").chmod(0o755)
+        (ws / "blocker").write_text("a file, not a directory\n")
+        patch = (
+            "*** Begin Patch\n*** Update File: run.sh\n*** Move to: go.sh\n@@\n-echo a\n+echo b\n"
+            "*** Add File: blocker/inside.txt\n+x\n*** End Patch"
+        )
+        assert tools.apply_patch(patch).startswith("apply_patch failed")
+        assert (ws / "run.sh").read_text() == "echo a\n" and not (ws / "go.sh").exists()
+        assert (ws / "run.sh").stat().st_mode & 0o777 == 0o755
+    finally:
+        tools._close()
+
+
+def test_a_patch_changing_one_file_twice_does_not_drop_a_change(codex):
+    """Review 22: each section is parsed against the files on disk, so a second ``Update
+    File`` of the same file (or of it under another name, ``/repo/x`` or ``./x``) was built
+    from the old text and wrote over the first: ``Success.`` though the first change was
+    lost. A patch that changes a file twice is now refused, and nothing is written."""
+    tools = _tools(codex)
+    try:
+        ws = tools.workspace
+        (ws / "two.txt").write_text("a\nb\n")
+        for second in ("two.txt", "/repo/two.txt", "./two.txt"):
+            patch = (
+                "*** Begin Patch\n*** Update File: two.txt\n@@\n-a\n+A\n"
+                f"*** Update File: {second}\n@@\n-b\n+B\n*** End Patch"
+            )
+            out = tools.apply_patch(patch)
+            text = (ws / "two.txt").read_text()
+            assert text == "A\nB\n" or (text == "a\nb\n" and "more than once" in out), (out, text)
+    finally:
+        tools._close()

@@ -354,6 +354,10 @@ def load_tasks(task_dir: Path) -> list[dict]:
 TASK_FIELDS: dict[str, type] = {"task_id": str, "symbol": str, "file": str, "failing_tests": list,
                                 "visible_tests": list, "passing_tests": list, "served": list}  # fmt: skip
 """The fields of a task record that building the environment, its tools and grading read."""
+OPTIONAL_TASK_FIELDS: dict[str, type] = {"hidden_tests": list, "test_files": list,
+                                         "hidden_data": list, "kept_fixtures": dict}  # fmt: skip
+"""Fields the workspace reads where a task has them (of this type, else the record is refused:
+a ``kept_fixtures`` list raised AttributeError at every reset)."""
 
 
 def _task_record(line: bytes, where: str) -> dict:
@@ -369,6 +373,10 @@ def _task_record(line: bytes, where: str) -> dict:
         if key not in record:
             raise TaskSetError(f"{where}: not a task: missing field {key!r}")
         if not isinstance(record[key], kind):
+            raise TaskSetError(f"{where}: not a task: field {key!r} must be a {kind.__name__}, "
+                               f"got {type(record[key]).__name__}")  # fmt: skip
+    for key, kind in OPTIONAL_TASK_FIELDS.items():
+        if key in record and not isinstance(record[key], kind):
             raise TaskSetError(f"{where}: not a task: field {key!r} must be a {kind.__name__}, "
                                f"got {type(record[key]).__name__}")  # fmt: skip
     return record

@@ -65,7 +65,11 @@ def _names_loaded(tree: ast.AST) -> set[str]:
 
 
 def hide_in_file(
-    text: str, defs: Iterable[str], used_elsewhere: Iterable[str] = ()
+    text: str,
+    defs: Iterable[str],
+    used_elsewhere: Iterable[str] = (),
+    keep: Iterable[str] = (),
+    class_keep: dict[str, set[str]] | None = None,
 ) -> tuple[str, list[str]]:
     """``text`` (a test module) without the test functions ``defs`` (``Class::name`` or
     ``name``) and what only they used: module-level assignments, helper functions and
@@ -76,7 +80,12 @@ def hide_in_file(
     ``used_elsewhere``: names other files reach (:func:`_names_used` of a conftest whose
     fixture requests this module's override, of a module subclassing a class here): they
     stay. Never removed either: what pytest or unittest call by name (``setUp``,
-    ``setup_method``, ``pytestmark``, dunders), since they run for the tests that stay."""
+    ``setup_method``, ``pytestmark``, dunders), since they run for the tests that stay.
+    ``keep``: fixture names the tests staying in the file got in the baseline run (they stay);
+    ``class_keep``: the same per top-level class (testcode.kept_fixtures): when given, a
+    fixture of a class stays only if the class, its bases or subclasses, the module's code
+    outside the other classes or another file reach it (another class's fixture of the same
+    name, ``cases``, would keep the hidden test's expected values)."""
     tree = pyast.parse(text)
     lines = text.splitlines()
     missing, found = [], {}
@@ -86,7 +95,7 @@ def hide_in_file(
             missing.append(d)
         else:
             found[d] = node
-    inherited, elsewhere = _inherited(tree), set(used_elsewhere)
+    inherited, elsewhere = _inherited(tree), set(used_elsewhere) | set(keep)
     while True:  # a test that a test staying calls (toolz: test_is_partial calls test_is_valid)
         spans = [(_first_line(n), n.end_lineno or n.lineno, n.col_offset) for n in found.values()]
         out = _blank(lines, spans)
@@ -108,17 +117,54 @@ def hide_in_file(
         kept = pyast.parse("\n".join(out))
         used = _names_used(kept, loads_only=True) | elsewhere
         extra = []
-        scopes = [(kept.body, False)] + [(n.body, True) for n in kept.body
-                                         if isinstance(n, ast.ClassDef) and n.name in owners]  # fmt: skip
-        for node, in_class in ((n, c) for scope, c in scopes for n in scope):
-            names = {n for n in _assigned(node) | _helper_name(node, in_class) if not _implicit(n)}
-            if names and names & used_by_removed and not names & used:
+        scopes = [(kept.body, None)] + [(n.body, n.name) for n in kept.body
+                                        if isinstance(n, ast.ClassDef) and n.name in owners]  # fmt: skip
+        for node, cls in ((n, c) for scope, c in scopes for n in scope):
+            names = {n for n in _assigned(node) | _helper_name(node, cls is not None)
+                     if not _implicit(n)}  # fmt: skip
+            reach = used
+            if cls is not None and class_keep is not None and _is_fixture(node):
+                reach = _class_reach(kept, cls, set(used_elsewhere), class_keep)
+            if names and names & used_by_removed and not names & reach:
                 extra.append((_first_line(node), node.end_lineno or node.lineno, node.col_offset))
                 used_by_removed |= _names_used(node)
         if not extra:
             break
         out = _blank(out, extra)
     return "\n".join(out) + ("\n" if text.endswith("\n") else ""), missing
+
+
+def _is_fixture(node: ast.stmt) -> bool:
+    return any("fixture" in _names_loaded(d) for d in getattr(node, "decorator_list", []))
+
+
+def _class_reach(
+    tree: ast.Module, cls: str, elsewhere: set[str], class_keep: dict[str, set[str]]
+) -> set[str]:
+    """The names that may request a fixture of the top-level class ``cls``: the module's code
+    but the bodies of unrelated classes (a fixture of a class serves the tests of the class,
+    of its bases' tests it inherits and of its subclasses) and the module's fixtures (one
+    requesting ``cases`` gets this class's only for a test of the class, whose closure then
+    holds it), the other files' names, and the fixtures the kept tests of those classes got
+    (``class_keep``: each test's whole closure)."""
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    bases = {c: {b.id for b in n.bases if isinstance(b, ast.Name) and b.id in classes}
+             for c, n in classes.items()}  # fmt: skip
+    related = {cls}
+    for step in (lambda c: bases[c], lambda c: {s for s, b in bases.items() if c in b}):
+        todo = [cls]
+        while todo:  # ancestors, then descendants
+            more = step(todo.pop()) - related
+            related |= more
+            todo += more
+    out = set(elsewhere)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name not in related or _is_fixture(node):
+            continue
+        out |= _names_used(node, loads_only=True)
+    for c in related:
+        out |= class_keep.get(c, set())
+    return out
 
 
 def _inherited(tree: ast.Module) -> set[str]:
@@ -224,18 +270,31 @@ def hide_tests(
     text. ``others`` (the task's ``test_files``) and the ``conftest.py`` files above a test
     file are read for the names they reach, which stay in that file (:func:`hide_in_file`);
     ``keep``: per file, names that stay too (the fixtures the tests staying there got in the
-    baseline run, testcode.kept_fixtures: a plugin's mark requests a fixture no file names).
+    baseline run, testcode.kept_fixtures: a plugin's mark requests a fixture no file names),
+    and per ``file::Class`` those of the class's staying tests (a class's fixtures then stay
+    only for the tests that can get them; a set without these keys keeps them by name).
     Returns ({file: new text}, hidden test ids that could not be removed)."""
     by_file: dict[str, set[str]] = {}
     for t in hidden:
         file, _, rest = def_of_test(t).partition("::")
         by_file.setdefault(file, set()).add(rest)
     texts, missing = {}, []
+    names: dict[str, set[str]] = {}  # each other file's names, read once for every file
+
+    def reached(rel: str) -> set[str]:
+        if rel not in names:
+            names[rel] = _used_by(read, [rel], by_file)
+        return names[rel]
+
     for file, defs in sorted(by_file.items()):
         try:
-            elsewhere = _used_by(read, {*others, *_conftests_above(file)} - {file}, by_file)
-            elsewhere |= set((keep or {}).get(file, ()))
-            new, lost = hide_in_file(read(file), sorted(defs), elsewhere)
+            elsewhere = set().union(
+                *(reached(rel) for rel in sorted({*others, *_conftests_above(file)} - {file}))
+            )
+            scoped = {k[len(file) + 2 :]: set(v) for k, v in (keep or {}).items()
+                      if k.startswith(file + "::")}  # fmt: skip
+            new, lost = hide_in_file(read(file), sorted(defs), elsewhere,
+                                     (keep or {}).get(file, ()), scoped or None)  # fmt: skip
         except (OSError, SyntaxError, ValueError):
             new, lost = None, sorted(defs)
         if new is not None:

@@ -58,7 +58,8 @@ class TestCode:
     fixtures_by_test: dict[str, list[str]] = field(default_factory=dict)
     """Test function (``file::Class::name``, parameters merged) -> the fixtures pytest set up
     for it (its closure, as collected: those a plugin's mark or hook adds included, which no
-    test file names)."""
+    test file names; and what its request set up, ``request.getfixturevalue`` of a name built
+    at run time too)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,14 +75,22 @@ def kept_fixtures(
     """Per test file that loses hidden tests, the fixtures the tests staying in it get
     (:attr:`TestCode.fixtures_by_test`): the workspace keeps their definitions though only
     hidden tests name them (a module's ``anyio_backend`` override that a plugin's mark
-    requests for the kept tests; hidden.py cannot see plugins)."""
+    requests for the kept tests; hidden.py cannot see plugins). Also per top-level class
+    that loses one (``file::Class``, possibly empty), those its staying tests get: a fixture
+    of a class stays for them, not for another class's test of a fixture of the same name."""
     gone = {def_of_test(t) for t in hidden}  # a function is hidden whole (hidden.py)
     files = {t.partition("::")[0] for t in gone}
     out: dict[str, set[str]] = {}
+    for t in gone:
+        file, _, rest = t.partition("::")
+        if "::" in rest:
+            out.setdefault(f"{file}::{rest.partition('::')[0]}", set())
     for test, names in fixtures_by_test.items():
-        file = test.partition("::")[0]
+        file, _, rest = test.partition("::")
         if file in files and test not in gone:
             out.setdefault(file, set()).update(names)
+            if "::" in rest:
+                out.setdefault(f"{file}::{rest.partition('::')[0]}", set()).update(names)
     return {f: sorted(v) for f, v in sorted(out.items())}
 
 
@@ -133,8 +142,11 @@ def classify(root: Path, probe: str) -> TestCode:
         else:
             pkg_data.add(rel)
     test_data |= {f for f in files if _under(f, dirs) and not f.endswith(".py")}
+    closures = data.get("closures", [])  # the probe names each distinct closure once
     merged: dict[str, set[str]] = {}
     for test, names in data.get("fixtures", {}).items():
+        if type(names) is int and 0 <= names < len(closures):
+            names = closures[names]
         if isinstance(names, list):
             merged.setdefault(def_of_test(test), set()).update(
                 n for n in names if isinstance(n, str)

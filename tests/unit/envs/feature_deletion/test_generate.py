@@ -181,6 +181,8 @@ def _task_row(**changes) -> dict:
         (json.dumps(_task_row(visible_tests="a")).encode(),
          ":2: not a task: field 'visible_tests' must be a list, got str"),
         (b'{"task_id": "\xff"}', ":2: not JSON ("),
+        (json.dumps(_task_row(kept_fixtures=["x"])).encode(),
+         ":2: not a task: field 'kept_fixtures' must be a dict, got list"),
     ],
 )  # fmt: skip
 def test_a_task_line_of_the_wrong_shape_names_its_line_and_field(tmp_path, line, problem):
