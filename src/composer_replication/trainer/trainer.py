@@ -203,7 +203,10 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
         own = {k: v for k, v in self._metrics[mode].items() if k.split("/")[0] in self._prefixes()}
         per_rank = gather_object([own]) if self.accelerator.num_processes > 1 else [own]
-        merged = reduce_over_processes(per_rank, self._is_running, self._is_count)
+        # a step's counts add up over the processes in training; in evaluation each process
+        # may score the same fixed items (replay's eval pairs), so their means are kept
+        counted = self._is_count if mode == "train" else (lambda key: False)
+        merged = reduce_over_processes(per_rank, self._is_running, counted)
         for key, value in merged.items():
             self._metrics[mode][key] = [value]
 

@@ -324,3 +324,25 @@ def test_step_counts_are_the_steps_totals_over_micro_batches_and_processes():
     # one process, one micro-batch a step, two steps since the last log: the mean step
     alone = reduce_over_processes([{tokens: [10.0, 30.0]}], lambda key: False, counted)
     assert alone == pytest.approx({tokens: 20.0})
+
+
+def test_counts_add_up_over_processes_in_training_only(monkeypatch):
+    """Review 22: in evaluation every process scores the same fixed replay pairs, so a sum over
+    2 processes read twice the pairs evaluated; evaluation keeps the mean."""
+    import types
+
+    import accelerate.utils
+
+    from composer_replication.trainer.trainer import ComposerReplicationTrainer
+
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda objs: objs * 2)
+    for mode, want in (("train", 8.0), ("eval", 4.0)):
+        stub = types.SimpleNamespace(
+            _metrics={mode: {"replay/num_pairs": [4.0], "replay/accuracy": [0.5]}},
+            accelerator=types.SimpleNamespace(num_processes=2),
+            _prefixes=lambda: {"replay"},
+            _is_running=lambda key: False,
+            _is_count=lambda key: key == "replay/num_pairs",
+        )
+        ComposerReplicationTrainer._reduce_own_metrics(stub, mode)
+        assert stub._metrics[mode] == {"replay/num_pairs": [want], "replay/accuracy": [0.5]}
