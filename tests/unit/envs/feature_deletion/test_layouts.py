@@ -503,6 +503,17 @@ def test_hint_quotes_what_the_submission_wrote(layout, box):
     assert os.linesep not in shout
 
 
+def _bindable_repo(prefix: str, files: dict[str, str]) -> Path:
+    """A repository of ``files`` in a directory the sandbox can bind (remove it after)."""
+    from composer_replication.sandbox.sandbox import bindable_dir
+
+    repo = Path(bindable_dir(prefix))
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    return repo
+
+
 PLUGGED = {
     "calc.py": "import os\n\n\ndef scale(x):\n    return x * int(os.environ.get('CALC_FACTOR', '1'))\n",
     "conftest.py": 'pytest_plugins = ["plug.hooks"]\n',
@@ -551,13 +562,9 @@ def test_a_fixture_a_plugin_requests_for_the_kept_tests_stays(box, tmp_path):
     file the removal reads), so the kept test errored ("fixture 'tuning' not found"). The
     baseline run now records each test's fixture closure, and the workspace keeps those."""
     from composer_replication.envs.feature_deletion.testcode import classify, kept_fixtures
-    from composer_replication.sandbox.sandbox import bindable_dir
 
-    repo = Path(bindable_dir("cr-plugged-"))
+    repo = _bindable_repo("cr-plugged-", PLUGGED)
     try:
-        for rel, text in PLUGGED.items():
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            (repo / rel).write_text(text)
         rep = run_suite(box, str(repo), probe=True)
         kept = {"tests/test_calc.py::test_kept[2]": "passed",
                 "tests/test_calc.py::test_kept[4]": "passed"}  # fmt: skip
@@ -617,13 +624,9 @@ def test_a_fixture_a_kept_test_requests_at_run_time_stays(box, tmp_path):
     only the hidden test names went from the workspace and the kept test errored ("fixture
     'json_codec' not found"). The probe now also records what each test's request set up."""
     from composer_replication.envs.feature_deletion.testcode import classify, kept_fixtures
-    from composer_replication.sandbox.sandbox import bindable_dir
 
-    repo = Path(bindable_dir("cr-dynamic-"))
+    repo = _bindable_repo("cr-dynamic-", DYNAMIC)
     try:
-        for rel, text in DYNAMIC.items():
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            (repo / rel).write_text(text)
         rep = run_suite(box, str(repo), probe=True)
         kept = {"tests/test_codecs.py::test_kept[json]": "passed"}
         assert rep.ok and rep.outcomes == {**kept, "tests/test_codecs.py::test_hidden": "passed"}
@@ -647,21 +650,18 @@ def test_the_probe_of_a_large_suite_stays_within_the_output_cap(box):
     the sandbox's 4 MiB of output and the baseline run did not finish (1,200 ids x 80
     fixtures: ~5 MB). Now one entry per test function, each distinct closure sent once."""
     from composer_replication.envs.feature_deletion.testcode import classify
-    from composer_replication.sandbox.sandbox import bindable_dir
 
     names = [f"an_autouse_fixture_of_the_suite_with_a_long_name_{i:03d}" for i in range(80)]
     conftest = "import pytest\n" + "".join(
         f"\n\n@pytest.fixture(scope='session', autouse=True)\ndef {n}():\n    return 1\n"
         for n in names
     )
-    repo = Path(bindable_dir("cr-large-"))
+    many = (
+        "import pytest\n\n\n@pytest.mark.parametrize('i', range(1200))\n"
+        "def test_p(i):\n    assert i >= 0\n\n\ndef test_q():\n    pass\n"
+    )
+    repo = _bindable_repo("cr-large-", {"tests/conftest.py": conftest, "tests/test_many.py": many})
     try:
-        (repo / "tests").mkdir()
-        (repo / "tests/conftest.py").write_text(conftest)
-        (repo / "tests/test_many.py").write_text(
-            "import pytest\n\n\n@pytest.mark.parametrize('i', range(1200))\n"
-            "def test_p(i):\n    assert i >= 0\n\n\ndef test_q():\n    pass\n"
-        )
         rep = run_suite(box, str(repo), probe=True)
         assert rep.ok and len(rep.passing()) == 1201
         assert len(rep.probe) < 100_000
