@@ -100,15 +100,25 @@ def test_offline_hub_id_must_be_in_the_cache(tmp_path, monkeypatch):
 def test_a_hub_that_never_answers_is_given_up_within_the_probe_timeout(monkeypatch):
     """A name lookup that hangs (a socket timeout does not bound it) is cut at the timeout."""
     import socket
+    import threading
     import time
 
     from composer_replication.lm.models import _probe_hub
 
-    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: time.sleep(30))
+    release = threading.Event()
+
+    def hang(*args, **kwargs):  # then fails as a lookup would (it returned None: the probe
+        release.wait(30)  # thread's .close() raised in whichever test ran next)
+        raise OSError("the lookup was released by the test")
+
+    monkeypatch.setattr(socket, "create_connection", hang)
     t0 = time.monotonic()
-    with pytest.raises(TimeoutError, match="no answer from"):
-        _probe_hub(timeout_s=0.2)
-    assert time.monotonic() - t0 < 20  # not the 30 s the lookup would have taken
+    try:
+        with pytest.raises(TimeoutError, match="no answer from"):
+            _probe_hub(timeout_s=0.2)
+        assert time.monotonic() - t0 < 20  # not the 30 s the lookup would have taken
+    finally:
+        release.set()
 
 
 def test_embedded_and_gguf_sources():
