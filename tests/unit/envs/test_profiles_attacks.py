@@ -132,6 +132,15 @@ def test_glob_work_grows_with_the_tree_not_with_the_pattern(claude, monkeypatch)
         tools._close()
 
 
+BLOCKED_TAIL = "*** Add File: blocker/inside.txt\n+x\n*** End Patch"
+"""A last patch section the filesystem refuses once :func:`_plant_blocker` ran (a file where
+its directory must go): the patch fails after its earlier sections were written."""
+
+
+def _plant_blocker(ws) -> None:
+    (ws / "blocker").write_text("a file, not a directory\n")
+
+
 def test_a_patch_the_filesystem_refuses_midway_changes_nothing(codex):
     """Written file by file, a patch whose later file the filesystem refused (a file where a
     directory must go) left its earlier files changed and a moved file's source deleted, though
@@ -140,12 +149,11 @@ def test_a_patch_the_filesystem_refuses_midway_changes_nothing(codex):
     try:
         ws = tools.workspace
         (ws / "keep.txt").write_text("one\n")
-        (ws / "blocker").write_text("a file, not a directory\n")
+        _plant_blocker(ws)
         patch = (
             "*** Begin Patch\n*** Update File: keep.txt\n@@\n-one\n+two\n"
             "*** Add File: fresh.txt\n+new\n"
-            "*** Update File: keep2.txt\n*** Move to: moved.txt\n@@\n-a\n+b\n"
-            "*** Add File: blocker/inside.txt\n+x\n*** End Patch"
+            "*** Update File: keep2.txt\n*** Move to: moved.txt\n@@\n-a\n+b\n" + BLOCKED_TAIL
         )
         (ws / "keep2.txt").write_text("a\n")
         out = tools.apply_patch(patch)
@@ -200,10 +208,10 @@ def test_a_failed_patch_that_put_a_directory_where_a_file_was_gets_the_file_back
     try:
         ws = tools.workspace
         (ws / "notes.txt").write_text("keep me\n")
-        (ws / "blocker").write_text("a file, not a directory\n")
+        _plant_blocker(ws)
         patch = (
             "*** Begin Patch\n*** Delete File: notes.txt\n*** Add File: notes.txt/x.py\n+x = 1\n"
-            "*** Add File: blocker/inside.txt\n+x\n*** End Patch"
+            + BLOCKED_TAIL
         )
         out = tools.apply_patch(patch)
         assert out.startswith("apply_patch failed"), out
@@ -216,11 +224,8 @@ def test_a_failed_patch_leaves_no_directory_it_made(codex):
     tools = _tools(codex)
     try:
         ws = tools.workspace
-        (ws / "blocker").write_text("a file, not a directory\n")
-        patch = (
-            "*** Begin Patch\n*** Add File: fresh/deep/a.py\n+a = 1\n"
-            "*** Add File: blocker/inside.txt\n+x\n*** End Patch"
-        )
+        _plant_blocker(ws)
+        patch = "*** Begin Patch\n*** Add File: fresh/deep/a.py\n+a = 1\n" + BLOCKED_TAIL
         assert tools.apply_patch(patch).startswith("apply_patch failed")
         assert not (ws / "fresh").exists()
     finally:
@@ -233,10 +238,10 @@ def test_a_failed_patch_keeps_a_moved_files_mode(codex):
         ws = tools.workspace
         (ws / "run.sh").write_text("echo a\n")
         (ws / "run.sh").chmod(0o755)
-        (ws / "blocker").write_text("a file, not a directory\n")
+        _plant_blocker(ws)
         patch = (
             "*** Begin Patch\n*** Update File: run.sh\n*** Move to: go.sh\n@@\n-echo a\n+echo b\n"
-            "*** Add File: blocker/inside.txt\n+x\n*** End Patch"
+            + BLOCKED_TAIL
         )
         assert tools.apply_patch(patch).startswith("apply_patch failed")
         assert (ws / "run.sh").read_text() == "echo a\n" and not (ws / "go.sh").exists()
