@@ -313,7 +313,8 @@ class ClaudeCodeTools(WorkspaceTools):
                 "occurrence, please provide more context to uniquely identify the instance.\n"
                 f"String: {old}"
             )
-        if refused := self._native._chars_refusal(len(text) + count * (len(new) - len(old))):
+        chars = len(text) + count * (len(new) - len(old))
+        if refused := self._native._write_refusal([chars], unit="characters"):
             return self._err(refused.removeprefix("error: "))  # asked before the text is built
         if err := self._write(target, text.replace(old, new)):
             return err

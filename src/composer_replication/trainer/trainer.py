@@ -185,17 +185,17 @@ class ComposerReplicationTrainer(GRPOTrainer):
         super().log(logs, *args, **kwargs)
 
     def _is_running(self, key: str) -> bool:
-        return any(
-            fnmatch.fnmatchcase(key, c.prefix + pattern)
-            for c in self.channels
-            for pattern in c.running_counters
-        )
+        return self._declared(key, "running_counters")
 
     def _is_count(self, key: str) -> bool:
+        return self._declared(key, "step_counts")
+
+    def _declared(self, key: str, kind: str) -> bool:
+        """Whether a channel lists ``key`` (its prefix + a pattern) in its ``kind`` patterns."""
         return any(
             fnmatch.fnmatchcase(key, c.prefix + pattern)
             for c in self.channels
-            for pattern in c.step_counts
+            for pattern in getattr(c, kind)
         )
 
     def _reduce_own_metrics(self, mode: str) -> None:

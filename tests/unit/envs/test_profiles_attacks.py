@@ -39,97 +39,93 @@ def _tools(env):
     return tools
 
 
-def test_edit_replace_all_cannot_multiply_a_file_past_the_cap(claude):
+@pytest.fixture
+def tools_claude(claude):
     tools = _tools(claude)
-    try:
-        assert tools.Write("/repo/notes.txt", "x" * 1000).startswith("File created")
-        out = tools.Edit("/repo/notes.txt", "x", "x" * 2000, replace_all=True)
-        assert out.startswith("<tool_use_error>") and "more than a file may hold" in out
-        assert (tools.workspace / "notes.txt").stat().st_size == 1000  # untouched
-    finally:
-        tools._close()
+    yield tools
+    tools._close()
 
 
-def test_edit_refuses_a_multiplied_file_before_building_it(claude):
+@pytest.fixture
+def tools_codex(codex):
+    tools = _tools(codex)
+    yield tools
+    tools._close()
+
+
+def test_edit_replace_all_cannot_multiply_a_file_past_the_cap(tools_claude):
+    tools = tools_claude
+    assert tools.Write("/repo/notes.txt", "x" * 1000).startswith("File created")
+    out = tools.Edit("/repo/notes.txt", "x", "x" * 2000, replace_all=True)
+    assert out.startswith("<tool_use_error>") and "more than a file may hold" in out
+    assert (tools.workspace / "notes.txt").stat().st_size == 1000  # untouched
+
+
+def test_edit_refuses_a_multiplied_file_before_building_it(tools_claude):
     """The cap alone refused the result only after ``str.replace`` had built it: a 1 MiB file
     times a 5000-character ``new_string`` is 5 GB in the trainer's memory first."""
-    tools = _tools(claude)
-    try:
-        assert tools.Write("/repo/notes.txt", "x" * 100_000).startswith("File created")
-        tracemalloc.start()
-        out = tools.Edit("/repo/notes.txt", "x", "x" * 1000, replace_all=True)
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        assert out.startswith("<tool_use_error>") and "more than a file may hold" in out
-        assert peak < 20 << 20, f"{peak >> 20} MB held to refuse the edit"
-    finally:
-        tools._close()
+    tools = tools_claude
+    assert tools.Write("/repo/notes.txt", "x" * 100_000).startswith("File created")
+    tracemalloc.start()
+    out = tools.Edit("/repo/notes.txt", "x", "x" * 1000, replace_all=True)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert out.startswith("<tool_use_error>") and "more than a file may hold" in out
+    assert peak < 20 << 20, f"{peak >> 20} MB held to refuse the edit"
 
 
-def test_claude_code_writes_share_the_episode_cap(claude):
-    tools = _tools(claude)
-    try:
-        big = "y" * fd_env.MAX_WRITE_BYTES
-        assert "more than a file may hold" in tools.Write("/repo/big.txt", big + "y")
-        answers = [tools.Write(f"/repo/chunk{i}.txt", big) for i in range(17)]
-        assert all(a.startswith("File created") for a in answers[:16])
-        assert answers[16].startswith("<tool_use_error>") and "wrote its" in answers[16]
-        assert not (tools.workspace / "chunk16.txt").exists()
-    finally:
-        tools._close()
+def test_claude_code_writes_share_the_episode_cap(tools_claude):
+    tools = tools_claude
+    big = "y" * fd_env.MAX_WRITE_BYTES
+    assert "more than a file may hold" in tools.Write("/repo/big.txt", big + "y")
+    answers = [tools.Write(f"/repo/chunk{i}.txt", big) for i in range(17)]
+    assert all(a.startswith("File created") for a in answers[:16])
+    assert answers[16].startswith("<tool_use_error>") and "wrote its" in answers[16]
+    assert not (tools.workspace / "chunk16.txt").exists()
 
 
-def test_apply_patch_writes_are_capped(codex):
-    tools = _tools(codex)
-    try:
-        line = "z" * 1000
-        body = "".join(f"+{line}\n" for _ in range(fd_env.MAX_WRITE_BYTES // 1000 + 1))
-        out = tools.apply_patch(f"*** Begin Patch\n*** Add File: big.txt\n{body}*** End Patch")
-        assert "more than a file may hold" in out
-        assert not (tools.workspace / "big.txt").exists()
-    finally:
-        tools._close()
+def test_apply_patch_writes_are_capped(tools_codex):
+    tools = tools_codex
+    line = "z" * 1000
+    body = "".join(f"+{line}\n" for _ in range(fd_env.MAX_WRITE_BYTES // 1000 + 1))
+    out = tools.apply_patch(f"*** Begin Patch\n*** Add File: big.txt\n{body}*** End Patch")
+    assert "more than a file may hold" in out
+    assert not (tools.workspace / "big.txt").exists()
 
 
-def test_a_patch_over_the_caps_writes_none_of_its_files(codex):
+def test_a_patch_over_the_caps_writes_none_of_its_files(tools_codex):
     """Checked file by file while writing, a patch over the caps left its first files written
     (and a move's source deleted) though it answered that it failed."""
-    tools = _tools(codex)
-    try:
-        big = "+" + "w" * (fd_env.MAX_WRITE_BYTES + 10) + "\n"
-        patch = f"*** Begin Patch\n*** Add File: small.txt\n+hi\n*** Add File: big.txt\n{big}"
-        out = tools.apply_patch(patch + "*** End Patch")
-        assert "more than a file may hold" in out
-        assert not (tools.workspace / "small.txt").exists()
-        assert tools._native.written_bytes == 0
-    finally:
-        tools._close()
+    tools = tools_codex
+    big = "+" + "w" * (fd_env.MAX_WRITE_BYTES + 10) + "\n"
+    patch = f"*** Begin Patch\n*** Add File: small.txt\n+hi\n*** Add File: big.txt\n{big}"
+    out = tools.apply_patch(patch + "*** End Patch")
+    assert "more than a file may hold" in out
+    assert not (tools.workspace / "small.txt").exists()
+    assert tools._native.written_bytes == 0
 
 
-def test_glob_work_grows_with_the_tree_not_with_the_pattern(claude, monkeypatch):
+def test_glob_work_grows_with_the_tree_not_with_the_pattern(tools_claude, monkeypatch):
     """Counted, not timed: the directories the trainer's process lists for one Glob."""
-    tools = _tools(claude)
-    try:
-        deep = "/".join(["d"] * fd_env.MAX_PATH_DEPTH)
-        assert tools.Write(f"/repo/{deep}/f.py", "x = 1\n").startswith("File created")
-        dirs = sum(1 for _ in os.walk(tools.workspace))
-        listed = []
-        real = os.scandir
+    tools = tools_claude
+    deep = "/".join(["d"] * fd_env.MAX_PATH_DEPTH)
+    assert tools.Write(f"/repo/{deep}/f.py", "x = 1\n").startswith("File created")
+    dirs = sum(1 for _ in os.walk(tools.workspace))
+    listed = []
+    real = os.scandir
 
-        def counting(path="."):
-            listed.append(path)
-            return real(path)
+    def counting(path="."):
+        listed.append(path)
+        return real(path)
 
-        monkeypatch.setattr(os, "scandir", counting)
-        out = tools.Glob("**/" * 4 + "*.py")  # 20475 listings before the fix, 12 ** ~ 10**9
-        assert len(listed) <= 4 * dirs, f"{len(listed)} listings for {dirs} directories"
-        assert f"/repo/{deep}/f.py" in out
-        many = tools.Glob("**/d/**/d/**/d/**/*.py")
-        assert many.startswith("<tool_use_error>") and "**" in many
-        assert len(listed) <= 8 * dirs
-        assert "/repo/tests/test_core.py" in tools.Glob("**/test_*.py")
-    finally:
-        tools._close()
+    monkeypatch.setattr(os, "scandir", counting)
+    out = tools.Glob("**/" * 4 + "*.py")  # 20475 listings before the fix, 12 ** ~ 10**9
+    assert len(listed) <= 4 * dirs, f"{len(listed)} listings for {dirs} directories"
+    assert f"/repo/{deep}/f.py" in out
+    many = tools.Glob("**/d/**/d/**/d/**/*.py")
+    assert many.startswith("<tool_use_error>") and "**" in many
+    assert len(listed) <= 8 * dirs
+    assert "/repo/tests/test_core.py" in tools.Glob("**/test_*.py")
 
 
 BLOCKED_TAIL = "*** Add File: blocker/inside.txt\n+x\n*** End Patch"
@@ -141,131 +137,108 @@ def _plant_blocker(ws) -> None:
     (ws / "blocker").write_text("a file, not a directory\n")
 
 
-def test_a_patch_the_filesystem_refuses_midway_changes_nothing(codex):
+def test_a_patch_the_filesystem_refuses_midway_changes_nothing(tools_codex):
     """Written file by file, a patch whose later file the filesystem refused (a file where a
     directory must go) left its earlier files changed and a moved file's source deleted, though
     it answered that it failed."""
-    tools = _tools(codex)
-    try:
-        ws = tools.workspace
-        (ws / "keep.txt").write_text("one\n")
-        _plant_blocker(ws)
-        patch = (
-            "*** Begin Patch\n*** Update File: keep.txt\n@@\n-one\n+two\n"
-            "*** Add File: fresh.txt\n+new\n"
-            "*** Update File: keep2.txt\n*** Move to: moved.txt\n@@\n-a\n+b\n" + BLOCKED_TAIL
-        )
-        (ws / "keep2.txt").write_text("a\n")
-        out = tools.apply_patch(patch)
-        assert out.startswith("apply_patch failed"), out
-        assert (ws / "keep.txt").read_text() == "one\n"
-        assert (ws / "keep2.txt").read_text() == "a\n"
-        assert not (ws / "fresh.txt").exists() and not (ws / "moved.txt").exists()
-        assert (ws / "blocker").read_text() == "a file, not a directory\n"
-        ok = "*** Begin Patch\n*** Update File: keep.txt\n@@\n-one\n+two\n*** End Patch"
-        assert tools.apply_patch(ok).startswith("Success.")
-        assert (ws / "keep.txt").read_text() == "two\n"
-    finally:
-        tools._close()
+    tools = tools_codex
+    ws = tools.workspace
+    (ws / "keep.txt").write_text("one\n")
+    _plant_blocker(ws)
+    patch = (
+        "*** Begin Patch\n*** Update File: keep.txt\n@@\n-one\n+two\n"
+        "*** Add File: fresh.txt\n+new\n"
+        "*** Update File: keep2.txt\n*** Move to: moved.txt\n@@\n-a\n+b\n" + BLOCKED_TAIL
+    )
+    (ws / "keep2.txt").write_text("a\n")
+    out = tools.apply_patch(patch)
+    assert out.startswith("apply_patch failed"), out
+    assert (ws / "keep.txt").read_text() == "one\n"
+    assert (ws / "keep2.txt").read_text() == "a\n"
+    assert not (ws / "fresh.txt").exists() and not (ws / "moved.txt").exists()
+    assert (ws / "blocker").read_text() == "a file, not a directory\n"
+    ok = "*** Begin Patch\n*** Update File: keep.txt\n@@\n-one\n+two\n*** End Patch"
+    assert tools.apply_patch(ok).startswith("Success.")
+    assert (ws / "keep.txt").read_text() == "two\n"
 
 
-def test_a_patch_with_text_utf8_cannot_encode_writes_nothing(codex):
-    tools = _tools(codex)
-    try:
-        patch = (
-            "*** Begin Patch\n*** Add File: a.txt\n+ok\n*** Add File: b.txt\n+\ud800\n*** End Patch"
-        )
-        out = tools.apply_patch(patch)
-        assert "not valid UTF-8 text" in out
-        assert not (tools.workspace / "a.txt").exists()
-    finally:
-        tools._close()
+def test_a_patch_with_text_utf8_cannot_encode_writes_nothing(tools_codex):
+    tools = tools_codex
+    patch = "*** Begin Patch\n*** Add File: a.txt\n+ok\n*** Add File: b.txt\n+\ud800\n*** End Patch"
+    out = tools.apply_patch(patch)
+    assert "not valid UTF-8 text" in out
+    assert not (tools.workspace / "a.txt").exists()
 
 
-def test_edit_is_refused_before_building_when_the_episode_cap_would_pass(claude):
+def test_edit_is_refused_before_building_when_the_episode_cap_would_pass(tools_claude):
     """Under the per-file cap but over what the episode may still write: refused (the
     character count is asked before the text is built) and the file is untouched."""
-    tools = _tools(claude)
-    try:
-        big = "y" * fd_env.MAX_WRITE_BYTES
-        for i in range(15):
-            assert tools.Write(f"/repo/chunk{i}.txt", big).startswith("File created")
-        assert tools.Write("/repo/half.txt", "y" * 500_000).startswith("File created")
-        assert tools.Write("/repo/notes.txt", "x" * 1000).startswith("File created")
-        out = tools.Edit("/repo/notes.txt", "x", "x" * 1000, replace_all=True)
-        assert out.startswith("<tool_use_error>") and "wrote its" in out
-        assert (tools.workspace / "notes.txt").stat().st_size == 1000
-    finally:
-        tools._close()
+    tools = tools_claude
+    big = "y" * fd_env.MAX_WRITE_BYTES
+    for i in range(15):
+        assert tools.Write(f"/repo/chunk{i}.txt", big).startswith("File created")
+    assert tools.Write("/repo/half.txt", "y" * 500_000).startswith("File created")
+    assert tools.Write("/repo/notes.txt", "x" * 1000).startswith("File created")
+    out = tools.Edit("/repo/notes.txt", "x", "x" * 1000, replace_all=True)
+    assert out.startswith("<tool_use_error>") and "wrote its" in out
+    assert (tools.workspace / "notes.txt").stat().st_size == 1000
 
 
-def test_a_failed_patch_that_put_a_directory_where_a_file_was_gets_the_file_back(codex):
+def test_a_failed_patch_that_put_a_directory_where_a_file_was_gets_the_file_back(tools_codex):
     """Review 22: a patch that deletes ``notes.txt`` and adds ``notes.txt/x.py`` (allowed: the
     parser reads the files as they are) and then fails left a directory where the file was:
     the rollback wrote the old bytes onto that directory, which failed silently, so the file
     was lost though the patch answered that it changed nothing."""
-    tools = _tools(codex)
-    try:
-        ws = tools.workspace
-        (ws / "notes.txt").write_text("keep me\n")
-        _plant_blocker(ws)
-        patch = (
-            "*** Begin Patch\n*** Delete File: notes.txt\n*** Add File: notes.txt/x.py\n+x = 1\n"
-            + BLOCKED_TAIL
-        )
-        out = tools.apply_patch(patch)
-        assert out.startswith("apply_patch failed"), out
-        assert (ws / "notes.txt").is_file() and (ws / "notes.txt").read_text() == "keep me\n"
-    finally:
-        tools._close()
+    tools = tools_codex
+    ws = tools.workspace
+    (ws / "notes.txt").write_text("keep me\n")
+    _plant_blocker(ws)
+    patch = (
+        "*** Begin Patch\n*** Delete File: notes.txt\n*** Add File: notes.txt/x.py\n+x = 1\n"
+        + BLOCKED_TAIL
+    )
+    out = tools.apply_patch(patch)
+    assert out.startswith("apply_patch failed"), out
+    assert (ws / "notes.txt").is_file() and (ws / "notes.txt").read_text() == "keep me\n"
 
 
-def test_a_failed_patch_leaves_no_directory_it_made(codex):
-    tools = _tools(codex)
-    try:
-        ws = tools.workspace
-        _plant_blocker(ws)
-        patch = "*** Begin Patch\n*** Add File: fresh/deep/a.py\n+a = 1\n" + BLOCKED_TAIL
-        assert tools.apply_patch(patch).startswith("apply_patch failed")
-        assert not (ws / "fresh").exists()
-    finally:
-        tools._close()
+def test_a_failed_patch_leaves_no_directory_it_made(tools_codex):
+    tools = tools_codex
+    ws = tools.workspace
+    _plant_blocker(ws)
+    patch = "*** Begin Patch\n*** Add File: fresh/deep/a.py\n+a = 1\n" + BLOCKED_TAIL
+    assert tools.apply_patch(patch).startswith("apply_patch failed")
+    assert not (ws / "fresh").exists()
 
 
-def test_a_failed_patch_keeps_a_moved_files_mode(codex):
-    tools = _tools(codex)
-    try:
-        ws = tools.workspace
-        (ws / "run.sh").write_text("echo a\n")
-        (ws / "run.sh").chmod(0o755)
-        _plant_blocker(ws)
-        patch = (
-            "*** Begin Patch\n*** Update File: run.sh\n*** Move to: go.sh\n@@\n-echo a\n+echo b\n"
-            + BLOCKED_TAIL
-        )
-        assert tools.apply_patch(patch).startswith("apply_patch failed")
-        assert (ws / "run.sh").read_text() == "echo a\n" and not (ws / "go.sh").exists()
-        assert (ws / "run.sh").stat().st_mode & 0o777 == 0o755
-    finally:
-        tools._close()
+def test_a_failed_patch_keeps_a_moved_files_mode(tools_codex):
+    tools = tools_codex
+    ws = tools.workspace
+    (ws / "run.sh").write_text("echo a\n")
+    (ws / "run.sh").chmod(0o755)
+    _plant_blocker(ws)
+    patch = (
+        "*** Begin Patch\n*** Update File: run.sh\n*** Move to: go.sh\n@@\n-echo a\n+echo b\n"
+        + BLOCKED_TAIL
+    )
+    assert tools.apply_patch(patch).startswith("apply_patch failed")
+    assert (ws / "run.sh").read_text() == "echo a\n" and not (ws / "go.sh").exists()
+    assert (ws / "run.sh").stat().st_mode & 0o777 == 0o755
 
 
-def test_a_patch_changing_one_file_twice_does_not_drop_a_change(codex):
+def test_a_patch_changing_one_file_twice_does_not_drop_a_change(tools_codex):
     """Review 22: each section is parsed against the files on disk, so a second ``Update
     File`` of the same file (or of it under another name, ``/repo/x`` or ``./x``) was built
     from the old text and wrote over the first: ``Success.`` though the first change was
     lost. A patch that changes a file twice is now refused, and nothing is written."""
-    tools = _tools(codex)
-    try:
-        ws = tools.workspace
-        (ws / "two.txt").write_text("a\nb\n")
-        for second in ("two.txt", "/repo/two.txt", "./two.txt"):
-            patch = (
-                "*** Begin Patch\n*** Update File: two.txt\n@@\n-a\n+A\n"
-                f"*** Update File: {second}\n@@\n-b\n+B\n*** End Patch"
-            )
-            out = tools.apply_patch(patch)
-            text = (ws / "two.txt").read_text()
-            assert text == "A\nB\n" or (text == "a\nb\n" and "more than once" in out), (out, text)
-    finally:
-        tools._close()
+    tools = tools_codex
+    ws = tools.workspace
+    (ws / "two.txt").write_text("a\nb\n")
+    for second in ("two.txt", "/repo/two.txt", "./two.txt"):
+        patch = (
+            "*** Begin Patch\n*** Update File: two.txt\n@@\n-a\n+A\n"
+            f"*** Update File: {second}\n@@\n-b\n+B\n*** End Patch"
+        )
+        out = tools.apply_patch(patch)
+        text = (ws / "two.txt").read_text()
+        assert text == "A\nB\n" or (text == "a\nb\n" and "more than once" in out), (out, text)

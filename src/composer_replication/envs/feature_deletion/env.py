@@ -507,26 +507,17 @@ class FeatureDeletionTools:
         self.written_bytes += size
         return ""
 
-    def _write_refusal(self, sizes: list[int]) -> str:
+    def _write_refusal(self, sizes: list[int], unit: str = "bytes") -> str:
         """Why writes of ``sizes`` bytes would pass the caps ('' if they would not), counting
-        nothing: a tool that writes several files checks them all first (Codex's patch)."""
+        nothing: a tool that writes several files checks them all first (Codex's patch). With
+        ``unit="characters"`` the sizes are a text's characters, asked before it is built: each
+        is at least one byte, so a text over the caps in characters is over them in bytes
+        (``Edit(replace_all=True)`` multiplies a file)."""
         if sizes and max(sizes) > MAX_WRITE_BYTES:
             return (
-                f"error: {max(sizes)} bytes is more than a file may hold here ({MAX_WRITE_BYTES})"
+                f"error: {max(sizes)} {unit} is more than a file may hold here ({MAX_WRITE_BYTES})"
             )
         if self.written_bytes + sum(sizes) > MAX_EPISODE_WRITE_BYTES:
-            return f"error: this episode wrote its {MAX_EPISODE_WRITE_BYTES} bytes"
-        return ""
-
-    def _chars_refusal(self, chars: int) -> str:
-        """Why a text of ``chars`` characters cannot be written ('' if it may be), asked before
-        the text is built: each character is at least one byte, so a text over the caps in
-        characters is over them in bytes (``Edit(replace_all=True)`` multiplies a file)."""
-        if chars > MAX_WRITE_BYTES:
-            return (
-                f"error: {chars} characters is more than a file may hold here ({MAX_WRITE_BYTES})"
-            )
-        if self.written_bytes + chars > MAX_EPISODE_WRITE_BYTES:
             return f"error: this episode wrote its {MAX_EPISODE_WRITE_BYTES} bytes"
         return ""
 

@@ -369,14 +369,11 @@ def _task_record(line: bytes, where: str) -> dict:
         raise TaskSetError(f"{where}: not JSON ({getattr(e, 'msg', e)})") from None
     if not isinstance(record, dict):
         raise TaskSetError(f"{where}: not a task (a JSON {type(record).__name__}, not an object)")
-    for key, kind in TASK_FIELDS.items():
+    for key, kind in {**TASK_FIELDS, **OPTIONAL_TASK_FIELDS}.items():
         if key not in record:
-            raise TaskSetError(f"{where}: not a task: missing field {key!r}")
-        if not isinstance(record[key], kind):
-            raise TaskSetError(f"{where}: not a task: field {key!r} must be a {kind.__name__}, "
-                               f"got {type(record[key]).__name__}")  # fmt: skip
-    for key, kind in OPTIONAL_TASK_FIELDS.items():
-        if key in record and not isinstance(record[key], kind):
+            if key in TASK_FIELDS:
+                raise TaskSetError(f"{where}: not a task: missing field {key!r}")
+        elif not isinstance(record[key], kind):
             raise TaskSetError(f"{where}: not a task: field {key!r} must be a {kind.__name__}, "
                                f"got {type(record[key]).__name__}")  # fmt: skip
     return record

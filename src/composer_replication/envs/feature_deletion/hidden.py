@@ -219,8 +219,7 @@ def _helper_name(node: ast.stmt, in_class: bool) -> set[str]:
     keywords = [k for d in node.decorator_list for k in ast.walk(d) if isinstance(k, ast.keyword)]
     if any(k.arg == "autouse" for k in keywords):
         return set()
-    fixture = any("fixture" in _names_loaded(d) for d in node.decorator_list)
-    if not (in_class or fixture or node.name.startswith("_")):
+    if not (in_class or _is_fixture(node) or node.name.startswith("_")):
         return set()
     renamed = {k.value.value for k in keywords if k.arg == "name"
                and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)}  # fmt: skip

@@ -142,16 +142,10 @@ def classify(root: Path, probe: str) -> TestCode:
         else:
             pkg_data.add(rel)
     test_data |= {f for f in files if _under(f, dirs) and not f.endswith(".py")}
-    closures = data.get("closures", [])  # the probe names each distinct closure once
-    merged: dict[str, set[str]] = {}
-    for test, names in data.get("fixtures", {}).items():
-        if type(names) is int and 0 <= names < len(closures):
-            names = closures[names]
-        if isinstance(names, list):
-            merged.setdefault(def_of_test(test), set()).update(
-                n for n in names if isinstance(n, str)
-            )
-    fixtures = {d: sorted(v) for d, v in sorted(merged.items())}
+    closures = data.get("closures", [])  # per test function, each distinct closure once
+    fixtures = {test: sorted(n for n in closures[i] if isinstance(n, str))
+                for test, i in sorted(data.get("fixtures", {}).items())
+                if type(i) is int and 0 <= i < len(closures) and isinstance(closures[i], list)}  # fmt: skip
     return TestCode(sorted(tests), dirs, sorted(helpers), sorted(test_data),
                     sorted(served_py | pkg_data), by_test, fixtures)  # fmt: skip
 
