@@ -19,6 +19,7 @@ import json
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from composer_replication.envs.feature_deletion.harbor import APP
@@ -42,18 +43,20 @@ def workdir(task_dir: Path) -> str:
     return found
 
 
-def agent_phase(task_dir: Path, app: Path, command: str) -> None:
+def agent_phase(task_dir: Path, app: Path, command: str, python_path: tuple[str, ...] = ()) -> str:
     """Run ``command`` at ``/app`` (``app`` on the host, changed in place) with the task's
-    ``solution/`` at ``/solution``."""
+    ``solution/`` at ``/solution``; its output. ``python_path``: read-only trees on the
+    command's ``PYTHONPATH`` (our copy of pytest, for a witness run)."""
     assert workdir(task_dir) == APP
     solution = _staged(Path(task_dir) / "solution")
     try:
         extra = ShellExtras(mounts=("--symlink", REPO, APP, "--ro-bind", solution, "/solution"))
         res = run_shell(Sandbox(shell_sandbox(TIMEOUT_S)), app, f"cd {APP} && {command}",
-                        TIMEOUT_S, extra=extra)  # fmt: skip
+                        TIMEOUT_S, python_path=python_path, extra=extra)  # fmt: skip
     finally:
         shutil.rmtree(solution, ignore_errors=True)
-    assert res.exit_code == 0 and not res.error, (res.output, res.error)
+    assert not res.error, (res.output, res.error)
+    return res.output
 
 
 def verifier_phase(task_dir: Path, app: Path) -> tuple[float, dict, str]:
@@ -75,12 +78,20 @@ def verifier_phase(task_dir: Path, app: Path) -> tuple[float, dict, str]:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def trial(task_dir: Path, *commands: str) -> tuple[float, dict, str]:
-    """One trial: a fresh copy of the image's workspace, each agent-phase command in turn
-    (none: the do-nothing submission), then the verifier."""
+def trial(task_dir: Path, command: str = "", python_path: tuple[str, ...] = ()) -> Trial:
+    """One trial: a fresh copy of the image's workspace, the agent-phase ``command`` ('': the
+    do-nothing submission, no agent phase), then the verifier."""
     with tempfile.TemporaryDirectory(prefix="cr-harbor-app-") as tmp:
         app = Path(tmp) / "app"
         shutil.copytree(Path(task_dir) / "environment" / "app", app)
-        for command in commands:
-            agent_phase(task_dir, app, command)
-        return verifier_phase(task_dir, app)
+        said = agent_phase(task_dir, app, command, python_path) if command else ""
+        reward, verdict, _ = verifier_phase(task_dir, app)
+        return Trial(reward, verdict, said)
+
+
+@dataclass
+class Trial:
+    reward: float
+    verdict: dict
+    """The verifier's ``grade.json``."""
+    agent_output: str

@@ -48,6 +48,8 @@ class PackageRow:
     spec: str
     label: str = ""
     candidates: int = 0
+    reused: int = 0
+    """Candidates whose run was already in the package's ``runs.jsonl`` (not run again)."""
     tasks: int = 0
     hidden_targets: int = 0
     """Tasks with at least one hidden target test."""
@@ -118,7 +120,7 @@ def _package(spec: str, out: Path, cfg: TaskGenConfig, progress, on_total) -> Pa
         row.error = " ".join(str(e).split())[:500]
         row.seconds = round(time.monotonic() - start, 1)
         return row
-    row.candidates, row.tasks = summary.candidates, len(tasks)
+    row.candidates, row.reused, row.tasks = summary.candidates, summary.reused, len(tasks)
     row.hidden_targets = sum(bool(t.get("hidden_tests")) for t in tasks)
     row.tests_per_task = statistics.median([len(t["failing_tests"]) for t in tasks] or [0])
     row.refused = {k: v for k, v in sorted(summary.by_status.items()) if k != "task"}
