@@ -25,6 +25,8 @@ from composer_replication.cli import app
 from composer_replication.envs.feature_deletion.harbor import (
     HarborExportError,
     difficulty_level,
+    grader_pins,
+    grader_wheels,
     license_files,
     read_estimates,
     task_dir_name,
@@ -281,3 +283,21 @@ def test_task_dir_names_are_harbor_names_and_distinct():
     names = [task_dir_name(i) for i in ids]
     assert len(set(names)) == len(ids)
     assert all(re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9._-]*", n) and len(n) <= 89 for n in names)
+
+
+def test_the_wheels_are_the_graders_pytest_and_can_come_from_a_directory(tmp_path):
+    """The pins are the installed pytest and its dependencies (what sandbox/pytest_suite.py
+    binds); ``--wheels DIR`` serves them offline and names the first one missing."""
+    pins = grader_pins()
+    for dist in ("pytest", "pluggy", "iniconfig"):
+        assert f"{dist}=={metadata.version(dist)}" in pins
+    cached = grader_wheels()
+    assert len(cached) == len(pins) and all(w.name.endswith("-none-any.whl") for w in cached)
+    offline = tmp_path / "wheels"
+    offline.mkdir()
+    for w in cached:
+        shutil.copyfile(w, offline / w.name)
+    assert [w.name for w in grader_wheels(wheel_dir=offline)] == sorted(w.name for w in cached)
+    (offline / cached[0].name).unlink()
+    with pytest.raises(HarborExportError, match=rf"{offline} has no wheel of "):
+        grader_wheels(wheel_dir=offline)
