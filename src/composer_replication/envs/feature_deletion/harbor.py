@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -263,7 +264,8 @@ def export_harbor(
         licenses = license_files(tree.root)
         if not licenses:
             summary.missing_licenses.append(tree.label)
-        timeout = opts.verifier_timeout_s or manifest["settings"]["suite_timeout_s"] + 60.0
+        suite_s = manifest.get("settings", {}).get("suite_timeout_s", 120.0)
+        timeout = opts.verifier_timeout_s or suite_s + 60.0
         for task in tasks:
             wheels = grader_wheels(tuple(task.get("test_requirements", ())), opts.wheel_dir)
             est = (estimates or {}).get(task["task_id"])
@@ -280,6 +282,7 @@ def export_task(task: dict, tree: SourceTree, out: Path, opts: ExportOptions, wh
                 licenses: list[Path], timeout_s: float, est: Estimate | None) -> str:  # fmt: skip
     """One task's directory, written beside its final place and renamed into it."""
     name = task_dir_name(task["task_id"])
+    target_path(tree, task)  # a record naming a file outside its tree exports nothing
     final = Path(out) / name
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
@@ -298,6 +301,18 @@ def export_task(task: dict, tree: SourceTree, out: Path, opts: ExportOptions, wh
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return name
+
+
+def target_path(tree: SourceTree, task: dict) -> Path:
+    """The task's target file in ``tree``: a regular file inside it, else a
+    `HarborExportError` (a task record is data: its path must not reach outside the tree,
+    nor into the oracle's shell script unquoted)."""
+    root = tree.root.resolve()
+    path = (root / task["file"]).resolve()
+    if not path.is_relative_to(root) or not path.is_file() or (root / task["file"]).is_symlink():
+        raise HarborExportError(f"task {task['task_id']!r}: its file {task['file']!r} is not a "
+                                f"regular file inside {root}")  # fmt: skip
+    return path
 
 
 def instruction(task: dict) -> str:
@@ -366,7 +381,7 @@ def _write_tests(tests: Path, tree: SourceTree, task: dict, opts: ExportOptions,
     shutil.copytree(tree.root, tests / "pristine", ignore=IGNORED, symlinks=False)
     for whl in wheels:
         _link_or_copy(whl, tests / "wheels" / whl.name)
-    original = (tree.root / task["file"]).read_text(encoding="utf-8")
+    original = target_path(tree, task).read_text(encoding="utf-8")
     spec = {
         "target": task["file"],
         "tests": [*task["failing_tests"], *task["passing_tests"]],
@@ -404,10 +419,11 @@ def _script(path: Path, body: str) -> None:
 
 def _write_solution(solution: Path, tree: SourceTree, task: dict) -> None:
     """``solve.sh``: the original target file (its deleted body included), written back."""
-    data = base64.encodebytes((tree.root / task["file"]).read_bytes()).decode()
+    data = base64.encodebytes(target_path(tree, task).read_bytes()).decode()
+    dest = shlex.quote(f"{APP}/{task['file']}")
     _script(solution / "solve.sh", (
         "# The oracle: the target file as it was before the feature was deleted.\n"
-        f"base64 -d > {APP}/{task['file']} <<'B64'\n{data}B64\n"
+        f"base64 -d > {dest} <<'B64'\n{data}B64\n"
     ))  # fmt: skip
 
 

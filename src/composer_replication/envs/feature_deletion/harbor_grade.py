@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -175,9 +176,12 @@ def grade(tests_dir: Path, app: Path, spec: dict) -> dict:
         repo = tmp / "repo"
         shutil.copytree(tests_dir / "pristine", repo, symlinks=False)
         (repo / spec["target"]).write_text(text, encoding="utf-8")
+        start = time.monotonic()
         outcomes, output = run_pytest(tools, repo, spec, tmp)
+        seconds = round(time.monotonic() - start, 3)
     failed = [t for t in spec["tests"] if outcomes.get(t) != "passed"]
-    verdict |= {"failed": failed[:50], "n_failed": len(failed), "output": output}
+    verdict |= {"failed": failed[:50], "n_failed": len(failed), "output": output,
+                "pytest_seconds": seconds}  # fmt: skip
     if failed:
         return verdict | {"reason": f"{len(failed)} of {len(spec['tests'])} tests did not pass"}
     return verdict | {"reward": 1.0, "reason": "every test passed"}

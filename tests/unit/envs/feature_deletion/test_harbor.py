@@ -301,3 +301,21 @@ def test_the_wheels_are_the_graders_pytest_and_can_come_from_a_directory(tmp_pat
     (offline / cached[0].name).unlink()
     with pytest.raises(HarborExportError, match=rf"{offline} has no wheel of "):
         grader_wheels(wheel_dir=offline)
+
+
+def test_a_task_record_naming_a_file_outside_its_tree_is_refused(tmp_path):
+    """A task record is data: ``file`` must name a regular file inside the source tree before
+    anything is read or written into the oracle's script."""
+    from composer_replication.envs.feature_deletion.harbor import target_path
+    from composer_replication.envs.feature_deletion.source import SourceTree
+
+    root = tmp_path / "pkg"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "core.py").write_text("x = 1\n")
+    (tmp_path / "secret.py").write_text("token\n")
+    (root / "pkg" / "link.py").symlink_to(root / "pkg" / "core.py")
+    tree = SourceTree("pkg", "local", root, "0" * 64)
+    assert target_path(tree, {"task_id": "t", "file": "pkg/core.py"}) == root / "pkg" / "core.py"
+    for bad in ("../secret.py", "/etc/passwd", "pkg", "pkg/link.py", "pkg/missing.py"):
+        with pytest.raises(HarborExportError, match="is not a regular file inside"):
+            target_path(tree, {"task_id": "t", "file": bad})
