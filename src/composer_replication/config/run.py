@@ -34,6 +34,7 @@ from composer_replication.config.channels import (
     SdpoConfig,
     move_weight_aliases,
 )
+from composer_replication.config.data import DataConfig
 from composer_replication.config.diloco import DilocoConfig
 from composer_replication.config.env import (
     ArithmeticEnvConfig,
@@ -289,6 +290,9 @@ class RunConfig(StrictModel):
     agent_proxy: AgentProxyConfig = Field(default_factory=AgentProxyConfig)
     """Rollouts by an unmodified agent harness driving the policy through a proxy (off by
     default; docs/agents.md)."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Which training tasks each step's groups are for: ``data.sampler: uniform | adaptive``
+    (config/data.py, envs/sampler.py; docs/channels.md)."""
 
     @model_validator(mode="before")
     @classmethod
