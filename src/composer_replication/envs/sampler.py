@@ -237,7 +237,7 @@ class TaskSampler:
     def drain_metrics(self) -> dict[str, float]:
         """``sampler/*`` over the groups updated since the last call: the fraction with a
         signal (mixed verdicts), the distribution of their tasks' pass-rate estimates when they
-        were drawn (mean, 10/50/90% quantiles), and the retired tasks now. Empty when no group
+        were drawn (mean, 10/50/90% quantiles), and the retired tasks now (count, share). Empty when no group
         was updated."""
         window, self._window = self._window, []
         if not window:
@@ -250,6 +250,7 @@ class TaskSampler:
             "sampler/sampled_pass_rate_p50": quantile(rates, 0.5),
             "sampler/sampled_pass_rate_p90": quantile(rates, 0.9),
             "sampler/retired": float(len(self._retired)),
+            "sampler/retired_frac": len(self._retired) / len(self.task_ids),
             "sampler/tasks_seen": float(len(self.successes)),
         }
 
