@@ -145,8 +145,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.concurrent_tools = concurrent_tools
         self.channel_reports: list[str] = []
         self._refill_rows: Iterator[dict[str, Any]] | None = None
-        self.task_sampler = task_sampler
-        self._sampler_rows = self._check_sampler(task_sampler)
+        self.task_sampler = self._check_sampler(task_sampler)
+        self._sampler_rows = self._rows_of_tasks()
 
     def channel(self, name: str) -> Channel | None:
         """The enabled channel called ``name``, if any."""
@@ -452,19 +452,27 @@ class ComposerReplicationTrainer(GRPOTrainer):
         return [row for row in rows for _ in range(self.num_generations)]
 
     # ---- data.sampler: the tasks of each training round (envs/sampler.py) -----------------
-    def _check_sampler(self, sampler: TaskSampler | None) -> dict[str, int]:
-        """The first dataset row of each training task (the rows an adaptive sampler's draws
-        become); an adaptive sampler needs one process (every process would have to draw the
-        same groups and see every group's verdicts)."""
-        if sampler is None:
-            return {}
-        if sampler.adaptive and self.accelerator.num_processes > 1:
+    def _check_sampler(self, sampler: TaskSampler | None) -> TaskSampler | None:
+        """The sampler this process uses: an adaptive one needs one process (every process
+        would have to draw the same groups and see every group's verdicts); a uniform one on
+        several processes is dropped (a group may span processes: no ``sampler/*`` metrics)."""
+        if sampler is None or self.accelerator.num_processes == 1:
+            return sampler
+        if sampler.adaptive:
             raise ValueError("data.sampler adaptive runs on one process (got "
                              f"{self.accelerator.num_processes})")  # fmt: skip
+        log.info("data.sampler uniform on %d processes: no sampler/* metrics",
+                 self.accelerator.num_processes)  # fmt: skip
+        return None
+
+    def _rows_of_tasks(self) -> dict[str, int]:
+        """The first dataset row of each training task (the rows the sampler's draws become)."""
+        if self.task_sampler is None:
+            return {}
         rows: dict[str, int] = {}
         for index, task_id in enumerate(self.train_dataset[ROW_ID]):
             rows.setdefault(task_id, index)
-        unknown = sorted(set(sampler.task_ids) - set(rows))
+        unknown = sorted(set(self.task_sampler.task_ids) - set(rows))
         if unknown:
             raise ValueError(f"data.sampler: tasks not in the training dataset: {unknown[:3]}")
         return rows
