@@ -264,7 +264,7 @@ class RunConfig(StrictModel):
     this config's (this config's settings then apply from the resumed step on)."""
     resume_override_config: bool = False
     """Resume even when the run's saved ``config.yaml`` differs from this config in what it
-    trains (seed, model, peft, env, sandbox, generation, rollout, grpo, optim, agent_proxy;
+    trains (seed, model, peft, env, sandbox, generation, rollout, grpo, optim, agent_proxy, data;
     this config's settings then apply from the resumed step on). ``max_steps``, threads,
     ``eval``, ``logging``, ``diloco`` and where the run saves may change without it; channel
     settings have ``resume_override_channels``."""

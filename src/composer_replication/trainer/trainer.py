@@ -108,6 +108,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
             (``rollout.TurnCalls``; bounded by the sandbox slots and the OpenEnv connection
             limit), with the messages, masks and metrics of TRL's one-rollout-after-another
             loop (default on). Off: TRL's loop as it is.
+        task_sampler: ``data.sampler`` (envs/sampler.py): an adaptive one chooses each training
+            round's tasks, DAPO's refills included; any one is updated with each scored group's
+            verdicts, logs ``sampler/*`` and travels in checkpoints (``task_sampler.json``).
 
     A channel that needs verdicts (``needs_verdicts``) needs a reward function that keeps them
     (``last_results``, as :class:`~composer_replication.trainer.rewards.EnvReward` does).
