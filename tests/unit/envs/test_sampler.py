@@ -7,9 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from pydantic import ValidationError
 
-from composer_replication.config import load_config
 from composer_replication.config.data import AdaptiveSamplerConfig, DataConfig
 from composer_replication.envs.sampler import (
     TaskSampler,
@@ -116,15 +114,3 @@ def test_posterior_arithmetic():
     assert mixed_probability(1e6, 1e6, 4) == pytest.approx(1 - 2 * 0.5**4, rel=1e-4)
     assert beta_tail(1, 1, 0.3) == pytest.approx(0.7)
     assert beta_tail(3, 1, 0.5) == pytest.approx(1 - 0.5**3)  # Beta(3,1): cdf x^3
-
-
-def test_config_union_and_yaml_override():
-    assert DataConfig().sampler.type == "uniform"
-    cfg = load_config(None, ["data.sampler=adaptive"])
-    assert cfg.data.sampler.type == "adaptive" and cfg.data.sampler.floor == 0.02
-    with pytest.raises(ValidationError):
-        DataConfig(sampler={"type": "adaptive", "flor": 0.1})
-    with pytest.raises(ValidationError):
-        DataConfig(sampler={"type": "uniform", "floor": 0.1})
-    with pytest.raises(ValidationError):
-        DataConfig(sampler={"type": "adaptive", "retire_pass_rate": 1.5})
