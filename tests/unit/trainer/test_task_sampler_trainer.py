@@ -6,6 +6,7 @@ sampler's state travels in the checkpoint; HF's batch skipping on resume draws n
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from support.tiny_run import save_tiny_model
 
@@ -43,6 +44,11 @@ def test_adaptive_run_resumes_the_same_task_sequence(tmp_path):
     assert [s for s, _, _ in whole] == [1, 1, 2, 2, 3, 3]  # each step: batch + refill
     assert {r for _, r, _ in whole} == {"batch", "refill"}
     assert draws(resumed) == [d for d in whole if d[0] > 1]
+    # the drawn tasks are the ones scored: the checkpoint's counts are 2 rollouts per draw
+    state = json.loads((full / "checkpoint-1" / SAMPLER_FILE).read_text())
+    scored = Counter({t: state["successes"].get(t, 0) + n for t, n in state["failures"].items()})
+    step_1 = Counter(t for s, _, tasks in whole if s == 1 for t in tasks)
+    assert scored == Counter({t: 2 * n for t, n in step_1.items()})
 
     env = build_env(cfg.env)
     train = {t.task_id for t in env.tasks("train")}
