@@ -12,8 +12,17 @@ Records (one JSON object per line) handled:
   ``isCompactSummary`` user record (the summary) starts the new prefix.
 - ``isSidechain`` records (sub-agents, Task tool) become separate sessions: keyed by ``agentId``
   when present (``<session>/subagents/agent-<id>.jsonl`` files), else by their root record.
-- Rewinds: a user prompt whose ``parentUuid`` points to an earlier record of the current
-  conversation truncates the prefix there (``meta.segment`` increments).
+- Causal order (issue 57): records are read in the order of their ``parentUuid`` tree, not
+  file order (a tool result may be written before its own call). Each root-to-leaf path is a
+  segment: a record whose parent is not the record read just before it (a rewind, a branch)
+  truncates the prefix to what followed that parent (``meta.segment`` increments, the report
+  counts a ``rewind``). A record whose parent is not in the file follows the record before it
+  in the file (reported as a ``missing_parent`` warning); roots (``parentUuid: null``: the
+  first prompt, a compaction boundary; records without uuids) are read in file order.
+- Parallel tool calls: one response's ``tool_use`` blocks, written interleaved with their
+  results, stay one action (see `SessionBuilder`).
+- Thinking logged as an empty string (newer models log only a signature): the state is marked
+  ``context_complete: false`` (``thinking_not_logged``).
 - ``<system-reminder>`` text stays in user content: it is part of what the model saw.
 - Known non-conversational records (summary, queue-operation, attachment, progress,
   file-history-snapshot, titles, modes, links, ...) are parsed and produce nothing; any other
@@ -24,8 +33,9 @@ Records (one JSON object per line) handled:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from typing import Any
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -93,6 +103,7 @@ class _Block(msgspec.Struct, gc=False):
     tool_use_id: Any = None
     is_error: Any = None
     source: Any = None
+    signature: Any = None
 
 
 class _Message(msgspec.Struct, gc=False):
@@ -126,17 +137,35 @@ def read(ctx: ReaderContext) -> Iterator[TraceState]:
     if ctx.path.suffix == ".json":
         yield from reader.read_document()
     else:
-        yield from run_jsonl(ctx, reader.handle, trigger_scan=True, decode=_decode_record)
+        yield from run_jsonl(ctx, reader.collect, trigger_scan=True, decode=_decode_record)
+        yield from reader.replay(_late_line_skip(ctx))
     reader.finish()
     yield from ctx.drain()
 
 
+def _late_line_skip(ctx: ReaderContext) -> Callable[[int, str], None]:
+    """Skip a line already counted as parsed (its record was collected, then refused)."""
+
+    def skip(line: int, reason: str) -> None:
+        ctx.report.parsed -= 1
+        ctx.report.skip(line, reason)
+
+    return skip
+
+
+class _Node(NamedTuple):
+    line: int
+    rec: _Record
+    clean: bool  # the line held no redaction trigger
+
+
 class _Session:
-    """A builder plus the uuid -> prefix-length map used to resolve rewinds."""
+    """A builder, its records in file order, and the uuid -> prefix-length map of rewinds."""
 
     def __init__(self, builder: SessionBuilder) -> None:
         self.b = builder
         self.path_len: dict[str, int] = {}
+        self.nodes: list[_Node] = []
 
     def remember(self, uuid: Any) -> None:
         """Record the prefix length after record ``uuid`` (ignored unless a non-empty str)."""
@@ -167,12 +196,13 @@ class _ClaudeReader:
         if not items and doc:
             self.ctx.report.skip_item(0, "no_loglines")
         self.ctx.item_index = True
+        self.ctx.report.items = len(items)
         for i, item in enumerate(items, start=1):
             if not isinstance(item, dict):
                 self.ctx.report.skip_item(i, "not_an_object")
                 continue
             try:
-                reason = self.handle(i, msgspec.convert(item, _Record))
+                reason = self.collect(i, msgspec.convert(item, _Record))
             except Exception as exc:  # noqa: BLE001
                 reason = f"reader_error:{type(exc).__name__}"
             if reason == "unknown_record_type":
@@ -180,7 +210,7 @@ class _ClaudeReader:
                 self.ctx.report.unknown_record_types[kind] += 1  # shown in the report
             if reason is not None:
                 self.ctx.report.skip_item(i, reason)
-            yield from self.ctx.drain()
+        yield from self.replay(self.ctx.report.skip_item)
 
     def finish(self) -> None:
         for s in self.sessions.values():
@@ -221,11 +251,11 @@ class _ClaudeReader:
         return s
 
     # -- records
-    def handle(self, line: int, rec: _Record) -> str | None:
+    def collect(self, line: int, rec: _Record) -> str | None:
+        """Route a record to its session (read later, in causal order), or say why not."""
         rtype = rec.type
         if rtype == "assistant" or rtype == "user":
-            msg = rec.message
-            if type(msg) is not _Message:
+            if type(rec.message) is not _Message:
                 return "message_not_an_object"
             sid = rec.sessionId
             s = None
@@ -233,31 +263,69 @@ class _ClaudeReader:
                 s = self.sessions.get(sid)  # the common case of `_session`, inlined
             if s is None:
                 s = self._session(line, rec)
-            if rtype == "user":
-                reason = self._user(s, line, rec, msg)
-            else:
-                reason = self._assistant(s, line, rec, msg)
-            s.remember(rec.uuid)
-            return reason
-        if not isinstance(rtype, str):
+        elif not isinstance(rtype, str):
             return "missing_type"
-        if rtype == "system":
+        elif rtype == "system":
             s = self._session(line, rec)
-            if rec.subtype == "compact_boundary":
+        elif rtype in KNOWN_META_TYPES:
+            if rec.uuid is msgspec.UNSET or not rec.sessionId:
+                return None  # outside the conversation tree: nothing to place
+            s = self._session(line, rec)
+        else:
+            return "unknown_record_type"
+        s.nodes.append(_Node(line, rec, self.ctx.clean_line))
+        return None
+
+    def replay(self, skip: Callable[[int, str], None]) -> Iterator[TraceState]:
+        """Handle each session's records in causal order; ``skip`` refuses a collected one."""
+        ctx = self.ctx
+        for s in list(self.sessions.values()):
+            nodes, s.nodes = s.nodes, []
+            for i in causal_order(nodes, ctx.report.warnings):
+                node = nodes[i]
+                ctx.clean_line = node.clean
+                try:
+                    reason = self._apply(s, node.line, node.rec)
+                except Exception as exc:  # noqa: BLE001 - reported per record
+                    reason = f"reader_error:{type(exc).__name__}"
+                if reason is not None:
+                    skip(node.line, reason)
+                if ctx.out:
+                    yield from ctx.drain()
+            ctx.clean_line = False
+
+    def _apply(self, s: _Session, line: int, rec: _Record) -> str | None:
+        self._follow(s, rec)
+        rtype = rec.type
+        if rtype == "user":
+            reason = self._user(s, line, rec, rec.message)
+        elif rtype == "assistant":
+            reason = self._assistant(s, line, rec, rec.message)
+        else:
+            reason = None
+            if rtype == "system" and rec.subtype == "compact_boundary":
                 s.b.compact()
                 s.path_len.clear()
-            s.remember(rec.uuid)
-            return None
-        if rtype in KNOWN_META_TYPES:
-            if rec.uuid is not msgspec.UNSET and rec.sessionId:
-                self._session(line, rec).remember(rec.uuid)
-            return None
-        return "unknown_record_type"
+        s.remember(rec.uuid)
+        return reason
+
+    def _follow(self, s: _Session, rec: _Record) -> None:
+        """Before a record: if its parent is an earlier point of the conversation (a rewind,
+        another branch of the tree), cut the prefix back to what followed that parent."""
+        parent = rec.parentUuid
+        if type(parent) is not str or parent not in s.path_len:
+            return
+        n = s.path_len[parent]
+        if n < s.b.length_after_pending():
+            s.b.flush()
+            s.b.truncate(n)
+            stale = [u for u, k in s.path_len.items() if k > n]
+            for u in stale:
+                del s.path_len[u]
 
     def _user(self, s: _Session, line: int, rec: _Record, msg: _Message) -> str | None:
         content = msg.content
         if isinstance(content, str):
-            self._maybe_rewind(s, rec)
             s.b.user(content)
             return None
         if not isinstance(content, list):
@@ -276,20 +344,8 @@ class _ClaudeReader:
             else:
                 texts.append(_placeholder(block))
         if texts:
-            self._maybe_rewind(s, rec)
             s.b.user("\n".join(texts))
         return None
-
-    def _maybe_rewind(self, s: _Session, rec: _Record) -> None:
-        parent = as_str(rec.parentUuid)
-        if parent and parent in s.path_len:
-            s.b.flush()
-            n = s.path_len[parent]
-            if n < len(s.b.messages):
-                s.b.truncate(n)
-                stale = [u for u, k in s.path_len.items() if k > n]
-                for u in stale:
-                    del s.path_len[u]
 
     def _assistant(self, s: _Session, line: int, rec: _Record, msg: _Message) -> str | None:
         if rec.isApiErrorMessage is True:
@@ -302,6 +358,7 @@ class _ClaudeReader:
         texts: list[str] = []
         thinking: list[str] = []
         calls: list[dict[str, Any]] = []
+        note = None
         for i, block in enumerate(content):
             btype = block.type if type(block) is _Block else None
             if btype == "text":
@@ -310,6 +367,8 @@ class _ClaudeReader:
             elif btype == "thinking":
                 t = block.thinking
                 thinking.append(t if type(t) is str else "")
+                if not t:  # logged empty (a signature only): the reasoning is not in the log
+                    note = "thinking_not_logged"
             elif btype == "redacted_thinking":
                 thinking.append("[redacted thinking]")
             elif btype in ("tool_use", "server_tool_use"):
@@ -334,6 +393,7 @@ class _ClaudeReader:
             model if type(model) is str and model and model != "<synthetic>" else None,
             ts if type(ts) is str and ts else None,
             rid if type(rid) is str and rid else None,  # response id
+            note,
         )
         return None
 
@@ -378,3 +438,45 @@ def _placeholder(block: _Block | dict[str, Any] | None) -> str:
         media = as_str(as_dict(source).get("media_type"))
         return f"[{btype}{': ' + media if media else ''}]"
     return f"[{btype} block]"
+
+
+def causal_order(nodes: list[_Node], warnings: Counter[str]) -> list[int]:
+    """Indices of ``nodes`` (file order) in the depth-first order of their ``parentUuid`` tree,
+    siblings in file order. Roots (no parent: the first prompt, a compaction boundary, records
+    without uuids) are read in file order, each continuing the conversation where the previous
+    root's last path ended. A parent that is not among the nodes: the record before it in the
+    file is its parent (counted in ``warnings``). Records caught in a parent cycle follow, in
+    file order (``parent_cycle``). Every index appears exactly once."""
+    index: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        u = node.rec.uuid
+        if type(u) is str and u and u not in index:
+            index[u] = i
+    children: list[list[int]] = [[] for _ in nodes]
+    roots: list[int] = []
+    for i, node in enumerate(nodes):
+        parent = node.rec.parentUuid
+        j = None
+        if type(parent) is str and parent:
+            j = index.get(parent)
+            if j is None:
+                warnings["missing_parent"] += 1
+            if j is None or j == i:
+                j = i - 1 if i else None
+        if j is None:
+            roots.append(i)
+        else:
+            children[j].append(i)
+    order: list[int] = []
+    seen = [False] * len(nodes)
+    stack = roots[::-1]
+    while stack:
+        i = stack.pop()
+        seen[i] = True
+        order.append(i)
+        stack.extend(reversed(children[i]))
+    if len(order) < len(nodes):
+        rest = [i for i, s in enumerate(seen) if not s]
+        warnings["parent_cycle"] += len(rest)
+        order.extend(rest)
+    return order

@@ -105,7 +105,7 @@ def test_reordering_records_never_drops_or_duplicates_one(tmp_path_factory, orde
     calls = [c["id"] for s in got for c in s.action.tool_calls]
     assert sorted(calls) == ["t0", "t1", "t2"]
     for s in got:  # no record enters one context twice
-        texts = [str(m["content"]) for m in s.prefix]
+        texts = [orjson.dumps(m) for m in s.prefix]
         assert len(texts) == len(set(texts)), texts
     assert rep.warnings["missing_parent"] == sum(
         1 for r in shuffled if str(r["parentUuid"]).startswith("missing-")
