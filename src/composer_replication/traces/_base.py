@@ -407,11 +407,11 @@ class SessionBuilder:
         self._renamed.setdefault(cid, []).append(tc["id"])
         self.ctx.report.orphan("duplicate_tool_call_id", line, self.ctx.redactor.redact(cid))
 
-    def mark_incomplete(self, note: str) -> None:
-        """The context from here on lacks what the model saw (``note`` says what): later states
-        of this segment are ``context_complete: false``."""
+    def mark_incomplete(self, note: str, at: int | None = None) -> None:
+        """The context from message ``at`` (default: here) on lacks what the model saw (``note``
+        says what): later states are ``context_complete: false`` until a rewind cuts it off."""
         if self._gap is None:
-            self._gap = (len(self.messages), note)
+            self._gap = (len(self.messages) if at is None else at, note)
 
     def compact(self, replacement: Iterable[Message] = ()) -> None:
         """Context was compacted: the prefix restarts from ``replacement`` (e.g. a summary)."""
@@ -443,9 +443,14 @@ class SessionBuilder:
         self.segment += 1
         self.ctx.report.context_changes[kind] += 1
 
-    def finish(self) -> None:
+    def finish(self, orphans: bool = True) -> None:
+        """End the session; calls still waiting for a result are reported as orphans unless
+        ``orphans`` is False (an LLM call log ends on its decision: no result can follow)."""
         self.flush()
-        self._close_open_calls(append=False)
+        if orphans:
+            self._close_open_calls(append=False)
+        self._open_calls.clear()
+        self._open_order.clear()
 
     def length_after_pending(self) -> int:
         """Prefix length once the pending action (if any) has joined it."""

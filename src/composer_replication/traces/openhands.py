@@ -69,6 +69,8 @@ def read(ctx: ReaderContext) -> Iterator[TraceState]:
         ctx.report.skip_item(0, "no_events")
         return
     ctx.item_index = True
+    if not ctx.path.is_dir():  # (an events/ directory counts its files as lines)
+        ctx.report.items = len(events)
     # an SDK events/ directory is named after nothing: its conversation is the parent's name
     sid = ctx.path.parent.name if ctx.path.is_dir() else ctx.path.stem
     r = _Events(ctx, SessionBuilder(ctx, sid))

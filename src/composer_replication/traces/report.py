@@ -101,7 +101,7 @@ class FileReport:
             return None
         return (
             f"{self.path}: read as {self.format}, {ok} of {n} records understood, "
-            f"{self.states} states ({why}): not this format, or a version we do not read"
+            f"{self.states} states ({why})"
         )
 
 

@@ -21,7 +21,12 @@ def _noop() -> None:  # a second command keeps typer in sub-command mode, as in 
 def test_cli_ingests_fixture_tree_and_accounts_for_every_line(fixtures_dir: Path, tmp_path: Path):
     out = tmp_path / "states.jsonl"
     res = CliRunner().invoke(app, ["ingest", str(fixtures_dir), "--out", str(out)])
-    assert res.exit_code == 0, res.output
+    # the check fails on the files meant to be broken or empty of decisions (issue 57's rules:
+    # fewer than half the records understood; 20 records or more and no state), and only there
+    assert res.exit_code == 1, res.output
+    failed = [ln for ln in res.output.splitlines() if ln.startswith("check failed: ")]
+    allowed = ("malformed.jsonl", "zen-mcp-server/.aider.chat.history.md")
+    assert failed and all(any(a in ln for a in allowed) for ln in failed), failed
     assert "(ok)" in res.output and "redactions by type" in res.output
     lines = out.read_bytes().splitlines()
     total = next(ln for ln in res.output.splitlines() if ln.startswith("lines: total"))

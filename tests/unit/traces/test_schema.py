@@ -101,6 +101,9 @@ def test_field_order_used_by_the_session_builder() -> None:
         "after_compaction",
         "segment",
         "line_is_item_index",
+        "context_complete",
+        "context_note",
+        "response_id",
     ]
     assert [f.name for f in fields(TraceState)][:6] == [
         "state_id",
