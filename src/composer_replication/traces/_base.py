@@ -328,6 +328,14 @@ class SessionBuilder:
             self.flush()
         self._result(call_id, text, line)
 
+    def hosted_result(self, call_id: str, text: str, line: int, note: str) -> None:
+        """The result of a hosted (provider-run) tool, written inside the response: the call was
+        a decision of its own, the output after it another one, which saw this result; the
+        context is incomplete from here (``note``: the provider's full result is not logged)."""
+        self.flush()
+        self._result(call_id, text if self.ctx.clean_line else self.ctx.redact(text), line)
+        self.mark_incomplete(note)
+
     def _is_pending_call(self, act: Action, call_id: str) -> bool:
         held = sum(1 for h in self._held if h[0] == call_id)
         return sum(1 for c in act.tool_calls if c["id"].split("#")[0] == call_id) > held

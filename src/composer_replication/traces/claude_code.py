@@ -12,13 +12,16 @@ Records (one JSON object per line) handled:
   ``isCompactSummary`` user record (the summary) starts the new prefix.
 - ``isSidechain`` records (sub-agents, Task tool) become separate sessions: keyed by ``agentId``
   when present (``<session>/subagents/agent-<id>.jsonl`` files), else by their root record.
-- Causal order (issue 57): records are read in the order of their ``parentUuid`` tree, not
-  file order (a tool result may be written before its own call). Each root-to-leaf path is a
-  segment: a record whose parent is not the record read just before it (a rewind, a branch)
-  truncates the prefix to what followed that parent (``meta.segment`` increments, the report
-  counts a ``rewind``). A record whose parent is not in the file follows the record before it
-  in the file (reported as a ``missing_parent`` warning); roots (``parentUuid: null``: the
-  first prompt, a compaction boundary; records without uuids) are read in file order.
+- Causal order (issue 57): a record is read after its parent (``parentUuid``), not in file
+  order: a record whose parent is not read yet waits (a tool result may be written before its
+  own call), and is read right after its parent. It waits for at most ``WAIT_WINDOW`` later
+  records (memory stays bounded); a parent that does not come by then, or by the end of the
+  file, is missing: the record is read in file order and counted as a ``missing_parent``
+  warning. Each root-to-leaf path of the tree is a segment: a record whose parent is an earlier
+  point of the conversation (a rewind, a branch) truncates the prefix to what followed that
+  parent (``meta.segment`` increments, the report counts a ``rewind``). Not handled: two
+  branches interleaved record by record in the file (the later one continues from the latest
+  path).
 - Parallel tool calls: one response's ``tool_use`` blocks, written interleaved with their
   results, stay one action (see `SessionBuilder`).
 - Thinking logged as an empty string (newer models log only a signature): the state is marked
@@ -33,7 +36,6 @@ Records (one JSON object per line) handled:
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -132,19 +134,24 @@ class _Record(msgspec.Struct, gc=False):
 _decode_record = msgspec.json.Decoder(_Record).decode
 
 
+WAIT_WINDOW = 64
+"""Records a record whose parent is not read yet may wait for it (then: missing parent)."""
+
+
 def read(ctx: ReaderContext) -> Iterator[TraceState]:
     reader = _ClaudeReader(ctx)
     if ctx.path.suffix == ".json":
         yield from reader.read_document()
     else:
-        yield from run_jsonl(ctx, reader.collect, trigger_scan=True, decode=_decode_record)
-        yield from reader.replay(_late_line_skip(ctx))
+        yield from run_jsonl(ctx, reader.handle, trigger_scan=True, decode=_decode_record)
+        reader.release_all(_late_line_skip(ctx))
+        yield from ctx.drain()
     reader.finish()
     yield from ctx.drain()
 
 
 def _late_line_skip(ctx: ReaderContext) -> Callable[[int, str], None]:
-    """Skip a line already counted as parsed (its record was collected, then refused)."""
+    """Skip a line already counted as parsed (it waited for its parent, then was refused)."""
 
     def skip(line: int, reason: str) -> None:
         ctx.report.parsed -= 1
@@ -154,18 +161,20 @@ def _late_line_skip(ctx: ReaderContext) -> Callable[[int, str], None]:
 
 
 class _Node(NamedTuple):
+    """A record waiting for its parent."""
+
     line: int
     rec: _Record
     clean: bool  # the line held no redaction trigger
+    session: _Session
 
 
 class _Session:
-    """A builder, its records in file order, and the uuid -> prefix-length map of rewinds."""
+    """A builder plus the uuid -> prefix-length map used to resolve rewinds."""
 
     def __init__(self, builder: SessionBuilder) -> None:
         self.b = builder
         self.path_len: dict[str, int] = {}
-        self.nodes: list[_Node] = []
 
     def remember(self, uuid: Any) -> None:
         """Record the prefix length after record ``uuid`` (ignored unless a non-empty str)."""
@@ -184,6 +193,10 @@ class _ClaudeReader:
         self.sessions: dict[str, _Session] = {}
         self.side_owner: dict[str, str] = {}  # sidechain uuid -> session key
         self.last_side: dict[str, str] = {}  # main session id -> latest sidechain key
+        self.seen: dict[str, None] = {}  # uuids read (bounded, oldest dropped first)
+        self.waiting: dict[str, list[_Node]] = {}  # parent uuid -> records waiting for it
+        self.n_waiting = 0
+        self.skip_late: Callable[[int, str], None] = _late_line_skip(ctx)
         m = _AGENT_FILE.search(ctx.file)
         self.file_agent = m.group(1) if m and "subagents" in ctx.file else None
         self.default_sid = ctx.path.stem
@@ -197,12 +210,13 @@ class _ClaudeReader:
             self.ctx.report.skip_item(0, "no_loglines")
         self.ctx.item_index = True
         self.ctx.report.items = len(items)
+        self.skip_late = self.ctx.report.skip_item
         for i, item in enumerate(items, start=1):
             if not isinstance(item, dict):
                 self.ctx.report.skip_item(i, "not_an_object")
                 continue
             try:
-                reason = self.collect(i, msgspec.convert(item, _Record))
+                reason = self.handle(i, msgspec.convert(item, _Record))
             except Exception as exc:  # noqa: BLE001
                 reason = f"reader_error:{type(exc).__name__}"
             if reason == "unknown_record_type":
@@ -210,7 +224,9 @@ class _ClaudeReader:
                 self.ctx.report.unknown_record_types[kind] += 1  # shown in the report
             if reason is not None:
                 self.ctx.report.skip_item(i, reason)
-        yield from self.replay(self.ctx.report.skip_item)
+            yield from self.ctx.drain()
+        self.release_all(self.ctx.report.skip_item)
+        yield from self.ctx.drain()
 
     def finish(self) -> None:
         for s in self.sessions.values():
@@ -251,8 +267,8 @@ class _ClaudeReader:
         return s
 
     # -- records
-    def collect(self, line: int, rec: _Record) -> str | None:
-        """Route a record to its session (read later, in causal order), or say why not."""
+    def handle(self, line: int, rec: _Record) -> str | None:
+        """Route a record to its session and read it, or let it wait for its parent."""
         rtype = rec.type
         if rtype == "assistant" or rtype == "user":
             if type(rec.message) is not _Message:
@@ -273,29 +289,82 @@ class _ClaudeReader:
             s = self._session(line, rec)
         else:
             return "unknown_record_type"
-        s.nodes.append(_Node(line, rec, self.ctx.clean_line))
-        return None
+        parent = rec.parentUuid
+        if type(parent) is str and parent and parent not in self.seen:
+            self._wait(parent, _Node(line, rec, self.ctx.clean_line, s))
+            return None
+        return self._run(s, line, rec)
 
-    def replay(self, skip: Callable[[int, str], None]) -> Iterator[TraceState]:
-        """Handle each session's records in causal order; ``skip`` refuses a collected one."""
-        ctx = self.ctx
-        for s in list(self.sessions.values()):
-            nodes, s.nodes = s.nodes, []
-            for i in causal_order(nodes, ctx.report.warnings):
-                node = nodes[i]
-                ctx.clean_line = node.clean
-                try:
-                    reason = self._apply(s, node.line, node.rec)
-                except Exception as exc:  # noqa: BLE001 - reported per record
-                    reason = f"reader_error:{type(exc).__name__}"
-                if reason is not None:
-                    skip(node.line, reason)
-                if ctx.out:
-                    yield from ctx.drain()
-            ctx.clean_line = False
+    def _wait(self, parent: str, node: _Node) -> None:
+        self.waiting.setdefault(parent, []).append(node)
+        self.n_waiting += 1
+        if self.n_waiting > WAIT_WINDOW:
+            self._release_oldest()
 
-    def _apply(self, s: _Session, line: int, rec: _Record) -> str | None:
-        self._follow(s, rec)
+    def _release_oldest(self) -> None:
+        """The record that waited longest for a parent that is not itself waiting: that parent
+        is missing, the record is read now (if all wait on each other: a ``parent_cycle``)."""
+        waiting_uuids = {
+            n.rec.uuid for nodes in self.waiting.values() for n in nodes if type(n.rec.uuid) is str
+        }
+        free = [p for p in self.waiting if p not in waiting_uuids]
+        kind = "missing_parent" if free else "parent_cycle"
+        parent = min(free or self.waiting, key=lambda p: self.waiting[p][0].line)
+        nodes = self.waiting[parent]
+        node = nodes.pop(0)
+        if not nodes:
+            del self.waiting[parent]
+        self.n_waiting -= 1
+        self.ctx.report.warnings[kind] += 1
+        clean = self.ctx.clean_line
+        self.ctx.clean_line = node.clean
+        reason = self._run(node.session, node.line, node.rec, missing_parent=True)
+        self.ctx.clean_line = clean
+        if reason is not None:
+            self.skip_late(node.line, reason)
+
+    def release_all(self, skip: Callable[[int, str], None]) -> None:
+        """End of the records: those still waiting have no parent here (file order)."""
+        self.skip_late = skip
+        while self.waiting:
+            self._release_oldest()
+        self.ctx.clean_line = False
+
+    def _run(self, s: _Session, line: int, rec: _Record, missing_parent: bool = False):
+        """Read a record, then the records that waited for it (depth first, file order)."""
+        reason = self._apply(s, line, rec, missing_parent)
+        kids = self.waiting.pop(rec.uuid, None) if type(rec.uuid) is str else None
+        if not kids:
+            return reason
+        self.n_waiting -= len(kids)
+        clean = self.ctx.clean_line
+        stack = kids[::-1]
+        while stack:
+            node = stack.pop()
+            self.ctx.clean_line = node.clean
+            try:
+                why = self._apply(node.session, node.line, node.rec)
+            except Exception as exc:  # noqa: BLE001 - reported per record
+                why = f"reader_error:{type(exc).__name__}"
+            if why is not None:
+                self.skip_late(node.line, why)
+            more = self.waiting.pop(node.rec.uuid, None) if type(node.rec.uuid) is str else None
+            if more:
+                self.n_waiting -= len(more)
+                stack.extend(reversed(more))
+        self.ctx.clean_line = clean
+        return reason
+
+    def _apply(
+        self, s: _Session, line: int, rec: _Record, missing_parent: bool = False
+    ) -> str | None:
+        if not missing_parent:
+            self._follow(s, rec)
+        uuid = rec.uuid
+        if type(uuid) is str and uuid:
+            if len(self.seen) >= MAX_PATH_ENTRIES * 4:
+                self.seen.pop(next(iter(self.seen)))
+            self.seen[uuid] = None
         rtype = rec.type
         if rtype == "user":
             reason = self._user(s, line, rec, rec.message)
@@ -381,8 +450,31 @@ class _ClaudeReader:
                 calls.append(make_tool_call(call_id, name, args))
             elif btype == "fallback":
                 continue  # model-fallback marker, no content
+            elif type(btype) is str and btype.endswith("_tool_result") and block.tool_use_id:
+                # a hosted tool's result inside the response (web search, code execution):
+                # what came before is one decision, what follows saw this result
+                if texts or calls or thinking:
+                    self._emit(s, line, rec, msg, texts, calls, thinking, note)
+                texts, thinking, calls, note = [], [], [], None
+                s.b.hosted_result(as_str(block.tool_use_id), _hosted_text(block), line,
+                                  "hosted_tool_result_not_logged")  # fmt: skip
             else:
                 texts.append(_placeholder(block if btype is not None else None))
+        self._emit(s, line, rec, msg, texts, calls, thinking, note)
+        return None
+
+    def _emit(
+        self,
+        s: _Session,
+        line: int,
+        rec: _Record,
+        msg: _Message,
+        texts: list[str],
+        calls: list[dict[str, Any]],
+        thinking: list[str],
+        note: str | None,
+    ) -> None:
+        """Add one record's assistant output (its blocks up to a hosted result) to the action."""
         # str fields, None when absent, empty or not a string (as_str(x) or None, inlined)
         model, ts, rid = msg.model, rec.timestamp, msg.id
         s.b.assistant(
@@ -395,7 +487,21 @@ class _ClaudeReader:
             rid if type(rid) is str and rid else None,  # response id
             note,
         )
-        return None
+
+
+def _hosted_text(block: _Block) -> str:
+    """A hosted tool result's text: each search result's title and URL (their page content is
+    encrypted), an error's code, or placeholders."""
+    content = block.content
+    if isinstance(content, dict):
+        code = as_str(content.get("error_code"))
+        return f"[error] {code}" if code else _placeholder(content)
+    lines = []
+    for item in as_list(content):
+        item = as_dict(item)
+        title, url = as_str(item.get("title")), as_str(item.get("url"))
+        lines.append(f"{title} <{url}>" if url else _placeholder(item))
+    return "\n".join(lines) or f"[{as_str(block.type)}]"
 
 
 def _join(parts: list[str]) -> str:
@@ -438,45 +544,3 @@ def _placeholder(block: _Block | dict[str, Any] | None) -> str:
         media = as_str(as_dict(source).get("media_type"))
         return f"[{btype}{': ' + media if media else ''}]"
     return f"[{btype} block]"
-
-
-def causal_order(nodes: list[_Node], warnings: Counter[str]) -> list[int]:
-    """Indices of ``nodes`` (file order) in the depth-first order of their ``parentUuid`` tree,
-    siblings in file order. Roots (no parent: the first prompt, a compaction boundary, records
-    without uuids) are read in file order, each continuing the conversation where the previous
-    root's last path ended. A parent that is not among the nodes: the record before it in the
-    file is its parent (counted in ``warnings``). Records caught in a parent cycle follow, in
-    file order (``parent_cycle``). Every index appears exactly once."""
-    index: dict[str, int] = {}
-    for i, node in enumerate(nodes):
-        u = node.rec.uuid
-        if type(u) is str and u and u not in index:
-            index[u] = i
-    children: list[list[int]] = [[] for _ in nodes]
-    roots: list[int] = []
-    for i, node in enumerate(nodes):
-        parent = node.rec.parentUuid
-        j = None
-        if type(parent) is str and parent:
-            j = index.get(parent)
-            if j is None:
-                warnings["missing_parent"] += 1
-            if j is None or j == i:
-                j = i - 1 if i else None
-        if j is None:
-            roots.append(i)
-        else:
-            children[j].append(i)
-    order: list[int] = []
-    seen = [False] * len(nodes)
-    stack = roots[::-1]
-    while stack:
-        i = stack.pop()
-        seen[i] = True
-        order.append(i)
-        stack.extend(reversed(children[i]))
-    if len(order) < len(nodes):
-        rest = [i for i, s in enumerate(seen) if not s]
-        warnings["parent_cycle"] += len(rest)
-        order.extend(rest)
-    return order

@@ -127,6 +127,7 @@ class _CodexReader:
         self.turns: list[int] = []  # prefix index of each user turn (rollbacks drop turns)
         self.hosted: dict[str, Any] | None = None  # a hosted call waiting for its real id
         self.search_ids: list[str] = []  # web_search_* call ids not yet given to a call
+        self.given_ids: set[str] = set()  # ... and those given
 
     # -- sessions
     def builder(self) -> SessionBuilder:
@@ -148,6 +149,7 @@ class _CodexReader:
         self.events = []
         self.turns = []
         self.search_ids = []
+        self.given_ids = set()
 
     def _session_meta(self, payload: dict[str, Any]) -> None:
         sid = as_str(payload.get("id")) or as_str(payload.get("session_id"))
@@ -258,6 +260,7 @@ class _CodexReader:
     def _hosted_call(self, b: SessionBuilder, line: int, item: dict[str, Any], ts: str | None):
         """A hosted (provider-run) web search: its own decision, closed by `_close_hosted`."""
         call_id = as_str(item.get("id")) or (self.search_ids.pop(0) if self.search_ids else "")
+        self.given_ids.add(call_id)
         call = make_tool_call(call_id or f"ws_synth_{line}", "web_search",
                               dumps_str(item.get("action", {})))  # fmt: skip
         b.flush()  # text written before the search was another output of the model
@@ -281,15 +284,10 @@ class _CodexReader:
             return
         if self.hosted is not None:  # the call was written before its events: give it its id
             self.hosted["id"] = call_id
+            self.given_ids.add(call_id)
             self._close_hosted(line)
-        elif payload.get("type") == "web_search_begin" or call_id not in self.search_ids:
-            if call_id not in self._used_ids():
-                self.search_ids.append(call_id)
-
-    def _used_ids(self) -> set[str]:
-        if self.b is None:
-            return set()
-        return {c["id"] for m in self.b.messages for c in m.get("tool_calls", ())}
+        elif call_id not in self.search_ids and call_id not in self.given_ids:
+            self.search_ids.append(call_id)  # (begin, then end: one id)
 
     def _rollback(self, payload: dict[str, Any]) -> None:
         n = payload.get("num_turns")
@@ -322,6 +320,7 @@ class _CodexReader:
         for line, etype, text, ts in self.events:
             if etype == "user_message":
                 b.user(text)
+                self.turns.append(len(b.messages) - 1)
             elif etype == "agent_message":
                 b.assistant(line, text, model=self.model, timestamp=ts)
             else:

@@ -128,3 +128,31 @@ def test_rewind_branches_are_segments_and_reported(tmp_path: Path) -> None:
     assert [m["role"] for m in last.prefix] == ["user", "user"]
     assert last.meta.segment == 1
     assert rep.context_changes["rewind"] == 1
+
+
+def test_hosted_web_search_inside_a_response_splits_the_decision(tmp_path: Path) -> None:
+    """Class 5 in Claude Code: a ``server_tool_use`` web search and its
+    ``web_search_tool_result`` are inside one response; the text after the result saw it."""
+    blocks = [
+        {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search",
+         "input": {"query": "release 2.0"}},
+        {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1",
+         "content": [{"type": "web_search_result", "title": "2.0 notes",
+                      "url": "https://example.org/2.0", "encrypted_content": "EqA"}]},
+        {"type": "text", "text": "2.0 dropped Python 3.8."},
+    ]  # fmt: skip
+    recs = [{"type": "user", "uuid": "u", "parentUuid": None, "sessionId": "W",
+             "message": {"role": "user", "content": "what changed in 2.0?"}}]  # fmt: skip
+    for i, block in enumerate(blocks):
+        recs.append({"type": "assistant", "uuid": f"a{i}", "parentUuid": recs[-1]["uuid"],
+                     "sessionId": "W", "message": {"role": "assistant", "id": "msg_w",
+                                                   "content": [block]}})  # fmt: skip
+    states, rep = _states_of(tmp_path, recs)
+    search, answer = states
+    assert [c["id"] for c in search.action.tool_calls] == ["srvtoolu_1"]
+    assert answer.prefix[-1] == {
+        "role": "tool", "tool_call_id": "srvtoolu_1", "content": "2.0 notes <https://example.org/2.0>"
+    }  # fmt: skip
+    assert answer.action.text == "2.0 dropped Python 3.8."
+    assert answer.meta.context_complete is False
+    assert not rep.orphans
