@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
+
 from composer_replication.traces import ingest
 
 CASES = Path(__file__).parents[2] / "fixtures" / "trace_cases" / "openhands_sdk"
@@ -45,3 +47,31 @@ def test_events_and_call_logs_of_one_decision_give_one_state() -> None:
         assert len(states) == 1, order
         assert states[0].meta.file == str(CALL_LOG)
         assert run.report.duplicate_decisions == 1
+
+
+def test_sdk_condensation_drops_forgotten_events_from_later_prefixes(tmp_path: Path) -> None:
+    """Class 4 in OpenHands: a ``Condensation`` replaces forgotten events by its summary."""
+
+    def msg(i: str, source: str, text: str) -> dict:
+        role = "user" if source == "user" else "assistant"
+        return {"kind": "MessageEvent", "id": i, "source": source,
+                "llm_message": {"role": role, "content": [{"type": "text", "text": text}]}}  # fmt: skip
+
+    events = [
+        msg("e1", "user", "old task"),
+        msg("e2", "agent", "old answer"),
+        msg("e3", "user", "new task"),
+        {"kind": "Condensation", "id": "c1", "source": "environment",
+         "forgotten_event_ids": ["e1", "e2"], "summary": "The user asked an old task; done.",
+         "summary_offset": 0},
+        msg("e4", "agent", "new answer"),
+    ]  # fmt: skip
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
+    run = ingest([log], "openhands")
+    states = list(run)
+    last = states[-1]
+    assert last.action.text == "new answer"
+    assert [m["content"] for m in last.prefix] == ["The user asked an old task; done.", "new task"]
+    assert last.meta.after_compaction is True
+    assert run.report.files[0].context_changes["compaction"] == 1
