@@ -136,6 +136,9 @@ _decode_record = msgspec.json.Decoder(_Record).decode
 
 WAIT_WINDOW = 64
 """Records a record whose parent is not read yet may wait for it (then: missing parent)."""
+SEEN_RECENT = 512
+"""Recent uuids remembered across sessions; older ones are known by their session's rewind map
+(``_Session.path_len``, cleared at a compaction): memory stays flat however long the file."""
 
 
 def read(ctx: ReaderContext) -> Iterator[TraceState]:
@@ -193,7 +196,7 @@ class _ClaudeReader:
         self.sessions: dict[str, _Session] = {}
         self.side_owner: dict[str, str] = {}  # sidechain uuid -> session key
         self.last_side: dict[str, str] = {}  # main session id -> latest sidechain key
-        self.seen: dict[str, None] = {}  # uuids read (bounded, oldest dropped first)
+        self.seen: dict[str, None] = {}  # recent uuids read (with each session's path_len)
         self.waiting: dict[str, list[_Node]] = {}  # parent uuid -> records waiting for it
         self.n_waiting = 0
         self.skip_late: Callable[[int, str], None] = _late_line_skip(ctx)
@@ -290,7 +293,7 @@ class _ClaudeReader:
         else:
             return "unknown_record_type"
         parent = rec.parentUuid
-        if type(parent) is str and parent and parent not in self.seen:
+        if type(parent) is str and parent and parent not in self.seen and parent not in s.path_len:
             self._wait(parent, _Node(line, rec, self.ctx.clean_line, s))
             return None
         return self._run(s, line, rec)
@@ -362,7 +365,7 @@ class _ClaudeReader:
             self._follow(s, rec)
         uuid = rec.uuid
         if type(uuid) is str and uuid:
-            if len(self.seen) >= MAX_PATH_ENTRIES * 4:
+            if len(self.seen) >= SEEN_RECENT:
                 self.seen.pop(next(iter(self.seen)))
             self.seen[uuid] = None
         rtype = rec.type
