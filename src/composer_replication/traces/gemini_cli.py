@@ -19,7 +19,10 @@ user or assistant; assistant text arrives as ``delta`` chunks, joined as streame
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from ._base import (
     ReaderContext,
@@ -39,7 +42,7 @@ NOTICE_TYPES = frozenset({"info", "error", "warning", "system"})
 
 
 def read(ctx: ReaderContext) -> Iterator[TraceState]:
-    if ctx.path.suffix == ".jsonl":
+    if ctx.path.suffix in (".jsonl", ".ndjson") or _starts_a_stream(ctx.path):
         yield from _read_jsonl(ctx)
         return
     doc = load_document(ctx)
@@ -66,6 +69,18 @@ def read(ctx: ReaderContext) -> Iterator[TraceState]:
 
 
 STREAM_TYPES = frozenset({"init", "message", "tool_use", "tool_result", "result"})
+
+
+def _starts_a_stream(path: Path) -> bool:
+    """A stream-json capture saved under another name (``run.json``): its first line is a
+    whole stream event."""
+    with open(path, "rb") as fh:
+        first = fh.readline(1 << 16)
+    try:
+        obj = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and obj.get("type") in ("init", "message")
 
 
 class _Stream:

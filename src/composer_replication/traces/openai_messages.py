@@ -85,7 +85,7 @@ def read_call_log(ctx: ReaderContext, doc: dict[str, Any]) -> Iterator[TraceStat
     msgs = as_list(doc.get("messages"))
     ctx.item_index = True
     ctx.report.items = len(msgs) + 1
-    tools = doc.get("tools")
+    tools = doc.get("tools") or as_dict(doc.get("kwargs")).get("tools")
     if isinstance(tools, list) and tools:
         ctx.tools = tools
     b = SessionBuilder(ctx, ctx.path.stem)

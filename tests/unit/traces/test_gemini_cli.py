@@ -32,3 +32,10 @@ def test_stream_json_deltas_tools_and_runs() -> None:
     assert final.action.text == "The edit failed; please check a.py."
     assert hi.action.text == "Hi!" and hi.prefix == [{"role": "user", "content": "Say hi"}]
     assert rep.parsed == rep.total_lines and not rep.orphans
+
+
+def test_stream_json_saved_as_json_is_read_as_a_stream(tmp_path: Path) -> None:
+    saved = tmp_path / "run.json"
+    saved.write_bytes(STREAM.read_bytes())
+    run = ingest([saved])
+    assert len(list(run)) == 4 and run.report.files[0].format == "gemini_cli"
