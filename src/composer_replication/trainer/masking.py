@@ -7,8 +7,9 @@ its tokens would still count in the loss's divisor (``num_items_in_batch`` of DA
 per-sequence mean of GRPO) and in the KL term. :func:`mask_machine_failures` zeroes their
 ``completion_mask`` and ``tool_mask`` (as TRL's ``mask_truncated_completions`` does for truncated
 ones), drops every group left with fewer than 2 graded rollouts (a group of one has no baseline:
-its advantages are zeroed and all its rows masked), and recounts ``num_items_in_batch``. The
-channels read the same masks, so self-distillation and distillation skip the rows too.
+its advantages are zeroed and all its rows masked), and recounts ``num_items_in_batch``. It marks
+the rows in ``infra_masked`` ``[B]``: self-distillation gives them no hint, distillation sends
+no teacher a row whose completion mask is empty.
 
 :class:`InfraBudget` stops a run whose machine fails too often: more than ``max_frac`` of a
 step's rollouts masked for :data:`PATIENCE` steps in a row.
@@ -70,6 +71,7 @@ def mask_machine_failures(
     before = _loss_tokens(batch)
     keep_B1 = keep_B[:, None].to(batch["completion_mask"].dtype)
     batch["completion_mask"] = batch["completion_mask"] * keep_B1
+    batch["infra_masked"] = ~keep_B  # the channels skip these rows (no hint, no teacher)
     if "tool_mask" in batch:
         batch["tool_mask"] = batch["tool_mask"] * keep_B1.to(batch["tool_mask"].dtype)
     adv = batch["advantages"]
