@@ -20,6 +20,7 @@ from composer_replication.sandbox.infra import (
     SLOT_TIMEOUT,
     InfraFailure,
 )
+from composer_replication.trainer.callbacks import METRICS_FILE, read_metrics
 from composer_replication.trainer.masking import (
     InfraBudget,
     InfraFailureBudgetError,
@@ -190,3 +191,34 @@ def test_budget_stops_after_three_steps_over_the_share_with_one_line():
         budget.observe(over, 5)
     line = str(err.value)
     assert "\n" not in line and "sandbox_start" in line and "step 5" in line
+
+
+def test_a_run_whose_sandboxes_all_fail_stops_within_three_steps(tmp_path, tokenizer, tiny_model):
+    """HumanEval on a machine whose bwrap cannot be executed: every grading is a
+    ``sandbox_start`` failure, masked; the third step stops the run with one line."""
+    from composer_replication.envs.humaneval import HumanEvalEnv
+
+    cfg = load_config(
+        None,
+        [
+            f"output_dir={tmp_path}",
+            "max_steps=6",
+            "env.name=humaneval",
+            "generation.num_generations=2",
+            "generation.prompts_per_step=2",
+            "generation.max_completion_length=4",
+            "env.num_train=8",
+            "eval.before_and_after=false",
+        ],
+    )
+    env = HumanEvalEnv(sandbox=cfg.sandbox)
+    env.sandbox.bwrap = str(tmp_path / "no-bwrap-here")
+    trainer = build_trainer(cfg, tiny_model, tokenizer, env)
+    with pytest.raises(InfraFailureBudgetError) as err:
+        trainer.train()
+    line = str(err.value)
+    assert "\n" not in line and line.startswith("step 3:") and SANDBOX_START in line
+    assert trainer.state.global_step == 2
+    rows = read_metrics(tmp_path / METRICS_FILE)
+    assert [r["env/infra_failed_frac"] for r in rows] == [1.0, 1.0]
+    assert [r[f"env/infra_failed/{SANDBOX_START}"] for r in rows] == [4.0, 4.0]
