@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from composer_replication.sandbox.infra import InfraFailure
+from composer_replication.sandbox.infra import KINDS, InfraFailure
 
 
 def unit_hash(key: str) -> float:
@@ -79,6 +79,15 @@ def machine_failed(observation: Any, failure: InfraFailure) -> StepResult:
 def infra_kind(result: StepResult) -> str | None:
     """The machine failure kind of ``result``, or None for a real verdict."""
     return result.info.get(INFRA_FAILURE)
+
+
+def log_infra_metrics(kinds: list[str | None], log_metric) -> None:
+    """``env/infra_failed_frac`` (share of the rollouts the machine failed) and
+    ``env/infra_failed/<kind>`` (how many, per kind of sandbox/infra.py, every kind every
+    time so that the per-step averages are over the same steps)."""
+    log_metric("env/infra_failed_frac", sum(k is not None for k in kinds) / max(len(kinds), 1))
+    for kind in KINDS:
+        log_metric(f"env/infra_failed/{kind}", float(sum(k == kind for k in kinds)))
 
 
 class Environment(ABC):

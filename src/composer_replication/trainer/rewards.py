@@ -16,10 +16,9 @@ from typing import Any
 
 import orjson
 
-from composer_replication.envs.base import Environment, StepResult, infra_kind
+from composer_replication.envs.base import Environment, StepResult, infra_kind, log_infra_metrics
 from composer_replication.envs.tools import tool_call_counts, tool_methods
 from composer_replication.lm.chat import to_text
-from composer_replication.sandbox.infra import KINDS
 
 
 class EnvReward:
@@ -97,12 +96,3 @@ class EnvReward:
             self.episode_log.parent.mkdir(parents=True, exist_ok=True)
             with open(self.episode_log, "ab") as fh:
                 fh.write(orjson.dumps(line, default=str) + b"\n")
-
-
-def log_infra_metrics(kinds: list[str | None], log_metric) -> None:
-    """``env/infra_failed_frac`` (share of the rollouts the machine failed) and
-    ``env/infra_failed/<kind>`` (how many, per kind of sandbox/infra.py, every kind every
-    time so that the per-step averages are over the same steps)."""
-    log_metric("env/infra_failed_frac", sum(k is not None for k in kinds) / max(len(kinds), 1))
-    for kind in KINDS:
-        log_metric(f"env/infra_failed/{kind}", float(sum(k == kind for k in kinds)))
