@@ -967,6 +967,7 @@ def _run_script(
             returncode = p.exit_code(grace_s=1.0)
     except (TimeoutError, EOFError):
         returncode = None if p.timed_out else p.exit_code()
+        p.drain()  # what it wrote before it stopped reading (a bwrap that could not start)
     finally:
         p.close()
     return SandboxResult(
