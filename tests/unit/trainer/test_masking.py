@@ -144,23 +144,20 @@ def test_each_machine_failure_is_masked_counted_and_out_of_the_group_statistics(
                       SERVER_ERROR: [1.0]}  # fmt: skip
     assert metrics["env/pass_rate"] == [pytest.approx(3 / 5)]  # of the 5 graded rollouts
     assert metrics["reward"] == [pytest.approx(3 / 5)]  # TRL's mean leaves the NaN rows out
+    _assert_masked_rows_do_not_move_the_loss(trainer, batch, kept)
 
 
-def test_masked_rows_do_not_move_the_loss(tmp_path, tokenizer, tiny_model):
-    """The loss of the masked batch equals the loss of the batch without the masked rows (the
-    same tokens, advantages and divisor): whatever their completions, they add nothing."""
-    trainer, inputs = _scripted_trainer(tmp_path, tokenizer, tiny_model, PLAN[:2])
-    trainer.model.train()
-    batch = trainer._generate_and_score_completions(inputs)
+def _assert_masked_rows_do_not_move_the_loss(trainer, batch, kept):
+    """The loss of the masked batch, whatever its masked rows' completions, equals the loss of
+    the batch without them (the same tokens, advantages and divisor)."""
     trainer.current_gradient_accumulation_steps = 1
     trainer.args.steps_per_generation = 1
-    kept = torch.tensor([0, 1, 4, 7])
-    alone = {k: v[kept] if torch.is_tensor(v) and v.dim() else v for k, v in batch.items()}
+    rows = torch.tensor(kept)
+    alone = {k: v[rows] if torch.is_tensor(v) and v.dim() else v for k, v in batch.items()}
     alone.pop("infra_masked")
-    alone["num_items_in_batch"] = (alone["completion_mask"]).sum()
+    alone["num_items_in_batch"] = alone["completion_mask"].sum()
     assert int(alone["num_items_in_batch"]) == int(batch["num_items_in_batch"])
-    scrambled = dict(batch)
-    scrambled["completion_ids"] = batch["completion_ids"].clone()
+    scrambled = dict(batch, completion_ids=batch["completion_ids"].clone())
     scrambled["completion_ids"][batch["infra_masked"]] = 7
     full = trainer._compute_loss(trainer.model, scrambled)
     assert full.item() == pytest.approx(trainer._compute_loss(trainer.model, alone).item())
