@@ -452,18 +452,22 @@ class ComposerReplicationTrainer(GRPOTrainer):
             return
         marks = [g.last_infra_kinds for g in graders]
         kinds = [next((k for k in row if k is not None), None) for row in zip(*marks, strict=True)]
-        rows, total = slice(None), lambda t: t
-        if self.accelerator.num_processes > 1:
+        g = self.num_generations if self.model.training else self.num_generations_eval
+        if self.accelerator.num_processes == 1:
+            masked = mask_machine_failures(batch, kinds, g)
+        else:  # groups may span processes: every process's marks, this one's rows
             from accelerate.utils import gather_object
 
             start = self.accelerator.process_index * len(kinds)
             rows, kinds = slice(start, start + len(kinds)), gather_object(kinds)
-            total = lambda t: self.accelerator.gather(t).sum()  # noqa: E731
-        g = self.num_generations if self.model.training else self.num_generations_eval
-        masked = mask_machine_failures(batch, kinds, g, total, rows)
+            masked = mask_machine_failures(batch, kinds, g, self._summed, rows)
         if self.model.training:
             self._step_kinds.extend(kinds)
             self._infra_dropped += masked.dropped_groups
+
+    def _summed(self, count: torch.Tensor) -> torch.Tensor:
+        """``count`` summed over the processes (as TRL counts ``num_items_in_batch``)."""
+        return self.accelerator.gather(count).sum()
 
     def _check_infra_budget(self) -> None:
         """One step's rollouts (every round of it) against the budget: stops the run with one
