@@ -36,8 +36,15 @@ from composer_replication.agents.policy import TrainerPolicy
 from composer_replication.agents.proxy import Policy, PolicyProxy, Turn
 from composer_replication.agents.sandboxed import AgentRun, run_agent
 from composer_replication.config import AgentProxyConfig, SandboxConfig, UserError
-from composer_replication.envs.base import StepResult, Task
+from composer_replication.envs.base import (
+    StepResult,
+    Task,
+    infra_kind,
+    log_infra_metrics,
+    machine_failed,
+)
 from composer_replication.lm.chat import as_messages, content_text, render_prompt
+from composer_replication.sandbox.infra import InfraFailure
 from composer_replication.sandbox.sandbox import SLOTS, Sandbox, bindable_dir
 from composer_replication.sandbox.shell import ShellResult
 
@@ -54,6 +61,9 @@ class Episode:
     refused: int = 0
     run: ShellResult | None = None
     seconds: float = 0.0
+    infra: InfraFailure | None = None
+    """The agent's sandbox never started (before its first request): the machine's failure,
+    the episode is masked (sandbox/infra.py)."""
 
 
 def harness_venv(cfg: AgentProxyConfig) -> str:
@@ -125,6 +135,9 @@ class AgentEpisodes:
         try:
             ep.run = run_agent(self.box, tools.workspace, run, self._socket_dir, SOCKET,
                                python_path=(pytest_tools(reqs),))  # fmt: skip
+        except InfraFailure as e:  # the sandbox start or slot wait, before any request
+            ep.infra = e
+            return ep
         finally:
             ep.seconds = time.monotonic() - start
             ep.turns, ep.refused = self.proxy.close_episode(key)
@@ -134,10 +147,13 @@ class AgentEpisodes:
         return ep
 
     def grade(self, episodes: list[Episode]) -> list[StepResult]:
-        """The environment's grading of each episode's workspace (removes the workspaces)."""
-        messages = [e.turns[-1].messages if e.turns else [] for e in episodes]
-        return self.env.grade_episodes([e.task for e in episodes], messages,
-                                       [e.tools for e in episodes])  # fmt: skip
+        """The environment's grading of each episode's workspace (removes the workspaces);
+        an episode whose sandbox never started is the machine's failure, not graded."""
+        ran = [e for e in episodes if e.infra is None]
+        messages = [e.turns[-1].messages if e.turns else [] for e in ran]
+        graded = iter(self.env.grade_episodes([e.task for e in ran], messages,
+                                              [e.tools for e in ran]) if ran else [])  # fmt: skip
+        return [next(graded) if e.infra is None else machine_failed("", e.infra) for e in episodes]
 
     # ---- plumbing --------------------------------------------------------------------------
     def _start(self, trainer: Any) -> None:
@@ -213,9 +229,18 @@ class AgentReward:
 
     def __call__(self, prompts, completions, agent_result, log_metric=None, **_: Any):
         self.last_results = list(agent_result)
+        kinds = self.last_infra_kinds
         if log_metric is not None and self.last_results:
             n = len(self.last_results)
-            log_metric("env/pass_rate", sum(r.passed for r in self.last_results) / n)
+            graded = [r for r, k in zip(self.last_results, kinds, strict=True) if k is None]
+            if graded:
+                log_metric("env/pass_rate", sum(r.passed for r in graded) / len(graded))
             flagged = sum(bool(r.info.get("flags")) for r in self.last_results)
             log_metric("env/flagged_frac", flagged / n)
-        return [r.reward for r in self.last_results]
+            log_infra_metrics(kinds, log_metric)
+        return [None if k else r.reward for r, k in zip(self.last_results, kinds, strict=True)]
+
+    @property
+    def last_infra_kinds(self) -> list[str | None]:
+        """Per episode of the last batch: the machine failure kind, or None if graded."""
+        return [infra_kind(r) for r in self.last_results]

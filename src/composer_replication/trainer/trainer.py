@@ -66,6 +66,7 @@ from composer_replication.rollout import (
     until_eos,
 )
 from composer_replication.trainer.data import ROW_ID
+from composer_replication.trainer.masking import InfraBudget, mask_machine_failures
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
         task_sampler: ``data.sampler`` (envs/sampler.py): an adaptive one chooses each training
             round's tasks, DAPO's refills included; any one is updated with each scored group's
             verdicts, logs ``sampler/*`` and travels in checkpoints (``task_sampler.json``).
+        max_infra_failed_frac: the run stops when more than this share of a step's rollouts
+            were gradings the machine failed (masked, trainer/masking.py) for 3 steps in a row.
 
     A channel that needs verdicts (``needs_verdicts``) needs a reward function that keeps them
     (``last_results``, as :class:`~composer_replication.trainer.rewards.EnvReward` does).
@@ -127,6 +130,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         concurrent_tools: bool = True,
         policy_weight: float = 1.0,
         task_sampler: TaskSampler | None = None,
+        max_infra_failed_frac: float = 0.5,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
@@ -150,6 +154,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self._refill_rows: Iterator[dict[str, Any]] | None = None
         self.task_sampler = self._check_sampler(task_sampler)
         self._sampler_rows = self._rows_of_tasks()
+        self.infra_budget = InfraBudget(max_infra_failed_frac)
+        self._step_kinds: list[str | None] = []
+        self._infra_dropped = 0
 
     def channel(self, name: str) -> Channel | None:
         """The enabled channel called ``name``, if any."""
@@ -385,6 +392,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         need kept alongside (lists travel through TRL's shuffle/split like tensors)."""
         with self._resets_at_once(inputs):
             batch = super()._generate_and_score_completions(inputs)
+        self._mask_machine_failures(batch)
         if "tool_mask" in batch and self.model.training:
             turns_B = turn_index(batch["tool_mask"], batch["completion_mask"]).amax(dim=1) + 1
             self._metrics["train"]["rollout/turns"].append(float(turns_B.float().mean()))
@@ -404,6 +412,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         if self.model.training:
             inputs = self._sampled_inputs(inputs)
         batch = self._dynamic_sampling(inputs) if self.model.training else self._score_round(inputs)
+        self._check_infra_budget()
         if self.channels:
             results = batch.pop("_results", [])
             rollouts = Rollouts(
@@ -434,6 +443,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
             refills += 1
         n_informative = sum(len(k) for k in keep_idx)
         self._metrics["train"]["dynamic_sampling/refills"].append(float(refills))
+        self._metrics["train"]["dynamic_sampling/infra_dropped_groups"].append(
+            float(self._infra_dropped)
+        )
         self._metrics["train"]["dynamic_sampling/informative_frac"].append(
             min(n_informative, n_groups) / n_groups
         )
@@ -445,6 +457,40 @@ class ComposerReplicationTrainer(GRPOTrainer):
             ties = [gi for gi in range(n_groups) if gi not in set(keep_idx[0])]
             picks += [(0, gi) for gi in ties[: n_groups - len(picks)]]
         return merge_groups(kept, picks[:n_groups], g)
+
+    # ---- rollouts the machine failed leave the gradient (trainer/masking.py) ------------
+    def _mask_machine_failures(self, batch: dict[str, Any]) -> None:
+        """Mask the rows whose grading the machine failed (a reward function's
+        ``last_infra_kinds``, as EnvReward keeps them); in training, count them for the step's
+        budget (``grpo.max_infra_failed_frac``) and count the groups dropped."""
+        graders = [f for f in self.reward_funcs if hasattr(f, "last_infra_kinds")]
+        if not graders:
+            return
+        marks = [g.last_infra_kinds for g in graders]
+        kinds = [next((k for k in row if k is not None), None) for row in zip(*marks, strict=True)]
+        g = self.num_generations if self.model.training else self.num_generations_eval
+        if self.accelerator.num_processes == 1:
+            masked = mask_machine_failures(batch, kinds, g)
+        else:  # groups may span processes: every process's marks, this one's rows
+            from accelerate.utils import gather_object
+
+            start = self.accelerator.process_index * len(kinds)
+            rows, kinds = slice(start, start + len(kinds)), gather_object(kinds)
+            masked = mask_machine_failures(batch, kinds, g, self._summed, rows)
+        if self.model.training:
+            self._step_kinds.extend(kinds)
+            self._infra_dropped += masked.dropped_groups
+
+    def _summed(self, count: torch.Tensor) -> torch.Tensor:
+        """``count`` summed over the processes (as TRL counts ``num_items_in_batch``)."""
+        return self.accelerator.gather(count).sum()
+
+    def _check_infra_budget(self) -> None:
+        """One step's rollouts (every round of it) against the budget: stops the run with one
+        line naming the commonest kind after 3 steps in a row over it."""
+        kinds, self._step_kinds, self._infra_dropped = self._step_kinds, [], 0
+        if self.model.training and kinds:
+            self.infra_budget.observe(kinds, self.state.global_step + 1)
 
     def _next_refill_inputs(self, n_groups: int) -> list[dict[str, Any]]:
         if self.task_sampler is not None and self.task_sampler.adaptive:
@@ -517,7 +563,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     def _update_sampler(self, inputs: list[dict[str, Any]], rewards_per_func) -> None:
         """Each group's verdicts (a reward function's ``last_results[i].passed``, else the
-        weighted reward against ``success_threshold``) into the sampler; its metrics logged."""
+        weighted reward against ``success_threshold``) into the sampler, but for rollouts whose
+        grading the machine failed (``last_infra_kinds``: no verdict on the policy); its
+        metrics logged."""
         g = self.num_generations
         verdicts = next(
             (f.last_results for f in self.reward_funcs
@@ -529,10 +577,24 @@ class ComposerReplicationTrainer(GRPOTrainer):
         else:
             weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
             outcomes = (rewards_per_func * weights).nansum(dim=1).tolist()[: len(inputs)]
+        infra = self._machine_failed(len(inputs))
         for start in range(0, len(inputs), g):
-            self.task_sampler.update(inputs[start][ROW_ID], outcomes[start : start + g])
+            graded = [o for o, bad in zip(outcomes[start : start + g], infra[start : start + g],
+                                          strict=True) if not bad]  # fmt: skip
+            if graded:
+                self.task_sampler.update(inputs[start][ROW_ID], graded)
         for key, value in self.task_sampler.drain_metrics().items():
             self._metrics["train"][key].append(value)
+
+    def _machine_failed(self, n: int) -> list[bool]:
+        """Per row of the round: whether a reward function says the machine failed its
+        grading (``last_infra_kinds``, as EnvReward keeps them)."""
+        failed = [False] * n
+        for f in self.reward_funcs:
+            kinds = getattr(f, "last_infra_kinds", ())
+            if len(kinds) == n:
+                failed = [a or b is not None for a, b in zip(failed, kinds, strict=True)]
+        return failed
 
     def _save_sampler(self, ckpt: Path) -> None:
         if self.task_sampler is not None:

@@ -182,3 +182,13 @@ def test_sampler_metrics_get_the_task_mix_panel(tmp_path, monkeypatch):
     labels = {line.get_label() for line in panel.get_lines()}
     assert labels == {"sampler/signal_frac", "sampler/sampled_pass_rate_mean",
                       "sampler/retired_frac"}  # fmt: skip
+
+
+def test_machine_failures_get_a_panel_only_when_the_machine_failed(tmp_path):
+    from composer_replication.trainer.callbacks import infra_keys
+
+    quiet = [{"step": 1, "env/infra_failed_frac": 0.0, "env/infra_failed/sandbox_start": 0.0}]
+    assert infra_keys(quiet) == []
+    rows = quiet + [{"step": 2, "env/infra_failed_frac": 0.5,
+                     "env/infra_failed/sandbox_start": 0.0, "env/infra_failed/slot_timeout": 2.0}]  # fmt: skip
+    assert infra_keys(rows) == ["env/infra_failed_frac", "env/infra_failed/slot_timeout"]

@@ -58,3 +58,40 @@ def test_adaptive_run_resumes_the_same_task_sequence(tmp_path):
     rows = read_metrics(full / "metrics.jsonl")
     assert all(0.0 <= r["sampler/signal_frac"] <= 1.0 for r in rows)
     assert all("sampler/sampled_pass_rate_p50" in r for r in rows)
+
+
+def test_sampler_updates_skip_machine_failures_and_fall_back_to_the_reward_threshold():
+    """The update of one scored round, without a model: verdicts where the reward function
+    keeps them (rows whose grading the machine failed left out), else rewards against
+    ``success_threshold``."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    import torch
+
+    from composer_replication.config.data import AdaptiveSamplerConfig
+    from composer_replication.envs.sampler import TaskSampler
+    from composer_replication.trainer.trainer import ComposerReplicationTrainer as T
+
+    inputs = [{"task_id": t} for t in ("a", "a", "b", "b")]
+    graded = SimpleNamespace(
+        last_results=[SimpleNamespace(passed=p) for p in (True, False, False, False)],
+        last_infra_kinds=[None, "sandbox_timeout", None, None],
+    )
+    for funcs, rewards, expected, signal in (
+        ([graded], [1.0, 0.0, 0.0, 0.0], {"a": (1, 0), "b": (0, 2)}, 0.0),  # a: one graded
+        ([lambda **_: None], [0.9, 0.2, 0.7, 0.6], {"a": (1, 1), "b": (2, 0)}, 0.5),
+    ):
+        fake = SimpleNamespace(
+            num_generations=2,
+            reward_funcs=funcs,
+            reward_weights=torch.ones(1),
+            task_sampler=TaskSampler(["a", "b"], 2, 0, AdaptiveSamplerConfig()),
+            _metrics={"train": defaultdict(list)},
+        )
+        fake._machine_failed = lambda n, fake=fake: T._machine_failed(fake, n)
+        T._update_sampler(fake, inputs, torch.tensor(rewards).unsqueeze(1))
+        sampler = fake.task_sampler
+        got = {t: (sampler.successes[t], sampler.failures[t]) for t in ("a", "b")}
+        assert got == expected
+        assert fake._metrics["train"]["sampler/signal_frac"] == [signal]
