@@ -34,6 +34,7 @@ from composer_replication.config.channels import (
     SdpoConfig,
     move_weight_aliases,
 )
+from composer_replication.config.data import DataConfig
 from composer_replication.config.diloco import DilocoConfig
 from composer_replication.config.env import (
     ArithmeticEnvConfig,
@@ -268,7 +269,7 @@ class RunConfig(StrictModel):
     this config's (this config's settings then apply from the resumed step on)."""
     resume_override_config: bool = False
     """Resume even when the run's saved ``config.yaml`` differs from this config in what it
-    trains (seed, model, peft, env, sandbox, generation, rollout, grpo, optim, agent_proxy;
+    trains (seed, model, peft, env, sandbox, generation, rollout, grpo, optim, agent_proxy, data;
     this config's settings then apply from the resumed step on). ``max_steps``, threads,
     ``eval``, ``logging``, ``diloco`` and where the run saves may change without it; channel
     settings have ``resume_override_channels``."""
@@ -294,6 +295,9 @@ class RunConfig(StrictModel):
     agent_proxy: AgentProxyConfig = Field(default_factory=AgentProxyConfig)
     """Rollouts by an unmodified agent harness driving the policy through a proxy (off by
     default; docs/agents.md)."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Which training tasks each step's groups are for: ``data.sampler: uniform | adaptive``
+    (config/data.py, envs/sampler.py; docs/channels.md)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -267,6 +267,20 @@ def progress_callback(console=None):
     return StepLineCallback(lambda line: plain_line(console, line))
 
 
+def build_task_sampler(cfg: RunConfig, env, dataset):
+    """``data.sampler`` over the training dataset's tasks (the held-out split's ids refused)."""
+    from composer_replication.envs.sampler import TaskSampler
+    from composer_replication.trainer.data import ROW_ID
+
+    return TaskSampler(
+        list(dict.fromkeys(dataset[ROW_ID])),
+        cfg.generation.num_generations,
+        cfg.seed,
+        cfg.data.sampler,
+        heldout_ids=[t.task_id for t in env.tasks("heldout")],
+    )
+
+
 def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_kwargs=None):
     """A ComposerReplicationTrainer wired with our reward, dataset, channels and callbacks
     (``channel_kwargs``: extra constructor arguments per channel name, see build_channels)."""
@@ -306,6 +320,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         max_infra_failed_frac=cfg.grpo.max_infra_failed_frac,
         shared_prefix=cfg.generation.shared_prefix,
         concurrent_tools=cfg.rollout.concurrent_tools,
+        task_sampler=build_task_sampler(cfg, env, dataset),
         **tools,
     )
     from transformers.trainer_callback import PrinterCallback

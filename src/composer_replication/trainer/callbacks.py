@@ -157,6 +157,17 @@ TOOL_KEYS = (
 )
 """Metrics of multi-turn tool rollouts drawn in their own panel when present."""
 
+SAMPLER_KEYS = (
+    "sampler/signal_frac",
+    "sampler/sampled_pass_rate_mean",
+    "sampler/sampled_pass_rate_p10",
+    "sampler/sampled_pass_rate_p90",
+    "sampler/retired_frac",
+)
+"""``data.sampler``'s metrics (envs/sampler.py), drawn in their own panel when present: the
+share of groups with a GRPO signal and how hard the drawn tasks were (their pass-rate
+estimates' mean and 10/90% quantiles), and the share of tasks retired as solved."""
+
 
 INFRA_PREFIX = "env/infra_failed"
 """Prefix of the machine-failure metrics (trainer/rewards.py ``log_infra_metrics``)."""
@@ -194,6 +205,9 @@ def plot_metrics(metrics_path: str | Path, out_path: str | Path | None = None) -
     tool_keys = [k for k in TOOL_KEYS if any(k in r for r in rows)]
     if tool_keys:  # multi-turn tool rollouts: calls, failures, turns and pass rate per step
         panels.insert(1, ("tool rollouts (per rollout)", tool_keys))
+    sampler_keys = [k for k in SAMPLER_KEYS if any(k in r for r in rows)]
+    if sampler_keys:  # how the task mix moves (data.sampler)
+        panels.insert(1, ("task mix (data.sampler)", sampler_keys))
     if infra := infra_keys(rows):  # gradings the machine failed, masked
         panels.insert(1, ("machine failures (masked rollouts)", infra))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))

@@ -50,6 +50,7 @@ from composer_replication.config import (
     check_resume_channels,
     recorded_channels,
 )
+from composer_replication.envs.sampler import SAMPLER_FILE, TaskSampler
 from composer_replication.lm.models import HiddenCapture, backbone, pad_token_id
 from composer_replication.lm.prefix import (
     completion_logps_with_prefix,
@@ -64,9 +65,13 @@ from composer_replication.rollout import (
     undo_resets,
     until_eos,
 )
+from composer_replication.trainer.data import ROW_ID
 from composer_replication.trainer.masking import InfraBudget, mask_machine_failures
 
 log = logging.getLogger(__name__)
+
+DRAWS_FILE = "task_draws.jsonl"
+"""The tasks of each training round (``data.sampler``), one JSON line per round."""
 
 MAX_TOOL_THREADS = 64
 """Threads that run one turn's tool calls (one per rollout up to this); the sandbox slots and
@@ -104,6 +109,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
             (``rollout.TurnCalls``; bounded by the sandbox slots and the OpenEnv connection
             limit), with the messages, masks and metrics of TRL's one-rollout-after-another
             loop (default on). Off: TRL's loop as it is.
+        task_sampler: ``data.sampler`` (envs/sampler.py): an adaptive one chooses each training
+            round's tasks, DAPO's refills included; any one is updated with each scored group's
+            verdicts, logs ``sampler/*`` and travels in checkpoints (``task_sampler.json``).
         max_infra_failed_frac: the run stops when more than this share of a step's rollouts
             were gradings the machine failed (masked, trainer/masking.py) for 3 steps in a row.
 
@@ -121,6 +129,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         shared_prefix: bool = True,
         concurrent_tools: bool = True,
         policy_weight: float = 1.0,
+        task_sampler: TaskSampler | None = None,
         max_infra_failed_frac: float = 0.5,
         **kwargs: Any,
     ):
@@ -143,6 +152,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.concurrent_tools = concurrent_tools
         self.channel_reports: list[str] = []
         self._refill_rows: Iterator[dict[str, Any]] | None = None
+        self.task_sampler = self._check_sampler(task_sampler)
+        self._sampler_rows = self._rows_of_tasks()
         self.infra_budget = InfraBudget(max_infra_failed_frac)
         self._step_kinds: list[str | None] = []
         self._infra_dropped = 0
@@ -164,6 +175,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             for channel in self.channels:  # one the checkpoint did not have starts fresh
                 if channel.name in recorded:
                     channel.load(str(resume_from_checkpoint))
+            self._load_sampler(resume_from_checkpoint)
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):
@@ -182,6 +194,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             for channel in self.channels:
                 if not channel.state_per_rank:
                     channel.save(str(ckpt))
+            self._save_sampler(ckpt)
         super()._save_checkpoint(model, trial)
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
@@ -223,6 +236,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             "total",
             "dynamic_sampling",
             "rollout",
+            "sampler",
             *(c.prefix.rstrip("/") for c in self.channels),
         }
 
@@ -395,6 +409,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
         return batch
 
     def _generate_and_score_completions(self, inputs):
+        if self.model.training:
+            inputs = self._sampled_inputs(inputs)
         batch = self._dynamic_sampling(inputs) if self.model.training else self._score_round(inputs)
         self._check_infra_budget()
         if self.channels:
@@ -477,10 +493,124 @@ class ComposerReplicationTrainer(GRPOTrainer):
             self.infra_budget.observe(kinds, self.state.global_step + 1)
 
     def _next_refill_inputs(self, n_groups: int) -> list[dict[str, Any]]:
+        if self.task_sampler is not None and self.task_sampler.adaptive:
+            return self._draw_rows(n_groups, "refill")
         if self._refill_rows is None:
             self._refill_rows = _cycle_shuffled(self.train_dataset, seed=self.args.seed + 1)
         rows = [next(self._refill_rows) for _ in range(n_groups)]
         return [row for row in rows for _ in range(self.num_generations)]
+
+    # ---- data.sampler: the tasks of each training round (envs/sampler.py) -----------------
+    def _check_sampler(self, sampler: TaskSampler | None) -> TaskSampler | None:
+        """The sampler this process uses: an adaptive one needs one process (every process
+        would have to draw the same groups and see every group's verdicts); a uniform one on
+        several processes is dropped (a group may span processes: no ``sampler/*`` metrics)."""
+        if sampler is None or self.accelerator.num_processes == 1:
+            return sampler
+        if sampler.adaptive:
+            raise ValueError("data.sampler adaptive runs on one process (got "
+                             f"{self.accelerator.num_processes})")  # fmt: skip
+        log.info("data.sampler uniform on %d processes: no sampler/* metrics",
+                 self.accelerator.num_processes)  # fmt: skip
+        return None
+
+    def _rows_of_tasks(self) -> dict[str, int]:
+        """The first dataset row of each training task (the rows the sampler's draws become)."""
+        if self.task_sampler is None:
+            return {}
+        rows: dict[str, int] = {}
+        for index, task_id in enumerate(self.train_dataset[ROW_ID]):
+            rows.setdefault(task_id, index)
+        unknown = sorted(set(self.task_sampler.task_ids) - set(rows))
+        if unknown:
+            raise ValueError(f"data.sampler: tasks not in the training dataset: {unknown[:3]}")
+        return rows
+
+    def _sampled_inputs(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A training round's rows: the dataloader's (uniform), or as many groups drawn from
+        the adaptive sampler. Drawn here, at generation time, not in the dataloader: the
+        loader runs a batch ahead (a checkpoint would hold the draws of a batch not trained
+        on) and on resume HF skips the trained batches through it; TRL's loader stays as it
+        is and only sets how many rows a round has, so skipping it draws nothing."""
+        if self.task_sampler is None or not self.task_sampler.adaptive:
+            self._log_draws("batch", [x[ROW_ID] for x in inputs[:: self.num_generations]])
+            return inputs
+        return self._draw_rows(len(inputs) // self.num_generations, "batch")
+
+    def _draw_rows(self, n_groups: int, kind: str) -> list[dict[str, Any]]:
+        """``n_groups`` tasks from the sampler as dataset rows, each ``num_generations`` times
+        in a row (TRL's ``RepeatSampler`` order: a group's rollouts are adjacent)."""
+        tasks = self.task_sampler.next_tasks(n_groups)
+        self._log_draws(kind, tasks)
+        rows = [self.train_dataset[self._sampler_rows[t]] for t in tasks]
+        return [row for row in rows for _ in range(self.num_generations)]
+
+    def _log_draws(self, kind: str, tasks: list[str]) -> None:
+        """One line of ``task_draws.jsonl`` in the run directory per training round."""
+        if self.task_sampler is None or not self.accelerator.is_main_process:
+            return
+        line = {"step": self.state.global_step + 1, "round": kind, "tasks": tasks}
+        with open(Path(self.args.output_dir) / DRAWS_FILE, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(
+            inputs, prompts, completions, completion_ids_list
+        )
+        if self.task_sampler is not None and self.model.training:
+            self._update_sampler(inputs, rewards_per_func)
+        return rewards_per_func
+
+    def _update_sampler(self, inputs: list[dict[str, Any]], rewards_per_func) -> None:
+        """Each group's verdicts (a reward function's ``last_results[i].passed``, else the
+        weighted reward against ``success_threshold``) into the sampler, but for rollouts whose
+        grading the machine failed (``last_infra_kinds``: no verdict on the policy); its
+        metrics logged."""
+        g = self.num_generations
+        verdicts = next(
+            (f.last_results for f in self.reward_funcs
+             if len(getattr(f, "last_results", ())) == len(inputs)),
+            None,
+        )  # fmt: skip
+        if verdicts is not None:
+            outcomes: list[float | bool] = [bool(r.passed) for r in verdicts]
+        else:
+            weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+            outcomes = (rewards_per_func * weights).nansum(dim=1).tolist()[: len(inputs)]
+        infra = self._machine_failed(len(inputs))
+        for start in range(0, len(inputs), g):
+            graded = [o for o, bad in zip(outcomes[start : start + g], infra[start : start + g],
+                                          strict=True) if not bad]  # fmt: skip
+            if graded:
+                self.task_sampler.update(inputs[start][ROW_ID], graded)
+        for key, value in self.task_sampler.drain_metrics().items():
+            self._metrics["train"][key].append(value)
+
+    def _machine_failed(self, n: int) -> list[bool]:
+        """Per row of the round: whether a reward function says the machine failed its
+        grading (``last_infra_kinds``, as EnvReward keeps them)."""
+        failed = [False] * n
+        for f in self.reward_funcs:
+            kinds = getattr(f, "last_infra_kinds", ())
+            if len(kinds) == n:
+                failed = [a or b is not None for a, b in zip(failed, kinds, strict=True)]
+        return failed
+
+    def _save_sampler(self, ckpt: Path) -> None:
+        if self.task_sampler is not None:
+            state = json.dumps(self.task_sampler.state_dict(), sort_keys=True)
+            (ckpt / SAMPLER_FILE).write_text(state)
+
+    def _load_sampler(self, checkpoint: str | Path) -> None:
+        """The sampler's state from the checkpoint (one saved without it: the sampler starts
+        fresh, with a warning)."""
+        if self.task_sampler is None or not isinstance(checkpoint, (str, Path)):
+            return
+        path = Path(checkpoint) / SAMPLER_FILE
+        if not path.is_file():
+            log.warning("%s has no %s: the task sampler starts fresh", checkpoint, SAMPLER_FILE)
+            return
+        self.task_sampler.load_state_dict(json.loads(path.read_text()))
 
 
 class _ChannelCallback(TrainerCallback):

@@ -168,6 +168,22 @@ def test_a_damaged_row_inside_the_file_names_its_line(tmp_path, text, where):
         read_metrics(path)
 
 
+def test_sampler_metrics_get_the_task_mix_panel(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    made = []
+    subplots = plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *a, **k: made.append(subplots(*a, **k)) or made[-1])
+    rows = [{"step": s, "reward": 0.1, "loss": 0.0, "sampler/signal_frac": 0.2 * s,
+             "sampler/sampled_pass_rate_mean": 0.5, "sampler/retired_frac": 0.1} for s in (1, 2)]  # fmt: skip
+    (tmp_path / METRICS_FILE).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    assert plot_metrics(tmp_path / METRICS_FILE) is not None
+    panel = next(ax for ax in made[0][1] if ax.get_title() == "task mix (data.sampler)")
+    labels = {line.get_label() for line in panel.get_lines()}
+    assert labels == {"sampler/signal_frac", "sampler/sampled_pass_rate_mean",
+                      "sampler/retired_frac"}  # fmt: skip
+
+
 def test_machine_failures_get_a_panel_only_when_the_machine_failed(tmp_path):
     from composer_replication.trainer.callbacks import infra_keys
 
