@@ -22,6 +22,15 @@ random-init model of Qwen2.5-0.5B's shape built from a config, ``bench/config_mo
 ``--device cuda`` reports peak GPU memory (``torch.cuda.max_memory_allocated``) instead of
 peak RSS, runs ``configs/gpu/qwen2.5-0.5b.yaml`` with transformers generation (no vLLM) and
 one gradient-accumulation step.
+
+``--lockstep`` interleaves single steps instead of whole runs: one worker per variant starts
+once (model loads overlap), then the parent lets them step in turn (grpo, composer, grpo, ...;
+a worker waits between its steps, the device synchronized at each step's end), ``--rounds``
+rounds after one warm-up round. Each round gives a ratio composer / grpo of its two steps; the
+table gives the median ratio and its range over the rounds, and each worker's own peak memory.
+Startup is paid once per variant, which is what makes several rounds fit a short GPU lease:
+
+    python bench/bench_step.py --device cuda --model-config qwen2.5-0.5b --lockstep --rounds 4
 """
 
 from __future__ import annotations
@@ -38,6 +47,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from lockstep import ratios, run_rounds, turn_callback  # noqa: E402 - bench/lockstep.py
+
 VARIANTS = ("grpo", "composer", "composer_padded")
 """TRL's GRPOTrainer; our three channels (shared prompt prefixes run once, the default); the
 same with ``generation.shared_prefix=false`` (TRL's padded forwards and generation)."""
@@ -87,6 +99,7 @@ def worker(
     threads: int,
     config: str | None = None,
     extra: list[str] | None = None,
+    lockstep: bool = False,
 ) -> dict:
     import torch
     from transformers import TrainerCallback
@@ -143,13 +156,14 @@ def worker(
         def on_step_end(self, args, state, control, **kw):
             times.append(time.perf_counter() - self.t)
 
-    trainer.add_callback(Timer())
+    trainer.add_callback(turn_callback(times) if lockstep else Timer())
     trainer.args.save_strategy = "no"
     trainer.train()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if torch.cuda.is_available():  # the trainer placed the model on the GPU
         peak_mb = torch.cuda.max_memory_allocated() / 2**20
-    return {"variant": variant, "step_s": times[1:] or times, "peak_rss_mb": peak_mb}
+    kept = times if lockstep else (times[1:] or times)  # lockstep: the parent drops round 0
+    return {"variant": variant, "step_s": kept, "peak_rss_mb": peak_mb}
 
 
 def main() -> None:
@@ -170,13 +184,19 @@ def main() -> None:
     )
     ap.add_argument("--smoke", action="store_true", help="tiny model and batch, 1 round, CPU")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument(
+        "--lockstep", action="store_true", help="interleave single steps of long-lived workers"
+    )
     ap.add_argument("--extra", action="append", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        res = worker(args.worker, args.steps, args.threads, args.config, args.extra)
+        res = worker(args.worker, args.steps, args.threads, args.config, args.extra, args.lockstep)
         print("RESULT " + json.dumps(res))
         return
     extra, variants = _setup(args)
+    if args.lockstep:
+        lockstep(args, extra, variants)
+        return
     results: dict[str, list[dict]] = {v: [] for v in variants}
     failed: list[str] = []
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TRL_EXPERIMENTAL_SILENCE": "1"}
@@ -230,12 +250,67 @@ def main() -> None:
     )
 
 
+def lockstep(args, extra: list[str], variants: list[str]) -> None:
+    """``--lockstep`` (module docstring; bench/lockstep.py): one long-lived worker per variant,
+    single steps in turn, ``--rounds`` rounds after a warm-up round; results written after every
+    round."""
+    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    if args.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    commands = {v: [sys.executable, __file__, "--worker", v, "--lockstep",
+                    "--steps", str(args.rounds + 1), "--threads", str(args.threads),
+                    *(["--config", args.config] if args.config else []),
+                    *(f"--extra={x}" for x in extra)] for v in variants}  # fmt: skip
+    out: dict = {"args": vars(args), "mode": "lockstep", "rounds": []}
+
+    def on_round(r: int, times: dict[str, float]) -> None:
+        out["rounds"].append(times)
+        print(f"round {r}/{args.rounds}: " + ", ".join(f"{v} {t:.2f} s" for v, t in times.items()),
+              flush=True)  # fmt: skip
+        _dump_lockstep(args, out, {})
+
+    _, results = run_rounds(commands, args.rounds, env, on_round, cwd=str(REPO))
+    _dump_lockstep(args, out, {v: r["peak_rss_mb"] for v, r in results.items()})
+    _print_lockstep(args, out, variants)
+
+
+def _dump_lockstep(args, out: dict, peaks: dict) -> None:
+    """``results`` in the shape of the other mode (per variant a list of one worker's steps)
+    plus each variant's per-round ratio to grpo (bench/lockstep.py ``ratios``)."""
+    variants = list(out["rounds"][0])
+    out["results"] = {v: [{"variant": v, "step_s": [r[v] for r in out["rounds"]],
+                           "peak_rss_mb": peaks.get(v)}] for v in variants}  # fmt: skip
+    if "grpo" in variants:
+        out["ratio"] = {v: ratios(out["rounds"], v, "grpo") for v in variants if v != "grpo"}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out))
+
+
+def _print_lockstep(args, out: dict, variants: list[str]) -> None:
+    mem_name = "peak GPU memory (MiB)" if args.device == "cuda" else "peak RSS (MB)"
+    res = {v: out["results"][v][0] for v in variants}
+    print()
+    print(f"| variant | median step time (s), range | {mem_name} |")
+    print("| --- | --- | --- |")
+    for v in variants:
+        ts = res[v]["step_s"]
+        print(f"| {v} | {statistics.median(ts):.2f} ({min(ts):.2f}-{max(ts):.2f}) "
+              f"| {res[v]['peak_rss_mb']:.0f} |")  # fmt: skip
+    for v, ratio in out.get("ratio", {}).items():
+        per = ", ".join(f"{x:.2f}" for x in ratio["per_round"])
+        mem = res[v]["peak_rss_mb"] / res["grpo"]["peak_rss_mb"]
+        lo, hi = ratio["range"]
+        print(f"ratio {v} / grpo: time median {ratio['median']:.2f}x (range {lo:.2f}-{hi:.2f}; "
+              f"per round {per}), peak memory {mem:.2f}x")  # fmt: skip
+    print(f"({args.rounds} rounds of single steps in turn after a warm-up round, lockstep)")
+
+
 def _setup(args) -> tuple[list[str], list[str]]:
     """Config overrides and variants for --device/--model-config/--smoke; builds the model."""
     extra: list[str] = []
     if args.smoke:
         args.model_config = args.model_config or "tiny"
-        args.rounds, args.steps = 1, 1
+        args.rounds, args.steps = (min(args.rounds, 2) if args.lockstep else 1), 1
         extra += SMOKE_SHAPE
     elif args.device == "cuda":
         args.config = args.config or "gpu/qwen2.5-0.5b.yaml"

@@ -68,9 +68,14 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
 
 
 def build_model_dir(
-    preset: str, out_dir: Path, tokenizer_dir: Path | None = None, dtype: str = "bfloat16"
+    preset: str,
+    out_dir: Path,
+    tokenizer_dir: Path | None = None,
+    dtype: str = "bfloat16",
+    seed: int = 0,
 ) -> Path:
-    """A loadable model directory (config, random weights, tokenizer) of ``preset``'s shape."""
+    """A loadable model directory (config, random weights from ``seed``, tokenizer) of
+    ``preset``'s shape."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
@@ -88,7 +93,7 @@ def build_model_dir(
         eos_token_id=eos,
         pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else eos,
     )
-    torch.manual_seed(0)  # on the CPU: the benchmark's parent process leaves the GPU alone
+    torch.manual_seed(seed)  # on the CPU: the benchmark's parent process leaves the GPU alone
     model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
@@ -100,8 +105,9 @@ def main() -> None:
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--tokenizer", type=Path, default=None, help="dir with tokenizer.json")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--seed", type=int, default=0, help="of the random weights")
     args = ap.parse_args()
-    print(build_model_dir(args.preset, args.out_dir, args.tokenizer, args.dtype))
+    print(build_model_dir(args.preset, args.out_dir, args.tokenizer, args.dtype, args.seed))
 
 
 if __name__ == "__main__":

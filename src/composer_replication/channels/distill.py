@@ -30,7 +30,10 @@ spent) are masked out and counted (``distill/unrouted_frac``, ``failed_frac``,
 Routing is visible per teacher: ``distill/teacher/<name>/rows`` (rows it scored in the
 step, over its micro-batches and processes), ``.../failed_rows`` (rows it was asked for and could not score, also under
 ``best`` when another teacher took the row), ``.../reverse_kl`` and its running ``requests``,
-``scored_tokens`` and ``cost_usd``.
+``scored_tokens`` and ``cost_usd``. ``distill/teacher_forward_s`` is the wall time of the
+teachers' scoring of the round the step trained on (local forwards, or waiting for a server's
+answers; all teachers at once), so a step's cost can be split into the student's and the
+teachers' share.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import fnmatch
 import json
 import logging
 import math
+import time
 from typing import Any
 
 import torch
@@ -203,7 +207,11 @@ class DistillChannel(Channel):
                  for i in range(len(self.scorers))]  # fmt: skip
         sizes = [len(x) for x in seqs]
         asked = [self._within_budget(i, rows, sizes) for i, rows in enumerate(asked)]
+        started = time.perf_counter()
         results = _run(self._score_all(asked, seqs, plens))
+        batch["distill_teacher_s"] = torch.full(
+            (n_rows,), time.perf_counter() - started, device=device
+        )
         choice = self._choose(wanted, asked, results, lengths, batch)
         status = torch.full((n_rows,), UNROUTED, dtype=torch.long)
         actual = torch.full((n_rows, k_len), math.nan)
@@ -436,6 +444,8 @@ class DistillChannel(Channel):
         frac = {k: float((status == v).sum()) / with_tokens for k, v in
                 (("scored_frac", SCORED), ("unrouted_frac", UNROUTED), ("failed_frac", FAILED),
                  ("over_budget_frac", OVER_BUDGET))}  # fmt: skip
+        if "distill_teacher_s" in batch:  # set by attach: the round's seconds, on every row
+            frac["teacher_forward_s"] = float(batch["distill_teacher_s"][0])
         teacher = batch["distill_teacher"]
         failed_by = batch["distill_failed_by"]
         for i, s in enumerate(self.scorers):

@@ -4,7 +4,8 @@ distill.weight=... distill.teachers=...`` with a local teacher, and with ``compo
 serve`` as a remote teacher over 127.0.0.1 (vLLM's top-k ``prompt_logprobs``), each 2 steps
 with every extra channel non-zero; two teachers routed by task each score only their rows; a
 teacher that fails leaves its rows reported unscored; a teacher with another tokenizer is
-refused before any model loads.
+refused before any model loads. Every step's row in ``metrics.jsonl`` has the teachers'
+scoring seconds (``distill/teacher_forward_s``).
 
 The random student never answers right, so GRPO's advantages (and ``policy/loss``) are 0
 here: the extra channels are the whole update, which is what these tests look at."""
@@ -47,6 +48,8 @@ def _train_cli(out, student, *extra):
         for ch in ("distill", "sdpo", "replay"):
             assert row[f"{ch}/active"] == 1.0 and row[f"{ch}/loss"] > 0, (ch, row)
         assert row["distill/scored_frac"] == 1.0 and row["distill/failed_frac"] == 0.0
+        # the teachers' share of the step, in seconds: measured, and part of the step's time
+        assert 0.0 < row["distill/teacher_forward_s"] < row["step_time"], row
     return rows
 
 
