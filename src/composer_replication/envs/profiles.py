@@ -27,7 +27,6 @@ in the trainer's process (a policy-written pattern can backtrack for days).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import re
@@ -41,6 +40,7 @@ from typing import Any
 
 from composer_replication.envs.patch import PatchError, apply_patch, summary
 from composer_replication.envs.tools import encode_text, wire_safe, wire_snippet
+from composer_replication.sandbox.journal import TreeJournal
 from composer_replication.sandbox.shell import REPO, ShellResult, run_shell
 
 HARNESSES = ("native", "claude_code", "codex", "bash")
@@ -147,17 +147,27 @@ class WorkspaceTools:
         rel = target.relative_to(self.workspace.resolve()).as_posix()
         return REPO if rel == "." else f"{REPO}/{rel}"
 
-    def _write(self, target: Path, text: str | bytes) -> str | None:
+    def _write(
+        self, target: Path, text: str | bytes, journal: TreeJournal | None = None
+    ) -> str | None:
         """Write ``text`` (or its already encoded bytes), checked before the file is touched
-        against the native tools' caps per file and per episode; an error result or None."""
+        against the native tools' caps per file and per episode; an error result or None.
+        The file is replaced whole or not at all (written beside it, then renamed), through
+        ``journal`` when the write is one of several that go together."""
         data = text if isinstance(text, bytes) else encode_text(text)
         if isinstance(data, str):
             return self._err(data.removeprefix("error: "))
         if refused := self._native._over_write_caps(len(data)):
             return self._err(refused.removeprefix("error: "))
-        self._native._note_write(target.relative_to(self.workspace.resolve()).as_posix())
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        root = self.workspace.resolve()
+        self._native._note_write(target.relative_to(root).as_posix())
+        if journal is not None:
+            journal.makedirs(target.parent)
+            journal.write(target, data)
+            return None
+        with TreeJournal(root) as own:
+            own.makedirs(target.parent)
+            own.write(target, data)
         return None
 
     def _shell(self, command: Any, timeout_s: Any, read_only: bool = False) -> ShellResult | str:
@@ -472,26 +482,18 @@ class CodexTools(WorkspaceTools):
 
     def _apply_all(self, changes: list[Any], data: Any) -> None:
         """Write a checked patch's files (``data``: their encoded texts in order), all or
-        none: if the filesystem refuses one midway (a directory where a file goes, a full
-        disk), the files already changed get their old bytes back and the error is raised."""
-        root = self.workspace.resolve()
-        touched = {self._resolve(p) for c in changes for p in (c.path, c.move_to) if p}
-        saved = {t: _saved(t) for t in touched}
-        # directories the writes may make (a deleted file's path included: notes.txt/x.py)
-        made = {d for t in touched for d in t.parents if root in d.parents and not d.is_dir()}
-        try:
+        none (sandbox/journal.py): if the filesystem refuses one midway (a directory where a
+        file goes, a full disk), every change already made is undone and the error raised."""
+        with TreeJournal(self.workspace.resolve()) as journal:
             for c in changes:
                 target = self._resolve(c.path)
                 if c.op == "D" or c.move_to:
                     self._native._note_write(c.path)
-                    target.unlink()
+                    journal.remove(target)
                 if c.op != "D":
                     dest = self._resolve(c.move_to) if c.move_to else target
-                    if err := self._write(dest, next(data)):
+                    if err := self._write(dest, next(data), journal):
                         raise PatchError(err)
-        except (OSError, PatchError):
-            _roll_back(saved, made)
-            raise
 
     def _check_writes(self, texts: list[str]) -> list[bytes]:
         """The UTF-8 bytes of ``texts``; raise :class:`PatchError` before anything is written
@@ -513,33 +515,6 @@ class CodexTools(WorkspaceTools):
         if not target.is_file():
             return None
         return target.read_text(encoding="utf-8", errors="replace")
-
-
-def _saved(target: Path) -> tuple[bytes, int] | None:
-    """A file's bytes and permission bits before a patch (None: no file there)."""
-    if not target.is_file():
-        return None
-    return target.read_bytes(), target.stat().st_mode & 0o7777
-
-
-def _roll_back(saved: dict[Path, tuple[bytes, int] | None], made: set[Path]) -> None:
-    """Put the files a failed patch touched back as they were (``saved``, :func:`_saved`):
-    the files it created go, then the directories it made (``made``, deepest first, only if
-    empty: one where a deleted file was), then the old files get their bytes and mode back.
-    Best effort, as the filesystem that failed the patch may fail this too."""
-    for target, old in saved.items():
-        if old is None and (target.is_file() or target.is_symlink()):
-            with contextlib.suppress(OSError):
-                target.unlink()
-    for d in sorted(made, key=lambda p: len(p.parts), reverse=True):
-        with contextlib.suppress(OSError):
-            d.rmdir()
-    for target, old in saved.items():
-        if old is not None:
-            with contextlib.suppress(OSError):
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(old[0])
-                target.chmod(old[1])
 
 
 def _codex_answer(output: str, code: int, seconds: float, limit: int | None = None) -> str:

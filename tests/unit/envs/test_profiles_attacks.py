@@ -242,3 +242,49 @@ def test_a_patch_changing_one_file_twice_does_not_drop_a_change(tools_codex):
         out = tools.apply_patch(patch)
         text = (ws / "two.txt").read_text()
         assert text == "A\nB\n" or (text == "a\nb\n" and "more than once" in out), (out, text)
+
+
+PATCH_OF_EVERY_KIND = (
+    "*** Begin Patch\n*** Update File: keep.txt\n@@\n-one\n+two\n"
+    "*** Add File: fresh/deep/a.py\n+a = 1\n"
+    "*** Update File: run.sh\n*** Move to: bin/go.sh\n@@\n-echo a\n+echo b\n"
+    "*** Delete File: notes.txt\n*** Add File: notes.txt/x.py\n+x = 1\n"
+    "*** Delete File: old.txt\n*** End Patch"
+)
+
+
+def _patch_tree(ws) -> None:
+    (ws / "keep.txt").write_text("one\n")
+    (ws / "run.sh").write_text("echo a\n")
+    (ws / "run.sh").chmod(0o755)
+    (ws / "notes.txt").write_text("keep me\n")
+    (ws / "old.txt").write_text("old\n")
+
+
+def test_every_patch_survives_a_failure_at_its_kth_change(tools_codex, monkeypatch):
+    """Issue 55: for every k, a failure of the k-th write, unlink, rename or mkdir of a patch,
+    alone or followed by a failure of any later call (the rollback's own steps), leaves the
+    workspace exactly as it was and answers that the patch failed; or, past the commit,
+    leaves the patched tree. The old rollback wrote old bytes back with its errors
+    suppressed: a second failure lost the file."""
+    from support.faults import every_fault, restore, snapshot
+
+    tools, ws = tools_codex, tools_codex.workspace
+    _patch_tree(ws)
+    before = snapshot(ws, skip=(".git",))
+    assert tools.apply_patch(PATCH_OF_EVERY_KIND).startswith("Success.")
+    after = snapshot(ws, skip=(".git",))
+    assert after["bin/go.sh"][1] == b"echo b\n" and "old.txt" not in after
+    runs = rolled_back = 0
+    for failing, faults, out in every_fault(lambda: restore(ws, before, skip=(".git",)),
+                                            lambda: tools.apply_patch(PATCH_OF_EVERY_KIND),
+                                            monkeypatch):  # fmt: skip
+        runs += 1
+        assert faults.failed
+        if out.startswith("apply_patch failed"):
+            assert snapshot(ws, skip=(".git",)) == before, f"failures at {failing}: {out}"
+            rolled_back += 1
+        else:
+            assert snapshot(ws, skip=(".git",)) == after, f"failures at {failing}: {out}"
+        assert not [p for p in ws.parent.iterdir() if "cr-journal" in p.name], failing
+    assert runs > 100 and rolled_back > runs // 2
