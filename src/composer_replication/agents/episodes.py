@@ -24,6 +24,7 @@ diverged, refused requests, timed-out agents, agent wall seconds, and ``env/pass
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,7 @@ from composer_replication.sandbox.sandbox import SLOTS, Sandbox, bindable_dir
 from composer_replication.sandbox.shell import ShellResult
 
 SOCKET = "proxy.sock"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,6 +56,8 @@ class Episode:
     refused: int = 0
     run: ShellResult | None = None
     seconds: float = 0.0
+    error: str = ""
+    """Why the episode failed before it could be graded ('' if it did not)."""
 
 
 def harness_venv(cfg: AgentProxyConfig) -> str:
@@ -108,12 +112,22 @@ class AgentEpisodes:
     # ---- one episode -----------------------------------------------------------------------
     def run_episode(self, task: Task) -> Episode:
         """A fresh workspace for ``task``, the harness run on it, its turns recorded (the
-        workspace is left for :meth:`grade`)."""
+        workspace is left for :meth:`grade`). Any error of the episode (its workspace, its
+        sandbox, the read-back) is that episode's failure (``error``), never the batch's."""
+        ep = Episode(task, None)
+        try:
+            self._run(ep)
+        except Exception as e:  # noqa: BLE001 - one episode's fault ends that episode only
+            log.warning("agent episode of %s failed", task.task_id, exc_info=e)
+            ep.error = f"{type(e).__name__}: {e}"[:300]
+        return ep
+
+    def _run(self, ep: Episode) -> None:
         from composer_replication.sandbox.pytest_suite import pytest_tools
 
-        tools = self.env.tools_class()()
-        tools.reset(task_id=task.task_id)
-        ep = Episode(task, tools)
+        task = ep.task
+        ep.tools = self.env.tools_class()()
+        ep.tools.reset(task_id=task.task_id)
         key = self.proxy.open_episode()
         command, env = harness_command(self.cfg.harness, self.cfg.command)
         env = (*env, ("OPENAI_API_KEY", key), ("AGENT_TASK", self.env.user_message(task)),
@@ -123,21 +137,23 @@ class AgentEpisodes:
         reqs = tuple(task.data.get("test_requirements", ()))
         start = time.monotonic()
         try:
-            ep.run = run_agent(self.box, tools.workspace, run, self._socket_dir, SOCKET,
+            ep.run = run_agent(self.box, ep.tools.workspace, run, self._socket_dir, SOCKET,
                                python_path=(pytest_tools(reqs),))  # fmt: skip
         finally:
             ep.seconds = time.monotonic() - start
             ep.turns, ep.refused = self.proxy.close_episode(key)
         for rel in ep.run.changed:
-            tools._note_write(rel)
-        tools.flags.extend(ep.run.refused)
-        return ep
+            ep.tools._note_write(rel)
+        ep.tools.flags.extend(ep.run.refused)
 
     def grade(self, episodes: list[Episode]) -> list[StepResult]:
-        """The environment's grading of each episode's workspace (removes the workspaces)."""
-        messages = [e.turns[-1].messages if e.turns else [] for e in episodes]
-        return self.env.grade_episodes([e.task for e in episodes], messages,
-                                       [e.tools for e in episodes])  # fmt: skip
+        """The environment's grading of each episode's workspace (removes the workspaces); a
+        failed episode (``error``) scores 0 with an ``episode_failed`` flag, ungraded."""
+        ok = [e for e in episodes if not e.error]
+        messages = [e.turns[-1].messages if e.turns else [] for e in ok]
+        graded = iter(self.env.grade_episodes([e.task for e in ok], messages,
+                                              [e.tools for e in ok]) if ok else [])  # fmt: skip
+        return [next(graded) if not e.error else _failed(e) for e in episodes]
 
     # ---- plumbing --------------------------------------------------------------------------
     def _start(self, trainer: Any) -> None:
@@ -196,9 +212,22 @@ class AgentEpisodes:
             "agent/refused_requests": sum(e.refused for e in episodes) / n,
             "agent/timed_out_frac": sum(bool(e.run and e.run.timed_out) for e in episodes) / n,
             "agent/seconds": sum(e.seconds for e in episodes) / n,
+            "agent/failed_frac": sum(bool(e.error) for e in episodes) / n,
         }
         for key, value in values.items():
             trainer._metrics[mode][key].append(float(value))
+
+
+def _failed(ep: Episode) -> StepResult:
+    """The verdict of an episode that failed (``ep.error``): 0, flagged; its workspace removed."""
+    flags = list(getattr(ep.tools, "flags", None) or [])
+    if ep.tools is not None and hasattr(ep.tools, "_close"):
+        ep.tools._close()
+    why = f"the episode failed: {ep.error}"
+    kind = ep.error.partition(":")[0]
+    return StepResult(
+        why, 0.0, True, False, why, {"flags": sorted({*flags, f"episode_failed:{kind}"})}
+    )
 
 
 class AgentReward:

@@ -41,6 +41,7 @@ from typing import Any
 from composer_replication.envs.patch import PatchError, apply_patch, summary
 from composer_replication.envs.tools import encode_text, wire_safe, wire_snippet
 from composer_replication.sandbox.journal import TreeJournal
+from composer_replication.sandbox.sandbox import SLOTS
 from composer_replication.sandbox.shell import REPO, ShellResult, run_shell
 
 HARNESSES = ("native", "claude_code", "codex", "bash")
@@ -171,8 +172,9 @@ class WorkspaceTools:
         return None
 
     def _shell(self, command: Any, timeout_s: Any, read_only: bool = False) -> ShellResult | str:
-        """Run ``command`` in the sandbox on the workspace; its time comes out of the
-        episode's test-time budget (commands are how these harnesses run the tests)."""
+        """Run ``command`` in the sandbox on the workspace; its time, from the moment it has a
+        sandbox slot, comes out of the episode's test-time budget (commands are how these
+        harnesses run the tests)."""
         native = self._native
         if native.workspace is None or native.task is None:
             return self._err("no workspace")
@@ -189,14 +191,14 @@ class WorkspaceTools:
         limit = min(max(want, MIN_SHELL_S), MAX_SHELL_TIMEOUT_S, left or MAX_SHELL_TIMEOUT_S)
         command = str(command)
         native.flags.extend(command_flags(command))
-        start = time.monotonic()
-        try:
-            with self._lock:
+        with self._lock, SLOTS.held():  # as native run_tests: the wait for a slot is not
+            start = time.monotonic()  # this episode's time (it is other rollouts' load)
+            try:
                 res = run_shell(native._env.box, native.workspace, command, limit,
                                 max_output_chars=self._max_chars, python_path=self._python_path(),
                                 apply=not read_only)  # fmt: skip
-        finally:
-            native.test_seconds += time.monotonic() - start
+            finally:
+                native.test_seconds += time.monotonic() - start
         for rel in res.changed:
             native._note_write(rel)
         native.flags.extend(res.refused)

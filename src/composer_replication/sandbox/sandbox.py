@@ -47,6 +47,7 @@ audit hook only) for machines without bubblewrap; it is logged once per process.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import ctypes
 import logging
@@ -434,6 +435,11 @@ class Slots:
     ``ModuleServer`` and its client, started by one thread) takes one slot and never waits on
     itself. ``limit`` 0 asks ``default()`` at first use.
 
+    Slots are handed out first come, first served: a thread that asks while others wait
+    queues behind them, even if a slot is free at that instant (a thread that releases and
+    asks again at once cannot starve the waiters; a rollout's wait does not depend on the
+    scheduler's whims).
+
     :data:`SLOTS` bounds sandboxes (tool calls and gradings share it, so a batch of concurrent
     ``run_tests`` calls and a concurrent grading never oversubscribe the machine together);
     the OpenEnv adapter bounds its connections with another."""
@@ -442,6 +448,7 @@ class Slots:
         self._cond = threading.Condition()
         self._limit, self._used, self._default = limit, 0, default
         self._depth: dict[int, int] = {}  # thread id -> sandboxes it holds open
+        self._queue: collections.deque[int] = collections.deque()  # waiting thread ids, in order
         self.peak = 0
         """Most slots in use at once since the limit was set (a witness for tests)."""
 
@@ -461,11 +468,19 @@ class Slots:
             self._cond.notify_all()
 
     def acquire(self) -> None:
-        """Take a slot for the calling thread (or count one more sandbox in the slot it holds)."""
+        """Take a slot for the calling thread (or count one more sandbox in the slot it holds),
+        after every thread that asked before it."""
         limit, me = self.limit, threading.get_ident()
         with self._cond:
             if self._depth.get(me, 0) == 0:
-                self._cond.wait_for(lambda: self._used < (self._limit or limit))
+                self._queue.append(me)
+                try:
+                    self._cond.wait_for(
+                        lambda: self._queue[0] == me and self._used < (self._limit or limit)
+                    )
+                finally:
+                    self._queue.remove(me)
+                    self._cond.notify_all()  # the next in line may go too (or be first now)
                 self._used += 1
                 self.peak = max(self.peak, self._used)
             self._depth[me] = self._depth.get(me, 0) + 1
@@ -479,9 +494,15 @@ class Slots:
             if depth == 1:
                 del self._depth[me]
                 self._used -= 1
-                self._cond.notify()
+                self._cond.notify_all()
             else:
                 self._depth[me] = depth - 1
+
+    @property
+    def waiting(self) -> int:
+        """Threads waiting for a slot now."""
+        with self._cond:
+            return len(self._queue)
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:

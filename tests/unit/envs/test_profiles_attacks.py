@@ -288,3 +288,45 @@ def test_every_patch_survives_a_failure_at_its_kth_change(tools_codex, monkeypat
             assert snapshot(ws, skip=(".git",)) == after, f"failures at {failing}: {out}"
         assert not [p for p in ws.parent.iterdir() if "cr-journal" in p.name], failing
     assert runs > 100 and rolled_back > runs // 2
+
+
+def test_a_command_is_not_charged_the_wait_for_a_sandbox_slot(tools_claude, monkeypatch):
+    """Issue 55 (class 7): a harness command's clock started before it had a sandbox slot,
+    so another rollout's load was charged to this episode's command budget (a no-op was
+    charged 10 s). As native ``run_tests``, the clock starts once the slot is held. The
+    clock here is a fake that only the slot's holder moves, by 10 s, while it holds it."""
+    import threading
+    from types import SimpleNamespace
+
+    from composer_replication.envs import profiles
+    from composer_replication.sandbox.sandbox import SLOTS
+    from composer_replication.sandbox.shell import ShellResult
+
+    clock = [1000.0]
+    monkeypatch.setattr(profiles, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+
+    def run_shell(*args, **kwargs):
+        with SLOTS.held():  # as the real one: its sandbox takes a slot
+            return ShellResult("", 0)
+
+    monkeypatch.setattr(profiles, "run_shell", run_shell)
+    held, go = threading.Event(), threading.Event()
+
+    def other_rollout():
+        with SLOTS.held():
+            held.set()
+            go.wait(30)
+            clock[0] += 10.0  # the load of another rollout, while this one waits
+
+    limit = SLOTS.limit
+    SLOTS.set_limit(1)
+    try:
+        holder = threading.Thread(target=other_rollout)
+        holder.start()
+        held.wait(30)
+        threading.Timer(0.3, go.set).start()
+        assert tools_claude.Bash("true") == "(Bash completed with no output)"
+        holder.join(30)
+    finally:
+        SLOTS.set_limit(limit)
+    assert tools_claude.test_seconds == 0.0
