@@ -34,12 +34,18 @@ from typing import Any
 from composer_replication.agents.align import Joined, join_turns
 from composer_replication.agents.harnesses import MODEL_NAME, harness_command, venv_setup_command
 from composer_replication.agents.policy import TrainerPolicy
-from composer_replication.agents.proxy import Policy, PolicyProxy, Turn
+from composer_replication.agents.proxy import (
+    Policy,
+    PolicyProxy,
+    Turn,
+    private_socket_dir,
+    remove_socket_dir,
+)
 from composer_replication.agents.sandboxed import AgentRun, run_agent
 from composer_replication.config import AgentProxyConfig, SandboxConfig, UserError
 from composer_replication.envs.base import StepResult, Task
 from composer_replication.lm.chat import as_messages, content_text, render_prompt
-from composer_replication.sandbox.sandbox import SLOTS, Sandbox, bindable_dir
+from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 from composer_replication.sandbox.shell import ShellResult
 
 SOCKET = "proxy.sock"
@@ -159,7 +165,7 @@ class AgentEpisodes:
     def _start(self, trainer: Any) -> None:
         if self.proxy is not None:
             return
-        self._socket_dir = bindable_dir("cr-proxy-")
+        self._socket_dir = private_socket_dir()
         policy = self._policy or TrainerPolicy(trainer)
         self.proxy = PolicyProxy(policy, self.tokenizer, os.path.join(self._socket_dir, SOCKET),
                                  model_name=MODEL_NAME, max_prompt_tokens=self.cfg.max_prompt_tokens,
@@ -170,7 +176,7 @@ class AgentEpisodes:
         if self.proxy is not None:
             self.proxy.stop()
             self.proxy = None
-            os.rmdir(self._socket_dir)
+            remove_socket_dir(self._socket_dir)
 
     def _task_of(self, prompt: Any) -> Task:
         users = [m for m in as_messages(prompt) if m.get("role") == "user"]

@@ -314,7 +314,10 @@ class ClaudeCodeTools(WorkspaceTools):
         old, new = str(old_string), str(new_string)
         if old == new:
             return self._err("No changes to make: old_string and new_string are exactly the same.")
-        text = target.read_text(encoding="utf-8", errors="replace")
+        for name, arg in (("old_string", old), ("new_string", new)):
+            if isinstance(refused := encode_text(arg), str):
+                return self._err(f"{name}: {refused.removeprefix('error: ')}")
+        text = read_preserving(target)  # bytes that are not UTF-8 are kept as they are
         count = text.count(old) if old else 0
         if count == 0:
             return self._err(f"String to replace not found in file.\nString: {old}")
@@ -328,7 +331,7 @@ class ClaudeCodeTools(WorkspaceTools):
         chars = len(text) + count * (len(new) - len(old))
         if refused := self._native._write_refusal([chars], unit="characters"):
             return self._err(refused.removeprefix("error: "))  # asked before the text is built
-        if err := self._write(target, text.replace(old, new)):
+        if err := self._write(target, encode_preserving(text.replace(old, new))):
             return err
         return f"The file {self._shown(target)} has been updated successfully."
 
@@ -458,6 +461,8 @@ class CodexTools(WorkspaceTools):
                 "*** Delete File: path" sections; paths relative to /repo.
         """
         try:
+            if isinstance(refused := encode_text(input), str):
+                raise PatchError(f"Invalid patch: {refused.removeprefix('error: ')}")
             changes = apply_patch(str(input), self._patch_read)
             seen: set[Path] = set()
             for c in changes:
@@ -498,14 +503,9 @@ class CodexTools(WorkspaceTools):
                         raise PatchError(err)
 
     def _check_writes(self, texts: list[str]) -> list[bytes]:
-        """The UTF-8 bytes of ``texts``; raise :class:`PatchError` before anything is written
-        if one is not UTF-8 or they would pass the write caps together."""
-        data = []
-        for text in texts:
-            encoded = encode_text(text)
-            if isinstance(encoded, str):
-                raise PatchError(encoded.removeprefix("error: "))
-            data.append(encoded)
+        """The bytes of ``texts`` (:func:`encode_preserving`); raise :class:`PatchError`
+        before anything is written if they would pass the write caps together."""
+        data = [encode_preserving(text) for text in texts]  # the patch itself is UTF-8
         if refused := self._native._write_refusal([len(d) for d in data]):
             raise PatchError(refused.removeprefix("error: "))
         return data
@@ -516,7 +516,22 @@ class CodexTools(WorkspaceTools):
             raise PatchError(target)
         if not target.is_file():
             return None
-        return target.read_text(encoding="utf-8", errors="replace")
+        return read_preserving(target)
+
+
+def read_preserving(target: Path) -> str:
+    """A file's text with every byte kept: bytes that are not UTF-8 become lone surrogates
+    (``surrogateescape``, PEP 383) that :func:`encode_preserving` turns back into the same
+    bytes. Read with ``errors="replace"``, they became U+FFFD and an ``Edit`` or a patch of
+    any other line silently rewrote them."""
+    return target.read_bytes().decode("utf-8", "surrogateescape")
+
+
+def encode_preserving(text: str) -> bytes:
+    """The bytes of a text read by :func:`read_preserving` and changed with UTF-8 text (the
+    tools refuse lone surrogates in what the model sends, so every one here is a byte of the
+    file)."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 def _codex_answer(output: str, code: int, seconds: float, limit: int | None = None) -> str:

@@ -57,6 +57,7 @@ import selectors
 import shutil
 import signal
 import site
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -291,12 +292,17 @@ def _stdlib_pycache() -> str:
 
 
 def world_readable(root: str | os.PathLike) -> None:
-    """chmod 755 every directory and 644 every file under ``root`` (so ``nobody``, the
-    sandbox's user when the grader is root, can read a tree bound into the sandbox)."""
+    """chmod 755 every directory and 644 every regular file under ``root`` (so ``nobody``,
+    the sandbox's user when the grader is root, can read a tree bound into the sandbox).
+    Links are never followed: a link in a staged workspace (to ``/etc/shadow``, say) made
+    the root grader chmod its target; the link itself has no mode to set."""
     for dirpath, _dirs, files in os.walk(root):
-        os.chmod(dirpath, 0o755)
+        if not os.path.islink(dirpath):
+            os.chmod(dirpath, 0o755, follow_symlinks=False)
         for f in files:
-            os.chmod(os.path.join(dirpath, f), 0o644)
+            path = os.path.join(dirpath, f)
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.chmod(path, 0o644)
 
 
 def _bwrap_argv(

@@ -330,3 +330,34 @@ def test_a_command_is_not_charged_the_wait_for_a_sandbox_slot(tools_claude, monk
     finally:
         SLOTS.set_limit(limit)
     assert tools_claude.test_seconds == 0.0
+
+
+LATIN1 = b"# caf\xe9 \xff\xfe\nx = 2\ny = 3\n"
+"""A file that is not UTF-8 (Latin-1 bytes and two bytes no encoding maps)."""
+
+
+def test_edit_keeps_the_bytes_that_are_not_utf8(tools_claude):
+    """Issue 55 (class 9): ``Edit`` read the file with ``errors="replace"``, so changing one
+    line rewrote every byte that is not UTF-8 elsewhere in the file as U+FFFD, silently. Now
+    they are kept as they are; a lone surrogate in the model's own strings is refused."""
+    tools, ws = tools_claude, tools_claude.workspace
+    (ws / "legacy.py").write_bytes(LATIN1)
+    tools.Read("/repo/legacy.py")
+    assert "updated successfully" in tools.Edit("/repo/legacy.py", "x = 2", "x = 20")
+    assert (ws / "legacy.py").read_bytes() == LATIN1.replace(b"x = 2", b"x = 20")
+    out = tools.Edit("/repo/legacy.py", "y = 3", "y = \udcff")
+    assert out.startswith("<tool_use_error>new_string: the content is not valid UTF-8")
+    assert (ws / "legacy.py").read_bytes() == LATIN1.replace(b"x = 2", b"x = 20")
+
+
+def test_apply_patch_keeps_the_bytes_that_are_not_utf8(tools_codex):
+    """Issue 55 (class 9): the same for Codex's ``apply_patch``; and a patch holding a lone
+    surrogate (which would otherwise become a raw byte) is refused before anything is read."""
+    tools, ws = tools_codex, tools_codex.workspace
+    (ws / "legacy.py").write_bytes(LATIN1)
+    patch = "*** Begin Patch\n*** Update File: legacy.py\n@@\n-y = 3\n+y = 30\n*** End Patch"
+    assert tools.apply_patch(patch).startswith("Success.")
+    assert (ws / "legacy.py").read_bytes() == LATIN1.replace(b"y = 3", b"y = 30")
+    bad = "*** Begin Patch\n*** Update File: legacy.py\n@@\n-x = 2\n+x = \udcff\n*** End Patch"
+    assert "not valid UTF-8 text" in tools.apply_patch(bad)
+    assert (ws / "legacy.py").read_bytes() == LATIN1.replace(b"y = 3", b"y = 30")

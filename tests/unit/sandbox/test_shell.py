@@ -194,3 +194,26 @@ def test_every_sync_survives_a_failure_at_its_kth_change(tmp_path, monkeypatch):
             assert snapshot(root) == after, f"failures at {failing}"
         assert sorted(p.name for p in tmp_path.iterdir()) == ["ws"], f"failures at {failing}"
     assert runs > 100 and rolled_back > runs // 2
+
+
+@pytest.mark.parametrize("target", ["victim", "victim_dir", "missing"])
+def test_staging_never_follows_a_link(ws, tmp_path, target):
+    """Issue 55 (class 9): staging a workspace for the sandbox made it world-readable with
+    ``chmod`` through links: a link in the workspace to a file outside made the root grader
+    chmod that file 644 (``/etc/shadow`` is one link away), and a dangling link failed the
+    command. Links are copied as links and never followed."""
+    from composer_replication.sandbox.shell import _stage
+
+    (tmp_path / "victim").write_text("secret\n")
+    (tmp_path / "victim").chmod(0o600)
+    (tmp_path / "victim_dir").mkdir(mode=0o700)
+    (tmp_path / "victim_dir").chmod(0o700)
+    (ws / "pkg" / "link").symlink_to(tmp_path / target)
+    stage = _stage(ws)
+    try:
+        assert os.path.islink(os.path.join(stage, "pkg", "link"))
+        assert os.stat(os.path.join(stage, "pkg", "a.py")).st_mode & 0o777 == 0o644
+    finally:
+        shutil.rmtree(stage)
+    assert (tmp_path / "victim").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "victim_dir").stat().st_mode & 0o777 == 0o700
