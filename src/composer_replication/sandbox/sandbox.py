@@ -73,7 +73,12 @@ from types import TracebackType
 from composer_replication.config import SandboxConfig
 from composer_replication.config.base import UserError
 from composer_replication.sandbox import harness
-from composer_replication.sandbox.cgroup import MemoryCgroup, left_by_dead_processes
+from composer_replication.sandbox.cgroup import (
+    WATCHDOG,
+    MemoryCgroup,
+    left_by_dead_processes,
+)
+from composer_replication.sandbox.cgroup import descendants as _descendants
 
 log = logging.getLogger(__name__)
 
@@ -575,7 +580,8 @@ class _Process:
                root: str, mounts: tuple[str, ...]) -> None:  # fmt: skip
         self.deadline = time.monotonic() + cfg.wall_timeout_s
         lay = _layout()
-        self._tmp, self._cgroup = None, None
+        self._tmp, self._cgroup, self._watched = None, None, False
+        self.memory_exceeded = False
         if bwrap is None:  # unsafe: the same harness as a plain subprocess in a temp dir
             self._tmp = tempfile.mkdtemp(prefix="cr-unsafe-")
             argv = _python_argv(lay.interpreter, _stdlib_pycache(), cfg, mode, root)
@@ -604,6 +610,9 @@ class _Process:
             if self._cgroup is not None:
                 self._cgroup.remove()
             raise
+        self._watched = bwrap is not None and self._cgroup is None
+        if self._watched:  # no cgroup: the user-space watchdog bounds the total
+            WATCHDOG.watch(self.proc.pid, (cfg.memory_mb + cfg.work_dir_mb + CGROUP_SLACK_MB) << 20)
         self._sel = selectors.DefaultSelector()
         for f, name in ((self.proc.stdout, "out"), (self.proc.stderr, "err")):
             if f is not None:
@@ -687,6 +696,8 @@ class _Process:
             self._release_slot()
 
     def _stop(self) -> None:
+        if self._watched and WATCHDOG.unwatch(self.proc.pid) is not None:
+            self.memory_exceeded = True
         inside = _descendants(self.proc.pid)  # bwrap's child is the sandbox's PID 1
         for pid in inside:
             try:
@@ -713,25 +724,6 @@ class _Process:
     @property
     def stderr(self) -> str:
         return self.err.decode("utf-8", errors="replace")
-
-
-def _descendants(pid: int) -> list[int]:
-    """Host pids of every live descendant of ``pid`` (via /proc/*/task/*/children)."""
-    out, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:  # the process may exit while it is listed: /proc/<pid>/task vanishes
-            tasks = list(Path(f"/proc/{parent}/task").iterdir())
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                kids = [int(x) for x in (task / "children").read_text().split()]
-            except (OSError, ValueError):
-                continue
-            out += kids
-            todo += kids
-    return out
 
 
 def _wait_gone(pids: list[int], timeout_s: float = 5.0) -> None:

@@ -241,3 +241,25 @@ def test_another_local_user_cannot_connect(proxy_of, tool_tok, tmp_path):
     os.chmod(open_dir / "p.sock", 0o666)
     assert _as_user(4242, str(open_dir / "p.sock")) in ("closed", "ConnectionResetError")
     assert proxy.dropped == 1
+
+
+def test_the_sandbox_reaches_the_proxy_in_its_private_directory(tool_tok, tmp_path):
+    """The other side of the test above: an agent in the sandbox (``nobody`` when the
+    trainer is root) still reaches the proxy through the relay, by the bind the trainer
+    stages from the private directory."""
+    from composer_replication.agents.sandboxed import AgentRun, run_agent
+    from composer_replication.sandbox.sandbox import Sandbox, bindable_dir
+
+    path = private_socket_dir()
+    venv, ws = bindable_dir("cr-test-venv-"), tmp_path / "ws"  # (binds cannot be under /tmp)
+    ws.mkdir()
+    ask = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/v1/models').read())"
+    proxy = PolicyProxy(Echo(tool_tok), tool_tok, os.path.join(path, "proxy.sock")).start()
+    try:
+        res = run_agent(Sandbox(), ws, AgentRun(f'python -I -c "{ask}"', str(venv), timeout_s=60),
+                        path, "proxy.sock")  # fmt: skip
+    finally:
+        proxy.stop()
+        remove_socket_dir(path)
+        os.rmdir(venv)
+    assert res.exit_code == 0 and '"id":"policy"' in res.output, res.output
