@@ -180,7 +180,10 @@ def test_a_policy_failure_is_a_counted_error(proxy_of, tool_tok):
     s.sendall(_head(key, len(MSG)) + MSG)
     data = b""
     while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
-        data += s.recv(4096)
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
     s.close()
     assert data.split()[1] == b"500"
     assert json.loads(data.partition(b"\r\n\r\n")[2])["error"]["code"] == "internal_error"
