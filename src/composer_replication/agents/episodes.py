@@ -17,9 +17,13 @@ Per prompt TRL hands over (its batch already repeats each prompt ``num_generatio
    end-of-turn token with an all-zero mask (it trains nothing, its reward still counts in its
    group's baseline).
 
+An error of one episode (its workspace, its sandbox, the read-back) is that episode's failure:
+reward 0, flag ``episode_failed:<type>``, never the batch's.
+
 Episodes run ``workers`` at once; the proxy generates one request at a time. Metrics per step
 (``agent/``): turns per episode, dropped turns and tokens, the share of episodes whose sequence
-diverged, refused requests, timed-out agents, agent wall seconds, and ``env/pass_rate``.
+diverged, refused requests, timed-out agents, failed episodes, agent wall seconds, and
+``env/pass_rate``.
 """
 
 from __future__ import annotations

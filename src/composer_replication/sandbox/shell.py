@@ -14,7 +14,10 @@ The workspace never enters the sandbox writable. Per call:
    and sparse members (whose holes would be read as zeros the stream never carried) are
    refused and reported; a stream that is cut, malformed or over the caps changes
    nothing. Files are rewritten only when their bytes changed, and files the command removed
-   are removed.
+   are removed, all or nothing: every name, path length (the host's ``PATH_MAX`` with the
+   workspace's real prefix), and the bytes against the free disk are checked first, then the
+   changes go through a rollback journal (sandbox/journal.py), so a failure midway leaves
+   the workspace as it was and is reported in ``error``, never raised.
 
 Everything else is the sandbox's (envs/sandbox.py): no network, a private PID namespace
 killed when the call ends (nothing the command starts outlives it), ``max_processes``,
