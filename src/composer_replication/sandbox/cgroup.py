@@ -231,6 +231,12 @@ class MemoryWatchdog:
                 self._thread.start()
             self._cond.notify()
 
+    @property
+    def watching(self) -> int:
+        """Trees watched now."""
+        with self._cond:
+            return len(self._trees)
+
     def unwatch(self, pid: int) -> int | None:
         """Stop watching ``pid``; the bytes it held when it was killed, or None."""
         with self._cond:
