@@ -444,9 +444,9 @@ def _guarded_protocol(proxy: PolicyProxy) -> type:
             super().connection_lost(exc)
 
         def on_response_complete(self) -> None:
+            if not self.transport.is_closing():  # armed on the finished request: a pipelined
+                self._cr_arm()  # one that super() starts now replaces it (no deadline then)
             super().on_response_complete()
-            if not self.transport.is_closing():
-                self._cr_arm()
 
         def _cr_arm(self) -> None:
             if self._cr_timer is not None:
