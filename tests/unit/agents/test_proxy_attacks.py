@@ -73,6 +73,18 @@ def _status(s: socket.socket) -> int | str:
     return int(data.split()[1])
 
 
+def _closed(s: socket.socket) -> bool:
+    """Whether the server closes the connection (after what it sent) within the timeout."""
+    try:
+        while s.recv(4096):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
 @pytest.fixture
 def proxy_of(tool_tok, tmp_path):
     made = []
@@ -98,6 +110,7 @@ def test_an_unauthenticated_or_oversized_body_is_refused_unread(proxy_of):
         s = _conn(proxy.socket_path)
         s.sendall(_head(who, 400 << 20) + b"x" * 1024)
         assert _status(s) == want, who
+        assert _closed(s), who  # and the rest is not drained: the connection is closed
         s.close()
     s = _conn(proxy.socket_path)
     s.sendall(_head(key, None))  # no length, not chunked: refused, nothing read
