@@ -241,6 +241,9 @@ def test_another_local_user_cannot_connect(proxy_of, tool_tok, tmp_path):
     path = private_socket_dir()
     proxy = PolicyProxy(Echo(tool_tok), tool_tok, os.path.join(path, "proxy.sock")).start()
     try:
+        assert os.stat(proxy.socket_path).st_mode & 0o777 == 0o660  # root: nobody's group
+        assert os.stat(proxy.socket_path).st_gid == 65534
+        assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
         assert _as_user(0, proxy.socket_path) == "answered"  # the trainer's user
         assert _as_user(65534, proxy.socket_path) == "PermissionError"  # nobody, outside
         assert _as_user(4242, proxy.socket_path) == "PermissionError"
