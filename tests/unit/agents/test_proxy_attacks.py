@@ -258,7 +258,11 @@ def test_another_local_user_cannot_connect(proxy_of, tool_tok, tmp_path):
     proxy = proxy_of(max_connections=8)
     os.rename(proxy.socket_path, open_dir / "p.sock")
     os.chmod(open_dir / "p.sock", 0o666)
-    assert _as_user(4242, str(open_dir / "p.sock")) in ("closed", "ConnectionResetError")
+    assert _as_user(4242, str(open_dir / "p.sock")) in (
+        "closed",
+        "ConnectionResetError",
+        "BrokenPipeError",
+    )  # closed unheard
     assert proxy.dropped == 1
 
 
