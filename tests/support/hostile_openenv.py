@@ -28,14 +28,19 @@ def scripted_server(
     tools: list[dict],
     on_call: Callable[[str, dict], tuple[dict, Any] | None],
     reset_observation: dict | None = None,
+    reset_error: Callable[[dict], dict | None] | None = None,
 ) -> Iterator[str]:
+    """``reset_error(reset_data)``: the data of an error frame to answer that reset with (a
+    server failing with, e.g., ``{"message": "internal error", "code": 500}``), or None."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
 
     async def answer(ws, msg: dict) -> None:
         kind, data = msg.get("type"), msg.get("data") or {}
-        if kind == "reset":
+        if kind == "reset" and reset_error is not None and (error := reset_error(data)):
+            await ws.send(json.dumps({"type": "error", "data": error}))
+        elif kind == "reset":
             await ws.send(_observation(reset_observation or {"ok": True}))
         elif kind == "step" and data.get("type") == "list_tools":
             await ws.send(_observation({"tools": tools}))

@@ -31,13 +31,20 @@ def verl_requirements() -> list[str]:
     return list(meta["project"]["optional-dependencies"]["verl"])
 
 
-def cached_venv(name: str, requirements: list[str], system_site_packages: bool = True) -> Path:
+def cached_venv(
+    name: str,
+    requirements: list[str],
+    system_site_packages: bool = True,
+    interpreter: str | None = None,
+) -> Path:
     """The python of a venv with ``requirements`` installed, created once under
     ``~/.cache/composer-replication/{name}-venv-<key>`` (the key hashes the requirements and
-    this Python, so a change of either builds a new one). ``system_site_packages=False``: an
-    isolated venv (nothing of the main environment visible)."""
+    the venv's Python, so a change of either builds a new one). ``system_site_packages=False``:
+    an isolated venv (nothing of the main environment visible); ``interpreter``: another
+    Python than this one to build it with (harbor needs 3.12)."""
     isolated = "" if system_site_packages else "\nisolated"
-    text = "\n".join(requirements) + sys.version + isolated
+    version = sys.version if interpreter is None else _version_of(interpreter)
+    text = "\n".join(requirements) + version + isolated
     key = hashlib.sha256(text.encode()).hexdigest()[:12]
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     d = root / "composer-replication" / f"{name}-venv-{key}"
@@ -45,14 +52,24 @@ def cached_venv(name: str, requirements: list[str], system_site_packages: bool =
     done = d / ".installed"
 
     def build() -> None:
-        venv.EnvBuilder(
-            system_site_packages=system_site_packages, clear=True, with_pip=True
-        ).create(d)
+        if interpreter is None:
+            venv.EnvBuilder(
+                system_site_packages=system_site_packages, clear=True, with_pip=True
+            ).create(d)
+        else:
+            flags = ["--system-site-packages"] if system_site_packages else []
+            subprocess.run([interpreter, "-m", "venv", "--clear", *flags, str(d)], check=True)
         pip_install(python, *requirements)
         done.write_text("\n".join(requirements))
 
     fill_once(d, done, build)  # a second test worker waits for the first's build
     return python
+
+
+def _version_of(interpreter: str) -> str:
+    code = "import sys; print(sys.version)"
+    return subprocess.run([interpreter, "-c", code], capture_output=True, text=True,
+                          check=True).stdout  # fmt: skip
 
 
 def assert_exactly_passed(r: subprocess.CompletedProcess, expected: int) -> None:

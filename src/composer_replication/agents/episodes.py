@@ -47,8 +47,15 @@ from composer_replication.agents.proxy import (
 )
 from composer_replication.agents.sandboxed import AgentRun, run_agent
 from composer_replication.config import AgentProxyConfig, SandboxConfig, UserError
-from composer_replication.envs.base import StepResult, Task
+from composer_replication.envs.base import (
+    StepResult,
+    Task,
+    infra_kind,
+    log_infra_metrics,
+    machine_failed,
+)
 from composer_replication.lm.chat import as_messages, content_text, render_prompt
+from composer_replication.sandbox.infra import InfraFailure
 from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 from composer_replication.sandbox.shell import ShellResult
 
@@ -68,6 +75,9 @@ class Episode:
     seconds: float = 0.0
     error: str = ""
     """Why the episode failed before it could be graded ('' if it did not)."""
+    infra: InfraFailure | None = None
+    """The agent's sandbox never started (before its first request): the machine's failure,
+    the episode is masked (sandbox/infra.py)."""
 
 
 def harness_venv(cfg: AgentProxyConfig) -> str:
@@ -149,6 +159,9 @@ class AgentEpisodes:
         try:
             ep.run = run_agent(self.box, ep.tools.workspace, run, self._socket_dir, SOCKET,
                                python_path=(pytest_tools(reqs),))  # fmt: skip
+        except InfraFailure as e:  # the sandbox start or slot wait, before any request
+            ep.infra = e
+            return
         finally:
             ep.seconds = time.monotonic() - start
             ep.turns, ep.refused = self.proxy.close_episode(key)
@@ -157,13 +170,15 @@ class AgentEpisodes:
         ep.tools.flags.extend(ep.run.refused)
 
     def grade(self, episodes: list[Episode]) -> list[StepResult]:
-        """The environment's grading of each episode's workspace (removes the workspaces); a
-        failed episode (``error``) scores 0 with an ``episode_failed`` flag, ungraded."""
-        ok = [e for e in episodes if not e.error]
-        messages = [e.turns[-1].messages if e.turns else [] for e in ok]
-        graded = iter(self.env.grade_episodes([e.task for e in ok], messages,
-                                              [e.tools for e in ok]) if ok else [])  # fmt: skip
-        return [next(graded) if not e.error else _failed(e) for e in episodes]
+        """The environment's grading of each episode's workspace (removes the workspaces);
+        an episode whose sandbox never started is the machine's failure, not graded; any
+        other failed episode (``error``) scores 0 with an ``episode_failed`` flag, ungraded."""
+        ran = [e for e in episodes if e.infra is None and not e.error]
+        messages = [e.turns[-1].messages if e.turns else [] for e in ran]
+        graded = iter(self.env.grade_episodes([e.task for e in ran], messages,
+                                              [e.tools for e in ran]) if ran else [])  # fmt: skip
+        return [_failed(e) if e.error else machine_failed("", e.infra) if e.infra is not None
+                else next(graded) for e in episodes]  # fmt: skip
 
     # ---- plumbing --------------------------------------------------------------------------
     def _start(self, trainer: Any) -> None:
@@ -252,9 +267,18 @@ class AgentReward:
 
     def __call__(self, prompts, completions, agent_result, log_metric=None, **_: Any):
         self.last_results = list(agent_result)
+        kinds = self.last_infra_kinds
         if log_metric is not None and self.last_results:
             n = len(self.last_results)
-            log_metric("env/pass_rate", sum(r.passed for r in self.last_results) / n)
+            graded = [r for r, k in zip(self.last_results, kinds, strict=True) if k is None]
+            if graded:
+                log_metric("env/pass_rate", sum(r.passed for r in graded) / len(graded))
             flagged = sum(bool(r.info.get("flags")) for r in self.last_results)
             log_metric("env/flagged_frac", flagged / n)
-        return [r.reward for r in self.last_results]
+            log_infra_metrics(kinds, log_metric)
+        return [None if k else r.reward for r, k in zip(self.last_results, kinds, strict=True)]
+
+    @property
+    def last_infra_kinds(self) -> list[str | None]:
+        """Per episode of the last batch: the machine failure kind, or None if graded."""
+        return [infra_kind(r) for r in self.last_results]

@@ -124,6 +124,9 @@ class SelfDistillChannel(Channel):
         if self.cfg.gate == "policy_signal":
             hints = _gate_on_policy_signal(hints, batch["advantages"], rollouts.group_size)
         device = batch["completion_ids"].device
+        if "infra_masked" in batch:  # rows the machine failed (trainer/masking.py): no hint
+            masked = batch["infra_masked"].tolist()
+            hints = [None if m else h for h, m in zip(hints, masked, strict=True)]
         hinted = torch.tensor([h is not None for h in hints], dtype=torch.bool, device=device)
         texts = [
             render_prompt(self.tokenizer, insert_hint(as_messages(p), h.text), tools=rollouts.tools)

@@ -62,7 +62,12 @@ def ingest_command(
             markup=False,
             soft_wrap=True,
         )
-    if not run.report.balanced:
+    failures = run.report.check_failures()
+    for why in failures:
+        console.print(f"check failed: {why}", markup=False, soft_wrap=True)
+    if failures and run.report.states:
+        console.print(f"the states of the other files are in {out}", markup=False, soft_wrap=True)
+    if not run.report.balanced or failures:
         raise typer.Exit(CHECK_FAILED)
 
 
@@ -137,6 +142,12 @@ def print_summary(report: IngestReport, out: Path, console: Console) -> None:
     _counter(console, "redactions by type", report.redactions)
     _counter(console, "unknown record types", report.unknown_record_types())
     _counter(console, "orphaned tool calls/results", report.orphans())
+    _counter(console, "context changes (rewind, rollback, compaction)", report.context_changes())
+    _counter(console, "warnings", report.warnings())
+    if report.duplicate_decisions:
+        console.print(f"decisions read twice (kept once): {report.duplicate_decisions}")
+    for f in report.files:
+        console.print(f.summary(), markup=False, soft_wrap=True)
     for path, why in report.unreadable.items():
         what = "read in part" if why.startswith("partially read") else "skipped"
         console.print(f"{what} {path}: {why}", markup=False, soft_wrap=True)

@@ -53,6 +53,19 @@ def read_states(path: Path) -> list[TraceState]:
     return states
 
 
+def complete_states(states: list[TraceState], include_incomplete: bool) -> list[TraceState]:
+    """``states`` less those marked ``context_complete: false`` (said in a warning), unless
+    ``include_incomplete``: a teacher asked about a context the agent never saw, and a pair
+    built on it, teach the wrong thing (issue 57)."""
+    if include_incomplete:
+        return states
+    kept = [s for s in states if s.meta.context_complete]
+    if len(kept) < len(states):
+        warn(f"{len(states) - len(kept)} states with an incomplete context skipped "
+             "(--include-incomplete to keep them)")  # fmt: skip
+    return kept
+
+
 def serve_command(
     model: Annotated[
         str, typer.Option("--model", help="hub id, local dir, .gguf or embedded:NAME")
@@ -115,6 +128,14 @@ def replay_command(
         bool, typer.Option("--no-tools", help="do not send inferred tool definitions")
     ] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    include_incomplete: Annotated[
+        bool,
+        typer.Option(
+            "--include-incomplete",
+            help="also replay states marked context_complete: false (the log lost part of "
+            "what the model saw)",
+        ),
+    ] = False,
 ) -> None:
     """Replay states with a teacher pool into a resumable journal, within a hard budget."""
     require_extra("replay,prefs", "openai")
@@ -125,7 +146,7 @@ def replay_command(
     console = Console(soft_wrap=True)
     with exit_on(FileNotFoundError, ValueError):
         pool = load_pool(teachers)
-        all_states = read_states(states)[:limit]
+        all_states = complete_states(read_states(states), include_incomplete)[:limit]
     with exit_on():
         selected = _gate(all_states, out, student, gate_threshold, gate_top_percentile, console)
     result = ReplayResult()
@@ -213,6 +234,12 @@ def pairs_command(
             help="native, or datajuicer (same recipe via data-juicer ops; extra 'datajuicer')",
         ),
     ] = "native",
+    include_incomplete: Annotated[
+        bool,
+        typer.Option(
+            "--include-incomplete", help="also make pairs of states marked context_complete: false"
+        ),
+    ] = False,
 ) -> None:
     """Turn a replay journal into a TRL preference dataset (datasets + JSONL) with provenance."""
     require_extra("replay,prefs", *(["datasketch"] if dedup else []),
@@ -244,6 +271,7 @@ def pairs_command(
             embedder=MiniLMEmbedder() if embeddings else None,
             similarity_threshold=similarity_threshold, normalize=cfg, out_dir=out,
             tool_format=tool_format,  # type: ignore[arg-type]
+            include_incomplete=include_incomplete,
         )  # fmt: skip
     console = Console(soft_wrap=True)
     console.print(res.summary(), markup=False)

@@ -1,4 +1,6 @@
-"""`composer-replication tasks generate SOURCE --out DIR`: build a Feature Deletion task set."""
+"""`composer-replication tasks generate SOURCE --out DIR`: build a Feature Deletion task set (or
+a suite: SOURCE a file listing sources); `tasks export --format harbor OUT`: write task sets as
+Harbor task directories."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from composer_replication.cli.common import console, exit_on, exit_on_interrupt, fail
+from composer_replication.cli.common import console, exit_on, exit_on_interrupt, fail, warn
 
 tasks_app = typer.Typer(help="Feature Deletion task sets.", no_args_is_help=True)
 
@@ -17,7 +19,10 @@ tasks_app = typer.Typer(help="Feature Deletion task sets.", no_args_is_help=True
 def generate_command(
     source: Annotated[
         str,
-        typer.Argument(help="A directory with a pytest suite, or a pinned package (toolz==1.2.0)."),
+        typer.Argument(
+            help="A directory with a pytest suite, a pinned package (toolz==1.2.0), or a file "
+            "listing such sources one a line (# comments): a suite sharing the cache and workers."
+        ),
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory of task sets.")] = Path(
         "tasks"
@@ -60,6 +65,8 @@ def generate_command(
     with exit_on():
         check_output_dir(out, "--out")
         require_pytest()  # the grader: before a source is downloaded or unpacked
+        if Path(source).is_file():
+            return _generate_suite(Path(source), out, cfg)
         tree = prepare_source(source, cfg)
         console.print(f"source {tree.label} ({tree.root}), sha256 {tree.digest[:12]}")
         runs = out / tree.label / "runs.jsonl"
@@ -80,6 +87,82 @@ def generate_command(
     console.print(
         "by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.by_status.items()))
     )
+
+
+def _generate_suite(specs_file: Path, out: Path, cfg) -> None:
+    """Every source ``specs_file`` lists, at once (envs/feature_deletion/suite.py), then the
+    per-package table (also in ``OUT/suite.json``)."""
+    from composer_replication.envs.feature_deletion.suite import generate_suite, read_specs
+    from composer_replication.progress import progress_bar
+
+    specs = read_specs(specs_file)
+    kept = f"each package's candidates tried so far are in {out}/<package>/runs.jsonl"
+    with (
+        progress_bar(console, f"deleting functions of {len(specs)} sources", total=0) as advance,
+        exit_on_interrupt(kept),
+    ):
+        bar = _Bar(advance)
+        rows = generate_suite(specs, out, cfg, progress=bar.step, on_total=bar.total)
+    table = Table(title=f"{out} ({len(specs)} sources)")
+    for col in ("package", "candidates", "tasks", "hidden targets", "tests/task", "refused"):
+        table.add_column(col, justify="left" if col in ("package", "refused") else "right")
+    for r in rows:
+        why = r.error or ", ".join(f"{k} {v}" for k, v in r.refused.items())
+        table.add_row(r.label or r.spec, str(r.candidates), str(r.tasks), str(r.hidden_targets),
+                      f"{r.tests_per_task:g}", why)  # fmt: skip
+    table.add_row("total", str(sum(r.candidates for r in rows)), str(sum(r.tasks for r in rows)),
+                  str(sum(r.hidden_targets for r in rows)), "", "")  # fmt: skip
+    console.print(table)
+    console.print(f"per-package summary: {out / 'suite.json'}")
+
+
+@tasks_app.command("export")
+def export_command(
+    out: Annotated[Path, typer.Argument(help="Directory to write OUT/tasks/<task>/ into.")],
+    fmt: Annotated[str, typer.Option("--format", help="Export format (harbor).")] = "harbor",
+    tasks: Annotated[
+        Path, typer.Option("--tasks", help="A task set, or a directory of task sets.")
+    ] = Path("tasks"),
+    estimates: Annotated[
+        Path | None,
+        typer.Option(help="JSON lines {task_id, pass_rate, attempts}: sets difficulty_level."),
+    ] = None,
+    org: Annotated[str, typer.Option(help="Harbor package organization (org/name).")] = (
+        "composer-replication"
+    ),
+    base_image: Annotated[
+        str, typer.Option(help="The images' FROM (default python:<this Python>-slim).")
+    ] = "",
+    agent_timeout_s: Annotated[float, typer.Option(help="[agent] timeout_sec.")] = 600.0,
+    wheels: Annotated[
+        Path | None,
+        typer.Option(help="A directory holding the pinned pytest wheels (else pip download)."),
+    ] = None,
+) -> None:
+    """Write each Feature Deletion task as a Harbor task directory (instruction, agent image,
+    verifier image with the pristine repository and the pinned pytest, oracle solution,
+    licenses): TRL's HarborSpec, SkyRL, rLLM and prime-rl read them."""
+    from composer_replication.envs.feature_deletion.harbor import (
+        ExportOptions,
+        export_harbor,
+        read_estimates,
+    )
+
+    if fmt != "harbor":
+        fail(f"--format: unknown export format {fmt!r} (known: harbor)")
+    if agent_timeout_s <= 0:
+        fail("--agent-timeout-s: must be positive")
+    if not org or "/" in org:
+        fail(f"--org: {org!r} must be a non-empty name without '/'")
+    with exit_on(OSError):
+        est = read_estimates(estimates) if estimates is not None else None
+        opts = ExportOptions(org=org, base_image=base_image, agent_timeout_s=agent_timeout_s,
+                             wheel_dir=wheels)  # fmt: skip
+        summary = export_harbor(tasks, out, opts, est)
+    console.print(f"exported {len(summary.tasks)} tasks to {out / 'tasks'} "
+                  f"({summary.with_difficulty} with difficulty_level)")  # fmt: skip
+    for label in summary.missing_licenses:
+        warn(f"{label}: no license file found in the source; check its terms before sharing")
 
 
 def _option(loc: tuple) -> str:

@@ -53,6 +53,9 @@ class SandboxConfig(StrictModel):
     workers: int = Field(0, ge=0, le=256)
     """Sandbox slots: sandboxes running at once in this process, tool calls and gradings
     together (0 = one per CPU core, fewer if the available memory holds fewer)."""
+    slot_wait_s: float = Field(600.0, gt=0, le=86400)
+    """Longest wait for a sandbox slot before a grading or tool call starts; past it the
+    grading is the machine's failure (``slot_timeout``, masked; docs/sandbox.md)."""
     wall_timeout_s: float = Field(5.0, gt=0, le=600)
     """Wall-clock limit of one grading (interpreter start, loading and every test call)."""
     cpu_time_s: int = Field(5, ge=1, le=600)

@@ -182,6 +182,11 @@ class GRPOConfigModel(StrictModel):
     """Dynamic sampling of groups with non-zero reward variance."""
     num_iterations: int = Field(1, ge=1)
     """PPO-style updates per generated batch."""
+    max_infra_failed_frac: float = Field(0.5, ge=0.0, le=1.0)
+    """Gradings the machine failed (sandbox start, grader killed, slot timeout, server 5xx;
+    docs/sandbox.md) are masked, out of the loss and of their group's statistics. When more
+    than this share of a step's rollouts are masked for 3 steps in a row, the run stops with
+    one line naming the commonest kind (1.0: never)."""
 
 
 class OptimConfig(StrictModel):

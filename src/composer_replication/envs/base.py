@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from composer_replication.sandbox.infra import KINDS, InfraFailure
+
 
 def unit_hash(key: str) -> float:
     """A stable number in [0, 1) from ``key`` (SHA-256): assigns a task to a split or an order
@@ -59,6 +61,33 @@ class StepResult:
     passed: bool
     feedback: str
     info: dict[str, Any] = field(default_factory=dict)
+
+
+INFRA_FAILURE = "infra_failure"
+"""``StepResult.info`` key of a grading the machine failed (sandbox/infra.py: the kind, one of
+``KINDS``); such a result scores nothing: the trainer masks the rollout (trainer/masking.py)."""
+
+
+def machine_failed(observation: Any, failure: InfraFailure) -> StepResult:
+    """The result of a grading the machine failed: no verdict on the submission (reward 0 for
+    callers that ignore the mark, which :func:`infra_kind` reads)."""
+    feedback = f"not graded: the machine failed ({failure.kind}: {failure.detail})"
+    info = {INFRA_FAILURE: failure.kind, "infra_detail": failure.detail}
+    return StepResult(observation, 0.0, True, False, feedback, info)
+
+
+def infra_kind(result: StepResult) -> str | None:
+    """The machine failure kind of ``result``, or None for a real verdict."""
+    return result.info.get(INFRA_FAILURE)
+
+
+def log_infra_metrics(kinds: list[str | None], log_metric) -> None:
+    """``env/infra_failed_frac`` (share of the rollouts the machine failed) and
+    ``env/infra_failed/<kind>`` (how many, per kind of sandbox/infra.py, every kind every
+    time so that the per-step averages are over the same steps)."""
+    log_metric("env/infra_failed_frac", sum(k is not None for k in kinds) / max(len(kinds), 1))
+    for kind in KINDS:
+        log_metric(f"env/infra_failed/{kind}", float(sum(k == kind for k in kinds)))
 
 
 class Environment(ABC):

@@ -34,8 +34,20 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication.config import SandboxConfig
-from composer_replication.envs.base import Environment, StepResult, Task, unit_hash
+from composer_replication.envs.base import (
+    Environment,
+    StepResult,
+    Task,
+    machine_failed,
+    unit_hash,
+)
 from composer_replication.sandbox.harness import preview
+from composer_replication.sandbox.infra import (
+    GRADER_KILLED,
+    SANDBOX_START,
+    InfraFailure,
+    recheck,
+)
 from composer_replication.sandbox.sandbox import SLOTS, CandidateFailure, CandidateSession, Sandbox
 
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.DOTALL)
@@ -127,6 +139,8 @@ def run_check(task: Task, session: CandidateSession) -> str | None:
     try:
         namespace["check"](candidate)
     except CandidateFailure as e:
+        if e.ended:  # the program did not answer: maybe the machine's (HumanEvalEnv.grade)
+            raise
         return e.feedback
     except AssertionError as e:  # candidate values become text only through preview (harness)
         got, message = preview(candidate.last, 200), preview(e, 200, str)
@@ -157,7 +171,11 @@ class HumanEvalEnv(Environment):
                         task_id=row["task_id"],
                         prompt=row["prompt"],
                         split=split,
-                        data={"test": row["test"], "entry_point": row["entry_point"]},
+                        data={
+                            "test": row["test"],
+                            "entry_point": row["entry_point"],
+                            "canonical_solution": row["canonical_solution"],
+                        },  # the control
                     )
                 )
 
@@ -168,18 +186,60 @@ class HumanEvalEnv(Environment):
         )
 
     def grade(self, task: Task, completion: str) -> StepResult:
-        entry = task.data["entry_point"]
-        program = build_program(task.prompt, completion, entry)
-        session = self.sandbox.session(program, entry)
+        """Grade in the sandbox. A grading that fails before the program is sent (sandbox
+        start, slot wait) is the machine's; one whose program did not answer (killed, exited,
+        timed out) is the machine's only if the dataset's canonical solution fails too and a
+        retry of the program fails the same way (sandbox/infra.py ``recheck``)."""
+        program = build_program(task.prompt, completion, task.data["entry_point"])
         try:
-            with session:
-                feedback = run_check(task, session)
-        except CandidateFailure as e:
-            feedback = e.feedback
-        stderr = session.stderr
+            feedback, ended, stderr = self._run(task, program)
+        except InfraFailure as e:
+            return machine_failed(completion, e)
+        if ended is not None:
+            again, fault = recheck(
+                lambda: self._control(task),
+                lambda: self._retry(task, program),
+                lambda outcome: outcome is None or outcome[1] is not None,
+            )
+            if fault is not None:
+                return machine_failed(completion, fault)
+            if again is not None:
+                feedback, ended, stderr = again
         if feedback is None:
             return StepResult(completion, 1.0, True, True, "all tests passed")
         return StepResult(completion, 0.0, True, False, feedback, {"stderr": stderr[-2000:]})
+
+    def _run(self, task: Task, program: str) -> tuple[str | None, str | None, str]:
+        """(feedback or None if every test held, how the program ended if it did not answer,
+        its output); ``InfraFailure`` if no sandbox could start."""
+        session = self.sandbox.session(program, task.data["entry_point"])
+        try:
+            with session:
+                return run_check(task, session), None, session.stderr
+        except CandidateFailure as e:
+            return e.feedback, e.ended, session.stderr
+
+    def _retry(self, task: Task, program: str) -> tuple[str | None, str | None, str] | None:
+        try:
+            return self._run(task, program)
+        except InfraFailure:
+            return None  # failed again, before the program was even sent
+
+    def _control(self, task: Task) -> InfraFailure | None:
+        """The machine's failure the canonical solution meets, or None when it passes."""
+        solution = task.data.get("canonical_solution")
+        if solution is None:  # no known-good submission: no failure can be proved the machine's
+            return None
+        try:
+            feedback, _, stderr = self._run(
+                task, build_program(task.prompt, solution, task.data["entry_point"])
+            )
+        except InfraFailure as e:
+            return e
+        if feedback is None:
+            return None
+        kind = SANDBOX_START if stderr.lstrip().startswith("bwrap:") else GRADER_KILLED
+        return InfraFailure(kind, f"the canonical solution failed too: {feedback[:300]}")
 
     def grade_batch(self, tasks: list[Task], completions: list[str]) -> list[StepResult]:
         """Grade in parallel, as many at a time as this process has sandbox slots

@@ -135,8 +135,10 @@ def pairs_from_journal(
     normalize: NormalizeConfig | None = None,
     out_dir: str | os.PathLike[str] | None = None,
     tool_format: ToolFormat = "text",
+    include_incomplete: bool = False,
 ) -> PairsResult:
-    """Read a replay journal, extract pairs, normalize them, and (with ``out_dir``) export."""
+    """Read a replay journal, extract pairs, normalize them, and (with ``out_dir``) export.
+    States marked ``context_complete: false`` make no pair unless ``include_incomplete``."""
     from composer_replication.replay.journal import Journal, JournalError
 
     if not Path(db).is_file():
@@ -153,6 +155,8 @@ def pairs_from_journal(
                 "these pairs: run the same replay again to import them",
                 stacklevel=2,
             )
+    if not include_incomplete:
+        states = [s for s in states if s.meta.context_complete]
     weights = {name: spec.get("weight", 1.0) for name, spec in teachers.items()}
     pairs, stats = extract_pairs(
         states, actions, agreement_threshold, strategy=strategy, weights=weights,

@@ -303,6 +303,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         policy_weight=cfg.grpo.weight,
         dynamic_sampling=cfg.grpo.dynamic_sampling.enabled,
         max_refills=cfg.grpo.dynamic_sampling.max_refills,
+        max_infra_failed_frac=cfg.grpo.max_infra_failed_frac,
         shared_prefix=cfg.generation.shared_prefix,
         concurrent_tools=cfg.rollout.concurrent_tools,
         **tools,

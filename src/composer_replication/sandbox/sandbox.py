@@ -79,6 +79,7 @@ from composer_replication.sandbox.cgroup import (
     left_by_dead_processes,
 )
 from composer_replication.sandbox.cgroup import descendants as _descendants
+from composer_replication.sandbox.infra import SANDBOX_START, SLOT_TIMEOUT, InfraFailure
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +109,13 @@ class SandboxUnavailableError(UserError, RuntimeError):
 
 class CandidateFailure(Exception):
     """The sandboxed program did not answer: it failed to load, raised, exited or timed out.
-    ``feedback`` is the one-line explanation shown to the model."""
+    ``feedback`` is the one-line explanation shown to the model; ``ended`` says how the
+    process ended when it did not answer (``timed out``, ``killed``, ``exited``; None when it
+    answered with an error): such a failure may be the machine's (sandbox/infra.py)."""
 
-    def __init__(self, feedback: str):
+    def __init__(self, feedback: str, ended: str | None = None):
         super().__init__(feedback)
-        self.feedback = feedback
+        self.feedback, self.ended = feedback, ended
 
 
 @dataclass(frozen=True)
@@ -478,20 +481,24 @@ class Slots:
             self._limit, self.peak = limit, self._used
             self._cond.notify_all()
 
-    def acquire(self) -> None:
+    def acquire(self, timeout_s: float | None = None) -> None:
         """Take a slot for the calling thread (or count one more sandbox in the slot it holds),
-        after every thread that asked before it."""
+        after every thread that asked before it; ``InfraFailure`` (``slot_timeout``) if none
+        came free within ``timeout_s``."""
         limit, me = self.limit, threading.get_ident()
         with self._cond:
             if self._depth.get(me, 0) == 0:
                 self._queue.append(me)
                 try:
-                    self._cond.wait_for(
-                        lambda: self._queue[0] == me and self._used < (self._limit or limit)
+                    got = self._cond.wait_for(
+                        lambda: self._queue[0] == me and self._used < (self._limit or limit),
+                        timeout_s,
                     )
                 finally:
                     self._queue.remove(me)
                     self._cond.notify_all()  # the next in line may go too (or be first now)
+                if not got:
+                    raise InfraFailure(SLOT_TIMEOUT, f"no sandbox slot free within {timeout_s:g} s")
                 self._used += 1
                 self.peak = max(self.peak, self._used)
             self._depth[me] = self._depth.get(me, 0) + 1
@@ -563,7 +570,7 @@ class _Process:
         mounts: tuple[str, ...] = (),
     ):
         self.cfg = cfg
-        SLOTS.acquire()  # waits for a slot; the deadline starts once the sandbox may run
+        SLOTS.acquire(cfg.slot_wait_s)  # the deadline starts once the sandbox may run
         self._slot = True
         try:
             self._start(bwrap, cfg, mode, binds, wire, pass_fds, root, mounts)
@@ -606,9 +613,11 @@ class _Process:
                 preexec_fn=preexec,
                 pass_fds=pass_fds,
             )
-        except BaseException:  # nothing started: leave no empty cgroup behind
+        except BaseException as e:  # nothing started: leave no empty cgroup behind
             if self._cgroup is not None:
                 self._cgroup.remove()
+            if isinstance(e, OSError):  # fork/exec failed: before the submission was sent
+                raise InfraFailure(SANDBOX_START, f"starting the sandbox failed: {e}") from e
             raise
         self._watched = bwrap is not None and self._cgroup is None
         if self._watched:  # no cgroup: the user-space watchdog bounds the total
@@ -808,14 +817,18 @@ class CandidateSession:
 
     def _timeout(self) -> CandidateFailure:
         s = self._sandbox.cfg.wall_timeout_s
-        return CandidateFailure(f"timed out after {s:g} s (infinite loop or too slow)")
+        return CandidateFailure(f"timed out after {s:g} s (infinite loop or too slow)", "timed out")
 
     def _exited(self, when: str) -> CandidateFailure:
         assert self._p is not None
         self._p.drain()
         code = self._p.exit_code()
-        how = "was killed" if code is None or code < 0 or code > 128 else f"exited ({code})"
-        return CandidateFailure(f"the program {how} {when}; last output: {_tail(self.stderr)}")
+        killed = code is None or code < 0 or code > 128
+        how = "was killed" if killed else f"exited ({code})"
+        return CandidateFailure(
+            f"the program {how} {when}; last output: {_tail(self.stderr)}",
+            "killed" if killed else "exited",
+        )
 
 
 def _tail(text: str, n: int = 300) -> str:
@@ -975,6 +988,7 @@ def _run_script(
             returncode = p.exit_code(grace_s=1.0)
     except (TimeoutError, EOFError):
         returncode = None if p.timed_out else p.exit_code()
+        p.drain()  # what it wrote before it stopped reading (a bwrap that could not start)
     finally:
         p.close()
     return SandboxResult(

@@ -265,6 +265,12 @@ class SessionBuilder:
     - a call id repeated inside one action is renamed ``<id>#2``, ``#3``... (reported as
       ``duplicate_tool_call_id``) and the next results for that id go to the renamed calls in
       order, so every call is followed by exactly its own tool message;
+    - a tool result that arrives while an action with a response id is pending, for one of that
+      action's calls, is held until the action ends: a response's parallel calls are written
+      interleaved with their results (Claude Code 2.1: call A, result A, call B), and the model
+      chose B before it saw A's result, so A and B are one action (issue 57);
+    - ``mark_incomplete`` flags every later state of the segment ``context_complete: false``
+      (the context holds something the log lost), until a rewind cuts the gap off;
     - all text is redacted here, the single entry point for content.
     """
 
@@ -290,6 +296,9 @@ class SessionBuilder:
         self._open_calls: dict[str, int] = {}  # call id -> line of the call
         self._open_order: list[str] = []
         self._renamed: dict[str, list[str]] = {}  # repeated call id -> its renamed calls
+        self._held: list[tuple[str, str, int]] = []  # results of the pending action's calls
+        self._pending_note: str | None = None  # why the pending action's context is incomplete
+        self._gap: tuple[int, str] | None = None  # (prefix length, note) of a lost context part
         self.step = 0
         self.segment = 0
         self.after_compaction = False
@@ -309,10 +318,29 @@ class SessionBuilder:
     def tool_result(self, call_id: str, text: str, line: int) -> None:
         """Add a tool message. An empty ``call_id`` (formats that do not record it) links to the
         oldest call still waiting for its result."""
-        if self._pending is not None:
-            self.flush()
         if not self.ctx.clean_line:
             text = self.ctx.redact(text)
+        act = self._pending
+        if act is not None:
+            if self._pending_rid and call_id and self._is_pending_call(act, call_id):
+                self._held.append((call_id, text, line))
+                return
+            self.flush()
+        self._result(call_id, text, line)
+
+    def hosted_result(self, call_id: str, text: str, line: int, note: str) -> None:
+        """The result of a hosted (provider-run) tool, written inside the response: the call was
+        a decision of its own, the output after it another one, which saw this result; the
+        context is incomplete from here (``note``: the provider's full result is not logged)."""
+        self.flush()
+        self._result(call_id, text if self.ctx.clean_line else self.ctx.redact(text), line)
+        self.mark_incomplete(note)
+
+    def _is_pending_call(self, act: Action, call_id: str) -> bool:
+        held = sum(1 for h in self._held if h[0] == call_id)
+        return sum(1 for c in act.tool_calls if c["id"].split("#")[0] == call_id) > held
+
+    def _result(self, call_id: str, text: str, line: int) -> None:
         if not call_id and self._open_order:
             call_id = self._open_order[0]
         if call_id not in self._open_calls and self._renamed.get(call_id):
@@ -337,7 +365,11 @@ class SessionBuilder:
         model: str | None = None,
         timestamp: str | None = None,
         response_id: str | None = None,
+        note: str | None = None,
     ) -> None:
+        """Add assistant output; ``note`` marks this action's context incomplete (why)."""
+        if self._held and response_id != self._pending_rid:
+            self.flush()  # results came in and another response follows: they were seen
         act = self._pending
         if act is not None and response_id and self._pending_rid != response_id:
             if self._pending_rid:
@@ -351,6 +383,9 @@ class SessionBuilder:
             self._pending_model = model
             self._pending_ts = timestamp
             self._pending_rid = response_id
+            self._pending_note = None
+        if note:
+            self._pending_note = note
         clean = self.ctx.clean_line
         if text:
             text = text if clean else self.ctx.redact(text)
@@ -380,33 +415,50 @@ class SessionBuilder:
         self._renamed.setdefault(cid, []).append(tc["id"])
         self.ctx.report.orphan("duplicate_tool_call_id", line, self.ctx.redactor.redact(cid))
 
+    def mark_incomplete(self, note: str, at: int | None = None) -> None:
+        """The context from message ``at`` (default: here) on lacks what the model saw (``note``
+        says what): later states are ``context_complete: false`` until a rewind cuts it off."""
+        if self._gap is None:
+            self._gap = (len(self.messages) if at is None else at, note)
+
     def compact(self, replacement: Iterable[Message] = ()) -> None:
         """Context was compacted: the prefix restarts from ``replacement`` (e.g. a summary)."""
         self.flush()
         self._close_open_calls(append=False)
         self.messages = []
         self._digests = [b""]
+        self._gap = None
         self.segment += 1
         self.after_compaction = True
+        self.ctx.report.context_changes["compaction"] += 1
         for msg in replacement:
             content = msg.get("content")
             if isinstance(content, str):
                 msg = {**msg, "content": self.ctx.redact(content)}
             self._append(msg)
 
-    def truncate(self, n: int) -> None:
-        """Rewind: the conversation continues from its first ``n`` messages."""
+    def truncate(self, n: int, kind: str = "rewind") -> None:
+        """Rewind (or ``kind``, e.g. rollback): the conversation continues from its first ``n``
+        messages; counted in the report's ``context_changes`` when it drops any."""
         self.flush()
         if n >= len(self.messages):
             return
         self._close_open_calls(append=False)
         del self.messages[n:]
         del self._digests[n + 1 :]
+        if self._gap is not None and n <= self._gap[0]:
+            self._gap = None
         self.segment += 1
+        self.ctx.report.context_changes[kind] += 1
 
-    def finish(self) -> None:
+    def finish(self, orphans: bool = True) -> None:
+        """End the session; calls still waiting for a result are reported as orphans unless
+        ``orphans`` is False (an LLM call log ends on its decision: no result can follow)."""
         self.flush()
-        self._close_open_calls(append=False)
+        if orphans:
+            self._close_open_calls(append=False)
+        self._open_calls.clear()
+        self._open_order.clear()
 
     def length_after_pending(self) -> int:
         """Prefix length once the pending action (if any) has joined it."""
@@ -438,6 +490,7 @@ class SessionBuilder:
         if act.is_empty():
             return
         ctx, step = self.ctx, self.step
+        note = self._pending_note or (self._gap[1] if self._gap is not None else None)
         state_id = compute_state_id(self._session_bytes, step, self._digests[-1], act)
         # positional arguments in field order (keywords cost ~4x as much for ten fields);
         # tests/unit/traces/test_schema.py pins the order
@@ -452,6 +505,9 @@ class SessionBuilder:
             self.after_compaction,  # after_compaction
             self.segment,  # segment
             ctx.item_index,  # line_is_item_index
+            note is None,  # context_complete
+            note,  # context_note
+            self._pending_rid,  # response_id
         )
         state = TraceState(state_id, self.session_id, step, self.messages[:], act, meta,
                            SCHEMA_VERSION, ctx.tools)  # fmt: skip
@@ -465,6 +521,10 @@ class SessionBuilder:
                     continue
                 self._open_calls[cid] = self._pending_line
                 self._open_order.append(cid)
+        if self._held:
+            held, self._held = self._held, []
+            for cid, text, line in held:
+                self._result(cid, text, line)
 
     def _close_turn(self) -> None:
         if self._pending is not None:

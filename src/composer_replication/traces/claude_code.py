@@ -12,8 +12,20 @@ Records (one JSON object per line) handled:
   ``isCompactSummary`` user record (the summary) starts the new prefix.
 - ``isSidechain`` records (sub-agents, Task tool) become separate sessions: keyed by ``agentId``
   when present (``<session>/subagents/agent-<id>.jsonl`` files), else by their root record.
-- Rewinds: a user prompt whose ``parentUuid`` points to an earlier record of the current
-  conversation truncates the prefix there (``meta.segment`` increments).
+- Causal order (issue 57): a record is read after its parent (``parentUuid``), not in file
+  order: a record whose parent is not read yet waits (a tool result may be written before its
+  own call), and is read right after its parent. It waits for at most ``WAIT_WINDOW`` later
+  records (memory stays bounded); a parent that does not come by then, or by the end of the
+  file, is missing: the record is read in file order and counted as a ``missing_parent``
+  warning. Each root-to-leaf path of the tree is a segment: a record whose parent is an earlier
+  point of the conversation (a rewind, a branch) truncates the prefix to what followed that
+  parent (``meta.segment`` increments, the report counts a ``rewind``). Not handled: two
+  branches interleaved record by record in the file (the later one continues from the latest
+  path).
+- Parallel tool calls: one response's ``tool_use`` blocks, written interleaved with their
+  results, stay one action (see `SessionBuilder`).
+- Thinking logged as an empty string (newer models log only a signature): the state is marked
+  ``context_complete: false`` (``thinking_not_logged``).
 - ``<system-reminder>`` text stays in user content: it is part of what the model saw.
 - Known non-conversational records (summary, queue-operation, attachment, progress,
   file-history-snapshot, titles, modes, links, ...) are parsed and produce nothing; any other
@@ -24,8 +36,8 @@ Records (one JSON object per line) handled:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -93,6 +105,7 @@ class _Block(msgspec.Struct, gc=False):
     tool_use_id: Any = None
     is_error: Any = None
     source: Any = None
+    signature: Any = None
 
 
 class _Message(msgspec.Struct, gc=False):
@@ -121,14 +134,42 @@ class _Record(msgspec.Struct, gc=False):
 _decode_record = msgspec.json.Decoder(_Record).decode
 
 
+WAIT_WINDOW = 64
+"""Records a record whose parent is not read yet may wait for it (then: missing parent)."""
+SEEN_RECENT = 512
+"""Recent uuids remembered across sessions; older ones are known by their session's rewind map
+(``_Session.path_len``, cleared at a compaction): memory stays flat however long the file."""
+
+
 def read(ctx: ReaderContext) -> Iterator[TraceState]:
     reader = _ClaudeReader(ctx)
     if ctx.path.suffix == ".json":
         yield from reader.read_document()
     else:
         yield from run_jsonl(ctx, reader.handle, trigger_scan=True, decode=_decode_record)
+        reader.release_all(_late_line_skip(ctx))
+        yield from ctx.drain()
     reader.finish()
     yield from ctx.drain()
+
+
+def _late_line_skip(ctx: ReaderContext) -> Callable[[int, str], None]:
+    """Skip a line already counted as parsed (it waited for its parent, then was refused)."""
+
+    def skip(line: int, reason: str) -> None:
+        ctx.report.parsed -= 1
+        ctx.report.skip(line, reason)
+
+    return skip
+
+
+class _Node(NamedTuple):
+    """A record waiting for its parent."""
+
+    line: int
+    rec: _Record
+    clean: bool  # the line held no redaction trigger
+    session: _Session
 
 
 class _Session:
@@ -155,6 +196,10 @@ class _ClaudeReader:
         self.sessions: dict[str, _Session] = {}
         self.side_owner: dict[str, str] = {}  # sidechain uuid -> session key
         self.last_side: dict[str, str] = {}  # main session id -> latest sidechain key
+        self.seen: dict[str, None] = {}  # recent uuids read (with each session's path_len)
+        self.waiting: dict[str, list[_Node]] = {}  # parent uuid -> records waiting for it
+        self.n_waiting = 0
+        self.skip_late: Callable[[int, str], None] = _late_line_skip(ctx)
         m = _AGENT_FILE.search(ctx.file)
         self.file_agent = m.group(1) if m and "subagents" in ctx.file else None
         self.default_sid = ctx.path.stem
@@ -167,6 +212,8 @@ class _ClaudeReader:
         if not items and doc:
             self.ctx.report.skip_item(0, "no_loglines")
         self.ctx.item_index = True
+        self.ctx.report.items = len(items)
+        self.skip_late = self.ctx.report.skip_item
         for i, item in enumerate(items, start=1):
             if not isinstance(item, dict):
                 self.ctx.report.skip_item(i, "not_an_object")
@@ -181,6 +228,8 @@ class _ClaudeReader:
             if reason is not None:
                 self.ctx.report.skip_item(i, reason)
             yield from self.ctx.drain()
+        self.release_all(self.ctx.report.skip_item)
+        yield from self.ctx.drain()
 
     def finish(self) -> None:
         for s in self.sessions.values():
@@ -222,10 +271,10 @@ class _ClaudeReader:
 
     # -- records
     def handle(self, line: int, rec: _Record) -> str | None:
+        """Route a record to its session and read it, or let it wait for its parent."""
         rtype = rec.type
         if rtype == "assistant" or rtype == "user":
-            msg = rec.message
-            if type(msg) is not _Message:
+            if type(rec.message) is not _Message:
                 return "message_not_an_object"
             sid = rec.sessionId
             s = None
@@ -233,31 +282,122 @@ class _ClaudeReader:
                 s = self.sessions.get(sid)  # the common case of `_session`, inlined
             if s is None:
                 s = self._session(line, rec)
-            if rtype == "user":
-                reason = self._user(s, line, rec, msg)
-            else:
-                reason = self._assistant(s, line, rec, msg)
-            s.remember(rec.uuid)
-            return reason
-        if not isinstance(rtype, str):
+        elif not isinstance(rtype, str):
             return "missing_type"
-        if rtype == "system":
+        elif rtype == "system":
             s = self._session(line, rec)
-            if rec.subtype == "compact_boundary":
+        elif rtype in KNOWN_META_TYPES:
+            if rec.uuid is msgspec.UNSET or not rec.sessionId:
+                return None  # outside the conversation tree: nothing to place
+            s = self._session(line, rec)
+        else:
+            return "unknown_record_type"
+        parent = rec.parentUuid
+        if type(parent) is str and parent and parent not in self.seen and parent not in s.path_len:
+            self._wait(parent, _Node(line, rec, self.ctx.clean_line, s))
+            return None
+        return self._run(s, line, rec)
+
+    def _wait(self, parent: str, node: _Node) -> None:
+        self.waiting.setdefault(parent, []).append(node)
+        self.n_waiting += 1
+        if self.n_waiting > WAIT_WINDOW:
+            self._release_oldest()
+
+    def _release_oldest(self) -> None:
+        """The record that waited longest for a parent that is not itself waiting: that parent
+        is missing, the record is read now (if all wait on each other: a ``parent_cycle``)."""
+        waiting_uuids = {
+            n.rec.uuid for nodes in self.waiting.values() for n in nodes if type(n.rec.uuid) is str
+        }
+        free = [p for p in self.waiting if p not in waiting_uuids]
+        kind = "missing_parent" if free else "parent_cycle"
+        parent = min(free or self.waiting, key=lambda p: self.waiting[p][0].line)
+        nodes = self.waiting[parent]
+        node = nodes.pop(0)
+        if not nodes:
+            del self.waiting[parent]
+        self.n_waiting -= 1
+        self.ctx.report.warnings[kind] += 1
+        clean = self.ctx.clean_line
+        self.ctx.clean_line = node.clean
+        reason = self._run(node.session, node.line, node.rec, missing_parent=True)
+        self.ctx.clean_line = clean
+        if reason is not None:
+            self.skip_late(node.line, reason)
+
+    def release_all(self, skip: Callable[[int, str], None]) -> None:
+        """End of the records: those still waiting have no parent here (file order)."""
+        self.skip_late = skip
+        while self.waiting:
+            self._release_oldest()
+        self.ctx.clean_line = False
+
+    def _run(self, s: _Session, line: int, rec: _Record, missing_parent: bool = False):
+        """Read a record, then the records that waited for it (depth first, file order)."""
+        reason = self._apply(s, line, rec, missing_parent)
+        kids = self.waiting.pop(rec.uuid, None) if type(rec.uuid) is str else None
+        if not kids:
+            return reason
+        self.n_waiting -= len(kids)
+        clean = self.ctx.clean_line
+        stack = kids[::-1]
+        while stack:
+            node = stack.pop()
+            self.ctx.clean_line = node.clean
+            try:
+                why = self._apply(node.session, node.line, node.rec)
+            except Exception as exc:  # noqa: BLE001 - reported per record
+                why = f"reader_error:{type(exc).__name__}"
+            if why is not None:
+                self.skip_late(node.line, why)
+            more = self.waiting.pop(node.rec.uuid, None) if type(node.rec.uuid) is str else None
+            if more:
+                self.n_waiting -= len(more)
+                stack.extend(reversed(more))
+        self.ctx.clean_line = clean
+        return reason
+
+    def _apply(
+        self, s: _Session, line: int, rec: _Record, missing_parent: bool = False
+    ) -> str | None:
+        if not missing_parent:
+            self._follow(s, rec)
+        uuid = rec.uuid
+        if type(uuid) is str and uuid:
+            if len(self.seen) >= SEEN_RECENT:
+                self.seen.pop(next(iter(self.seen)))
+            self.seen[uuid] = None
+        rtype = rec.type
+        if rtype == "user":
+            reason = self._user(s, line, rec, rec.message)
+        elif rtype == "assistant":
+            reason = self._assistant(s, line, rec, rec.message)
+        else:
+            reason = None
+            if rtype == "system" and rec.subtype == "compact_boundary":
                 s.b.compact()
                 s.path_len.clear()
-            s.remember(rec.uuid)
-            return None
-        if rtype in KNOWN_META_TYPES:
-            if rec.uuid is not msgspec.UNSET and rec.sessionId:
-                self._session(line, rec).remember(rec.uuid)
-            return None
-        return "unknown_record_type"
+        s.remember(rec.uuid)
+        return reason
+
+    def _follow(self, s: _Session, rec: _Record) -> None:
+        """Before a record: if its parent is an earlier point of the conversation (a rewind,
+        another branch of the tree), cut the prefix back to what followed that parent."""
+        parent = rec.parentUuid
+        if type(parent) is not str or parent not in s.path_len:
+            return
+        n = s.path_len[parent]
+        if n < s.b.length_after_pending():
+            s.b.flush()
+            s.b.truncate(n)
+            stale = [u for u, k in s.path_len.items() if k > n]
+            for u in stale:
+                del s.path_len[u]
 
     def _user(self, s: _Session, line: int, rec: _Record, msg: _Message) -> str | None:
         content = msg.content
         if isinstance(content, str):
-            self._maybe_rewind(s, rec)
             s.b.user(content)
             return None
         if not isinstance(content, list):
@@ -276,20 +416,8 @@ class _ClaudeReader:
             else:
                 texts.append(_placeholder(block))
         if texts:
-            self._maybe_rewind(s, rec)
             s.b.user("\n".join(texts))
         return None
-
-    def _maybe_rewind(self, s: _Session, rec: _Record) -> None:
-        parent = as_str(rec.parentUuid)
-        if parent and parent in s.path_len:
-            s.b.flush()
-            n = s.path_len[parent]
-            if n < len(s.b.messages):
-                s.b.truncate(n)
-                stale = [u for u, k in s.path_len.items() if k > n]
-                for u in stale:
-                    del s.path_len[u]
 
     def _assistant(self, s: _Session, line: int, rec: _Record, msg: _Message) -> str | None:
         if rec.isApiErrorMessage is True:
@@ -302,6 +430,7 @@ class _ClaudeReader:
         texts: list[str] = []
         thinking: list[str] = []
         calls: list[dict[str, Any]] = []
+        note = None
         for i, block in enumerate(content):
             btype = block.type if type(block) is _Block else None
             if btype == "text":
@@ -310,6 +439,8 @@ class _ClaudeReader:
             elif btype == "thinking":
                 t = block.thinking
                 thinking.append(t if type(t) is str else "")
+                if not t:  # logged empty (a signature only): the reasoning is not in the log
+                    note = "thinking_not_logged"
             elif btype == "redacted_thinking":
                 thinking.append("[redacted thinking]")
             elif btype in ("tool_use", "server_tool_use"):
@@ -322,8 +453,31 @@ class _ClaudeReader:
                 calls.append(make_tool_call(call_id, name, args))
             elif btype == "fallback":
                 continue  # model-fallback marker, no content
+            elif type(btype) is str and btype.endswith("_tool_result") and block.tool_use_id:
+                # a hosted tool's result inside the response (web search, code execution):
+                # what came before is one decision, what follows saw this result
+                if texts or calls or thinking:
+                    self._emit(s, line, rec, msg, texts, calls, thinking, note)
+                texts, thinking, calls, note = [], [], [], None
+                s.b.hosted_result(as_str(block.tool_use_id), _hosted_text(block), line,
+                                  "hosted_tool_result_not_logged")  # fmt: skip
             else:
                 texts.append(_placeholder(block if btype is not None else None))
+        self._emit(s, line, rec, msg, texts, calls, thinking, note)
+        return None
+
+    def _emit(
+        self,
+        s: _Session,
+        line: int,
+        rec: _Record,
+        msg: _Message,
+        texts: list[str],
+        calls: list[dict[str, Any]],
+        thinking: list[str],
+        note: str | None,
+    ) -> None:
+        """Add one record's assistant output (its blocks up to a hosted result) to the action."""
         # str fields, None when absent, empty or not a string (as_str(x) or None, inlined)
         model, ts, rid = msg.model, rec.timestamp, msg.id
         s.b.assistant(
@@ -334,8 +488,23 @@ class _ClaudeReader:
             model if type(model) is str and model and model != "<synthetic>" else None,
             ts if type(ts) is str and ts else None,
             rid if type(rid) is str and rid else None,  # response id
+            note,
         )
-        return None
+
+
+def _hosted_text(block: _Block) -> str:
+    """A hosted tool result's text: each search result's title and URL (their page content is
+    encrypted), an error's code, or placeholders."""
+    content = block.content
+    if isinstance(content, dict):
+        code = as_str(content.get("error_code"))
+        return f"[error] {code}" if code else _placeholder(content)
+    lines = []
+    for item in as_list(content):
+        item = as_dict(item)
+        title, url = as_str(item.get("title")), as_str(item.get("url"))
+        lines.append(f"{title} <{url}>" if url else _placeholder(item))
+    return "\n".join(lines) or f"[{as_str(block.type)}]"
 
 
 def _join(parts: list[str]) -> str:

@@ -12,7 +12,20 @@ without the envelope.
 (older CLIs, replayed sub-agent threads) fall back to ``event_msg`` ``user_message`` /
 ``agent_message`` / ``agent_reasoning`` events. MCP tools appear as ``function_call`` items whose
 name is ``mcp__server__tool``. Reasoning summaries go to ``Action.thinking``;
-``encrypted_content`` is dropped.
+``encrypted_content`` is dropped (encrypted reasoning carries no text we can read).
+
+What changes later contexts (issue 57), each counted in the report's ``context_changes``:
+
+- ``event_msg`` ``thread_rolled_back`` (``num_turns``): the last user turns leave the context;
+  later prefixes are cut back to before them (``rollback``, ``meta.segment`` increments);
+- ``compacted``: ``replacement_history`` becomes the prefix; an encrypted ``compaction`` item
+  in it becomes a marker message and later states are ``context_complete: false``
+  (``encrypted_compaction``);
+- hosted ``web_search_call``: a decision of its own, under the id that ``web_search_begin`` /
+  ``web_search_end`` carry, followed by a tool message saying its results are not in the log;
+  later states of the segment are ``context_complete: false``.
+
+A ``final_answer`` message (``phase``) ends its action; ``commentary`` joins the calls after it.
 """
 
 from __future__ import annotations
@@ -56,6 +69,13 @@ OUTPUT_ITEMS = frozenset(
 )
 SILENT_ITEMS = frozenset({"ghost_snapshot", "image_generation_call", "compaction"})
 EVENT_BUFFER_MAX = 64
+CONTEXT_PREFIXES = ("<environment_context>", "<user_instructions>", "# AGENTS.md instructions")
+"""User-role messages Codex writes itself: not user turns (a rollback counts user turns)."""
+COMPACTION_ITEMS = frozenset({"compaction", "compaction_summary"})
+COMPACTED_MARK = "[context compacted: the summary is encrypted and not in the log]"
+COMPACTED_MARK_MSG: Message = {"role": "user", "content": COMPACTED_MARK}
+HOSTED_RESULT = "[hosted {}: results are not in the log]"
+WEB_SEARCH_EVENTS = frozenset({"web_search_begin", "web_search_end"})
 
 
 def read(ctx: ReaderContext) -> Iterator[TraceState]:
@@ -104,6 +124,10 @@ class _CodexReader:
         self.model: str | None = None
         self.mode: str | None = None  # None (undecided) | "items" | "events"
         self.events: list[tuple[int, str, str, str | None]] = []
+        self.turns: list[int] = []  # prefix index of each user turn (rollbacks drop turns)
+        self.hosted: dict[str, Any] | None = None  # a hosted call waiting for its real id
+        self.search_ids: list[str] = []  # web_search_* call ids not yet given to a call
+        self.given_ids: set[str] = set()  # ... and those given
 
     # -- sessions
     def builder(self) -> SessionBuilder:
@@ -117,11 +141,15 @@ class _CodexReader:
     def end_session(self) -> None:
         if self.mode is None and self.events:
             self._replay_events()
+        self._close_hosted(0)
         if self.b is not None:
             self.b.finish()
         self.b = None
         self.mode = None
         self.events = []
+        self.turns = []
+        self.search_ids = []
+        self.given_ids = set()
 
     def _session_meta(self, payload: dict[str, Any]) -> None:
         sid = as_str(payload.get("id")) or as_str(payload.get("session_id"))
@@ -143,6 +171,8 @@ class _CodexReader:
         if not isinstance(payload, dict):
             return self._legacy(line, rec)
         ts = as_str(rec.get("timestamp")) or None
+        if self.hosted is not None and payload.get("type") not in WEB_SEARCH_EVENTS:
+            self._close_hosted(line)
         if rtype == "session_meta":
             self._session_meta(payload)
         elif rtype == "turn_context":
@@ -182,10 +212,14 @@ class _CodexReader:
                 return "unknown_role"
             if msg["role"] == "assistant":
                 b.assistant(line, msg["content"], model=self.model, timestamp=ts)
+                if item.get("phase") == "final_answer":
+                    b.flush()  # the turn's answer: what follows is another decision
             elif msg["role"] == "system":
                 b.system(msg["content"])
             else:
                 b.user(msg["content"])
+                if not msg["content"].startswith(CONTEXT_PREFIXES):
+                    self.turns.append(len(b.messages) - 1)
         elif itype == "reasoning":
             text = content_text(item.get("summary"))
             extra = content_text(item.get("content")) if item.get("content") else ""
@@ -202,14 +236,7 @@ class _CodexReader:
                 timestamp=ts,
             )
         elif itype == "web_search_call":
-            call_id = as_str(item.get("id")) or f"ws_synth_{line}"
-            args = dumps_str(item.get("action", {}))
-            b.assistant(
-                line,
-                tool_calls=[make_tool_call(call_id, "web_search", args)],
-                model=self.model,
-                timestamp=ts,
-            )
+            self._hosted_call(b, line, item, ts)
         elif itype in OUTPUT_ITEMS:
             call_id = as_str(item.get("call_id"))
             out = item.get("output")
@@ -230,8 +257,54 @@ class _CodexReader:
             self.mode = "items"
             self.events = []  # event copies of item messages: duplicates
 
+    def _hosted_call(self, b: SessionBuilder, line: int, item: dict[str, Any], ts: str | None):
+        """A hosted (provider-run) web search: its own decision, closed by `_close_hosted`."""
+        call_id = as_str(item.get("id")) or (self.search_ids.pop(0) if self.search_ids else "")
+        self.given_ids.add(call_id)
+        call = make_tool_call(call_id or f"ws_synth_{line}", "web_search",
+                              dumps_str(item.get("action", {})))  # fmt: skip
+        b.flush()  # text written before the search was another output of the model
+        b.assistant(line, tool_calls=[call], model=self.model, timestamp=ts)
+        self.hosted = call if not call_id else None
+        if call_id:
+            self._hosted_result(b, call_id, line)
+
+    def _close_hosted(self, line: int) -> None:
+        call, self.hosted = self.hosted, None
+        if call is not None and self.b is not None:
+            self._hosted_result(self.b, call["id"], line)
+
+    def _hosted_result(self, b: SessionBuilder, call_id: str, line: int) -> None:
+        b.tool_result(call_id, HOSTED_RESULT.format("web_search"), line)
+        b.mark_incomplete("hosted_tool_result_not_logged")
+
+    def _search_event(self, line: int, payload: dict[str, Any]) -> None:
+        call_id = as_str(payload.get("call_id"))
+        if not call_id:
+            return
+        if self.hosted is not None:  # the call was written before its events: give it its id
+            self.hosted["id"] = call_id
+            self.given_ids.add(call_id)
+            self._close_hosted(line)
+        elif call_id not in self.search_ids and call_id not in self.given_ids:
+            self.search_ids.append(call_id)  # (begin, then end: one id)
+
+    def _rollback(self, payload: dict[str, Any]) -> None:
+        n = payload.get("num_turns")
+        if type(n) is not int or n < 1 or not self.turns or self.b is None:
+            return
+        start = self.turns[-min(n, len(self.turns))]
+        del self.turns[-n:]
+        self.b.truncate(start, "rollback")
+
     def _event(self, line: int, payload: dict[str, Any], ts: str | None) -> None:
         etype = payload.get("type")
+        if etype in WEB_SEARCH_EVENTS:
+            self._search_event(line, payload)
+            return
+        if etype == "thread_rolled_back":
+            self._rollback(payload)
+            return
         if etype not in ("user_message", "agent_message", "agent_reasoning"):
             return
         text = as_str(payload.get("message")) or as_str(payload.get("text"))
@@ -247,6 +320,7 @@ class _CodexReader:
         for line, etype, text, ts in self.events:
             if etype == "user_message":
                 b.user(text)
+                self.turns.append(len(b.messages) - 1)
             elif etype == "agent_message":
                 b.assistant(line, text, model=self.model, timestamp=ts)
             else:
@@ -254,11 +328,23 @@ class _CodexReader:
         self.events = []
 
     def _compacted(self, payload: dict[str, Any]) -> None:
-        history = as_list(payload.get("replacement_history"))
-        msgs = [m for m in (item_to_message(as_dict(i)) for i in history) if m is not None]
+        msgs: list[Message] = []
+        encrypted = False
+        for item in as_list(payload.get("replacement_history")):
+            item = as_dict(item)
+            if item.get("type") in COMPACTION_ITEMS:
+                encrypted = True
+                msgs.append(COMPACTED_MARK_MSG)
+            elif (msg := item_to_message(item)) is not None:
+                msgs.append(msg)
         summary = as_str(payload.get("message"))
         if summary:
             msgs.append({"role": "user", "content": summary})
         if self.mode is None and self.events:
             self._replay_events()
-        self.builder().compact(msgs)
+        b = self.builder()
+        b.compact(msgs)
+        self.turns = [i for i, m in enumerate(b.messages) if m["role"] == "user"
+                      and not str(m["content"]).startswith(CONTEXT_PREFIXES)]  # fmt: skip
+        if encrypted:
+            b.mark_incomplete("encrypted_compaction", msgs.index(COMPACTED_MARK_MSG))

@@ -120,7 +120,7 @@ def _classify_record(obj: dict[str, Any], first: bool) -> str | None:
         return "claude_code"
     if t in ("user", "assistant") and isinstance(obj.get("message"), dict):
         return "claude_code"
-    if "projectHash" in obj or t == "gemini" or "$set" in obj:
+    if "projectHash" in obj or t == "gemini" or "$set" in obj or _is_gemini_stream(obj, t):
         return "gemini_cli"
     if (
         isinstance(obj.get("history"), list)
@@ -140,6 +140,18 @@ def _classify_record(obj: dict[str, Any], first: bool) -> str | None:
     if isinstance(obj.get("messages"), list) or "role" in obj:
         return "openai_messages"
     return None
+
+
+GEMINI_STREAM_KEYS = {"init": "session_id", "tool_use": "tool_id", "tool_result": "tool_id"}
+
+
+def _is_gemini_stream(obj: dict[str, Any], t: str | None) -> bool:
+    """A Gemini CLI ``--output-format stream-json`` event: ``init`` (``session_id``),
+    ``tool_use`` / ``tool_result`` (``tool_id``), or a ``message`` whose content is a string
+    (chat-message logs carry no ``type: message``; Codex message items carry a list)."""
+    if t in GEMINI_STREAM_KEYS:
+        return GEMINI_STREAM_KEYS[t] in obj
+    return t == "message" and "role" in obj and isinstance(obj.get("content"), str)
 
 
 def _str_type(obj: dict[str, Any]) -> str | None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from . import aider, claude_code, codex, gemini_cli, openai_messages, openhands, swe_agent
-from ._base import ReaderContext, is_event_dir, line_count, unreadable_reason
+from ._base import EVENT_FILE, ReaderContext, is_event_dir, line_count, unreadable_reason
 from .detect import FORMATS, UnknownFormatError, detect_format, sniff
 from .redact import Redactor
 from .report import FileReport, IngestReport
@@ -29,6 +29,10 @@ READERS: dict[str, Callable[[ReaderContext], Iterator[TraceState]]] = {
     "aider": aider.read,
 }
 assert set(READERS) == set(FORMATS)
+
+DEDUPE_FORMATS = frozenset({"openhands", "openai_messages"})
+"""Formats whose states are deduplicated by ``meta.response_id`` across formats: one OpenHands
+decision is in its conversation's events and in its LLM call log (read as openai_messages)."""
 
 LOG_SUFFIXES = (".jsonl", ".json", ".traj", ".md", ".ndjson")
 COMPRESSED_SUFFIXES = tuple(s + ".gz" for s in LOG_SUFFIXES)  # listed as unreadable, not skipped
@@ -56,6 +60,8 @@ class IngestRun:
         self.format = fmt
         self.redactor = redactor
         self.report = IngestReport()
+        self.report.input_dirs = [str(p) for p in self.paths if p.is_dir() and not is_event_dir(p)]
+        self._decisions: dict[str, str] = {}  # response id -> format of the state kept
         self._it = self._run()
 
     def __iter__(self) -> Iterator[TraceState]:
@@ -83,10 +89,31 @@ class IngestRun:
             return
         rep = FileReport(path=str(path), format=fmt)
         self.report.files.append(rep)
-        yield from READERS[fmt](ReaderContext(path, fmt, rep, self.redactor))
+        states = READERS[fmt](ReaderContext(path, fmt, rep, self.redactor))
+        if fmt not in DEDUPE_FORMATS:
+            yield from states
+            return
+        for state in states:
+            if self._is_duplicate(state, fmt):
+                rep.states -= 1
+                self.report.duplicate_decisions += 1
+                continue
+            yield state
+
+    def _is_duplicate(self, state: TraceState, fmt: str) -> bool:
+        """True when another format already gave this model response (same ``response_id``)."""
+        rid = state.meta.response_id
+        if rid is None:
+            return False
+        kept = self._decisions.setdefault(rid, fmt)
+        return kept != fmt
 
     def _run(self) -> Iterator[TraceState]:
-        for path, explicit in _iter_files(self.paths, self.exclude, self.report.duplicates):
+        """Files first, OpenHands SDK event directories last: a decision also in an LLM call
+        log is kept from the call log (its exact messages and tool schemas)."""
+        found = list(_iter_files(self.paths, self.exclude, self.report.duplicates))
+        found.sort(key=lambda pe: pe[0].is_dir())  # stable: files keep their order
+        for path, explicit in found:
             why = None if path.is_dir() else unreadable_reason(path) or encoding_problem(path)
             if why is not None:
                 self.report.unreadable[str(path)] = why
@@ -177,6 +204,8 @@ def _walk(paths: list[Path]) -> Iterator[tuple[Path, bool]]:
     for p in paths:
         if p.is_dir() and is_event_dir(p):
             yield p, True
+        elif p.is_file() and EVENT_FILE.match(p.name) and is_event_dir(p.parent):
+            yield p.parent, True  # one event of a conversation: the conversation is the log
         elif p.is_dir():
             for root, dirs, files in os.walk(p):
                 dirs.sort()

@@ -21,10 +21,15 @@ instead; they are read too: ``SystemPromptEvent`` -> system message; ``MessageEv
 (``llm_message`` with text content, ``source`` user or agent) -> user / assistant text;
 ``ActionEvent`` -> a tool call from ``tool_call`` (id, name, JSON arguments; ``action`` fields
 when absent), its ``thought`` as the assistant text and ``reasoning_content`` as thinking,
-actions sharing ``llm_response_id`` (parallel calls) forming one step; ``ObservationEvent``
+actions sharing ``llm_response_id`` (parallel calls) forming one step, also when the
+observation of one is written before the next call (the results are held until the step ends);
+``llm_response_id`` is the state's ``meta.response_id`` (an LLM call log of the same response
+wins over it, see traces/ingest.py); ``ObservationEvent``
 (``observation.content`` text items), ``AgentErrorEvent`` (``error``) and
 ``UserRejectObservation`` (``rejection_reason``) -> the result of their ``tool_call_id``;
-state updates, pauses, condensations and token events produce nothing.
+``Condensation`` (``forgotten_event_ids``, ``summary``, ``summary_offset``) is a compaction:
+the forgotten events' messages leave later prefixes and the summary takes their place (counted in
+the report's ``context_changes``); state updates, pauses and token events produce nothing.
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ def read(ctx: ReaderContext) -> Iterator[TraceState]:
         ctx.report.skip_item(0, "no_events")
         return
     ctx.item_index = True
+    if not ctx.path.is_dir():  # (an events/ directory counts its files as lines)
+        ctx.report.items = len(events)
     # an SDK events/ directory is named after nothing: its conversation is the parent's name
     sid = ctx.path.parent.name if ctx.path.is_dir() else ctx.path.stem
     r = _Events(ctx, SessionBuilder(ctx, sid))
@@ -126,7 +133,12 @@ def _read_jsonl(ctx: ReaderContext) -> Iterator[TraceState]:
                     ctx.report.skip_item(i, reason)
             r.b.finish()
             return None
-        if "action" in rec or "observation" in rec or is_openhands_sdk_event(rec):
+        if (
+            "action" in rec
+            or "observation" in rec
+            or is_openhands_sdk_event(rec)
+            or rec.get("kind") == "Condensation"
+        ):
             if stream is None:
                 stream = _Events(ctx, SessionBuilder(ctx, ctx.path.stem))
             return stream.handle(line, rec)
@@ -144,11 +156,21 @@ class _Events:
         self.b = builder
         self.last_response: str | None = None
         self.seq = 0
+        self.owner: list[Any] = []  # per prefix message: the id of the event that added it
+        self._last_id: Any = None
+        self._action_owner: Any = None  # id of the event that began the pending action
 
     def handle(self, line: int, ev: dict[str, Any]) -> str | None:
         self.seq += 1
+        self._attribute()
+        self._last_id = ev.get("id") if isinstance(ev.get("id"), (str, int)) else None
+        if ev.get("kind") == "Condensation":
+            return self._condensation(ev)
         if is_openhands_sdk_event(ev):
-            return self._sdk_event(line, ev["kind"], ev)
+            reason = self._sdk_event(line, ev["kind"], ev)
+            if self._action_owner is None and self.b.length_after_pending() > len(self.b.messages):
+                self._action_owner = self._last_id  # the event that began the pending action
+            return reason
         if "action" in ev:
             return self._action(line, ev)
         if "observation" in ev:
@@ -217,6 +239,36 @@ class _Events:
         self.b.tool_result(call_id, text, line)
         return None
 
+    def _attribute(self) -> None:
+        """Give the prefix messages added since the last event their event's id (the assistant
+        message of an action joins the prefix only when the next event arrives)."""
+        b, owner = self.b, self.owner
+        if len(owner) > len(b.messages):
+            del owner[len(b.messages) :]
+        new = b.messages[len(owner) :]
+        if new and new[0]["role"] == "assistant" and self._action_owner is not None:
+            owner.append(self._action_owner)
+            new = new[1:]
+        if new or b.length_after_pending() == len(b.messages):
+            self._action_owner = None
+        owner.extend([self._last_id] * len(new))
+
+    def _condensation(self, ev: dict[str, Any]) -> str | None:
+        """SDK ``Condensation``: the events in ``forgotten_event_ids`` leave the context and
+        ``summary`` (if any) takes their place at ``summary_offset``: a compaction."""
+        forgotten = {x for x in as_list(ev.get("forgotten_event_ids")) if isinstance(x, str)}
+        self.b.flush()
+        self._attribute()
+        kept = [m for m, o in zip(self.b.messages, self.owner, strict=True) if o not in forgotten]
+        summary = as_str(ev.get("summary"))
+        if summary:
+            at = ev.get("summary_offset")
+            at = at if type(at) is int and 0 <= at <= len(kept) else len(kept)
+            kept.insert(at, {"role": "user", "content": summary})
+        self.b.compact(kept)
+        self.owner = [None] * len(self.b.messages)
+        return None
+
     # ---- OpenHands SDK events (``kind``) --------------------------------------------------
     def _sdk_event(self, line: int, kind: str, ev: dict[str, Any]) -> str | None:
         ts = as_str(ev.get("timestamp")) or None
@@ -230,7 +282,8 @@ class _Events:
             text = _sdk_text(msg.get("content"))
             if role == "assistant":
                 thinking = as_str(msg.get("reasoning_content"))
-                self.b.assistant(line, text, [], thinking, timestamp=ts)
+                rid = as_str(ev.get("llm_response_id")) or None
+                self.b.assistant(line, text, [], thinking, timestamp=ts, response_id=rid)
             elif role == "system":
                 self.b.system(text)
             else:

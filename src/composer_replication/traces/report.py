@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 MAX_EXAMPLES = 20  # per file and reason: locations kept for the report (counts are exact)
+MIN_RECORDS_FOR_STATES = 20  # a file this long that gives no state was not understood
 
 
 @dataclass
@@ -30,6 +31,14 @@ class FileReport:
     sessions: set[str] = field(default_factory=set)
     states: int = 0
     bytes: int = 0
+    items: int | None = None
+    """Items of a whole-document file (messages, events), when its reader counts them; the
+    file's records are then its items, else its non-blank lines."""
+    warnings: Counter[str] = field(default_factory=Counter)
+    """Readable but doubtful (``missing_parent``: a Claude Code record whose parent is not in
+    the file was placed in file order; ``parent_cycle``: parent links that loop)."""
+    context_changes: Counter[str] = field(default_factory=Counter)
+    """What changed later contexts: ``rewind``, ``rollback``, ``compaction``."""
 
     def skip(self, line: int, reason: str, n: int = 1) -> None:
         """Record ``n`` lines starting at ``line`` as skipped for ``reason``."""
@@ -59,6 +68,42 @@ class FileReport:
     def balanced(self) -> bool:
         return self.parsed + self.skipped == self.total_lines
 
+    @property
+    def records(self) -> int:
+        """Records in the file: its items, or its lines less the blank ones."""
+        if self.items is not None:
+            return self.items
+        return self.total_lines - self.skipped_by_reason["blank_line"]
+
+    @property
+    def records_understood(self) -> int:
+        """Records the reader used (or knew to carry nothing for a model's context)."""
+        if self.items is not None:
+            return max(0, self.items - sum(self.skipped_items.values()))
+        return self.parsed
+
+    def summary(self) -> str:
+        """``path: format, understood/total records understood, N states``."""
+        return (
+            f"{self.path}: {self.format}, {self.records_understood}/{self.records} records "
+            f"understood, {self.states} states"
+        )
+
+    def check_failure(self) -> str | None:
+        """Why this file was not understood (fewer than half of its records understood, or at
+        least ``MIN_RECORDS_FOR_STATES`` records and no state), or None."""
+        n, ok = self.records, self.records_understood
+        if n and 2 * ok < n:
+            why = "fewer than half understood"
+        elif n >= MIN_RECORDS_FOR_STATES and self.states == 0:
+            why = "no state"
+        else:
+            return None
+        return (
+            f"{self.path}: read as {self.format}, {ok} of {n} records understood, "
+            f"{self.states} states ({why})"
+        )
+
 
 @dataclass
 class IngestReport:
@@ -69,6 +114,31 @@ class IngestReport:
     unreadable: dict[str, str] = field(default_factory=dict)  # path -> why it was skipped
     duplicates: list[str] = field(default_factory=list)  # paths of files already read once
     redactions: Counter[str] = field(default_factory=Counter)
+    duplicate_decisions: int = 0
+    """States dropped because another file already gave the same model response (an OpenHands
+    LLM call log and its conversation's events; see traces/ingest.py)."""
+    input_dirs: list[str] = field(default_factory=list)
+
+    def check_failures(self) -> list[str]:
+        """One line per file not understood, and per input directory with nothing readable."""
+        out = [why for f in self.files if (why := f.check_failure())]
+        for d in self.input_dirs:
+            inside = d.rstrip("/") + "/"
+            if not any(f.path == d or f.path.startswith(inside) for f in self.files):
+                out.append(f"nothing readable in {d}")
+        return out
+
+    def context_changes(self) -> Counter[str]:
+        out: Counter[str] = Counter()
+        for f in self.files:
+            out.update(f.context_changes)
+        return out
+
+    def warnings(self) -> Counter[str]:
+        out: Counter[str] = Counter()
+        for f in self.files:
+            out.update(f.warnings)
+        return out
 
     @property
     def total_lines(self) -> int:

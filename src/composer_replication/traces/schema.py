@@ -26,7 +26,9 @@ from typing import Any
 import orjson
 from xxhash import xxh3_128_digest, xxh3_128_hexdigest
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2 (issue 57): ``meta.context_complete``, ``meta.context_note`` and ``meta.response_id``.
+Version 1 states load with their defaults (complete, no note, no response id)."""
 
 Message = dict[str, Any]
 
@@ -59,6 +61,14 @@ class StateMeta:
     ``line_is_item_index``). ``segment`` increments whenever the live context is rebuilt inside a
     session (compaction, or a rewind to an earlier message); within one segment the prefix only
     grows. ``subagent_id`` is set for sidechain / sub-agent sessions.
+
+    ``context_complete`` is False when the log cannot give back what the model saw at this
+    step; ``context_note`` says why (``encrypted_compaction``: the summary that replaced the
+    context is encrypted; ``hosted_tool_result_not_logged``: a hosted tool's results, such as
+    Codex web search, ran on the provider's side; ``thinking_not_logged``: this response's
+    thinking was logged empty). ``replay`` and ``pairs`` skip such states unless asked.
+    ``response_id`` is the model response's id when the log has one (two sources of one
+    decision are deduplicated by it).
     """
 
     source_format: str
@@ -71,6 +81,9 @@ class StateMeta:
     after_compaction: bool = False
     segment: int = 0
     line_is_item_index: bool = False
+    context_complete: bool = True
+    context_note: str | None = None
+    response_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -148,6 +161,9 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "after_compaction": (bool,),
     "segment": (int,),
     "line_is_item_index": (bool,),
+    "context_complete": (bool,),
+    "context_note": (str, type(None)),
+    "response_id": (str, type(None)),
 }
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 

@@ -158,6 +158,18 @@ TOOL_KEYS = (
 """Metrics of multi-turn tool rollouts drawn in their own panel when present."""
 
 
+INFRA_PREFIX = "env/infra_failed"
+"""Prefix of the machine-failure metrics (trainer/rewards.py ``log_infra_metrics``)."""
+
+
+def infra_keys(rows: list[dict]) -> list[str]:
+    """``env/infra_failed_frac`` and the per-kind counts of ``env/infra_failed/<kind>`` that
+    were ever non-zero, if the machine failed any grading in the run (else none: no panel)."""
+    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k.startswith(INFRA_PREFIX)]
+    seen = [k for k in keys if any(r.get(k) for r in rows)]
+    return [k for k in keys if k == INFRA_PREFIX + "_frac" or k in seen] if seen else []
+
+
 def plot_metrics(metrics_path: str | Path, out_path: str | Path | None = None) -> Path | None:
     """Plot reward and loss against step from metrics.jsonl into a PNG; returns its path."""
     import matplotlib
@@ -182,6 +194,8 @@ def plot_metrics(metrics_path: str | Path, out_path: str | Path | None = None) -
     tool_keys = [k for k in TOOL_KEYS if any(k in r for r in rows)]
     if tool_keys:  # multi-turn tool rollouts: calls, failures, turns and pass rate per step
         panels.insert(1, ("tool rollouts (per rollout)", tool_keys))
+    if infra := infra_keys(rows):  # gradings the machine failed, masked
+        panels.insert(1, ("machine failures (masked rollouts)", infra))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
     for ax, (title, keys) in zip(axes, panels, strict=True):
         for key in keys:
@@ -264,7 +278,7 @@ class RichProgressCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.progress is None or not logs or "reward" not in logs:
             return
-        info = f"reward {logs['reward']:.3f}  loss {logs.get('loss', float('nan')):.4f}"
+        info = f"reward {_shown(logs['reward'])}  loss {logs.get('loss', float('nan')):.4f}"
         self.progress.update(self.task, completed=state.global_step, info=info)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -355,6 +369,12 @@ def _print_flushed(line: str) -> None:
     print(line, flush=True)
 
 
+def _shown(reward: float | None) -> str:
+    """A step's mean reward as shown; None when the machine failed every grading (masked,
+    trainer/masking.py: TRL's mean of no reward)."""
+    return "n/a (no rollout graded)" if reward is None else f"{reward:.3f}"
+
+
 class StepLineCallback(TrainerCallback):
     """One plain line per optimizer step (``step 3/40  reward 0.250  loss 0.0123  12.1 s
     ETA 7m 30s``), flushed, for output that is not a terminal (a log file, a pipe, ``nohup``,
@@ -375,7 +395,7 @@ class StepLineCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs or "reward" not in logs:
             return
         now = time.monotonic()
-        line = f"step {state.global_step}/{state.max_steps}  reward {logs['reward']:.3f}"
+        line = f"step {state.global_step}/{state.max_steps}  reward {_shown(logs['reward'])}"
         if "loss" in logs:
             line += f"  loss {logs['loss']:.4f}"
         line += f"  {now - self._last:.1f} s"

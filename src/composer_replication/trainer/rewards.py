@@ -3,6 +3,10 @@
 TRL calls ``reward(prompts, completions, completion_ids, **columns)`` and expects one float per
 completion. We grade with the environment and keep every verdict (passed, feedback) of the last
 batch, so later stages (hints for channel 2, metrics) can read *why* a completion failed.
+
+A grading the machine failed (``StepResult.info["infra_failure"]``, sandbox/infra.py) gets
+``None``: TRL then leaves the completion out of its group's mean and standard deviation and
+gives it advantage 0; the trainer takes it out of the loss (trainer/masking.py).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from composer_replication.envs.base import Environment, StepResult
+from composer_replication.envs.base import Environment, StepResult, infra_kind, log_infra_metrics
 from composer_replication.envs.tools import tool_call_counts, tool_methods
 from composer_replication.lm.chat import to_text
 
@@ -42,7 +46,7 @@ class EnvReward:
         environments=None,
         trainer_state=None,
         **_: Any,
-    ) -> list[float]:
+    ) -> list[float | None]:
         unknown = [tid for tid in task_id if tid not in self._tasks]
         if unknown:
             raise KeyError(f"reward: unknown task_id {unknown[0]!r} for env {self.env.name!r}")
@@ -59,13 +63,22 @@ class EnvReward:
         if self.multi_turn:
             step = trainer_state.global_step + 1 if trainer_state is not None else None
             self._log_tools(task_id, texts, results, log_metric, step)
+        kinds = [infra_kind(r) for r in results]
         if log_metric is not None and results:
-            log_metric("env/pass_rate", sum(r.passed for r in results) / len(results))
+            graded = [r for r, k in zip(results, kinds, strict=True) if k is None]
+            if graded:  # the pass rate of the rollouts the machine graded
+                log_metric("env/pass_rate", sum(r.passed for r in graded) / len(graded))
             flagged = [len(r.info.get("flags", ())) for r in results]
             if any(flagged) or "flags" in results[0].info:
                 log_metric("env/flagged_frac", sum(f > 0 for f in flagged) / len(results))
                 log_metric("env/flags_per_rollout", sum(flagged) / len(results))
-        return [r.reward for r in results]
+            log_infra_metrics(kinds, log_metric)
+        return [None if k is not None else r.reward for r, k in zip(results, kinds, strict=True)]
+
+    @property
+    def last_infra_kinds(self) -> list[str | None]:
+        """Per completion of the last batch: the machine failure kind, or None if graded."""
+        return [infra_kind(r) for r in self.last_results]
 
     def _log_tools(self, task_id, rollouts, results, log_metric, step: int | None) -> None:
         """``tools/calls/<name>``: calls of each tool per rollout (the vocabulary the policy

@@ -64,6 +64,7 @@ from composer_replication.rollout import (
     undo_resets,
     until_eos,
 )
+from composer_replication.trainer.masking import InfraBudget, mask_machine_failures
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
             (``rollout.TurnCalls``; bounded by the sandbox slots and the OpenEnv connection
             limit), with the messages, masks and metrics of TRL's one-rollout-after-another
             loop (default on). Off: TRL's loop as it is.
+        max_infra_failed_frac: the run stops when more than this share of a step's rollouts
+            were gradings the machine failed (masked, trainer/masking.py) for 3 steps in a row.
 
     A channel that needs verdicts (``needs_verdicts``) needs a reward function that keeps them
     (``last_results``, as :class:`~composer_replication.trainer.rewards.EnvReward` does).
@@ -118,6 +121,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         shared_prefix: bool = True,
         concurrent_tools: bool = True,
         policy_weight: float = 1.0,
+        max_infra_failed_frac: float = 0.5,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
@@ -139,6 +143,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.concurrent_tools = concurrent_tools
         self.channel_reports: list[str] = []
         self._refill_rows: Iterator[dict[str, Any]] | None = None
+        self.infra_budget = InfraBudget(max_infra_failed_frac)
+        self._step_kinds: list[str | None] = []
+        self._infra_dropped = 0
 
     def channel(self, name: str) -> Channel | None:
         """The enabled channel called ``name``, if any."""
@@ -371,6 +378,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         need kept alongside (lists travel through TRL's shuffle/split like tensors)."""
         with self._resets_at_once(inputs):
             batch = super()._generate_and_score_completions(inputs)
+        self._mask_machine_failures(batch)
         if "tool_mask" in batch and self.model.training:
             turns_B = turn_index(batch["tool_mask"], batch["completion_mask"]).amax(dim=1) + 1
             self._metrics["train"]["rollout/turns"].append(float(turns_B.float().mean()))
@@ -388,6 +396,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         batch = self._dynamic_sampling(inputs) if self.model.training else self._score_round(inputs)
+        self._check_infra_budget()
         if self.channels:
             results = batch.pop("_results", [])
             rollouts = Rollouts(
@@ -418,6 +427,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
             refills += 1
         n_informative = sum(len(k) for k in keep_idx)
         self._metrics["train"]["dynamic_sampling/refills"].append(float(refills))
+        self._metrics["train"]["dynamic_sampling/infra_dropped_groups"].append(
+            float(self._infra_dropped)
+        )
         self._metrics["train"]["dynamic_sampling/informative_frac"].append(
             min(n_informative, n_groups) / n_groups
         )
@@ -429,6 +441,40 @@ class ComposerReplicationTrainer(GRPOTrainer):
             ties = [gi for gi in range(n_groups) if gi not in set(keep_idx[0])]
             picks += [(0, gi) for gi in ties[: n_groups - len(picks)]]
         return merge_groups(kept, picks[:n_groups], g)
+
+    # ---- rollouts the machine failed leave the gradient (trainer/masking.py) ------------
+    def _mask_machine_failures(self, batch: dict[str, Any]) -> None:
+        """Mask the rows whose grading the machine failed (a reward function's
+        ``last_infra_kinds``, as EnvReward keeps them); in training, count them for the step's
+        budget (``grpo.max_infra_failed_frac``) and count the groups dropped."""
+        graders = [f for f in self.reward_funcs if hasattr(f, "last_infra_kinds")]
+        if not graders:
+            return
+        marks = [g.last_infra_kinds for g in graders]
+        kinds = [next((k for k in row if k is not None), None) for row in zip(*marks, strict=True)]
+        g = self.num_generations if self.model.training else self.num_generations_eval
+        if self.accelerator.num_processes == 1:
+            masked = mask_machine_failures(batch, kinds, g)
+        else:  # groups may span processes: every process's marks, this one's rows
+            from accelerate.utils import gather_object
+
+            start = self.accelerator.process_index * len(kinds)
+            rows, kinds = slice(start, start + len(kinds)), gather_object(kinds)
+            masked = mask_machine_failures(batch, kinds, g, self._summed, rows)
+        if self.model.training:
+            self._step_kinds.extend(kinds)
+            self._infra_dropped += masked.dropped_groups
+
+    def _summed(self, count: torch.Tensor) -> torch.Tensor:
+        """``count`` summed over the processes (as TRL counts ``num_items_in_batch``)."""
+        return self.accelerator.gather(count).sum()
+
+    def _check_infra_budget(self) -> None:
+        """One step's rollouts (every round of it) against the budget: stops the run with one
+        line naming the commonest kind after 3 steps in a row over it."""
+        kinds, self._step_kinds, self._infra_dropped = self._step_kinds, [], 0
+        if self.model.training and kinds:
+            self.infra_budget.observe(kinds, self.state.global_step + 1)
 
     def _next_refill_inputs(self, n_groups: int) -> list[dict[str, Any]]:
         if self._refill_rows is None:

@@ -11,9 +11,12 @@ import pytest
 import torch
 from support.distill import socket_closed_port, tiny_student_and_teacher, train_overrides
 
+from composer_replication.channels.distill import EMPTY, SCORED
 from composer_replication.config import ConfigError, load_config
+from composer_replication.envs.base import machine_failed
 from composer_replication.lm.models import load_model
 from composer_replication.run.train import build_env, build_trainer
+from composer_replication.sandbox.infra import GRADER_KILLED, InfraFailure
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +214,25 @@ def test_a_resume_loads_only_the_channels_the_checkpoint_recorded(
     (ckpt / CHANNELS_FILE).write_text(json.dumps(settings))
     with pytest.raises(ConfigError, match=r"distill_channel\.rank0\.json: missing"):
         trainer.train(resume_from_checkpoint=str(ckpt))
+
+
+def test_rows_the_machine_failed_are_sent_to_no_teacher(tmp_path, models, tokenizer):
+    """The first group's two gradings failed on the machine (trainer/masking.py masks them):
+    no teacher is asked to score them (``EMPTY``: nothing to score), the other group's rows
+    are scored as before."""
+    student, teacher = models
+    trainer = _trainer(tmp_path, tokenizer, student, {"t": load_model(str(teacher))})
+    env = trainer.reward_funcs[0].env
+    graded = env.grade_batch
+
+    def first_group_lost(tasks, completions):
+        out = graded(tasks, completions)
+        lost = machine_failed("", InfraFailure(GRADER_KILLED, "planted"))
+        return [lost, lost, *out[2:]]
+
+    env.grade_batch = first_group_lost
+    rows = [trainer.train_dataset[i] for i in range(2)]
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([r for r in rows for _ in range(2)])
+    assert batch["infra_masked"].tolist() == [True, True, False, False]
+    assert batch["distill_status"].tolist() == [EMPTY, EMPTY, SCORED, SCORED]

@@ -10,7 +10,10 @@ import copy
 import pytest
 import torch
 
-from composer_replication.config import PeftConfig, load_config
+from composer_replication.channels.base import Rollouts
+from composer_replication.channels.self_distill import SelfDistillChannel
+from composer_replication.config import PeftConfig, SdpoConfig, load_config
+from composer_replication.envs.arithmetic import grade_answer
 from composer_replication.lm.models import apply_lora, backbone
 from composer_replication.run.train import build_env, build_trainer
 
@@ -83,3 +86,19 @@ def test_live_teacher_in_training_mode_sees_the_whole_prompt(tmp_path, tokenizer
         tokenizer,
     )
     torch.testing.assert_close(teacher, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_rows_the_machine_failed_get_no_hint(tokenizer):
+    """A masked row (trainer/masking.py ``infra_masked``) is no failure of the policy: no hint,
+    no teacher forward; the other failures of the batch are hinted as before."""
+    ch = SelfDistillChannel(SdpoConfig(weight=0.1, hint_sources=["feedback"]))
+    ch.tokenizer = tokenizer
+    replies = ["7", "8", "9", "6"]
+    results = [grade_answer(r, 7) for r in replies]
+    batch = {
+        "completion_ids": torch.zeros(4, 2, dtype=torch.long),
+        "advantages": torch.zeros(4),
+        "infra_masked": torch.tensor([False, True, False, False]),
+    }
+    rollouts = Rollouts(["What is 3 + 4?"] * 4, replies, results, group_size=2)
+    assert ch.attach(batch, rollouts)["sdpo_hinted"].tolist() == [False, False, True, True]

@@ -21,7 +21,12 @@ def _noop() -> None:  # a second command keeps typer in sub-command mode, as in 
 def test_cli_ingests_fixture_tree_and_accounts_for_every_line(fixtures_dir: Path, tmp_path: Path):
     out = tmp_path / "states.jsonl"
     res = CliRunner().invoke(app, ["ingest", str(fixtures_dir), "--out", str(out)])
-    assert res.exit_code == 0, res.output
+    # the check fails on the files meant to be broken or empty of decisions (issue 57's rules:
+    # fewer than half the records understood; 20 records or more and no state), and only there
+    assert res.exit_code == 1, res.output
+    failed = [ln for ln in res.output.splitlines() if ln.startswith("check failed: ")]
+    allowed = ("malformed.jsonl", "zen-mcp-server/.aider.chat.history.md")
+    assert failed and all(any(a in ln for a in allowed) for ln in failed), failed
     assert "(ok)" in res.output and "redactions by type" in res.output
     lines = out.read_bytes().splitlines()
     total = next(ln for ln in res.output.splitlines() if ln.startswith("lines: total"))
@@ -52,3 +57,35 @@ def test_cli_forced_format(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     (state,) = [TraceState.from_json(x) for x in out.read_bytes().splitlines()]
     assert state.prefix == [msgs[0]] and state.action.text == "4"
+
+
+CASES = Path(__file__).parents[2] / "fixtures" / "trace_cases"
+
+
+def test_cli_exits_1_on_a_file_not_understood_and_keeps_the_others(tmp_path: Path) -> None:
+    """Issue 57, class 9: an event export read as chat messages gave 0 states and "(ok)"."""
+    out = tmp_path / "o.jsonl"
+    good = CASES / "codex" / "rollback.jsonl"
+    bad = CASES / "other" / "agent_sessions_export.jsonl"
+    res = CliRunner().invoke(app, ["ingest", str(good), str(bad), "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    assert "check failed" in res.output and "agent_sessions_export.jsonl" in res.output
+    assert "0 of 24 records understood" in res.output
+    assert len(out.read_bytes().splitlines()) == 3  # the understood file's states are written
+
+
+def test_cli_reports_format_records_and_states_per_file(tmp_path: Path) -> None:
+    out = tmp_path / "o.jsonl"
+    res = CliRunner().invoke(
+        app, ["ingest", str(CASES / "gemini_cli" / "stream.jsonl"), "--out", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    assert "stream.jsonl: gemini_cli, 19/19 records understood, 4 states" in res.output
+
+
+def test_cli_exits_1_on_a_directory_with_nothing_readable(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    out = tmp_path / "o.jsonl"
+    res = CliRunner().invoke(app, ["ingest", str(tmp_path / "in"), "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    assert out.exists()

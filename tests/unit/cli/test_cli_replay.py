@@ -217,3 +217,16 @@ def test_serve_help_names_the_distillation_endpoints():
     out = " ".join(CliRunner().invoke(app, ["serve", "--help"]).output.split())
     assert "/v1/completions with vLLM's prompt_logprobs (distill)" in out
     assert "/v1/tokenizer" in out
+
+
+def test_replay_skips_incomplete_states_unless_asked() -> None:
+    """Issue 57: states whose context the log could not give back are not replayed by
+    default."""
+    from support.scripted_openai import synthetic_states
+
+    from composer_replication.cli.replay import complete_states
+
+    states = synthetic_states(3)
+    states[0].meta.context_complete = False
+    assert [s.state_id for s in complete_states(states, False)] == [s.state_id for s in states[1:]]
+    assert complete_states(states, True) == states

@@ -116,3 +116,24 @@ def test_replay_and_normalize_in_one_call(tmp_path):
     (tmp_path / "r.db.unrecorded.jsonl").write_bytes(b"{}\n")  # answers a replay could not journal
     with pytest.warns(UserWarning, match="not in these pairs: run the same replay again"):
         pairs_from_journal(tmp_path / "r.db", agreement_threshold=3)
+
+
+def test_pairs_skip_states_with_an_incomplete_context(tmp_path):
+    """Issue 57: a state marked ``context_complete: false`` (an encrypted compaction, thinking
+    not logged) makes no pair by default; ``include_incomplete`` keeps it."""
+    script = Script()
+    states = make_states(4)
+    states[1].meta.context_complete = False
+    states[1].meta.context_note = "encrypted_compaction"
+    with ServerThread(make_app(script)) as srv:
+        specs = [TeacherSpec(name=f"t{i}", base_url=srv.base_url, model="same", max_tokens=8,
+                             price_in_per_mtok=1, price_out_per_mtok=1) for i in range(2)]  # fmt: skip
+        _, pairs = asyncio.run(replay_and_normalize_trace(
+            states, specs, journal=tmp_path / "r.db", budget_usd=1.0,
+            normalize=NormalizeConfig(dedup=False),
+        ))  # fmt: skip
+    skipped = states[1].state_id
+    assert len(pairs.pairs) == 3 and skipped not in {p.state_id for p in pairs.pairs}
+    every = pairs_from_journal(tmp_path / "r.db", normalize=NormalizeConfig(dedup=False),
+                               include_incomplete=True)  # fmt: skip
+    assert len(every.pairs) == 4

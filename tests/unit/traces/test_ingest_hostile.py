@@ -21,7 +21,7 @@ def test_empty_directory_says_nothing_found_and_where(tmp_path):
     empty.mkdir()
     out = tmp_path / "states.jsonl"
     r = runner.invoke(app, ["ingest", str(empty), "--out", str(out)])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output  # issue 57: a directory with nothing readable fails
     assert "nothing found" in r.output and str(empty.resolve()) in r.output
     assert out.exists() and out.read_bytes() == b""
 

@@ -7,6 +7,7 @@ import orjson
 import pytest
 
 from composer_replication.traces.schema import (
+    SCHEMA_VERSION,
     Action,
     StateMeta,
     TraceState,
@@ -100,6 +101,9 @@ def test_field_order_used_by_the_session_builder() -> None:
         "after_compaction",
         "segment",
         "line_is_item_index",
+        "context_complete",
+        "context_note",
+        "response_id",
     ]
     assert [f.name for f in fields(TraceState)][:6] == [
         "state_id",
@@ -134,4 +138,20 @@ def test_badly_typed_fields_are_rejected_naming_the_field(mutate, message) -> No
     d = orjson.loads(_state().to_json())
     mutate(d)
     with pytest.raises(ValueError, match=re.escape(message)):
+        TraceState.from_json(orjson.dumps(d))
+
+
+def test_version_2_context_fields_and_version_1_files_still_load() -> None:
+    """Schema 2 adds ``meta.context_complete``, ``meta.context_note`` and ``meta.response_id``;
+    a state written by schema 1 (none of them) loads as complete."""
+    assert SCHEMA_VERSION == 2
+    d = orjson.loads(_state().to_json())
+    assert d["meta"]["context_complete"] is True
+    for key in ("context_complete", "context_note", "response_id"):
+        del d["meta"][key]
+    d["schema_version"] = 1
+    old = TraceState.from_json(orjson.dumps(d))
+    assert old.schema_version == 1 and old.meta.context_complete is True
+    d["meta"]["context_complete"] = "no"
+    with pytest.raises(ValueError, match="meta.context_complete: expected a boolean"):
         TraceState.from_json(orjson.dumps(d))

@@ -166,3 +166,13 @@ def test_a_damaged_row_inside_the_file_names_its_line(tmp_path, text, where):
     path.write_bytes(text)
     with pytest.raises(UserError, match=f"^{path}{where}"):
         read_metrics(path)
+
+
+def test_machine_failures_get_a_panel_only_when_the_machine_failed(tmp_path):
+    from composer_replication.trainer.callbacks import infra_keys
+
+    quiet = [{"step": 1, "env/infra_failed_frac": 0.0, "env/infra_failed/sandbox_start": 0.0}]
+    assert infra_keys(quiet) == []
+    rows = quiet + [{"step": 2, "env/infra_failed_frac": 0.5,
+                     "env/infra_failed/sandbox_start": 0.0, "env/infra_failed/slot_timeout": 2.0}]  # fmt: skip
+    assert infra_keys(rows) == ["env/infra_failed_frac", "env/infra_failed/slot_timeout"]

@@ -31,7 +31,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from composer_replication.config import TaskGenConfig, check_output_dir
-from composer_replication.envs.base import StepResult, Task, ToolEnvironment, unit_hash
+from composer_replication.envs.base import (
+    StepResult,
+    Task,
+    ToolEnvironment,
+    machine_failed,
+    unit_hash,
+)
 from composer_replication.envs.feature_deletion.candidates import is_test_path
 from composer_replication.envs.feature_deletion.generate import (
     GENERATOR_VERSION,
@@ -236,6 +242,9 @@ class FeatureDeletionEnv(ToolEnvironment):
             why = f"grading failed: {type(e).__name__}"
             info = {"flags": sorted(set(tools.flags) | {f"grading_failed:{type(e).__name__}"})}
             return StepResult(why, 0.0, True, False, why, info)
+        if v.infra is not None:  # the machine failed the grading (grade.py): masked
+            tools._close()
+            return machine_failed(v.feedback, v.infra)
         flags = sorted(set(tools.flags) | set(v.flags))
         info = {"flags": flags, "targets_passed": len(v.targets_passed),
                 "targets": len(task.data["failing_tests"]), "regressions": len(v.regressions),

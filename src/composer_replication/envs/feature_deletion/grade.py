@@ -39,6 +39,7 @@ from composer_replication.envs.feature_deletion.workspace import (
     task_state_text,
     workspace_flags,
 )
+from composer_replication.sandbox.infra import GRADER_KILLED, SANDBOX_START, InfraFailure, recheck
 from composer_replication.sandbox.pytest_suite import SuiteReport, program_output, run_suite
 from composer_replication.sandbox.sandbox import Sandbox
 
@@ -74,6 +75,8 @@ class GradeVerdict:
     flags: list[str] = field(default_factory=list)
     feedback: str = ""
     report: SuiteReport | None = None
+    infra: InfraFailure | None = None
+    """Set when the machine failed the grading (no verdict: the rollout is masked)."""
 
 
 def suspicious_constructs(source: str) -> set[str]:
@@ -204,7 +207,19 @@ def grade_submission(
         return GradeVerdict(0.0, False, [], list(task["failing_tests"]), [],
                             ["oversized_submission"], why)  # fmt: skip
     flags = submission_flags(original, target_text)
-    rep = split_run(box, Path(source_root), task, target_text)
+    rep = _run(box, Path(source_root), task, target_text)
+    if isinstance(rep, InfraFailure):  # no sandbox could start: the submission never ran
+        return _not_graded(task, rep)
+    if not rep.ok and not rep.tampered:  # the run did not finish: the machine's only if the
+        again, fault = recheck(  # original body's run does not finish either, and a retry
+            lambda: _control(box, Path(source_root), task, original),  # fails the same way
+            lambda: _run(box, Path(source_root), task, target_text),
+            lambda r: isinstance(r, InfraFailure) or not (r.ok or r.tampered),
+        )
+        if fault is not None:
+            return _not_graded(task, fault)
+        if isinstance(again, SuiteReport):
+            rep = again
     targets = task["failing_tests"]
     ok = [t for t in targets if rep.passed(t)]
     bad = [t for t in targets if not rep.passed(t)]
@@ -220,6 +235,29 @@ def grade_submission(
         score = float(not bad)
     return GradeVerdict(score, score == 1.0, ok, bad, regressions, flags,
                         feedback(rep, targets, regressions, flags), rep)  # fmt: skip
+
+
+def _run(box: Sandbox, root: Path, task: dict, text: str) -> SuiteReport | InfraFailure:
+    try:
+        return split_run(box, root, task, text)
+    except InfraFailure as e:
+        return e
+
+
+def _control(box: Sandbox, root: Path, task: dict, original: str) -> InfraFailure | None:
+    """The machine's failure the task's original body meets (a run that does not finish), or
+    None when its run finishes (sandbox/infra.py ``recheck``)."""
+    rep = _run(box, root, task, original)
+    if isinstance(rep, InfraFailure) or rep.ok:
+        return rep if isinstance(rep, InfraFailure) else None
+    why = "timed out" if rep.timed_out else "did not finish"
+    kind = SANDBOX_START if rep.output.lstrip().startswith("bwrap:") else GRADER_KILLED
+    return InfraFailure(kind, f"the original body's test run {why} too: {rep.output[:200]}")
+
+
+def _not_graded(task: dict, fault: InfraFailure) -> GradeVerdict:
+    why = f"not graded: the machine failed ({fault.kind}: {fault.detail})"
+    return GradeVerdict(0.0, False, [], list(task["failing_tests"]), [], [], why, infra=fault)
 
 
 def split_run(

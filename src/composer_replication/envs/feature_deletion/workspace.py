@@ -100,17 +100,29 @@ def workspace_flags(source_root: Path, task: dict, workspace: Path) -> list[str]
     for rel in sorted(set(before) | set(after)):
         if rel == task["file"] or before.get(rel) == after.get(rel):
             continue
-        name = Path(rel).name
+        kind = protected_kind(rel, task)
         if after.get(rel) == "symlink":
             flags.append(f"symlink:{rel}")
         elif rel.endswith((".pyc", ".pyo")) or "__pycache__" in rel:
             flags.append(f"bytecode:{rel}")
-        elif rel.endswith(".pth"):
+        elif kind == "path_file":
             flags.append(f"path_file:{rel}")
-        elif name in CONFIG_FILES:
-            flags.append(f"edited_config:{rel}")
-        elif is_test_path(rel) or rel in task.get("test_files", ()):
-            flags.append(f"edited_test:{rel}")
+        elif kind:
+            flags.append(f"edited_{kind}:{rel}")
         else:
             flags.append(f"edited_other:{rel}")
     return flags
+
+
+def protected_kind(rel: str, task: dict) -> str:
+    """What a workspace path is to grading: ``path_file`` (``.pth``), ``config``
+    (:data:`CONFIG_FILES`), ``test`` (test code: ``candidates.is_test_path`` or a test file
+    of the suite's run), or '' (the package's code, data, docs). The Harbor export refuses
+    a submission that changed any of the first three (harbor.py)."""
+    if rel.endswith(".pth"):
+        return "path_file"
+    if Path(rel).name in CONFIG_FILES:
+        return "config"
+    if is_test_path(rel) or rel in task.get("test_files", ()):
+        return "test"
+    return ""

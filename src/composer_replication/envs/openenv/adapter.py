@@ -25,8 +25,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from composer_replication.config.base import UserError
-from composer_replication.envs.base import FEEDBACK_FORMS, StepResult
+from composer_replication.envs.base import (
+    FEEDBACK_FORMS,
+    INFRA_FAILURE,
+    StepResult,
+    infra_kind,
+    log_infra_metrics,
+    machine_failed,
+)
 from composer_replication.envs.tools import wire_safe, wire_snippet
+from composer_replication.sandbox.infra import KINDS, SERVER_ERROR, InfraFailure
 from composer_replication.sandbox.sandbox import Slots
 
 log = logging.getLogger(__name__)
@@ -114,6 +122,7 @@ class OpenEnvTools:
         self._rewards: list[float] = []
         self._rejected = ""  # a call reward refused as a lie, in this episode
         self._lost = ""
+        self._no_start: InfraFailure | None = None  # the server could not reset the episode
 
     def reset(self, **row: Any) -> str | None:
         """Reset the server's episode with the row's scalar columns; returns the observation
@@ -122,8 +131,13 @@ class OpenEnvTools:
         if self._lost:  # a new episode on a fresh session
             self._session.close()
             self._session, self._lost = _client(self._base_url), ""
-        result = self._session.reset(**params)
-        self._rewards, self._rejected = [], ""
+        self._rewards, self._rejected, self._no_start = [], "", None
+        try:
+            result = self._session.reset(**params)
+        except Exception as e:  # before the policy's first action: the machine's (masked)
+            why = f"reset failed: {type(e).__name__}: {wire_snippet(str(e), 200)}"
+            self._no_start, self._lost = InfraFailure(SERVER_ERROR, why), why
+            return f"error: the environment server could not start the episode ({why})"
         obs = result.observation if isinstance(result.observation, dict) else {}
         if "prompt" in obs:
             return None  # our servers: the dataset row already holds this prompt
@@ -171,6 +185,8 @@ class OpenEnvTools:
         a silent fallback; a lying reward is an ``OpenEnvError``."""
         final = str(messages[-1].get("content", "")) if messages else ""
         where = f"{self._base_url}: {GRADE_TOOL}"
+        if self._no_start is not None:
+            return machine_failed(final, self._no_start)
         if self._lost:
             return _failed(final, where, f"session lost ({self._lost})")
         try:
@@ -211,6 +227,7 @@ MAX_TURN = 2**31 - 1
 def verdict_info(info: dict[Any, Any], where: str) -> dict[str, Any]:
     """A server verdict's ``info``, checked: the fields the trainer reads must have their
     type (``flags`` a list of strings, ``failed_turn`` an int in ``[0, MAX_TURN]``,
+    ``infra_failure`` a machine failure kind of sandbox/infra.py,
     ``reason``/``reason_kind`` strings, ``feedback_forms`` a mapping of strings to strings;
     ``OpenEnvError`` naming the field otherwise, as for a lying reward); any other field is
     kept only as plain data (a finite number, a string, None, a list of strings)."""
@@ -219,6 +236,7 @@ def verdict_info(info: dict[Any, Any], where: str) -> dict[str, Any]:
         "failed_turn": lambda v: type(v) is int and 0 <= v <= MAX_TURN,
         "reason": lambda v: isinstance(v, str),
         "reason_kind": lambda v: isinstance(v, str),
+        INFRA_FAILURE: lambda v: v in KINDS,  # the grader says the machine failed: masked
         FEEDBACK_FORMS: lambda v: (
             isinstance(v, dict)
             and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
@@ -344,9 +362,18 @@ class OpenEnvReward:
         with ThreadPoolExecutor(threads) as pool:  # each session graded on its own connection
             results = list(pool.map(lambda e, c: e._verdict(list(c)), environments, completions))
         self.last_results = results
+        kinds = self.last_infra_kinds
         if log_metric is not None and results:
-            log_metric("env/pass_rate", sum(r.passed for r in results) / len(results))
+            graded = [r for r, k in zip(results, kinds, strict=True) if k is None]
+            if graded:
+                log_metric("env/pass_rate", sum(r.passed for r in graded) / len(graded))
             failed = sum(any(f.startswith("grading_failed:") for f in r.info.get("flags", []))
                          for r in results)  # fmt: skip
             log_metric("env/grading_failed_frac", failed / len(results))
-        return [r.reward for r in results]
+            log_infra_metrics(kinds, log_metric)
+        return [None if k is not None else r.reward for r, k in zip(results, kinds, strict=True)]
+
+    @property
+    def last_infra_kinds(self) -> list[str | None]:
+        """Per rollout of the last batch: the machine failure kind, or None if graded."""
+        return [infra_kind(r) for r in self.last_results]

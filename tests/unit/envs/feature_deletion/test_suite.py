@@ -1,0 +1,80 @@
+"""A task suite in one command (`tasks generate SPECS_FILE`), on local sources: the specs
+file's errors, one package per line generated in one process over one cache and one pool
+of sandbox slots, and a package that cannot be used reported with its reason."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from support.textkit import TEXTKIT
+from typer.testing import CliRunner
+
+from composer_replication.cli import app
+from composer_replication.envs.feature_deletion.suite import SuiteError, read_specs
+from composer_replication.sandbox.sandbox import SLOTS
+
+
+def test_specs_file_lines_comments_and_errors(tmp_path):
+    specs = tmp_path / "suite.txt"
+    specs.write_text(f"# pure-Python packages\ntoolz==1.2.0  # functional\n\n{TEXTKIT}\n")
+    assert read_specs(specs) == ["toolz==1.2.0", str(TEXTKIT)]
+    for text, why in (("toolz>=1\n", r":1: 'toolz>=1' is neither a directory nor a pinned"),
+                      ("a==1\n# c\na==1\n", r":3: 'a==1' repeats line 1"),
+                      (f"{tmp_path}/missing\n", r":1: .* is neither a directory"),
+                      ("# only comments\n", r": no source listed")):  # fmt: skip
+        specs.write_text(text)
+        with pytest.raises(SuiteError, match=rf"^{specs}{why}"):
+            read_specs(specs)
+
+
+def _failing_package(root):
+    (root / "brokenpkg").mkdir(parents=True)
+    (root / "brokenpkg" / "__init__.py").write_text("def answer():\n    return 41\n")
+    (root / "tests").mkdir()
+    (root / "tests" / "test_answer.py").write_text(
+        "from brokenpkg import answer\n\n\ndef test_answer():\n    assert answer() == 42\n"
+    )
+    return root
+
+
+def _shadowing_package(root):
+    (root / "pluggy").mkdir(parents=True)
+    (root / "pluggy" / "__init__.py").write_text("def hook():\n    return 1\n")
+    (root / "test_hook.py").write_text(
+        "from pluggy import hook\n\n\ndef test():\n    assert hook()\n"
+    )
+    return root
+
+
+def test_a_suite_reuses_the_cache_and_reports_each_package(textkit_tasks, tmp_path):
+    """The textkit set of this session copied into --out (same settings): the suite run
+    reuses every candidate run of it; a package whose untouched suite fails and one that
+    shadows the test tools are refused with their reasons; the table and suite.json hold the
+    per-package counts; the sandbox slots are the --workers pool during the run only."""
+    out = tmp_path / "suite"
+    shutil.copytree(textkit_tasks, out)
+    broken = _failing_package(tmp_path / "broken")
+    shadow = _shadowing_package(tmp_path / "shadow")
+    specs = tmp_path / "suite.txt"
+    specs.write_text(f"{TEXTKIT}\n{broken}  # its only test fails\n{shadow}\n")
+    before = SLOTS.limit
+    args = ["tasks", "generate", str(specs), "--out", str(out), "--workers", "2",
+            "--suite-timeout-s", "30"]  # fmt: skip
+    result = CliRunner().invoke(app, args, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert SLOTS.limit == before
+    rows = {r["spec"]: r for r in json.loads((out / "suite.json").read_text())}
+    records = [
+        json.loads(x) for x in (out / "textkit-local" / "tasks.jsonl").read_text().splitlines()
+    ]
+    textkit = rows[str(TEXTKIT)]
+    assert (textkit["label"], textkit["error"], textkit["tasks"]) == ("textkit-local", "", 9)
+    assert textkit["hidden_targets"] == sum(bool(r["hidden_tests"]) for r in records) > 0
+    assert textkit["candidates"] == 9 + sum(textkit["refused"].values()) == textkit["reused"]
+    assert "no test of the untouched suite passes" in rows[str(broken)]["error"]
+    assert "is also in the sandbox's test tools" in rows[str(shadow)]["error"]
+    assert rows[str(shadow)]["tasks"] == 0
+    said = " ".join(result.output.split())
+    assert "(3 sources)" in said and f"per-package summary: {out / 'suite.json'}" in said

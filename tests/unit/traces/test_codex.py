@@ -1,0 +1,66 @@
+"""Codex CLI rollouts: rollbacks, encrypted compactions, hosted web search and message phases
+change what later states see (issue 57, classes 3-5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from composer_replication.traces import ingest
+
+CASES = Path(__file__).parents[2] / "fixtures" / "trace_cases" / "codex"
+
+
+def _read(name: str):
+    run = ingest([CASES / name], "codex")
+    return list(run), run.report.files[0]
+
+
+def _texts(state) -> list[str]:
+    return [str(m.get("content")) for m in state.prefix]
+
+
+def test_thread_rolled_back_drops_the_turn_from_later_prefixes() -> None:
+    states, rep = _read("rollback.jsonl")
+    assert [s.action.text for s in states] == [
+        "first answer", "an answer that gets dropped", "better answer"
+    ]  # fmt: skip
+    last = states[-1]
+    assert _texts(last) == ["first question", "first answer", "better question"]
+    assert last.meta.segment == 1
+    assert rep.context_changes["rollback"] == 1
+
+
+def test_encrypted_compaction_is_marked_and_counted() -> None:
+    states, rep = _read("compacted_encrypted.jsonl")
+    last = states[-1]
+    assert last.action.text == "done two"
+    assert last.meta.after_compaction is True
+    assert last.meta.context_complete is False
+    assert last.meta.context_note == "encrypted_compaction"
+    assert any("compacted" in t and "encrypted" in t for t in _texts(last))
+    assert states[0].meta.context_complete is True
+    assert rep.context_changes["compaction"] == 1
+
+
+def test_hosted_web_search_is_its_own_decision_with_the_real_id() -> None:
+    states, rep = _read("web_search.jsonl")
+    search = states[0]
+    assert [c["id"] for c in search.action.tool_calls] == ["ws_0123"]
+    assert search.action.tool_calls[0]["function"]["name"] == "web_search"
+    assert search.action.text == ""
+    answer = states[1]
+    assert answer.action.text == "2.0 dropped Python 3.8."
+    assert answer.prefix[-1]["role"] == "tool"
+    assert answer.prefix[-1]["tool_call_id"] == "ws_0123"
+    assert answer.meta.context_complete is False  # the search results are not in the log
+    assert answer.meta.context_note == "hosted_tool_result_not_logged"
+    assert not rep.orphans
+
+
+def test_final_answer_phase_ends_a_decision_commentary_does_not() -> None:
+    states, _ = _read("web_search.jsonl")
+    texts = [s.action.text for s in states]
+    assert texts[2] == "Anything else?"  # a second final answer: a decision of its own
+    run_tests = next(s for s in states if s.action.tool_calls and s.action.text)
+    assert run_tests.action.text == "Running them now."  # commentary + its call: one action
+    assert run_tests.action.tool_calls[0]["id"] == "call_7"
