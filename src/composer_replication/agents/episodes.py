@@ -17,13 +17,18 @@ Per prompt TRL hands over (its batch already repeats each prompt ``num_generatio
    end-of-turn token with an all-zero mask (it trains nothing, its reward still counts in its
    group's baseline).
 
+An error of one episode (its workspace, its sandbox, the read-back) is that episode's failure:
+reward 0, flag ``episode_failed:<type>``, never the batch's.
+
 Episodes run ``workers`` at once; the proxy generates one request at a time. Metrics per step
 (``agent/``): turns per episode, dropped turns and tokens, the share of episodes whose sequence
-diverged, refused requests, timed-out agents, agent wall seconds, and ``env/pass_rate``.
+diverged, refused requests, timed-out agents, failed episodes, agent wall seconds, and
+``env/pass_rate``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +38,13 @@ from typing import Any
 from composer_replication.agents.align import Joined, join_turns
 from composer_replication.agents.harnesses import MODEL_NAME, harness_command, venv_setup_command
 from composer_replication.agents.policy import TrainerPolicy
-from composer_replication.agents.proxy import Policy, PolicyProxy, Turn
+from composer_replication.agents.proxy import (
+    Policy,
+    PolicyProxy,
+    Turn,
+    private_socket_dir,
+    remove_socket_dir,
+)
 from composer_replication.agents.sandboxed import AgentRun, run_agent
 from composer_replication.config import AgentProxyConfig, SandboxConfig, UserError
 from composer_replication.envs.base import (
@@ -45,10 +56,11 @@ from composer_replication.envs.base import (
 )
 from composer_replication.lm.chat import as_messages, content_text, render_prompt
 from composer_replication.sandbox.infra import InfraFailure
-from composer_replication.sandbox.sandbox import SLOTS, Sandbox, bindable_dir
+from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 from composer_replication.sandbox.shell import ShellResult
 
 SOCKET = "proxy.sock"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -61,6 +73,8 @@ class Episode:
     refused: int = 0
     run: ShellResult | None = None
     seconds: float = 0.0
+    error: str = ""
+    """Why the episode failed before it could be graded ('' if it did not)."""
     infra: InfraFailure | None = None
     """The agent's sandbox never started (before its first request): the machine's failure,
     the episode is masked (sandbox/infra.py)."""
@@ -118,12 +132,22 @@ class AgentEpisodes:
     # ---- one episode -----------------------------------------------------------------------
     def run_episode(self, task: Task) -> Episode:
         """A fresh workspace for ``task``, the harness run on it, its turns recorded (the
-        workspace is left for :meth:`grade`)."""
+        workspace is left for :meth:`grade`). Any error of the episode (its workspace, its
+        sandbox, the read-back) is that episode's failure (``error``), never the batch's."""
+        ep = Episode(task, None)
+        try:
+            self._run(ep)
+        except Exception as e:  # noqa: BLE001 - one episode's fault ends that episode only
+            log.warning("agent episode of %s failed", task.task_id, exc_info=e)
+            ep.error = f"{type(e).__name__}: {e}"[:300]
+        return ep
+
+    def _run(self, ep: Episode) -> None:
         from composer_replication.sandbox.pytest_suite import pytest_tools
 
-        tools = self.env.tools_class()()
-        tools.reset(task_id=task.task_id)
-        ep = Episode(task, tools)
+        task = ep.task
+        ep.tools = self.env.tools_class()()
+        ep.tools.reset(task_id=task.task_id)
         key = self.proxy.open_episode()
         command, env = harness_command(self.cfg.harness, self.cfg.command)
         env = (*env, ("OPENAI_API_KEY", key), ("AGENT_TASK", self.env.user_message(task)),
@@ -133,33 +157,34 @@ class AgentEpisodes:
         reqs = tuple(task.data.get("test_requirements", ()))
         start = time.monotonic()
         try:
-            ep.run = run_agent(self.box, tools.workspace, run, self._socket_dir, SOCKET,
+            ep.run = run_agent(self.box, ep.tools.workspace, run, self._socket_dir, SOCKET,
                                python_path=(pytest_tools(reqs),))  # fmt: skip
         except InfraFailure as e:  # the sandbox start or slot wait, before any request
             ep.infra = e
-            return ep
+            return
         finally:
             ep.seconds = time.monotonic() - start
             ep.turns, ep.refused = self.proxy.close_episode(key)
         for rel in ep.run.changed:
-            tools._note_write(rel)
-        tools.flags.extend(ep.run.refused)
-        return ep
+            ep.tools._note_write(rel)
+        ep.tools.flags.extend(ep.run.refused)
 
     def grade(self, episodes: list[Episode]) -> list[StepResult]:
         """The environment's grading of each episode's workspace (removes the workspaces);
-        an episode whose sandbox never started is the machine's failure, not graded."""
-        ran = [e for e in episodes if e.infra is None]
+        an episode whose sandbox never started is the machine's failure, not graded; any
+        other failed episode (``error``) scores 0 with an ``episode_failed`` flag, ungraded."""
+        ran = [e for e in episodes if e.infra is None and not e.error]
         messages = [e.turns[-1].messages if e.turns else [] for e in ran]
         graded = iter(self.env.grade_episodes([e.task for e in ran], messages,
                                               [e.tools for e in ran]) if ran else [])  # fmt: skip
-        return [next(graded) if e.infra is None else machine_failed("", e.infra) for e in episodes]
+        return [_failed(e) if e.error else machine_failed("", e.infra) if e.infra is not None
+                else next(graded) for e in episodes]  # fmt: skip
 
     # ---- plumbing --------------------------------------------------------------------------
     def _start(self, trainer: Any) -> None:
         if self.proxy is not None:
             return
-        self._socket_dir = bindable_dir("cr-proxy-")
+        self._socket_dir = private_socket_dir()
         policy = self._policy or TrainerPolicy(trainer)
         self.proxy = PolicyProxy(policy, self.tokenizer, os.path.join(self._socket_dir, SOCKET),
                                  model_name=MODEL_NAME, max_prompt_tokens=self.cfg.max_prompt_tokens,
@@ -170,7 +195,7 @@ class AgentEpisodes:
         if self.proxy is not None:
             self.proxy.stop()
             self.proxy = None
-            os.rmdir(self._socket_dir)
+            remove_socket_dir(self._socket_dir)
 
     def _task_of(self, prompt: Any) -> Task:
         users = [m for m in as_messages(prompt) if m.get("role") == "user"]
@@ -212,9 +237,22 @@ class AgentEpisodes:
             "agent/refused_requests": sum(e.refused for e in episodes) / n,
             "agent/timed_out_frac": sum(bool(e.run and e.run.timed_out) for e in episodes) / n,
             "agent/seconds": sum(e.seconds for e in episodes) / n,
+            "agent/failed_frac": sum(bool(e.error) for e in episodes) / n,
         }
         for key, value in values.items():
             trainer._metrics[mode][key].append(float(value))
+
+
+def _failed(ep: Episode) -> StepResult:
+    """The verdict of an episode that failed (``ep.error``): 0, flagged; its workspace removed."""
+    flags = list(getattr(ep.tools, "flags", None) or [])
+    if ep.tools is not None and hasattr(ep.tools, "_close"):
+        ep.tools._close()
+    why = f"the episode failed: {ep.error}"
+    kind = ep.error.partition(":")[0]
+    return StepResult(
+        why, 0.0, True, False, why, {"flags": sorted({*flags, f"episode_failed:{kind}"})}
+    )
 
 
 class AgentReward:

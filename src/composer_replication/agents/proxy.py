@@ -17,6 +17,17 @@ socket: agents reach it only through the sandbox's relay, agents/sandboxed.py).
   request at a time (a lock). The recorded turn holds the prompt ids, the completion ids (up
   to and including the end-of-turn token) and their log-probs under the sampling
   distribution (logits divided by the temperature, TRL's convention).
+* **Bounded before read** (the agent is model-driven and untrusted; docs/sandbox.md, "Trust
+  boundaries"). The socket is ``0600`` (``0660`` with the sandbox's group when the trainer
+  is root) inside a directory only the trainer can enter (:func:`private_socket_dir`; the
+  sandbox gets it through a bind staged by the trainer), and a connection whose peer is
+  not the trainer's user or the sandbox's is closed at once (``SO_PEERCRED``). A request's
+  key and ``Content-Length`` are checked before any of its body is read; the body is read
+  in chunks against ``MAX_BODY_BYTES`` and ``body_timeout_s``; headers are capped
+  (``MAX_HEADER_BYTES``) and must arrive within ``header_timeout_s``; at most
+  ``max_connections`` connections and ``max_in_flight`` requests per key at once. A
+  failure of the policy is a counted error (500, ``errors``, and the episode's refused
+  count), not an uncounted crash of the request.
 * **Answers.** With ``tools`` in the request, each well-formed ``<tool_call>{...}</tool_call>``
   block becomes an OpenAI ``tool_calls`` entry (`lm.chat.parse_tool_calls`), the rest is the
   content. ``stream=true`` is answered as a single server-sent event chunk followed by
@@ -28,6 +39,9 @@ import json
 import logging
 import os
 import secrets
+import socket
+import struct
+import tempfile
 import threading
 import time
 import uuid
@@ -37,11 +51,23 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from composer_replication.lm.chat import parse_tool_calls, render_prompt
+from composer_replication.sandbox.sandbox import NOBODY
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 << 20
 """Largest request body read (4 MiB): the agent is model-driven and untrusted."""
+MAX_HEADER_BYTES = 16 << 10
+"""Most bytes of a request line and headers (h11's incomplete-event limit)."""
+HEADER_TIMEOUT_S = 10.0
+"""Seconds a connection may take to send a request's headers (from its start, or from the
+previous answer on a kept-alive connection) before it is closed."""
+BODY_TIMEOUT_S = 30.0
+"""Seconds a request may take to send its body once its headers are in."""
+MAX_CONNECTIONS = 64
+"""Connections open at once; more are closed as they come."""
+MAX_IN_FLIGHT = 2
+"""Requests of one key being read or answered at once; more are refused (429)."""
 
 
 class Policy(Protocol):
@@ -122,14 +148,29 @@ class PolicyProxy:
         model_name: str = "policy",
         max_prompt_tokens: int = 4096,
         max_requests: int = 16,
+        max_connections: int = MAX_CONNECTIONS,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        body_timeout_s: float = BODY_TIMEOUT_S,
     ):
         self.policy, self.tokenizer = policy, tokenizer
         self.socket_path, self.model_name = socket_path, model_name
         self.max_prompt_tokens, self.max_requests = max_prompt_tokens, max_requests
+        self.max_connections, self.max_in_flight = max_connections, max_in_flight
+        self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()  # one generation at a time; guards _episodes too
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self._listener: socket.socket | None = None
+        # the HTTP layer's own state, touched only on the server's event loop (and at close)
+        self._in_flight: dict[str, int] = {}
+        self._io_refused: dict[str, int] = {}  # key -> requests refused before answer()
+        self.errors = 0
+        """Requests whose answer failed on our side (the policy raised): each a 500."""
+        self.dropped = 0
+        """Connections closed unheard: over ``max_connections``, a foreign peer, or headers
+        not sent in time."""
 
     # ---- episodes --------------------------------------------------------------------------
     def open_episode(self) -> str:
@@ -144,28 +185,56 @@ class PolicyProxy:
         requests with ``key`` are refused."""
         with self._lock:
             ep = self._episodes.pop(key)
-        return ep.turns, ep.refused
+        return ep.turns, ep.refused + self._io_refused.pop(key, 0)
 
     # ---- serving ---------------------------------------------------------------------------
     def start(self) -> "PolicyProxy":
-        """Serve on ``socket_path`` (mode 0666: the sandbox's user must connect; the keys
-        guard it) in a daemon thread; returns once the socket accepts."""
+        """Serve on ``socket_path`` in a daemon thread; returns once the socket accepts. The
+        socket is made and its mode set before it listens: ``0600``, or ``0660`` with the
+        sandbox's group (``nobody``'s) when the trainer is root (module docstring)."""
         import uvicorn
 
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
-        config = uvicorn.Config(self.app(), uds=self.socket_path, log_level="warning",
-                                access_log=False, timeout_keep_alive=30)  # fmt: skip
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(self.socket_path)
+            if os.geteuid() == 0:
+                os.chown(self.socket_path, 0, NOBODY)
+                os.chmod(self.socket_path, 0o660)
+            else:
+                os.chmod(self.socket_path, 0o600)
+        except BaseException:
+            sock.close()
+            raise
+        config = uvicorn.Config(self.app(), log_level="warning", access_log=False,
+                                timeout_keep_alive=30, http=_guarded_protocol(self),
+                                limit_concurrency=self.max_connections + 1,
+                                h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                                backlog=self.max_connections)  # fmt: skip
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="cr-proxy", daemon=True)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name="cr-proxy", daemon=True)  # fmt: skip
         self._thread.start()
         deadline = time.monotonic() + 30
         while not self._server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError(f"the policy proxy did not start on {self.socket_path}")
             time.sleep(0.01)
-        os.chmod(self.socket_path, 0o666)
+        self._listener = sock
         return self
+
+    def peer_allowed(self, sock: socket.socket | None) -> bool:
+        """Whether a connection's peer (``SO_PEERCRED``) is this process's user or, when the
+        trainer is root, the sandbox's (``nobody``)."""
+        if sock is None or sock.family != socket.AF_UNIX:
+            return False
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        except OSError:
+            return False
+        _pid, uid, _gid = struct.unpack("3i", raw)
+        return uid == os.geteuid() or (os.geteuid() == 0 and uid == NOBODY)
 
     def stop(self) -> None:
         """Stop serving and remove the socket."""
@@ -173,6 +242,9 @@ class PolicyProxy:
             self._server.should_exit = True
             self._thread.join(timeout=10)
             self._server = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
 
@@ -188,6 +260,7 @@ class PolicyProxy:
         annotation as a class."""
         from fastapi import FastAPI, Request
         from fastapi.responses import JSONResponse, StreamingResponse
+        from starlette.requests import ClientDisconnect
 
         app = FastAPI(title="composer-replication policy proxy", docs_url=None, redoc_url=None)
 
@@ -199,8 +272,37 @@ class PolicyProxy:
         @app.post("/v1/chat/completions")
         async def chat(request: Request):
             key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            body = await request.body()
-            status, answer = await asyncio.to_thread(self.answer, key, body)
+            if key not in self._episodes:  # asked before a byte of the body is read;
+                return self._refuse(key, 401, "unknown or closed API key",  # answer() asks
+                                    "invalid_api_key")  # again under the lock  # fmt: skip
+            if refused := _unreadable(request.headers):
+                return self._refuse(key, *refused)
+            if self._in_flight.get(key, 0) >= self.max_in_flight:
+                return self._refuse(key, 429, f"at most {self.max_in_flight} requests of one "
+                                    "key at a time", "rate_limit_exceeded")  # fmt: skip
+            self._in_flight[key] = self._in_flight.get(key, 0) + 1
+            try:
+                try:
+                    body = await self._read_body(request)
+                except _TooLarge:
+                    return self._refuse(key, 413, f"the request is larger than {MAX_BODY_BYTES} "
+                                        "bytes", "invalid_request_error")  # fmt: skip
+                except ClientDisconnect:
+                    return self._refuse(key, 400, "the client went away", "invalid_request_error")
+                except TimeoutError:
+                    return self._refuse(key, 408, f"the body was not sent within "
+                                        f"{self.body_timeout_s:g} s", "invalid_request_error")  # fmt: skip
+                try:
+                    status, answer = await asyncio.to_thread(self.answer, key, body)
+                except Exception as e:  # noqa: BLE001 - ours (the policy's): counted, a 500
+                    self.errors += 1
+                    logger.error("proxy: answering a request failed", exc_info=e)
+                    return self._refuse(key, 500, f"the policy failed: {type(e).__name__}",
+                                        "internal_error")  # fmt: skip
+            finally:
+                self._in_flight[key] -= 1
+                if not self._in_flight[key]:
+                    del self._in_flight[key]
             if status != 200:
                 return JSONResponse(status_code=status, content=answer)
             if answer.pop("_stream", False):
@@ -208,6 +310,28 @@ class PolicyProxy:
             return answer
 
         return app
+
+    async def _read_body(self, request: Any) -> bytes:
+        """The body, read in chunks: ``_TooLarge`` past ``MAX_BODY_BYTES`` (a chunked body
+        has no length to check first), ``TimeoutError`` past ``body_timeout_s``."""
+        body = bytearray()
+        async with asyncio.timeout(self.body_timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise _TooLarge
+        return bytes(body)
+
+    def _refuse(self, key: str, status: int, message: str, code: str):
+        """A refusal of the HTTP layer, counted in the episode's refused requests (if the key
+        has one). The connection is closed after it: a body left unread is not drained (a
+        refused 400 MiB body cost the trainer 4 s of reading it into nothing)."""
+        from fastapi.responses import JSONResponse
+
+        if key in self._episodes:
+            self._io_refused[key] = self._io_refused.get(key, 0) + 1
+        return JSONResponse(status_code=status, content=_error(message, code),
+                            headers={"connection": "close"})  # fmt: skip
 
     def answer(self, key: str, body: bytes) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON body) for one chat request filed under ``key``."""
@@ -257,6 +381,88 @@ class PolicyProxy:
             raise ValueError(f"This model's maximum context length is {self.max_prompt_tokens} "
                              f"tokens; the messages have {len(ids)} tokens")  # fmt: skip
         return ids
+
+
+class _TooLarge(Exception):
+    """A request body past ``MAX_BODY_BYTES``."""
+
+
+def _unreadable(headers: Any) -> tuple[int, str, str] | None:
+    """(status, message, code) if the headers say the body must not be read: no length
+    (and not chunked), a malformed length, or one over ``MAX_BODY_BYTES``."""
+    length = headers.get("content-length")
+    if length is None:
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            return None  # read against the cap chunk by chunk
+        return 411, "a Content-Length is required", "invalid_request_error"
+    if not length.strip().isdigit():
+        return 400, "a malformed Content-Length", "invalid_request_error"
+    if int(length) > MAX_BODY_BYTES:
+        return 413, f"the request is larger than {MAX_BODY_BYTES} bytes", "invalid_request_error"
+    return None
+
+
+def private_socket_dir(prefix: str = "cr-proxy-") -> str:
+    """A new directory for the proxy's socket that only this user can reach: a ``0700``
+    directory under ``/var/tmp`` holding a ``0755`` one, which is returned. The sandbox
+    reaches it through a bind that the trainer stages before it drops to ``nobody``
+    (sandbox/sandbox.py ``_staged_binds``); no other local user can open a path to it.
+    Remove it with :func:`remove_socket_dir`."""
+    top = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", dir="/var/tmp")
+    inner = os.path.join(top, "s")
+    os.mkdir(inner)
+    os.chmod(inner, 0o755)
+    return inner
+
+
+def remove_socket_dir(path: str) -> None:
+    """Remove a directory made by :func:`private_socket_dir` (empty by then)."""
+    os.rmdir(path)
+    os.rmdir(os.path.dirname(path))
+
+
+def _guarded_protocol(proxy: PolicyProxy) -> type:
+    """uvicorn's h11 protocol with the proxy's connection rules (module docstring): a
+    connection over ``max_connections`` or from a foreign peer is closed at once, and one
+    that has not sent a request's headers within ``header_timeout_s`` (counted from its
+    start, or from the last answer) is closed; uvicorn has no such deadline itself."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Guarded(H11Protocol):
+        _cr_timer: asyncio.TimerHandle | None = None
+        _cr_cycle: Any = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            crowded = len(self.connections) > proxy.max_connections
+            if crowded or not proxy.peer_allowed(transport.get_extra_info("socket")):
+                proxy.dropped += 1
+                transport.abort()
+                return
+            self._cr_arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._cr_timer is not None:
+                self._cr_timer.cancel()
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            if not self.transport.is_closing():  # armed on the finished request: a pipelined
+                self._cr_arm()  # one that super() starts now replaces it (no deadline then)
+            super().on_response_complete()
+
+        def _cr_arm(self) -> None:
+            if self._cr_timer is not None:
+                self._cr_timer.cancel()
+            self._cr_cycle = self.cycle  # a new request replaces it
+            self._cr_timer = self.loop.call_later(proxy.header_timeout_s, self._cr_expire)
+
+        def _cr_expire(self) -> None:
+            if self.cycle is self._cr_cycle and not self.transport.is_closing():
+                proxy.dropped += 1
+                self.transport.abort()
+
+    return Guarded
 
 
 def _error(message: str, code: str) -> dict[str, Any]:

@@ -8,8 +8,9 @@ the run ends, memory, process and file-size limits, ``nobody`` when the trainer 
 site-packages or project sources, no task data; what it leaves in ``/repo`` comes back as
 regular files only (``apply_tree``). On top of that:
 
-* **The proxy, and nothing else.** The proxy's unix socket directory is bound read-only at
-  ``/cr-proxy``; a relay (stdlib Python, :data:`RELAY`) listens on ``127.0.0.1:PORT`` inside
+* **The proxy, and nothing else.** The proxy's unix socket directory (private to the
+  trainer: agents/proxy.py ``private_socket_dir``) is bound read-only at its own path,
+  staged by the trainer before it drops to ``nobody``; a relay (stdlib Python, :data:`RELAY`) listens on ``127.0.0.1:PORT`` inside
   the sandbox's own network namespace and pipes each connection to that socket, so the agent
   uses a plain ``http://127.0.0.1:PORT/v1`` base URL. No other host socket is bound in, and the
   abstract unix socket namespace belongs to the network namespace, so the host's abstract
@@ -28,8 +29,6 @@ from pathlib import Path
 from composer_replication.sandbox.sandbox import Sandbox
 from composer_replication.sandbox.shell import ShellExtras, ShellResult, run_shell
 
-PROXY_DIR = "/cr-proxy"
-"""Where the proxy's socket directory is seen inside the sandbox."""
 RELAY_READY = "/tmp/.cr-relay-ready"
 
 RELAY = r"""
@@ -92,7 +91,7 @@ def run_agent(
     ``http://127.0.0.1:{run.port}/v1`` (module docstring); the workspace gets what the agent
     left in ``/repo``. ``box``'s memory limit applies per process (a harness importing
     litellm needs ~1-2 GB of address space)."""
-    sock = f"{PROXY_DIR}/{socket_name}"
+    sock = f"{socket_dir}/{socket_name}"
     script = (
         f'python -I -S -c "$PROXY_RELAY_SOURCE" 127.0.0.1 {run.port} {sock} {RELAY_READY} '
         ">/dev/null 2>&1 &\n"
@@ -106,8 +105,7 @@ def run_agent(
         "OPENAI_BASE_URL": f"http://127.0.0.1:{run.port}/v1",
         "OPENAI_API_BASE": f"http://127.0.0.1:{run.port}/v1",
     } | dict(run.env)
-    extra = ShellExtras(env=tuple(env.items()), binds=(run.venv,),
-                        mounts=("--ro-bind", socket_dir, PROXY_DIR))  # fmt: skip
+    extra = ShellExtras(env=tuple(env.items()), binds=(run.venv, socket_dir))
     return run_shell(box, workspace, script, run.timeout_s, max_output_chars=run.max_output_chars,
                      repo_mb=run.repo_mb, python_path=python_path,
                      max_processes=run.max_processes, extra=extra)  # fmt: skip

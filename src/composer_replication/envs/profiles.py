@@ -27,7 +27,6 @@ in the trainer's process (a policy-written pattern can backtrack for days).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import re
@@ -41,6 +40,8 @@ from typing import Any
 
 from composer_replication.envs.patch import PatchError, apply_patch, summary
 from composer_replication.envs.tools import encode_text, wire_safe, wire_snippet
+from composer_replication.sandbox.journal import TreeJournal
+from composer_replication.sandbox.sandbox import SLOTS
 from composer_replication.sandbox.shell import REPO, ShellResult, run_shell
 
 HARNESSES = ("native", "claude_code", "codex", "bash")
@@ -147,22 +148,33 @@ class WorkspaceTools:
         rel = target.relative_to(self.workspace.resolve()).as_posix()
         return REPO if rel == "." else f"{REPO}/{rel}"
 
-    def _write(self, target: Path, text: str | bytes) -> str | None:
+    def _write(
+        self, target: Path, text: str | bytes, journal: TreeJournal | None = None
+    ) -> str | None:
         """Write ``text`` (or its already encoded bytes), checked before the file is touched
-        against the native tools' caps per file and per episode; an error result or None."""
+        against the native tools' caps per file and per episode; an error result or None.
+        The file is replaced whole or not at all (written beside it, then renamed), through
+        ``journal`` when the write is one of several that go together."""
         data = text if isinstance(text, bytes) else encode_text(text)
         if isinstance(data, str):
             return self._err(data.removeprefix("error: "))
         if refused := self._native._over_write_caps(len(data)):
             return self._err(refused.removeprefix("error: "))
-        self._native._note_write(target.relative_to(self.workspace.resolve()).as_posix())
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        root = self.workspace.resolve()
+        self._native._note_write(target.relative_to(root).as_posix())
+        if journal is not None:
+            journal.makedirs(target.parent)
+            journal.write(target, data)
+            return None
+        with TreeJournal(root) as own:
+            own.makedirs(target.parent)
+            own.write(target, data)
         return None
 
     def _shell(self, command: Any, timeout_s: Any, read_only: bool = False) -> ShellResult | str:
-        """Run ``command`` in the sandbox on the workspace; its time comes out of the
-        episode's test-time budget (commands are how these harnesses run the tests)."""
+        """Run ``command`` in the sandbox on the workspace; its time, from the moment it has a
+        sandbox slot, comes out of the episode's test-time budget (commands are how these
+        harnesses run the tests)."""
         native = self._native
         if native.workspace is None or native.task is None:
             return self._err("no workspace")
@@ -179,14 +191,14 @@ class WorkspaceTools:
         limit = min(max(want, MIN_SHELL_S), MAX_SHELL_TIMEOUT_S, left or MAX_SHELL_TIMEOUT_S)
         command = str(command)
         native.flags.extend(command_flags(command))
-        start = time.monotonic()
-        try:
-            with self._lock:
+        with self._lock, SLOTS.held():  # as native run_tests: the wait for a slot is not
+            start = time.monotonic()  # this episode's time (it is other rollouts' load)
+            try:
                 res = run_shell(native._env.box, native.workspace, command, limit,
                                 max_output_chars=self._max_chars, python_path=self._python_path(),
                                 apply=not read_only)  # fmt: skip
-        finally:
-            native.test_seconds += time.monotonic() - start
+            finally:
+                native.test_seconds += time.monotonic() - start
         for rel in res.changed:
             native._note_write(rel)
         native.flags.extend(res.refused)
@@ -302,7 +314,10 @@ class ClaudeCodeTools(WorkspaceTools):
         old, new = str(old_string), str(new_string)
         if old == new:
             return self._err("No changes to make: old_string and new_string are exactly the same.")
-        text = target.read_text(encoding="utf-8", errors="replace")
+        for name, arg in (("old_string", old), ("new_string", new)):
+            if isinstance(refused := encode_text(arg), str):
+                return self._err(f"{name}: {refused.removeprefix('error: ')}")
+        text = read_preserving(target)  # bytes that are not UTF-8 are kept as they are
         count = text.count(old) if old else 0
         if count == 0:
             return self._err(f"String to replace not found in file.\nString: {old}")
@@ -316,7 +331,7 @@ class ClaudeCodeTools(WorkspaceTools):
         chars = len(text) + count * (len(new) - len(old))
         if refused := self._native._write_refusal([chars], unit="characters"):
             return self._err(refused.removeprefix("error: "))  # asked before the text is built
-        if err := self._write(target, text.replace(old, new)):
+        if err := self._write(target, encode_preserving(text.replace(old, new))):
             return err
         return f"The file {self._shown(target)} has been updated successfully."
 
@@ -446,6 +461,8 @@ class CodexTools(WorkspaceTools):
                 "*** Delete File: path" sections; paths relative to /repo.
         """
         try:
+            if isinstance(refused := encode_text(input), str):
+                raise PatchError(f"Invalid patch: {refused.removeprefix('error: ')}")
             changes = apply_patch(str(input), self._patch_read)
             seen: set[Path] = set()
             for c in changes:
@@ -472,36 +489,23 @@ class CodexTools(WorkspaceTools):
 
     def _apply_all(self, changes: list[Any], data: Any) -> None:
         """Write a checked patch's files (``data``: their encoded texts in order), all or
-        none: if the filesystem refuses one midway (a directory where a file goes, a full
-        disk), the files already changed get their old bytes back and the error is raised."""
-        root = self.workspace.resolve()
-        touched = {self._resolve(p) for c in changes for p in (c.path, c.move_to) if p}
-        saved = {t: _saved(t) for t in touched}
-        # directories the writes may make (a deleted file's path included: notes.txt/x.py)
-        made = {d for t in touched for d in t.parents if root in d.parents and not d.is_dir()}
-        try:
+        none (sandbox/journal.py): if the filesystem refuses one midway (a directory where a
+        file goes, a full disk), every change already made is undone and the error raised."""
+        with TreeJournal(self.workspace.resolve()) as journal:
             for c in changes:
                 target = self._resolve(c.path)
                 if c.op == "D" or c.move_to:
                     self._native._note_write(c.path)
-                    target.unlink()
+                    journal.remove(target)
                 if c.op != "D":
                     dest = self._resolve(c.move_to) if c.move_to else target
-                    if err := self._write(dest, next(data)):
+                    if err := self._write(dest, next(data), journal):
                         raise PatchError(err)
-        except (OSError, PatchError):
-            _roll_back(saved, made)
-            raise
 
     def _check_writes(self, texts: list[str]) -> list[bytes]:
-        """The UTF-8 bytes of ``texts``; raise :class:`PatchError` before anything is written
-        if one is not UTF-8 or they would pass the write caps together."""
-        data = []
-        for text in texts:
-            encoded = encode_text(text)
-            if isinstance(encoded, str):
-                raise PatchError(encoded.removeprefix("error: "))
-            data.append(encoded)
+        """The bytes of ``texts`` (:func:`encode_preserving`); raise :class:`PatchError`
+        before anything is written if they would pass the write caps together."""
+        data = [encode_preserving(text) for text in texts]  # the patch itself is UTF-8
         if refused := self._native._write_refusal([len(d) for d in data]):
             raise PatchError(refused.removeprefix("error: "))
         return data
@@ -512,34 +516,22 @@ class CodexTools(WorkspaceTools):
             raise PatchError(target)
         if not target.is_file():
             return None
-        return target.read_text(encoding="utf-8", errors="replace")
+        return read_preserving(target)
 
 
-def _saved(target: Path) -> tuple[bytes, int] | None:
-    """A file's bytes and permission bits before a patch (None: no file there)."""
-    if not target.is_file():
-        return None
-    return target.read_bytes(), target.stat().st_mode & 0o7777
+def read_preserving(target: Path) -> str:
+    """A file's text with every byte kept: bytes that are not UTF-8 become lone surrogates
+    (``surrogateescape``, PEP 383) that :func:`encode_preserving` turns back into the same
+    bytes. Read with ``errors="replace"``, they became U+FFFD and an ``Edit`` or a patch of
+    any other line silently rewrote them."""
+    return target.read_bytes().decode("utf-8", "surrogateescape")
 
 
-def _roll_back(saved: dict[Path, tuple[bytes, int] | None], made: set[Path]) -> None:
-    """Put the files a failed patch touched back as they were (``saved``, :func:`_saved`):
-    the files it created go, then the directories it made (``made``, deepest first, only if
-    empty: one where a deleted file was), then the old files get their bytes and mode back.
-    Best effort, as the filesystem that failed the patch may fail this too."""
-    for target, old in saved.items():
-        if old is None and (target.is_file() or target.is_symlink()):
-            with contextlib.suppress(OSError):
-                target.unlink()
-    for d in sorted(made, key=lambda p: len(p.parts), reverse=True):
-        with contextlib.suppress(OSError):
-            d.rmdir()
-    for target, old in saved.items():
-        if old is not None:
-            with contextlib.suppress(OSError):
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(old[0])
-                target.chmod(old[1])
+def encode_preserving(text: str) -> bytes:
+    """The bytes of a text read by :func:`read_preserving` and changed with UTF-8 text (the
+    tools refuse lone surrogates in what the model sends, so every one here is a byte of the
+    file)."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 def _codex_answer(output: str, code: int, seconds: float, limit: int | None = None) -> str:

@@ -7,8 +7,11 @@ the audit hook does not see (a red-team pass held 320 MB with a 128 MB limit thr
 cgroup counts all of these, and the kernel reclaims or kills inside it.
 
 Used when the grader runs as root and the cgroup-v1 memory controller of its own cgroup is
-writable (this is the case on the project's CI machines); otherwise `MemoryCgroup.create`
-returns None and the sandbox keeps only its rlimits (docs/sandbox.md, "Known gaps").
+writable (this is the case on the project's CI machines). Everywhere else (cgroup-v2-only
+hosts, no root) `MemoryCgroup.create` returns None and :data:`WATCHDOG` bounds the sandbox's
+total instead, from user space (:class:`MemoryWatchdog`): less exact than the kernel (it
+samples, so a burst between two looks passes until the next one), but it sees the same
+kinds of memory that escaped the rlimits.
 Kernel docs: Documentation/admin-guide/cgroup-v1/memory.rst (``memory.limit_in_bytes``,
 ``cgroup.procs``; tmpfs pages and kernel memory are charged to the writer's cgroup).
 """
@@ -17,14 +20,17 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import logging
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 _COUNTER = itertools.count()
 _PENDING: set[Path] = set()
 """Cgroups whose removal timed out (their last processes were still being torn down); each
@@ -146,3 +152,121 @@ def _retry_pending() -> None:
     for path in list(_PENDING):
         if _rmdir(path):
             _PENDING.discard(path)
+
+
+# ---- without a cgroup: a watchdog in user space ----------------------------------------------
+
+
+def descendants(pid: int) -> list[int]:
+    """Host pids of every live descendant of ``pid`` (via /proc/*/task/*/children)."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:  # the process may exit while it is listed: /proc/<pid>/task vanishes
+            tasks = list(Path(f"/proc/{parent}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                kids = [int(x) for x in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def tree_memory(pid: int) -> int:
+    """Bytes of memory the process tree under ``pid`` (itself included) holds: the
+    proportional set size of each process (``Pss`` of /proc/<pid>/smaps_rollup: private
+    pages, its share of shared ones, mapped ``memfd``/shm pages included), plus the pages of
+    every ``memfd`` or deleted file one of them holds open (not mapped, they are in no
+    process's memory: the red-team's ``memfd_create`` attack), each file counted once."""
+    total, files = 0, set()
+    for p in [pid, *descendants(pid)]:
+        try:
+            rollup = Path(f"/proc/{p}/smaps_rollup").read_text()
+            total += next(int(ln.split()[1]) for ln in rollup.splitlines()
+                          if ln.startswith("Pss:")) * 1024  # fmt: skip
+        except (OSError, StopIteration, ValueError, IndexError):
+            pass
+        try:
+            fds = os.listdir(f"/proc/{p}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            path = f"/proc/{p}/fd/{fd}"
+            try:
+                target = os.readlink(path)
+                if target.startswith("/memfd:") or target.endswith(" (deleted)"):
+                    st = os.stat(path)
+                    if (st.st_dev, st.st_ino) not in files:
+                        files.add((st.st_dev, st.st_ino))
+                        total += st.st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+class MemoryWatchdog:
+    """Bounds the total memory of process trees from user space (module docstring): every
+    ``interval_s`` one thread measures each watched tree (:func:`tree_memory`) and SIGKILLs
+    a tree over its limit (its root first, then every descendant), recording the pid in
+    ``killed``. Trees are watched from :meth:`watch` to :meth:`unwatch`."""
+
+    def __init__(self, interval_s: float = 0.1):
+        self.interval_s = interval_s
+        self._trees: dict[int, int] = {}  # root pid -> limit in bytes
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.killed: dict[int, int] = {}
+        """Root pid -> bytes measured when it was killed (until :meth:`unwatch`)."""
+
+    def watch(self, pid: int, limit_bytes: int) -> None:
+        with self._cond:
+            self._trees[pid] = limit_bytes
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="cr-memory-watchdog",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+            self._cond.notify()
+
+    @property
+    def watching(self) -> int:
+        """Trees watched now."""
+        with self._cond:
+            return len(self._trees)
+
+    def unwatch(self, pid: int) -> int | None:
+        """Stop watching ``pid``; the bytes it held when it was killed, or None."""
+        with self._cond:
+            self._trees.pop(pid, None)
+            return self.killed.pop(pid, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._trees)
+                trees = dict(self._trees)
+            for pid, limit in trees.items():
+                used = tree_memory(pid)
+                if used > limit:
+                    self._kill(pid, used, limit)
+            time.sleep(self.interval_s)
+
+    def _kill(self, pid: int, used: int, limit: int) -> None:
+        with self._cond:
+            if pid not in self._trees:  # unwatched meanwhile: the pid may be reused
+                return
+            self.killed[pid] = used
+            inside = descendants(pid)
+            for p in [pid, *inside]:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        log.warning("a sandbox held %d MB, over its %d MB: killed", used >> 20, limit >> 20)
+
+
+WATCHDOG = MemoryWatchdog()
+"""This process's watchdog for sandboxes that have no memory cgroup."""

@@ -47,6 +47,7 @@ audit hook only) for machines without bubblewrap; it is logged once per process.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import ctypes
 import logging
@@ -56,6 +57,7 @@ import selectors
 import shutil
 import signal
 import site
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -71,7 +73,12 @@ from types import TracebackType
 from composer_replication.config import SandboxConfig
 from composer_replication.config.base import UserError
 from composer_replication.sandbox import harness
-from composer_replication.sandbox.cgroup import MemoryCgroup, left_by_dead_processes
+from composer_replication.sandbox.cgroup import (
+    WATCHDOG,
+    MemoryCgroup,
+    left_by_dead_processes,
+)
+from composer_replication.sandbox.cgroup import descendants as _descendants
 from composer_replication.sandbox.infra import SANDBOX_START, SLOT_TIMEOUT, InfraFailure
 
 log = logging.getLogger(__name__)
@@ -293,12 +300,17 @@ def _stdlib_pycache() -> str:
 
 
 def world_readable(root: str | os.PathLike) -> None:
-    """chmod 755 every directory and 644 every file under ``root`` (so ``nobody``, the
-    sandbox's user when the grader is root, can read a tree bound into the sandbox)."""
+    """chmod 755 every directory and 644 every regular file under ``root`` (so ``nobody``,
+    the sandbox's user when the grader is root, can read a tree bound into the sandbox).
+    Links are never followed: a link in a staged workspace (to ``/etc/shadow``, say) made
+    the root grader chmod its target; the link itself has no mode to set."""
     for dirpath, _dirs, files in os.walk(root):
-        os.chmod(dirpath, 0o755)
+        if not os.path.islink(dirpath):
+            os.chmod(dirpath, 0o755, follow_symlinks=False)
         for f in files:
-            os.chmod(os.path.join(dirpath, f), 0o644)
+            path = os.path.join(dirpath, f)
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.chmod(path, 0o644)
 
 
 def _bwrap_argv(
@@ -437,6 +449,11 @@ class Slots:
     ``ModuleServer`` and its client, started by one thread) takes one slot and never waits on
     itself. ``limit`` 0 asks ``default()`` at first use.
 
+    Slots are handed out first come, first served: a thread that asks while others wait
+    queues behind them, even if a slot is free at that instant (a thread that releases and
+    asks again at once cannot starve the waiters; a rollout's wait does not depend on the
+    scheduler's whims).
+
     :data:`SLOTS` bounds sandboxes (tool calls and gradings share it, so a batch of concurrent
     ``run_tests`` calls and a concurrent grading never oversubscribe the machine together);
     the OpenEnv adapter bounds its connections with another."""
@@ -445,6 +462,7 @@ class Slots:
         self._cond = threading.Condition()
         self._limit, self._used, self._default = limit, 0, default
         self._depth: dict[int, int] = {}  # thread id -> sandboxes it holds open
+        self._queue: collections.deque[int] = collections.deque()  # waiting thread ids, in order
         self.peak = 0
         """Most slots in use at once since the limit was set (a witness for tests)."""
 
@@ -464,12 +482,22 @@ class Slots:
             self._cond.notify_all()
 
     def acquire(self, timeout_s: float | None = None) -> None:
-        """Take a slot for the calling thread (or count one more sandbox in the slot it holds);
-        ``InfraFailure`` (``slot_timeout``) if none came free within ``timeout_s``."""
+        """Take a slot for the calling thread (or count one more sandbox in the slot it holds),
+        after every thread that asked before it; ``InfraFailure`` (``slot_timeout``) if none
+        came free within ``timeout_s``."""
         limit, me = self.limit, threading.get_ident()
         with self._cond:
             if self._depth.get(me, 0) == 0:
-                if not self._cond.wait_for(lambda: self._used < (self._limit or limit), timeout_s):
+                self._queue.append(me)
+                try:
+                    got = self._cond.wait_for(
+                        lambda: self._queue[0] == me and self._used < (self._limit or limit),
+                        timeout_s,
+                    )
+                finally:
+                    self._queue.remove(me)
+                    self._cond.notify_all()  # the next in line may go too (or be first now)
+                if not got:
                     raise InfraFailure(SLOT_TIMEOUT, f"no sandbox slot free within {timeout_s:g} s")
                 self._used += 1
                 self.peak = max(self.peak, self._used)
@@ -484,9 +512,15 @@ class Slots:
             if depth == 1:
                 del self._depth[me]
                 self._used -= 1
-                self._cond.notify()
+                self._cond.notify_all()
             else:
                 self._depth[me] = depth - 1
+
+    @property
+    def waiting(self) -> int:
+        """Threads waiting for a slot now."""
+        with self._cond:
+            return len(self._queue)
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -553,7 +587,8 @@ class _Process:
                root: str, mounts: tuple[str, ...]) -> None:  # fmt: skip
         self.deadline = time.monotonic() + cfg.wall_timeout_s
         lay = _layout()
-        self._tmp, self._cgroup = None, None
+        self._tmp, self._cgroup, self._watched = None, None, False
+        self.memory_exceeded = False
         if bwrap is None:  # unsafe: the same harness as a plain subprocess in a temp dir
             self._tmp = tempfile.mkdtemp(prefix="cr-unsafe-")
             argv = _python_argv(lay.interpreter, _stdlib_pycache(), cfg, mode, root)
@@ -584,6 +619,9 @@ class _Process:
             if isinstance(e, OSError):  # fork/exec failed: before the submission was sent
                 raise InfraFailure(SANDBOX_START, f"starting the sandbox failed: {e}") from e
             raise
+        self._watched = bwrap is not None and self._cgroup is None
+        if self._watched:  # no cgroup: the user-space watchdog bounds the total
+            WATCHDOG.watch(self.proc.pid, (cfg.memory_mb + cfg.work_dir_mb + CGROUP_SLACK_MB) << 20)
         self._sel = selectors.DefaultSelector()
         for f, name in ((self.proc.stdout, "out"), (self.proc.stderr, "err")):
             if f is not None:
@@ -667,6 +705,8 @@ class _Process:
             self._release_slot()
 
     def _stop(self) -> None:
+        if self._watched and WATCHDOG.unwatch(self.proc.pid) is not None:
+            self.memory_exceeded = True
         inside = _descendants(self.proc.pid)  # bwrap's child is the sandbox's PID 1
         for pid in inside:
             try:
@@ -693,25 +733,6 @@ class _Process:
     @property
     def stderr(self) -> str:
         return self.err.decode("utf-8", errors="replace")
-
-
-def _descendants(pid: int) -> list[int]:
-    """Host pids of every live descendant of ``pid`` (via /proc/*/task/*/children)."""
-    out, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:  # the process may exit while it is listed: /proc/<pid>/task vanishes
-            tasks = list(Path(f"/proc/{parent}/task").iterdir())
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                kids = [int(x) for x in (task / "children").read_text().split()]
-            except (OSError, ValueError):
-                continue
-            out += kids
-            todo += kids
-    return out
 
 
 def _wait_gone(pids: list[int], timeout_s: float = 5.0) -> None:

@@ -14,7 +14,10 @@ The workspace never enters the sandbox writable. Per call:
    and sparse members (whose holes would be read as zeros the stream never carried) are
    refused and reported; a stream that is cut, malformed or over the caps changes
    nothing. Files are rewritten only when their bytes changed, and files the command removed
-   are removed.
+   are removed, all or nothing: every name, path length (the host's ``PATH_MAX`` with the
+   workspace's real prefix), and the bytes against the free disk are checked first, then the
+   changes go through a rollback journal (sandbox/journal.py), so a failure midway leaves
+   the workspace as it was and is reported in ``error``, never raised.
 
 Everything else is the sandbox's (envs/sandbox.py): no network, a private PID namespace
 killed when the call ends (nothing the command starts outlives it), ``max_processes``,
@@ -35,11 +38,13 @@ import binascii
 import io
 import os
 import shutil
+import stat
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from composer_replication.config import SandboxConfig
+from composer_replication.sandbox.journal import TreeJournal
 from composer_replication.sandbox.sandbox import (
     Sandbox,
     bindable_dir,
@@ -225,7 +230,13 @@ def apply_tree(data: bytes, workspace: Path, max_depth: int) -> tuple[list[str],
                 if wanted.get(str(parent)) is not None:
                     return [], [], f"{parent} is both a file and a directory; nothing changed"
                 wanted.setdefault(str(parent), None)
-    return _sync(workspace, wanted), refused, ""
+    if why := unfit_tree(workspace, wanted):
+        return [], [], f"{why}; nothing changed"
+    try:
+        return _sync(workspace, wanted), refused, ""
+    except OSError as e:
+        what = e.strerror or type(e).__name__
+        return [], [], f"the workspace could not be updated ({what}); nothing changed"
 
 
 def _clean(name: str, max_depth: int) -> str | None:
@@ -239,27 +250,61 @@ def _clean(name: str, max_depth: int) -> str | None:
     return "/".join(parts)
 
 
-def _sync(root: Path, wanted: dict[str, bytes | None]) -> list[str]:
-    have: dict[str, bool] = {}  # path -> is a directory
+def unfit_tree(root: Path, wanted: dict[str, bytes | None]) -> str:
+    """Why the host cannot hold ``wanted`` (relative path -> bytes, or None for a directory)
+    under ``root`` ('' if it can), asked before anything is changed: a name longer than the
+    file system's ``NAME_MAX``, a path longer than the host's ``PATH_MAX`` (the sandbox's
+    ``/repo`` is shorter than the workspace's real path: a tree that fits there may not fit
+    here), or more bytes than the file system has free."""
+    name_max = os.pathconf(root, "PC_NAME_MAX")
+    path_max = os.pathconf(root, "PC_PATH_MAX")
+    base = len(os.fsencode(str(root))) + 1
+    for rel in wanted:
+        encoded = os.fsencode(rel)
+        if base + len(encoded) + 1 > path_max:
+            return f"a path is longer than this host allows ({path_max} bytes): {rel[:80]}..."
+        if any(len(part) > name_max for part in encoded.split(b"/")):
+            return f"a name is longer than this host allows ({name_max} bytes): {rel[:80]}..."
+    size = sum(len(data) for data in wanted.values() if data is not None)
+    if size > shutil.disk_usage(root).free:
+        return f"the files ({size} bytes) do not fit on the host's disk"
+    return ""
+
+
+def _have(root: Path) -> dict[str, str]:
+    """Every entry under ``root``: relative path -> ``dir``, ``file`` or ``other`` (a link,
+    a FIFO...). Links are not followed."""
+    have: dict[str, str] = {}
     for dirpath, dirs, files in os.walk(root):
         base = Path(dirpath).relative_to(root).as_posix()
-        for d in dirs:
-            have[f"{d}" if base == "." else f"{base}/{d}"] = True
-        for f in files:
-            have[f"{f}" if base == "." else f"{base}/{f}"] = False
-    changed = []
-    for rel in sorted(have, key=lambda r: -r.count("/")):  # deepest first
-        keep = rel in wanted and (wanted[rel] is None) == have[rel]
-        if not keep:
-            path = root / rel
-            shutil.rmtree(path) if have[rel] and not path.is_symlink() else path.unlink()
-            if not have[rel]:
-                changed.append(rel)
-    for rel in sorted(wanted):
-        path, data = root / rel, wanted[rel]
-        if data is None:
-            path.mkdir(exist_ok=True)
-        elif not path.is_file() or path.read_bytes() != data:
-            path.write_bytes(data)
-            changed.append(rel)
-    return sorted(set(changed))
+        for name in dirs + files:
+            rel = name if base == "." else f"{base}/{name}"
+            mode = os.lstat(os.path.join(dirpath, name)).st_mode
+            have[rel] = "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+    return have
+
+
+def _sync(root: Path, wanted: dict[str, bytes | None]) -> list[str]:
+    """Make ``root`` hold exactly ``wanted``, all or nothing (sandbox/journal.py): entries
+    that go or change kind are removed (the topmost of each removed subtree), then
+    directories are made, then changed files written; a failure undoes every step."""
+    have = _have(root)
+    kind = {rel: "dir" if data is None else "file" for rel, data in wanted.items()}
+    gone = {rel for rel, k in have.items() if kind.get(rel) != k}
+    changed = {rel for rel in gone if have[rel] != "dir"}
+    writes = []
+    for rel, data in sorted(wanted.items()):
+        if data is not None and (rel in gone or rel not in have
+                                 or (root / rel).read_bytes() != data):  # fmt: skip
+            writes.append(rel)
+            changed.add(rel)
+    with TreeJournal(root) as journal:
+        for rel in sorted(gone):
+            if not any(str(p) in gone for p in PurePosixPath(rel).parents):
+                journal.remove(root / rel)
+        for rel in sorted(wanted, key=lambda r: r.count("/")):
+            if wanted[rel] is None and (rel in gone or rel not in have):
+                journal.mkdir(root / rel)
+        for rel in writes:
+            journal.write(root / rel, wanted[rel])
+    return sorted(changed)

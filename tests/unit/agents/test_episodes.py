@@ -8,14 +8,15 @@ from PyPI, then cached under ~/.cache/composer-replication/)."""
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 from support.agent_proxy import RIGHT, TASK_ID, WRONG, Played, trainer_stub
 from support.textkit import textkit_env
 
+from composer_replication.agents import episodes as episodes_mod
 from composer_replication.agents.episodes import AgentEpisodes, AgentReward
 from composer_replication.config import AgentProxyConfig
-
-pytestmark = pytest.mark.agent_venv  # builds the harness venv on first use
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +24,7 @@ def env(textkit_tasks):
     return textkit_env(textkit_tasks)
 
 
+@pytest.mark.agent_venv  # builds the harness venv on first use
 def test_mini_swe_agent_episodes_are_graded_and_joined(env, tool_tok, agent_venv):
     """Two episodes of the same task, one after the other: the right edit scores 1, the wrong
     one 0; each sequence holds both turns, with the harness's tool result between them masked
@@ -54,3 +56,37 @@ def test_mini_swe_agent_episodes_are_graded_and_joined(env, tool_tok, agent_venv
     m = trainer._metrics["train"]
     assert m["agent/turns"] == [2.0] and m["agent/dropped_turns"] == [0.0]
     assert m["agent/diverged_frac"] == [0.0]
+
+
+def test_an_episode_error_fails_that_episode_not_the_batch(env, tool_tok, tmp_path, monkeypatch):
+    """Issue 55: an exception in one episode (here the read-back's ENAMETOOLONG, as a tree
+    past the host's PATH_MAX raised it) escaped ``AgentEpisodes`` and aborted the whole
+    rollout batch: one shell command of the model stopped a training step. Now that episode
+    scores 0, flagged ``episode_failed``, and the others are graded as usual."""
+    from composer_replication.sandbox.shell import ShellResult
+
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    bad, good = env.tasks("train")[:2]
+
+    def run_agent(box, workspace, run, socket_dir, socket_name, python_path=()):
+        if dict(run.env)["AGENT_TASK"] == env.user_message(bad):
+            raise OSError(errno.ENAMETOOLONG, "File name too long")
+        return ShellResult("", 0)
+
+    monkeypatch.setattr(episodes_mod, "run_agent", run_agent)
+    cfg = AgentProxyConfig(enabled=True, venv=str(venv), harness="command", command="true",
+                           workers=2)  # fmt: skip
+    episodes = AgentEpisodes(env, cfg, tool_tok, policy=Played(tool_tok, []))
+    trainer = trainer_stub()
+    try:
+        out = episodes([env.row(bad)["prompt"], env.row(good)["prompt"]], trainer)
+    finally:
+        episodes.close()
+    failed, graded = out["agent_result"]
+    assert failed.reward == 0.0 and "File name too long" in failed.feedback
+    assert "episode_failed:OSError" in failed.info["flags"]
+    assert "targets" in graded.info and not any("episode_failed" in f for f in graded.info["flags"])
+    assert trainer._metrics["train"]["agent/failed_frac"] == [0.5]
+    assert not any(e.tools.workspace.exists() for e in episodes.last_episodes)  # removed

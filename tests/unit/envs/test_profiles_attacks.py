@@ -242,3 +242,122 @@ def test_a_patch_changing_one_file_twice_does_not_drop_a_change(tools_codex):
         out = tools.apply_patch(patch)
         text = (ws / "two.txt").read_text()
         assert text == "A\nB\n" or (text == "a\nb\n" and "more than once" in out), (out, text)
+
+
+PATCH_OF_EVERY_KIND = (
+    "*** Begin Patch\n*** Update File: keep.txt\n@@\n-one\n+two\n"
+    "*** Add File: fresh/deep/a.py\n+a = 1\n"
+    "*** Update File: run.sh\n*** Move to: bin/go.sh\n@@\n-echo a\n+echo b\n"
+    "*** Delete File: notes.txt\n*** Add File: notes.txt/x.py\n+x = 1\n"
+    "*** Delete File: old.txt\n*** End Patch"
+)
+
+
+def _patch_tree(ws) -> None:
+    (ws / "keep.txt").write_text("one\n")
+    (ws / "run.sh").write_text("echo a\n")
+    (ws / "run.sh").chmod(0o755)
+    (ws / "notes.txt").write_text("keep me\n")
+    (ws / "old.txt").write_text("old\n")
+
+
+def test_every_patch_survives_a_failure_at_its_kth_change(tools_codex, monkeypatch):
+    """Issue 55: for every k, a failure of the k-th write, unlink, rename or mkdir of a patch,
+    alone or followed by a failure of any later call (the rollback's own steps), leaves the
+    workspace exactly as it was and answers that the patch failed; or, past the commit,
+    leaves the patched tree. The old rollback wrote old bytes back with its errors
+    suppressed: a second failure lost the file."""
+    from support.faults import every_fault, restore, snapshot
+
+    tools, ws = tools_codex, tools_codex.workspace
+    _patch_tree(ws)
+    before = snapshot(ws, skip=(".git",))
+    assert tools.apply_patch(PATCH_OF_EVERY_KIND).startswith("Success.")
+    after = snapshot(ws, skip=(".git",))
+    assert after["bin/go.sh"][1] == b"echo b\n" and "old.txt" not in after
+    runs = rolled_back = 0
+    for failing, faults, out in every_fault(lambda: restore(ws, before, skip=(".git",)),
+                                            lambda: tools.apply_patch(PATCH_OF_EVERY_KIND),
+                                            monkeypatch):  # fmt: skip
+        runs += 1
+        assert faults.failed
+        if out.startswith("apply_patch failed"):
+            assert snapshot(ws, skip=(".git",)) == before, f"failures at {failing}: {out}"
+            rolled_back += 1
+        else:
+            assert snapshot(ws, skip=(".git",)) == after, f"failures at {failing}: {out}"
+        assert not [p for p in ws.parent.iterdir() if "cr-journal" in p.name], failing
+    assert runs > 100 and rolled_back > runs // 2
+
+
+def test_a_command_is_not_charged_the_wait_for_a_sandbox_slot(tools_claude, monkeypatch):
+    """Issue 55 (class 7): a harness command's clock started before it had a sandbox slot,
+    so another rollout's load was charged to this episode's command budget (a no-op was
+    charged 10 s). As native ``run_tests``, the clock starts once the slot is held. The
+    clock here is a fake that only the slot's holder moves, by 10 s, while it holds it."""
+    import threading
+    from types import SimpleNamespace
+
+    from composer_replication.envs import profiles
+    from composer_replication.sandbox.sandbox import SLOTS
+    from composer_replication.sandbox.shell import ShellResult
+
+    clock = [1000.0]
+    monkeypatch.setattr(profiles, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+
+    def run_shell(*args, **kwargs):
+        with SLOTS.held():  # as the real one: its sandbox takes a slot
+            return ShellResult("", 0)
+
+    monkeypatch.setattr(profiles, "run_shell", run_shell)
+    held, go = threading.Event(), threading.Event()
+
+    def other_rollout():
+        with SLOTS.held():
+            held.set()
+            go.wait(30)
+            clock[0] += 10.0  # the load of another rollout, while this one waits
+
+    limit = SLOTS.limit
+    SLOTS.set_limit(1)
+    try:
+        holder = threading.Thread(target=other_rollout)
+        holder.start()
+        held.wait(30)
+        threading.Timer(0.3, go.set).start()
+        assert tools_claude.Bash("true") == "(Bash completed with no output)"
+        holder.join(30)
+    finally:
+        SLOTS.set_limit(limit)
+    assert tools_claude.test_seconds == 0.0
+
+
+LATIN1 = b"# caf\xe9 \xff\xfe\nx = 2\ny = 3\n"
+"""A file that is not UTF-8 (Latin-1 bytes and two bytes no encoding maps)."""
+
+
+def test_edit_keeps_the_bytes_that_are_not_utf8(tools_claude):
+    """Issue 55 (class 9): ``Edit`` read the file with ``errors="replace"``, so changing one
+    line rewrote every byte that is not UTF-8 elsewhere in the file as U+FFFD, silently. Now
+    they are kept as they are; a lone surrogate in the model's own strings is refused."""
+    tools, ws = tools_claude, tools_claude.workspace
+    (ws / "legacy.py").write_bytes(LATIN1)
+    tools.Read("/repo/legacy.py")
+    assert "updated successfully" in tools.Edit("/repo/legacy.py", "x = 2", "x = 20")
+    assert (ws / "legacy.py").read_bytes() == LATIN1.replace(b"x = 2", b"x = 20")
+    out = tools.Edit("/repo/legacy.py", "y = 3", "y = \udcff")
+    assert out.startswith("<tool_use_error>new_string: the content is not valid UTF-8")
+    assert (ws / "legacy.py").read_bytes() == LATIN1.replace(b"x = 2", b"x = 20")
+
+
+def test_apply_patch_keeps_the_bytes_that_are_not_utf8(tools_codex):
+    """Issue 55 (class 9): the same for Codex's ``apply_patch``; and a patch holding a lone
+    surrogate (which would otherwise become a raw byte) is refused before anything is read."""
+    tools, ws = tools_codex, tools_codex.workspace
+    (ws / "legacy.py").write_bytes(LATIN1)
+    patch = "*** Begin Patch\n*** Update File: legacy.py\n@@\n-y = 3\n+y = 30\n*** End Patch"
+    assert tools.apply_patch(patch).startswith("Success.")
+    assert (ws / "legacy.py").read_bytes() == LATIN1.replace(b"y = 3", b"y = 30")
+    bad = "*** Begin Patch\n*** Update File: legacy.py\n@@\n-x = 2\n+x = \udcff\n*** End Patch"
+    assert "not valid UTF-8 text" in tools.apply_patch(bad)
+    assert (ws / "legacy.py").read_bytes() == LATIN1.replace(b"y = 3", b"y = 30")

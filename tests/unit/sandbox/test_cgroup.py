@@ -88,3 +88,39 @@ def test_bind_directories_of_dead_processes_are_removed(tmp_path):
         d.mkdir()
     sandbox._remove_orphan_binds(str(base))
     assert not orphan.exists() and mine.exists() and other.exists()
+
+
+MEMFD_HOARD = """
+import os, time
+fds = []
+for i in range(24):  # 24 x 12 MB in memfds: no process maps them, no rlimit counts them
+    fd = os.memfd_create(f"hoard{i}")
+    for _ in range(12):
+        os.write(fd, b"x" * (1 << 20))
+    fds.append(fd)
+print("hoarded", flush=True)
+time.sleep(8)
+print("survived", flush=True)
+"""
+
+
+def test_without_a_cgroup_the_watchdog_bounds_a_sandboxs_total_memory(monkeypatch):
+    """Issue 55 (class 8): with no cgroup-v1 memory controller (cgroup-v2-only hosts, no
+    root) a sandbox was bounded per process only: pages in ``memfd`` files (and children
+    started past the audit hook) are in no process's address space. Here the v1 probe is
+    forced off and a sandbox with 128 MB per process hoards 288 MB in memfds: the
+    user-space watchdog kills it (its total limit: 128 + 16 + 64 MB)."""
+    from composer_replication.config import SandboxConfig
+    from composer_replication.sandbox.cgroup import WATCHDOG
+    from composer_replication.sandbox.sandbox import Sandbox
+
+    monkeypatch.setattr(cgroup, "memory_root", lambda: None)
+    cfg = SandboxConfig(memory_mb=128, work_dir_mb=16, file_size_mb=16, wall_timeout_s=60,
+                        cpu_time_s=60, audit_hook=False)  # fmt: skip
+    res = Sandbox(cfg).run_python(MEMFD_HOARD)
+    assert "survived" not in res.stdout, res.stderr
+    assert res.returncode is not None and res.returncode < 0 or res.returncode == 137
+    assert WATCHDOG.watching == 0  # unwatched when the sandbox closed
+    small = Sandbox(cfg).run_python("import os; fd = os.memfd_create('a'); "
+                                    "os.write(fd, b'x' * (8 << 20)); print('fine')")  # fmt: skip
+    assert small.ok and small.stdout.strip() == "fine"

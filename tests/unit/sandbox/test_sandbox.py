@@ -217,3 +217,34 @@ def test_a_bwrap_that_hangs_is_reported_as_slow_not_as_broken(monkeypatch):
             sb._probe.__wrapped__(str(fake))
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_sandbox_slots_are_handed_out_first_come_first_served():
+    """Issue 55 (class 7): slots went to whichever thread the scheduler woke first; a thread
+    that released its slot and asked again at once took it back before the threads already
+    waiting. Now every ask queues behind the earlier ones."""
+    import threading
+
+    from composer_replication.sandbox.sandbox import Slots
+
+    slots, order = Slots(1), []
+
+    def worker(i):
+        slots.acquire()
+        order.append(i)
+        slots.release()
+
+    slots.acquire()
+    threads = []
+    for i in range(4):
+        threads.append(threading.Thread(target=worker, args=(i,)))
+        threads[-1].start()
+        while slots.waiting < i + 1:  # each is queued before the next starts
+            threading.Event().wait(0.005)
+    slots.release()
+    slots.acquire()  # asked again at once: behind the four
+    order.append("again")
+    slots.release()
+    for t in threads:
+        t.join(10)
+    assert order == [0, 1, 2, 3, "again"]

@@ -7,6 +7,8 @@ removed. And a command's exit status, output and edits come back (a real sandbox
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import tarfile
 
 import pytest
@@ -114,3 +116,104 @@ def test_a_command_runs_in_the_sandbox_on_a_copy_of_the_workspace(ws):
     slow = run_shell(Sandbox(), ws, "echo started; sleep 30", 2)
     assert slow.timed_out and slow.exit_code is None and "started" in slow.output
     assert run_shell(Sandbox(), ws, "x" * 40_000, 5).error.startswith("the command must be")
+
+
+# ---- all or nothing (issue 55, class 5) ------------------------------------------------------
+
+
+def _messy(root):
+    """A workspace a command's result changes in every way: files removed, rewritten (an
+    executable keeps its mode), a directory becoming a file and a file a directory, a link
+    removed, new directories."""
+    (root / "pkg" / "sub").mkdir(parents=True)
+    (root / "pkg" / "a.py").write_text("a = 1\n")
+    (root / "pkg" / "sub" / "x.txt").write_text("x\n")
+    (root / "run.sh").write_text("echo 1\n")
+    (root / "run.sh").chmod(0o755)
+    (root / "same.txt").write_text("same\n")
+    (root / "becomes_dir").write_text("file\n")
+    (root / "gone").mkdir()
+    (root / "gone" / "g.txt").write_text("g\n")
+    (root / "link").symlink_to("/etc/hostname")
+    return _tar(
+        ("./pkg", "dir", b""), ("./pkg/a.py", "file", b"a = 2\n"), ("./pkg/sub", "file", b"now a file\n"),
+        ("./run.sh", "file", b"echo 2\n"), ("./same.txt", "file", b"same\n"),
+        ("./becomes_dir/in.txt", "file", b"in\n"), ("./new/deep/n.txt", "file", b"n\n"),
+    )  # fmt: skip
+
+
+def test_a_tree_longer_than_the_hosts_path_max_changes_nothing(ws):
+    """Issue 55: ``/repo`` inside the sandbox is shorter than the workspace's real path, so a
+    tree that fits there can pass the host's PATH_MAX; the old read-back deleted the removed
+    files first and then raised ENAMETOOLONG (the exception aborted the rollout batch)."""
+    from support.faults import snapshot
+
+    before = snapshot(ws)
+    room = os.pathconf(ws, "PC_PATH_MAX") - len("/repo/") - 16  # fits under /repo, not ws
+    deep = "/".join(["d" * 200] * (room // 201)) + "/" + "f" * (room % 201 or 1)
+    assert len(f"/repo/{deep}") < os.pathconf(ws, "PC_PATH_MAX") < len(f"{ws}/{deep}")
+    changed, refused, error = apply_tree(_tar((f"./{deep}", "file", b"x")), ws, max_depth=64)
+    assert "longer than this host allows" in error and changed == []
+    assert snapshot(ws) == before
+
+
+def test_every_sync_survives_a_failure_at_its_kth_change(tmp_path, monkeypatch):
+    """Issue 55: the read-back changes the workspace all or nothing. For every k, a failure
+    of the k-th write, unlink, rename or mkdir, alone or followed by a failure of any later
+    call (the rollback's own), leaves the tree exactly as it was (or, if the failing call came
+    after the commit, exactly as wanted), and nothing beside it."""
+    from support.faults import every_fault, injected, snapshot
+
+    root = tmp_path / "ws"
+    with injected(monkeypatch):  # counted, nothing fails: the tree wanted
+        root.mkdir()
+        assert apply_tree(_messy(root), root, max_depth=24)[2] == ""
+        after = snapshot(root)
+    assert after["run.sh"][2] == 0o755 and "link" not in after and "gone" not in after
+    shutil.rmtree(root)
+    root.mkdir()
+    data = _messy(root)
+    before = snapshot(root)
+
+    def setup():
+        shutil.rmtree(root)
+        root.mkdir()
+        _messy(root)
+
+    runs = rolled_back = 0
+    for failing, faults, (changed, _refused, error) in every_fault(
+        setup, lambda: apply_tree(data, root, 24), monkeypatch
+    ):
+        runs += 1
+        assert faults.failed
+        if error:
+            assert "nothing changed" in error and changed == []
+            assert snapshot(root) == before, f"failures at {failing}: half-applied"
+            rolled_back += 1
+        else:
+            assert snapshot(root) == after, f"failures at {failing}"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ws"], f"failures at {failing}"
+    assert runs > 100 and rolled_back > runs // 2
+
+
+@pytest.mark.parametrize("target", ["victim", "victim_dir", "missing"])
+def test_staging_never_follows_a_link(ws, tmp_path, target):
+    """Issue 55 (class 9): staging a workspace for the sandbox made it world-readable with
+    ``chmod`` through links: a link in the workspace to a file outside made the root grader
+    chmod that file 644 (``/etc/shadow`` is one link away), and a dangling link failed the
+    command. Links are copied as links and never followed."""
+    from composer_replication.sandbox.shell import _stage
+
+    (tmp_path / "victim").write_text("secret\n")
+    (tmp_path / "victim").chmod(0o600)
+    (tmp_path / "victim_dir").mkdir(mode=0o700)
+    (tmp_path / "victim_dir").chmod(0o700)
+    (ws / "pkg" / "link").symlink_to(tmp_path / target)
+    stage = _stage(ws)
+    try:
+        assert os.path.islink(os.path.join(stage, "pkg", "link"))
+        assert os.stat(os.path.join(stage, "pkg", "a.py")).st_mode & 0o777 == 0o644
+    finally:
+        shutil.rmtree(stage)
+    assert (tmp_path / "victim").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "victim_dir").stat().st_mode & 0o777 == 0o700
