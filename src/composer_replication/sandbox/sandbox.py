@@ -285,6 +285,14 @@ def _layout() -> _Layout:
     return _Layout(interpreter, prefix, tuple(binds), tuple(links), _hidden_dirs(roots), stage)
 
 
+def visible_trees() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What every sandbox sees of the host: (the host paths bound read-only at the same path,
+    the directories hidden under an empty tmpfs inside them). Runs add their own binds (the
+    tree under test, the test tools) and ``/pycache`` (standard-library bytecode)."""
+    lay = _layout()
+    return tuple(dst for _src, dst in lay.binds), lay.masks
+
+
 def sandbox_interpreter() -> str:
     """The real path of the interpreter sandboxed code runs with (visible inside the sandbox
     at the same path)."""

@@ -19,8 +19,10 @@ tests that keep passing (must still pass), and timings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -38,21 +40,24 @@ from composer_replication.envs.feature_deletion.candidates import (
 from composer_replication.envs.feature_deletion.grade import split_run
 from composer_replication.envs.feature_deletion.hidden import hide_tests, split_visible
 from composer_replication.envs.feature_deletion.screen import run_screen
-from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy
+from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy, top_package
 from composer_replication.envs.feature_deletion.testcode import TestCode, classify, kept_fixtures
+from composer_replication.envs.feature_deletion.visible import originals_visible
 from composer_replication.lm.models import write_atomic
 from composer_replication.sandbox.pytest_suite import SuiteReport, pytest_tools, run_suite
 from composer_replication.sandbox.sandbox import Sandbox
 
-GENERATOR_VERSION = 5
-"""5: the fixtures the kept tests got in the baseline run stay in the workspace (a plugin's
+GENERATOR_VERSION = 6
+"""6: a deletion whose original the sandbox can see (visible.py) is ``original_visible``, a
+hidden test sharing a parametrize table or data with a visible one is visible, and every path
+of a record is checked at load; 5: the fixtures the kept tests got in the baseline run stay in the workspace (a plugin's
 mark requests one only hidden tests name), and a hidden test a class of another test module
 inherits is visible at generation as in the workspace; 4: a hidden test that a kept test calls or a class of the module inherits is visible (it
 stays in the workspace; a version-3 set listed it hidden); 3: test code from the suite's run (testcode.py), hidden tests out of the workspace
 (hidden.py), the triviality screen (screen.py); 2: only tasks split grading can grade."""
 TASK = "task"
 STATUSES = ("task", "no_failure", "too_broad", "collect_error", "broken_run", "not_forwardable",
-            "trivial", "screen_failed")  # fmt: skip
+            "trivial", "screen_failed", "original_visible")  # fmt: skip
 
 
 class TaskSetError(UserError, RuntimeError):
@@ -119,7 +124,8 @@ def generate_tasks(
     docstring). ``progress(n)`` is called per finished candidate, ``on_total(n)`` once with
     the number of candidates."""
     start = time.monotonic()
-    refuse_shadowed(source.root, pytest_tools(tuple(cfg.test_requirements)))
+    tools = pytest_tools(tuple(cfg.test_requirements))
+    refuse_shadowed(source.root, tools)
     box = Sandbox(suite_sandbox(cfg))
     out_dir = Path(out) / source.label
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -132,6 +138,7 @@ def generate_tasks(
     runs_path = out_dir / "runs.jsonl"
     done = read_runs(runs_path)
     todo = [c for c in cands if c.key not in done]
+    seen = originals_visible(source.root, todo, _aliases(source), [tools])
     if on_total is not None:
         on_total(len(cands))
     if progress is not None and len(cands) > len(todo):
@@ -140,15 +147,13 @@ def generate_tasks(
     pool = ThreadPoolExecutor(workers)
     try:
         with runs_path.open("a", encoding="utf-8") as sink:
-            futures = [pool.submit(_try, box, source, c, passing, cfg, testcode) for c in todo]
+            futures = [pool.submit(_try, box, source, c, passing, cfg, testcode)
+                       for c in todo if c.key not in seen]  # fmt: skip
+            for c in todo:
+                if c.key in seen:
+                    _record(sink, done, _visible_row(c, seen[c.key]), progress)
             for fut in as_completed(futures):
-                row = fut.result()
-                sink.write(json.dumps(row, sort_keys=True) + "\n")
-                sink.flush()
-                os.fsync(sink.fileno())
-                done[row["key"]] = row
-                if progress is not None:
-                    progress(1)
+                _record(sink, done, fut.result(), progress)
     finally:  # on Ctrl-C the queued candidates are dropped (the finished ones are in
         pool.shutdown(wait=False, cancel_futures=True)  # runs.jsonl); runs in flight end
     tasks = [_task(source, c, done[c.key], passing, cfg, testcode) for c in cands]
@@ -160,6 +165,31 @@ def generate_tasks(
         by_status[status] = by_status.get(status, 0) + 1
     return GenerationSummary(out_dir, len(cands), len(cands) - len(todo), len(todo), len(tasks),
                              by_status, time.monotonic() - start)  # fmt: skip
+
+
+def _record(sink, done: dict[str, dict], row: dict, progress) -> None:
+    """Append one candidate's run to ``runs.jsonl`` (synced) and to ``done``."""
+    sink.write(json.dumps(row, sort_keys=True) + "\n")
+    sink.flush()
+    os.fsync(sink.fileno())
+    done[row["key"]] = row
+    if progress is not None:
+        progress(1)
+
+
+def _aliases(source: SourceTree) -> frozenset[str]:
+    """The names the tree's own package goes by (its directory, its distribution's name):
+    an installed original spells them differently from a renamed copy (visible.py)."""
+    names = {re.sub(r"[-.]", "_", source.name).lower()}
+    with contextlib.suppress(UserError):
+        names.add(top_package(source))
+    return frozenset(names)
+
+
+def _visible_row(cand: Candidate, where: str) -> dict:
+    """The run of a candidate whose original the sandbox can see: no run, not a task."""
+    return {"key": cand.key, "status": "original_visible", "failing": [], "n_failing": 0,
+            "seconds": 0.0, "visible_at": where}  # fmt: skip
 
 
 def read_runs(path: Path) -> dict[str, dict]:
@@ -338,7 +368,9 @@ def load_tasks(task_dir: Path) -> list[dict]:
     if version != GENERATOR_VERSION:
         raise TaskSetError(
             f"{task_dir} was made by task generator version {version}, this is version "
-            f"{GENERATOR_VERSION} (version 5 keeps the fixtures the kept tests use in the "
+            f"{GENERATOR_VERSION} (version 6 refuses deletions whose original the sandbox can "
+            "see and shows hidden tests that share a parametrize table with visible ones; "
+            "version 5 keeps the fixtures the kept tests use in the "
             "workspace; version 4 shows a hidden test that a kept test calls or a "
             "class inherits; version 3 decides test code from the suite's run, keeps "
             "hidden tests out of the workspace and drops deletions a trivial body passes): "
