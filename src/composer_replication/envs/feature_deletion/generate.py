@@ -39,6 +39,10 @@ from composer_replication.envs.feature_deletion.candidates import (
 )
 from composer_replication.envs.feature_deletion.grade import split_run
 from composer_replication.envs.feature_deletion.hidden import hide_tests, split_visible
+from composer_replication.envs.feature_deletion.paths import (
+    manifest_path_problem,
+    record_path_problem,
+)
 from composer_replication.envs.feature_deletion.screen import run_screen
 from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy, top_package
 from composer_replication.envs.feature_deletion.testcode import TestCode, classify, kept_fixtures
@@ -230,6 +234,8 @@ def _manifest(out_dir: Path, source: SourceTree, cfg: TaskGenConfig, spec: str, 
     }
     if path.exists():
         have = read_manifest(path)
+        if (problem := manifest_path_problem(have)) is not None:
+            raise TaskSetError(f"{path}: {problem}")
         diff = [k for k in want if have.get(k) != want[k]]
         if diff:
             raise TaskSetError(
@@ -358,8 +364,10 @@ def _task(source: SourceTree, cand: Candidate, run: dict, passing: list[str], cf
     }
 
 
-def load_tasks(task_dir: Path) -> list[dict]:
-    """The tasks of a generated set (``tasks.jsonl``), with a clear error naming a bad line."""
+def load_tasks(task_dir: Path, root: Path | None = None) -> list[dict]:
+    """The tasks of a generated set (``tasks.jsonl``), with a clear error naming a bad line:
+    a field of the wrong type, or a path (paths.py) that is not a clean relative path or,
+    with ``root`` (the source tree), does not resolve inside it."""
     path = Path(task_dir) / "tasks.jsonl"
     if not path.exists():
         raise TaskSetError(f"{path} does not exist: generate the task set first")
@@ -379,7 +387,7 @@ def load_tasks(task_dir: Path) -> list[dict]:
     tasks = []
     for n, line in enumerate(path.read_bytes().splitlines(), 1):
         if line.strip():
-            tasks.append(_task_record(line, f"{path}:{n}"))
+            tasks.append(_task_record(line, f"{path}:{n}", root))
     return tasks
 
 
@@ -392,9 +400,9 @@ OPTIONAL_TASK_FIELDS: dict[str, type] = {"hidden_tests": list, "test_files": lis
 a ``kept_fixtures`` list raised AttributeError at every reset)."""
 
 
-def _task_record(line: bytes, where: str) -> dict:
+def _task_record(line: bytes, where: str, root: Path | None = None) -> dict:
     """One ``tasks.jsonl`` line as a task record; a `TaskSetError` naming ``where`` (file:line)
-    and the field otherwise."""
+    and the field otherwise (also for a path outside ``root``, paths.py)."""
     try:
         record = json.loads(line)
     except ValueError as e:  # not JSON, or not UTF-8
@@ -408,6 +416,8 @@ def _task_record(line: bytes, where: str) -> dict:
         elif not isinstance(record[key], kind):
             raise TaskSetError(f"{where}: not a task: field {key!r} must be a {kind.__name__}, "
                                f"got {type(record[key]).__name__}")  # fmt: skip
+    if (problem := record_path_problem(record, root)) is not None:
+        raise TaskSetError(f"{where}: not a task: {problem}")
     return record
 
 

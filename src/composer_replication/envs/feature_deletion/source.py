@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from composer_replication.config.base import UserError
+from composer_replication.envs.feature_deletion.paths import escaping_links
 from composer_replication.lm.models import cache_dir, fill_once
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
@@ -64,6 +65,9 @@ def resolve_source(spec: str, cache: Path | None = None) -> SourceTree:
     path = Path(spec).expanduser()
     if path.is_dir():
         root = path.resolve()
+        if links := escaping_links(root):
+            raise SourceError(f"{root}: the symbolic link {links[0]} leads outside the tree "
+                              "(a workspace would hold that file of the host); remove it")  # fmt: skip
         return SourceTree(root.name, "local", root, tree_digest(root))
     m = _PIN.match(spec)
     if m is None:
