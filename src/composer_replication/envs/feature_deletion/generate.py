@@ -32,6 +32,7 @@ from pathlib import Path
 
 from composer_replication.config import SandboxConfig, TaskGenConfig
 from composer_replication.config.base import UserError
+from composer_replication.config.env import requirement_problem
 from composer_replication.envs.feature_deletion.candidates import (
     Candidate,
     delete_body,
@@ -395,7 +396,8 @@ TASK_FIELDS: dict[str, type] = {"task_id": str, "symbol": str, "file": str, "fai
                                 "visible_tests": list, "passing_tests": list, "served": list}  # fmt: skip
 """The fields of a task record that building the environment, its tools and grading read."""
 OPTIONAL_TASK_FIELDS: dict[str, type] = {"hidden_tests": list, "test_files": list,
-                                         "hidden_data": list, "kept_fixtures": dict}  # fmt: skip
+                                         "hidden_data": list, "kept_fixtures": dict,
+                                         "test_requirements": list}  # fmt: skip
 """Fields the workspace reads where a task has them (of this type, else the record is refused:
 a ``kept_fixtures`` list raised AttributeError at every reset)."""
 
@@ -418,6 +420,10 @@ def _task_record(line: bytes, where: str, root: Path | None = None) -> dict:
                                f"got {type(record[key]).__name__}")  # fmt: skip
     if (problem := record_path_problem(record, root)) is not None:
         raise TaskSetError(f"{where}: not a task: {problem}")
+    for text in record.get("test_requirements", ()):  # they reach pip on the host
+        if (problem := requirement_problem(text)) is not None:
+            raise TaskSetError(f"{where}: not a task: field 'test_requirements': {text!r} "
+                               f"{problem}")  # fmt: skip
     return record
 
 
