@@ -39,7 +39,11 @@ from composer_replication.envs.feature_deletion.candidates import (
     find_candidates,
 )
 from composer_replication.envs.feature_deletion.grade import split_run
-from composer_replication.envs.feature_deletion.hidden import hide_tests, split_visible
+from composer_replication.envs.feature_deletion.hidden import (
+    def_of_test,
+    hide_tests,
+    split_visible,
+)
 from composer_replication.envs.feature_deletion.paths import (
     manifest_path_problem,
     record_path_problem,
@@ -332,18 +336,38 @@ def _forwardable(box, source: SourceTree, task: dict, text: str, passing) -> boo
     return all(rep.passed(t) for t in passing)
 
 
+def hidden_split(
+    read: Callable[[str], str], failing: list[str], visible_defs: int, testcode: TestCode
+) -> tuple[list[str], list[str], list[str]]:
+    """(visible, hidden, hidden data) of a task's failing tests: ``visible_defs`` test
+    functions shown (hidden.split_visible); then a hidden test the workspace cannot lose
+    (hidden.hide_tests: called by a kept test, inherited, or sharing a parametrize table, a
+    data helper or a class table with kept tests) is visible, and so is one that opened a
+    test data file that stays in the workspace because a test not hidden opened it too
+    (issue 55), until nothing moves. The hidden data: files only hidden tests opened."""
+    visible, hidden = split_visible(failing, visible_defs)
+    while True:
+        keep = kept_fixtures(testcode.fixtures_by_test, hidden)
+        _, unremovable = hide_tests(read, hidden, testcode.test_files, keep)
+        moved = set(unremovable)
+        data = [f for f, openers in testcode.data_by_test.items()
+                if openers and set(openers) <= set(hidden) - moved]  # fmt: skip
+        opened = {t for f, openers in testcode.data_by_test.items() if f not in data
+                  for t in openers}  # fmt: skip
+        shares = {def_of_test(t) for t in set(hidden) - moved if t in opened}
+        moved |= {t for t in hidden if def_of_test(t) in shares}
+        visible, hidden = sorted({*visible, *moved}), sorted(set(hidden) - moved)
+        if not moved:
+            return visible, hidden, sorted(data)
+
+
 def _task(source: SourceTree, cand: Candidate, run: dict, passing: list[str], cfg,
           testcode: TestCode) -> dict | None:  # fmt: skip
     if run["status"] != TASK:
         return None
     failing = run["failing"]
-    visible, hidden = split_visible(failing, cfg.visible_tests)
-    _, unremovable = hide_tests(lambda rel: (source.root / rel).read_text(encoding="utf-8"),
-                                hidden, testcode.test_files,
-                                kept_fixtures(testcode.fixtures_by_test, hidden))  # fmt: skip
-    visible, hidden = sorted({*visible, *unremovable}), sorted(set(hidden) - set(unremovable))
-    data = [f for f, openers in testcode.data_by_test.items()
-            if openers and set(openers) <= set(hidden)]  # fmt: skip
+    read = lambda rel: (source.root / rel).read_text(encoding="utf-8")  # noqa: E731
+    visible, hidden, data = hidden_split(read, failing, cfg.visible_tests, testcode)
     screen = run["screen"]
     return {
         "task_id": f"{source.label}:{cand.key}",
@@ -352,7 +376,7 @@ def _task(source: SourceTree, cand: Candidate, run: dict, passing: list[str], cf
         "failing_tests": failing,
         "visible_tests": visible,
         "hidden_tests": hidden,
-        "hidden_data": sorted(data),
+        "hidden_data": data,
         "strong_tests": screen["strong"],
         "screen": {body: len(tests) for body, tests in screen["bodies"].items()},
         "served": testcode.served,
