@@ -282,7 +282,28 @@ def _layout() -> _Layout:
             staged = stage is not None and _under(d, prefix)
             binds.append((stage + d[len(prefix) :] if staged else d, d))
     roots = [b[1] for b in binds]
+    links += [link for link in _interpreter_links(interpreter) if not any(
+        _under(link[1], r) for r in roots)]  # fmt: skip
     return _Layout(interpreter, prefix, tuple(binds), tuple(links), _hidden_dirs(roots), stage)
+
+
+def _interpreter_links(interpreter: str) -> list[tuple[str, str]]:
+    """(target, link) for the symbolic links that lead to the interpreter: ``python`` and
+    ``python3`` next to it, and the chain from ``sys.executable`` (a virtual environment made
+    without ``--copies`` links to ``<prefix>/bin/python``, which the allowlist binds only as
+    its target file)."""
+    here = os.path.dirname(interpreter)
+    starts = [os.path.join(here, n) for n in ("python", "python3")]
+    starts += [sys.executable, getattr(sys, "_base_executable", "")]
+    out: list[tuple[str, str]] = []
+    for path in starts:
+        for _ in range(8):
+            if not path or not os.path.islink(path) or os.path.realpath(path) != interpreter:
+                break
+            if (target := os.readlink(path), path) not in out:
+                out.append((target, path))
+            path = os.path.join(os.path.dirname(path), target)
+    return out
 
 
 def visible_trees() -> tuple[tuple[str, ...], tuple[str, ...]]:
