@@ -16,11 +16,7 @@ from composer_replication.config import TaskGenConfig
 from composer_replication.envs.feature_deletion.candidates import find_candidates
 from composer_replication.envs.feature_deletion.generate import generate_tasks, read_runs
 from composer_replication.envs.feature_deletion.source import resolve_source
-from composer_replication.envs.feature_deletion.visible import (
-    find_visible,
-    originals_visible,
-    target_of,
-)
+from composer_replication.envs.feature_deletion.visible import find_visible, target_of
 
 REGEXES = (
     "import re\n\n"
@@ -127,13 +123,13 @@ def test_masks_the_target_itself_aliases_and_duplicates_in_the_tree(tmp_path):
     (root / "pkg").mkdir(parents=True)
     (root / "pkg" / "m.py").write_text(FUNC)
     c, target = _target(root)
-    assert originals_visible(root, [c], frozenset()) == {}
+    assert find_visible([target], [str(root)]) == {}  # originals_visible adds the sandbox's
     masked = tmp_path / "masked"
     masked.mkdir()
     (masked / "copy.py").write_text(FUNC)
     assert find_visible([target], [str(root), str(tmp_path / "masked")], [str(masked)]) == {}
     (root / "pkg" / "compat.py").write_text(FUNC)
-    assert originals_visible(root, [c], frozenset())[c.key].endswith("pkg/compat.py:1")
+    assert find_visible([target], [str(root)])[c.key].endswith("pkg/compat.py:1")
 
     uses = FUNC.replace("k = keyfunc(item)", "k = pkg_abc123.key(keyfunc, item)")
     renamed = tmp_path / "renamed"
