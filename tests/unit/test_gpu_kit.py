@@ -29,6 +29,9 @@ def test_smoke_run_writes_every_result(tmp_path):
     script is in the checkout; until then the summary says it is missing."""
     out = tmp_path / "out"
     env = {**os.environ, **{f"KIT_T_{k.upper()}": "1500" for k in STAGES}}
+    # run.sh's stages use $PYTHON (default: `python3` on PATH): the interpreter running this
+    # test, also from a virtual environment that is not activated (issue 55)
+    env["PYTHON"] = sys.executable
     proc = subprocess.run(
         ["bash", str(REPO / "bench/gpu_kit/run.sh"), str(out), "--smoke"],
         cwd=REPO,
@@ -99,6 +102,25 @@ def test_checkout_leaves_room_for_the_kit():
     """The device tool carries checkout + kit in 64 MiB; the kit is ~15 MiB: keep the
     checkout under half of the limit."""
     assert build.checkout_bytes() < build.LIMIT_BYTES // 2
+
+
+def test_the_kit_runs_the_interpreter_of_its_caller_not_python3_on_path(tmp_path):
+    """Issue 55: from a virtual environment that is not activated, ``python3`` on PATH is
+    another interpreter (without this environment's packages). With ``PYTHON`` set, as the
+    smoke test sets it, the env stage runs ``sys.executable`` even when ``python3`` on PATH
+    is broken."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\necho 'not this python' >&2\nexit 3\n")
+    (fake / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "PYTHON": sys.executable,
+           "KIT_SKIP": "tests losses step", "KIT_T_ENV": "500"}  # fmt: skip
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(REPO / "bench/gpu_kit/run.sh"), str(out), "--smoke"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    log = (out / "env.log").read_text()
+    assert proc.returncode == 0 and "env rc=0" in (out / "summary.txt").read_text(), log[-2000:]
+    assert "composer_replication at" in log and "not this python" not in log
 
 
 @pytest.mark.parametrize("script", ["run.sh"])

@@ -8,12 +8,34 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from composer_replication.config.base import StrictModel
 
 ARITHMETIC_LEVELS = (1, 2, 3, 4, 5, 6, 7)
 """The arithmetic environment's difficulty levels (envs/arithmetic.py defines each)."""
+
+
+def requirement_problem(text: object) -> str | None:
+    """Why ``text`` is not a plain PEP 508 requirement by name (``freezegun>=1.2``), or None.
+    A test requirement reaches ``pip install`` on the host: a string starting with ``-`` is a
+    pip option (``-e ./dir``, ``-r file``, ``--index-url``), a path or URL (``pkg @ file:...``)
+    names an sdist whose build would run there (issue 55)."""
+    if not isinstance(text, str):
+        return f"is a {type(text).__name__}, not a string"
+    if not text.strip() or text.lstrip().startswith("-") or len(text) > 500:
+        return "is empty, too long or a pip option (starts with '-')"
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:  # pragma: no cover - packaging comes with pytest and transformers
+        return "cannot be checked: the `packaging` package is not installed"
+    try:
+        req = Requirement(text)
+    except InvalidRequirement as e:
+        return f"is not a PEP 508 requirement ({str(e).splitlines()[0]})"
+    if req.url:
+        return "names a URL or path, not a package of the index"
+    return None
 
 
 class TaskGenConfig(StrictModel):
@@ -36,8 +58,18 @@ class TaskGenConfig(StrictModel):
     max_candidates: int | None = Field(None, ge=1)
     """Try only the first N candidate functions (file order); None: all."""
     test_requirements: list[str] = Field(default_factory=list)
-    """The suite's own test dependencies (pip requirement strings, e.g. ``freezegun``),
-    installed next to pytest for the sandboxed runs (fetched from the package index)."""
+    """The suite's own test dependencies (PEP 508 requirements by name, e.g. ``freezegun``;
+    no pip option, path or URL), installed next to pytest for the sandboxed runs from the
+    package index as binary wheels only (an sdist's build would run on the host)."""
+
+    @field_validator("test_requirements")
+    @classmethod
+    def _plain_requirements(cls, value: list[str]) -> list[str]:
+        for text in value:
+            if (problem := requirement_problem(text)) is not None:
+                raise ValueError(f"test requirement {text!r} {problem}")
+        return value
+
     rename_package: bool = False
     """Rename the source's top-level package (and every word-boundary mention of it) to a
     name derived from the tree's hash, so a model cannot lean on memorized upstream code

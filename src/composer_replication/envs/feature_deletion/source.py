@@ -1,5 +1,6 @@
 """Source trees for Feature Deletion: a local directory, or a PyPI sdist (``name==version``)
-fetched with pip at generation time into the cache (never committed).
+fetched at generation time into the cache (never committed): the index's file, checked
+against the index's sha256, unpacked and never built (nothing of it runs on the host).
 
 The tree is extracted without bytecode (``__pycache__``, ``.pyc``/``.pyo`` are dropped), with
 archive members that would land outside the target (absolute paths, ``..``, links) refused.
@@ -10,18 +11,21 @@ generated from.
 from __future__ import annotations
 
 import hashlib
+import html.parser
+import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
+import urllib.parse
+import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from composer_replication.config.base import UserError
+from composer_replication.envs.feature_deletion.paths import escaping_links
 from composer_replication.lm.models import cache_dir, fill_once
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
@@ -64,6 +68,9 @@ def resolve_source(spec: str, cache: Path | None = None) -> SourceTree:
     path = Path(spec).expanduser()
     if path.is_dir():
         root = path.resolve()
+        if links := escaping_links(root):
+            raise SourceError(f"{root}: the symbolic link {links[0]} leads outside the tree "
+                              "(a workspace would hold that file of the host); remove it")  # fmt: skip
         return SourceTree(root.name, "local", root, tree_digest(root))
     m = _PIN.match(spec)
     if m is None:
@@ -75,19 +82,25 @@ def resolve_source(spec: str, cache: Path | None = None) -> SourceTree:
     return SourceTree(name, version, root, (root / ".complete").read_text().strip())
 
 
+INDEX_URL = "https://pypi.org/simple"
+"""The package index sdists come from (``PIP_INDEX_URL`` overrides it, as for pip)."""
+MAX_SDIST_BYTES = 256 << 20
+SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+
+
 def _fetch_sdist(name: str, version: str, base: Path, root: Path) -> None:
+    """Download the sdist of ``name==version`` as the index lists it (PEP 691 JSON, or the
+    PEP 503 HTML page), check its sha256 against the index's, and unpack it. Nothing of it is
+    built or run: ``pip download --no-binary :all:`` prepared the sdist's metadata, which runs
+    its build backend (``setup.py``, an in-tree backend) on the host (issue 55)."""
     base.mkdir(parents=True, exist_ok=True)
+    url, sha256 = _sdist_link(name, version)
     with tempfile.TemporaryDirectory(dir=base) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "-q", "-d", tmp, f"{name}=={version}"]  # fmt: skip
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        archives = [p for p in Path(tmp).iterdir() if p.name.endswith((".tar.gz", ".zip"))]
-        if res.returncode != 0 or not archives:
-            tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
-            raise SourceError(f"pip could not download the sdist of {name}=={version}: "
-                              + " / ".join(tail))  # fmt: skip
+        filename = url.rsplit("/", 1)[-1].split("#", 1)[0]
+        archive = Path(tmp) / filename
+        _download(url, archive, sha256)
         unpacked = Path(tmp) / "unpacked"
-        extract(archives[0], unpacked)
+        extract(archive, unpacked)
         tops = [p for p in unpacked.iterdir()]
         top = tops[0] if len(tops) == 1 and tops[0].is_dir() else unpacked
         _drop_bytecode(top)
@@ -95,6 +108,89 @@ def _fetch_sdist(name: str, version: str, base: Path, root: Path) -> None:
             shutil.rmtree(root)
         shutil.move(str(top), root)
     (root / ".complete").write_text(tree_digest(root) + "\n")
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _sdist_link(name: str, version: str) -> tuple[str, str]:
+    """(url, sha256) of the sdist of ``name==version`` on the index."""
+    index = os.environ.get("PIP_INDEX_URL") or INDEX_URL
+    page = f"{index.rstrip('/')}/{_canonical(name)}/"
+    req = urllib.request.Request(page, headers={"Accept": f"{SIMPLE_JSON}, text/html;q=0.1"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            kind, body = resp.headers.get("Content-Type", ""), resp.read(32 << 20)
+    except (OSError, ValueError) as e:
+        raise SourceError(f"cannot read the index page of {name} ({page}): {e}") from None
+    files = _json_files(body) if "json" in kind else _html_files(body.decode("utf-8", "replace"))
+    for filename, url, sha256 in files:
+        if filename.endswith((".tar.gz", ".zip")):
+            stem = filename.removesuffix(".tar.gz").removesuffix(".zip")
+            dist, _, ver = stem.rpartition("-")
+            if _canonical(dist) == _canonical(name) and _same_version(ver, version):
+                if not sha256:
+                    raise SourceError(f"the index gives no sha256 for {filename}: not fetched")
+                return urllib.parse.urljoin(page, url), sha256
+    raise SourceError(f"the index ({page}) lists no sdist of {name}=={version}")
+
+
+def _same_version(a: str, b: str) -> bool:
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:  # pragma: no cover - packaging comes with pytest and transformers
+        return a == b
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def _json_files(body: bytes) -> list[tuple[str, str, str]]:
+    try:
+        files = json.loads(body).get("files", [])
+        return [(f["filename"], f["url"], (f.get("hashes") or {}).get("sha256", ""))
+                for f in files if not f.get("yanked")]  # fmt: skip
+    except (ValueError, AttributeError, KeyError, TypeError):
+        raise SourceError("the package index answered with malformed JSON") from None
+
+
+class _Anchors(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.files: list[tuple[str, str, str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if tag == "a" and href and "data-yanked" not in dict(attrs):
+            url, _, frag = href.partition("#")
+            sha = frag.removeprefix("sha256=") if frag.startswith("sha256=") else ""
+            self.files.append((url.rsplit("/", 1)[-1], url, sha))
+
+
+def _html_files(text: str) -> list[tuple[str, str, str]]:
+    parser = _Anchors()
+    parser.feed(text)
+    return parser.files
+
+
+def _download(url: str, dest: Path, sha256: str) -> None:
+    """``url`` into ``dest`` (at most :data:`MAX_SDIST_BYTES`), refused unless its sha256 is
+    ``sha256``."""
+    h, size = hashlib.sha256(), 0
+    try:
+        with urllib.request.urlopen(url, timeout=120) as resp, dest.open("wb") as out:
+            while chunk := resp.read(1 << 20):
+                size += len(chunk)
+                if size > MAX_SDIST_BYTES:
+                    raise SourceError(f"{url}: larger than {MAX_SDIST_BYTES >> 20} MiB")
+                h.update(chunk)
+                out.write(chunk)
+    except (OSError, ValueError) as e:
+        raise SourceError(f"cannot download {url}: {e}") from None
+    if h.hexdigest() != sha256.lower():
+        raise SourceError(f"{url}: sha256 {h.hexdigest()} is not the index's {sha256}")
 
 
 def extract(archive: Path, dest: Path) -> None:

@@ -13,6 +13,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from composer_replication.envs.feature_deletion.candidates import (
@@ -20,6 +21,7 @@ from composer_replication.envs.feature_deletion.candidates import (
     delete_body,
     is_test_path,
 )
+from composer_replication.envs.feature_deletion.paths import inside, record_path_problem
 
 CONFIG_FILES = {"conftest.py", "pytest.ini", "setup.cfg", "tox.ini", "pyproject.toml",
                 "sitecustomize.py", "usercustomize.py", "setup.py"}  # fmt: skip
@@ -34,7 +36,7 @@ def candidate_of(task: dict) -> Candidate:
 
 def task_state_text(source_root: Path, task: dict) -> str:
     """The target file with the feature deleted."""
-    text = (Path(source_root) / task["file"]).read_text(encoding="utf-8")
+    text = inside(Path(source_root), task["file"]).read_text(encoding="utf-8")
     return delete_body(text, candidate_of(task))
 
 
@@ -45,7 +47,9 @@ def workspace_changes(source_root: Path, task: dict) -> tuple[dict[str, str], se
     from composer_replication.envs.feature_deletion.hidden import hide_tests
 
     root = Path(source_root)
-    texts, _ = hide_tests(lambda rel: (root / rel).read_text(encoding="utf-8"),
+    if (problem := record_path_problem(task, root)) is not None:
+        raise ValueError(f"task {task.get('task_id')!r}: {problem}")
+    texts, _ = hide_tests(lambda rel: inside(root, rel).read_text(encoding="utf-8"),
                           task.get("hidden_tests", []), task.get("test_files", ()),
                           task.get("kept_fixtures", {}))  # fmt: skip
     texts[task["file"]] = task_state_text(source_root, task)
@@ -55,22 +59,53 @@ def workspace_changes(source_root: Path, task: dict) -> tuple[dict[str, str], se
 def make_workspace(source_root: Path, task: dict, dest: Path) -> Path:
     """Copy the tree to ``dest`` with the task's deletion applied and the hidden tests taken
     out (:func:`workspace_changes`), and commit it once (``git log`` shows one commit; the
-    original body and the hidden tests are in no file, object or bytecode)."""
+    original body and the hidden tests are in no file, object or bytecode). Every path the
+    task names must resolve inside the tree (paths.py), and git reads nothing of the tree as
+    configuration (:func:`commit_once`)."""
     dest = Path(dest)
     texts, left_out = workspace_changes(source_root, task)
+    targets = [(inside(dest, rel), None) for rel in sorted(left_out)]
+    targets += [(inside(dest, rel), text) for rel, text in texts.items()]
     shutil.copytree(source_root, dest, ignore=IGNORED, symlinks=False)
-    for rel in left_out:
-        (dest / rel).unlink(missing_ok=True)
-    for rel, text in texts.items():
-        (dest / rel).write_text(text, encoding="utf-8")
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(dest),
-           "GIT_AUTHOR_NAME": "task", "GIT_AUTHOR_EMAIL": "task@localhost",
-           "GIT_COMMITTER_NAME": "task", "GIT_COMMITTER_EMAIL": "task@localhost",
-           "GIT_CONFIG_NOSYSTEM": "1"}  # fmt: skip
-    for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"],
-                ["git", "commit", "-q", "-m", "repository at the task's state"]):  # fmt: skip
-        subprocess.run(cmd, cwd=dest, env=env, check=True, capture_output=True, timeout=60)
+    for path, text in targets:
+        if text is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(text, encoding="utf-8")
+    commit_once(dest)
     return dest
+
+
+GIT_SAFETY = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
+              "-c", "core.attributesFile=/dev/null", "-c", "core.untrackedCache=false",
+              "-c", "commit.gpgSign=false", "-c", "init.templateDir=")  # fmt: skip
+"""Options on every git command of :func:`commit_once` (command-line settings win over
+every configuration file): no hooks, no fsmonitor command, no attributes file, no signing."""
+
+
+def commit_once(tree: Path) -> None:
+    """``git init`` + ``add -A`` + ``commit`` in ``tree`` without running anything the tree
+    brings (issue 55): a ``.gitconfig`` or ``.config/git/config`` in the tree set
+    ``core.hooksPath`` and ``core.fsmonitor`` when ``HOME`` was the workspace, and their
+    commands ran on the host at every reset. Now ``HOME`` and ``XDG_CONFIG_HOME`` are an
+    empty private directory, the global and system configuration files are ``/dev/null``,
+    the template directory is empty, :data:`GIT_SAFETY` is on every command, the commit does
+    not verify (no ``pre-commit``/``commit-msg``), and a ``.git`` already in the tree is
+    refused (the copy leaves it out; its config could define filter commands)."""
+    if os.path.lexists(tree / ".git"):
+        raise ValueError(f"{tree}: already holds a .git entry")
+    with tempfile.TemporaryDirectory(prefix="cr-git-home-") as home:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home,
+               "XDG_CONFIG_HOME": home, "GIT_CONFIG_NOSYSTEM": "1",
+               "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_SYSTEM": os.devnull,
+               "GIT_TEMPLATE_DIR": home, "GIT_ATTR_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
+               "GIT_DIR": str(tree / ".git"), "GIT_WORK_TREE": str(tree),
+               "GIT_AUTHOR_NAME": "task", "GIT_AUTHOR_EMAIL": "task@localhost",
+               "GIT_COMMITTER_NAME": "task", "GIT_COMMITTER_EMAIL": "task@localhost"}  # fmt: skip
+        for cmd in (["init", "-q", f"--template={home}", "-b", "main"], ["add", "-A"],
+                    ["commit", "-q", "--no-verify", "-m", "repository at the task's state"]):  # fmt: skip
+            subprocess.run(["git", *GIT_SAFETY, *cmd], cwd=tree, env=env, check=True,
+                           capture_output=True, timeout=60)  # fmt: skip
 
 
 def _digests(root: Path) -> dict[str, str]:

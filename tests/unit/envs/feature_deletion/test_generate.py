@@ -144,13 +144,15 @@ def test_bad_specs_are_clear_errors():
 def test_a_task_set_from_another_generator_version_is_refused_with_the_reason(tmp_path):
     """A version-2 set decided test code by file name and showed hidden tests; a version-3 set
     listed as hidden a test a kept test calls or a class inherits (the workspace keeps it); a
-    version-4 workspace lost a fixture the kept tests got from a plugin's mark: never used."""
+    version-4 workspace lost a fixture the kept tests got from a plugin's mark; a version-5
+    set may hold a task whose original the sandbox shows, or a hidden test whose parametrize
+    table a visible one shares: never used."""
     from composer_replication.envs.feature_deletion.generate import TaskSetError, load_tasks
 
     (tmp_path / "tasks.jsonl").write_text('{"task_id": "x"}\n')
-    for old in (2, 3, 4):
+    for old in (2, 3, 4, 5):
         (tmp_path / "manifest.json").write_text(f'{{"generator_version": {old}}}')
-        with pytest.raises(TaskSetError, match=f"version {old}, this is version 5"):
+        with pytest.raises(TaskSetError, match=f"version {old}, this is version 6"):
             load_tasks(tmp_path)
 
 
@@ -190,7 +192,7 @@ def test_a_task_line_of_the_wrong_shape_names_its_line_and_field(tmp_path, line,
     environment was built; a blank line (an editor's trailing one) is now skipped, not refused."""
     from composer_replication.envs.feature_deletion.generate import TaskSetError, load_tasks
 
-    (tmp_path / "manifest.json").write_text('{"generator_version": 5}')
+    (tmp_path / "manifest.json").write_text('{"generator_version": 6}')
     path = tmp_path / "tasks.jsonl"
     path.write_bytes(json.dumps(_task_row()).encode() + b"\n" + line + b"\n\n")
     with pytest.raises(TaskSetError) as info:

@@ -425,9 +425,11 @@ class TestMore(TestBase):
 
     hidden = ["tests/test_a.py::test_hidden", "tests/test_c.py::TestBase::test_hidden"]
     texts, missing = hide_tests(read, hidden, ["tests/test_a.py", "tests/test_d.py"])
-    assert missing == ["tests/test_c.py::TestBase::test_hidden"]
+    # test_a's hidden test gets the kept ``config`` fixture, whose dict is its expected value
+    # (issue 55: a hidden test sharing data with kept tests is visible)
+    assert missing == ["tests/test_a.py::test_hidden", "tests/test_c.py::TestBase::test_hidden"]
     out = texts["tests/test_a.py"]  # the conftest is read though the task did not name it
-    assert "def test_hidden" not in out and "def _expect" not in out and "def config" in out
+    assert "def test_hidden" in out and "def config" in out
     for kept in ("def test_hidden", "CASES = [(1, 2)]", "def check"):
         assert kept in texts["tests/test_c.py"]
     compile(out, "t.py", "exec")
