@@ -160,3 +160,18 @@ def test_a_fake_bwrap_error_while_the_control_is_killed_keeps_its_zero(
     result = env.grade(task, body)
     assert (scripts / "count").read_text().strip() == "3"
     assert infra_kind(result) is None and result.reward == 0.0, result.feedback
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a grader that is not root runs no preexec step")
+def test_a_sandbox_whose_cgroup_cannot_be_joined_is_a_sandbox_start_failure(env, task, monkeypatch):
+    """The forked child fails its preexec step (joining the memory cgroup) before bwrap runs:
+    ``subprocess`` raises ``SubprocessError`` (not ``OSError``); the machine's failure, not a
+    crash of the step."""
+    from composer_replication.sandbox.cgroup import MemoryCgroup
+
+    def full(self) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(MemoryCgroup, "join", full)
+    result = env.grade(task, task.data["canonical_solution"])
+    assert infra_kind(result) == SANDBOX_START, result.feedback
