@@ -12,7 +12,8 @@ tasks it would fail learns to. The rule (docs/sandbox.md, "Machine failures"):
   sandbox start, the wait for a slot, an environment's reset), or
 * when the submission's grading ended abnormally, a **control** (a known-good submission, or
   the task's untouched state) graded on the same machine **also fails** and a **retry** of the
-  submission in a fresh sandbox fails the same way (:func:`recheck`).
+  submission in a fresh sandbox fails the same way **as the control** (the same kind), or
+  cannot start at all (:func:`recheck`).
 
 Everything else is the policy's 0: a submission that exhausts the grader's memory, hangs until
 the deadline or writes a tree the host cannot sync fails alone, its control passes.
