@@ -101,6 +101,15 @@ def harness_venv(cfg: AgentProxyConfig) -> str:
     return path
 
 
+def episode_workers(n_episodes: int, workers: int) -> int:
+    """Episodes run at once: ``workers`` (0: the sandbox slots), never more than the sandbox
+    slots. An episode holds a slot for its whole run; one queued behind the slots would wait
+    for its siblings, and a wait past ``sandbox.slot_wait_s`` is masked as the machine's
+    (``slot_timeout``): a policy whose episodes run to their deadline would mask the queued
+    episodes of its own group. Queued in the pool instead, an episode waits without a limit."""
+    return max(1, min(n_episodes, workers or SLOTS.limit, SLOTS.limit))
+
+
 class AgentEpisodes:
     """TRL's ``rollout_func`` over an environment's tasks (module docstring). The proxy starts
     at the first call with the trainer's policy (``policy``: another one, for tests) and
@@ -119,7 +128,7 @@ class AgentEpisodes:
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         self._start(trainer)
         tasks = [self._task_of(p) for p in prompts]
-        workers = max(1, min(len(tasks), self.cfg.workers or SLOTS.limit))
+        workers = episode_workers(len(tasks), self.cfg.workers)
         with ThreadPoolExecutor(workers, thread_name_prefix="cr-agent") as pool:
             episodes = list(pool.map(self.run_episode, tasks))
         results = self.grade(episodes)

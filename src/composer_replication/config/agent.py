@@ -45,7 +45,9 @@ class AgentProxyConfig(StrictModel):
     max_processes: int = Field(128, ge=8, le=4096)
     """Processes and threads of the agent's sandbox at once (the harness's threads count)."""
     workers: int = Field(0, ge=0, le=256)
-    """Episodes run at once (0: the sandbox slots). Generation is one request at a time."""
+    """Episodes run at once (0: the sandbox slots; never more than the slots, since an
+    episode queued for a slot would be masked when its wait times out). Generation is one
+    request at a time."""
     port: int = Field(8000, ge=1024, le=65535)
     """The port of the relay inside the sandbox (its own network namespace: any free one)."""
 

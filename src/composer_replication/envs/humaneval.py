@@ -42,12 +42,7 @@ from composer_replication.envs.base import (
     unit_hash,
 )
 from composer_replication.sandbox.harness import preview
-from composer_replication.sandbox.infra import (
-    GRADER_KILLED,
-    SANDBOX_START,
-    InfraFailure,
-    recheck,
-)
+from composer_replication.sandbox.infra import InfraFailure, ended_as, recheck
 from composer_replication.sandbox.sandbox import SLOTS, CandidateFailure, CandidateSession, Sandbox
 
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.DOTALL)
@@ -189,7 +184,8 @@ class HumanEvalEnv(Environment):
         """Grade in the sandbox. A grading that fails before the program is sent (sandbox
         start, slot wait) is the machine's; one whose program did not answer (killed, exited,
         timed out) is the machine's only if the dataset's canonical solution fails too and a
-        retry of the program fails the same way (sandbox/infra.py ``recheck``)."""
+        retry of the program fails the same way as the canonical solution (sandbox/infra.py
+        ``recheck``)."""
         program = build_program(task.prompt, completion, task.data["entry_point"])
         try:
             feedback, ended, stderr = self._run(task, program)
@@ -199,11 +195,11 @@ class HumanEvalEnv(Environment):
             again, fault = recheck(
                 lambda: self._control(task),
                 lambda: self._retry(task, program),
-                lambda outcome: outcome is None or outcome[1] is not None,
+                lambda outcome: None if outcome[1] is None else ended_as(outcome[2]),
             )
             if fault is not None:
                 return machine_failed(completion, fault)
-            if again is not None:
+            if isinstance(again, tuple):
                 feedback, ended, stderr = again
         if feedback is None:
             return StepResult(completion, 1.0, True, True, "all tests passed")
@@ -219,11 +215,11 @@ class HumanEvalEnv(Environment):
         except CandidateFailure as e:
             return e.feedback, e.ended, session.stderr
 
-    def _retry(self, task: Task, program: str) -> tuple[str | None, str | None, str] | None:
+    def _retry(self, task: Task, program: str) -> tuple[str | None, str | None, str] | InfraFailure:
         try:
             return self._run(task, program)
-        except InfraFailure:
-            return None  # failed again, before the program was even sent
+        except InfraFailure as e:
+            return e  # before the program was even sent
 
     def _control(self, task: Task) -> InfraFailure | None:
         """The machine's failure the canonical solution meets, or None when it passes."""
@@ -238,8 +234,9 @@ class HumanEvalEnv(Environment):
             return e
         if feedback is None:
             return None
-        kind = SANDBOX_START if stderr.lstrip().startswith("bwrap:") else GRADER_KILLED
-        return InfraFailure(kind, f"the canonical solution failed too: {feedback[:300]}")
+        return InfraFailure(
+            ended_as(stderr), f"the canonical solution failed too: {feedback[:300]}"
+        )
 
     def grade_batch(self, tasks: list[Task], completions: list[str]) -> list[StepResult]:
         """Grade in parallel, as many at a time as this process has sandbox slots

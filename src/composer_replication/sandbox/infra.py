@@ -12,7 +12,8 @@ tasks it would fail learns to. The rule (docs/sandbox.md, "Machine failures"):
   sandbox start, the wait for a slot, an environment's reset), or
 * when the submission's grading ended abnormally, a **control** (a known-good submission, or
   the task's untouched state) graded on the same machine **also fails** and a **retry** of the
-  submission in a fresh sandbox fails the same way (:func:`recheck`).
+  submission in a fresh sandbox fails the same way **as the control** (the same kind), or
+  cannot start at all (:func:`recheck`).
 
 Everything else is the policy's 0: a submission that exhausts the grader's memory, hangs until
 the deadline or writes a tree the host cannot sync fails alone, its control passes.
@@ -51,22 +52,39 @@ class InfraFailure(Exception):
         self.kind, self.detail = kind, detail
 
 
+def ended_as(output: str) -> str:
+    """The kind of a grading whose sandbox started but whose run ended abnormally: a bwrap
+    that exited with its own error (``bwrap: ...`` first on its output) is a sandbox-start
+    failure, anything else (killed, exited, timed out) a grader the host killed. For a
+    control the output is trusted; for a submission it is not (``bwrap:`` can be printed),
+    which is why :func:`recheck` masks only when the control, whose kind is trusted, failed
+    the same way."""
+    return SANDBOX_START if output.lstrip().startswith("bwrap:") else GRADER_KILLED
+
+
 def recheck(
     control: Callable[[], InfraFailure | None],
-    retry: Callable[[], T],
-    failed_again: Callable[[T], bool],
-) -> tuple[T | None, InfraFailure | None]:
+    retry: Callable[[], T | InfraFailure],
+    failed_as: Callable[[T], str | None],
+) -> tuple[T | InfraFailure | None, InfraFailure | None]:
     """After a submission's grading ended abnormally: is the failure the machine's?
 
     ``control()`` grades a known-good submission (or the untouched task) on the same machine
     and returns the failure it met, or None when it passed. A passing control settles it: the
     failure is the submission's (``(None, None)``: keep its 0), and the submission is not run
     again, so a policy that hangs or exhausts memory costs one short control, not a retry.
-    Otherwise ``retry()`` grades the submission once more in a fresh sandbox: if it fails the
-    same way (``failed_again``), the machine's failure is the control's (``(retry, failure)``);
-    if not, the retry's verdict stands (``(retry, None)``)."""
+    Otherwise ``retry()`` grades the submission once more in a fresh sandbox. The failure is
+    the machine's (``(retry, control's failure)``) when the retry's sandbox never started (an
+    ``InfraFailure``: nothing of the submission ran), or when the retry ran and failed **the
+    same way as the control** (``failed_as(retry)``, its kind, equals the control's). A
+    retry that failed another way keeps its 0 (``(retry, None)``): a submission that hangs
+    while the machine fails the control's start, or one that prints a bwrap error while the
+    host kills the control, is not masked. A retry that did not fail (``failed_as`` None)
+    gives its verdict (``(retry, None)``)."""
     fault = control()
     if fault is None:
         return None, None
     again = retry()
-    return again, fault if failed_again(again) else None
+    if isinstance(again, InfraFailure):
+        return again, fault
+    return again, fault if failed_as(again) == fault.kind else None

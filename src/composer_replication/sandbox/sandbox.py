@@ -673,7 +673,9 @@ class _Process:
         except BaseException as e:  # nothing started: leave no empty cgroup behind
             if self._cgroup is not None:
                 self._cgroup.remove()
-            if isinstance(e, OSError):  # fork/exec failed: before the submission was sent
+            # fork/exec failed, or the child's preexec step (joining the memory cgroup,
+            # staging for nobody: SubprocessError): before the submission was sent
+            if isinstance(e, (OSError, subprocess.SubprocessError)):
                 raise InfraFailure(SANDBOX_START, f"starting the sandbox failed: {e}") from e
             raise
         self._watched = bwrap is not None and self._cgroup is None

@@ -127,3 +127,51 @@ def test_a_submission_that_breaks_its_own_grading_keeps_its_zero(env, task, body
     result = env.grade(task, body)
     assert result.reward == 0.0 and not result.passed
     assert infra_kind(result) is None, result.feedback
+
+
+def _control_meets(scripts, real: str, failure: str) -> str:
+    """A bwrap whose second start (the control's, after the submission's) meets ``failure``;
+    every other start is the real one."""
+    count = scripts / "count"
+    return (
+        f"n=$(cat {count} 2>/dev/null || echo 0); echo $((n + 1)) > {count}\n"
+        f'if [ "$n" -eq 1 ]; then {failure}; fi\nexec {real} "$@"'
+    )
+
+
+def test_a_submission_that_exits_while_the_control_cannot_start_keeps_its_zero(
+    env, task, bwrap_as, scripts
+):
+    """The machine fails the control's sandbox start; the submission's own exit (its sandbox
+    started, twice) is another failure, its own: not masked (the kinds must agree)."""
+    bwrap_as(_control_meets(scripts, env.sandbox.bwrap, BWRAP_ERROR))
+    result = env.grade(task, "    import os\n    os._exit(3)\n")
+    assert (scripts / "count").read_text().strip() == "3"  # submission, control, retry
+    assert infra_kind(result) is None and result.reward == 0.0, result.feedback
+
+
+def test_a_fake_bwrap_error_while_the_control_is_killed_keeps_its_zero(
+    env, task, bwrap_as, scripts
+):
+    """The host kills the control; the submission imitates a bwrap error: a sandbox-start
+    failure is not the control's kind, so the submission keeps its 0."""
+    bwrap_as(_control_meets(scripts, env.sandbox.bwrap, "kill -9 $$"))
+    body = "    import os, sys\n    sys.stderr.write('bwrap: no namespace\\n')\n    os._exit(1)\n"
+    result = env.grade(task, body)
+    assert (scripts / "count").read_text().strip() == "3"
+    assert infra_kind(result) is None and result.reward == 0.0, result.feedback
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a grader that is not root runs no preexec step")
+def test_a_sandbox_whose_cgroup_cannot_be_joined_is_a_sandbox_start_failure(env, task, monkeypatch):
+    """The forked child fails its preexec step (joining the memory cgroup) before bwrap runs:
+    ``subprocess`` raises ``SubprocessError`` (not ``OSError``); the machine's failure, not a
+    crash of the step."""
+    from composer_replication.sandbox.cgroup import MemoryCgroup
+
+    def full(self) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(MemoryCgroup, "join", full)
+    result = env.grade(task, task.data["canonical_solution"])
+    assert infra_kind(result) == SANDBOX_START, result.feedback

@@ -9,16 +9,18 @@ import pytest
 
 from composer_replication.sandbox.infra import (
     GRADER_KILLED,
+    SANDBOX_START,
     SLOT_TIMEOUT,
     InfraFailure,
+    ended_as,
     recheck,
 )
 from composer_replication.sandbox.sandbox import Slots
 
 
-def _rule(control_fails: bool, retry_fails: bool):
+def _rule(control_fails: bool, retry_fails: bool, control_kind: str = GRADER_KILLED):
     calls: list[str] = []
-    fault = InfraFailure(GRADER_KILLED, "the control was killed too")
+    fault = InfraFailure(control_kind, "the control failed too")
 
     def control():
         calls.append("control")
@@ -28,7 +30,8 @@ def _rule(control_fails: bool, retry_fails: bool):
         calls.append("retry")
         return "failed again" if retry_fails else "graded"
 
-    return recheck(control, retry, lambda r: r == "failed again"), calls, fault
+    failed_as = lambda r: GRADER_KILLED if r == "failed again" else None  # noqa: E731
+    return recheck(control, retry, failed_as), calls, fault
 
 
 def test_a_passing_control_settles_it_without_running_the_submission_again():
@@ -44,6 +47,28 @@ def test_the_machines_failure_needs_the_control_and_the_retry_to_fail():
 def test_a_retry_that_does_not_fail_again_gives_its_verdict():
     (again, fault), _, _ = _rule(control_fails=True, retry_fails=False)
     assert (again, fault) == ("graded", None)
+
+
+@pytest.mark.parametrize("control_kind", [SANDBOX_START, SLOT_TIMEOUT])
+def test_a_retry_that_fails_another_way_than_the_control_keeps_its_zero(control_kind):
+    """The control could not start (or got no slot) while the submission's retry ran and was
+    killed: two unrelated failures, the submission's is its own (not masked)."""
+    (again, fault), calls, _ = _rule(True, True, control_kind)
+    assert (again, fault) == ("failed again", None) and calls == ["control", "retry"]
+
+
+def test_a_retry_whose_sandbox_never_started_leaves_the_controls_failure():
+    """Nothing of the submission ran in the retry: the control's failure is the machine's."""
+    control = InfraFailure(GRADER_KILLED, "the control was killed")
+    no_slot = InfraFailure(SLOT_TIMEOUT, "no slot")
+    again, fault = recheck(lambda: control, lambda: no_slot, lambda r: GRADER_KILLED)
+    assert again is no_slot and fault is control
+
+
+def test_only_a_bwrap_error_first_on_the_output_is_a_sandbox_start():
+    assert ended_as("  bwrap: Creating new namespace failed\n") == SANDBOX_START
+    assert ended_as("Traceback ...\nbwrap: late\n") == GRADER_KILLED
+    assert ended_as("") == GRADER_KILLED
 
 
 def test_an_unknown_kind_is_refused():

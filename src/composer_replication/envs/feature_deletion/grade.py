@@ -39,7 +39,7 @@ from composer_replication.envs.feature_deletion.workspace import (
     task_state_text,
     workspace_flags,
 )
-from composer_replication.sandbox.infra import GRADER_KILLED, SANDBOX_START, InfraFailure, recheck
+from composer_replication.sandbox.infra import InfraFailure, ended_as, recheck
 from composer_replication.sandbox.pytest_suite import SuiteReport, program_output, run_suite
 from composer_replication.sandbox.sandbox import Sandbox
 
@@ -214,7 +214,7 @@ def grade_submission(
         again, fault = recheck(  # original body's run does not finish either, and a retry
             lambda: _control(box, Path(source_root), task, original),  # fails the same way
             lambda: _run(box, Path(source_root), task, target_text),
-            lambda r: isinstance(r, InfraFailure) or not (r.ok or r.tampered),
+            lambda r: None if r.ok or r.tampered else ended_as(r.output),
         )
         if fault is not None:
             return _not_graded(task, fault)
@@ -251,8 +251,8 @@ def _control(box: Sandbox, root: Path, task: dict, original: str) -> InfraFailur
     if isinstance(rep, InfraFailure) or rep.ok:
         return rep if isinstance(rep, InfraFailure) else None
     why = "timed out" if rep.timed_out else "did not finish"
-    kind = SANDBOX_START if rep.output.lstrip().startswith("bwrap:") else GRADER_KILLED
-    return InfraFailure(kind, f"the original body's test run {why} too: {rep.output[:200]}")
+    return InfraFailure(ended_as(rep.output), f"the original body's test run {why} too: "
+                        f"{rep.output[:200]}")  # fmt: skip
 
 
 def _not_graded(task: dict, fault: InfraFailure) -> GradeVerdict:

@@ -52,11 +52,12 @@ def bwrap_as(env):
     real, scripts = env.box.bwrap, Path(bindable_dir("cr-test-"))
     os.chmod(scripts, 0o777)
 
-    def plant(body: str) -> None:
+    def plant(body: str) -> Path:
         script = scripts / "bwrap"
         script.write_text(f"#!/bin/sh\n{body}\n")
         script.chmod(0o755)
         env.box.bwrap = str(script)
+        return scripts
 
     yield plant
     env.box.bwrap = real
@@ -99,3 +100,20 @@ def test_a_target_the_host_cannot_read_back_keeps_its_zero(env, episode):
     target.mkdir()
     result = _grade(env, task, tools)
     assert result.reward == 0.0 and infra_kind(result) is None
+
+
+def test_a_run_killed_while_the_original_body_cannot_start_is_not_masked(env, episode, bwrap_as):
+    """Two sandboxes per run (served tree, suite). The submission's run and its retry are
+    killed, the original body's run meets a bwrap error: two different failures, so the
+    submission's is not shown to be the machine's (sandbox/infra.py compares the kinds)."""
+    task, tools = episode
+    real = env.box.bwrap
+    count = bwrap_as("exit 1") / "count"  # the planted script's directory
+    bwrap_as(
+        f"n=$(cat {count} 2>/dev/null || echo 0); echo $((n + 1)) > {count}\n"
+        f'if [ "$n" -eq 2 ] || [ "$n" -eq 3 ]; then echo "bwrap: no namespace" >&2; exit 1; fi\n'
+        f'if [ "$n" -lt 6 ]; then kill -9 $$; fi\nexec {real} "$@"'
+    )
+    result = _grade(env, task, tools)
+    assert count.read_text().strip() == "6"  # run, control, retry: two sandboxes each
+    assert infra_kind(result) is None and result.reward == 0.0, result.feedback
