@@ -11,12 +11,18 @@ socket: agents reach it only through the sandbox's relay, agents/sandboxed.py).
   ChatML), tokenized without special tokens added; a prompt over ``max_prompt_tokens`` is
   refused (400, "maximum context length") rather than cut, so every recorded prompt is
   what the policy saw.
-* **Generation** is the policy's (:class:`Policy`): the trainer's own generation path and
-  sampling settings (agents/episodes.py), whatever temperature or ``max_tokens`` the harness
-  asks for; one
-  request at a time (a lock). The recorded turn holds the prompt ids, the completion ids (up
-  to and including the end-of-turn token) and their log-probs under the sampling
-  distribution (logits divided by the temperature, TRL's convention).
+* **Generation** is the policy's (:class:`Policy`): the trainer's generator and sampling
+  settings (agents/policy.py, lm/generator.py), whatever temperature or ``max_tokens`` the
+  harness asks for. Requests of all episodes are handed to it as they come (no lock is held
+  while generating: the lock below guards the episode table only); the generator batches
+  them in arrival order, so one episode's request waits for at most the batch in progress.
+  The recorded turn holds the prompt ids, the completion ids (up to and including the
+  end-of-turn token) and their log-probs under the sampling distribution (logits divided by
+  the temperature, TRL's convention), recorded by the generation itself.
+* **Time accounting.** Per episode, the seconds its requests queued for the generator and the
+  seconds spent in the policy (queue and generation) are recorded
+  (:meth:`PolicyProxy.close_episode_record`): the agent's own time is its wall time less
+  that.
 * **Answers.** With ``tools`` in the request, each well-formed ``<tool_call>{...}</tool_call>``
   block becomes an OpenAI ``tool_calls`` entry (`lm.chat.parse_tool_calls`), the rest is the
   content. ``stream=true`` is answered as a single server-sent event chunk followed by
@@ -31,12 +37,14 @@ import secrets
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from composer_replication.lm.chat import parse_tool_calls, render_prompt
+from composer_replication.lm.generator import Completion
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +53,11 @@ MAX_BODY_BYTES = 4 << 20
 
 
 class Policy(Protocol):
-    """What the proxy generates with: ``prompt_ids -> (completion_ids, logprobs)``, one
-    log-prob per completion token."""
+    """What the proxy generates with: ``prompt_ids -> Completion`` (lm/generator.py) or
+    ``(completion_ids, logprobs)``, one log-prob per completion token. Called from several
+    threads at once."""
 
-    def __call__(self, prompt_ids: list[int]) -> tuple[list[int], list[float]]: ...
+    def __call__(self, prompt_ids: list[int]) -> Completion | tuple[list[int], list[float]]: ...
 
 
 @dataclass
@@ -63,10 +72,17 @@ class Turn:
 
 
 @dataclass
-class _Episode:
+class EpisodeRecord:
+    """What one key's episode left: its turns in order, its refused requests, and where its
+    requests' time went."""
+
     turns: list[Turn] = field(default_factory=list)
     requests: int = 0
     refused: int = 0
+    queued_s: float = 0.0
+    """Seconds its requests waited for the generator (other requests' batches)."""
+    policy_s: float = 0.0
+    """Seconds its requests spent in the policy (queue and generation): not the agent's."""
 
 
 class _Function(BaseModel):
@@ -122,12 +138,16 @@ class PolicyProxy:
         model_name: str = "policy",
         max_prompt_tokens: int = 4096,
         max_requests: int = 16,
+        max_concurrent: int = 64,
     ):
         self.policy, self.tokenizer = policy, tokenizer
         self.socket_path, self.model_name = socket_path, model_name
         self.max_prompt_tokens, self.max_requests = max_prompt_tokens, max_requests
-        self._episodes: dict[str, _Episode] = {}
-        self._lock = threading.Lock()  # one generation at a time; guards _episodes too
+        self._episodes: dict[str, EpisodeRecord] = {}
+        self._lock = threading.Lock()  # the episode table only; never held while generating
+        self._text_lock = threading.Lock()  # the tokenizer (rendering, decoding): short
+        self.max_concurrent = max_concurrent
+        self._answers: ThreadPoolExecutor | None = None  # requests answered at once
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
@@ -136,15 +156,20 @@ class PolicyProxy:
         """A fresh API key whose requests are recorded as one episode."""
         key = "cr-" + secrets.token_urlsafe(24)
         with self._lock:
-            self._episodes[key] = _Episode()
+            self._episodes[key] = EpisodeRecord()
         return key
 
     def close_episode(self, key: str) -> tuple[list[Turn], int]:
         """The episode's turns in order and how many of its requests were refused; later
         requests with ``key`` are refused."""
+        record = self.close_episode_record(key)
+        return record.turns, record.refused
+
+    def close_episode_record(self, key: str) -> EpisodeRecord:
+        """:meth:`close_episode` with the episode's time accounting. A request still being
+        generated when its episode closes is not recorded."""
         with self._lock:
-            ep = self._episodes.pop(key)
-        return ep.turns, ep.refused
+            return self._episodes.pop(key)
 
     # ---- serving ---------------------------------------------------------------------------
     def start(self) -> "PolicyProxy":
@@ -154,6 +179,7 @@ class PolicyProxy:
 
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
+        self._answers = ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="cr-answer")
         config = uvicorn.Config(self.app(), uds=self.socket_path, log_level="warning",
                                 access_log=False, timeout_keep_alive=30)  # fmt: skip
         self._server = uvicorn.Server(config)
@@ -173,6 +199,9 @@ class PolicyProxy:
             self._server.should_exit = True
             self._thread.join(timeout=10)
             self._server = None
+        if self._answers is not None:
+            self._answers.shutdown(wait=False, cancel_futures=True)
+            self._answers = None
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
 
@@ -200,7 +229,8 @@ class PolicyProxy:
         async def chat(request: Request):
             key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
             body = await request.body()
-            status, answer = await asyncio.to_thread(self.answer, key, body)
+            loop = asyncio.get_running_loop()  # many at once: the generator batches them
+            status, answer = await loop.run_in_executor(self._answers, self.answer, key, body)
             if status != 200:
                 return JSONResponse(status_code=status, content=answer)
             if answer.pop("_stream", False):
@@ -210,7 +240,8 @@ class PolicyProxy:
         return app
 
     def answer(self, key: str, body: bytes) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, JSON body) for one chat request filed under ``key``."""
+        """(HTTP status, JSON body) for one chat request filed under ``key``. Many run at
+        once (one per connection): the lock guards the episode table, not the generation."""
         with self._lock:
             ep = self._episodes.get(key)
             if ep is None:
@@ -220,24 +251,34 @@ class PolicyProxy:
                 ep.refused += 1
                 return 429, _error(f"this episode's {self.max_requests} requests are used up",
                                    "rate_limit_exceeded")  # fmt: skip
-            try:
-                if len(body) > MAX_BODY_BYTES:
-                    raise ValueError(f"the request is larger than {MAX_BODY_BYTES} bytes")
-                req = ChatRequest.model_validate(json.loads(body))
+        try:
+            if len(body) > MAX_BODY_BYTES:
+                raise ValueError(f"the request is larger than {MAX_BODY_BYTES} bytes")
+            req = ChatRequest.model_validate(json.loads(body))
+            with self._text_lock:
                 prompt_ids = self._prompt_ids(req)
-            except Exception as e:  # noqa: BLE001 - all of it is the client's input: refused
-                ep.refused += 1  # (a JSON nested past the parser's limit, a template's error)
-                if not isinstance(e, (ValueError, RecursionError)):  # may be a bug of ours
-                    logger.warning("proxy: a request refused by %s", type(e).__name__, exc_info=e)
-                return 400, _error(f"{type(e).__name__}: {e}"[:500], "invalid_request_error")
-            completion_ids, logprobs = self.policy(prompt_ids)
+        except Exception as e:  # noqa: BLE001 - all of it is the client's input: refused
+            with self._lock:  # (a JSON nested past the parser's limit, a template's error)
+                ep.refused += 1
+            if not isinstance(e, (ValueError, RecursionError)):  # may be a bug of ours
+                logger.warning("proxy: a request refused by %s", type(e).__name__, exc_info=e)
+            return 400, _error(f"{type(e).__name__}: {e}"[:500], "invalid_request_error")
+        started = time.monotonic()
+        completion = _as_completion(self.policy(prompt_ids))
+        waited = time.monotonic() - started
+        completion_ids, logprobs = completion.ids, completion.logprobs
+        with self._text_lock:
             text = self.tokenizer.decode(completion_ids, skip_special_tokens=True)
-            content, calls = parse_tool_calls(text) if req.tools else (text.strip(), [])
-            message: dict[str, Any] = {"role": "assistant", "content": content}
-            if calls:
-                message["tool_calls"] = calls
-            ep.turns.append(Turn(prompt_ids, completion_ids, logprobs,
-                                 [*req.messages, message]))  # fmt: skip
+        content, calls = parse_tool_calls(text) if req.tools else (text.strip(), [])
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        turn = Turn(prompt_ids, completion_ids, logprobs, [*req.messages, message])
+        with self._lock:
+            if self._episodes.get(key) is ep:  # not closed while this one was generated
+                ep.turns.append(turn)
+                ep.queued_s += completion.queued_s
+                ep.policy_s += waited
         eos = self.tokenizer.eos_token_id
         done = bool(completion_ids) and completion_ids[-1] == eos
         finish = "tool_calls" if calls else ("stop" if done else "length")
@@ -257,6 +298,13 @@ class PolicyProxy:
             raise ValueError(f"This model's maximum context length is {self.max_prompt_tokens} "
                              f"tokens; the messages have {len(ids)} tokens")  # fmt: skip
         return ids
+
+
+def _as_completion(answer: Completion | tuple[list[int], list[float]]) -> Completion:
+    if isinstance(answer, Completion):
+        return answer
+    ids, logprobs = answer
+    return Completion(list(ids), list(logprobs))
 
 
 def _error(message: str, code: str) -> dict[str, Any]:

@@ -12,8 +12,9 @@ import openai
 import pytest
 import torch
 from conftest import make_tiny_model
+from support.generation import forward_logprobs
 
-from composer_replication.agents.policy import ModelPolicy, sampled_logprobs
+from composer_replication.agents.policy import ModelPolicy
 from composer_replication.agents.proxy import PolicyProxy
 
 BASH = {"type": "function", "function": {"name": "bash", "description": "Run a command",
@@ -32,7 +33,7 @@ class Scripted:
         self.prompts.append(prompt_ids)
         ids = self.tok(self.texts.pop(0), add_special_tokens=False)["input_ids"]
         ids.append(self.tok.eos_token_id)
-        return ids, sampled_logprobs(self.model, prompt_ids, ids, 1.0)
+        return ids, forward_logprobs(self.model, prompt_ids, ids, 1.0).tolist()
 
 
 def _client(proxy: PolicyProxy, key: str) -> openai.OpenAI:
