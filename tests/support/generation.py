@@ -38,3 +38,19 @@ def counted_forwards(module) -> Iterator[list[int]]:
         yield calls
     finally:
         handle.remove()
+
+
+def gated_context(model, gate):
+    """A generator ``model_context`` whose first batch waits (up to 30 s) for ``gate`` (a
+    ``threading.Event``): requests pile up in the queue meanwhile."""
+    first = [True]
+
+    @contextlib.contextmanager
+    def context():
+        if first[0]:
+            first[0] = False
+            if not gate.wait(30):
+                raise TimeoutError("the gate was never opened")
+        yield model
+
+    return context

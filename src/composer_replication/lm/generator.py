@@ -134,6 +134,8 @@ class Completion:
     """Its batch's generation time."""
     batch_size: int = 1
     """Requests generated with it."""
+    batch_index: int = 0
+    """Which of the generator's batches it was in (0, 1, ...: the order they ran)."""
 
 
 class SampledLogprobs(LogitsProcessor):
@@ -205,33 +207,41 @@ class Generator:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.batches = 0
-        """Batches generated so far (each: one ``generate`` call)."""
+        """Batches started so far (each: one ``generate`` call)."""
 
     # ---- public --------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], sampling: Sampling) -> Future:
         """Queue one request; its future resolves to a :class:`Completion` (or the error
         its batch raised)."""
-        if not prompt_ids:
+        return self.submit_all([prompt_ids], sampling)[0]
+
+    def submit_all(self, prompts: list[list[int]], sampling: Sampling) -> list[Future]:
+        """Queue requests together (nothing queued by another thread comes between them)."""
+        if any(not p for p in prompts):
             raise ValueError("a prompt needs at least one token")
-        request = _Request(list(prompt_ids), sampling, Future())
+        requests = [_Request(list(p), sampling, Future()) for p in prompts]
         with self._cond:
             if self._closed:
                 raise RuntimeError("the generator is closed")
-            self._queue.append(request)
+            self._queue.extend(requests)
             self._start_worker()
             self._cond.notify()
-        return request.future
+        return [r.future for r in requests]
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]:
         """A :class:`Completion` per prompt, in order (queued together: one batch when
-        they fit and nothing older waits)."""
-        futures = [self.submit(p, sampling) for p in prompts]
-        return [f.result() for f in futures]
+        they fit in ``max_batch``)."""
+        return [f.result() for f in self.submit_all(prompts, sampling)]
 
     async def agenerate(self, prompts: list[list[int]], sampling: Sampling) -> list[Completion]:
         """:meth:`generate` for asyncio callers (the event loop is not blocked)."""
-        futures = [asyncio.wrap_future(self.submit(p, sampling)) for p in prompts]
+        futures = [asyncio.wrap_future(f) for f in self.submit_all(prompts, sampling)]
         return list(await asyncio.gather(*futures))
+
+    def pending(self) -> int:
+        """Requests queued and not yet in a batch."""
+        with self._cond:
+            return len(self._queue)
 
     def close(self) -> None:
         """Finish what is queued, then stop the worker thread."""
@@ -272,7 +282,8 @@ class Generator:
         return batch
 
     def _serve(self, batch: list[_Request]) -> None:
-        start = time.monotonic()
+        start, index = time.monotonic(), self.batches
+        self.batches += 1
         try:
             outs = self._run([r.prompt_ids for r in batch], batch[0].sampling)
         except BaseException as e:  # the callers get it; the worker serves the next batch
@@ -282,7 +293,8 @@ class Generator:
         took = time.monotonic() - start
         for r, (ids, logprobs) in zip(batch, outs, strict=True):
             r.future.set_result(Completion(ids, logprobs, queued_s=start - r.submitted,
-                                           generate_s=took, batch_size=len(batch)))  # fmt: skip
+                                           generate_s=took, batch_size=len(batch),
+                                           batch_index=index))  # fmt: skip
 
     def _run(self, prompts: list[list[int]], sampling: Sampling) -> list[tuple[list, list]]:
         """One batch: ``generate`` with the log-prob recorder; cut at the first end token."""
@@ -295,7 +307,6 @@ class Generator:
             )  # fmt: skip
         new_BN = new_BN.cpu()
         logps_BN = recorder.finish(new_BN[:, -1]) if new_BN.shape[1] else None
-        self.batches += 1
         out = []
         for b, row in enumerate(new_BN.tolist()):
             ids = _until_end(row, self.eos_ids)
