@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from support.generation import forward_logprobs
 from support.scripted_agent import scripted_calculator_model
 
 from composer_replication.config import load_config
@@ -64,6 +65,27 @@ def _scored_batch(trainer):
     batch = trainer._generate_and_score_completions([r for r in rows for _ in range(2)])
     assert (batch["tool_mask"] == 0).any(), "the scripted rollouts made no tool call"
     return batch
+
+
+def test_tool_loop_logprobs_are_the_generations_own(agent):
+    """TRL's tool loop generates every turn through the trainer's generator: each model
+    token's sampling log-prob (``sampling_per_token_logps``, 0 on tool-result tokens) is the
+    generation's own, equal to a fresh forward's ``log_softmax(logits / T)``."""
+    _, trainer = agent
+    batch = _scored_batch(trainer)
+    lps_BK = batch["sampling_per_token_logps"]
+    own_BK = (batch["completion_mask"] * batch["tool_mask"]).bool()
+    checked = 0
+    for b in range(lps_BK.shape[0]):
+        prompt = batch["prompt_ids"][b][batch["prompt_mask"][b].bool()].tolist()
+        completion = batch["completion_ids"][b][batch["completion_mask"][b].bool()].tolist()
+        want = forward_logprobs(trainer.model, prompt, completion, trainer.temperature)
+        mask = own_BK[b, : len(completion)]
+        torch.testing.assert_close(lps_BK[b, : len(completion)][mask], want[mask],
+                                   atol=1e-5, rtol=1e-5)  # fmt: skip
+        assert (lps_BK[b, : len(completion)][~mask] == 0).all()
+        checked += int(mask.sum())
+    assert checked > 0 and (~own_BK & batch["completion_mask"].bool()).any()
 
 
 def test_sdpo_mask_is_the_blamed_turn_only(agent):
