@@ -36,7 +36,7 @@ warper and does not) are reflected in the log-probs, as in vLLM's processed log-
 **Why not transformers' continuous batching** (``init_continuous_batching``,
 ``add_request``/``get_result``, ``ContinuousBatchingConfig(return_logprobs=True)``; present
 in 5.17 and 5.24), evaluated for this: its log-probs are ``log`` of the softmax of the
-*processed* scores (after temperature, top-k and top-p: ``model_runner._sample``), not TRL's
+*processed* scores (after temperature, top-k and top-p: ``ModelRunner._sample``), not TRL's
 convention whenever top-k or top-p truncates; it switches the model's attention to a paged
 implementation (``switch_to_cb_friendly_attn``) and caches a manager on the model, i.e. on
 the very module the trainer trains, between optimizer steps; one manager has one generation
