@@ -67,12 +67,10 @@ def _scored_batch(trainer):
     return batch
 
 
-def test_tool_loop_logprobs_are_the_generations_own(agent):
+def _assert_logprobs_are_the_generations_own(trainer, batch) -> None:
     """TRL's tool loop generates every turn through the trainer's generator: each model
     token's sampling log-prob (``sampling_per_token_logps``, 0 on tool-result tokens) is the
     generation's own, equal to a fresh forward's ``log_softmax(logits / T)``."""
-    _, trainer = agent
-    batch = _scored_batch(trainer)
     lps_BK = batch["sampling_per_token_logps"]
     own_BK = (batch["completion_mask"] * batch["tool_mask"]).bool()
     checked = 0
@@ -88,9 +86,10 @@ def test_tool_loop_logprobs_are_the_generations_own(agent):
     assert checked > 0 and (~own_BK & batch["completion_mask"].bool()).any()
 
 
-def test_sdpo_mask_is_the_blamed_turn_only(agent):
+def test_sdpo_mask_is_the_blamed_turn_only_and_logprobs_are_the_generations(agent):
     _, trainer = agent
     batch = _scored_batch(trainer)
+    _assert_logprobs_are_the_generations_own(trainer, batch)  # (a fixture's setup saved)
     sdpo = trainer.channel("sdpo")
     index = turn_index(batch["tool_mask"], batch["completion_mask"])
     blamed = batch["sdpo_turn"]
