@@ -175,9 +175,9 @@ def generate_greedy(
     temperature: float = 0.0,
     shared_prefix: bool = True,
 ) -> list[str]:
-    """Greedy completions for chat prompts, batched (sampled at ``temperature`` > 0, top-p 1,
-    no top-k); the prompt tokens a batch shares are run once (``generate_with_prefix``) unless
-    ``shared_prefix`` is off."""
+    """Greedy completions for chat prompts, batched by the generator (lm/generator.py;
+    sampled at ``temperature`` > 0, top-p 1, no top-k); the prompt tokens a batch shares are
+    run once unless ``shared_prefix`` is off."""
     from composer_replication.lm.chat import render_prompt
     from composer_replication.lm.generator import Generator, Sampling
     from composer_replication.lm.models import pad_token_id
