@@ -175,27 +175,26 @@ def generate_greedy(
     temperature: float = 0.0,
     shared_prefix: bool = True,
 ) -> list[str]:
-    """Greedy completions for chat prompts, batched (sampled at ``temperature`` > 0, top-p 1,
-    no top-k); the prompt tokens a batch shares are run once (``generate_with_prefix``) unless
-    ``shared_prefix`` is off."""
+    """Greedy completions for chat prompts, batched by the generator (lm/generator.py;
+    sampled at ``temperature`` > 0, top-p 1, no top-k); the prompt tokens a batch shares are
+    run once unless ``shared_prefix`` is off."""
     from composer_replication.lm.chat import render_prompt
+    from composer_replication.lm.generator import Generator, Sampling
     from composer_replication.lm.models import pad_token_id
-    from composer_replication.lm.prefix import generate_with_prefix
-    from composer_replication.rollout import sampling_kwargs
 
     completions: list[str] = []
     model.eval()
-    pad = pad_token_id(tokenizer)
-    for start in range(0, len(prompts), batch_size):
-        texts = [render_prompt(tokenizer, p) for p in prompts[start : start + batch_size]]
-        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        new = generate_with_prefix(
-            model, ids, pad, shared_prefix, max_new_tokens=max_new_tokens, pad_token_id=pad,
-            **sampling_kwargs(temperature),
-        )  # fmt: skip
-        completions.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
-        if progress is not None:
-            progress(len(texts))
+    sampling = Sampling(temperature=temperature, max_new_tokens=max_new_tokens)
+    with Generator(model, pad_token_id(tokenizer), tokenizer.eos_token_id,
+                   shared_prefix=shared_prefix, max_batch=batch_size) as generator:  # fmt: skip
+        for start in range(0, len(prompts), batch_size):
+            texts = [render_prompt(tokenizer, p) for p in prompts[start : start + batch_size]]
+            ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+            outs = generator.generate(ids, sampling)
+            completions.extend(tokenizer.batch_decode([o.ids for o in outs],
+                                                      skip_special_tokens=True))  # fmt: skip
+            if progress is not None:
+                progress(len(texts))
     return completions
 
 

@@ -8,7 +8,7 @@ Per prompt TRL hands over (its batch already repeats each prompt ``num_generatio
 2. a fresh workspace (the environment's own ``reset``);
 3. the harness runs on it inside the sandbox (agents/sandboxed.py) with a fresh proxy key,
    the proxy answering with the trainer's current policy (agents/policy.py's
-   ``TrainerPolicy``: the trainer's own generation path and sampling settings);
+   ``TrainerPolicy``: the trainer's one generator and sampling settings);
 4. what it left in the workspace is graded by the environment (``grade_episodes``: Feature
    Deletion takes only the target file, in its own sandboxes); writes to tests or configs and
    refused links are flagged as with the file tools;
@@ -20,10 +20,12 @@ Per prompt TRL hands over (its batch already repeats each prompt ``num_generatio
 An error of one episode (its workspace, its sandbox, the read-back) is that episode's failure:
 reward 0, flag ``episode_failed:<type>``, never the batch's.
 
-Episodes run ``workers`` at once; the proxy generates one request at a time. Metrics per step
-(``agent/``): turns per episode, dropped turns and tokens, the share of episodes whose sequence
-diverged, refused requests, timed-out agents, failed episodes, agent wall seconds, and
-``env/pass_rate``.
+Episodes run ``workers`` at once; their requests are generated together, in arrival order
+(lm/generator.py). Metrics per step (``agent/``): turns per episode, dropped turns and tokens,
+the share of episodes whose sequence diverged, refused requests, timed-out agents, failed
+episodes, agent wall seconds, the seconds of it spent waiting for the generator
+(``agent/queued_seconds``) and in the policy (``agent/policy_seconds``: queue and generation),
+the agent's own seconds (wall less policy), and ``env/pass_rate``.
 """
 
 from __future__ import annotations
@@ -78,6 +80,10 @@ class Episode:
     infra: InfraFailure | None = None
     """The agent's sandbox never started (before its first request): the machine's failure,
     the episode is masked (sandbox/infra.py)."""
+    queued_s: float = 0.0
+    """Seconds its requests waited for the generator (other requests' batches)."""
+    policy_s: float = 0.0
+    """Seconds its requests spent in the policy (queue and generation)."""
 
 
 def harness_venv(cfg: AgentProxyConfig) -> str:
@@ -173,7 +179,9 @@ class AgentEpisodes:
             return
         finally:
             ep.seconds = time.monotonic() - start
-            ep.turns, ep.refused = self.proxy.close_episode(key)
+            record = self.proxy.close_episode_record(key)
+            ep.turns, ep.refused = record.turns, record.refused
+            ep.queued_s, ep.policy_s = record.queued_s, record.policy_s
         for rel in ep.run.changed:
             ep.tools._note_write(rel)
         ep.tools.flags.extend(ep.run.refused)
@@ -247,6 +255,9 @@ class AgentEpisodes:
             "agent/timed_out_frac": sum(bool(e.run and e.run.timed_out) for e in episodes) / n,
             "agent/seconds": sum(e.seconds for e in episodes) / n,
             "agent/failed_frac": sum(bool(e.error) for e in episodes) / n,
+            "agent/queued_seconds": sum(e.queued_s for e in episodes) / n,
+            "agent/policy_seconds": sum(e.policy_s for e in episodes) / n,
+            "agent/own_seconds": sum(max(e.seconds - e.policy_s, 0.0) for e in episodes) / n,
         }
         for key, value in values.items():
             trainer._metrics[mode][key].append(float(value))

@@ -11,12 +11,18 @@ socket: agents reach it only through the sandbox's relay, agents/sandboxed.py).
   ChatML), tokenized without special tokens added; a prompt over ``max_prompt_tokens`` is
   refused (400, "maximum context length") rather than cut, so every recorded prompt is
   what the policy saw.
-* **Generation** is the policy's (:class:`Policy`): the trainer's own generation path and
-  sampling settings (agents/episodes.py), whatever temperature or ``max_tokens`` the harness
-  asks for; one
-  request at a time (a lock). The recorded turn holds the prompt ids, the completion ids (up
-  to and including the end-of-turn token) and their log-probs under the sampling
-  distribution (logits divided by the temperature, TRL's convention).
+* **Generation** is the policy's (:class:`Policy`): the trainer's generator and sampling
+  settings (agents/policy.py, lm/generator.py), whatever temperature or ``max_tokens`` the
+  harness asks for. Requests of all episodes are handed to it as they come (no lock is held
+  while generating: the lock below guards the episode table only); the generator batches
+  them in arrival order, so one episode's request waits for at most the batch in progress.
+  The recorded turn holds the prompt ids, the completion ids (up to and including the
+  end-of-turn token) and their log-probs under the sampling distribution (logits divided by
+  the temperature, TRL's convention), recorded by the generation itself.
+* **Time accounting.** Per episode, the seconds its requests queued for the generator and the
+  seconds spent in the policy (queue and generation) are recorded
+  (:meth:`PolicyProxy.close_episode_record`): the agent's own time is its wall time less
+  that.
 * **Bounded before read** (the agent is model-driven and untrusted; docs/sandbox.md, "Trust
   boundaries"). The socket is ``0600`` (``0660`` with the sandbox's group when the trainer
   is root) inside a directory only the trainer can enter (:func:`private_socket_dir`; the
@@ -45,12 +51,14 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from composer_replication.lm.chat import parse_tool_calls, render_prompt
+from composer_replication.lm.generator import Completion
 from composer_replication.sandbox.sandbox import NOBODY
 
 logger = logging.getLogger(__name__)
@@ -71,10 +79,11 @@ MAX_IN_FLIGHT = 2
 
 
 class Policy(Protocol):
-    """What the proxy generates with: ``prompt_ids -> (completion_ids, logprobs)``, one
-    log-prob per completion token."""
+    """What the proxy generates with: ``prompt_ids -> Completion`` (lm/generator.py) or
+    ``(completion_ids, logprobs)``, one log-prob per completion token. Called from several
+    threads at once."""
 
-    def __call__(self, prompt_ids: list[int]) -> tuple[list[int], list[float]]: ...
+    def __call__(self, prompt_ids: list[int]) -> Completion | tuple[list[int], list[float]]: ...
 
 
 @dataclass
@@ -89,10 +98,17 @@ class Turn:
 
 
 @dataclass
-class _Episode:
+class EpisodeRecord:
+    """What one key's episode left: its turns in order, its refused requests, and where its
+    requests' time went."""
+
     turns: list[Turn] = field(default_factory=list)
     requests: int = 0
     refused: int = 0
+    queued_s: float = 0.0
+    """Seconds its requests waited for the generator (other requests' batches)."""
+    policy_s: float = 0.0
+    """Seconds its requests spent in the policy (queue and generation): not the agent's."""
 
 
 class _Function(BaseModel):
@@ -152,14 +168,18 @@ class PolicyProxy:
         max_in_flight: int = MAX_IN_FLIGHT,
         header_timeout_s: float = HEADER_TIMEOUT_S,
         body_timeout_s: float = BODY_TIMEOUT_S,
+        max_concurrent: int = 64,
     ):
         self.policy, self.tokenizer = policy, tokenizer
         self.socket_path, self.model_name = socket_path, model_name
         self.max_prompt_tokens, self.max_requests = max_prompt_tokens, max_requests
         self.max_connections, self.max_in_flight = max_connections, max_in_flight
         self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
-        self._episodes: dict[str, _Episode] = {}
-        self._lock = threading.Lock()  # one generation at a time; guards _episodes too
+        self._episodes: dict[str, EpisodeRecord] = {}
+        self._lock = threading.Lock()  # the episode table only; never held while generating
+        self._text_lock = threading.Lock()  # the tokenizer (rendering, decoding): short
+        self.max_concurrent = max_concurrent
+        self._answers: ThreadPoolExecutor | None = None  # requests answered at once
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._listener: socket.socket | None = None
@@ -177,15 +197,22 @@ class PolicyProxy:
         """A fresh API key whose requests are recorded as one episode."""
         key = "cr-" + secrets.token_urlsafe(24)
         with self._lock:
-            self._episodes[key] = _Episode()
+            self._episodes[key] = EpisodeRecord()
         return key
 
     def close_episode(self, key: str) -> tuple[list[Turn], int]:
         """The episode's turns in order and how many of its requests were refused; later
         requests with ``key`` are refused."""
+        record = self.close_episode_record(key)
+        return record.turns, record.refused
+
+    def close_episode_record(self, key: str) -> EpisodeRecord:
+        """:meth:`close_episode` with the episode's time accounting. A request still being
+        generated when its episode closes is not recorded."""
         with self._lock:
-            ep = self._episodes.pop(key)
-        return ep.turns, ep.refused + self._io_refused.pop(key, 0)
+            record = self._episodes.pop(key)
+        record.refused += self._io_refused.pop(key, 0)
+        return record
 
     # ---- serving ---------------------------------------------------------------------------
     def start(self) -> "PolicyProxy":
@@ -196,6 +223,7 @@ class PolicyProxy:
 
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
+        self._answers = ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="cr-answer")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(self.socket_path)
@@ -245,6 +273,9 @@ class PolicyProxy:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+        if self._answers is not None:
+            self._answers.shutdown(wait=False, cancel_futures=True)
+            self._answers = None
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
 
@@ -293,7 +324,10 @@ class PolicyProxy:
                     return self._refuse(key, 408, f"the body was not sent within "
                                         f"{self.body_timeout_s:g} s", "invalid_request_error")  # fmt: skip
                 try:
-                    status, answer = await asyncio.to_thread(self.answer, key, body)
+                    loop = asyncio.get_running_loop()  # many at once: the generator batches them
+                    status, answer = await loop.run_in_executor(
+                        self._answers, self.answer, key, body
+                    )
                 except Exception as e:  # noqa: BLE001 - ours (the policy's): counted, a 500
                     self.errors += 1
                     logger.error("proxy: answering a request failed", exc_info=e)
@@ -334,7 +368,8 @@ class PolicyProxy:
                             headers={"connection": "close"})  # fmt: skip
 
     def answer(self, key: str, body: bytes) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, JSON body) for one chat request filed under ``key``."""
+        """(HTTP status, JSON body) for one chat request filed under ``key``. Many run at
+        once (one per connection): the lock guards the episode table, not the generation."""
         with self._lock:
             ep = self._episodes.get(key)
             if ep is None:
@@ -344,24 +379,34 @@ class PolicyProxy:
                 ep.refused += 1
                 return 429, _error(f"this episode's {self.max_requests} requests are used up",
                                    "rate_limit_exceeded")  # fmt: skip
-            try:
-                if len(body) > MAX_BODY_BYTES:
-                    raise ValueError(f"the request is larger than {MAX_BODY_BYTES} bytes")
-                req = ChatRequest.model_validate(json.loads(body))
+        try:
+            if len(body) > MAX_BODY_BYTES:
+                raise ValueError(f"the request is larger than {MAX_BODY_BYTES} bytes")
+            req = ChatRequest.model_validate(json.loads(body))
+            with self._text_lock:
                 prompt_ids = self._prompt_ids(req)
-            except Exception as e:  # noqa: BLE001 - all of it is the client's input: refused
-                ep.refused += 1  # (a JSON nested past the parser's limit, a template's error)
-                if not isinstance(e, (ValueError, RecursionError)):  # may be a bug of ours
-                    logger.warning("proxy: a request refused by %s", type(e).__name__, exc_info=e)
-                return 400, _error(f"{type(e).__name__}: {e}"[:500], "invalid_request_error")
-            completion_ids, logprobs = self.policy(prompt_ids)
+        except Exception as e:  # noqa: BLE001 - all of it is the client's input: refused
+            with self._lock:  # (a JSON nested past the parser's limit, a template's error)
+                ep.refused += 1
+            if not isinstance(e, (ValueError, RecursionError)):  # may be a bug of ours
+                logger.warning("proxy: a request refused by %s", type(e).__name__, exc_info=e)
+            return 400, _error(f"{type(e).__name__}: {e}"[:500], "invalid_request_error")
+        started = time.monotonic()
+        completion = _as_completion(self.policy(prompt_ids))
+        waited = time.monotonic() - started
+        completion_ids, logprobs = completion.ids, completion.logprobs
+        with self._text_lock:
             text = self.tokenizer.decode(completion_ids, skip_special_tokens=True)
-            content, calls = parse_tool_calls(text) if req.tools else (text.strip(), [])
-            message: dict[str, Any] = {"role": "assistant", "content": content}
-            if calls:
-                message["tool_calls"] = calls
-            ep.turns.append(Turn(prompt_ids, completion_ids, logprobs,
-                                 [*req.messages, message]))  # fmt: skip
+        content, calls = parse_tool_calls(text) if req.tools else (text.strip(), [])
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        turn = Turn(prompt_ids, completion_ids, logprobs, [*req.messages, message])
+        with self._lock:
+            if self._episodes.get(key) is ep:  # not closed while this one was generated
+                ep.turns.append(turn)
+                ep.queued_s += completion.queued_s
+                ep.policy_s += waited
         eos = self.tokenizer.eos_token_id
         done = bool(completion_ids) and completion_ids[-1] == eos
         finish = "tool_calls" if calls else ("stop" if done else "length")
@@ -463,6 +508,13 @@ def _guarded_protocol(proxy: PolicyProxy) -> type:
                 self.transport.abort()
 
     return Guarded
+
+
+def _as_completion(answer: Completion | tuple[list[int], list[float]]) -> Completion:
+    if isinstance(answer, Completion):
+        return answer
+    ids, logprobs = answer
+    return Completion(list(ids), list(logprobs))
 
 
 def _error(message: str, code: str) -> dict[str, Any]:

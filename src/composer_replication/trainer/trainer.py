@@ -51,19 +51,15 @@ from composer_replication.config import (
     recorded_channels,
 )
 from composer_replication.envs.sampler import SAMPLER_FILE, TaskSampler
+from composer_replication.lm.generator import Generator, Sampling
 from composer_replication.lm.models import HiddenCapture, backbone, pad_token_id
-from composer_replication.lm.prefix import (
-    completion_logps_with_prefix,
-    generate_with_prefix,
-    use_prefix,
-)
+from composer_replication.lm.prefix import completion_logps_with_prefix, use_prefix
 from composer_replication.losses import compose_loss
 from composer_replication.rollout import (
     TurnCalls,
     reset_at_once,
     turn_index,
     undo_resets,
-    until_eos,
 )
 from composer_replication.trainer.data import ROW_ID
 from composer_replication.trainer.masking import InfraBudget, mask_machine_failures
@@ -151,6 +147,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.shared_prefix = shared_prefix
         self.concurrent_tools = concurrent_tools
         self.channel_reports: list[str] = []
+        self._generator: Generator | None = None
         self._refill_rows: Iterator[dict[str, Any]] | None = None
         self.task_sampler = self._check_sampler(task_sampler)
         self._sampler_rows = self._rows_of_tasks()
@@ -280,19 +277,40 @@ class ComposerReplicationTrainer(GRPOTrainer):
     def _generate_single_turn(
         self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
     ):
+        """TRL's generation (its tool loop's turns too) through :meth:`rollout_generator`:
+        the completions and their sampling log-probs from the generation itself (TRL then
+        keeps them as ``sampling_per_token_logps``). vLLM, transformers' continuous batching,
+        multimodal prompts and ``shared_prefix`` off stay on TRL's own path."""
         plain = (
             self.use_vllm
             or self.use_transformers_continuous_batching
             or multimodal_fields
             or (images is not None and any(i is not None for i in images))
-            or not self._prefix_ok(self.model)
+            or not self.shared_prefix
         )
         if plain:
             return super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
+        sampling = Sampling.from_generation_config(self.generation_config)
+        with profiling_context(self, "transformers.generate"):
+            outs = self.rollout_generator().generate([list(p) for p in prompt_ids], sampling)
+        return [o.ids for o in outs], [o.logprobs for o in outs]
+
+    def rollout_generator(self) -> Generator:
+        """The trainer's one generator (lm/generator.py), made at first use: the policy
+        being trained, unwrapped for generation as TRL does, the run's ``shared_prefix``.
+        The native tool loop and the agent proxy (agents/policy.py) both generate with it."""
+        if self._generator is None:
+            self._generator = Generator(
+                self.model, pad_token_id(self.processing_class), self.eos_token_ids,
+                shared_prefix=self.shared_prefix, model_context=self._generation_model,
+            )  # fmt: skip
+        return self._generator
+
+    @contextlib.contextmanager
+    def _generation_model(self) -> Iterator[Any]:
         with (
-            profiling_context(self, "transformers.generate"),
             unwrap_model_for_generation(
                 self.model_wrapped,
                 self.accelerator,
@@ -303,13 +321,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             torch.no_grad(),
             self._dist.summon_full_params(self.model_wrapped, recurse=False),
         ):
-            new_BN = generate_with_prefix(
-                unwrapped,
-                [list(p) for p in prompt_ids],
-                pad_token_id(self.processing_class),
-                generation_config=self.generation_config,
-            )  # _prefix_ok holds here: the switch is on
-        return [until_eos(row.tolist(), self.eos_token_ids) for row in new_BN.cpu()], None
+            yield unwrapped
 
     # ---- tool calls of a turn run at once across the batch (rollout.TurnCalls) -------------
     def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, *rest):

@@ -12,9 +12,12 @@ import openai
 import pytest
 import torch
 from conftest import make_tiny_model
+from support.generation import forward_logprobs, gated_context
 
-from composer_replication.agents.policy import ModelPolicy, sampled_logprobs
+from composer_replication.agents.policy import GeneratorPolicy, ModelPolicy
 from composer_replication.agents.proxy import PolicyProxy
+from composer_replication.lm.generator import Generator, Sampling
+from composer_replication.lm.models import pad_token_id
 
 BASH = {"type": "function", "function": {"name": "bash", "description": "Run a command",
         "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
@@ -32,7 +35,7 @@ class Scripted:
         self.prompts.append(prompt_ids)
         ids = self.tok(self.texts.pop(0), add_special_tokens=False)["input_ids"]
         ids.append(self.tok.eos_token_id)
-        return ids, sampled_logprobs(self.model, prompt_ids, ids, 1.0)
+        return ids, forward_logprobs(self.model, prompt_ids, ids, 1.0).tolist()
 
 
 def _client(proxy: PolicyProxy, key: str) -> openai.OpenAI:
@@ -182,3 +185,97 @@ def test_malformed_requests_are_refused_and_counted_never_a_500(tool_tok, tmp_pa
         assert ok.choices[0].message.content == "fine"
         turns, refused = proxy.close_episode(key)
     assert refused == 1 and len(turns) == 1
+
+
+def test_one_episodes_request_is_not_held_behind_anothers_five(tool_tok, tmp_path):
+    """Fairness: episode B's agent sends five requests one after another; episode A's single
+    request, sent while B's first is being generated, completes before B's fifth (it joins
+    the next batch, in arrival order). No lock is held across generation: A's request
+    reaches the generator while B's is in it. Each episode's queue time is recorded."""
+    tok = tool_tok
+    model = make_tiny_model(len(tok), max_positions=1024).eval()
+    generating, release = threading.Event(), threading.Event()
+
+    def gated():  # B's first batch waits until A's request is queued behind it
+        generating.set()
+        return gate_context()
+
+    gate_context = gated_context(model, release)
+    generator = Generator(model, pad_token_id(tok), tok.eos_token_id, model_context=gated)
+    policy = GeneratorPolicy(generator, Sampling(temperature=1.0, max_new_tokens=6))
+    done: list[str] = []
+    with PolicyProxy(policy, tok, str(tmp_path / "p.sock")) as proxy:
+        a, b = proxy.open_episode(), proxy.open_episode()
+
+        def episode_b():
+            client = _client(proxy, b)
+            for i in range(5):
+                client.chat.completions.create(
+                    model="policy", messages=[{"role": "user", "content": f"step {i}"}])  # fmt: skip
+                done.append(f"b{i + 1}")
+
+        def episode_a():
+            _client(proxy, a).chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "one question"}])  # fmt: skip
+            done.append("a1")
+
+        tb = threading.Thread(target=episode_b)
+        tb.start()
+        assert generating.wait(30)  # B's first request is in the generator
+        ta = threading.Thread(target=episode_a)
+        ta.start()
+        while generator.pending() < 1:  # A's request queued while B's generates
+            pass
+        release.set()
+        ta.join()
+        tb.join()
+        rec_a, rec_b = proxy.close_episode_record(a), proxy.close_episode_record(b)
+    generator.close()
+    assert done.index("a1") < done.index("b5"), done
+    assert len(rec_a.turns) == 1 and len(rec_b.turns) == 5
+    assert rec_a.queued_s > 0 and rec_a.policy_s >= rec_a.queued_s
+    assert rec_b.policy_s > 0 and rec_b.queued_s >= 0
+
+
+class _Meeting:
+    """A policy whose first call waits (up to 10 s) for a second call to arrive: it can
+    only return promptly if two requests reach the policy at once."""
+
+    def __init__(self, tok):
+        self.tok, self.arrived, self.in_flight, self.most = tok, threading.Event(), 0, 0
+        self.lock, self.calls = threading.Lock(), 0
+
+    def __call__(self, prompt_ids):
+        with self.lock:
+            self.calls += 1
+            first = self.calls == 1
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            if not first:
+                self.arrived.set()
+        if first:
+            self.arrived.wait(10)
+        with self.lock:
+            self.in_flight -= 1
+        ids = [self.tok.eos_token_id]
+        return ids, [0.0]
+
+
+def test_no_lock_is_held_across_generation(tool_tok, tmp_path):
+    """Two episodes' requests reach the policy at the same time (the generator then batches
+    them); the old proxy held one lock across generation, so the second request waited for
+    the first's whole generation."""
+    policy = _Meeting(tool_tok)
+    with PolicyProxy(policy, tool_tok, str(tmp_path / "p.sock")) as proxy:
+        keys = [proxy.open_episode() for _ in range(2)]
+
+        def ask(key):
+            _client(proxy, key).chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+
+        threads = [threading.Thread(target=ask, args=(k,)) for k in keys]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert policy.most == 2

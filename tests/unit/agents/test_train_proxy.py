@@ -11,8 +11,12 @@ at scoring; support.agent_proxy.BranchingLlama) to write, in its first turn, eit
 that rebuilds ``Counter.__init__`` or one that writes a wrong body, as a ``bash`` tool call,
 and to submit in its second; which body is its own logits' choice at temperature 1, and the
 gradient moves that choice. The harness, the proxy, the sandbox, the grading and the trainer
-are all real. Builds the harness venv on first use (``tests/support/agent_venv.py``, ~2 min
-from PyPI, then cached)."""
+are all real. Eight agents run at once (one GRPO group of 8 per step): their requests reach
+the trainer's one generator together and are batched (lm/generator.py); which requests share
+a batch depends on timing, so the samples are not seeded-repeatable, and the asserts hold for
+any draw but the unlikely one where all 8 episodes of both steps choose alike. Builds the
+harness venv on first use (``tests/support/agent_venv.py``, ~2 min from PyPI, then
+cached)."""
 
 from __future__ import annotations
 
@@ -45,8 +49,9 @@ def _cfg(tmp_path, venv, task_dir):
         f"env.task_sources=[{TEXTKIT}]", f"env.task_dir={task_dir}",
         "env.min_hidden_tests=0", "env.task_generation.workers=2",
         "env.task_generation.suite_timeout_s=30", f"agent_proxy.venv={venv}",
-        "agent_proxy.step_limit=3", "agent_proxy.timeout_s=180",
-        "agent_proxy.workers=1",  # requests in a fixed order: the seeded samples repeat
+        "agent_proxy.step_limit=3", "agent_proxy.timeout_s=300",
+        "agent_proxy.workers=8",  # 8 agents at once, their requests batched together
+        "generation.num_generations=8",
         "generation.max_completion_length=160", "optim.learning_rate=1e-3", "seed=0",
         f"replay.dataset={PAIRS}", "beta_replay=0.1", "replay.max_length=128",
     ])  # fmt: skip
@@ -76,6 +81,13 @@ def test_two_grpo_steps_through_mini_swe_agent(tool_tok, agent_venv, textkit_tas
     assert any(0.0 < p < 1.0 for p in passed), passed
     assert any(r["reward_std"] > 0 and r["policy/loss"] != 0.0 for r in rows), rows
     assert all(r["replay/active"] == 1.0 and r["replay/loss"] > 0 for r in rows)  # channel 3
+    agent = [{k: v for k, v in r.items() if k.startswith("agent/")} for r in rows]
+    assert all(r["agent/dropped_turns"] == 0 and r["agent/timed_out_frac"] == 0 for r in rows), (
+        agent
+    )
     # both turns of every episode trained as one sequence (the harness's result masked out)
-    assert all(r["agent/turns"] == 2 and r["agent/trained_turns"] == 2 for r in rows), rows
-    assert all(r["agent/dropped_turns"] == 0 and r["agent/timed_out_frac"] == 0 for r in rows)
+    assert all(r["agent/turns"] == 2 and r["agent/trained_turns"] == 2 for r in rows), agent
+    # the generator's time is accounted per episode, apart from the agent's own
+    assert all(r["agent/policy_seconds"] >= r["agent/queued_seconds"] >= 0 for r in rows), rows
+    assert all(0 < r["agent/own_seconds"] <= r["agent/seconds"] for r in rows), rows
+    assert trainer.rollout_generator().batches > 0

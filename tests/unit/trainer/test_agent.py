@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from support.generation import forward_logprobs
 from support.scripted_agent import scripted_calculator_model
 
 from composer_replication.config import load_config
@@ -66,9 +67,29 @@ def _scored_batch(trainer):
     return batch
 
 
-def test_sdpo_mask_is_the_blamed_turn_only(agent):
+def _assert_logprobs_are_the_generations_own(trainer, batch) -> None:
+    """TRL's tool loop generates every turn through the trainer's generator: each model
+    token's sampling log-prob (``sampling_per_token_logps``, 0 on tool-result tokens) is the
+    generation's own, equal to a fresh forward's ``log_softmax(logits / T)``."""
+    lps_BK = batch["sampling_per_token_logps"]
+    own_BK = (batch["completion_mask"] * batch["tool_mask"]).bool()
+    checked = 0
+    for b in range(lps_BK.shape[0]):
+        prompt = batch["prompt_ids"][b][batch["prompt_mask"][b].bool()].tolist()
+        completion = batch["completion_ids"][b][batch["completion_mask"][b].bool()].tolist()
+        want = forward_logprobs(trainer.model, prompt, completion, trainer.temperature)
+        mask = own_BK[b, : len(completion)]
+        torch.testing.assert_close(lps_BK[b, : len(completion)][mask], want[mask],
+                                   atol=1e-5, rtol=1e-5)  # fmt: skip
+        assert (lps_BK[b, : len(completion)][~mask] == 0).all()
+        checked += int(mask.sum())
+    assert checked > 0 and (~own_BK & batch["completion_mask"].bool()).any()
+
+
+def test_sdpo_mask_is_the_blamed_turn_only_and_logprobs_are_the_generations(agent):
     _, trainer = agent
     batch = _scored_batch(trainer)
+    _assert_logprobs_are_the_generations_own(trainer, batch)  # (a fixture's setup saved)
     sdpo = trainer.channel("sdpo")
     index = turn_index(batch["tool_mask"], batch["completion_mask"])
     blamed = batch["sdpo_turn"]

@@ -8,6 +8,7 @@ import fnmatch
 
 import pytest
 import torch
+from support.generation import forward_logprobs
 from trl import GRPOTrainer
 
 from composer_replication.config import load_config
@@ -230,23 +231,30 @@ def test_shared_prefix_loss_and_grads_match_grpo(tmp_path, tokenizer, tiny_model
 def test_shared_prefix_generation_draws_what_grpo_draws(
     tmp_path, tokenizer, tiny_model, monkeypatch
 ):
-    import composer_replication.trainer.trainer as trainer_mod
+    """Through the trainer's generator (lm/generator.py): the same completions as TRL's own
+    generation, and with them the generation's log-probs, equal to a fresh forward's
+    ``log_softmax(logits / T)`` (TRL's tool loop calls this for every turn)."""
+    import composer_replication.lm.generator as generator_mod
 
     calls = []
-    real = trainer_mod.generate_with_prefix
+    real = generator_mod.generate_with_prefix
     monkeypatch.setattr(
-        trainer_mod, "generate_with_prefix", lambda *a, **k: calls.append(1) or real(*a, **k)
+        generator_mod, "generate_with_prefix", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
     ours, peer = _pair(tmp_path, tokenizer, tiny_model)
     shared = tokenizer("<|im_start|>system\nYou are a calculator.<|im_end|>\n")["input_ids"]
     prompts = [shared + tokenizer(f"What is {n}?")["input_ids"] for n in (7, 123, 45678)]
     prompts = [p for p in prompts for _ in range(2)]
-    out = []
+    out, logprobs = [], []
     for trainer in (ours, peer):
         torch.manual_seed(3)
-        ids, _ = trainer._generate_single_turn(prompts, None, {}, 2)
+        ids, lps = trainer._generate_single_turn(prompts, None, {}, 2)
         out.append(ids)
-    assert calls and out[0] == out[1]
+        logprobs.append(lps)
+    assert calls and out[0] == out[1] and logprobs[1] is None  # TRL's path records none
+    for prompt, ids, lps in zip(prompts, out[0], logprobs[0], strict=True):
+        want = forward_logprobs(ours.model, prompt, ids, ours.temperature)
+        torch.testing.assert_close(torch.tensor(lps), want, atol=1e-5, rtol=1e-5)
     assert len({tuple(x) for x in out[0]}) > 1 and max(map(len, out[0])) > 1
 
 
