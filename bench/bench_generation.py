@@ -64,7 +64,7 @@ TASKS = [
 
 
 def build(args):
-    tok = load_tokenizer(DEFAULT_MODEL)
+    tok = load_tokenizer(args.tokenizer or DEFAULT_MODEL)
     dtype = getattr(torch, args.dtype)
     if args.model_shape:
         from support.gpu_models import qwen2_from_config
@@ -125,6 +125,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's; 1 on a shared, loaded CPU)")  # fmt: skip
     p.add_argument("--json", default=None, help="write the raw numbers here")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer dir (default: the embedded SmolLM2's; the GPU kit brings one)")  # fmt: skip
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -69,7 +69,7 @@ stage() {  # stage NAME LIMIT_S LOG CMD...
 # place to adjust when the script lands or changes its flags
 GENERATION_SCRIPT=bench/bench_generation.py
 GENERATION_GPU=(--device cuda --dtype bfloat16 --model-shape qwen2.5-0.5b)
-GENERATION_SMOKE=(--device cpu --dtype float32 --model-shape tiny)
+GENERATION_SMOKE=(--device cpu --dtype float32 --rounds 1 --agents 2 --tokens 4 --threads 1)
 JSD_VARIANTS=ours,ours_512m,liger_torch,liger_triton
 if [ "$MODE" = "--smoke" ]; then
   STEP=(--smoke --lockstep --threads 1)
@@ -91,6 +91,7 @@ fi
 export TEST_PATHS CHECK_K SHAPE DTYPE
 if [ -d "$KIT/tokenizer" ]; then  # the tests' `tokenizer` fixture reads it (tests/conftest.py)
   STEP+=(--tokenizer "$KIT/tokenizer")
+  GENERATION+=(--tokenizer "$KIT/tokenizer")
   export COMPOSER_TEST_TOKENIZER=$KIT/tokenizer
 fi
 export KIT_TOKENIZER=${COMPOSER_TEST_TOKENIZER:-}

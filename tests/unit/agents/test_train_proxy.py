@@ -50,7 +50,7 @@ def _cfg(tmp_path, venv, task_dir):
         "env.min_hidden_tests=0", "env.task_generation.workers=2",
         "env.task_generation.suite_timeout_s=30", f"agent_proxy.venv={venv}",
         "agent_proxy.step_limit=3", "agent_proxy.timeout_s=300",
-        "agent_proxy.workers=8",  # 8 agents at once, their requests batched together
+        "agent_proxy.workers=8", "sandbox.workers=8",  # 8 agents at once (each holds a slot)
         "generation.num_generations=8",
         "generation.max_completion_length=160", "optim.learning_rate=1e-3", "seed=0",
         f"replay.dataset={PAIRS}", "beta_replay=0.1", "replay.max_length=128",
