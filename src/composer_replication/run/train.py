@@ -527,7 +527,7 @@ def async_grpo_args(cfg: RunConfig):
         temperature=g.temperature, top_p=g.top_p,
         max_tool_calling_iterations=cfg.rollout.max_turns - 1,
         epsilon=p.epsilon, epsilon_high=p.epsilon_high,
-        max_staleness=a.max_staleness, max_inflight_tasks=a.max_inflight,
+        max_staleness=cfg.rollout.max_staleness, max_inflight_tasks=a.max_inflight,
         weight_sync_steps=a.weight_sync_steps,
         learning_rate=o.learning_rate, lr_scheduler_type=o.lr_scheduler,
         warmup_steps=o.warmup_steps, weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,
