@@ -42,6 +42,7 @@ from composer_replication.config.env import (
     EnvConfig,
     RolloutConfig,
     SandboxConfig,
+    ToolEnvConfig,
     env_config,
 )
 from composer_replication.config.ray import RayConfig
@@ -446,6 +447,9 @@ def check_ray_engine(cfg: RunConfig) -> None:
                                                    "with transformers)"),
         (cfg.agent_proxy.enabled, "agent_proxy"),
         (cfg.diloco.enabled, "diloco"),
+        (cfg.peft.enabled, "peft (workers receive full state dicts; LoRA-only sync is not built)"),
+        (isinstance(cfg.env, ToolEnvConfig), f"tool environments yet (env.name={cfg.env.name}: "
+                                             "the multi-turn worker is not built)"),
     ]  # fmt: skip
     for bad, what in refusals:
         if bad:
