@@ -288,32 +288,14 @@ class RayRollouts:
 
     # ---- TRL's batch -------------------------------------------------------------------------
     def next_rows(self, n_groups: int, version: int) -> list[dict[str, Any]]:
-        """Take ``n_groups`` groups and return their rows, one per rollout (the task's row
-        plus the worker's ``worker_reward`` and ``worker_verdict``); :meth:`rollout_func`
-        then hands TRL their tokens."""
-        groups = self.take_groups(n_groups, version)
-        self.pending = groups
-        rows = []
-        for g in groups:
-            for r in g.rollouts:
-                if len(r.sequences) != 1:
-                    raise NotImplementedError("several sequences per rollout: not trained yet")
-                rows.append({**g.row, "worker_reward": r.reward if r.valid else None,
-                             "worker_verdict": r.verdict})  # fmt: skip
-        return rows
+        """Take ``n_groups`` groups and return their rows (:func:`group_rows`);
+        :meth:`rollout_func` then hands TRL their tokens."""
+        self.pending = self.take_groups(n_groups, version)
+        return group_rows(self.pending)
 
     def rollout_func(self, prompts: list[Any], trainer: Any = None) -> dict[str, Any]:
-        """TRL's ``rollout_func``: the pending groups' prompt and completion tokens, behaviour
-        log-probs and tool masks (``env_mask``), in :meth:`next_rows`' order."""
-        seqs = [r.sequences[0] for g in self.pending for r in g.rollouts]
-        if len(seqs) != len(prompts):
-            raise RuntimeError(f"rollout engine: {len(seqs)} rollouts for {len(prompts)} prompts")
-        return {
-            "prompt_ids": [s.prompt_ids for s in seqs],
-            "completion_ids": [s.completion_ids for s in seqs],
-            "logprobs": [s.behaviour_logps for s in seqs],
-            "env_mask": [s.tool_mask for s in seqs],
-        }
+        """TRL's ``rollout_func`` for the pending groups (:func:`group_tokens`)."""
+        return group_tokens(self.pending, len(prompts))
 
     def batch_metrics(self, batch: dict[str, Any]) -> dict[str, float]:
         """The step's engine metrics, and the behaviour-correction weight ``pi_old /
@@ -350,6 +332,35 @@ class RayRollouts:
         """The dispenser's state and the policy version, into ``checkpoint_dir``."""
         state = {"dispenser": self.ray.get(self.hub.state_dict.remote()), "version": version}
         Path(checkpoint_dir, STATE_FILE).write_text(json.dumps(state, indent=1))
+
+
+def group_rows(groups: list[GroupRecord]) -> list[dict[str, Any]]:
+    """One TRL row per rollout, group after group: the task's row plus the worker's
+    ``worker_reward`` (None for a rollout lost to an infrastructure failure: TRL leaves an
+    unscorable rollout out of its group's baseline and gives it no advantage) and
+    ``worker_verdict``."""
+    rows = []
+    for g in groups:
+        for r in g.rollouts:
+            if len(r.sequences) != 1:
+                raise NotImplementedError("several sequences per rollout: not trained yet")
+            rows.append({**g.row, "worker_reward": r.reward if r.valid else None,
+                         "worker_verdict": r.verdict})  # fmt: skip
+    return rows
+
+
+def group_tokens(groups: list[GroupRecord], n_prompts: int) -> dict[str, Any]:
+    """TRL's ``rollout_func`` output for ``groups`` (in :func:`group_rows`' order): prompt
+    and completion ids, behaviour log-probs and tool masks (``env_mask``)."""
+    seqs = [r.sequences[0] for g in groups for r in g.rollouts]
+    if len(seqs) != n_prompts:
+        raise RuntimeError(f"rollout engine: {len(seqs)} rollouts for {n_prompts} prompts")
+    return {
+        "prompt_ids": [s.prompt_ids for s in seqs],
+        "completion_ids": [s.completion_ids for s in seqs],
+        "logprobs": [s.behaviour_logps for s in seqs],
+        "env_mask": [s.tool_mask for s in seqs],
+    }
 
 
 def read_state(checkpoint_dir: str | Path) -> dict[str, Any]:
