@@ -114,6 +114,7 @@ class Hub:
         return {
             "queue_depth": len(self.queue),
             "inflight": sum(len(v) for v in self.inflight.values()),
+            "inflight_by_worker": {w: len(v) for w, v in self.inflight.items()},
             "produced": dict(self.produced),
             "version": self.version,
         }

@@ -45,6 +45,9 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Ray 2.60 reads it once, at import: ``0`` makes every service of a local Ray listen on
 127.0.0.1 (without it they listen on all interfaces)."""
 
+GROUPS_FILE = "rollout_groups.jsonl"
+"""The run's record of which groups each step trained on (`EngineSettings.groups_log`)."""
+
 STATE_FILE = "rollout_engine.json"
 """Written into every checkpoint: the dispenser's state and the policy version."""
 
@@ -81,6 +84,9 @@ class EngineSettings:
     object_store_gb: float | None = None
     weight_sync_steps: int = 1
     timeout_s: float = 600.0
+    groups_log: str | None = None
+    """JSON lines, one per step: the learner version and each group's ticket, task, worker
+    and staleness (``GROUPS_FILE`` in the run directory)."""
 
 
 class RayRollouts:
@@ -206,8 +212,10 @@ class RayRollouts:
     def learner_checksum(self) -> str:
         return state_checksum(self.model.state_dict())
 
-    def worker_checksums(self) -> dict[int, tuple[int, str]]:
-        refs = {wid: a.checksum.remote() for wid, a in self.workers.items()}
+    def worker_checksums(self, version: int | None = None) -> dict[int, tuple[int, str]]:
+        """Each worker's ``(version, checksum)`` after loading ``version`` (None: the
+        newest published)."""
+        refs = {wid: a.sync.remote(version) for wid, a in self.workers.items()}
         return {wid: self.ray.get(r, timeout=self.settings.timeout_s) for wid, r in refs.items()}
 
     # ---- groups ------------------------------------------------------------------------------
@@ -241,7 +249,17 @@ class RayRollouts:
             else:
                 time.sleep(POLL_S)
         self._step_metrics(fresh, staleness, time.monotonic() - start)
+        self._log_groups(fresh, version)
         return fresh
+
+    def _log_groups(self, groups: list[GroupRecord], version: int) -> None:
+        if self.settings.groups_log is None:
+            return
+        line = {"version": version, "groups": [
+            {"id": g.group_id, "task": g.task_id, "worker": g.worker,
+             "staleness": g.staleness(version)} for g in groups]}  # fmt: skip
+        with open(self.settings.groups_log, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line) + "\n")
 
     def _check_workers(self) -> None:
         """A worker whose loop ended (killed, or an error) is replaced; a killed one's

@@ -151,13 +151,21 @@ class RolloutWorker:
             self.model.load_state_dict(state)
             self.version = v
 
+    def sync(self, version: int | None = None) -> tuple[int, str]:
+        """Load ``version`` (None: the newest) now, and return :meth:`checksum`."""
+        self._load_weights(version)
+        return self.checksum()
+
     def checksum(self) -> tuple[int, str]:
         """``(version, state_checksum)`` of the weights the worker holds."""
         with self.lock:
             return self.version, state_checksum(self.model.state_dict())
 
-    def ping(self) -> int:
-        return self.worker_id
+    def node(self) -> str:
+        """The Ray node the worker runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
 
 def _group_seed(seed: int, group_id: int) -> int:

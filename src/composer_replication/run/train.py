@@ -128,7 +128,11 @@ def build_engine(cfg: RunConfig, model, tokenizer, env: Environment):
     it, and stops it whatever happens)."""
     from composer_replication.rollout_engine.dispenser import TaskDispenser
     from composer_replication.rollout_engine.generator import Sampling
-    from composer_replication.rollout_engine.learner import EngineSettings, RayRollouts
+    from composer_replication.rollout_engine.learner import (
+        GROUPS_FILE,
+        EngineSettings,
+        RayRollouts,
+    )
     from composer_replication.rollout_engine.worker import WorkerSettings
 
     g, r, w = cfg.generation, cfg.rollout, cfg.ray.worker
@@ -141,7 +145,7 @@ def build_engine(cfg: RunConfig, model, tokenizer, env: Environment):
         memory_gb=w.memory_gb, sandbox_slots=w.sandbox_slots,
         sandbox_slots_per_node=cfg.ray.sandbox_slots_per_node,
         object_store_gb=cfg.ray.object_store_gb, weight_sync_steps=cfg.ray.weight_sync_steps,
-        timeout_s=cfg.ray.timeout_s,
+        timeout_s=cfg.ray.timeout_s, groups_log=str(Path(cfg.output_dir) / GROUPS_FILE),
     )  # fmt: skip
     sampling = Sampling(g.max_completion_length, g.temperature, g.top_p)
     worker = WorkerSettings(g.num_generations, sampling, cfg.seed,
