@@ -120,17 +120,17 @@ class RayRollouts:
         self.used: set[int] = set()
 
     # ---- lifecycle ---------------------------------------------------------------------------
-    def start(self, version: int = 0, resume_dir: str | None = None) -> None:
-        """Start (or join) Ray, the hub and the workers, and publish ``version``'s weights
-        (a resume: the checkpoint's dispenser state and version)."""
+    def start(self, resume_dir: str | None = None, publish: bool = False) -> None:
+        """Start (or join) Ray, the hub and the workers (a resume: from the checkpoint's
+        dispenser state). The first weights go out at the trainer's ``on_train_begin``, once
+        a resumed checkpoint's weights are loaded (:class:`EngineCallback`), or here with
+        ``publish`` (version 0)."""
         self.ray = ray = import_ray()
         if not ray.is_initialized():
             ray.init(**self._init_kwargs())
             self.started_ray = True
         if resume_dir is not None:
-            state = read_state(resume_dir)
-            self.dispenser.load_state_dict(state["dispenser"])
-            version = int(state["version"])
+            self.dispenser.load_state_dict(read_state(resume_dir)["dispenser"])
         s = self.settings
         forced = s.force_staleness is not None
         keep = (s.force_staleness or 0) + 2
@@ -139,8 +139,8 @@ class RayRollouts:
             .options(num_cpus=0)
             .remote(self.dispenser, s.groups_per_step, s.max_staleness, forced, keep)
         )
-        self.version = version
-        self.publish(self.model, version)
+        if publish:
+            self.publish(self.model, 0)
         for wid in range(s.num_workers):
             self._start_worker(wid)
 
@@ -419,6 +419,9 @@ class EngineCallback(_callback_base()):
 
     def __init__(self, engine: RayRollouts):
         self.engine = engine
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.engine.publish(model, state.global_step)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.engine.settings.weight_sync_steps == 0:

@@ -53,6 +53,7 @@ def preflight(cfg: RunConfig) -> Checked:
     if cfg.resume_from is None:
         check_fresh_run_dir(cfg)
     resume = check_resume(cfg)
+    check_engine_state(cfg, resume)
     check_data(cfg)
     env = build_env(cfg)
     check_distill_route(cfg, env)
@@ -71,6 +72,18 @@ def check_ray_installed(cfg: RunConfig) -> None:
     """``rollout.engine: ray`` needs the ``ray`` extra: refused in one line when missing."""
     if cfg.rollout.engine == "ray" and importlib.util.find_spec("ray") is None:
         raise ConfigError(RAY_MISSING)
+
+
+def check_engine_state(cfg: RunConfig, resume: str | None) -> None:
+    """A ``rollout.engine: ray`` resume needs the checkpoint's engine state (the task
+    dispenser's cursor and in-flight tickets), which a ``local`` run does not write."""
+    from composer_replication.rollout_engine.learner import STATE_FILE
+
+    if cfg.rollout.engine == "ray" and resume and not (Path(resume) / STATE_FILE).is_file():
+        raise ConfigError(
+            f"resume_from {resume}: no {STATE_FILE} (a checkpoint of a rollout.engine=local "
+            "run?); resume it with rollout.engine=local"
+        )
 
 
 def check_teachers(cfg: RunConfig) -> None:

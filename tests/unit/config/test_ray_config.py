@@ -108,3 +108,14 @@ def test_the_config_package_imports_neither_torch_nor_ray():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_ray_resume_needs_the_checkpoints_engine_state(tmp_path):
+    from composer_replication.run.preflight import check_engine_state
+
+    cfg = load_config(None, [*RAY])
+    with pytest.raises(ConfigError, match="no rollout_engine.json .* rollout.engine=local"):
+        check_engine_state(cfg, str(tmp_path))
+    (tmp_path / "rollout_engine.json").write_text("{}")
+    check_engine_state(cfg, str(tmp_path))
+    check_engine_state(load_config(None, []), None)

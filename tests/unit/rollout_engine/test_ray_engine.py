@@ -1,9 +1,12 @@
-"""``rollout.engine: ray`` end to end on one local Ray (shared by the module: Ray's start-up is
-the slow part): a quickstart run of a tiny random model with 2 workers, whose metrics carry the
-version and staleness of every step; rollouts overlapping training (a worker makes groups
-while the learner is inside a step); every Ray socket on 127.0.0.1; workers' weights equal to
-the learner's (checksums); a resume that continues the task order and the policy version; and
-nothing of the run's actors left afterwards."""
+"""``rollout.engine: ray`` end to end on two Ray nodes on 127.0.0.1 (``ray.cluster_utils.Cluster``,
+shared by the module: Ray's start-up is the slow part), each with 2 sandbox slots; each worker
+takes 2, so the 2 workers land on different nodes (sandboxes budgeted per node). A quickstart
+run of a tiny random model whose metrics carry the version and staleness of every step;
+rollouts overlapping training (a worker makes groups while the learner is inside a step); every
+Ray socket on 127.0.0.1; workers' weights equal to the learner's after every push (checksums);
+a worker killed inside step 2 holding a ticket: the run finishes, every step has its loss, the
+lost group is handed out again (counted), no group is used twice, nothing of the run's actors
+is left; a resume that continues the task order and the policy version."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from support.tiny_run import save_tiny_model
 from transformers import TrainerCallback
 
 from composer_replication.config import load_config
+from composer_replication.lm.models import load_model
 from composer_replication.rollout_engine.dispenser import TaskDispenser
 from composer_replication.rollout_engine.learner import GROUPS_FILE, STATE_FILE, import_ray
 from composer_replication.run import train as train_module
@@ -27,12 +31,17 @@ pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
-def local_ray():
+def cluster():
     ray = import_ray()
-    ray.init(num_cpus=4, object_store_memory=2**29, include_dashboard=False,
-             _node_ip_address="127.0.0.1", resources={"sandbox_slots": 4}, log_to_driver=False)  # fmt: skip
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 2, "object_store_memory": 2**28, "resources": {"sandbox_slots": 2}}
+    c = Cluster(initialize_head=True, head_node_args=node)
+    c.add_node(**node)
+    ray.init(address=c.address, log_to_driver=False)
     yield ray
     ray.shutdown()
+    c.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -46,35 +55,66 @@ def _overrides(model: Path, out: Path, *extra: str) -> list[str]:
         "ray.num_workers=2", "generation.num_generations=2", "generation.prompts_per_step=2",
         "generation.max_completion_length=4", "env.num_train=16", "eval.before_and_after=false",
         "optim.warmup_steps=0", "optim.learning_rate=1.0e-3", "alpha_sdpo=0.5",
-        "ray.timeout_s=300", *extra,
+        "ray.timeout_s=300", "ray.address=auto", "ray.worker.sandbox_slots=2", *extra,
     ]  # fmt: skip
 
 
 class _Probe(TrainerCallback):
     """Inside each step (after its groups were taken, before the new weights go out): waits
-    until the workers have finished ``groups_per_step`` more groups than at the step's start
-    (a deadline fails the test), and lists Ray's listening sockets at step 2."""
+    until the workers have finished a group after the step began (the next steps' groups are
+    made while the learner trains; a deadline fails the test). At step 2 it first kills a
+    worker holding a ticket and lists Ray's listening sockets; after each weight push it
+    takes the learner's and the workers' checksums."""
 
     def __init__(self, engines: list, groups_per_step: int):
         self.engines, self.gps = engines, groups_per_step
         self.overlapped: list[int] = []
         self.listening: list[str] = []
+        self.checksums: list[tuple[str, dict]] = []
+        self.nodes: set[str] = set()
+
+    def _stats(self) -> dict:
+        engine = self.engines[0]
+        return engine.ray.get(engine.hub.stats.remote())
 
     def _produced(self) -> int:
-        engine = self.engines[0]
-        return sum(engine.ray.get(engine.hub.stats.remote())["produced"].values())
+        return sum(self._stats()["produced"].values())
 
     def on_step_begin(self, args, state, control, **kw):
+        engine = self.engines[0]
+        if state.global_step == 0:
+            self.nodes = {engine.ray.get(w.node.remote()) for w in engine.workers.values()}
         self.start = self._produced()
 
-    def on_optimizer_step(self, args, state, control, **kw):
+    def _kill_a_busy_worker(self) -> None:
+        """Kill a worker while it holds a ticket (its group in flight): the step's groups are
+        taken, so the staleness bound lets the workers take new tickets."""
+        engine = self.engines[0]
         deadline = time.monotonic() + 120
-        while self._produced() < self.start + self.gps:
+        while not (busy := [w for w, n in self._stats()["inflight_by_worker"].items() if n]):
+            assert time.monotonic() < deadline, "no worker took a ticket during step 2"
+            time.sleep(0.01)
+        engine.ray.kill(engine.workers[busy[0]], no_restart=True)
+        self.killed = busy[0]
+
+    def on_optimizer_step(self, args, state, control, **kw):
+        if state.global_step + 1 == 2:
+            self._kill_a_busy_worker()
+        deadline = time.monotonic() + 120
+        while self._produced() < self.start + 1:
             assert time.monotonic() < deadline, "no group made while the learner was in the step"
             time.sleep(0.05)
         self.overlapped.append(state.global_step + 1)
         if state.global_step + 1 == 2:
             self.listening = listening_ips()
+
+    def on_step_end(self, args, state, control, **kw):
+        """After the engine's weight push (its callback runs first): the learner's checksum
+        and each worker's after loading the pushed version."""
+        engine = self.engines[0]
+        self.checksums.append(
+            (engine.learner_checksum(), engine.worker_checksums(state.global_step))
+        )
 
 
 def _ipv4(ip: str) -> str:
@@ -96,8 +136,9 @@ def _capture_engine(monkeypatch) -> list:
     return engines
 
 
-def test_a_quickstart_run_overlaps_rollouts_with_training(local_ray, tiny_dir, tmp_path,
-                                                          monkeypatch):  # fmt: skip
+def test_a_quickstart_run_overlaps_rollouts_and_survives_a_killed_worker(
+    cluster, tiny_dir, tmp_path, monkeypatch
+):
     engines = _capture_engine(monkeypatch)
     probe = _Probe(engines, groups_per_step=2)
     out = tmp_path / "run"
@@ -105,7 +146,10 @@ def test_a_quickstart_run_overlaps_rollouts_with_training(local_ray, tiny_dir, t
     run_training(cfg, extra_callbacks=[probe])
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "rollout/version" in s]
+    assert len(probe.nodes) == 2  # one worker per node: 2 slots each, 2 per worker
     assert [s["rollout/version"] for s in steps] == [0, 1, 2]
+    assert all("loss" in s for s in steps)
+    assert steps[-1]["rollout/lost_groups"] >= 1  # the killed worker's group, handed out again
     assert all(0 <= s["rollout/staleness_max"] <= 4 for s in steps)
     assert steps[0]["rollout/ratio_lag0_max_dev"] < 1e-4  # step 1's groups are all fresh
     assert any(s["loss"] != 0 for s in steps)
@@ -117,54 +161,33 @@ def test_a_quickstart_run_overlaps_rollouts_with_training(local_ray, tiny_dir, t
     order = TaskDispenser(engines[0].dispenser.train_ids, cfg.seed)  # the seeded order
     assert all(g["task"] == order.task_at(g["id"]) for line in lines for g in line["groups"])
     assert wait_gone(actor_processes) == []  # the run's workers and hub are gone
+    # every worker's weights are bit-identical to the learner's after each push (SHA-256 over
+    # every tensor), and the weights changed from step to step
+    for step, (learner, workers) in enumerate(probe.checksums, start=1):
+        assert workers == {0: (step, learner), 1: (step, learner)}  # worker 0: its replacement
+    assert len({learner for learner, _ in probe.checksums}) == 3
+    assert steps[0]["rollout/weight_sync_bytes"] == sum(
+        t.numel() * t.element_size() for t in load_model(str(tiny_dir)).state_dict().values()
+    )
 
 
-def test_workers_hold_the_learners_weights(local_ray, tiny_dir, tmp_path):
-    """After a weight push each worker's state dict is bit-identical to the learner's (a
-    SHA-256 over every tensor), and differs from what it held before the push."""
-    import torch
-
-    from composer_replication.lm.models import load_model, load_tokenizer
-    from composer_replication.run.preflight import build_env
-
-    cfg = load_config(None, _overrides(tiny_dir, tmp_path / "w", "max_steps=1"))
-    model, tokenizer = load_model(str(tiny_dir)), load_tokenizer(str(tiny_dir))
-    engine = train_module.build_engine(cfg, model, tokenizer, build_env(cfg))
-    try:
-        engine.start()
-        before = engine.worker_checksums(0)
-        assert {c for _, c in before.values()} == {engine.learner_checksum()}
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn_like(p) * 1e-3)
-        engine.publish(model, 1)
-        after = engine.worker_checksums(1)
-        assert after == {w: (1, engine.learner_checksum()) for w in after}
-        assert engine.learner_checksum() not in {c for _, c in before.values()}
-        assert engine.step_metrics()["rollout/weight_sync_bytes"] == sum(
-            t.numel() * t.element_size() for t in model.state_dict().values()
-        )
-    finally:
-        engine.close()
-
-
-def test_resume_continues_the_task_order_and_the_version(local_ray, tiny_dir, tmp_path):
-    """A run stopped after its step-2 checkpoint, resumed: its first step trains at version
-    2, on groups never trained before, each ticket's task the seeded order's (the in-flight
+def test_resume_continues_the_task_order_and_the_version(cluster, tiny_dir, tmp_path):
+    """A run stopped after its step-1 checkpoint (it went on to step 2: what a kill after the
+    save leaves), resumed: its step 2 trains at version 1, on groups never trained before, each ticket's task the seeded order's (the in-flight
     tickets of the checkpoint, then new ones from its cursor)."""
     out = tmp_path / "run"
-    base = _overrides(tiny_dir, out, "rollout.max_staleness=1", "save_steps=2",
-                      "save_total_limit=null")  # fmt: skip
-    run_training(load_config(None, [*base, "max_steps=3"]))
-    ckpt = out / "checkpoint-2"
+    base = _overrides(tiny_dir, out, "rollout.max_staleness=1", "save_steps=1",
+                      "save_total_limit=null", "ray.num_workers=1")  # fmt: skip
+    run_training(load_config(None, [*base, "max_steps=2"]))
+    ckpt = out / "checkpoint-1"
     state = json.loads((ckpt / STATE_FILE).read_text())
-    assert state["version"] == 2
-    first = [json.loads(x) for x in (out / GROUPS_FILE).read_text().splitlines()][:2]
+    assert state["version"] == 1
+    first = [json.loads(x) for x in (out / GROUPS_FILE).read_text().splitlines()][:1]
     used_before = {g["id"] for line in first for g in line["groups"]}
     (out / GROUPS_FILE).unlink()
-    run_training(load_config(None, [*base, "max_steps=4", f"resume_from={ckpt}"]))
+    run_training(load_config(None, [*base, "max_steps=2", f"resume_from={ckpt}"]))
     lines = [json.loads(x) for x in (out / GROUPS_FILE).read_text().splitlines()]
-    assert [line["version"] for line in lines] == [2, 3]
+    assert [line["version"] for line in lines] == [1]
     resumed = [g for line in lines for g in line["groups"]]
     outstanding = {int(k) for k in state["dispenser"]["outstanding"]}
     cursor = state["dispenser"]["cursor"]
