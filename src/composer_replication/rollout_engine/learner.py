@@ -118,6 +118,8 @@ class RayRollouts:
         self.lost_groups = 0
         self.dropped_groups = 0
         self.used: set[int] = set()
+        self.produced_at_take = 0
+        """Groups the workers had finished when the learner last took a step's groups."""
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self, resume_dir: str | None = None, publish: bool = False) -> None:
@@ -213,10 +215,16 @@ class RayRollouts:
         return state_checksum(self.model.state_dict())
 
     def worker_checksums(self, version: int | None = None) -> dict[int, tuple[int, str]]:
-        """Each worker's ``(version, checksum)`` after loading ``version`` (None: the
-        newest published)."""
+        """Each live worker's ``(version, checksum)`` after loading ``version`` (None: the
+        newest published); a dead worker (replaced at the next take) is left out."""
         refs = {wid: a.sync.remote(version) for wid, a in self.workers.items()}
-        return {wid: self.ray.get(r, timeout=self.settings.timeout_s) for wid, r in refs.items()}
+        out = {}
+        for wid, ref in refs.items():
+            try:
+                out[wid] = self.ray.get(ref, timeout=self.settings.timeout_s)
+            except self.ray.exceptions.RayActorError:
+                continue
+        return out
 
     # ---- groups ------------------------------------------------------------------------------
     def take_groups(self, n: int, version: int) -> list[GroupRecord]:
@@ -282,6 +290,7 @@ class RayRollouts:
 
     def _step_metrics(self, groups: list[GroupRecord], staleness: list[int], wait_s: float):
         stats = self.ray.get(self.hub.stats.remote())
+        self.produced_at_take = sum(stats["produced"].values())
         m = self.metrics
         m["rollout/version"] = float(self.version)
         m["rollout/wait_s"] = wait_s

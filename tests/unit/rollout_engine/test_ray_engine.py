@@ -4,18 +4,21 @@ takes 2, so the 2 workers land on different nodes (sandboxes budgeted per node).
 run of a tiny random model whose metrics carry the version and staleness of every step;
 rollouts overlapping training (a worker makes groups while the learner is inside a step); every
 Ray socket on 127.0.0.1; workers' weights equal to the learner's after every push (checksums);
-a worker killed inside step 2 holding a ticket: the run finishes, every step has its loss, the
-lost group is handed out again (counted), no group is used twice, nothing of the run's actors
-is left; a resume that continues the task order and the policy version."""
+a worker killed after step 2's weight push (holding a ticket, when one does): the run
+finishes, every step has its loss, the tickets it held are handed out again and counted, a
+replacement holds the learner's weights, no group is used twice, nothing of the run's actors is
+left; a resume that continues the task order and the policy version."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
+from support.gated_env import GATE_DIR, gated_env, open_gate
 from support.ray_processes import actor_processes, listening_ips, wait_gone
 from support.tiny_run import save_tiny_model
 from transformers import TrainerCallback
@@ -29,9 +32,17 @@ from composer_replication.run.train import run_training
 
 pytestmark = pytest.mark.timeout(600)
 
+REPO = Path(__file__).resolve().parents[3]
+
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tmp_path_factory):
+    """Two nodes; their workers import ``tests/support`` (the gated environment) and read
+    the gate directory from the environment they start with."""
+    gate = tmp_path_factory.mktemp("gate")
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", GATE_DIR)}
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO / "tests")])
+    os.environ[GATE_DIR] = str(gate)
     ray = import_ray()
     from ray.cluster_utils import Cluster
 
@@ -39,9 +50,14 @@ def cluster():
     c = Cluster(initialize_head=True, head_node_args=node)
     c.add_node(**node)
     ray.init(address=c.address, log_to_driver=False)
-    yield ray
+    yield ray, gate
     ray.shutdown()
     c.shutdown()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
@@ -60,61 +76,63 @@ def _overrides(model: Path, out: Path, *extra: str) -> list[str]:
 
 
 class _Probe(TrainerCallback):
-    """Inside each step (after its groups were taken, before the new weights go out): waits
-    until the workers have finished a group after the step began (the next steps' groups are
-    made while the learner trains; a deadline fails the test). At step 2 it first kills a
-    worker holding a ticket and lists Ray's listening sockets; after each weight push it
-    takes the learner's and the workers' checksums."""
+    """Step 1: the workers' gradings past the first two wait at a gate; inside the step
+    (its groups taken, its update done, the new weights not yet out) the learner opens the
+    gate and waits until a worker finishes a third group, one for a later step (a deadline
+    fails the test), and lists Ray's listening sockets. After each weight push: the learner's
+    and the workers' checksums. After step 2's push: kills a worker (one holding a ticket, if
+    one does within 5 s), and notes the tickets it held."""
 
-    def __init__(self, engines: list, groups_per_step: int):
-        self.engines, self.gps = engines, groups_per_step
-        self.overlapped: list[int] = []
+    def __init__(self, engines: list, gate: Path):
+        self.engines, self.gate = engines, gate
+        self.overlapped = False
         self.listening: list[str] = []
         self.checksums: list[tuple[str, dict]] = []
         self.nodes: set[str] = set()
+        self.killed, self.held = -1, -1
 
     def _stats(self) -> dict:
         engine = self.engines[0]
         return engine.ray.get(engine.hub.stats.remote())
 
-    def _produced(self) -> int:
-        return sum(self._stats()["produced"].values())
-
     def on_step_begin(self, args, state, control, **kw):
         engine = self.engines[0]
         if state.global_step == 0:
             self.nodes = {engine.ray.get(w.node.remote()) for w in engine.workers.values()}
-        self.start = self._produced()
-
-    def _kill_a_busy_worker(self) -> None:
-        """Kill a worker while it holds a ticket (its group in flight): the step's groups are
-        taken, so the staleness bound lets the workers take new tickets."""
-        engine = self.engines[0]
-        deadline = time.monotonic() + 120
-        while not (busy := [w for w, n in self._stats()["inflight_by_worker"].items() if n]):
-            assert time.monotonic() < deadline, "no worker took a ticket during step 2"
-            time.sleep(0.01)
-        engine.ray.kill(engine.workers[busy[0]], no_restart=True)
-        self.killed = busy[0]
 
     def on_optimizer_step(self, args, state, control, **kw):
-        if state.global_step + 1 == 2:
-            self._kill_a_busy_worker()
+        if state.global_step != 0:
+            return
+        assert self._produced() == 2  # step 1's groups: every later grading waits at the gate
+        open_gate(self.gate)
         deadline = time.monotonic() + 120
-        while self._produced() < self.start + 1:
-            assert time.monotonic() < deadline, "no group made while the learner was in the step"
+        while self._produced() < 3:
+            assert time.monotonic() < deadline, "no group made while the learner was in step 1"
             time.sleep(0.05)
-        self.overlapped.append(state.global_step + 1)
-        if state.global_step + 1 == 2:
-            self.listening = listening_ips()
+        self.overlapped = True
+        self.listening = listening_ips()
+
+    def _produced(self) -> int:
+        return sum(self._stats()["produced"].values())
 
     def on_step_end(self, args, state, control, **kw):
-        """After the engine's weight push (its callback runs first): the learner's checksum
-        and each worker's after loading the pushed version."""
         engine = self.engines[0]
         self.checksums.append(
             (engine.learner_checksum(), engine.worker_checksums(state.global_step))
         )
+        if state.global_step == 2:
+            self._kill_a_worker()
+
+    def _kill_a_worker(self) -> None:
+        engine = self.engines[0]
+        deadline = time.monotonic() + 5
+        busy: list[int] = []
+        while not busy and time.monotonic() < deadline:
+            busy = [w for w, n in self._stats()["inflight_by_worker"].items() if n]
+            time.sleep(0.005)
+        self.killed = busy[0] if busy else 0
+        engine.ray.kill(engine.workers[self.killed], no_restart=True)
+        self.held = self._stats()["inflight_by_worker"].get(self.killed, 0)
 
 
 def _ipv4(ip: str) -> str:
@@ -139,8 +157,10 @@ def _capture_engine(monkeypatch) -> list:
 def test_a_quickstart_run_overlaps_rollouts_and_survives_a_killed_worker(
     cluster, tiny_dir, tmp_path, monkeypatch
 ):
+    ray, gate = cluster
     engines = _capture_engine(monkeypatch)
-    probe = _Probe(engines, groups_per_step=2)
+    monkeypatch.setattr(train_module, "build_env", gated_env)  # the workers' environment
+    probe = _Probe(engines, gate)
     out = tmp_path / "run"
     cfg = load_config(None, _overrides(tiny_dir, out, "max_steps=3"))
     run_training(cfg, extra_callbacks=[probe])
@@ -149,11 +169,11 @@ def test_a_quickstart_run_overlaps_rollouts_and_survives_a_killed_worker(
     assert len(probe.nodes) == 2  # one worker per node: 2 slots each, 2 per worker
     assert [s["rollout/version"] for s in steps] == [0, 1, 2]
     assert all("loss" in s for s in steps)
-    assert steps[-1]["rollout/lost_groups"] >= 1  # the killed worker's group, handed out again
+    assert probe.held >= 0 and steps[-1]["rollout/lost_groups"] == probe.held  # handed out again
     assert all(0 <= s["rollout/staleness_max"] <= 4 for s in steps)
     assert steps[0]["rollout/ratio_lag0_max_dev"] < 1e-4  # step 1's groups are all fresh
     assert any(s["loss"] != 0 for s in steps)
-    assert probe.overlapped == [1, 2, 3]  # each step saw groups made during it
+    assert probe.overlapped  # a later step's group was made while the learner was in step 1
     assert probe.listening and {_ipv4(ip) for ip in probe.listening} == {"127.0.0.1"}
     lines = [json.loads(x) for x in (out / GROUPS_FILE).read_text().splitlines()]
     ids = [g["id"] for line in lines for g in line["groups"]]
@@ -164,7 +184,7 @@ def test_a_quickstart_run_overlaps_rollouts_and_survives_a_killed_worker(
     # every worker's weights are bit-identical to the learner's after each push (SHA-256 over
     # every tensor), and the weights changed from step to step
     for step, (learner, workers) in enumerate(probe.checksums, start=1):
-        assert workers == {0: (step, learner), 1: (step, learner)}  # worker 0: its replacement
+        assert workers == {0: (step, learner), 1: (step, learner)}  # step 3: the replacement
     assert len({learner for learner, _ in probe.checksums}) == 3
     assert steps[0]["rollout/weight_sync_bytes"] == sum(
         t.numel() * t.element_size() for t in load_model(str(tiny_dir)).state_dict().values()
