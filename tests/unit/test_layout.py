@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 PKG = "composer_replication"
 LAYERS = (
     "config", "progress", "lm", "losses", "sandbox", "envs", "traces", "replay", "prefs",
-    "rollout", "agents", "evaluation", "channels", "trainer", "diloco", "run", "recipes", "cli",
+    "rollout", "agents", "evaluation", "channels", "rollout_engine", "trainer", "diloco", "run", "recipes", "cli",
 )  # fmt: skip
 """The package's folders (and top-level modules), bottom to top: a module imports only from
 its own layer or a lower one. The package root (the lazy front door) and data folders are

@@ -316,3 +316,17 @@ class RolloutConfig(StrictModel):
     for OpenEnv ones; the same messages and rewards as one rollout after another."""
     max_remote_calls: int = Field(32, ge=1, le=1024)
     """OpenEnv calls (tool calls and gradings) in flight at once from this process."""
+    # -- asynchronous rollouts (issue 54; docs/scaling.md) --
+    engine: Literal["local", "ray"] = "local"
+    """``local``: rollouts generated in the trainer's process, each step waiting for them
+    (today's behaviour). ``ray``: rollout workers (Ray actors, the ``ray:`` section) generate
+    groups while the learner trains, with bounded staleness and off-policy correction."""
+    max_staleness: int = Field(4, ge=0, le=1024)
+    """Optimizer steps a group's oldest turn may lag behind the learner's policy before the
+    group is dropped (and counted); ``rollout.engine: ray`` and TRL's async path."""
+    force_staleness: int | None = Field(None, ge=0, le=1024)
+    """Workers generate with exactly this many steps old weights (``rollout.engine: ray``;
+    tests and experiments). None: whatever the workers hold."""
+    correction_cap: float = Field(2.0, ge=1.0, le=1000.0)
+    """Truncation ``C`` of the behaviour-policy correction ``min(pi_old / pi_behav, C)``
+    (AReaL's decoupled PPO; TRL's truncated importance sampling)."""

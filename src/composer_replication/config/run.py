@@ -5,6 +5,8 @@ loads)."""
 
 from __future__ import annotations
 
+import copy
+import logging
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -41,8 +43,10 @@ from composer_replication.config.env import (
     EnvConfig,
     RolloutConfig,
     SandboxConfig,
+    ToolEnvConfig,
     env_config,
 )
+from composer_replication.config.ray import RayConfig
 
 
 class ModelConfig(StrictModel):
@@ -75,9 +79,9 @@ class AsyncRolloutsConfig(StrictModel):
     (docs/agents.md, "What runs at the same time")."""
 
     enabled: bool = False
-    """Train with ``AsyncGRPOTrainer`` (needs ``generation.backend: vllm`` in ``server`` mode)."""
-    max_staleness: int = Field(4, ge=0, le=1024)
-    """Weight updates a rollout may lag behind the trained policy before it is dropped."""
+    """Train with ``AsyncGRPOTrainer`` (needs ``generation.backend: vllm`` in ``server`` mode).
+    Rollouts more than ``rollout.max_staleness`` weight updates old are dropped (the former
+    ``max_staleness`` of this section, deprecated: `fold_deprecated_keys`)."""
     max_inflight: int = Field(-1, ge=-1, le=1_000_000)
     """Rollouts in flight on the server at once (-1: TRL's default, ``max_staleness`` times
     the rollouts of a step); with tool environments, how many episodes the machine can run."""
@@ -298,6 +302,19 @@ class RunConfig(StrictModel):
     data: DataConfig = Field(default_factory=DataConfig)
     """Which training tasks each step's groups are for: ``data.sampler: uniform | adaptive``
     (config/data.py, envs/sampler.py; docs/channels.md)."""
+    # -- asynchronous rollouts on Ray (issue 54; docs/scaling.md) --
+    ray: RayConfig = Field(default_factory=RayConfig)
+    """Where the rollout workers of ``rollout.engine: ray`` run, how many, with what."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_keys(cls, data: Any) -> Any:
+        return fold_deprecated_keys(data)
+
+    @model_validator(mode="after")
+    def _ray_engine(self) -> RunConfig:
+        check_ray_engine(self)
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -373,6 +390,83 @@ class RunConfig(StrictModel):
         }
 
 
+log = logging.getLogger(__name__)
+
+DEPRECATED_KEYS = {
+    ("generation", "vllm", "async_rollouts", "max_staleness"): ("rollout", "max_staleness")
+}
+"""Old key -> its new place: `fold_deprecated_keys` moves a value given under the old key."""
+
+_warned: set[str] = set()
+
+
+def fold_deprecated_keys(data: Any) -> Any:
+    """Move each `DEPRECATED_KEYS` value to its new key, with one line logged once per process
+    (``X is deprecated: use Y``); both set to different values is an error. A run's saved
+    ``config.yaml`` written before the move still loads (and compares equal)."""
+    if not isinstance(data, dict):
+        return data
+    data = copy.deepcopy(data)
+    for old, new in DEPRECATED_KEYS.items():
+        parent = _section(data, old[:-1])
+        if parent is None or old[-1] not in parent:
+            continue
+        value = parent.pop(old[-1])
+        target = _section(data, new[:-1], create=True)
+        if target is None:
+            continue  # the section's own validation reports it
+        old_key, new_key = ".".join(old), ".".join(new)
+        if new[-1] in target and target[new[-1]] != value:
+            raise ValueError(f"{old_key}={value} (deprecated) and {new_key}={target[new[-1]]} "
+                             f"disagree: set {new_key} only")  # fmt: skip
+        target[new[-1]] = value
+        if old_key not in _warned:
+            _warned.add(old_key)
+            log.warning("%s is deprecated: use %s", old_key, new_key)
+    return data
+
+
+def _section(data: dict[str, Any], path: tuple[str, ...], create: bool = False) -> Any:
+    """The nested mapping at ``path`` (None if a part is missing, or not a mapping)."""
+    node: Any = data
+    for part in path:
+        if create and part not in node:
+            node[part] = {}
+        node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            return None
+    return node
+
+
+def check_ray_engine(cfg: RunConfig) -> None:
+    """``rollout.engine: ray`` with what it does not run (raised as a one-line error naming
+    the key): vLLM generation (the workers generate with transformers until the shared
+    generator lands), TRL's async path, the agent proxy, DiLoCo; and a forced staleness past
+    the bound."""
+    r = cfg.rollout
+    if r.force_staleness is not None and r.force_staleness > r.max_staleness:
+        raise ValueError(f"rollout.force_staleness={r.force_staleness} is above "
+                         f"rollout.max_staleness={r.max_staleness}: every group would be dropped")  # fmt: skip
+    if r.engine != "ray":
+        if r.force_staleness is not None:
+            raise ValueError("rollout.force_staleness needs rollout.engine=ray")
+        return
+    refusals = [
+        (cfg.generation.backend != "transformers", "generation.backend=vllm (workers generate "
+                                                   "with transformers)"),
+        (cfg.agent_proxy.enabled, "agent_proxy"),
+        (cfg.diloco.enabled, "diloco"),
+        (cfg.peft.enabled, "peft (workers receive full state dicts; LoRA-only sync is not built)"),
+        (isinstance(cfg.env, ToolEnvConfig), f"tool environments yet (env.name={cfg.env.name}: "
+                                             "the multi-turn worker is not built)"),
+        (cfg.data.sampler.type == "adaptive", "data.sampler=adaptive yet (its task dispenser "
+                                              "draws in seeded epochs)"),
+    ]  # fmt: skip
+    for bad, what in refusals:
+        if bad:
+            raise ValueError(f"rollout.engine=ray does not run {what}")
+
+
 DYNAMIC_SAMPLING_MULTIPROCESS = (
     "grpo.dynamic_sampling: not supported with several processes (each process would refill "
     "its own groups and desynchronize TRL's collective reward gathering); turn it off "
@@ -407,7 +501,7 @@ reused, or resumed, whatever they were (``checkpoint_every`` may be turned on mi
 
 RESUME_MAY_CHANGE = SAVING_FIELDS | {
     "max_steps", "num_threads", "resume_override_channels", "resume_override_config", "eval",
-    "logging", "diloco", *CHANNEL_SECTIONS,
+    "logging", "diloco", "ray", *CHANNEL_SECTIONS,
 }  # fmt: skip
 """Run-config fields a resume may change without ``resume_override_config``: how long and
 where it trains, how it evaluates and logs, the outer loop (set by the DiLoCo launcher), and
@@ -417,6 +511,7 @@ the channel sections (compared with the checkpoint's own record, ``resume_overri
 RERUN_MAY_DIFFER: dict[str, Any] = {
     **dict.fromkeys(SAVING_FIELDS, True), "num_threads": True, "resume_override_channels": True,
     "resume_override_config": True, "diloco": {"lighthouse": True, "store_uri": True},
+    "ray": {"address": True},
 }  # fmt: skip
 """What a fresh run into a directory that holds the same experiment may change (pydantic's
 ``exclude`` form): where it saves, threads, the resume override flags (a resume that passed

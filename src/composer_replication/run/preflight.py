@@ -9,6 +9,7 @@ unless given its result."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -48,14 +49,41 @@ class Checked:
 def preflight(cfg: RunConfig) -> Checked:
     """Check ``cfg``'s inputs (module docstring) and build its environment."""
     check_output_dir(cfg.output_dir, "output_dir")
+    check_ray_installed(cfg)
     if cfg.resume_from is None:
         check_fresh_run_dir(cfg)
     resume = check_resume(cfg)
+    check_engine_state(cfg, resume)
     check_data(cfg)
     env = build_env(cfg)
     check_distill_route(cfg, env)
     check_teachers(cfg)
     return Checked(resume=resume, env=env)
+
+
+RAY_MISSING = (
+    "rollout.engine=ray: the ray package is not installed (pip install "
+    "'composer-replication[ray]'), or set rollout.engine=local"
+)
+"""The one line a ray run gets where Ray is not installed."""
+
+
+def check_ray_installed(cfg: RunConfig) -> None:
+    """``rollout.engine: ray`` needs the ``ray`` extra: refused in one line when missing."""
+    if cfg.rollout.engine == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError(RAY_MISSING)
+
+
+def check_engine_state(cfg: RunConfig, resume: str | None) -> None:
+    """A ``rollout.engine: ray`` resume needs the checkpoint's engine state (the task
+    dispenser's cursor and in-flight tickets), which a ``local`` run does not write."""
+    from composer_replication.rollout_engine.learner import STATE_FILE
+
+    if cfg.rollout.engine == "ray" and resume and not (Path(resume) / STATE_FILE).is_file():
+        raise ConfigError(
+            f"resume_from {resume}: no {STATE_FILE} (a checkpoint of a rollout.engine=local "
+            "run?); resume it with rollout.engine=local"
+        )
 
 
 def check_teachers(cfg: RunConfig) -> None:

@@ -3,6 +3,7 @@ trained, report. The CLI's ``train`` is a thin wrapper around :func:`run_trainin
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import random
@@ -109,6 +110,50 @@ def vllm_args(cfg: RunConfig) -> dict[str, Any]:
     return out
 
 
+def correction_args(cfg: RunConfig) -> dict[str, Any]:
+    """``rollout.engine: ray``: TRL's importance-sampling correction in token-truncate mode,
+    capped at ``rollout.correction_cap`` (the behaviour-policy weight of AReaL's decoupled
+    PPO; rollout_engine/learner.py)."""
+    if cfg.rollout.engine != "ray":
+        return {}
+    return {
+        "vllm_importance_sampling_correction": True,
+        "vllm_importance_sampling_mode": "token_truncate",
+        "vllm_importance_sampling_clip_max": cfg.rollout.correction_cap,
+    }
+
+
+def build_engine(cfg: RunConfig, model, tokenizer, env: Environment):
+    """The Ray rollout engine of ``rollout.engine: ray`` (not started: `run_training` starts
+    it, and stops it whatever happens)."""
+    from composer_replication.rollout_engine.dispenser import TaskDispenser
+    from composer_replication.rollout_engine.generator import Sampling
+    from composer_replication.rollout_engine.learner import (
+        GROUPS_FILE,
+        EngineSettings,
+        RayRollouts,
+    )
+    from composer_replication.rollout_engine.worker import WorkerSettings
+
+    g, r, w = cfg.generation, cfg.rollout, cfg.ray.worker
+    heldout = [t.task_id for t in env.tasks("heldout")]
+    dispenser = TaskDispenser([t.task_id for t in env.tasks("train")], cfg.seed, heldout)
+    settings = EngineSettings(
+        num_workers=cfg.ray.num_workers, groups_per_step=g.prompts_per_step,
+        max_staleness=r.max_staleness, force_staleness=r.force_staleness,
+        address=cfg.ray.address, num_cpus=w.num_cpus, num_gpus=w.num_gpus,
+        memory_gb=w.memory_gb, sandbox_slots=w.sandbox_slots,
+        sandbox_slots_per_node=cfg.ray.sandbox_slots_per_node,
+        object_store_gb=cfg.ray.object_store_gb, weight_sync_steps=cfg.ray.weight_sync_steps,
+        timeout_s=cfg.ray.timeout_s, groups_log=str(Path(cfg.output_dir) / GROUPS_FILE),
+    )  # fmt: skip
+    sampling = Sampling(g.max_completion_length, g.temperature, g.top_p)
+    worker = WorkerSettings(g.num_generations, sampling, cfg.seed,
+                            num_threads=max(1, int(w.num_cpus)), timeout_s=cfg.ray.timeout_s)  # fmt: skip
+    return RayRollouts(settings, worker, model, tokenizer, functools.partial(build_env, cfg),
+                       dispenser)  # fmt: skip
+
+
 def checkpointing_arg(config_cls: type, enabled: bool) -> dict[str, bool]:
     """The activation-checkpointing switch under the name ``config_cls`` has: transformers
     5.23 renamed ``gradient_checkpointing`` to ``activation_checkpointing`` (the old name
@@ -164,6 +209,7 @@ def build_grpo_args(cfg: RunConfig):
         run_name=cfg.logging.run_name or Path(cfg.output_dir).name,
         **checkpointing_arg(GRPOConfig, o.gradient_checkpointing),
         **vllm_args(cfg),
+        **correction_args(cfg),
         disable_tqdm=True,
         use_cpu=not torch.cuda.is_available(),
         bf16=cfg.model.dtype == "bfloat16" and torch.cuda.is_available(),
@@ -179,6 +225,10 @@ def build_reward_funcs(cfg: RunConfig, env) -> list:
         from composer_replication.agents.episodes import AgentReward
 
         funcs: list = [AgentReward()]
+    elif cfg.rollout.engine == "ray":  # graded by the rollout workers
+        from composer_replication.rollout_engine.learner import WorkerReward
+
+        funcs = [WorkerReward(env.name)]
     elif env.tools and cfg.env.openenv_url:  # the server grades each rollout (openenv/adapter.py)
         from composer_replication.envs.openenv.adapter import OpenEnvReward
 
@@ -268,10 +318,13 @@ def progress_callback(console=None):
 
 
 def build_task_sampler(cfg: RunConfig, env, dataset):
-    """``data.sampler`` over the training dataset's tasks (the held-out split's ids refused)."""
+    """``data.sampler`` over the training dataset's tasks (the held-out split's ids refused);
+    None on the Ray engine, whose task dispenser (rollout_engine/dispenser.py) draws the tasks."""
     from composer_replication.envs.sampler import TaskSampler
     from composer_replication.trainer.data import ROW_ID
 
+    if cfg.rollout.engine == "ray":
+        return None
     return TaskSampler(
         list(dict.fromkeys(dataset[ROW_ID])),
         cfg.generation.num_generations,
@@ -297,7 +350,8 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         conversational=bool(getattr(tokenizer, "chat_template", None)),
         shard=data_shard(cfg),
     )
-    tools = tool_kwargs(cfg, env, tokenizer)
+    engine = build_engine(cfg, model, tokenizer, env) if cfg.rollout.engine == "ray" else None
+    tools = tool_kwargs(cfg, env, tokenizer) if engine is None else {}
     check_pair_vocabulary(cfg, tools.get("environment_factory"))
     callbacks = [MetricsJsonlCallback(cfg.output_dir), PlotCallback(cfg.output_dir)]
     callbacks.append(progress_callback(console))
@@ -312,6 +366,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=callbacks,
+        rollout_source=engine,
         channels=build_channels(cfg, **(channel_kwargs or {})),
         resume_override_channels=cfg.resume_override_channels,
         policy_weight=cfg.grpo.weight,
@@ -413,6 +468,7 @@ def run_training(
         trainer.add_callback(cb)
     t_train = time.monotonic()
     try:
+        start_engine(trainer, resume)
         trainer.train(resume_from_checkpoint=resume)
     finally:
         close_rollouts(trainer)
@@ -455,8 +511,21 @@ def _log_eval_episodes(run_dir: Path, tag: str, result) -> None:
             fh.write(json.dumps(line, default=str) + "\n")
 
 
+def start_engine(trainer, resume: str | None) -> None:
+    """Start the Ray rollout engine, if the run has one (a resume: from the checkpoint's
+    dispenser state and policy version)."""
+    engine = getattr(trainer, "rollout_source", None)
+    if engine is not None:
+        engine.start(resume_dir=resume)
+
+
 def close_rollouts(trainer) -> None:
-    """Stop what a ``rollout_func`` keeps running (the agent proxy's server)."""
+    """Stop what a ``rollout_func`` keeps running (the agent proxy's server; the Ray rollout
+    engine: its workers, and the local Ray it started)."""
+    engine = getattr(trainer, "rollout_source", None)
+    if engine is not None:
+        engine.close()
+        return
     close = getattr(getattr(trainer, "rollout_func", None), "close", None)
     if close is not None:
         close()
@@ -543,7 +612,7 @@ def async_grpo_args(cfg: RunConfig):
         temperature=g.temperature, top_p=g.top_p,
         max_tool_calling_iterations=cfg.rollout.max_turns - 1,
         epsilon=p.epsilon, epsilon_high=p.epsilon_high,
-        max_staleness=a.max_staleness, max_inflight_tasks=a.max_inflight,
+        max_staleness=cfg.rollout.max_staleness, max_inflight_tasks=a.max_inflight,
         weight_sync_steps=a.weight_sync_steps,
         learning_rate=o.learning_rate, lr_scheduler_type=o.lr_scheduler,
         warmup_steps=o.warmup_steps, weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,

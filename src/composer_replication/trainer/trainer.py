@@ -127,9 +127,13 @@ class ComposerReplicationTrainer(GRPOTrainer):
         policy_weight: float = 1.0,
         task_sampler: TaskSampler | None = None,
         max_infra_failed_frac: float = 0.5,
+        rollout_source: Any = None,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
+        self.rollout_source = None
+        if rollout_source is not None:
+            self._take_rollouts_from(rollout_source)
         self.channels = [c for c in channels if c.enabled]
         self.policy_weight = policy_weight
         self._graded_reward = None
@@ -402,9 +406,14 @@ class ComposerReplicationTrainer(GRPOTrainer):
     def _score_round(self, inputs):
         """One generation + scoring round, with the per-row prompts and verdicts the channels
         need kept alongside (lists travel through TRL's shuffle/split like tensors)."""
+        if self.rollout_source is not None and self.model.training:
+            inputs = self._source_rows(inputs)
         with self._resets_at_once(inputs):
             batch = super()._generate_and_score_completions(inputs)
         self._mask_machine_failures(batch)
+        if self.rollout_source is not None and self.model.training:
+            for key, value in self.rollout_source.batch_metrics(batch).items():
+                self._metrics["train"][key].append(value)
         if "tool_mask" in batch and self.model.training:
             turns_B = turn_index(batch["tool_mask"], batch["completion_mask"]).amax(dim=1) + 1
             self._metrics["train"]["rollout/turns"].append(float(turns_B.float().mean()))
@@ -419,6 +428,27 @@ class ComposerReplicationTrainer(GRPOTrainer):
             batch["_prompts"] = [x["prompt"] for x in inputs]
             batch["_results"] = results
         return batch
+
+    # ---- rollouts from Ray workers (rollout.engine: ray; rollout_engine/learner.py) ----------
+    def _take_rollouts_from(self, source: Any) -> None:
+        """Score the groups ``source`` streams (its ``next_rows`` and ``rollout_func``)
+        instead of generating. TRL's importance-sampling correction, gated on ``use_vllm``,
+        is switched on so the behaviour log-probs the workers recorded give the truncated
+        ratio of AReaL's decoupled PPO; nothing else of vLLM runs (the ``rollout_func`` path
+        generates nothing, and no vLLM engine was built at init)."""
+        self.rollout_source = source
+        self.rollout_func = source.rollout_func
+        self.use_vllm = True
+        self.vllm_importance_sampling_correction = True
+        self.add_callback(source.callback(self))
+
+    def _source_rows(self, inputs):
+        """A step's rows from the rollout source (training only), TRL's weight-sync check
+        marked done (the source pushes weights itself)."""
+        n_groups = len(inputs) // self.num_generations
+        rows = self.rollout_source.next_rows(n_groups, self.state.global_step)
+        self._last_loaded_step = self.state.global_step
+        return rows
 
     def _generate_and_score_completions(self, inputs):
         if self.model.training:

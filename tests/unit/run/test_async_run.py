@@ -37,7 +37,7 @@ def test_the_shipped_async_config_maps_onto_async_grpo_config(vllm_present):
     a, g = cfg.generation.vllm.async_rollouts, cfg.generation
     assert (
         (args.max_staleness, args.max_inflight_tasks)
-        == (a.max_staleness, a.max_inflight)
+        == (cfg.rollout.max_staleness, a.max_inflight)
         == (2, 256)
     )
     assert args.weight_sync_steps == a.weight_sync_steps

@@ -1,0 +1,99 @@
+"""The group record: what a rollout worker sends the learner for one task.
+
+A *group* is GRPO's unit: the rollouts of one task (``generation.num_generations`` of them),
+whose rewards are normalized together. Each rollout may hold several *sequences* (an episode
+that was summarized, or split at a context reset, trains on each part), and carries a ``valid``
+flag: a rollout lost to an infrastructure failure stays in its group, masked out, instead of
+silently shrinking it. Each sequence records, per assistant turn, the policy version that
+generated it, so the learner measures staleness from the oldest turn.
+
+Plain dataclasses of lists (no tensors): cheap to pickle through Ray's object store, and
+independent of torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Sequence:
+    """One token sequence of a rollout: its prompt, what followed, and per completion token
+    the behaviour policy's log-prob and whether the policy wrote it."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    behaviour_logps: list[float]
+    """Log-prob of each completion token under the policy that sampled it (the behaviour
+    policy), at the sampling temperature; 0.0 for tokens the policy did not write."""
+    tool_mask: list[int]
+    """1 for tokens the policy wrote, 0 for tool results and other inserted text (TRL's
+    ``tool_mask``)."""
+    turn_versions: list[int]
+    """Policy version (optimizer steps the weights had taken) of each assistant turn."""
+
+    def __post_init__(self) -> None:
+        n = len(self.completion_ids)
+        if len(self.behaviour_logps) != n or len(self.tool_mask) != n:
+            raise ValueError(
+                f"sequence: {n} completion tokens, {len(self.behaviour_logps)} log-probs, "
+                f"{len(self.tool_mask)} mask entries"
+            )
+        if not self.turn_versions:
+            raise ValueError("sequence: no turn versions (every sequence has a first turn)")
+
+
+@dataclass
+class Rollout:
+    """One episode of a group: its sequences, its reward and the verifier's verdict."""
+
+    sequences: list[Sequence]
+    reward: float
+    verdict: Any = None
+    """The environment's ``StepResult`` (passed, feedback): hints are built from it."""
+    valid: bool = True
+    """False: lost to an infrastructure failure; kept for the group's shape, never trained."""
+    messages: list[dict[str, Any]] | None = None
+    """The episode as chat messages (tool environments), for logs and hint channels."""
+
+    @property
+    def oldest_version(self) -> int:
+        return min(v for s in self.sequences for v in s.turn_versions)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(sum(s.tool_mask) for s in self.sequences)
+
+
+@dataclass
+class GroupRecord:
+    """The rollouts of one task, from one ticket of the dispenser."""
+
+    group_id: int
+    """The dispenser's ticket number: unique in a run, so a group is never used twice."""
+    task_id: str
+    row: dict[str, Any]
+    """The task's dataset row (``prompt``, ``task_id`` and the columns channels read)."""
+    rollouts: list[Rollout]
+    worker: int = -1
+    """Which worker made it (metrics)."""
+    seconds: float = 0.0
+    """Wall time the worker spent on the group (generation, tools, grading)."""
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def oldest_version(self) -> int:
+        """The version of the group's oldest turn: what its staleness is measured from."""
+        return min(r.oldest_version for r in self.rollouts)
+
+    def staleness(self, learner_version: int) -> int:
+        """Optimizer steps the learner has taken since the group's oldest turn was generated."""
+        return learner_version - self.oldest_version
+
+    @property
+    def valid_mask(self) -> list[bool]:
+        return [r.valid for r in self.rollouts]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(r.completion_tokens for r in self.rollouts if r.valid)

@@ -1,0 +1,442 @@
+"""The learner's side of ``rollout.engine: ray``: Ray's lifecycle, the hub and the workers,
+weight pushes through the object store, and groups turned into the rows and token lists TRL's
+``GRPOTrainer`` scores (its ``rollout_func`` protocol), with staleness bounded and counted.
+
+The trainer (trainer/trainer.py) asks :meth:`RayRollouts.next_rows` for a step's groups instead
+of generating; TRL then computes, as for any batch, the advantages per group, the learner's
+pre-update log-probs (``old_per_token_logps``) and, with its importance-sampling code switched
+on, the truncated ratio of that policy to the behaviour policy the worker sampled with: AReaL's
+decoupled PPO objective (Fu et al. 2025, arXiv:2505.24298, eq. 5),
+
+    min(r * A, clip(r, 1 - eps, 1 + eps_high) * A) * min(pi_old / pi_behav, C),
+    r = pi_theta / pi_old,
+
+PPO's clip against the learner's own pre-update policy (``pi_old``), times a truncated
+importance weight from the behaviour policy (``rollout.correction_cap`` = C, TRL's
+``vllm_importance_sampling_clip_max``; ``token_truncate`` mode). At staleness 0 the weight is 1
+up to float rounding (``rollout/ratio_*`` at version lag 0 measures that mismatch: numerics,
+not staleness)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from composer_replication.rollout_engine.dispenser import TaskDispenser
+from composer_replication.rollout_engine.group import GroupRecord
+from composer_replication.rollout_engine.hub import Hub
+from composer_replication.rollout_engine.worker import (
+    POLL_S,
+    RolloutWorker,
+    WorkerSettings,
+    state_checksum,
+)
+
+log = logging.getLogger(__name__)
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray 2.60 reads it once, at import: ``0`` makes every service of a local Ray listen on
+127.0.0.1 (without it they listen on all interfaces)."""
+
+GROUPS_FILE = "rollout_groups.jsonl"
+"""The run's record of which groups each step trained on (`EngineSettings.groups_log`)."""
+
+STATE_FILE = "rollout_engine.json"
+"""Written into every checkpoint: the dispenser's state and the policy version."""
+
+
+def import_ray():
+    """``ray``, imported with the loopback setting in place (refused if ray was imported
+    before without it: its services would listen on every interface)."""
+    import sys
+
+    if "ray" not in sys.modules:
+        os.environ.setdefault(LOOPBACK_ENV, "0")
+    elif os.environ.get(LOOPBACK_ENV) != "0":
+        raise RuntimeError(f"ray was imported before {LOOPBACK_ENV}=0 was set: a local Ray would "
+                           "listen on every interface; set it in the environment")  # fmt: skip
+    import ray
+
+    return ray
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What the learner's side needs from the run config (plain values, no pydantic)."""
+
+    num_workers: int
+    groups_per_step: int
+    max_staleness: int
+    force_staleness: int | None
+    address: str | None = None
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    memory_gb: float | None = None
+    sandbox_slots: int = 0
+    sandbox_slots_per_node: int | None = None
+    object_store_gb: float | None = None
+    weight_sync_steps: int = 1
+    timeout_s: float = 600.0
+    groups_log: str | None = None
+    """JSON lines, one per step: the learner version and each group's ticket, task, worker
+    and staleness (``GROUPS_FILE`` in the run directory)."""
+
+
+class RayRollouts:
+    """Workers on Ray streaming groups to this learner (module docstring)."""
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        worker: WorkerSettings,
+        model: Any,
+        tokenizer: Any,
+        env_factory: Callable[[], Any],
+        dispenser: TaskDispenser,
+    ):
+        self.settings = settings
+        self.worker_settings = worker
+        self.model = model
+        self.tokenizer = tokenizer
+        self.env_factory = env_factory
+        self.dispenser = dispenser
+        self.ray: Any = None
+        self.started_ray = False
+        self.hub: Any = None
+        self.workers: dict[int, Any] = {}
+        self.runs: dict[int, Any] = {}
+        self.version = 0
+        self.pending: list[GroupRecord] = []
+        self.metrics: dict[str, float] = {}
+        self.lost_groups = 0
+        self.dropped_groups = 0
+        self.used: set[int] = set()
+        self.produced_at_take = 0
+        """Groups the workers had finished when the learner last took a step's groups."""
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self, resume_dir: str | None = None, publish: bool = False) -> None:
+        """Start (or join) Ray, the hub and the workers (a resume: from the checkpoint's
+        dispenser state). The first weights go out at the trainer's ``on_train_begin``, once
+        a resumed checkpoint's weights are loaded (:class:`EngineCallback`), or here with
+        ``publish`` (version 0)."""
+        self.ray = ray = import_ray()
+        if not ray.is_initialized():
+            ray.init(**self._init_kwargs())
+            self.started_ray = True
+        if resume_dir is not None:
+            self.dispenser.load_state_dict(read_state(resume_dir)["dispenser"])
+        s = self.settings
+        forced = s.force_staleness is not None
+        keep = (s.force_staleness or 0) + 2
+        self.hub = (
+            ray.remote(Hub)
+            .options(num_cpus=0)
+            .remote(self.dispenser, s.groups_per_step, s.max_staleness, forced, keep)
+        )
+        if publish:
+            self.publish(self.model, 0)
+        for wid in range(s.num_workers):
+            self._start_worker(wid)
+
+    def _init_kwargs(self) -> dict[str, Any]:
+        s = self.settings
+        if s.address is not None:
+            return {"address": s.address, "log_to_driver": False}
+        slots = s.sandbox_slots_per_node or os.cpu_count() or 1
+        return {
+            "num_cpus": max(s.num_workers * s.num_cpus, 1),
+            "object_store_memory": self._object_store_bytes(),
+            "include_dashboard": False,
+            "resources": {"sandbox_slots": slots},
+            "log_to_driver": False,
+            "_node_ip_address": "127.0.0.1",
+        }
+
+    def _object_store_bytes(self) -> int:
+        if self.settings.object_store_gb is not None:
+            return int(self.settings.object_store_gb * 2**30)
+        model_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        return max(4 * model_bytes, 2**29)
+
+    def _start_worker(self, wid: int) -> None:
+        s = self.settings
+        resources = {"sandbox_slots": s.sandbox_slots} if s.sandbox_slots else {}
+        memory = {"memory": int(s.memory_gb * 2**30)} if s.memory_gb else {}
+        actor = self.ray.remote(RolloutWorker).options(
+            num_cpus=s.num_cpus, num_gpus=s.num_gpus, resources=resources, max_concurrency=2,
+            name=None, **memory,
+        ).remote(wid, self.hub, self.model.config, self.tokenizer, self.env_factory,
+                 self.worker_settings)  # fmt: skip
+        self.workers[wid] = actor
+        self.runs[wid] = actor.run.remote()
+
+    def close(self) -> None:
+        """Stop the workers and the hub; stop Ray if this run started it. Safe to call twice."""
+        if self.ray is None:
+            return
+        ray, self.ray = self.ray, None
+        try:
+            if self.hub is not None:
+                ray.get(self.hub.stop.remote(), timeout=10)
+                ray.wait(list(self.runs.values()), num_returns=len(self.runs), timeout=10)
+        except Exception as err:  # a dead hub or worker: killed below all the same
+            log.debug("rollout engine close: %s", err)
+        for actor in [*self.workers.values(), self.hub]:
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+        self.workers.clear()
+        self.runs.clear()
+        if self.started_ray:
+            ray.shutdown()
+
+    # ---- weights -----------------------------------------------------------------------------
+    def publish(self, model: Any, version: int) -> None:
+        """Put ``model``'s full state dict into the object store as ``version`` and tell the
+        hub; workers load it before their next group."""
+        start = time.monotonic()
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        ref = self.ray.put(state)
+        self.ray.get(self.hub.publish.remote(version, [ref]), timeout=self.settings.timeout_s)
+        self.version = version
+        self.metrics["rollout/weight_sync_s"] = time.monotonic() - start
+        self.metrics["rollout/weight_sync_bytes"] = float(
+            sum(t.numel() * t.element_size() for t in state.values())
+        )
+
+    def learner_checksum(self) -> str:
+        return state_checksum(self.model.state_dict())
+
+    def worker_checksums(self, version: int | None = None) -> dict[int, tuple[int, str]]:
+        """Each live worker's ``(version, checksum)`` after loading ``version`` (None: the
+        newest published); a dead worker (replaced at the next take) is left out."""
+        refs = {wid: a.sync.remote(version) for wid, a in self.workers.items()}
+        out = {}
+        for wid, ref in refs.items():
+            try:
+                out[wid] = self.ray.get(ref, timeout=self.settings.timeout_s)
+            except self.ray.exceptions.RayActorError:
+                continue
+        return out
+
+    # ---- groups ------------------------------------------------------------------------------
+    def take_groups(self, n: int, version: int) -> list[GroupRecord]:
+        """``n`` groups at most ``max_staleness`` steps old at learner ``version`` (older ones
+        dropped and counted), waiting for them up to the deadline; the wait is measured."""
+        s = self.settings
+        if s.force_staleness is not None:
+            self.ray.get(self.hub.request.remote(n, max(0, version - s.force_staleness)))
+        start = time.monotonic()
+        fresh: list[GroupRecord] = []
+        staleness: list[int] = []
+        while len(fresh) < n:
+            self._check_workers()
+            got = self.ray.get(self.hub.take.remote(n - len(fresh)))
+            for g in got:
+                if g.group_id in self.used:
+                    raise RuntimeError(f"group {g.group_id} arrived twice")
+                self.used.add(g.group_id)
+                lag = g.staleness(version)
+                staleness.append(lag)
+                if lag > s.max_staleness:
+                    self.dropped_groups += 1
+                else:
+                    fresh.append(g)
+            if got:
+                self.ray.get(self.hub.consume.remote([g.group_id for g in got]))
+            elif time.monotonic() - start > s.timeout_s:
+                raise TimeoutError(f"rollout engine: no group from {len(self.workers)} workers "
+                                   f"within ray.timeout_s={s.timeout_s:.0f} s")  # fmt: skip
+            else:
+                time.sleep(POLL_S)
+        self._step_metrics(fresh, staleness, time.monotonic() - start)
+        self._log_groups(fresh, version)
+        return fresh
+
+    def _log_groups(self, groups: list[GroupRecord], version: int) -> None:
+        if self.settings.groups_log is None:
+            return
+        line = {"version": version, "groups": [
+            {"id": g.group_id, "task": g.task_id, "worker": g.worker,
+             "staleness": g.staleness(version)} for g in groups]}  # fmt: skip
+        with open(self.settings.groups_log, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line) + "\n")
+
+    def _check_workers(self) -> None:
+        """A worker whose loop ended (killed, or an error) is replaced; a killed one's
+        in-flight tickets go back to the dispenser (counted in ``rollout/lost_groups``); an
+        error in a worker's code stops the run with its message."""
+        ready, _ = self.ray.wait(list(self.runs.values()), num_returns=len(self.runs), timeout=0)
+        for ref in ready:
+            wid = next(w for w, r in self.runs.items() if r == ref)
+            try:
+                self.ray.get(ref)
+                raise RuntimeError(f"rollout worker {wid} stopped before the run ended")
+            except self.ray.exceptions.RayActorError:
+                lost = self.ray.get(self.hub.worker_lost.remote(wid))
+                self.lost_groups += lost
+                log.warning("rollout worker %d died; %d in-flight groups handed out again, "
+                            "a replacement starts", wid, lost)  # fmt: skip
+                self._start_worker(wid)
+            except self.ray.exceptions.RayTaskError as err:
+                raise RuntimeError(f"rollout worker {wid}: {err.cause!r}") from None
+
+    def _step_metrics(self, groups: list[GroupRecord], staleness: list[int], wait_s: float):
+        stats = self.ray.get(self.hub.stats.remote())
+        self.produced_at_take = sum(stats["produced"].values())
+        m = self.metrics
+        m["rollout/version"] = float(self.version)
+        m["rollout/wait_s"] = wait_s
+        m["rollout/queue_depth"] = float(stats["queue_depth"])
+        m["rollout/dropped_groups"] = float(self.dropped_groups)
+        m["rollout/lost_groups"] = float(self.lost_groups)
+        used = [g.staleness(self.version) for g in groups]
+        m["rollout/staleness_mean"] = sum(used) / len(used)
+        m["rollout/staleness_max"] = float(max(used))
+        for lag, count in Counter(staleness).items():
+            m[f"rollout/staleness_hist/{lag}"] = float(count)
+        for wid in stats["produced"]:
+            secs = [g.seconds for g in groups if g.worker == wid]
+            if secs:
+                rollouts = self.worker_settings.group_size
+                m[f"rollout/samples_per_s/worker_{wid}"] = rollouts * len(secs) / sum(secs)
+
+    def step_metrics(self) -> dict[str, float]:
+        """The metrics of the last :meth:`take_groups` (and weight push), then cleared."""
+        out, self.metrics = self.metrics, {}
+        return out
+
+    # ---- TRL's batch -------------------------------------------------------------------------
+    def next_rows(self, n_groups: int, version: int) -> list[dict[str, Any]]:
+        """Take ``n_groups`` groups and return their rows (:func:`group_rows`);
+        :meth:`rollout_func` then hands TRL their tokens."""
+        self.pending = self.take_groups(n_groups, version)
+        return group_rows(self.pending)
+
+    def rollout_func(self, prompts: list[Any], trainer: Any = None) -> dict[str, Any]:
+        """TRL's ``rollout_func`` for the pending groups (:func:`group_tokens`)."""
+        return group_tokens(self.pending, len(prompts))
+
+    def batch_metrics(self, batch: dict[str, Any]) -> dict[str, float]:
+        """The step's engine metrics, and the behaviour-correction weight ``pi_old /
+        pi_behav`` (before truncation: ``exp(old - sampling)`` on the policy's tokens) split
+        by version lag: ``lag0`` is the numerical mismatch between the worker's generation
+        and the learner's forward, ``stale`` what staleness adds."""
+        import torch
+
+        out = self.step_metrics()
+        old, behav = batch.get("old_per_token_logps"), batch.get("sampling_per_token_logps")
+        if old is None or behav is None:
+            return out
+        mask_BT = batch["completion_mask"].bool()
+        if batch.get("tool_mask") is not None:
+            mask_BT &= batch["tool_mask"].bool()
+        lags_B = torch.tensor([g.staleness(self.version) for g in self.pending
+                               for _ in g.rollouts], device=mask_BT.device)  # fmt: skip
+        ratio_BT = torch.exp(old - behav)
+        for name, rows_B in (("lag0", lags_B == 0), ("stale", lags_B > 0)):
+            sel_BT = mask_BT & rows_B.unsqueeze(1)
+            if sel_BT.any():
+                r = ratio_BT[sel_BT]
+                out[f"rollout/ratio_{name}_mean"] = float(r.mean())
+                out[f"rollout/ratio_{name}_max_dev"] = float((r - 1).abs().max())
+        return out
+
+    def callback(self, trainer: Any) -> Any:
+        """The trainer callback that pushes weights after optimizer steps and saves the
+        engine's state into checkpoints."""
+        return EngineCallback(self)
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def save(self, checkpoint_dir: str | Path, version: int) -> None:
+        """The dispenser's state and the policy version, into ``checkpoint_dir``."""
+        state = {"dispenser": self.ray.get(self.hub.state_dict.remote()), "version": version}
+        Path(checkpoint_dir, STATE_FILE).write_text(json.dumps(state, indent=1))
+
+
+def group_rows(groups: list[GroupRecord]) -> list[dict[str, Any]]:
+    """One TRL row per rollout, group after group: the task's row plus the worker's
+    ``worker_reward`` (None for a rollout lost to an infrastructure failure: TRL leaves an
+    unscorable rollout out of its group's baseline and gives it no advantage) and
+    ``worker_verdict``."""
+    rows = []
+    for g in groups:
+        for r in g.rollouts:
+            if len(r.sequences) != 1:
+                raise NotImplementedError("several sequences per rollout: not trained yet")
+            rows.append({**g.row, "worker_reward": r.reward if r.valid else None,
+                         "worker_verdict": r.verdict})  # fmt: skip
+    return rows
+
+
+def group_tokens(groups: list[GroupRecord], n_prompts: int) -> dict[str, Any]:
+    """TRL's ``rollout_func`` output for ``groups`` (in :func:`group_rows`' order): prompt
+    and completion ids, behaviour log-probs and tool masks (``env_mask``)."""
+    seqs = [r.sequences[0] for g in groups for r in g.rollouts]
+    if len(seqs) != n_prompts:
+        raise RuntimeError(f"rollout engine: {len(seqs)} rollouts for {n_prompts} prompts")
+    return {
+        "prompt_ids": [s.prompt_ids for s in seqs],
+        "completion_ids": [s.completion_ids for s in seqs],
+        "logprobs": [s.behaviour_logps for s in seqs],
+        "env_mask": [s.tool_mask for s in seqs],
+    }
+
+
+def read_state(checkpoint_dir: str | Path) -> dict[str, Any]:
+    path = Path(checkpoint_dir, STATE_FILE)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: cannot read the rollout engine's state ({err})") from None
+
+
+class WorkerReward:
+    """TRL reward function of ``rollout.engine: ray``: the reward the worker graded (the
+    learner does not grade again); the verdicts stay in ``last_results`` for the hint
+    channels, as :class:`~composer_replication.trainer.rewards.EnvReward` keeps them."""
+
+    def __init__(self, env_name: str):
+        self.__name__ = f"{env_name}_reward"
+        self.last_results: list[Any] = []
+
+    def __call__(self, prompts, completions, worker_reward, worker_verdict, log_metric=None,
+                 **_: Any) -> list[float | None]:  # fmt: skip
+        self.last_results = list(worker_verdict)
+        passed = [getattr(v, "passed", None) for v in worker_verdict]
+        if log_metric is not None and passed and None not in passed:
+            log_metric("env/pass_rate", sum(passed) / len(passed))
+        return list(worker_reward)
+
+
+def _callback_base() -> type:
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class EngineCallback(_callback_base()):
+    """After every ``weight_sync_steps`` optimizer steps: the new weights to the workers; at
+    each checkpoint: the dispenser's state and the version (``STATE_FILE``)."""
+
+    def __init__(self, engine: RayRollouts):
+        self.engine = engine
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.engine.publish(model, state.global_step)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.engine.settings.weight_sync_steps == 0:
+            self.engine.publish(model, state.global_step)
+
+    def on_save(self, args, state, control, **kwargs):
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if ckpt.is_dir():
+            self.engine.save(ckpt, state.global_step)

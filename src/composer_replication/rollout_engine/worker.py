@@ -1,0 +1,172 @@
+"""A rollout worker: a Ray actor holding a policy copy, a generator and its environment. It
+pulls a ticket from the hub, loads the weights the ticket needs (the newest, or the version a
+forced-staleness ticket names) from Ray's object store, generates the group, grades it, and
+pushes the group record to the hub; until the hub says stop.
+
+The policy copy is built from the learner's model config (``from_config``) and filled with the
+weights the learner publishes, so a worker needs the package and the tokenizer, never the
+model's files. Sampling is seeded per group (run seed and ticket number), so a group's tokens do
+not depend on which worker drew it."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from composer_replication.lm.chat import as_messages
+from composer_replication.rollout_engine.dispenser import Ticket
+from composer_replication.rollout_engine.generator import HFGenerator, Sampling
+from composer_replication.rollout_engine.group import GroupRecord, Rollout, Sequence
+
+POLL_S = 0.02
+"""Seconds between asks when the hub has no ticket or no weights yet."""
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    group_size: int
+    sampling: Sampling
+    seed: int
+    num_threads: int = 1
+    timeout_s: float = 600.0
+
+
+def state_checksum(state: dict[str, Any]) -> str:
+    """SHA-256 over a state dict's names and tensor bytes (sorted by name): equal on the
+    learner and a worker iff every weight is bit-identical."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous()
+        h.update(name.encode())
+        h.update(tensor.view(-1).view(dtype=_byte_dtype()).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _byte_dtype():
+    import torch
+
+    return torch.uint8
+
+
+class RolloutWorker:
+    """One worker (module docstring); ``ray.remote`` makes it an actor (learner.py)."""
+
+    def __init__(
+        self,
+        worker_id: int,
+        hub: Any,
+        model_config: Any,
+        tokenizer: Any,
+        env_factory: Callable[[], Any],
+        settings: WorkerSettings,
+    ):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(max(1, settings.num_threads))
+        self.worker_id = worker_id
+        self.hub = hub
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.model = AutoModelForCausalLM.from_config(model_config)
+        self.version = -1
+        self.lock = threading.Lock()
+        self.env = env_factory()
+        self.tasks = {t.task_id: t for t in self.env.tasks("train")}
+        eos = tokenizer.eos_token_id
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+        self.generator = HFGenerator(self.model, pad, [eos])
+        self.chat = bool(getattr(tokenizer, "chat_template", None))
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Make groups until the hub says stop; returns how many were made."""
+        import ray
+
+        made = 0
+        while True:
+            ticket = ray.get(self.hub.next_ticket.remote(self.worker_id))
+            if ticket == "stop":
+                return made
+            if ticket is None:
+                time.sleep(POLL_S)
+                continue
+            group = self.make_group(ticket)
+            self.hub.put_group.remote(self.worker_id, group)
+            made += 1
+
+    def make_group(self, ticket: Ticket) -> GroupRecord:
+        import torch
+
+        start = time.monotonic()
+        self._load_weights(ticket.version)
+        task = self.tasks[ticket.task_id]
+        prompt = self.env.user_message(task)
+        row = {"prompt": as_messages(prompt) if self.chat else prompt, "task_id": task.task_id}
+        prompt_ids = self._prompt_ids(row["prompt"])
+        torch.manual_seed(_group_seed(self.settings.seed, ticket.group_id))
+        with self.lock:
+            outs = self.generator.generate(
+                [prompt_ids] * self.settings.group_size, self.settings.sampling
+            )
+            version = self.version
+        texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in outs]
+        results = self.env.grade_batch([task] * len(texts), texts)
+        rollouts = [
+            Rollout([Sequence(prompt_ids, ids, lps, [1] * len(ids), [version])], r.reward, r)
+            for (ids, lps), r in zip(outs, results, strict=True)
+        ]
+        return GroupRecord(ticket.group_id, task.task_id, row, rollouts, self.worker_id,
+                           time.monotonic() - start)  # fmt: skip
+
+    def _prompt_ids(self, prompt: Any) -> list[int]:
+        if self.chat:
+            text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True,
+                                                      tokenize=False)  # fmt: skip
+        else:
+            text = prompt
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    # ---- weights -----------------------------------------------------------------------------
+    def _load_weights(self, version: int | None) -> None:
+        """Load ``version`` (None: the newest published) unless held; waits (to the deadline)
+        for a version not yet published."""
+        import ray
+
+        deadline = time.monotonic() + self.settings.timeout_s
+        while (found := ray.get(self.hub.latest_weights.remote(version))) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker {self.worker_id}: weights version {version} never "
+                                   f"published within {self.settings.timeout_s:.0f} s")  # fmt: skip
+            time.sleep(POLL_S)
+        v, refs = found
+        if v == self.version:
+            return
+        state = ray.get(refs[0])
+        with self.lock:
+            self.model.load_state_dict(state)
+            self.version = v
+
+    def sync(self, version: int | None = None) -> tuple[int, str]:
+        """Load ``version`` (None: the newest) now, and return :meth:`checksum`."""
+        self._load_weights(version)
+        return self.checksum()
+
+    def checksum(self) -> tuple[int, str]:
+        """``(version, state_checksum)`` of the weights the worker holds."""
+        with self.lock:
+            return self.version, state_checksum(self.model.state_dict())
+
+    def node(self) -> str:
+        """The Ray node the worker runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+
+def _group_seed(seed: int, group_id: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{group_id}".encode()).digest()[:4], "little")

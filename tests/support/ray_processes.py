@@ -1,0 +1,46 @@
+"""Ray's processes on this machine, read with psutil: the services (GCS, raylet) and the
+workers, and the actors of the rollout engine among them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import psutil
+
+SERVICES = ("gcs_server", "raylet", "ray::", "default_worker")
+
+
+def ray_processes() -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline", "name"]):
+        text = " ".join(p.info["cmdline"] or []) + " " + (p.info["name"] or "")
+        if "ray" in text and any(s in text for s in SERVICES):
+            out.append(p)
+    return out
+
+
+def actor_processes(names=("ray::RolloutWorker", "ray::Hub")) -> list[psutil.Process]:
+    """Processes of the rollout engine's actors (Ray titles an actor's process ``ray::Class``)."""
+    return [p for p in ray_processes()
+            if any(" ".join(p.info["cmdline"] or []).startswith(n) for n in names)]  # fmt: skip
+
+
+def listening_ips() -> list[str]:
+    """The addresses Ray's processes listen on (TCP and UDP)."""
+    ips = []
+    for p in ray_processes():
+        try:
+            conns = p.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        ips += [c.laddr.ip for c in conns if c.status in (psutil.CONN_LISTEN, psutil.CONN_NONE)]
+    return ips
+
+
+def wait_gone(find: Callable[[], list], timeout_s: float = 30.0) -> list:
+    """``find()`` polled until empty or the deadline; its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while (found := find()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found

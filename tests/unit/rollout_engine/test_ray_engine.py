@@ -1,0 +1,224 @@
+"""``rollout.engine: ray`` end to end on two Ray nodes on 127.0.0.1 (``ray.cluster_utils.Cluster``,
+shared by the module: Ray's start-up is the slow part), each with 2 sandbox slots; each worker
+takes 2, so the 2 workers land on different nodes (sandboxes budgeted per node). A quickstart
+run of a tiny random model whose metrics carry the version and staleness of every step;
+rollouts overlapping training (a worker makes groups while the learner is inside a step); every
+Ray socket on 127.0.0.1; workers' weights equal to the learner's after every push (checksums);
+a worker killed after step 2's weight push (holding a ticket, when one does): the run
+finishes, every step has its loss, the tickets it held are handed out again and counted, a
+replacement holds the learner's weights, no group is used twice, nothing of the run's actors is
+left; a resume that continues the task order and the policy version."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from support.gated_env import GATE_DIR, gated_env, open_gate
+from support.ray_processes import actor_processes, listening_ips, wait_gone
+from support.tiny_run import save_tiny_model
+from transformers import TrainerCallback
+
+from composer_replication.config import load_config
+from composer_replication.lm.models import load_model
+from composer_replication.rollout_engine.dispenser import TaskDispenser
+from composer_replication.rollout_engine.learner import GROUPS_FILE, STATE_FILE, import_ray
+from composer_replication.run import train as train_module
+from composer_replication.run.train import run_training
+
+pytestmark = pytest.mark.timeout(600)
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Two nodes; their workers import ``tests/support`` (the gated environment) and read
+    the gate directory from the environment they start with."""
+    gate = tmp_path_factory.mktemp("gate")
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", GATE_DIR)}
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO / "tests")])
+    os.environ[GATE_DIR] = str(gate)
+    ray = import_ray()
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 2, "object_store_memory": 2**28, "resources": {"sandbox_slots": 2}}
+    c = Cluster(initialize_head=True, head_node_args=node)
+    c.add_node(**node)
+    ray.init(address=c.address, log_to_driver=False)
+    yield ray, gate
+    ray.shutdown()
+    c.shutdown()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def _overrides(model: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        f"model.name={model}", f"output_dir={out}", "num_threads=1", "rollout.engine=ray",
+        "ray.num_workers=2", "generation.num_generations=2", "generation.prompts_per_step=2",
+        "generation.max_completion_length=4", "env.num_train=16", "eval.before_and_after=false",
+        "optim.warmup_steps=0", "optim.learning_rate=1.0e-3", "alpha_sdpo=0.5",
+        "ray.timeout_s=300", "ray.address=auto", "ray.worker.sandbox_slots=2", *extra,
+    ]  # fmt: skip
+
+
+class _Probe(TrainerCallback):
+    """Step 1: the workers' gradings past the first two wait at a gate; inside the step
+    (its groups taken, its update done, the new weights not yet out) the learner opens the
+    gate and waits until a worker finishes a third group, one for a later step (a deadline
+    fails the test), and lists Ray's listening sockets. After each weight push: the learner's
+    and the workers' checksums. After step 2's push: kills a worker (one holding a ticket, if
+    one does within 5 s), and notes the tickets it held."""
+
+    def __init__(self, engines: list, gate: Path):
+        self.engines, self.gate = engines, gate
+        self.overlapped = False
+        self.listening: list[str] = []
+        self.checksums: list[tuple[str, dict]] = []
+        self.nodes: set[str] = set()
+        self.killed, self.held = -1, -1
+
+    def _stats(self) -> dict:
+        engine = self.engines[0]
+        return engine.ray.get(engine.hub.stats.remote())
+
+    def on_step_begin(self, args, state, control, **kw):
+        engine = self.engines[0]
+        if state.global_step == 0:
+            self.nodes = {engine.ray.get(w.node.remote()) for w in engine.workers.values()}
+
+    def on_optimizer_step(self, args, state, control, **kw):
+        if state.global_step != 0:
+            return
+        assert self._produced() == 2  # step 1's groups: every later grading waits at the gate
+        open_gate(self.gate)
+        deadline = time.monotonic() + 120
+        while self._produced() < 3:
+            assert time.monotonic() < deadline, "no group made while the learner was in step 1"
+            time.sleep(0.05)
+        self.overlapped = True
+        self.listening = listening_ips()
+
+    def _produced(self) -> int:
+        return sum(self._stats()["produced"].values())
+
+    def on_step_end(self, args, state, control, **kw):
+        engine = self.engines[0]
+        self.checksums.append(
+            (engine.learner_checksum(), engine.worker_checksums(state.global_step))
+        )
+        if state.global_step == 2:
+            self._kill_a_worker()
+
+    def _kill_a_worker(self) -> None:
+        engine = self.engines[0]
+        deadline = time.monotonic() + 5
+        busy: list[int] = []
+        while not busy and time.monotonic() < deadline:
+            busy = [w for w, n in self._stats()["inflight_by_worker"].items() if n]
+            time.sleep(0.005)
+        self.killed = busy[0] if busy else 0
+        engine.ray.kill(engine.workers[self.killed], no_restart=True)
+        self.held = self._stats()["inflight_by_worker"].get(self.killed, 0)
+
+
+def _ipv4(ip: str) -> str:
+    """``::ffff:127.0.0.1`` (an IPv4 address on a dual-stack socket) -> ``127.0.0.1``."""
+    addr = ipaddress.ip_address(ip)
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return str(mapped or addr)
+
+
+def _capture_engine(monkeypatch) -> list:
+    engines: list = []
+    build = train_module.build_engine
+
+    def capture(*a, **kw):
+        engines.append(build(*a, **kw))
+        return engines[-1]
+
+    monkeypatch.setattr(train_module, "build_engine", capture)
+    return engines
+
+
+def test_a_quickstart_run_overlaps_rollouts_and_survives_a_killed_worker(
+    cluster, tiny_dir, tmp_path, monkeypatch
+):
+    ray, gate = cluster
+    engines = _capture_engine(monkeypatch)
+    monkeypatch.setattr(train_module, "build_env", gated_env)  # the workers' environment
+    probe = _Probe(engines, gate)
+    out = tmp_path / "run"
+    cfg = load_config(None, _overrides(tiny_dir, out, "max_steps=3"))
+    run_training(cfg, extra_callbacks=[probe])
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "rollout/version" in s]
+    assert len(probe.nodes) == 2  # one worker per node: 2 slots each, 2 per worker
+    assert [s["rollout/version"] for s in steps] == [0, 1, 2]
+    assert all("loss" in s for s in steps)
+    assert probe.held >= 0 and steps[-1]["rollout/lost_groups"] == probe.held  # handed out again
+    assert all(0 <= s["rollout/staleness_max"] <= 4 for s in steps)
+    assert steps[0]["rollout/ratio_lag0_max_dev"] < 1e-4  # step 1's groups are all fresh
+    assert any(s["loss"] != 0 for s in steps)
+    assert probe.overlapped  # a later step's group was made while the learner was in step 1
+    assert probe.listening and {_ipv4(ip) for ip in probe.listening} == {"127.0.0.1"}
+    lines = [json.loads(x) for x in (out / GROUPS_FILE).read_text().splitlines()]
+    ids = [g["id"] for line in lines for g in line["groups"]]
+    assert len(ids) == 6 and len(set(ids)) == 6  # no group used twice
+    order = TaskDispenser(engines[0].dispenser.train_ids, cfg.seed)  # the seeded order
+    assert all(g["task"] == order.task_at(g["id"]) for line in lines for g in line["groups"])
+    assert wait_gone(actor_processes) == []  # the run's workers and hub are gone
+    # every worker's weights are bit-identical to the learner's after each push (SHA-256 over
+    # every tensor), and the weights changed from step to step
+    for step, (learner, workers) in enumerate(probe.checksums, start=1):
+        assert workers == {0: (step, learner), 1: (step, learner)}  # step 3: the replacement
+    assert len({learner for learner, _ in probe.checksums}) == 3
+    assert steps[0]["rollout/weight_sync_bytes"] == sum(
+        t.numel() * t.element_size() for t in load_model(str(tiny_dir)).state_dict().values()
+    )
+
+
+def test_resume_continues_the_task_order_and_the_version(cluster, tiny_dir, tmp_path):
+    """A run stopped after its step-1 checkpoint (it went on to step 2: what a kill after the
+    save leaves), resumed: its step 2 trains at version 1, on groups never trained before, each ticket's task the seeded order's (the in-flight
+    tickets of the checkpoint, then new ones from its cursor)."""
+    out = tmp_path / "run"
+    base = _overrides(tiny_dir, out, "rollout.max_staleness=1", "save_steps=1",
+                      "save_total_limit=null", "ray.num_workers=1")  # fmt: skip
+    run_training(load_config(None, [*base, "max_steps=2"]))
+    ckpt = out / "checkpoint-1"
+    state = json.loads((ckpt / STATE_FILE).read_text())
+    assert state["version"] == 1
+    first = [json.loads(x) for x in (out / GROUPS_FILE).read_text().splitlines()][:1]
+    used_before = {g["id"] for line in first for g in line["groups"]}
+    (out / GROUPS_FILE).unlink()
+    run_training(load_config(None, [*base, "max_steps=2", f"resume_from={ckpt}"]))
+    lines = [json.loads(x) for x in (out / GROUPS_FILE).read_text().splitlines()]
+    assert [line["version"] for line in lines] == [1]
+    resumed = [g for line in lines for g in line["groups"]]
+    outstanding = {int(k) for k in state["dispenser"]["outstanding"]}
+    cursor = state["dispenser"]["cursor"]
+    assert not {g["id"] for g in resumed} & used_before
+    assert all(g["id"] in outstanding or g["id"] >= cursor for g in resumed)
+    tasks = {g["id"]: g["task"] for line in first for g in line["groups"]}
+    assert tasks  # the same seeded order before and after the resume
+    from composer_replication.run.preflight import build_env
+
+    cfg = load_config(None, base)
+    ids = [t.task_id for t in build_env(cfg).tasks("train")]
+    order = TaskDispenser(ids, cfg.seed)
+    assert all(g["task"] == order.task_at(g["id"]) for g in resumed)
+    assert all(t == order.task_at(i) for i, t in tasks.items())

@@ -1,0 +1,35 @@
+"""The acceptance command on a machine with no Ray running: ``composer-replication train
+rollout.engine=ray ray.num_workers=2 max_steps=3`` (the quickstart, on a tiny random model)
+starts a local Ray, runs end to end, and leaves none of the Ray processes it started."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.cli_process import read_until, start_cli
+from support.ray_processes import ray_processes, wait_gone
+from support.tiny_run import save_tiny_model
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_the_cli_runs_on_a_local_ray_and_stops_it(tmp_path):
+    model = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "run"
+    before = {p.pid for p in ray_processes()}
+    proc = start_cli([
+        "train", "rollout.engine=ray", "ray.num_workers=2", "max_steps=3", f"model.name={model}",
+        f"output_dir={out}", "num_threads=1", "generation.num_generations=2",
+        "generation.prompts_per_step=2", "generation.max_completion_length=4",
+        "env.num_train=8", "eval.before_and_after=false", "ray.timeout_s=300",
+    ])  # fmt: skip
+    head = read_until(proc, lambda lines: lines[-1].startswith("step 2/3"))
+    assert head and head[-1].startswith("step 2/3"), "\n".join(head)
+    started = [p for p in ray_processes() if p.pid not in before]
+    assert started  # the run's own Ray: its services and workers
+    rest, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, "\n".join(head) + rest
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [s["rollout/version"] for s in steps if "rollout/version" in s] == [0, 1, 2]
+    assert wait_gone(lambda: [p for p in started if p.is_running()]) == []
