@@ -440,9 +440,9 @@ def _section(data: dict[str, Any], path: tuple[str, ...], create: bool = False) 
 
 def check_ray_engine(cfg: RunConfig) -> None:
     """``rollout.engine: ray`` with what it does not run (raised as a one-line error naming
-    the key): vLLM generation (the workers generate with transformers until the shared
-    generator lands), TRL's async path, the agent proxy, DiLoCo; and a forced staleness past
-    the bound."""
+    the key): vLLM generation (the workers generate with the shared generator,
+    lm/generator.py), TRL's async path, the agent proxy, DiLoCo, PEFT, tool environments, the
+    adaptive task sampler; and a forced staleness past the bound."""
     r = cfg.rollout
     if r.force_staleness is not None and r.force_staleness > r.max_staleness:
         raise ValueError(f"rollout.force_staleness={r.force_staleness} is above "

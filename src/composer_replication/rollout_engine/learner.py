@@ -401,19 +401,30 @@ def read_state(checkpoint_dir: str | Path) -> dict[str, Any]:
 class WorkerReward:
     """TRL reward function of ``rollout.engine: ray``: the reward the worker graded (the
     learner does not grade again); the verdicts stay in ``last_results`` for the hint
-    channels, as :class:`~composer_replication.trainer.rewards.EnvReward` keeps them."""
+    channels, as :class:`~composer_replication.trainer.rewards.EnvReward` keeps them. A
+    grading the machine failed (the verdict's mark, envs/base.py ``machine_failed``) or a
+    rollout the record marks invalid is None, and its kind is in ``last_infra_kinds``: the
+    trainer masks it as it masks the local engine's (trainer/masking.py, docs/sandbox.md)."""
 
     def __init__(self, env_name: str):
         self.__name__ = f"{env_name}_reward"
         self.last_results: list[Any] = []
+        self.last_infra_kinds: list[str | None] = []
 
     def __call__(self, prompts, completions, worker_reward, worker_verdict, log_metric=None,
                  **_: Any) -> list[float | None]:  # fmt: skip
+        from composer_replication.envs.base import infra_kind, log_infra_metrics
+
         self.last_results = list(worker_verdict)
-        passed = [getattr(v, "passed", None) for v in worker_verdict]
+        kinds = [infra_kind(v) if v is not None else None for v in worker_verdict]
+        self.last_infra_kinds = kinds
+        graded = [v for v, k in zip(worker_verdict, kinds, strict=True) if k is None]
+        passed = [getattr(v, "passed", None) for v in graded]
         if log_metric is not None and passed and None not in passed:
             log_metric("env/pass_rate", sum(passed) / len(passed))
-        return list(worker_reward)
+        if log_metric is not None and worker_verdict:
+            log_infra_metrics(kinds, log_metric)
+        return [None if k is not None else r for r, k in zip(worker_reward, kinds, strict=True)]
 
 
 def _callback_base() -> type:

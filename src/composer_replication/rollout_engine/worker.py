@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from composer_replication.lm.chat import as_messages
+from composer_replication.lm.generator import Generator, Sampling
 from composer_replication.rollout_engine.dispenser import Ticket
-from composer_replication.rollout_engine.generator import HFGenerator, Sampling
 from composer_replication.rollout_engine.group import GroupRecord, Rollout, Sequence
 
 POLL_S = 0.02
@@ -79,7 +79,7 @@ class RolloutWorker:
         self.tasks = {t.task_id: t for t in self.env.tasks("train")}
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-        self.generator = HFGenerator(self.model, pad, [eos])
+        self.generator = Generator(self.model, pad, [eos])  # lm/generator.py, shared by every path
         self.chat = bool(getattr(tokenizer, "chat_template", None))
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -114,11 +114,13 @@ class RolloutWorker:
                 [prompt_ids] * self.settings.group_size, self.settings.sampling
             )
             version = self.version
-        texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in outs]
+        texts = [self.tokenizer.decode(c.ids, skip_special_tokens=True) for c in outs]
         results = self.env.grade_batch([task] * len(texts), texts)
         rollouts = [
-            Rollout([Sequence(prompt_ids, ids, lps, [1] * len(ids), [version])], r.reward, r)
-            for (ids, lps), r in zip(outs, results, strict=True)
+            Rollout(
+                [Sequence(prompt_ids, c.ids, c.logprobs, [1] * len(c.ids), [version])], r.reward, r
+            )  # fmt: skip
+            for c, r in zip(outs, results, strict=True)
         ]
         return GroupRecord(ticket.group_id, task.task_id, row, rollouts, self.worker_id,
                            time.monotonic() - start)  # fmt: skip

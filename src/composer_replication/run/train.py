@@ -126,8 +126,8 @@ def correction_args(cfg: RunConfig) -> dict[str, Any]:
 def build_engine(cfg: RunConfig, model, tokenizer, env: Environment):
     """The Ray rollout engine of ``rollout.engine: ray`` (not started: `run_training` starts
     it, and stops it whatever happens)."""
+    from composer_replication.lm.generator import Sampling
     from composer_replication.rollout_engine.dispenser import TaskDispenser
-    from composer_replication.rollout_engine.generator import Sampling
     from composer_replication.rollout_engine.learner import (
         GROUPS_FILE,
         EngineSettings,
@@ -147,7 +147,8 @@ def build_engine(cfg: RunConfig, model, tokenizer, env: Environment):
         object_store_gb=cfg.ray.object_store_gb, weight_sync_steps=cfg.ray.weight_sync_steps,
         timeout_s=cfg.ray.timeout_s, groups_log=str(Path(cfg.output_dir) / GROUPS_FILE),
     )  # fmt: skip
-    sampling = Sampling(g.max_completion_length, g.temperature, g.top_p)
+    sampling = Sampling(temperature=g.temperature, top_p=g.top_p,
+                        max_new_tokens=g.max_completion_length)  # fmt: skip
     worker = WorkerSettings(g.num_generations, sampling, cfg.seed,
                             num_threads=max(1, int(w.num_cpus)), timeout_s=cfg.ray.timeout_s)  # fmt: skip
     return RayRollouts(settings, worker, model, tokenizer, functools.partial(build_env, cfg),

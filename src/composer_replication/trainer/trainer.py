@@ -451,7 +451,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         return rows
 
     def _generate_and_score_completions(self, inputs):
-        if self.model.training:
+        if self.model.training and self.rollout_source is None:  # Ray: the dispenser draws
             inputs = self._sampled_inputs(inputs)
         batch = self._dynamic_sampling(inputs) if self.model.training else self._score_round(inputs)
         self._check_infra_budget()
@@ -574,7 +574,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
         loader runs a batch ahead (a checkpoint would hold the draws of a batch not trained
         on) and on resume HF skips the trained batches through it; TRL's loader stays as it
         is and only sets how many rows a round has, so skipping it draws nothing."""
-        if self.task_sampler is None or not self.task_sampler.adaptive:
+        if self.task_sampler is None:
+            return inputs
+        if not self.task_sampler.adaptive:
             self._log_draws("batch", [x[ROW_ID] for x in inputs[:: self.num_generations]])
             return inputs
         return self._draw_rows(len(inputs) // self.num_generations, "batch")

@@ -12,7 +12,7 @@ from support.scripted_rollouts import ScriptedRollouts
 
 from composer_replication.config import load_config
 from composer_replication.envs import get_env
-from composer_replication.rollout_engine.generator import HFGenerator, Sampling
+from composer_replication.lm.generator import Generator, Sampling
 from composer_replication.rollout_engine.group import GroupRecord, Rollout, Sequence
 from composer_replication.rollout_engine.learner import WorkerReward
 from composer_replication.run.train import build_grpo_args
@@ -86,10 +86,10 @@ def test_at_staleness_zero_the_ratio_is_one(tmp_path, tokenizer, tiny_model):
     numerical mismatch between generation and the training forward), reported under
     ``rollout/ratio_lag0_*``."""
     torch.manual_seed(0)
-    gen = HFGenerator(tiny_model, tokenizer.pad_token_id, [tokenizer.eos_token_id])
-    outs = gen.generate([PROMPT] * 4, Sampling(max_new_tokens=6, temperature=0.7))
+    with Generator(tiny_model, tokenizer.pad_token_id, [tokenizer.eos_token_id]) as gen:
+        outs = gen.generate([PROMPT] * 4, Sampling(max_new_tokens=6, temperature=0.7))
     groups = [
-        _group([o[0] for o in outs[i : i + 2]], [o[1] for o in outs[i : i + 2]], [1.0, 0.0])
+        _group([o.ids for o in outs[i : i + 2]], [o.logprobs for o in outs[i : i + 2]], [1.0, 0.0])
         for i in (0, 2)
     ]
     for i, g in enumerate(groups):
@@ -104,3 +104,32 @@ def test_at_staleness_zero_the_ratio_is_one(tmp_path, tokenizer, tiny_model):
     metrics = trainer._metrics["train"]
     assert metrics["rollout/ratio_lag0_max_dev"][-1] < 1e-4
     assert "rollout/ratio_stale_mean" not in metrics
+
+
+def test_a_grading_the_machine_failed_is_masked_on_the_ray_engine(tmp_path, tokenizer, tiny_model):
+    """Issue 56 on the Ray engine: a worker's verdict marked as the machine's failure
+    (``machine_failed``) gives no reward and leaves the loss and the group statistics, as on
+    the local engine. Rewards 1, 0 and a ``sandbox_start``: the graded two get
+    ``+-0.5 / (std(1, 0) + 1e-4)`` with the unbiased std 0.70711, the masked one 0, and its
+    tokens leave the completion mask."""
+    from composer_replication.envs.base import StepResult, machine_failed
+    from composer_replication.sandbox.infra import InfraFailure
+
+    comps = [[5, 6], [7, 8], [9, 10]]
+    behaviour = [_logps(tiny_model, PROMPT, c) for c in comps]
+    verdicts = [StepResult("", 1.0, True, True, ""), StepResult("", 0.0, True, False, "no"),
+                machine_failed("", InfraFailure("sandbox_start", "bwrap: no namespace"))]  # fmt: skip
+    group = _group(comps, behaviour, [1.0, 0.0, 0.0])
+    for rollout, verdict in zip(group.rollouts, verdicts, strict=True):
+        rollout.verdict = verdict
+    trainer = _trainer(tmp_path, tiny_model, tokenizer, ScriptedRollouts([[group]]),
+                       "generation.num_generations=3")  # fmt: skip
+    reward = trainer.reward_funcs[0]
+    batch = trainer._generate_and_score_completions([{}] * 3)
+    assert reward.last_infra_kinds == [None, None, "sandbox_start"]
+    a = 0.5 / (math.sqrt(0.5) + 1e-4)
+    assert batch["advantages"].tolist() == pytest.approx([a, -a, 0.0], abs=1e-5)
+    assert batch["completion_mask"][2].sum() == 0 and batch["completion_mask"][:2].sum() == 4
+    metrics = trainer._metrics["train"]
+    assert metrics["env/infra_failed_frac"][-1] == pytest.approx(1 / 3)
+    assert metrics["env/infra_failed/sandbox_start"][-1] == 1.0
