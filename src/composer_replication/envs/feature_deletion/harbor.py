@@ -430,11 +430,15 @@ def _write_solution(solution: Path, tree: SourceTree, task: dict) -> None:
 
 def license_files(root: Path) -> list[Path]:
     """The tree's license files: ``LICENSE``/``LICENCE``/``COPYING``/``NOTICE``/``COPYRIGHT``
-    (any suffix) at its root or in a ``LICENSES``/``licenses`` folder."""
-    found = [p for p in Path(root).iterdir() if p.is_file() and LICENSE_NAMES.match(p.name)]
+    (any suffix) at its root or in a ``LICENSES``/``licenses`` folder; links left out."""
+
+    def regular(p: Path) -> bool:  # a link may name a host file: never copied
+        return p.is_file() and not p.is_symlink()
+
+    found = [p for p in Path(root).iterdir() if regular(p) and LICENSE_NAMES.match(p.name)]
     for folder in ("LICENSES", "licenses"):
-        if (Path(root) / folder).is_dir():
-            found += [p for p in (Path(root) / folder).rglob("*") if p.is_file()]
+        if (Path(root) / folder).is_dir() and not (Path(root) / folder).is_symlink():
+            found += [p for p in (Path(root) / folder).rglob("*") if regular(p)]
     return sorted(found)
 
 

@@ -319,3 +319,26 @@ def test_a_task_record_naming_a_file_outside_its_tree_is_refused(tmp_path):
     for bad in ("../secret.py", "/etc/passwd", "pkg", "pkg/link.py", "pkg/missing.py"):
         with pytest.raises(HarborExportError, match="is not a regular file inside"):
             target_path(tree, {"task_id": "t", "file": bad})
+
+
+def test_links_in_a_local_source_bring_no_host_file_into_the_export(tmp_path):
+    """A local source directory is data: a ``LICENSE`` linked to a host file, a linked
+    ``LICENSES`` folder, a module and a package folder linked out of the tree must not put
+    the host's bytes into ``licenses/``, ``environment/app`` or ``tests/pristine`` (all
+    copied with workspace.IGNORED); tree_digest already leaves links out."""
+    from composer_replication.envs.feature_deletion.workspace import IGNORED
+
+    host = tmp_path / "host"
+    (host / "dir").mkdir(parents=True)
+    (host / "id_rsa").write_text("HOST-SECRET\n")
+    (host / "dir" / "key.py").write_text("HOST-SECRET = 1\n")
+    root = tmp_path / "src"
+    shutil.copytree(TEXTKIT, root)
+    (root / "LICENSE").symlink_to(host / "id_rsa")
+    (root / "LICENSES").symlink_to(host / "dir", target_is_directory=True)
+    (root / "textkit" / "keys.py").symlink_to(host / "id_rsa")
+    (root / "textkit" / "vendored").symlink_to(host / "dir", target_is_directory=True)
+    assert license_files(root) == []
+    shutil.copytree(root, tmp_path / "copy", ignore=IGNORED, symlinks=False)
+    copied = _tree(tmp_path / "copy")
+    assert copied == _tree(TEXTKIT), sorted(set(copied) - set(_tree(TEXTKIT)))
