@@ -523,14 +523,27 @@ def _toml_table(header: str, values: dict) -> str:
 
 
 def _toml_key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_string(key)
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: JSON's escapes without ``ensure_ascii`` (which writes a character
+    outside the Basic Multilingual Plane as a surrogate pair, no TOML escape), DEL escaped
+    (TOML refuses it raw); a lone surrogate (no UTF-8 text) is refused."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise HarborExportError(f"{text!r} is not UTF-8 text: no TOML string") from None
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _toml_value(value) -> str:
-    """A TOML value: JSON's string escapes are TOML basic strings (``ensure_ascii``)."""
+    """A TOML value (:func:`_toml_string` for strings; JSON's numbers are TOML's)."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, float, str)):
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, (int, float)):
         return json.dumps(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"

@@ -342,3 +342,19 @@ def test_links_in_a_local_source_bring_no_host_file_into_the_export(tmp_path):
     shutil.copytree(root, tmp_path / "copy", ignore=IGNORED, symlinks=False)
     copied = _tree(tmp_path / "copy")
     assert copied == _tree(TEXTKIT), sorted(set(copied) - set(_tree(TEXTKIT)))
+
+
+def test_task_toml_reads_back_names_outside_the_basic_plane(tmp_path):
+    """A source file or symbol named with a character outside the Basic Multilingual Plane
+    (``😀``): JSON's ASCII escape writes it as a surrogate pair, which TOML refuses (Harbor
+    could not load the task); task.toml must read back to the same values."""
+    from composer_replication.envs.feature_deletion.harbor import ExportOptions, task_toml
+    from composer_replication.envs.feature_deletion.source import SourceTree
+
+    tree = SourceTree("pkg\U0001f600", "local", tmp_path, "0" * 64)
+    task = {"task_id": "pkg:m\U0001f600.py::f\U00010437", "file": "m\U0001f600.py",
+            "symbol": "f\U00010437", "failing_tests": ["t::a"], "passing_tests": []}  # fmt: skip
+    doc = task_toml(task, tree, "n", ExportOptions(), {"wheels": {}}, [], 60.0, None)
+    meta = tomllib.loads(doc)["metadata"]
+    assert (meta["target_file"], meta["target_symbol"]) == (task["file"], task["symbol"])
+    assert meta["source_package"] == tree.name
