@@ -290,6 +290,10 @@ class _CodexReader:
             self.search_ids.append(call_id)  # (begin, then end: one id)
 
     def _rollback(self, payload: dict[str, Any]) -> None:
+        if self.mode is None and self.events:
+            # no message item came before: the buffered events are the turns (an item is
+            # written before its event copy), read now so the rollback can cut them
+            self._replay_events()
         n = payload.get("num_turns")
         if type(n) is not int or n < 1 or not self.turns or self.b is None:
             return
