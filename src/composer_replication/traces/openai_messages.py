@@ -87,7 +87,7 @@ def read_call_log(ctx: ReaderContext, doc: dict[str, Any]) -> Iterator[TraceStat
     ctx.report.items = len(msgs) + 1
     tools = doc.get("tools") or as_dict(doc.get("kwargs")).get("tools")
     if isinstance(tools, list) and tools:
-        ctx.tools = tools
+        ctx.tools = ctx.redactor.redact_obj(tools)  # schemas are text too (MCP descriptions)
     b = SessionBuilder(ctx, ctx.path.stem)
     for i, msg in enumerate(msgs, start=1):
         reason = add_message(b, i, msg, i)

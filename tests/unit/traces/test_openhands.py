@@ -75,3 +75,21 @@ def test_sdk_condensation_drops_forgotten_events_from_later_prefixes(tmp_path: P
     assert [m["content"] for m in last.prefix] == ["The user asked an old task; done.", "new task"]
     assert last.meta.after_compaction is True
     assert run.report.files[0].context_changes["compaction"] == 1
+
+
+def test_a_secret_in_a_call_logs_tool_schemas_is_redacted(tmp_path: Path) -> None:
+    """A call log's ``tools`` (or ``kwargs.tools``) become the state's ``tools``: a key in a
+    tool's description (an MCP server's schema) must be redacted like any other text."""
+    secret = "ghp_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gI3kM5"
+    doc = orjson.loads(CALL_LOG.read_bytes())
+    tool = {"type": "function", "function": {"name": "fetch", "parameters": {},
+            "description": f"GitHub proxy; header Authorization: token {secret}"}}  # fmt: skip
+    for where in ("tools", "kwargs"):
+        log = {k: v for k, v in doc.items() if k not in ("tools", "kwargs")}
+        log[where] = [tool] if where == "tools" else {"tools": [tool]}
+        path = tmp_path / f"{where}-1777629600.500.json"
+        path.write_bytes(orjson.dumps(log))
+        (state,) = list(ingest([path]))
+        assert state.tools and state.tools[0]["function"]["name"] == "fetch", where
+        assert secret not in orjson.dumps(state.tools).decode(), where
+        assert "<REDACTED:" in state.tools[0]["function"]["description"], where
