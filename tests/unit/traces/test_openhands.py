@@ -93,3 +93,23 @@ def test_a_secret_in_a_call_logs_tool_schemas_is_redacted(tmp_path: Path) -> Non
         assert state.tools and state.tools[0]["function"]["name"] == "fetch", where
         assert secret not in orjson.dumps(state.tools).decode(), where
         assert "<REDACTED:" in state.tools[0]["function"]["description"], where
+
+
+def test_a_call_log_whose_response_gives_no_action_is_not_understood(tmp_path: Path) -> None:
+    """A response without a role, with a user's role, with tool calls that are no list or
+    with no output: no state, and the report must not say every record was understood (the
+    decision was silently dropped)."""
+    doc = orjson.loads(CALL_LOG.read_bytes())
+    responses = {
+        "no_role": {"choices": [{"message": {"content": "hi"}}]},
+        "user_role": {"choices": [{"message": {"role": "user", "content": "hi"}}]},
+        "calls_not_a_list": {"choices": [{"message": {"role": "assistant", "tool_calls": "x"}}]},
+        "no_output": {"output": []},
+    }
+    for name, resp in responses.items():
+        path = tmp_path / f"{name}-1777629600.500.json"
+        path.write_bytes(orjson.dumps(doc | {"response": resp}))
+        run = ingest([path])
+        assert list(run) == [], name
+        rep = run.report.files[0]
+        assert rep.records_understood == rep.records - 1, (name, rep.skipped_items)
