@@ -3,7 +3,7 @@
 
     PYTHONPATH=src python bench/bench_ingest_hostile.py [--n 4000] [--reps 3]
 
-Shapes (issue 57 review): a Codex rollout of ``web_search_begin`` events whose call never
+Shapes (issue 57 review): a Codex rollout of 10n ``web_search_begin`` events whose call never
 comes; a Claude Code response of n parallel tool calls, each result written after its call;
 the same with every call under one repeated id; Claude Code records whose parent never comes
 (each waits in the 64-record window).
@@ -29,7 +29,7 @@ def _dump(recs: list[dict]) -> bytes:
 def codex_searches(n: int) -> tuple[str, bytes]:
     recs = [{"type": "session_meta", "payload": {"id": "s"}}]
     recs += [{"type": "event_msg", "payload": {"type": "web_search_begin", "call_id": f"ws_{i}"}}
-             for i in range(n)]  # fmt: skip
+             for i in range(10 * n)]  # fmt: skip
     return "codex", _dump(recs)
 
 
