@@ -360,7 +360,7 @@ class SessionBuilder:
         shown = self.ctx.redactor.redact(call_id) if call_id else "<no id>"
         self.ctx.report.orphan("tool_result_without_call", line, shown)
         self._close_open_calls()
-        label = f"[tool result for unknown call {call_id or '<no id>'}]"
+        label = f"[tool result for unknown call {shown}]"  # content: redacted like text
         self._append({"role": "user", "content": f"{label}\n{text}"})
 
     def assistant(
