@@ -458,17 +458,28 @@ def _write_licenses(dest: Path, tree: SourceTree, licenses: list[Path],
     for whl in wheels:
         stem = "-".join(whl.name.split("-")[:2])
         with zipfile.ZipFile(whl) as zf:
-            for member in zf.namelist():
-                parts = member.split("/")
-                if len(parts) < 2 or not parts[0].endswith(".dist-info"):
-                    continue
-                if not (parts[1] == "licenses" or LICENSE_NAMES.match(parts[-1])):
-                    continue
-                rel = Path("licenses") / stem / Path(*parts[1:])
+            for member, inside in wheel_license_members(zf):
+                rel = Path("licenses") / stem / inside
                 (dest.parent / rel).parent.mkdir(parents=True, exist_ok=True)
                 (dest.parent / rel).write_bytes(zf.read(member))
                 copied.append(rel.as_posix())
     return copied
+
+
+def wheel_license_members(zf) -> list[tuple[str, Path]]:
+    """A wheel's license files (``*.dist-info/licenses/*``, ``*.dist-info/LICENSE*``) and the
+    path each takes under its ``licenses/<wheel>/`` folder; a member named with ``..``, an
+    empty part or a backslash is left out (an archive's names are data: none may lead out)."""
+    out = []
+    for member in zf.namelist():
+        parts = member.split("/")
+        if len(parts) < 2 or not parts[0].endswith(".dist-info") or member.endswith("/"):
+            continue
+        if any(p in ("", ".", "..") or "\\" in p for p in parts):
+            continue
+        if parts[1] == "licenses" or LICENSE_NAMES.match(parts[-1]):
+            out.append((member, Path(*parts[1:])))
+    return out
 
 
 def task_toml(task: dict, tree: SourceTree, name: str, opts: ExportOptions, spec: dict,

@@ -358,3 +358,20 @@ def test_task_toml_reads_back_names_outside_the_basic_plane(tmp_path):
     meta = tomllib.loads(doc)["metadata"]
     assert (meta["target_file"], meta["target_symbol"]) == (task["file"], task["symbol"])
     assert meta["source_package"] == tree.name
+
+
+def test_a_wheels_license_member_outside_its_folder_is_refused(tmp_path):
+    """A wheel is an archive: a license member named with ``..`` must not be written outside
+    the task's ``licenses/<wheel>/`` (a wheel from ``--wheels DIR`` is the user's file)."""
+    import zipfile
+
+    from composer_replication.envs.feature_deletion.harbor import wheel_license_members
+
+    whl = tmp_path / "evil-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr("evil-1.0.dist-info/licenses/LICENSE", "MIT")
+        zf.writestr("evil-1.0.dist-info/licenses/../../../../escaped.txt", "x")
+        zf.writestr("evil-1.0.dist-info/LICENSE/../../x/LICENSE", "x")
+    with zipfile.ZipFile(whl) as zf:
+        got = wheel_license_members(zf)
+    assert got == [("evil-1.0.dist-info/licenses/LICENSE", Path("licenses/LICENSE"))]
