@@ -283,6 +283,7 @@ def export_task(task: dict, tree: SourceTree, out: Path, opts: ExportOptions, wh
     """One task's directory, written beside its final place and renamed into it."""
     name = task_dir_name(task["task_id"])
     target_path(tree, task)  # a record naming a file outside its tree exports nothing
+    grading_tests(task)
     final = Path(out) / name
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
@@ -313,6 +314,19 @@ def target_path(tree: SourceTree, task: dict) -> Path:
         raise HarborExportError(f"task {task['task_id']!r}: its file {task['file']!r} is not a "
                                 f"regular file inside {root}")  # fmt: skip
     return path
+
+
+def grading_tests(task: dict) -> list[str]:
+    """The test ids the verifier passes to pytest (targets, then the tests that passed): at
+    least one target, each a test id, never an option (``-p plugin``, ``-c /app/pytest.ini``
+    would let the verifier's pytest load what the agent wrote), else a `HarborExportError`."""
+    tests = [*task["failing_tests"], *task["passing_tests"]]
+    bad = [t for t in tests if not isinstance(t, str) or not t or t.startswith("-")
+           or any(c in t for c in "\0\n\r")]  # fmt: skip
+    if bad or not task["failing_tests"]:
+        why = f"test id {bad[0]!r} is no test id" if bad else "it has no target test"
+        raise HarborExportError(f"task {task['task_id']!r}: {why}")
+    return tests
 
 
 def instruction(task: dict) -> str:
@@ -385,7 +399,7 @@ def _write_tests(tests: Path, tree: SourceTree, task: dict, opts: ExportOptions,
     original = target_path(tree, task).read_text(encoding="utf-8")
     spec = {
         "target": task["file"],
-        "tests": [*task["failing_tests"], *task["passing_tests"]],
+        "tests": grading_tests(task),
         "protected": protected_digests(app, task),
         "config_names": sorted(CONFIG_FILES),
         "wheels": {w.name: sha256_file(w) for w in wheels},

@@ -375,3 +375,22 @@ def test_a_wheels_license_member_outside_its_folder_is_refused(tmp_path):
     with zipfile.ZipFile(whl) as zf:
         got = wheel_license_members(zf)
     assert got == [("evil-1.0.dist-info/licenses/LICENSE", Path("licenses/LICENSE"))]
+
+
+def test_a_task_record_whose_tests_are_options_or_none_is_refused():
+    """The verifier passes the record's test ids to pytest: an id that is an option
+    (``-p``/``-c /app/pytest.ini`` would load what the agent wrote) or a record with no target
+    test (every submission would score 1) exports nothing."""
+    from composer_replication.envs.feature_deletion.harbor import grading_tests
+
+    ok = {"task_id": "t", "failing_tests": ["tests/t.py::a"], "passing_tests": ["tests/t.py::b"]}
+    assert grading_tests(ok) == ["tests/t.py::a", "tests/t.py::b"]
+    for bad in (
+        {"failing_tests": []},
+        {"passing_tests": ["-c", "/app/pytest.ini"]},
+        {"failing_tests": ["-pevil"]},
+        {"passing_tests": ["a\nb"]},
+        {"passing_tests": [3]},
+    ):
+        with pytest.raises(HarborExportError, match="task 't': "):
+            grading_tests(ok | bad)
