@@ -7,6 +7,7 @@ import json
 import os
 import re
 import stat
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -293,10 +294,16 @@ class SessionBuilder:
         self._pending_model: str | None = None
         self._pending_ts: str | None = None
         self._pending_rid: str | None = None
-        self._open_calls: dict[str, int] = {}  # call id -> line of the call
-        self._open_order: list[str] = []
-        self._renamed: dict[str, list[str]] = {}  # repeated call id -> its renamed calls
+        # call id -> line of the call, oldest first (dicts keep order: a result leaves in O(1))
+        self._open_calls: dict[str, int] = {}
+        self._renamed: dict[str, deque[str]] = {}  # repeated call id -> its renamed calls
         self._held: list[tuple[str, str, int]] = []  # results of the pending action's calls
+        # counts kept beside the pending action, so that each call and result costs O(1) however
+        # many a response holds (scans of the action made 8k parallel calls take a minute)
+        self._pending_ids: set[str] = set()  # the pending action's call ids
+        self._pending_base: Counter[str] = Counter()  # ... by id before a `#k` rename
+        self._held_ids: Counter[str] = Counter()  # held results by call id
+        self._next_copy: dict[str, int] = {}  # repeated call id -> its next free `#k`
         self._pending_note: str | None = None  # why the pending action's context is incomplete
         self._gap: tuple[int, str] | None = None  # (prefix length, note) of a lost context part
         self.step = 0
@@ -324,6 +331,7 @@ class SessionBuilder:
         if act is not None:
             if self._pending_rid and call_id and self._is_pending_call(act, call_id):
                 self._held.append((call_id, text, line))
+                self._held_ids[call_id] += 1
                 return
             self.flush()
         self._result(call_id, text, line)
@@ -337,23 +345,22 @@ class SessionBuilder:
         self.mark_incomplete(note)
 
     def _is_pending_call(self, act: Action, call_id: str) -> bool:
-        held = sum(1 for h in self._held if h[0] == call_id)
-        return sum(1 for c in act.tool_calls if c["id"].split("#")[0] == call_id) > held
+        """``act`` (the pending action) has a call ``call_id`` whose result is not held yet."""
+        return self._pending_base[call_id] > self._held_ids[call_id]
 
     def _result(self, call_id: str, text: str, line: int) -> None:
-        if not call_id and self._open_order:
-            call_id = self._open_order[0]
+        if not call_id and self._open_calls:
+            call_id = next(iter(self._open_calls))
         if call_id not in self._open_calls and self._renamed.get(call_id):
-            call_id = self._renamed[call_id].pop(0)  # the next copy of a repeated id
+            call_id = self._renamed[call_id].popleft()  # the next copy of a repeated id
         if call_id and call_id in self._open_calls:
             del self._open_calls[call_id]
-            self._open_order.remove(call_id)
             self._append({"role": "tool", "tool_call_id": call_id, "content": text})
             return
         shown = self.ctx.redactor.redact(call_id) if call_id else "<no id>"
         self.ctx.report.orphan("tool_result_without_call", line, shown)
         self._close_open_calls()
-        label = f"[tool result for unknown call {call_id or '<no id>'}]"
+        label = f"[tool result for unknown call {shown}]"  # content: redacted like text
         self._append({"role": "user", "content": f"{label}\n{text}"})
 
     def assistant(
@@ -376,9 +383,12 @@ class SessionBuilder:
                 self.flush()
                 act = None
         if act is None:
-            if self._open_order:
+            if self._open_calls:
                 self._close_open_calls()
             act = self._pending = Action()
+            self._pending_ids.clear()
+            self._pending_base.clear()
+            self._next_copy.clear()
             self._pending_line = line
             self._pending_model = model
             self._pending_ts = timestamp
@@ -397,9 +407,12 @@ class SessionBuilder:
             if not clean:
                 fn = tc["function"]
                 fn["arguments"] = self._redact_arguments(fn["arguments"])
-            if act.tool_calls and any(c["id"] == tc["id"] for c in act.tool_calls):
+            base = tc["id"]
+            if base in self._pending_ids:
                 self._rename_repeated(tc, act, line)
             act.tool_calls.append(tc)
+            self._pending_ids.add(tc["id"])
+            self._pending_base[base.split("#")[0]] += 1
         if model and not self._pending_model:
             self._pending_model = model
 
@@ -407,12 +420,13 @@ class SessionBuilder:
         """Give a call whose id is already used in this action a fresh one: two calls ``T1``
         followed by one ``T1`` result is no valid conversation for a teacher."""
         cid = tc["id"]
-        used = {c["id"] for c in act.tool_calls}
-        k = 2
+        used = self._pending_ids
+        k = self._next_copy.get(cid, 2)  # #2 up to it are taken in this action
         while f"{cid}#{k}" in used:
             k += 1
+        self._next_copy[cid] = k + 1
         tc["id"] = f"{cid}#{k}"
-        self._renamed.setdefault(cid, []).append(tc["id"])
+        self._renamed.setdefault(cid, deque()).append(tc["id"])
         self.ctx.report.orphan("duplicate_tool_call_id", line, self.ctx.redactor.redact(cid))
 
     def mark_incomplete(self, note: str, at: int | None = None) -> None:
@@ -458,7 +472,6 @@ class SessionBuilder:
         if orphans:
             self._close_open_calls(append=False)
         self._open_calls.clear()
-        self._open_order.clear()
 
     def length_after_pending(self) -> int:
         """Prefix length once the pending action (if any) has joined it."""
@@ -520,28 +533,27 @@ class SessionBuilder:
                 if cid in self._open_calls:
                     continue
                 self._open_calls[cid] = self._pending_line
-                self._open_order.append(cid)
         if self._held:
             held, self._held = self._held, []
+            self._held_ids.clear()
             for cid, text, line in held:
                 self._result(cid, text, line)
 
     def _close_turn(self) -> None:
         if self._pending is not None:
             self.flush()
-        if self._open_order:
+        if self._open_calls:
             self._close_open_calls()
 
     def _close_open_calls(self, append: bool = True) -> None:
-        if not self._open_order:
+        if not self._open_calls:
             return
-        for cid in self._open_order:
+        for cid in self._open_calls:
             shown = self.ctx.redactor.redact(cid)
             self.ctx.report.orphan("tool_call_without_result", self._open_calls[cid], shown)
             if append:
                 self._append({"role": "tool", "tool_call_id": cid, "content": NO_RESULT})
         self._open_calls.clear()
-        self._open_order.clear()
         self._renamed.clear()
 
     def _append(self, msg: Message) -> None:

@@ -126,7 +126,7 @@ class _CodexReader:
         self.events: list[tuple[int, str, str, str | None]] = []
         self.turns: list[int] = []  # prefix index of each user turn (rollbacks drop turns)
         self.hosted: dict[str, Any] | None = None  # a hosted call waiting for its real id
-        self.search_ids: list[str] = []  # web_search_* call ids not yet given to a call
+        self.search_ids: dict[str, None] = {}  # web_search_* call ids not yet given to a call
         self.given_ids: set[str] = set()  # ... and those given
 
     # -- sessions
@@ -148,7 +148,7 @@ class _CodexReader:
         self.mode = None
         self.events = []
         self.turns = []
-        self.search_ids = []
+        self.search_ids = {}
         self.given_ids = set()
 
     def _session_meta(self, payload: dict[str, Any]) -> None:
@@ -259,7 +259,7 @@ class _CodexReader:
 
     def _hosted_call(self, b: SessionBuilder, line: int, item: dict[str, Any], ts: str | None):
         """A hosted (provider-run) web search: its own decision, closed by `_close_hosted`."""
-        call_id = as_str(item.get("id")) or (self.search_ids.pop(0) if self.search_ids else "")
+        call_id = as_str(item.get("id")) or self._next_search_id()
         self.given_ids.add(call_id)
         call = make_tool_call(call_id or f"ws_synth_{line}", "web_search",
                               dumps_str(item.get("action", {})))  # fmt: skip
@@ -287,9 +287,26 @@ class _CodexReader:
             self.given_ids.add(call_id)
             self._close_hosted(line)
         elif call_id not in self.search_ids and call_id not in self.given_ids:
-            self.search_ids.append(call_id)  # (begin, then end: one id)
+            # (begin, then end: one id); a dict, not a list: a log of many searches whose call
+            # never comes cost quadratic time (40k events: 46 s), and at most EVENT_BUFFER_MAX
+            # wait (the oldest's call never came)
+            self.search_ids[call_id] = None
+            if len(self.search_ids) > EVENT_BUFFER_MAX:
+                del self.search_ids[next(iter(self.search_ids))]
+
+    def _next_search_id(self) -> str:
+        """The oldest web_search_* id not yet given to a call ('' if none)."""
+        if not self.search_ids:
+            return ""
+        call_id = next(iter(self.search_ids))
+        del self.search_ids[call_id]
+        return call_id
 
     def _rollback(self, payload: dict[str, Any]) -> None:
+        if self.mode is None and self.events:
+            # no message item came before: the buffered events are the turns (an item is
+            # written before its event copy), read now so the rollback can cut them
+            self._replay_events()
         n = payload.get("num_turns")
         if type(n) is not int or n < 1 or not self.turns or self.b is None:
             return

@@ -87,7 +87,7 @@ def read_call_log(ctx: ReaderContext, doc: dict[str, Any]) -> Iterator[TraceStat
     ctx.report.items = len(msgs) + 1
     tools = doc.get("tools") or as_dict(doc.get("kwargs")).get("tools")
     if isinstance(tools, list) and tools:
-        ctx.tools = tools
+        ctx.tools = ctx.redactor.redact_obj(tools)  # schemas are text too (MCP descriptions)
     b = SessionBuilder(ctx, ctx.path.stem)
     for i, msg in enumerate(msgs, start=1):
         reason = add_message(b, i, msg, i)
@@ -98,12 +98,13 @@ def read_call_log(ctx: ReaderContext, doc: dict[str, Any]) -> Iterator[TraceStat
     resp = as_dict(doc.get("response"))
     n = len(msgs) + 1
     msg = _response_message(resp)
-    if msg is None:
-        ctx.report.skip_item(n, "response_without_message")
-    else:
+    reason = "response_without_message"
+    if msg is not None:
         msg.setdefault("model", as_str(resp.get("model")))
-        add_message(b, n, msg, n, response_id=as_str(resp.get("id")) or None)
+        reason = add_message(b, n, msg, n, response_id=as_str(resp.get("id")) or None)
     b.finish(orphans=False)
+    if not ctx.out:  # the response made no action (no role, a user's, nothing in it)
+        ctx.report.skip_item(n, reason or "response_without_action")
     yield from ctx.drain()
 
 

@@ -156,3 +156,29 @@ def test_hosted_web_search_inside_a_response_splits_the_decision(tmp_path: Path)
     assert answer.action.text == "2.0 dropped Python 3.8."
     assert answer.meta.context_complete is False
     assert not rep.orphans
+
+
+_UUIDS = st.sampled_from(["a", "b", "c", "d", None, 7])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["user", "assistant"]), _UUIDS, _UUIDS), max_size=12))
+def test_hostile_parent_graphs_read_every_record_once(tmp_path_factory, spec) -> None:
+    """Cycles, records that are their own parent, repeated uuids and non-string ids: every
+    line is parsed or skipped exactly once, no record crashes the reader, and no call or
+    result is used twice."""
+    recs = []
+    for i, (kind, uuid, parent) in enumerate(spec):
+        content = [{"type": "tool_use", "id": f"t{i}", "name": "Bash", "input": {}}]
+        if kind == "user":
+            content = [{"type": "tool_result", "tool_use_id": f"t{i - 1}", "content": "r"}]
+        msg = {"id": f"m{i}", "content": content}
+        recs.append({"type": kind, "uuid": uuid, "parentUuid": parent, "sessionId": "P",
+                     "message": msg})  # fmt: skip
+    path = tmp_path_factory.mktemp("graph") / "s.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    states, rep = _read(path)
+    assert rep.parsed + rep.skipped == rep.total_lines == len(recs)
+    assert not [r for r in rep.skipped_by_reason if r.startswith("reader_error")]
+    calls = [c["id"] for s in states for c in s.action.tool_calls]
+    assert len(calls) == len(set(calls)) == sum(1 for k, _, _ in spec if k == "assistant")

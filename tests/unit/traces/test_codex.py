@@ -64,3 +64,29 @@ def test_final_answer_phase_ends_a_decision_commentary_does_not() -> None:
     run_tests = next(s for s in states if s.action.tool_calls and s.action.text)
     assert run_tests.action.text == "Running them now."  # commentary + its call: one action
     assert run_tests.action.tool_calls[0]["id"] == "call_7"
+
+
+def test_a_rollback_in_an_event_only_rollout_drops_the_turn(tmp_path) -> None:
+    """An older rollout with only ``event_msg`` messages: they are buffered until the reader
+    knows no ``response_item`` copies them, and a rollback among them must cut the buffered
+    turn (it was ignored: the later answer's prefix held the turn the user took back)."""
+    import json
+
+    def ev(kind: str, **kw) -> str:
+        return json.dumps({"type": "event_msg", "payload": {"type": kind, **kw}})
+
+    lines = [json.dumps({"type": "session_meta", "payload": {"id": "s1"}}),
+             ev("user_message", message="first question"),
+             ev("agent_message", message="first answer"),
+             ev("user_message", message="a question I take back"),
+             ev("agent_message", message="an answer that gets dropped"),
+             ev("thread_rolled_back", num_turns=1),
+             ev("user_message", message="better question"),
+             ev("agent_message", message="better answer")]  # fmt: skip
+    path = tmp_path / "rollout.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    run = ingest([path], "codex")
+    states = list(run)
+    assert states[-1].action.text == "better answer"
+    assert _texts(states[-1]) == ["first question", "first answer", "better question"]
+    assert run.report.files[0].context_changes["rollback"] == 1

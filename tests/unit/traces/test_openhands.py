@@ -75,3 +75,41 @@ def test_sdk_condensation_drops_forgotten_events_from_later_prefixes(tmp_path: P
     assert [m["content"] for m in last.prefix] == ["The user asked an old task; done.", "new task"]
     assert last.meta.after_compaction is True
     assert run.report.files[0].context_changes["compaction"] == 1
+
+
+def test_a_secret_in_a_call_logs_tool_schemas_is_redacted(tmp_path: Path) -> None:
+    """A call log's ``tools`` (or ``kwargs.tools``) become the state's ``tools``: a key in a
+    tool's description (an MCP server's schema) must be redacted like any other text."""
+    secret = "ghp_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gI3kM5"
+    doc = orjson.loads(CALL_LOG.read_bytes())
+    tool = {"type": "function", "function": {"name": "fetch", "parameters": {},
+            "description": f"GitHub proxy; header Authorization: token {secret}"}}  # fmt: skip
+    for where in ("tools", "kwargs"):
+        log = {k: v for k, v in doc.items() if k not in ("tools", "kwargs")}
+        log[where] = [tool] if where == "tools" else {"tools": [tool]}
+        path = tmp_path / f"{where}-1777629600.500.json"
+        path.write_bytes(orjson.dumps(log))
+        (state,) = list(ingest([path]))
+        assert state.tools and state.tools[0]["function"]["name"] == "fetch", where
+        assert secret not in orjson.dumps(state.tools).decode(), where
+        assert "<REDACTED:" in state.tools[0]["function"]["description"], where
+
+
+def test_a_call_log_whose_response_gives_no_action_is_not_understood(tmp_path: Path) -> None:
+    """A response without a role, with a user's role, with tool calls that are no list or
+    with no output: no state, and the report must not say every record was understood (the
+    decision was silently dropped)."""
+    doc = orjson.loads(CALL_LOG.read_bytes())
+    responses = {
+        "no_role": {"choices": [{"message": {"content": "hi"}}]},
+        "user_role": {"choices": [{"message": {"role": "user", "content": "hi"}}]},
+        "calls_not_a_list": {"choices": [{"message": {"role": "assistant", "tool_calls": "x"}}]},
+        "no_output": {"output": []},
+    }
+    for name, resp in responses.items():
+        path = tmp_path / f"{name}-1777629600.500.json"
+        path.write_bytes(orjson.dumps(doc | {"response": resp}))
+        run = ingest([path])
+        assert list(run) == [], name
+        rep = run.report.files[0]
+        assert rep.records_understood == rep.records - 1, (name, rep.skipped_items)

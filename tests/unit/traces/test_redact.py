@@ -361,3 +361,20 @@ def test_assignment_secrets_do_not_survive_ingest(tmp_path: Path) -> None:
 )
 def test_assignment_look_alikes_are_untouched(text: str) -> None:
     assert Redactor().redact(text) == text
+
+
+def test_a_result_for_an_unknown_call_shows_its_id_redacted(tmp_path) -> None:
+    """A tool result whose call is not in the log becomes user content labelled with its id:
+    a secret there (a hostile or mangled log) must be redacted like the result's text."""
+    secret = "ghp_" + _r(36)
+    recs = [{"type": "user", "sessionId": "s", "uuid": "u", "message": {"content": "go"}},
+            {"type": "user", "sessionId": "s", "uuid": "r", "parentUuid": "u", "message": {
+                "content": [{"type": "tool_result", "tool_use_id": secret, "content": "x"}]}},
+            {"type": "assistant", "sessionId": "s", "uuid": "a", "parentUuid": "r",
+             "message": {"id": "m", "content": [{"type": "text", "text": "done"}]}}]  # fmt: skip
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    (state,) = list(ingest([path], "claude_code"))
+    label = state.prefix[-1]["content"]
+    assert label.startswith("[tool result for unknown call <REDACTED:"), label
+    assert secret not in orjson.dumps(state.prefix).decode()

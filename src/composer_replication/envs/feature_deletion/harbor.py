@@ -283,6 +283,7 @@ def export_task(task: dict, tree: SourceTree, out: Path, opts: ExportOptions, wh
     """One task's directory, written beside its final place and renamed into it."""
     name = task_dir_name(task["task_id"])
     target_path(tree, task)  # a record naming a file outside its tree exports nothing
+    grading_tests(task)
     final = Path(out) / name
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
@@ -313,6 +314,19 @@ def target_path(tree: SourceTree, task: dict) -> Path:
         raise HarborExportError(f"task {task['task_id']!r}: its file {task['file']!r} is not a "
                                 f"regular file inside {root}")  # fmt: skip
     return path
+
+
+def grading_tests(task: dict) -> list[str]:
+    """The test ids the verifier passes to pytest (targets, then the tests that passed): at
+    least one target, each a test id, never an option (``-p plugin``, ``-c /app/pytest.ini``
+    would let the verifier's pytest load what the agent wrote), else a `HarborExportError`."""
+    tests = [*task["failing_tests"], *task["passing_tests"]]
+    bad = [t for t in tests if not isinstance(t, str) or not t or t.startswith("-")
+           or any(c in t for c in "\0\n\r")]  # fmt: skip
+    if bad or not task["failing_tests"]:
+        why = f"test id {bad[0]!r} is no test id" if bad else "it has no target test"
+        raise HarborExportError(f"task {task['task_id']!r}: {why}")
+    return tests
 
 
 def instruction(task: dict) -> str:
@@ -385,7 +399,7 @@ def _write_tests(tests: Path, tree: SourceTree, task: dict, opts: ExportOptions,
     original = target_path(tree, task).read_text(encoding="utf-8")
     spec = {
         "target": task["file"],
-        "tests": [*task["failing_tests"], *task["passing_tests"]],
+        "tests": grading_tests(task),
         "protected": protected_digests(app, task),
         "config_names": sorted(CONFIG_FILES),
         "wheels": {w.name: sha256_file(w) for w in wheels},
@@ -430,11 +444,15 @@ def _write_solution(solution: Path, tree: SourceTree, task: dict) -> None:
 
 def license_files(root: Path) -> list[Path]:
     """The tree's license files: ``LICENSE``/``LICENCE``/``COPYING``/``NOTICE``/``COPYRIGHT``
-    (any suffix) at its root or in a ``LICENSES``/``licenses`` folder."""
-    found = [p for p in Path(root).iterdir() if p.is_file() and LICENSE_NAMES.match(p.name)]
+    (any suffix) at its root or in a ``LICENSES``/``licenses`` folder; links left out."""
+
+    def regular(p: Path) -> bool:  # a link may name a host file: never copied
+        return p.is_file() and not p.is_symlink()
+
+    found = [p for p in Path(root).iterdir() if regular(p) and LICENSE_NAMES.match(p.name)]
     for folder in ("LICENSES", "licenses"):
-        if (Path(root) / folder).is_dir():
-            found += [p for p in (Path(root) / folder).rglob("*") if p.is_file()]
+        if (Path(root) / folder).is_dir() and not (Path(root) / folder).is_symlink():
+            found += [p for p in (Path(root) / folder).rglob("*") if regular(p)]
     return sorted(found)
 
 
@@ -454,17 +472,28 @@ def _write_licenses(dest: Path, tree: SourceTree, licenses: list[Path],
     for whl in wheels:
         stem = "-".join(whl.name.split("-")[:2])
         with zipfile.ZipFile(whl) as zf:
-            for member in zf.namelist():
-                parts = member.split("/")
-                if len(parts) < 2 or not parts[0].endswith(".dist-info"):
-                    continue
-                if not (parts[1] == "licenses" or LICENSE_NAMES.match(parts[-1])):
-                    continue
-                rel = Path("licenses") / stem / Path(*parts[1:])
+            for member, inside in wheel_license_members(zf):
+                rel = Path("licenses") / stem / inside
                 (dest.parent / rel).parent.mkdir(parents=True, exist_ok=True)
                 (dest.parent / rel).write_bytes(zf.read(member))
                 copied.append(rel.as_posix())
     return copied
+
+
+def wheel_license_members(zf) -> list[tuple[str, Path]]:
+    """A wheel's license files (``*.dist-info/licenses/*``, ``*.dist-info/LICENSE*``) and the
+    path each takes under its ``licenses/<wheel>/`` folder; a member named with ``..``, an
+    empty part or a backslash is left out (an archive's names are data: none may lead out)."""
+    out = []
+    for member in zf.namelist():
+        parts = member.split("/")
+        if len(parts) < 2 or not parts[0].endswith(".dist-info") or member.endswith("/"):
+            continue
+        if any(p in ("", ".", "..") or "\\" in p for p in parts):
+            continue
+        if parts[1] == "licenses" or LICENSE_NAMES.match(parts[-1]):
+            out.append((member, Path(*parts[1:])))
+    return out
 
 
 def task_toml(task: dict, tree: SourceTree, name: str, opts: ExportOptions, spec: dict,
@@ -519,14 +548,27 @@ def _toml_table(header: str, values: dict) -> str:
 
 
 def _toml_key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_string(key)
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: JSON's escapes without ``ensure_ascii`` (which writes a character
+    outside the Basic Multilingual Plane as a surrogate pair, no TOML escape), DEL escaped
+    (TOML refuses it raw); a lone surrogate (no UTF-8 text) is refused."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise HarborExportError(f"{text!r} is not UTF-8 text: no TOML string") from None
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _toml_value(value) -> str:
-    """A TOML value: JSON's string escapes are TOML basic strings (``ensure_ascii``)."""
+    """A TOML value (:func:`_toml_string` for strings; JSON's numbers are TOML's)."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, float, str)):
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, (int, float)):
         return json.dumps(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"

@@ -8,10 +8,10 @@ What it does, with ``/tests/grade.json`` (written at export) as its only input:
 1. ``reward.txt`` is 0 from the start: a crash or a timeout leaves 0.
 2. Tests or configuration edited: every test file and configuration file of the task's
    workspace (``protected``: path -> sha256 at the task's state) must be in ``/app`` with the
-   same bytes, else the reward is 0. Files the agent added (a ``conftest.py`` anywhere) are
+   same bytes, reached through no link, else the reward is 0. Files the agent added (a ``conftest.py`` anywhere) are
    listed in ``grade.json`` and never reach the run below.
-3. Only the target file is taken from ``/app`` (a regular file, UTF-8, at most ``max_chars``
-   characters), written into a fresh copy of the pristine repository (``/tests/pristine``).
+3. Only the target file is taken from ``/app`` (a regular file reached through no link,
+   UTF-8, at most ``max_chars`` characters), written into a fresh copy of the pristine repository (``/tests/pristine``).
 4. pytest comes from the pinned wheels in ``/tests/wheels`` (sha256 checked, unpacked to a
    temporary directory), runs with ``python -I -S -B`` (no site-packages, no environment
    variables, no bytecode written), entry-point plugins off and the pinned command line
@@ -79,13 +79,25 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def linked(app: Path, rel: str) -> bool:
+    """True if ``app/rel`` or any directory between ``app`` and it is a link: ``/app`` crosses
+    to the verifier's container links included, where a link may resolve into
+    ``/tests/pristine`` (the original target file) or anywhere else."""
+    path = app
+    for part in Path(rel).parts:
+        path = path / part
+        if path.is_symlink():
+            return True
+    return False
+
+
 def edited_files(app: Path, protected: dict[str, str]) -> list[str]:
-    """Protected files (tests, configuration) missing from ``app``, replaced by a link, or
+    """Protected files (tests, configuration) missing from ``app``, reached through a link, or
     with other bytes than at the task's state."""
     out = []
     for rel, digest in sorted(protected.items()):
         path = app / rel
-        if path.is_symlink() or not path.is_file() or sha256(path) != digest:
+        if linked(app, rel) or not path.is_file() or sha256(path) != digest:
             out.append(rel)
     return out
 
@@ -103,10 +115,11 @@ def added_files(app: Path, protected: dict[str, str], names: list[str]) -> list[
     return sorted(out)[:50]
 
 
-def read_target(path: Path, max_chars: int) -> str | None:
+def read_target(app: Path, rel: str, max_chars: int) -> str | None:
     """The submitted target file's text; None if it is no regular UTF-8 file of at most
-    ``max_chars`` characters."""
-    if path.is_symlink() or not path.is_file() or path.stat().st_size > 4 * max_chars:
+    ``max_chars`` characters, or is reached through a link (:func:`linked`)."""
+    path = app / rel
+    if linked(app, rel) or not path.is_file() or path.stat().st_size > 4 * max_chars:
         return None
     try:
         text = path.read_bytes().decode("utf-8")
@@ -167,7 +180,7 @@ def grade(tests_dir: Path, app: Path, spec: dict) -> dict:
                "added": added_files(app, spec["protected"], spec["config_names"])}  # fmt: skip
     if verdict["edited"]:
         return verdict | {"reason": "tests or configuration were edited"}
-    text = read_target(app / spec["target"], spec["max_chars"])
+    text = read_target(app, spec["target"], spec["max_chars"])
     if text is None:
         return verdict | {"reason": f"{spec['target']} is missing, a link, not UTF-8 or too long"}
     with tempfile.TemporaryDirectory(prefix="fd-grade-") as name:

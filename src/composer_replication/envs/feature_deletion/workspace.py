@@ -25,7 +25,15 @@ from composer_replication.envs.feature_deletion.paths import inside, record_path
 
 CONFIG_FILES = {"conftest.py", "pytest.ini", "setup.cfg", "tox.ini", "pyproject.toml",
                 "sitecustomize.py", "usercustomize.py", "setup.py"}  # fmt: skip
-IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".git", ".complete")
+_IGNORED_NAMES = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".git", ".complete")
+
+
+def IGNORED(dirpath: str, names: list[str]) -> set[str]:  # noqa: N802 - a copytree ignore
+    """What a copy of a source tree leaves out: bytecode, ``.git``, our marker, and links (a
+    local source directory is data: a link to a host file or folder would copy the host's
+    bytes into workspaces and exports; tree_digest leaves links out too, sdists have none)."""
+    out = _IGNORED_NAMES(dirpath, names)
+    return out | {n for n in names if os.path.islink(os.path.join(dirpath, n))}
 
 
 def candidate_of(task: dict) -> Candidate:

@@ -319,3 +319,78 @@ def test_a_task_record_naming_a_file_outside_its_tree_is_refused(tmp_path):
     for bad in ("../secret.py", "/etc/passwd", "pkg", "pkg/link.py", "pkg/missing.py"):
         with pytest.raises(HarborExportError, match="is not a regular file inside"):
             target_path(tree, {"task_id": "t", "file": bad})
+
+
+def test_links_in_a_local_source_bring_no_host_file_into_the_export(tmp_path):
+    """A local source directory is data: a ``LICENSE`` linked to a host file, a linked
+    ``LICENSES`` folder, a module and a package folder linked out of the tree must not put
+    the host's bytes into ``licenses/``, ``environment/app`` or ``tests/pristine`` (all
+    copied with workspace.IGNORED); tree_digest already leaves links out."""
+    from composer_replication.envs.feature_deletion.workspace import IGNORED
+
+    host = tmp_path / "host"
+    (host / "dir").mkdir(parents=True)
+    (host / "id_rsa").write_text("HOST-SECRET\n")
+    (host / "dir" / "key.py").write_text("HOST-SECRET = 1\n")
+    root = tmp_path / "src"
+    shutil.copytree(TEXTKIT, root)
+    (root / "LICENSE").symlink_to(host / "id_rsa")
+    (root / "LICENSES").symlink_to(host / "dir", target_is_directory=True)
+    (root / "textkit" / "keys.py").symlink_to(host / "id_rsa")
+    (root / "textkit" / "vendored").symlink_to(host / "dir", target_is_directory=True)
+    assert license_files(root) == []
+    shutil.copytree(root, tmp_path / "copy", ignore=IGNORED, symlinks=False)
+    copied = _tree(tmp_path / "copy")
+    assert copied == _tree(TEXTKIT), sorted(set(copied) - set(_tree(TEXTKIT)))
+
+
+def test_task_toml_reads_back_names_outside_the_basic_plane(tmp_path):
+    """A source file or symbol named with a character outside the Basic Multilingual Plane
+    (``😀``): JSON's ASCII escape writes it as a surrogate pair, which TOML refuses (Harbor
+    could not load the task); task.toml must read back to the same values."""
+    from composer_replication.envs.feature_deletion.harbor import ExportOptions, task_toml
+    from composer_replication.envs.feature_deletion.source import SourceTree
+
+    tree = SourceTree("pkg\U0001f600", "local", tmp_path, "0" * 64)
+    task = {"task_id": "pkg:m\U0001f600.py::f\U00010437", "file": "m\U0001f600.py",
+            "symbol": "f\U00010437", "failing_tests": ["t::a"], "passing_tests": []}  # fmt: skip
+    doc = task_toml(task, tree, "n", ExportOptions(), {"wheels": {}}, [], 60.0, None)
+    meta = tomllib.loads(doc)["metadata"]
+    assert (meta["target_file"], meta["target_symbol"]) == (task["file"], task["symbol"])
+    assert meta["source_package"] == tree.name
+
+
+def test_a_wheels_license_member_outside_its_folder_is_refused(tmp_path):
+    """A wheel is an archive: a license member named with ``..`` must not be written outside
+    the task's ``licenses/<wheel>/`` (a wheel from ``--wheels DIR`` is the user's file)."""
+    import zipfile
+
+    from composer_replication.envs.feature_deletion.harbor import wheel_license_members
+
+    whl = tmp_path / "evil-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr("evil-1.0.dist-info/licenses/LICENSE", "MIT")
+        zf.writestr("evil-1.0.dist-info/licenses/../../../../escaped.txt", "x")
+        zf.writestr("evil-1.0.dist-info/LICENSE/../../x/LICENSE", "x")
+    with zipfile.ZipFile(whl) as zf:
+        got = wheel_license_members(zf)
+    assert got == [("evil-1.0.dist-info/licenses/LICENSE", Path("licenses/LICENSE"))]
+
+
+def test_a_task_record_whose_tests_are_options_or_none_is_refused():
+    """The verifier passes the record's test ids to pytest: an id that is an option
+    (``-p``/``-c /app/pytest.ini`` would load what the agent wrote) or a record with no target
+    test (every submission would score 1) exports nothing."""
+    from composer_replication.envs.feature_deletion.harbor import grading_tests
+
+    ok = {"task_id": "t", "failing_tests": ["tests/t.py::a"], "passing_tests": ["tests/t.py::b"]}
+    assert grading_tests(ok) == ["tests/t.py::a", "tests/t.py::b"]
+    for bad in (
+        {"failing_tests": []},
+        {"passing_tests": ["-c", "/app/pytest.ini"]},
+        {"failing_tests": ["-pevil"]},
+        {"passing_tests": ["a\nb"]},
+        {"passing_tests": [3]},
+    ):
+        with pytest.raises(HarborExportError, match="task 't': "):
+            grading_tests(ok | bad)
