@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -250,20 +253,22 @@ def test_another_local_user_cannot_connect(proxy_of, tool_tok, tmp_path):
     finally:
         proxy.stop()
         remove_socket_dir(path)
-    open_dir = tmp_path / "open"  # a careless deployment: everything world-accessible
-    open_dir.mkdir(mode=0o777)
-    open_dir.chmod(0o777)
-    tmp_path.chmod(0o755)
-    tmp_path.parent.chmod(0o755)
-    proxy = proxy_of(max_connections=8)
-    os.rename(proxy.socket_path, open_dir / "p.sock")
-    os.chmod(open_dir / "p.sock", 0o666)
-    assert _as_user(4242, str(open_dir / "p.sock")) in (
-        "closed",
-        "ConnectionResetError",
-        "BrokenPipeError",
-    )  # closed unheard
-    assert proxy.dropped == 1
+    # a careless deployment: everything world-accessible (a directory of its own under /tmp:
+    # pytest's base temporary directory is 0700, whatever the test does below it)
+    open_dir = Path(tempfile.mkdtemp(prefix="cr-open-", dir="/tmp"))
+    try:
+        open_dir.chmod(0o777)
+        proxy = proxy_of(max_connections=8)
+        os.rename(proxy.socket_path, open_dir / "p.sock")
+        os.chmod(open_dir / "p.sock", 0o666)
+        assert _as_user(4242, str(open_dir / "p.sock")) in (
+            "closed",
+            "ConnectionResetError",
+            "BrokenPipeError",
+        )  # closed unheard
+        assert proxy.dropped == 1
+    finally:
+        shutil.rmtree(open_dir, ignore_errors=True)
 
 
 def test_the_sandbox_reaches_the_proxy_in_its_private_directory(tool_tok, tmp_path):
