@@ -247,15 +247,7 @@ def _class_reach(
     holds it), the other files' names, and the fixtures the kept tests of those classes got
     (``class_keep``: each test's whole closure)."""
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    bases = {c: {b.id for b in n.bases if isinstance(b, ast.Name) and b.id in classes}
-             for c, n in classes.items()}  # fmt: skip
-    related = {cls}
-    for step in (lambda c: bases[c], lambda c: {s for s, b in bases.items() if c in b}):
-        todo = [cls]
-        while todo:  # ancestors, then descendants
-            more = step(todo.pop()) - related
-            related |= more
-            todo += more
+    related = _related(classes, cls) or {cls}
     out = set(elsewhere)
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name not in related or _is_fixture(node):
