@@ -25,6 +25,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 from composer_replication.lm.models import fill_once
 
@@ -120,3 +121,24 @@ def originals_seen(stdout: str) -> dict[str, list[str]]:
     """The probe's findings that are not empty (files, package dirs, imported names)."""
     got = json.loads(stdout.strip().splitlines()[-1])
     return {k: v for k, v in got.items() if k != "walked" and v}
+
+
+def sandboxed_stdout(code: str, cfg: Any, trainer: str) -> str:
+    """What ``code`` printed in a sandbox (``run_python`` with ``cfg``, a ``SandboxConfig``)
+    started by this process (``trainer="host"``) or by a trainer in the ``--without-pip``
+    virtual environment over this interpreter (``"venv"``); asserts it ran."""
+    from composer_replication.sandbox.sandbox import run_python
+
+    if trainer == "host":
+        r = run_python(code, cfg)
+        assert r.ok, r.stderr
+        return r.stdout
+    child = run_in_venv(
+        "import sys\nfrom composer_replication.sandbox.sandbox import run_python\n"
+        "from composer_replication.config import SandboxConfig\n"
+        "assert sys.prefix != sys.base_prefix\n"
+        f"r = run_python({code!r}, SandboxConfig.model_validate({cfg.model_dump()!r}))\n"
+        "assert r.ok, r.stderr\nsys.stdout.write(r.stdout)\n"
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    return child.stdout

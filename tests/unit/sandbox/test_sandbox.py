@@ -183,22 +183,9 @@ def test_no_python_package_of_the_host_is_visible_outside_the_standard_library(t
     import sysconfig
 
     stdlib = os.path.realpath(sysconfig.get_path("stdlib"))
-    cfg = SandboxConfig(wall_timeout_s=60, cpu_time_s=60)
-    if trainer == "host":
-        r = run_python(GUARD_PROBE, cfg)
-        assert r.ok, r.stderr
-        out = r.stdout
-    else:
-        from support.venv_trainer import run_in_venv
+    from support.venv_trainer import sandboxed_stdout
 
-        child = run_in_venv(
-            "import sys\nfrom composer_replication.sandbox.sandbox import run_python\n"
-            "from composer_replication.config import SandboxConfig\n"
-            f"r = run_python({GUARD_PROBE!r}, SandboxConfig(wall_timeout_s=60, cpu_time_s=60))\n"
-            "assert r.ok, r.stderr\nsys.stdout.write(r.stdout)\n"
-        )
-        assert child.returncode == 0, child.stderr[-2000:]
-        out = child.stdout
+    out = sandboxed_stdout(GUARD_PROBE, SandboxConfig(wall_timeout_s=60, cpu_time_s=60), trainer)
     lines = out.split("\n")
     seen = lines[1 : 1 + int(lines[0])]
     assert any(p.startswith(stdlib + "/") for p in seen) or not stdlib.startswith("/usr")

@@ -22,7 +22,6 @@ from support.sandbox_witness import SandboxWatch
 
 from composer_replication.config import SandboxConfig
 from composer_replication.envs.humaneval import HumanEvalEnv, humaneval_path
-from composer_replication.sandbox.sandbox import run_python
 
 ATTACKS: dict[str, str] = {
     "sys_exit_before_tests": "    import sys\n    sys.exit(0)\n",
@@ -277,22 +276,8 @@ def test_no_host_package_original_nor_bundled_wheel_is_seen_or_imported(trainer)
     package directory outside the standard library, and no host package imports. ``venv``:
     the trainer runs in an isolated ``--without-pip`` virtual environment over this
     interpreter, where the base interpreter's site-packages is in no ``site`` list."""
-    from support.venv_trainer import originals_seen, probe_code, run_in_venv
+    from support.venv_trainer import originals_seen, probe_code, sandboxed_stdout
 
     cfg = SandboxConfig(wall_timeout_s=120, cpu_time_s=120, memory_mb=1024)
-    if trainer == "host":
-        r = run_python(probe_code(), cfg)
-        assert r.ok, r.stderr
-        out = r.stdout
-    else:
-        child = run_in_venv(
-            "import sys\nfrom composer_replication.sandbox.sandbox import run_python\n"
-            "from composer_replication.config import SandboxConfig\n"
-            "from support.venv_trainer import probe_code\n"
-            "assert sys.prefix != sys.base_prefix\n"
-            f"r = run_python(probe_code(), SandboxConfig.model_validate({cfg.model_dump()!r}))\n"
-            "assert r.ok, r.stderr\nsys.stdout.write(r.stdout)\n"
-        )
-        assert child.returncode == 0, child.stderr[-2000:]
-        out = child.stdout
+    out = sandboxed_stdout(probe_code(), cfg, trainer)
     assert originals_seen(out) == {}
