@@ -152,6 +152,8 @@ class ToolEnvironment(Environment):
     """
 
     tools: ClassVar[bool] = True
+    checks_do_nothing: ClassVar[bool] = False
+    """Whether :meth:`do_nothing_reward` grades anything (the hack telemetry's check)."""
 
     @abstractmethod
     def tools_class(self) -> type:

@@ -56,7 +56,7 @@ class EnvReward:
         self.task_estimates = task_estimates
         """``task_id -> (pass_rate, scored_rollouts)`` before this step (the run's
         ``TaskSampler.estimate``): splits ``env/hack/invalid_call_rate_likely_fail|pass``."""
-        self.check_do_nothing = check_do_nothing and hasattr(env, "do_nothing_reward")
+        self.check_do_nothing = check_do_nothing and getattr(env, "checks_do_nothing", False)
         self.do_nothing: dict[str, float] = {}
         """Per task seen: the reward of its untouched workspace (graded once; must be 0)."""
 

@@ -150,6 +150,7 @@ class FeatureDeletionEnv(ToolEnvironment):
     """Tasks from one or more generated task sets (generated at first use, then cached)."""
 
     name = "feature_deletion"
+    checks_do_nothing = True
 
     def __init__(
         self,
