@@ -152,6 +152,8 @@ class ToolEnvironment(Environment):
     """
 
     tools: ClassVar[bool] = True
+    checks_do_nothing: ClassVar[bool] = False
+    """Whether :meth:`do_nothing_reward` grades anything (the hack telemetry's check)."""
 
     @abstractmethod
     def tools_class(self) -> type:
@@ -164,6 +166,11 @@ class ToolEnvironment(Environment):
     @abstractmethod
     def grade(self, task: Task, completion: str | list[dict[str, Any]]) -> StepResult:
         """Score a rollout (its messages after the prompt, or a final reply as text)."""
+
+    def do_nothing_reward(self, task: Task) -> float | None:
+        """The reward of a rollout that changes nothing and submits (must be 0), or None when
+        it cannot be known here (the default: no such check) or the machine failed it."""
+        return None
 
     def grade_episodes(
         self, tasks: list[Task], rollouts: list[list[dict[str, Any]]], instances: list[Any] | None

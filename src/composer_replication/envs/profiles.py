@@ -120,6 +120,8 @@ class WorkspaceTools:
     submitted = property(lambda self: self._native.submitted)
     task = property(lambda self: self._native.task)
     test_seconds = property(lambda self: self._native.test_seconds)
+    edits = property(lambda self: self._native.edits)
+    probe = property(lambda self: self._native.probe)
 
     def _close(self) -> None:
         self._native._close()

@@ -149,6 +149,12 @@ class TaskSampler:
         """Scored rollouts of the task so far."""
         return self.successes.get(task_id, 0) + self.failures.get(task_id, 0)
 
+    def estimate(self, task_id: str) -> tuple[float, int]:
+        """``(pass_rate, rollouts)``: the posterior mean and the scored rollouts behind it (what
+        the reward function's hack telemetry splits tasks by, envs/telemetry.py; an unknown
+        task, e.g. held out, is ``(prior mean, 0)``)."""
+        return self.pass_rate(task_id), self.rollouts(task_id)
+
     def retired(self, task_id: str) -> bool:
         return task_id in self._retired
 

@@ -218,7 +218,9 @@ def build_grpo_args(cfg: RunConfig):
     )
 
 
-def build_reward_funcs(cfg: RunConfig, env) -> list:
+def build_reward_funcs(cfg: RunConfig, env, task_sampler=None) -> list:
+    """The run's reward functions; ``task_sampler`` (the trainer's ``data.sampler``) gives
+    EnvReward's hack telemetry its per-task pass-rate estimates (``TaskSampler.estimate``)."""
     from composer_replication.trainer.callbacks import EPISODES_FILE
     from composer_replication.trainer.rewards import EnvReward
 
@@ -236,7 +238,8 @@ def build_reward_funcs(cfg: RunConfig, env) -> list:
         funcs = [OpenEnvReward(env.name)]
     else:
         log = Path(cfg.output_dir) / EPISODES_FILE if env.tools else None
-        funcs = [EnvReward(env, episode_log=log)]
+        estimates = task_sampler.estimate if task_sampler is not None else None
+        funcs = [EnvReward(env, episode_log=log, task_estimates=estimates)]
     if cfg.grpo.overlong.enabled:
         from trl.rewards import get_soft_overlong_punishment
 
@@ -360,9 +363,10 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         from composer_replication.diloco.callback import DilocoCallback
 
         callbacks.append(DilocoCallback(cfg.diloco, cfg.output_dir))
+    sampler = build_task_sampler(cfg, env, dataset)
     trainer = ComposerReplicationTrainer(
         model=model,
-        reward_funcs=build_reward_funcs(cfg, env),
+        reward_funcs=build_reward_funcs(cfg, env, sampler),
         args=build_grpo_args(cfg),
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -376,7 +380,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         max_infra_failed_frac=cfg.grpo.max_infra_failed_frac,
         shared_prefix=cfg.generation.shared_prefix,
         concurrent_tools=cfg.rollout.concurrent_tools,
-        task_sampler=build_task_sampler(cfg, env, dataset),
+        task_sampler=sampler,
         **tools,
     )
     from transformers.trainer_callback import PrinterCallback

@@ -169,6 +169,10 @@ share of groups with a GRPO signal and how hard the drawn tasks were (their pass
 estimates' mean and 10/90% quantiles), and the share of tasks retired as solved."""
 
 
+HACK_PREFIX = "env/hack/"
+"""Prefix of the hack telemetry (envs/telemetry.py), drawn in its own panel when present."""
+
+
 INFRA_PREFIX = "env/infra_failed"
 """Prefix of the machine-failure metrics (trainer/rewards.py ``log_infra_metrics``)."""
 
@@ -208,6 +212,9 @@ def plot_metrics(metrics_path: str | Path, out_path: str | Path | None = None) -
     sampler_keys = [k for k in SAMPLER_KEYS if any(k in r for r in rows)]
     if sampler_keys:  # how the task mix moves (data.sampler)
         panels.insert(1, ("task mix (data.sampler)", sampler_keys))
+    hack_keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k.startswith(HACK_PREFIX)]
+    if hack_keys:  # reward hacks (docs/feature_deletion.md says when to worry)
+        panels.insert(1, ("hack telemetry (per step)", hack_keys))
     if infra := infra_keys(rows):  # gradings the machine failed, masked
         panels.insert(1, ("machine failures (masked rollouts)", infra))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))

@@ -192,3 +192,18 @@ def test_machine_failures_get_a_panel_only_when_the_machine_failed(tmp_path):
     rows = quiet + [{"step": 2, "env/infra_failed_frac": 0.5,
                      "env/infra_failed/sandbox_start": 0.0, "env/infra_failed/slot_timeout": 2.0}]  # fmt: skip
     assert infra_keys(rows) == ["env/infra_failed_frac", "env/infra_failed/slot_timeout"]
+
+
+def test_hack_metrics_get_their_panel(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    made = []
+    subplots = plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *a, **k: made.append(subplots(*a, **k)) or made[-1])
+    rows = [{"step": s, "reward": 0.1, "loss": 0.0, "env/hack/cache_read_frac": 0.1 * s,
+             "env/hack/invalid_call_rate_likely_fail": 0.5} for s in (1, 2)]  # fmt: skip
+    (tmp_path / METRICS_FILE).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    assert plot_metrics(tmp_path / METRICS_FILE) is not None
+    panel = next(ax for ax in made[0][1] if ax.get_title() == "hack telemetry (per step)")
+    labels = {line.get_label() for line in panel.get_lines()}
+    assert labels == {"env/hack/cache_read_frac", "env/hack/invalid_call_rate_likely_fail"}

@@ -25,6 +25,7 @@ import logging
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -106,6 +107,16 @@ MAX_PATH_DEPTH = 24
 """Most directory levels below the repository root a path may have: the host-side tools and
 grading walk the tree, and ~1000 levels (~1.5k policy tokens) made ``os.walk``,
 ``copytree`` and ``rmtree`` raise RecursionError in the trainer."""
+CACHE_PROBES = (
+    "{pkg}/__pycache__/_cr_probe.cpython-312.pyc",
+    ".mypy_cache/3.12/_cr_probe.data.ff",
+    ".pytest_cache/v/cache/_cr_probe",
+    ".git/objects/info/_cr_probe",
+)
+"""Cache and bytecode files planted in every episode's workspace (``{pkg}``: the target
+file's directory), holding a text unique to the episode: a tool result that shows it read a
+cache, whatever the command looked like (``cat $(printf ...)``). Their names match no module
+and no suffix ``search`` reads; they are removed before grading."""
 _LIVE_WORKSPACES: set[str] = set()
 """Episode temp dirs not yet removed; removed at interpreter exit (one handler, not one per
 episode)."""
@@ -139,6 +150,7 @@ class FeatureDeletionEnv(ToolEnvironment):
     """Tasks from one or more generated task sets (generated at first use, then cached)."""
 
     name = "feature_deletion"
+    checks_do_nothing = True
 
     def __init__(
         self,
@@ -223,6 +235,18 @@ class FeatureDeletionEnv(ToolEnvironment):
             "the tool instances (TRL passes them as `environments`)"
         )
 
+    def do_nothing_reward(self, task: Task) -> float | None:
+        """The reward of submitting ``task``'s workspace untouched (must be 0: the deleted body
+        fails its tests); None when the machine failed the grading."""
+        tmp = tempfile.mkdtemp(prefix="cr-fd-null-")
+        try:
+            ws = make_workspace(self.roots[task.task_id], task.data, Path(tmp) / "repo")
+            v = grade_workspace(self.box, self.roots[task.task_id], task.data, ws,
+                                self.reward_mode)  # fmt: skip
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return None if v.infra is not None else v.reward
+
     def grade_episodes(self, tasks, rollouts, instances) -> list[StepResult]:
         if instances is None or len(instances) != len(tasks):
             raise ValueError("feature_deletion needs the rollouts' tool instances to grade")
@@ -234,6 +258,8 @@ class FeatureDeletionEnv(ToolEnvironment):
         root = self.roots[task.task_id]
         if getattr(tools, "workspace", None) is None:
             return StepResult("", 0.0, True, False, "no workspace (reset was not called)")
+        cache_read = showed_probe(tools.probe, messages)
+        remove_probes(tools.workspace, task.data)
         try:
             v = grade_workspace(self.box, root, task.data, tools.workspace, self.reward_mode)
         except Exception as e:  # a workspace the policy made ungradable: 0, flagged, logged
@@ -248,7 +274,8 @@ class FeatureDeletionEnv(ToolEnvironment):
         flags = sorted(set(tools.flags) | set(v.flags))
         info = {"flags": flags, "targets_passed": len(v.targets_passed),
                 "targets": len(task.data["failing_tests"]), "regressions": len(v.regressions),
-                "submitted": tools.submitted}  # fmt: skip
+                "submitted": tools.submitted, "edits": tools.edits,
+                "cache_read": cache_read}  # fmt: skip
         if not v.passed:
             turn = _blamed_turn(messages, self.harness.command_tools)
             info.update(failed_turn=turn, reason=v.feedback.splitlines()[0] if v.feedback else "")
@@ -279,6 +306,8 @@ class FeatureDeletionTools:
         self.submitted = False
         self.test_seconds = 0.0  # wall seconds this episode's run_tests calls took
         self.written_bytes = 0  # bytes this episode's writes stored
+        self.edits = 0  # writes this episode made (any tool, shells included)
+        self.probe = ""  # the text of this episode's planted cache files (CACHE_PROBES)
         self._tmp: str | None = None
 
     def reset(self, **row: Any) -> None:
@@ -286,11 +315,18 @@ class FeatureDeletionTools:
         self._close()
         task = self._env.task_by_id(row["task_id"])
         self.task, self.flags, self.submitted = task.data, [], False
-        self.test_seconds, self.written_bytes = 0.0, 0
+        self.test_seconds, self.written_bytes, self.edits = 0.0, 0, 0
         self._tmp = tempfile.mkdtemp(prefix="cr-fd-ws-")
         _LIVE_WORKSPACES.add(self._tmp)
         self.workspace = make_workspace(self._env.roots[task.task_id], task.data,
                                         Path(self._tmp) / "repo")  # fmt: skip
+        self._plant_probes()
+
+    def _plant_probes(self) -> None:
+        self.probe = f"cr-cache-probe-{uuid.uuid4().hex}"
+        for path in probe_paths(self.workspace, self.task):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{self.probe}\n")
 
     def _close(self) -> None:
         """Remove the workspace (after grading). Private: TRL offers every public method as
@@ -531,11 +567,42 @@ class FeatureDeletionTools:
         return ""
 
     def _note_write(self, rel: str) -> None:
+        self.edits += 1
         name = Path(rel).name
         if rel.endswith(".pth") or name in ("conftest.py", "sitecustomize.py"):
             self.flags.append(f"wrote_config:{rel}")
         elif is_test_path(rel):
             self.flags.append(f"wrote_test:{rel}")
+
+
+def probe_paths(workspace: Path, task: dict) -> list[Path]:
+    """The planted cache files (:data:`CACHE_PROBES`) of a workspace of ``task``."""
+    pkg = Path(task["file"]).parent.as_posix()
+    return [workspace / p.format(pkg=pkg) for p in CACHE_PROBES]
+
+
+def showed_probe(probe: str, messages: list[dict[str, Any]]) -> bool:
+    """Whether a tool result of ``messages`` holds the episode's ``probe`` text: some tool, a
+    harness shell included, read a planted cache file. A result cut just across the text is
+    missed (``max_output_chars``)."""
+    return bool(probe) and any(isinstance(m, dict) and m.get("role") == "tool"
+                               and probe in str(m.get("content")) for m in messages)  # fmt: skip
+
+
+def remove_probes(workspace: Path, task: dict) -> None:
+    """Remove the planted cache files before grading (they are no change of the agent's),
+    never through a symlink the agent put on the way, and the directories planting made if
+    the agent left them empty."""
+    for path in probe_paths(workspace, task):
+        parents = [p for p in path.relative_to(workspace).parents if p != Path(".")]
+        if any((workspace / p).is_symlink() for p in parents):
+            continue
+        path.unlink(missing_ok=True)
+        for p in parents:
+            try:
+                (workspace / p).rmdir()
+            except OSError:
+                break
 
 
 def _unusable_path(path: str) -> str:

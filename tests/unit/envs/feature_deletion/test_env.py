@@ -129,7 +129,7 @@ def test_paths_outside_the_workspace_and_bytecode_are_refused_and_flagged(env):
         assert "outside the repository" in tools.read_file(path)
     (tools.workspace / "link.py").symlink_to("/etc/passwd")
     assert "outside the repository" in tools.read_file("link.py")
-    (tools.workspace / "textkit" / "__pycache__").mkdir()
+    (tools.workspace / "textkit" / "__pycache__").mkdir(exist_ok=True)  # the probe made it
     (tools.workspace / "textkit" / "__pycache__" / "numbers.cpython-311.pyc").write_bytes(b"x")
     assert "bytecode" in tools.read_file("textkit/__pycache__/numbers.cpython-311.pyc")
     tools.write_file("tests/conftest.py", "import pytest\n")
@@ -154,4 +154,5 @@ def test_workspace_has_one_commit_and_no_original_body(env):
     grep = subprocess.run(["git", "grep", "-F", body.splitlines()[1].strip()],
                           cwd=tools.workspace, capture_output=True, text=True)  # fmt: skip
     assert grep.returncode == 1  # not in any tracked file
-    assert not list(tools.workspace.rglob("*.pyc"))
+    # no bytecode but the planted cache probe, which holds only the episode's probe text
+    assert [p.read_text() for p in tools.workspace.rglob("*.pyc")] == [tools.probe + "\n"]
