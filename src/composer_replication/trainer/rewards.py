@@ -115,7 +115,7 @@ class EnvReward:
             t for t in {t.task_id: t for t in tasks}.values() if t.task_id not in self.do_nothing
         ]
         with ThreadPoolExecutor(max(1, min(len(new), 8))) as pool:  # sandbox slots bound them
-            rewards = list(pool.map(self.env.do_nothing_reward, new))
+            rewards = list(pool.map(self._do_nothing_reward, new))
         for task, reward in zip(new, rewards, strict=True):
             if reward is None:  # the machine failed it: tried again when the task comes back
                 continue
@@ -128,6 +128,16 @@ class EnvReward:
         bad = [r for r in self.do_nothing.values() if r != 0]
         log_metric(PREFIX + "do_nothing_nonzero_tasks", float(len(bad)))
         log_metric(PREFIX + "do_nothing_reward_max", max(self.do_nothing.values(), default=0.0))
+
+    def _do_nothing_reward(self, task) -> float | None:
+        """The environment's do-nothing reward of ``task``; None (tried again when the task
+        comes back) if computing it failed: a telemetry check never stops the run."""
+        try:
+            return self.env.do_nothing_reward(task)
+        except Exception as e:  # noqa: BLE001 - reported, the training step goes on
+            log.warning("do-nothing check of task %s failed: %s: %s", task.task_id,
+                        type(e).__name__, e)  # fmt: skip
+            return None
 
     @property
     def last_infra_kinds(self) -> list[str | None]:

@@ -149,3 +149,20 @@ def test_a_task_whose_do_nothing_scores_is_named(env, task, caplog):
         out = _metrics(reward, leaky, task, lambda t: ([_fix(task)], "Done."))
     assert out["do_nothing_nonzero_tasks"] == 1.0 and out["do_nothing_reward_max"] == 0.5
     assert f"task {task.task_id} scores 0.5" in caplog.text
+
+
+def test_a_failing_do_nothing_check_is_reported_and_the_step_goes_on(env, task, caplog):
+    """The do-nothing check is telemetry: when computing it raises, the reward still comes
+    back, the failure is one warning, and the task is tried again when it comes back."""
+
+    class Broken(type(env)):
+        def do_nothing_reward(self, t):
+            raise OSError("no space left on device")
+
+    broken = object.__new__(Broken)
+    broken.__dict__.update(env.__dict__)
+    reward = EnvReward(broken)
+    with caplog.at_level(logging.WARNING):
+        out = _metrics(reward, broken, task, lambda t: ([_fix(task)], "Done."))
+    assert "do-nothing check of task" in caplog.text and "no space left" in caplog.text
+    assert "do_nothing_nonzero_tasks" not in out and reward.do_nothing == {}
