@@ -113,7 +113,7 @@ def _generate_suite(specs_file: Path, out: Path, cfg) -> None:
     table.add_row("total", str(sum(r.candidates for r in rows)), str(sum(r.tasks for r in rows)),
                   str(sum(r.hidden_targets for r in rows)), "", "")  # fmt: skip
     console.print(table)
-    console.print(f"per-package summary: {out / 'suite.json'}")
+    console.print(f"per-package summary: {out / 'suite.json'}", soft_wrap=True)  # whole path
 
 
 @tasks_app.command("export")
