@@ -15,6 +15,9 @@ settings.register_profile("ci", derandomize=True, database=None, print_blob=True
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Ray reads this once, at import: every test process's Ray (a module's own, or one a library
+# such as data-juicer imports first) listens on 127.0.0.1 only (rollout_engine/learner.py)
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 def _worker_threads() -> int | None:
