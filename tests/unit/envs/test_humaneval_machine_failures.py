@@ -6,17 +6,16 @@ their 0 (sandbox/infra.py: the canonical solution, the control, passes)."""
 from __future__ import annotations
 
 import os
-import shutil
 import threading
-from pathlib import Path
 
 import pytest
+from support.planted_bwrap import BWRAP_ERROR, planted_bwrap, script_dir
 
 from composer_replication.config import SandboxConfig
 from composer_replication.envs.base import infra_kind
 from composer_replication.envs.humaneval import HumanEvalEnv
 from composer_replication.sandbox.infra import GRADER_KILLED, SANDBOX_START, SLOT_TIMEOUT
-from composer_replication.sandbox.sandbox import SLOTS, bindable_dir, set_sandbox_slots
+from composer_replication.sandbox.sandbox import SLOTS, set_sandbox_slots
 
 
 @pytest.fixture(scope="module")
@@ -32,29 +31,15 @@ def task(env):
 @pytest.fixture
 def scripts():
     """A directory the sandbox's user can read (the grader drops to ``nobody`` as root)."""
-    path = Path(bindable_dir("cr-test-"))
-    os.chmod(path, 0o777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with script_dir() as path:
+        yield path
 
 
 @pytest.fixture
 def bwrap_as(env, scripts):
     """Replace the sandbox's bwrap with a shell script for one test."""
-    real = env.sandbox.bwrap
-
-    def plant(body: str) -> str:
-        script = scripts / "bwrap"
-        script.write_text(f"#!/bin/sh\n{body}\n")
-        script.chmod(0o755)
-        env.sandbox.bwrap = str(script)
-        return real
-
-    yield plant
-    env.sandbox.bwrap = real
-
-
-BWRAP_ERROR = 'echo "bwrap: Creating new namespace failed: Operation not permitted" >&2; exit 1'
+    with planted_bwrap(env.sandbox, scripts) as plant:
+        yield plant
 
 
 def test_a_bwrap_that_cannot_create_its_namespace_is_a_sandbox_start_failure(env, task, bwrap_as):

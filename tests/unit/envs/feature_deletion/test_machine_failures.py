@@ -5,18 +5,16 @@ host cannot read back, keeps its 0."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
+from support.planted_bwrap import BWRAP_ERROR, planted_bwrap, script_dir
 from support.textkit import textkit_env
 
 from composer_replication.envs.base import infra_kind
 from composer_replication.envs.feature_deletion.candidates import STUB, original_body
 from composer_replication.envs.feature_deletion.workspace import candidate_of
 from composer_replication.sandbox.infra import SANDBOX_START
-from composer_replication.sandbox.sandbox import bindable_dir
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "feature_deletion" / "textkit"
 
@@ -49,19 +47,8 @@ def _write_body(task, tools, body: str) -> None:
 
 @pytest.fixture
 def bwrap_as(env):
-    real, scripts = env.box.bwrap, Path(bindable_dir("cr-test-"))
-    os.chmod(scripts, 0o777)
-
-    def plant(body: str) -> Path:
-        script = scripts / "bwrap"
-        script.write_text(f"#!/bin/sh\n{body}\n")
-        script.chmod(0o755)
-        env.box.bwrap = str(script)
-        return scripts
-
-    yield plant
-    env.box.bwrap = real
-    shutil.rmtree(scripts, ignore_errors=True)
+    with script_dir() as scripts, planted_bwrap(env.box, scripts) as plant:
+        yield plant
 
 
 def test_a_bwrap_that_cannot_be_executed_is_masked(env, episode):
@@ -78,7 +65,7 @@ def test_a_bwrap_that_fails_for_the_original_body_too_is_masked(env, episode, bw
     task, tools = episode
     body = original_body((FIXTURE / task.data["file"]).read_text(), candidate_of(task.data))
     _write_body(task, tools, body)
-    bwrap_as('echo "bwrap: Creating new namespace failed: Operation not permitted" >&2; exit 1')
+    bwrap_as(BWRAP_ERROR)
     result = _grade(env, task, tools)
     assert infra_kind(result) == SANDBOX_START, result.info
 
