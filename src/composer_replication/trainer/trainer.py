@@ -505,11 +505,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
         """Mask the rows whose grading the machine failed (a reward function's
         ``last_infra_kinds``, as EnvReward keeps them); in training, count them for the step's
         budget (``grpo.max_infra_failed_frac``) and count the groups dropped."""
-        graders = [f for f in self.reward_funcs if hasattr(f, "last_infra_kinds")]
-        if not graders:
+        kinds = self._infra_kinds()
+        if kinds is None:
             return
-        marks = [g.last_infra_kinds for g in graders]
-        kinds = [next((k for k in row if k is not None), None) for row in zip(*marks, strict=True)]
         g = self.num_generations if self.model.training else self.num_generations_eval
         if self.accelerator.num_processes == 1:
             masked = mask_machine_failures(batch, kinds, g)
@@ -522,6 +520,15 @@ class ComposerReplicationTrainer(GRPOTrainer):
         if self.model.training:
             self._step_kinds.extend(kinds)
             self._infra_dropped += masked.dropped_groups
+
+    def _infra_kinds(self) -> list[str | None] | None:
+        """Per row of the last scored round: the machine failure kind a reward function marked
+        (``last_infra_kinds``, as EnvReward keeps them; the first), None for a graded row; None
+        when no reward function marks them."""
+        marks = [f.last_infra_kinds for f in self.reward_funcs if hasattr(f, "last_infra_kinds")]
+        if not marks:
+            return None
+        return [next((k for k in row if k is not None), None) for row in zip(*marks, strict=True)]
 
     def _summed(self, count: torch.Tensor) -> torch.Tensor:
         """``count`` summed over the processes (as TRL counts ``num_items_in_batch``)."""
@@ -621,24 +628,14 @@ class ComposerReplicationTrainer(GRPOTrainer):
         else:
             weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
             outcomes = (rewards_per_func * weights).nansum(dim=1).tolist()[: len(inputs)]
-        infra = self._machine_failed(len(inputs))
+        kinds = self._infra_kinds() or [None] * len(inputs)
         for start in range(0, len(inputs), g):
-            graded = [o for o, bad in zip(outcomes[start : start + g], infra[start : start + g],
-                                          strict=True) if not bad]  # fmt: skip
+            graded = [o for o, kind in zip(outcomes[start : start + g], kinds[start : start + g],
+                                           strict=True) if kind is None]  # fmt: skip
             if graded:
                 self.task_sampler.update(inputs[start][ROW_ID], graded)
         for key, value in self.task_sampler.drain_metrics().items():
             self._metrics["train"][key].append(value)
-
-    def _machine_failed(self, n: int) -> list[bool]:
-        """Per row of the round: whether a reward function says the machine failed its
-        grading (``last_infra_kinds``, as EnvReward keeps them)."""
-        failed = [False] * n
-        for f in self.reward_funcs:
-            kinds = getattr(f, "last_infra_kinds", ())
-            if len(kinds) == n:
-                failed = [a or b is not None for a, b in zip(failed, kinds, strict=True)]
-        return failed
 
     def _save_sampler(self, ckpt: Path) -> None:
         if self.task_sampler is not None:

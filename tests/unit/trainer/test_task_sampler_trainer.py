@@ -89,7 +89,7 @@ def test_sampler_updates_skip_machine_failures_and_fall_back_to_the_reward_thres
             task_sampler=TaskSampler(["a", "b"], 2, 0, AdaptiveSamplerConfig()),
             _metrics={"train": defaultdict(list)},
         )
-        fake._machine_failed = lambda n, fake=fake: T._machine_failed(fake, n)
+        fake._infra_kinds = lambda fake=fake: T._infra_kinds(fake)
         T._update_sampler(fake, inputs, torch.tensor(rewards).unsqueeze(1))
         sampler = fake.task_sampler
         got = {t: (sampler.successes[t], sampler.failures[t]) for t in ("a", "b")}
