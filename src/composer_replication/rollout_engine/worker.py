@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from composer_replication.lm.chat import as_messages
+from composer_replication.lm.chat import as_messages, render_prompt
 from composer_replication.lm.generator import Generator, Sampling
 from composer_replication.rollout_engine.dispenser import Ticket
 from composer_replication.rollout_engine.group import GroupRecord, Rollout, Sequence
@@ -129,11 +129,8 @@ class RolloutWorker:
                            time.monotonic() - start)  # fmt: skip
 
     def _prompt_ids(self, prompt: Any) -> list[int]:
-        if self.chat:
-            text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True,
-                                                      tokenize=False)  # fmt: skip
-        else:
-            text = prompt
+        """The tokens of the text the model sees (lm/chat.py ``render_prompt``)."""
+        text = render_prompt(self.tokenizer, prompt)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     # ---- weights -----------------------------------------------------------------------------
