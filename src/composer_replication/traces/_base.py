@@ -344,6 +344,14 @@ class SessionBuilder:
         self._result(call_id, text if self.ctx.clean_line else self.ctx.redact(text), line)
         self.mark_incomplete(note)
 
+    def waits_for(self, call_id: str) -> bool:
+        """A call ``call_id`` of this session is still without its result."""
+        if not call_id:
+            return False
+        if self._pending is not None and call_id in self._pending_ids:
+            return True
+        return call_id in self._open_calls or bool(self._renamed.get(call_id))
+
     def _is_pending_call(self, act: Action, call_id: str) -> bool:
         """``act`` (the pending action) has a call ``call_id`` whose result is not held yet."""
         return self._pending_base[call_id] > self._held_ids[call_id]
@@ -464,6 +472,45 @@ class SessionBuilder:
             self._gap = None
         self.segment += 1
         self.ctx.report.context_changes[kind] += 1
+        self._reopen_trailing_calls()
+
+    def tail(self, n: int) -> list[Message]:
+        """The messages after the first ``n`` (what a rewind to ``n`` would cut off)."""
+        self.flush()
+        return self.messages[n:]
+
+    def prefix_digest(self, n: int) -> bytes | None:
+        """Digest of the first ``n`` messages, None when the prefix is shorter."""
+        return self._digests[n] if n < len(self._digests) else None
+
+    def restore(self, n: int, tail: list[Message]) -> None:
+        """Go back to a branch a rewind cut off: keep the first ``n`` messages, then ``tail``
+        (messages of this builder, already redacted) - a record continued that branch."""
+        self.flush()
+        if n < len(self.messages):
+            self.truncate(n, kind="branch_switch")
+        else:
+            self.segment += 1
+            self.ctx.report.context_changes["branch_switch"] += 1
+        self._open_calls.clear()  # the calls the tail answers, or reopened below
+        self._renamed.clear()
+        for msg in tail:
+            self._append(msg)
+        self._reopen_trailing_calls()
+
+    def _reopen_trailing_calls(self) -> None:
+        """After a cut: the last assistant message's calls whose results were cut off wait for
+        a result again (so the prefix stays valid OpenAI chat whatever comes next)."""
+        answered: set[str] = set()
+        for msg in reversed(self.messages):
+            if msg["role"] == "tool":
+                answered.add(msg.get("tool_call_id", ""))
+                continue
+            if msg["role"] == "assistant":
+                for tc in msg.get("tool_calls") or ():
+                    if tc["id"] not in answered:
+                        self._open_calls[tc["id"]] = self._pending_line
+            return
 
     def finish(self, orphans: bool = True) -> None:
         """End the session; calls still waiting for a result are reported as orphans unless

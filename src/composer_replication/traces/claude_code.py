@@ -172,12 +172,53 @@ class _Node(NamedTuple):
     session: _Session
 
 
+class _Branch(NamedTuple):
+    """Messages a rewind cut off: after the first ``n`` (whose digest was ``digest``)."""
+
+    n: int
+    digest: bytes | None
+    tail: list[dict[str, Any]]
+
+
 class _Session:
-    """A builder plus the uuid -> prefix-length map used to resolve rewinds."""
+    """A builder plus the uuid -> prefix-length map used to resolve rewinds, and the branches
+    rewinds cut off (uuid -> branch, prefix length after it), to return to one."""
 
     def __init__(self, builder: SessionBuilder) -> None:
         self.b = builder
         self.path_len: dict[str, int] = {}
+        self.cut: dict[str, tuple[_Branch, int]] = {}
+
+    def cut_after(self, n: int) -> None:
+        """Rewind to the first ``n`` messages; the records after are kept as a branch."""
+        self._keep(n)
+        self.b.truncate(n)
+
+    def _keep(self, n: int) -> None:
+        """Keep the records after the first ``n`` messages as a branch one can return to."""
+        b = self.b
+        branch = _Branch(n, b.prefix_digest(n), b.tail(n))
+        stale = [(u, k) for u, k in self.path_len.items() if k > n]
+        for u, k in stale:
+            del self.path_len[u]
+            if len(self.cut) >= MAX_PATH_ENTRIES:
+                self.cut.pop(next(iter(self.cut)))
+            self.cut[u] = (branch, k)
+
+    def back_to(self, uuid: str) -> None:
+        """A record continues the cut-off branch of ``uuid``: the prefix becomes that branch
+        (when the messages it grew from are still the current prefix's)."""
+        branch, k = self.cut.pop(uuid)
+        b = self.b
+        if b.prefix_digest(branch.n) != branch.digest:
+            return  # a later rewind changed what the branch grew from: not recoverable
+        self._keep(branch.n)  # the branch being left can be returned to as well
+        b.restore(branch.n, branch.tail[: k - branch.n])
+        for u, (br, kk) in list(self.cut.items()):
+            if br is branch and kk <= k:
+                del self.cut[u]
+                self.path_len[u] = kk
+        self.path_len[uuid] = k
 
     def remember(self, uuid: Any) -> None:
         """Record the prefix length after record ``uuid`` (ignored unless a non-empty str)."""
@@ -378,22 +419,24 @@ class _ClaudeReader:
             if rtype == "system" and rec.subtype == "compact_boundary":
                 s.b.compact()
                 s.path_len.clear()
+                s.cut.clear()
         s.remember(rec.uuid)
         return reason
 
     def _follow(self, s: _Session, rec: _Record) -> None:
         """Before a record: if its parent is an earlier point of the conversation (a rewind,
-        another branch of the tree), cut the prefix back to what followed that parent."""
+        another branch of the tree), cut the prefix back to what followed that parent; if its
+        parent is on a branch an earlier rewind cut off, go back to that branch."""
         parent = rec.parentUuid
-        if type(parent) is not str or parent not in s.path_len:
+        if type(parent) is not str:
+            return
+        if parent not in s.path_len:
+            if parent in s.cut:
+                s.back_to(parent)
             return
         n = s.path_len[parent]
         if n < s.b.length_after_pending():
-            s.b.flush()
-            s.b.truncate(n)
-            stale = [u for u, k in s.path_len.items() if k > n]
-            for u in stale:
-                del s.path_len[u]
+            s.cut_after(n)
 
     def _user(self, s: _Session, line: int, rec: _Record, msg: _Message) -> str | None:
         content = msg.content
@@ -409,7 +452,10 @@ class _ClaudeReader:
             elif type(block) is not _Block:
                 texts.append(_placeholder(None))
             elif block.type == "tool_result":
-                call_id = as_str(block.tool_use_id) or as_str(rec.sourceToolUseID)
+                call_id = as_str(block.tool_use_id)
+                if not call_id:  # the record's id, if a call waits for it; else the oldest call
+                    source = as_str(rec.sourceToolUseID)
+                    call_id = source if s.b.waits_for(source) else ""
                 s.b.tool_result(call_id, _result_text(block), line)
             elif block.type == "text":
                 texts.append(as_str(block.text))

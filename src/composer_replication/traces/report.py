@@ -38,7 +38,8 @@ class FileReport:
     """Readable but doubtful (``missing_parent``: a Claude Code record whose parent is not in
     the file was placed in file order; ``parent_cycle``: parent links that loop)."""
     context_changes: Counter[str] = field(default_factory=Counter)
-    """What changed later contexts: ``rewind``, ``rollback``, ``compaction``."""
+    """What changed later contexts: ``rewind``, ``rollback``, ``compaction``,
+    ``branch_switch`` (a record continued a branch an earlier rewind cut off)."""
 
     def skip(self, line: int, reason: str, n: int = 1) -> None:
         """Record ``n`` lines starting at ``line`` as skipped for ``reason``."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.chat import assert_valid_openai_prefix
 
 from composer_replication.traces import ingest
 from composer_replication.traces._base import NO_RESULT
@@ -182,3 +183,96 @@ def test_hostile_parent_graphs_read_every_record_once(tmp_path_factory, spec) ->
     assert not [r for r in rep.skipped_by_reason if r.startswith("reader_error")]
     calls = [c["id"] for s in states for c in s.action.tool_calls]
     assert len(calls) == len(set(calls)) == sum(1 for k, _, _ in spec if k == "assistant")
+
+
+def test_a_record_continuing_a_cut_off_branch_returns_to_it(tmp_path: Path) -> None:
+    """A rewind cuts a branch off; a later record whose parent is on that branch continues
+    it: its state sees that branch (not the one written in between), counted a branch switch."""
+    recs = _chain(1)  # u, a(t0), r(t0), end
+    root = recs[0]["uuid"]
+    recs.append({"type": "user", "uuid": "again", "parentUuid": root, "sessionId": "P",
+                 "message": {"role": "user", "content": "no, do something else"}})  # fmt: skip
+    recs.append({"type": "user", "uuid": "more", "parentUuid": "end", "sessionId": "P",
+                 "message": {"role": "user", "content": "and then?"}})  # fmt: skip
+    recs.append({"type": "assistant", "uuid": "last", "parentUuid": "more", "sessionId": "P",
+                 "message": {"role": "assistant", "id": "msg_last",
+                             "content": [{"type": "text", "text": "then this"}]}})  # fmt: skip
+    states, rep = _states_of(tmp_path, recs)
+    last = states[-1]
+    assert last.action.text == "then this"
+    assert [m["content"] for m in last.prefix] == ["prompt 0", "", "out 0", "done", "and then?"]
+    assert rep.context_changes["rewind"] == 1 and rep.context_changes["branch_switch"] == 1
+    assert not rep.orphans
+
+
+def test_results_without_call_ids_answer_the_call_that_has_none(tmp_path: Path) -> None:
+    """A call logged without an id, then two sibling results naming other ids only in
+    ``sourceToolUseID`` (a retried result): each branch answers that call, the next response
+    follows the branch it names, and no result becomes an orphan user message."""
+
+    def user(uuid: str, parent: str, source: str, text: str) -> dict:
+        return {"type": "user", "uuid": uuid, "parentUuid": parent, "sessionId": "P",
+                "sourceToolUseID": source, "message": {"role": "user", "content": [
+                    {"type": "tool_result", "content": text}]}}  # fmt: skip
+
+    recs = [
+        {"type": "user", "uuid": "u", "parentUuid": None, "sessionId": "P",
+         "message": {"role": "user", "content": "list"}},
+        {"type": "assistant", "uuid": "a", "parentUuid": "u", "sessionId": "P",
+         "message": {"role": "assistant", "content": [
+             {"type": "tool_use", "name": "Bash", "input": {"command": "ls"}}]}},
+        user("r1", "a", "src_1", "file1"),
+        user("r2", "a", "src_2", "denied"),
+        {"type": "assistant", "uuid": "b", "parentUuid": "r1", "sessionId": "P",
+         "message": {"role": "assistant", "content": [{"type": "text", "text": "Done."}]}},
+    ]  # fmt: skip
+    states, rep = _states_of(tmp_path, recs)
+    assert [s.action.text for s in states][-1] == "Done."
+    prefix = states[-1].prefix
+    assert_valid_openai_prefix(prefix)
+    assert [m["content"] for m in prefix[2:]] == ["file1"]
+    assert not rep.orphans
+
+
+_TREE = st.lists(
+    st.tuples(
+        st.sampled_from(["user", "assistant"]),
+        st.integers(-1, 12),  # parent: an earlier record's index (-1, or a later one: none)
+        st.sampled_from(["t0", "t1", "t2", None]),  # call id / result id
+        st.sampled_from(["t0", "t1", None]),  # sourceToolUseID
+        st.booleans(),  # compaction boundary before the record
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_TREE)
+def test_any_tree_of_calls_and_results_gives_valid_chat_prefixes(tmp_path_factory, spec) -> None:
+    """Branches, rewinds back and forth, calls without ids, results naming unknown or no
+    calls, repeated ids, compactions: every state's prefix is valid OpenAI chat (each call
+    followed by exactly its tool messages, no tool message elsewhere)."""
+    recs: list[dict] = []
+    for i, (kind, parent, cid, source, compact) in enumerate(spec):
+        if compact:
+            recs.append({"type": "system", "subtype": "compact_boundary", "uuid": f"c{i}",
+                         "sessionId": "P"})  # fmt: skip
+        block = {"type": "tool_use", "name": "Bash", "input": {}}
+        if kind == "user":
+            block = {"type": "tool_result", "content": "r"}
+            if cid:
+                block["tool_use_id"] = cid
+        elif cid:
+            block["id"] = cid
+        rec = {"type": kind, "uuid": f"r{i}", "sessionId": "P",
+               "parentUuid": f"r{parent}" if 0 <= parent < i else None,
+               "message": {"role": kind, "content": [block]}}  # fmt: skip
+        if source:
+            rec["sourceToolUseID"] = source
+        recs.append(rec)
+    path = tmp_path_factory.mktemp("tree") / "s.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    states, rep = _read(path)
+    assert rep.parsed + rep.skipped == rep.total_lines
+    for s in states:
+        assert_valid_openai_prefix(s.prefix)

@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from support.chat import assert_valid_openai_prefix
 
 from composer_replication.traces import TraceState, ingest
 from composer_replication.traces._base import NO_RESULT
@@ -69,30 +70,10 @@ def test_expected_skips_are_reported_with_location(run) -> None:
     assert codex_zoo.unknown_record_types == {"future_synthetic_record": 1}
 
 
-def _valid_openai_prefix(prefix: list[dict]) -> None:
-    """Each assistant tool_calls message is followed by exactly its tool messages."""
-    i = 0
-    while i < len(prefix):
-        m = prefix[i]
-        assert m["role"] in ("system", "user", "assistant", "tool"), m
-        assert isinstance(m["content"], str)
-        assert set(m) <= {"role", "content", "tool_calls", "tool_call_id"}, m
-        if m["role"] == "tool":
-            raise AssertionError(f"tool message not after its call: {m}")
-        i += 1
-        if m["role"] == "assistant" and m.get("tool_calls"):
-            want = {tc["id"] for tc in m["tool_calls"]}
-            got = set()
-            while i < len(prefix) and prefix[i]["role"] == "tool":
-                got.add(prefix[i]["tool_call_id"])
-                i += 1
-            assert got == want, (want, got)
-
-
 def test_prefixes_are_valid_openai_chat(run) -> None:
     states, _ = run
     for s in states:
-        _valid_openai_prefix(s.prefix)
+        assert_valid_openai_prefix(s.prefix)
         for tc in s.action.tool_calls:
             assert tc["type"] == "function" and isinstance(tc["function"]["arguments"], str)
 
