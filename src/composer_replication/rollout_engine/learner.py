@@ -250,7 +250,8 @@ class RayRollouts:
                 else:
                     fresh.append(g)
             if got:
-                self.ray.get(self.hub.consume.remote([g.group_id for g in got]))
+                used = {g.group_id: [r.reward for r in g.rollouts if r.valid] for g in got}
+                self.ray.get(self.hub.consume.remote(used))
             elif time.monotonic() - start > s.timeout_s:
                 raise TimeoutError(f"rollout engine: no group from {len(self.workers)} workers "
                                    f"within ray.timeout_s={s.timeout_s:.0f} s")  # fmt: skip
@@ -302,6 +303,7 @@ class RayRollouts:
         m["rollout/staleness_max"] = float(max(used))
         for lag, count in Counter(staleness).items():
             m[f"rollout/staleness_hist/{lag}"] = float(count)
+        m.update(self.ray.get(self.hub.sampler_metrics.remote()))
         for wid in stats["produced"]:
             secs = [g.seconds for g in groups if g.worker == wid]
             if secs:

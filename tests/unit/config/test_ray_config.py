@@ -53,12 +53,16 @@ def test_the_ray_section_and_engine_parse_from_overrides():
         (["rollout.force_staleness=0"], "force_staleness needs rollout.engine=ray"),
         ([*RAY, "generation.backend=vllm"], "rollout.engine=ray does not run generation.backend"),
         ([*RAY, "diloco.enabled=true"], "rollout.engine=ray does not run diloco"),
-        ([*RAY, "data.sampler=adaptive"], "rollout.engine=ray does not run data.sampler"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_key(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(None, overrides)
+
+
+def test_the_adaptive_sampler_runs_on_the_ray_engine():
+    cfg = load_config(None, [*RAY, "data.sampler=adaptive"])
+    assert (cfg.rollout.engine, cfg.data.sampler.type) == ("ray", "adaptive")
 
 
 def test_the_old_staleness_key_is_folded_with_one_deprecation_line(caplog, monkeypatch):
