@@ -36,6 +36,7 @@ from composer_replication.rollout_engine.worker import (
     POLL_S,
     RolloutWorker,
     WorkerSettings,
+    distinct_tensors,
     state_checksum,
 )
 
@@ -163,7 +164,8 @@ class RayRollouts:
     def _object_store_bytes(self) -> int:
         if self.settings.object_store_gb is not None:
             return int(self.settings.object_store_gb * 2**30)
-        model_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        state = distinct_tensors(self.model.state_dict())
+        model_bytes = sum(t.numel() * t.element_size() for t in state.values())
         return max(4 * model_bytes, 2**29)
 
     def _start_worker(self, wid: int) -> None:
@@ -199,10 +201,10 @@ class RayRollouts:
 
     # ---- weights -----------------------------------------------------------------------------
     def publish(self, model: Any, version: int) -> None:
-        """Put ``model``'s full state dict into the object store as ``version`` and tell the
-        hub; workers load it before their next group."""
+        """Put ``model``'s full state dict (each tied tensor once) into the object store as
+        ``version`` and tell the hub; workers load it before their next group."""
         start = time.monotonic()
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        state = {k: v.detach().cpu() for k, v in distinct_tensors(model.state_dict()).items()}
         ref = self.ray.put(state)
         self.ray.get(self.hub.publish.remote(version, [ref]), timeout=self.settings.timeout_s)
         self.version = version
