@@ -378,3 +378,37 @@ def test_a_result_for_an_unknown_call_shows_its_id_redacted(tmp_path) -> None:
     label = state.prefix[-1]["content"]
     assert label.startswith("[tool result for unknown call <REDACTED:"), label
     assert secret not in orjson.dumps(state.prefix).decode()
+
+
+_FRAGMENTS = ["api_key", "API-KEY", "private_key", "privateKey", "access-key", "AUTH_KEY",
+              "apikey", "ssh.key", "monkey", "keyboard", "token", "TOKENS", "tokenizer",
+              "db_password", "PASSWD", "pwd", "Secret", "credentials", "client_secret",
+              "access_token", " = ", "=", ": ", ":=", "=>", '"', "'", "`", "\n", " ", "\t",
+              "s3cr3tValue99", "abc", "xK9#mQ2$pL", "get_token2(x)", "\u0130", "\u212a", "é",
+              "<REDACTED:x>", "_", "-", "."]  # fmt: skip
+
+
+def test_matching_only_near_triggers_equals_a_scan_of_the_whole_text() -> None:
+    """The assignment patterns are tried only at their triggers' start offsets: on random
+    texts of names, operators, quotes, values, look-alikes and Unicode that lowercases to
+    another length, the result is what ``re.sub`` over the whole text gives."""
+    from composer_replication.traces import redact
+
+    rng = random.Random(7)
+    fast = [p for p in redact.PATTERNS if p.starts is not None]
+    assert len(fast) == 3
+    replaced = 0
+    for _ in range(3000):
+        text = "".join(rng.choice(_FRAGMENTS) for _ in range(rng.randint(1, 14)))
+        for pat in fast:
+
+            def mark(m, pat=pat) -> str:
+                a, b = m.span(pat.group)
+                return m.string[m.start() : a] + "<X>" + m.string[b : m.end()]
+
+            want = pat.regex.sub(mark, text)
+            starts = redact._trigger_starts(pat, text)
+            got = want if starts is None else redact._sub_at(pat, text, starts, mark)
+            assert got == want, (pat.kind, text)
+            replaced += got != text
+    assert replaced > 50  # the texts do hold assignments
