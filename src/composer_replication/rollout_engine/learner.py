@@ -154,6 +154,7 @@ class RayRollouts:
         if publish:
             self.publish(self.model, 0)
         self.work_dir = tempfile.mkdtemp(prefix="cr-ray-workers-")
+        os.chmod(self.work_dir, 0o711)  # the sandbox's ``nobody`` passes through to its stage
         self.worker_settings = replace(self.worker_settings, work_dir=self.work_dir)
         for wid in range(s.num_workers):
             self._start_worker(wid)

@@ -244,6 +244,7 @@ def _own_scratch(path: str) -> None:
 
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
+    os.chmod(path, 0o711)  # the sandbox's ``nobody`` passes through to what is staged here
     tempfile.tempdir = path
     os.environ["TMPDIR"] = path
 
