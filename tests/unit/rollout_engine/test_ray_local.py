@@ -1,6 +1,9 @@
 """The acceptance command on a machine with no Ray running: ``composer-replication train
-rollout.engine=ray ray.num_workers=2 max_steps=3`` (the quickstart, on a tiny random model)
-starts a local Ray, runs end to end, and leaves none of the Ray processes it started."""
+-c configs/agent_quickstart.yaml rollout.engine=ray ray.num_workers=2 max_steps=3`` (the agent
+quickstart: a tool environment, multi-turn rollouts on the workers; a tiny random model) starts
+a local Ray, runs end to end with the version and staleness of every step in metrics.jsonl,
+and leaves none of the Ray processes it started. (The quickstart runs on the engine in
+test_ray_engine.py.)"""
 
 from __future__ import annotations
 
@@ -14,15 +17,16 @@ from support.tiny_run import save_tiny_model
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_the_cli_runs_on_a_local_ray_and_stops_it(tmp_path):
+def test_the_agent_quickstart_runs_on_a_local_ray_and_stops_it(tmp_path):
     model = save_tiny_model(tmp_path / "tiny")
     out = tmp_path / "run"
     before = {p.pid for p in ray_processes()}
     proc = start_cli([
-        "train", "rollout.engine=ray", "ray.num_workers=2", "max_steps=3", f"model.name={model}",
-        f"output_dir={out}", "num_threads=1", "generation.num_generations=2",
-        "generation.prompts_per_step=2", "generation.max_completion_length=4",
-        "env.num_train=8", "eval.before_and_after=false", "ray.timeout_s=300",
+        "train", "-c", "configs/agent_quickstart.yaml", "rollout.engine=ray",
+        "ray.num_workers=2", "max_steps=3", f"model.name={model}", f"output_dir={out}",
+        "num_threads=1", "generation.num_generations=2", "generation.prompts_per_step=2",
+        "generation.max_completion_length=8", "env.num_train=8", "env.few_shot=false",
+        "eval.before_and_after=false", "ray.timeout_s=300",
     ])  # fmt: skip
     head = read_until(proc, lambda lines: lines[-1].startswith("step 2/3"))
     assert head and head[-1].startswith("step 2/3"), "\n".join(head)
@@ -31,5 +35,8 @@ def test_the_cli_runs_on_a_local_ray_and_stops_it(tmp_path):
     rest, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, "\n".join(head) + rest
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [s["rollout/version"] for s in steps if "rollout/version" in s] == [0, 1, 2]
+    steps = [s for s in steps if "rollout/version" in s]
+    assert [s["rollout/version"] for s in steps] == [0, 1, 2]
+    assert all(0 <= s["rollout/staleness_max"] <= 4 for s in steps)
+    assert all("tools/call_frequency" in s and "rollout/turns" in s for s in steps)
     assert wait_gone(lambda: [p for p in started if p.is_running()]) == []
