@@ -8,10 +8,11 @@ test_ray_engine.py.)"""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
-from support.cli_process import read_until, start_cli
-from support.ray_processes import ray_processes, wait_gone
+from support.cli_process import interrupt, read_until, start_cli
+from support.ray_processes import actor_processes, ray_processes, wait_gone
 from support.tiny_run import save_tiny_model
 
 pytestmark = pytest.mark.timeout(600)
@@ -39,4 +40,28 @@ def test_the_agent_quickstart_runs_on_a_local_ray_and_stops_it(tmp_path):
     assert [s["rollout/version"] for s in steps] == [0, 1, 2]
     assert all(0 <= s["rollout/staleness_max"] <= 4 for s in steps)
     assert all("tools/call_frequency" in s and "rollout/turns" in s for s in steps)
+    assert wait_gone(lambda: [p for p in started if p.is_running()]) == []
+
+
+def test_ctrl_c_stops_the_workers_and_the_local_ray(tmp_path):
+    """SIGINT (Ctrl-C) to a quickstart run once its local Ray runs its rollout workers: the
+    CLI says what it kept and exits 130; its Ray (services, hub, workers) is gone afterwards."""
+    model = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "run"
+    before = {p.pid for p in ray_processes()}
+    proc = start_cli([
+        "train", "rollout.engine=ray", "ray.num_workers=2", "max_steps=50", f"model.name={model}",
+        f"output_dir={out}", "num_threads=1", "generation.num_generations=2",
+        "generation.prompts_per_step=2", "generation.max_completion_length=4",
+        "env.num_train=8", "eval.before_and_after=false", "ray.timeout_s=300",
+    ])  # fmt: skip
+    deadline = time.monotonic() + 300
+    while len(actor_processes(("ray::RolloutWorker",))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "no workers started"
+        time.sleep(0.2)
+    started = [p for p in ray_processes() if p.pid not in before]
+    assert any("raylet" in " ".join(p.cmdline()) for p in started)
+    rest, _ = interrupt(proc, timeout_s=120)
+    assert proc.returncode == 130, rest
+    assert "interrupted: stopped after step" in rest
     assert wait_gone(lambda: [p for p in started if p.is_running()]) == []
