@@ -7,6 +7,10 @@ import this module through PYTHONPATH) build it with :func:`sandboxed_calculator
 * Its grading runs in the real sandbox (bwrap): the reward is what a sandboxed program prints
   after comparing the episode's final answer with the task's; the verdict's info records that
   program's output and the sandbox slots of the grading process (its node's share).
+
+:func:`workspace_calculator` (:class:`WorkspaceCalculator`) is the one a test kills a worker
+of: each reset makes a workspace (a temporary directory, as Feature Deletion's reset does),
+and the run's first ``calculate`` call sleeps in the sandbox until it is killed.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -67,3 +72,47 @@ def _wait_once(gate: Path) -> None:
 def sandboxed_calculator() -> SandboxedCalculator:
     """The rollout workers' environment factory (picklable: a module-level function)."""
     return SandboxedCalculator(os.environ[GATE_DIR], per_kind=20, few_shot=False)
+
+
+class WorkspaceCalculator(CalculatorEnv):
+    """Resets make workspaces (their paths appended to ``workspaces`` in the gate directory);
+    the run's first ``calculate`` call writes its process id to ``sandboxed`` and sleeps in
+    the sandbox (bwrap) for up to 120 s; the other calls answer at once."""
+
+    def __init__(self, gate_dir: str, **kw):
+        super().__init__(**kw)
+        self.gate_dir = Path(gate_dir)
+        self.sandbox = Sandbox(SandboxConfig(wall_timeout_s=150, cpu_time_s=10))
+
+    def tools_class(self) -> type:
+        base, gate, box = super().tools_class(), self.gate_dir, self.sandbox
+
+        class Slow(base):
+            def reset(self, **row):
+                self.workspace = tempfile.mkdtemp(prefix="cr-test-ws-")
+                with open(gate / "workspaces", "a") as fh:
+                    fh.write(self.workspace + "\n")
+                return base.reset(self, **row)
+
+            @functools.wraps(base.calculate)
+            def calculate(self, expression: str) -> str:
+                if _first(gate / "sandboxed"):
+                    box.run_python("import time; time.sleep(120)")
+                return base.calculate(self, expression)
+
+        return Slow
+
+
+def _first(marker: Path) -> bool:
+    """True for the first caller across processes, which writes its process id there."""
+    try:
+        os.close(os.open(marker.with_suffix(".claim"), os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    marker.with_suffix(".tmp").write_text(str(os.getpid()))
+    os.rename(marker.with_suffix(".tmp"), marker)
+    return True
+
+
+def workspace_calculator() -> WorkspaceCalculator:
+    return WorkspaceCalculator(os.environ[GATE_DIR], per_kind=20, few_shot=False)

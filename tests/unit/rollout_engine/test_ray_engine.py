@@ -21,7 +21,7 @@ import pytest
 from support.gated_env import GATE_DIR, gated_env, open_gate
 from support.ray_processes import actor_processes, listening_ips, wait_gone
 from support.ray_tool_env import GATE_DIR as TOOL_GATE
-from support.ray_tool_env import sandboxed_calculator
+from support.ray_tool_env import sandboxed_calculator, workspace_calculator
 from support.scripted_lm import ConfigScriptedLlama
 from support.tiny_run import save_tiny_model
 from transformers import TrainerCallback
@@ -309,3 +309,44 @@ def test_tool_episodes_on_a_worker(cluster):
     batch = group_tokens(groups, 4)
     assert batch["env_mask"] == [r.sequences[0].tool_mask for g in groups for r in g.rollouts]
     assert groups[0].staleness(1) == 1 and groups[1].staleness(1) == 0
+
+
+def test_a_worker_killed_in_a_sandboxed_tool_call_leaves_nothing(cluster):
+    """A worker killed while its episode's tool call sleeps in the sandbox: its bwrap
+    processes die with it, the workspaces its resets made (under its scratch directory) are
+    removed, its ticket is handed out again (lost_groups 1) and the replacement makes the
+    group."""
+    import psutil
+
+    gate = Path(os.environ[TOOL_GATE])
+    tok = load_tokenizer(DEFAULT_MODEL)
+    ensure_tool_template(tok)
+    env = workspace_calculator()
+    dispenser = TaskDispenser([t.task_id for t in env.tasks("train")], seed=0)
+    model, _ = _scripted_policy(tok, "2 + 3", 5)
+    settings = EngineSettings(num_workers=1, groups_per_step=1, max_staleness=4,
+                              force_staleness=None, address="auto", timeout_s=120)  # fmt: skip
+    worker = WorkerSettings(2, Sampling(temperature=0.7, max_new_tokens=64), 0, max_turns=2,
+                            max_tool_calls=2)  # fmt: skip
+    engine = RayRollouts(settings, worker, model, tok, workspace_calculator, dispenser)
+    try:
+        engine.start(publish=True)
+        deadline = time.monotonic() + 120
+        bwrap: list = []
+        while not bwrap:  # the tool call's sandbox runs
+            assert time.monotonic() < deadline, "no sandboxed tool call on the worker"
+            if (gate / "sandboxed").exists():
+                pid = int((gate / "sandboxed").read_text())
+                bwrap = [p for p in psutil.Process(pid).children(recursive=True)
+                         if p.name() == "bwrap"]  # fmt: skip
+            time.sleep(0.05)
+        workspaces = (gate / "workspaces").read_text().split()
+        assert workspaces and all(Path(w).is_dir() for w in workspaces)
+        assert all(w.startswith(engine.work_dir) for w in workspaces)
+        engine.ray.kill(engine.workers[0], no_restart=True)
+        [group] = engine.take_groups(1, version=0)
+        assert engine.lost_groups == 1 and group.group_id == 0
+        assert wait_gone(lambda: [p for p in bwrap if p.is_running()]) == []
+        assert not [w for w in workspaces if Path(w).exists()]  # before the run's end
+    finally:
+        engine.close()
