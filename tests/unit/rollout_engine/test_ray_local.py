@@ -1,8 +1,9 @@
 """The acceptance command on a machine with no Ray running: ``composer-replication train
 -c configs/agent_quickstart.yaml rollout.engine=ray ray.num_workers=2 max_steps=3`` (the agent
 quickstart: a tool environment, multi-turn rollouts on the workers; a tiny random model) starts
-a local Ray, runs end to end with the version and staleness of every step in metrics.jsonl,
-and leaves none of the Ray processes it started. (The quickstart runs on the engine in
+a local Ray, runs end to end with the version and staleness of every step in metrics.jsonl
+(and hints built from the workers' verdicts), and leaves none of the Ray processes it
+started. (The quickstart runs on the engine in
 test_ray_engine.py.)"""
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def test_the_agent_quickstart_runs_on_a_local_ray_and_stops_it(tmp_path):
         "ray.num_workers=2", "max_steps=3", f"model.name={model}", f"output_dir={out}",
         "num_threads=1", "generation.num_generations=2", "generation.prompts_per_step=2",
         "generation.max_completion_length=8", "env.num_train=8", "env.few_shot=false",
-        "eval.before_and_after=false", "ray.timeout_s=300",
+        "eval.before_and_after=false", "ray.timeout_s=300", "alpha_sdpo=0.5",
     ])  # fmt: skip
     head = read_until(proc, lambda lines: lines[-1].startswith("step 2/3"))
     assert head and head[-1].startswith("step 2/3"), "\n".join(head)
@@ -40,6 +41,8 @@ def test_the_agent_quickstart_runs_on_a_local_ray_and_stops_it(tmp_path):
     assert [s["rollout/version"] for s in steps] == [0, 1, 2]
     assert all(0 <= s["rollout/staleness_max"] <= 4 for s in steps)
     assert all("tools/call_frequency" in s and "rollout/turns" in s for s in steps)
+    # hints from the workers' verdicts, pinned to the turn the verifier blamed
+    assert all(s["sdpo/hinted_frac"] > 0 and "sdpo/turn_hinted_frac" in s for s in steps)
     assert wait_gone(lambda: [p for p in started if p.is_running()]) == []
 
 
