@@ -54,11 +54,21 @@ def test_the_ray_section_and_engine_parse_from_overrides():
         ([*RAY, "generation.backend=vllm"], "rollout.engine=ray does not run generation.backend"),
         ([*RAY, "diloco.enabled=true"], "rollout.engine=ray does not run diloco"),
         ([*RAY, "data.sampler=adaptive"], "rollout.engine=ray does not run data.sampler"),
+        (
+            [*RAY, "env.name=calculator", "env.openenv_url=http://127.0.0.1:9"],
+            "rollout.engine=ray does not run env.openenv_url",
+        ),
     ],
 )
 def test_bad_settings_are_refused_naming_the_key(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(None, overrides)
+
+
+def test_the_agent_quickstart_loads_on_the_ray_engine():
+    """Tool environments run on the Ray engine's workers (multi-turn): no refusal."""
+    cfg = load_config("configs/agent_quickstart.yaml", [*RAY, "ray.num_workers=2"])
+    assert (cfg.env.name, cfg.rollout.engine) == ("calculator", "ray")
 
 
 def test_the_old_staleness_key_is_folded_with_one_deprecation_line(caplog, monkeypatch):
