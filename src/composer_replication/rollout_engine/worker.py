@@ -6,7 +6,16 @@ pushes the group record to the hub; until the hub says stop.
 The policy copy is built from the learner's model class and config and filled with the
 weights the learner publishes, so a worker needs the package and the tokenizer, never the
 model's files. Sampling is seeded per group (run seed and ticket number), so a group's tokens do
-not depend on which worker drew it."""
+not depend on which worker drew it.
+
+A tool environment's group runs TRL's multi-turn loop (rollout.py ``ToolLoop``: the loop local
+training runs) on one instance of the run's tool class per rollout, and is graded here with
+``grade_episodes``; before each later turn the worker loads the newest weights (or the forced
+version), so each turn records its own version. The worker runs at most
+``WorkerSettings.sandbox_slots`` sandboxes at once (its share of its node, which Ray
+accounts), and its temporary files (workspaces) live under its own scratch directory, which
+the learner or its replacement removes: a killed actor runs no ``atexit``, and its bwrap
+processes die with it (``--die-with-parent``)."""
 
 from __future__ import annotations
 
