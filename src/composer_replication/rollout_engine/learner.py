@@ -92,6 +92,12 @@ class EngineSettings:
     and staleness (``GROUPS_FILE`` in the run directory)."""
 
 
+def local_node_slots(settings: EngineSettings) -> int:
+    """The ``sandbox_slots`` resource of a local Ray's node: ``ray.sandbox_slots_per_node``,
+    else the machine's CPU count."""
+    return settings.sandbox_slots_per_node or os.cpu_count() or 1
+
+
 class RayRollouts:
     """Workers on Ray streaming groups to this learner (module docstring)."""
 
@@ -105,6 +111,12 @@ class RayRollouts:
         dispenser: TaskDispenser,
         tools: list[Callable[..., Any]] | None = None,
     ):
+        slots = local_node_slots(settings)
+        if settings.address is None and settings.sandbox_slots * settings.num_workers > slots:
+            raise ValueError(f"ray.worker.sandbox_slots={settings.sandbox_slots} x ray.num_workers="
+                             f"{settings.num_workers} is more than the local Ray node's {slots} "
+                             "sandbox slots (ray.sandbox_slots_per_node): some workers could "
+                             "never start")  # fmt: skip
         self.settings = settings
         self.worker_settings = worker
         self.tools = tools
@@ -163,7 +175,7 @@ class RayRollouts:
         s = self.settings
         if s.address is not None:
             return {"address": s.address, "log_to_driver": False}
-        slots = s.sandbox_slots_per_node or os.cpu_count() or 1
+        slots = local_node_slots(s)
         return {
             "num_cpus": max(s.num_workers * s.num_cpus, 1),
             "object_store_memory": self._object_store_bytes(),

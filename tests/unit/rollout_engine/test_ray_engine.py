@@ -350,3 +350,14 @@ def test_a_worker_killed_in_a_sandboxed_tool_call_leaves_nothing(cluster):
         assert not [w for w in workspaces if Path(w).exists()]  # before the run's end
     finally:
         engine.close()
+
+
+def test_more_sandbox_slots_than_a_local_node_has_are_refused():
+    """Workers that reserve more sandbox slots than the local node has could never all start
+    (the run would wait until its deadline): refused at once, in one line."""
+    settings = EngineSettings(num_workers=2, groups_per_step=1, max_staleness=1,
+                              force_staleness=None, sandbox_slots=2,
+                              sandbox_slots_per_node=3)  # fmt: skip
+    worker = WorkerSettings(2, Sampling(temperature=1.0, max_new_tokens=4), 0)
+    with pytest.raises(ValueError, match=r"sandbox_slots=2 x ray.num_workers=2 is more than"):
+        RayRollouts(settings, worker, None, None, sandboxed_calculator, TaskDispenser(["a"], 0))
