@@ -164,9 +164,11 @@ def worker_sandbox_slots(cfg: RunConfig) -> int:
     """Sandboxes one rollout worker runs at once: the ``sandbox_slots`` it reserves from its
     node's Ray resource, else its CPU reservation (at least 1). Either way Ray keeps the sum
     over a node's workers within the node's budget (its ``sandbox_slots`` resource, or its
-    CPUs): sandboxes are counted per node, not per process."""
+    CPUs): sandboxes are counted per node, not per process. ``sandbox.workers``, when set,
+    caps it further."""
     w = cfg.ray.worker
-    return w.sandbox_slots or max(1, int(w.num_cpus))
+    share = w.sandbox_slots or max(1, int(w.num_cpus))
+    return min(share, cfg.sandbox.workers) if cfg.sandbox.workers else share
 
 
 def checkpointing_arg(config_cls: type, enabled: bool) -> dict[str, bool]:
