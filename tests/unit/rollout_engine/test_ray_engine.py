@@ -361,3 +361,17 @@ def test_more_sandbox_slots_than_a_local_node_has_are_refused():
     worker = WorkerSettings(2, Sampling(temperature=1.0, max_new_tokens=4), 0)
     with pytest.raises(ValueError, match=r"sandbox_slots=2 x ray.num_workers=2 is more than"):
         RayRollouts(settings, worker, None, None, sandboxed_calculator, TaskDispenser(["a"], 0))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "slots"),
+    [
+        ([], 1),  # the CPU it reserves
+        (["ray.worker.num_cpus=3"], 3),
+        (["ray.worker.sandbox_slots=2", "ray.worker.num_cpus=3"], 2),  # its node-slot share
+        (["ray.worker.sandbox_slots=2", "sandbox.workers=1"], 1),  # capped by sandbox.workers
+    ],
+)
+def test_a_worker_runs_its_share_of_its_node_sandboxes(overrides, slots):
+    cfg = load_config(None, ["rollout.engine=ray", *overrides])
+    assert train_module.worker_sandbox_slots(cfg) == slots
