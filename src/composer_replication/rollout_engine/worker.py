@@ -208,6 +208,8 @@ class RolloutWorker:
         for a version not yet published."""
         import ray
 
+        if version is not None and version == self.version:  # held (maybe gone from the hub)
+            return
         deadline = time.monotonic() + self.settings.timeout_s
         while (found := ray.get(self.hub.latest_weights.remote(version))) is None:
             if time.monotonic() > deadline:
