@@ -300,7 +300,9 @@ class ToolLoop:
         self.tags = []
         prompts = _reset_prompts(rows, instances)
         self.tools = tool_functions(instances[0])
-        self._sync_tool_dicts = [{n: getattr(e, n) for n in tool_methods(type(e))} for e in instances]
+        self._sync_tool_dicts = [
+            {n: getattr(e, n) for n in tool_methods(type(e))} for e in instances
+        ]
         self._async_tool_dicts = [{} for _ in instances]
         prompt_ids = [self._prompt_ids(p) for p in prompts]
         completion_ids, logprobs = self._generate_single_turn(prompt_ids, None, {}, 1)
