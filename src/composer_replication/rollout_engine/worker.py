@@ -98,7 +98,7 @@ class RolloutWorker:
         self.hub = hub
         self.settings = settings
         self.tokenizer = tokenizer
-        self.model = model_class(model_config)  # the learner's class, filled by its pushes
+        self.model = model_class(_generation_config(model_config))  # filled by the pushes
         self.version = -1
         self.lock = threading.Lock()
         self.env = env_factory()
@@ -239,6 +239,17 @@ class RolloutWorker:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+
+def _generation_config(model_config: Any) -> Any:
+    """The learner's model config for a copy that only generates: with the KV cache on
+    (transformers' ``Trainer`` turns ``use_cache`` off in the learner's config; a copy built
+    from it would generate without a cache, recomputing every prompt token at every step)."""
+    import copy
+
+    config = copy.deepcopy(model_config)
+    config.use_cache = True
+    return config
 
 
 def worker_dir(base: str, worker_id: int) -> str:
