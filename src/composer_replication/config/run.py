@@ -442,7 +442,7 @@ def check_ray_engine(cfg: RunConfig) -> None:
     """``rollout.engine: ray`` with what it does not run (raised as a one-line error naming
     the key): vLLM generation (the workers generate with the shared generator,
     lm/generator.py), TRL's async path, the agent proxy, DiLoCo, PEFT, a tool environment
-    served over OpenEnv, the adaptive task sampler; and a forced staleness past the bound."""
+    served over OpenEnv; and a forced staleness past the bound."""
     r = cfg.rollout
     if r.force_staleness is not None and r.force_staleness > r.max_staleness:
         raise ValueError(f"rollout.force_staleness={r.force_staleness} is above "
@@ -459,8 +459,6 @@ def check_ray_engine(cfg: RunConfig) -> None:
         (cfg.peft.enabled, "peft (workers receive full state dicts; LoRA-only sync is not built)"),
         (isinstance(cfg.env, ToolEnvConfig) and bool(cfg.env.openenv_url),
          "env.openenv_url (tools and grading on an OpenEnv server) yet"),
-        (cfg.data.sampler.type == "adaptive", "data.sampler=adaptive yet (its task dispenser "
-                                              "draws in seeded epochs)"),
     ]  # fmt: skip
     for bad, what in refusals:
         if bad:

@@ -25,12 +25,10 @@ restored from it draws what the uninterrupted run draws, given the same verdicts
 The held-out split is never drawn: the sampler knows only the task ids it is built with, and
 refuses ids also in ``heldout_ids``.
 
-Adopting it in a learner-owned dispenser (the async engine's ``rollout_engine/dispenser.py``):
-the dispenser keeps its tickets (group ids, outstanding, given back) and replaces its
-``task_at(cursor)`` by ``sampler.next_task()`` when a new ticket is made (returned tickets keep
-their task), calls ``sampler.update(task_id, rewards)`` when a ticket's group is consumed with
-its rewards (or verdicts), and saves ``sampler.state_dict()`` beside its own. The uniform
-sampler's ``next_task`` walks seeded epochs as the dispenser's ``task_at`` does.
+The Ray engine's learner-owned dispenser (``rollout_engine/dispenser.py``) draws every new
+ticket's task with ``next_task()`` (a ticket handed out again keeps its task), calls
+``update(task_id, rewards)`` when a ticket's group is consumed, and saves ``state_dict()``
+beside its own.
 
 Pure Python: no torch, no numpy.
 """
@@ -186,13 +184,15 @@ class TaskSampler:
         rng = random.Random(f"{self.seed}:{self.draws}")
         self.draws += 1
         if not self.adaptive:
-            out = [self._uniform_at(self.drawn + i) for i in range(n)]
+            out = [self.uniform_at(self.drawn + i) for i in range(n)]
         else:
             out = self._weighted(rng, n)
         self.drawn += n
         return out
 
-    def _uniform_at(self, index: int) -> str:
+    def uniform_at(self, index: int) -> str:
+        """The uniform sampler's ``index``-th task: position ``index % n`` of epoch
+        ``index // n``'s seeded shuffle."""
         epoch, pos = divmod(index, len(self.task_ids))
         order = list(self.task_ids)
         random.Random(f"{self.seed}:epoch:{epoch}").shuffle(order)

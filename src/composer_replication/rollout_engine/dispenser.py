@@ -4,14 +4,20 @@ Workers pull *tickets* (a number and a task id) from the learner instead of iter
 copy of the data, so the task order is one seeded sequence whatever the number of workers,
 resumable from a checkpoint (its state is the cursor and the tickets handed out but not yet
 consumed, which are handed out again first), DAPO's refills and later samplers go through the
-same place, and held-out tasks never reach training (refused at construction)."""
+same place, and held-out tasks never reach training (refused at construction).
+
+Which task a new ticket is for is the run's task sampler's choice (``data.sampler``,
+envs/sampler.py: seeded epochs, or adaptive by difficulty estimated during the run); a ticket
+handed out again keeps its task. Consuming a group with its rewards updates the sampler, and
+the sampler's state travels in the dispenser's."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from composer_replication.envs.sampler import TaskSampler
 
 
 @dataclass(frozen=True)
@@ -25,16 +31,27 @@ class Ticket:
 
 
 class TaskDispenser:
-    """Tickets over ``train_ids`` in seeded epochs (each epoch a fresh shuffle), resumable."""
+    """Tickets over ``train_ids``, their tasks drawn by ``sampler`` (default: uniform, in
+    seeded epochs, each a fresh shuffle), resumable."""
 
-    def __init__(self, train_ids: Sequence[str], seed: int, heldout_ids: Iterable[str] = ()):
+    def __init__(
+        self,
+        train_ids: Sequence[str],
+        seed: int,
+        heldout_ids: Iterable[str] = (),
+        sampler: TaskSampler | None = None,
+    ):
         if not train_ids:
             raise ValueError("dispenser: no training tasks")
+        heldout_ids = list(heldout_ids)
         leaked = sorted(set(train_ids) & set(heldout_ids))
         if leaked:
             raise ValueError(f"dispenser: held-out tasks in the training split: {leaked[:3]}")
         self.train_ids = list(train_ids)
         self.seed = seed
+        self.sampler = sampler or TaskSampler(self.train_ids, 1, seed, heldout_ids=heldout_ids)
+        if set(self.sampler.task_ids) != set(self.train_ids) or self.sampler.seed != seed:
+            raise ValueError("dispenser: its sampler draws over other tasks or another seed")
         self.cursor = 0
         """Tickets made so far (the next ticket's ``group_id``)."""
         self.outstanding: dict[int, str] = {}
@@ -44,13 +61,12 @@ class TaskDispenser:
         self.consumed = 0
 
     def task_at(self, index: int) -> str:
-        """The task of ticket ``index``: position ``index % n`` of epoch ``index // n``'s
-        shuffle (seeded by ``seed`` and the epoch), so any ticket is reproducible alone."""
-        n = len(self.train_ids)
-        epoch, pos = divmod(index, n)
-        order = list(self.train_ids)
-        random.Random(f"{self.seed}:{epoch}").shuffle(order)
-        return order[pos]
+        """The task of ticket ``index`` under the uniform sampler: position ``index % n`` of
+        epoch ``index // n``'s seeded shuffle, so any ticket is reproducible alone (an adaptive
+        sampler's draws depend on the run's verdicts: refused)."""
+        if self.sampler.adaptive:
+            raise ValueError("dispenser: an adaptive sampler's tasks depend on the verdicts")
+        return self.sampler.uniform_at(index)
 
     def next(self, version: int | None = None) -> Ticket:
         """The next ticket: a returned one first, else a new one."""
@@ -59,16 +75,19 @@ class TaskDispenser:
             return Ticket(gid, self.outstanding[gid], version)
         gid = self.cursor
         self.cursor += 1
-        self.outstanding[gid] = self.task_at(gid)
+        self.outstanding[gid] = self.sampler.next_task()
         return Ticket(gid, self.outstanding[gid], version)
 
-    def consume(self, group_id: int) -> None:
+    def consume(self, group_id: int, rewards: Sequence[float | bool] | None = None) -> None:
         """Mark a ticket's group used (trained on, or dropped as stale): a second time is an
-        error, so no group is ever used twice."""
+        error, so no group is ever used twice. ``rewards`` (the group's valid rollouts'; None:
+        unscored) update the sampler's estimate of its task."""
         if group_id not in self.outstanding or group_id in self.returned:
             raise KeyError(f"dispenser: group {group_id} is not outstanding (used twice?)")
-        del self.outstanding[group_id]
+        task_id = self.outstanding.pop(group_id)
         self.consumed += 1
+        if rewards:
+            self.sampler.update(task_id, rewards)
 
     def give_back(self, group_ids: Iterable[int]) -> int:
         """Hand these outstanding tickets out again (their worker died); returns how many."""
@@ -83,6 +102,7 @@ class TaskDispenser:
             "outstanding": {str(k): v for k, v in self.outstanding.items()},
             "consumed": self.consumed,
             "n_train": len(self.train_ids),
+            "sampler": self.sampler.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -97,3 +117,8 @@ class TaskDispenser:
         self.outstanding = {int(k): v for k, v in state["outstanding"].items()}
         self.returned = sorted(self.outstanding)
         self.consumed = int(state["consumed"])
+        if "sampler" in state:
+            self.sampler.load_state_dict(state["sampler"])
+        else:  # saved before the dispenser drew through its sampler (uniform, a draw a
+            # ticket): the resumed order follows the sampler's epochs from the cursor on
+            self.sampler.draws = self.sampler.drawn = self.cursor

@@ -102,9 +102,15 @@ class Hub:
         self.taken_at = self.version
         return [self.queue.popleft() for _ in range(min(n, len(self.queue)))]
 
-    def consume(self, group_ids: list[int]) -> None:
-        for gid in group_ids:
-            self.dispenser.consume(gid)
+    def consume(self, groups: dict[int, list[float]]) -> None:
+        """The learner used these groups (trained on, or dropped as stale): group id -> the
+        rewards of its valid rollouts (they update the task sampler)."""
+        for gid, rewards in groups.items():
+            self.dispenser.consume(gid, rewards)
+
+    def sampler_metrics(self) -> dict[str, float]:
+        """The task sampler's ``sampler/*`` since the last call."""
+        return self.dispenser.sampler.drain_metrics()
 
     def worker_lost(self, worker: int) -> int:
         """The tickets a dead worker held go back to the dispenser; returns how many."""

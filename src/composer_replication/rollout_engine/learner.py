@@ -38,6 +38,7 @@ from composer_replication.rollout_engine.worker import (
     POLL_S,
     RolloutWorker,
     WorkerSettings,
+    distinct_tensors,
     state_checksum,
     worker_dir,
 )
@@ -188,7 +189,8 @@ class RayRollouts:
     def _object_store_bytes(self) -> int:
         if self.settings.object_store_gb is not None:
             return int(self.settings.object_store_gb * 2**30)
-        model_bytes = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        state = distinct_tensors(self.model.state_dict())
+        model_bytes = sum(t.numel() * t.element_size() for t in state.values())
         return max(4 * model_bytes, 2**29)
 
     def _start_worker(self, wid: int) -> None:
@@ -226,10 +228,10 @@ class RayRollouts:
 
     # ---- weights -----------------------------------------------------------------------------
     def publish(self, model: Any, version: int) -> None:
-        """Put ``model``'s full state dict into the object store as ``version`` and tell the
-        hub; workers load it before their next group."""
+        """Put ``model``'s full state dict (each tied tensor once) into the object store as
+        ``version`` and tell the hub; workers load it before their next group."""
         start = time.monotonic()
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        state = {k: v.detach().cpu() for k, v in distinct_tensors(model.state_dict()).items()}
         ref = self.ray.put(state)
         self.ray.get(self.hub.publish.remote(version, [ref]), timeout=self.settings.timeout_s)
         self.version = version
@@ -277,7 +279,8 @@ class RayRollouts:
                 else:
                     fresh.append(g)
             if got:
-                self.ray.get(self.hub.consume.remote([g.group_id for g in got]))
+                used = {g.group_id: [r.reward for r in g.rollouts if r.valid] for g in got}
+                self.ray.get(self.hub.consume.remote(used))
             elif time.monotonic() - start > s.timeout_s:
                 raise TimeoutError(f"rollout engine: no group from {len(self.workers)} workers "
                                    f"within ray.timeout_s={s.timeout_s:.0f} s")  # fmt: skip
@@ -334,6 +337,7 @@ class RayRollouts:
         m["rollout/staleness_max"] = float(max(used))
         for lag, count in Counter(staleness).items():
             m[f"rollout/staleness_hist/{lag}"] = float(count)
+        m.update(self.ray.get(self.hub.sampler_metrics.remote()))
         for wid in stats["produced"]:
             secs = [g.seconds for g in groups if g.worker == wid]
             if secs:

@@ -70,6 +70,31 @@ def state_checksum(state: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
+def distinct_tensors(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` without the entries that alias an earlier one (a tied embedding and LM head
+    are one tensor under two names): what a weight push needs to send once."""
+    seen: set[tuple[Any, ...]] = set()
+    out = {}
+    for name, tensor in state.items():
+        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+               tuple(tensor.shape), tuple(tensor.stride()))  # fmt: skip
+        if key not in seen:
+            seen.add(key)
+            out[name] = tensor
+    return out
+
+
+def load_distinct(model: Any, state: dict[str, Any]) -> None:
+    """Load a :func:`distinct_tensors` state: the names it lacks must be ``model``'s own
+    aliases (tied weights, filled through the tie), anything else is an error."""
+    own = model.state_dict()
+    aliases = set(own) - set(distinct_tensors(own))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if set(missing) - aliases or unexpected:
+        raise ValueError(f"weights do not fit the worker's model: missing "
+                         f"{sorted(set(missing) - aliases)[:3]}, unexpected {unexpected[:3]}")  # fmt: skip
+
+
 def _byte_dtype():
     import torch
 
@@ -221,7 +246,7 @@ class RolloutWorker:
             return
         state = ray.get(refs[0])
         with self.lock:
-            self.model.load_state_dict(state)
+            load_distinct(self.model, state)
             self.version = v
 
     def sync(self, version: int | None = None) -> tuple[int, str]:

@@ -126,6 +126,7 @@ def correction_args(cfg: RunConfig) -> dict[str, Any]:
 def build_engine(cfg: RunConfig, model, tokenizer, env: Environment):
     """The Ray rollout engine of ``rollout.engine: ray`` (not started: `run_training` starts
     it, and stops it whatever happens)."""
+    from composer_replication.envs.sampler import TaskSampler
     from composer_replication.envs.tools import tool_functions
     from composer_replication.lm.generator import Sampling
     from composer_replication.rollout_engine.dispenser import TaskDispenser
@@ -138,7 +139,9 @@ def build_engine(cfg: RunConfig, model, tokenizer, env: Environment):
 
     g, r, w = cfg.generation, cfg.rollout, cfg.ray.worker
     heldout = [t.task_id for t in env.tasks("heldout")]
-    dispenser = TaskDispenser([t.task_id for t in env.tasks("train")], cfg.seed, heldout)
+    train_ids = [t.task_id for t in env.tasks("train")]
+    sampler = TaskSampler(train_ids, g.num_generations, cfg.seed, cfg.data.sampler, heldout)
+    dispenser = TaskDispenser(train_ids, cfg.seed, heldout, sampler)
     settings = EngineSettings(
         num_workers=cfg.ray.num_workers, groups_per_step=g.prompts_per_step,
         max_staleness=r.max_staleness, force_staleness=r.force_staleness,
@@ -339,7 +342,8 @@ def progress_callback(console=None):
 
 def build_task_sampler(cfg: RunConfig, env, dataset):
     """``data.sampler`` over the training dataset's tasks (the held-out split's ids refused);
-    None on the Ray engine, whose task dispenser (rollout_engine/dispenser.py) draws the tasks."""
+    None on the Ray engine, whose task dispenser (rollout_engine/dispenser.py) owns the run's
+    sampler (:func:`build_engine`)."""
     from composer_replication.envs.sampler import TaskSampler
     from composer_replication.trainer.data import ROW_ID
 

@@ -294,6 +294,7 @@ class SessionBuilder:
         self._pending_model: str | None = None
         self._pending_ts: str | None = None
         self._pending_rid: str | None = None
+        self._pending_key: str | None = None  # the response id, or a reader's response key
         # call id -> line of the call, oldest first (dicts keep order: a result leaves in O(1))
         self._open_calls: dict[str, int] = {}
         self._renamed: dict[str, deque[str]] = {}  # repeated call id -> its renamed calls
@@ -329,7 +330,7 @@ class SessionBuilder:
             text = self.ctx.redact(text)
         act = self._pending
         if act is not None:
-            if self._pending_rid and call_id and self._is_pending_call(act, call_id):
+            if self._pending_key and call_id and self._is_pending_call(act, call_id):
                 self._held.append((call_id, text, line))
                 self._held_ids[call_id] += 1
                 return
@@ -381,13 +382,18 @@ class SessionBuilder:
         timestamp: str | None = None,
         response_id: str | None = None,
         note: str | None = None,
+        response_key: str | None = None,
     ) -> None:
-        """Add assistant output; ``note`` marks this action's context incomplete (why)."""
-        if self._held and response_id != self._pending_rid:
+        """Add assistant output; ``note`` marks this action's context incomplete (why).
+        ``response_key``: for formats that log no response id, the reader's key of the model
+        response this output belongs to (e.g. calls made while a call of the response is
+        unanswered): it groups and holds results as a response id does, and is not exported."""
+        key = response_id or response_key
+        if self._held and key != self._pending_key:
             self.flush()  # results came in and another response follows: they were seen
         act = self._pending
-        if act is not None and response_id and self._pending_rid != response_id:
-            if self._pending_rid:
+        if act is not None and key and self._pending_key != key:
+            if self._pending_key:
                 self.flush()
                 act = None
         if act is None:
@@ -401,7 +407,10 @@ class SessionBuilder:
             self._pending_model = model
             self._pending_ts = timestamp
             self._pending_rid = response_id
+            self._pending_key = key
             self._pending_note = None
+        elif response_key and not self._pending_key:
+            self._pending_key = response_key  # e.g. reasoning, then the response's calls
         if note:
             self._pending_note = note
         clean = self.ctx.clean_line

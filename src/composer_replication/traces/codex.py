@@ -150,6 +150,8 @@ class _CodexReader:
         self.turns = []
         self.search_ids = {}
         self.given_ids = set()
+        self.unanswered: set[str] = set()  # calls of the current model response w/o result
+        self.responses = 0
 
     def _session_meta(self, payload: dict[str, Any]) -> None:
         sid = as_str(payload.get("id")) or as_str(payload.get("session_id"))
@@ -211,12 +213,15 @@ class _CodexReader:
             if msg is None:
                 return "unknown_role"
             if msg["role"] == "assistant":
-                b.assistant(line, msg["content"], model=self.model, timestamp=ts)
+                b.assistant(line, msg["content"], model=self.model, timestamp=ts,
+                            response_key=self._open_response())  # fmt: skip
                 if item.get("phase") == "final_answer":
                     b.flush()  # the turn's answer: what follows is another decision
             elif msg["role"] == "system":
+                self.unanswered.clear()
                 b.system(msg["content"])
             else:
+                self.unanswered.clear()
                 b.user(msg["content"])
                 if not msg["content"].startswith(CONTEXT_PREFIXES):
                     self.turns.append(len(b.messages) - 1)
@@ -224,21 +229,27 @@ class _CodexReader:
             text = content_text(item.get("summary"))
             extra = content_text(item.get("content")) if item.get("content") else ""
             thinking = "\n".join(t for t in (text, extra) if t)
-            b.assistant(line, thinking=thinking, model=self.model, timestamp=ts)
+            b.assistant(line, thinking=thinking, model=self.model, timestamp=ts,
+                        response_key=self._open_response())  # fmt: skip
         elif itype in CALL_ITEMS:
             call_id = as_str(item.get("call_id")) or as_str(item.get("id")) or f"call_synth_{line}"
             name = as_str(item.get("name")) or itype.removesuffix("_call")
             args = dumps_str(item.get(CALL_ITEMS[itype], ""))
+            if not self.unanswered:
+                self.responses += 1
+            self.unanswered.add(call_id)
             b.assistant(
                 line,
                 tool_calls=[make_tool_call(call_id, name, args)],
                 model=self.model,
                 timestamp=ts,
+                response_key=f"response-{self.responses}",
             )
         elif itype == "web_search_call":
             self._hosted_call(b, line, item, ts)
         elif itype in OUTPUT_ITEMS:
             call_id = as_str(item.get("call_id"))
+            self.unanswered.discard(call_id)
             out = item.get("output")
             if itype == "tool_search_output" and out is None:
                 out = item.get("tools")
@@ -251,6 +262,14 @@ class _CodexReader:
         else:
             return "unknown_record_type"
         return None
+
+    def _open_response(self) -> str | None:
+        """The key of the model response still waiting for results of its calls (None: none).
+        The Responses API samples the model again only once every call of a response has its
+        output, so output written while one of its calls is unanswered is that response's:
+        parallel calls are one decision, and results logged between them were not seen by it
+        (the rule Claude Code's response ids give, issue 57)."""
+        return f"response-{self.responses}" if self.unanswered else None
 
     def _use_items(self) -> None:
         if self.mode is None:
@@ -303,6 +322,7 @@ class _CodexReader:
         return call_id
 
     def _rollback(self, payload: dict[str, Any]) -> None:
+        self.unanswered.clear()
         if self.mode is None and self.events:
             # no message item came before: the buffered events are the turns (an item is
             # written before its event copy), read now so the rollback can cut them
@@ -345,6 +365,7 @@ class _CodexReader:
         self.events = []
 
     def _compacted(self, payload: dict[str, Any]) -> None:
+        self.unanswered.clear()
         msgs: list[Message] = []
         encrypted = False
         for item in as_list(payload.get("replacement_history")):

@@ -53,7 +53,6 @@ def test_the_ray_section_and_engine_parse_from_overrides():
         (["rollout.force_staleness=0"], "force_staleness needs rollout.engine=ray"),
         ([*RAY, "generation.backend=vllm"], "rollout.engine=ray does not run generation.backend"),
         ([*RAY, "diloco.enabled=true"], "rollout.engine=ray does not run diloco"),
-        ([*RAY, "data.sampler=adaptive"], "rollout.engine=ray does not run data.sampler"),
         (
             [*RAY, "env.name=calculator", "env.openenv_url=http://127.0.0.1:9"],
             "rollout.engine=ray does not run env.openenv_url",
@@ -69,6 +68,11 @@ def test_the_agent_quickstart_loads_on_the_ray_engine():
     """Tool environments run on the Ray engine's workers (multi-turn): no refusal."""
     cfg = load_config("configs/agent_quickstart.yaml", [*RAY, "ray.num_workers=2"])
     assert (cfg.env.name, cfg.rollout.engine) == ("calculator", "ray")
+
+
+def test_the_adaptive_sampler_runs_on_the_ray_engine():
+    cfg = load_config(None, [*RAY, "data.sampler=adaptive"])
+    assert (cfg.rollout.engine, cfg.data.sampler.type) == ("ray", "adaptive")
 
 
 def test_the_old_staleness_key_is_folded_with_one_deprecation_line(caplog, monkeypatch):

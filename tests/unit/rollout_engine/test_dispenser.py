@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from composer_replication.config.data import AdaptiveSamplerConfig
+from composer_replication.envs.sampler import TaskSampler
 from composer_replication.rollout_engine.dispenser import TaskDispenser
 
 IDS = [f"t{i}" for i in range(5)]
@@ -57,3 +59,44 @@ def test_resume_hands_out_the_in_flight_tickets_then_continues():
     assert got == [(g, fresh.task_at(g)) for g in (2, 3, 4, 5)]
     with pytest.raises(ValueError, match="seed 7 over 5 tasks; this run has seed 8"):
         TaskDispenser(IDS, 8).load_state_dict(d.state_dict())
+
+
+def _adaptive(seed: int = 3) -> TaskDispenser:
+    sampler = TaskSampler(IDS, 4, seed, AdaptiveSamplerConfig(type="adaptive"))
+    return TaskDispenser(IDS, seed, sampler=sampler)
+
+
+def _run(d: TaskDispenser, n: int, verdicts: dict[str, list[float]]) -> list[str]:
+    """Hand out and consume ``n`` tickets, each group scored by its task's fixed verdicts."""
+    out = []
+    for _ in range(n):
+        t = d.next()
+        d.consume(t.group_id, verdicts[t.task_id])
+        out.append(t.task_id)
+    return out
+
+
+def test_an_adaptive_dispenser_draws_mixed_tasks_more_and_resumes_the_same_draws():
+    """Consumed groups update the run's sampler: after a warm-up, tasks every rollout passes
+    or fails are drawn less than the mixed one; a dispenser restored from the state draws
+    exactly what the uninterrupted one draws, given the same verdicts."""
+    verdicts = {"t0": [0.0] * 4, "t1": [0.0] * 4, "t2": [1.0, 0.0, 1.0, 0.0],
+                "t3": [1.0] * 4, "t4": [1.0] * 4}  # fmt: skip
+    d = _adaptive()
+    _run(d, 15, verdicts)  # warm-up: three rounds of the five tasks' estimates
+    later = _run(d, 60, verdicts)
+    assert later.count("t2") > 2 * max(later.count(t) for t in IDS if t != "t2")
+    assert d.sampler.drain_metrics()["sampler/signal_frac"] > 0.0
+    saved = d.state_dict()
+    resumed = _adaptive()
+    resumed.load_state_dict(saved)
+    assert _run(resumed, 20, verdicts) == _run(d, 20, verdicts)
+    with pytest.raises(ValueError, match="tasks depend on the verdicts"):
+        d.task_at(0)
+
+
+def test_a_dispenser_refuses_a_sampler_over_other_tasks():
+    with pytest.raises(ValueError, match="other tasks or another seed"):
+        TaskDispenser(IDS, 0, sampler=TaskSampler(IDS[:3], 4, 0))
+    with pytest.raises(ValueError, match="other tasks or another seed"):
+        TaskDispenser(IDS, 0, sampler=TaskSampler(IDS, 4, 1))

@@ -35,7 +35,7 @@ def test_no_ticket_before_weights_and_none_past_the_bound():
     for t in tickets:
         hub.put_group(0, _group(t, 0))
     taken = hub.take(2)
-    hub.consume([g.group_id for g in taken])
+    hub.consume({g.group_id: [] for g in taken})
     assert hub.next_ticket(0) is None  # the next 2 would be 2 steps stale at step 2
     hub.publish(1, ["w1"])
     assert len(_drain(hub)) == 2
@@ -48,7 +48,7 @@ def test_at_staleness_zero_workers_wait_for_each_version():
     assert len(first) == 2
     for t in first:
         hub.put_group(0, _group(t, 0))
-    hub.consume([g.group_id for g in hub.take(2)])
+    hub.consume({g.group_id: [] for g in hub.take(2)})
     assert hub.next_ticket(0) is None  # generating now would use version 0 for step 2
     hub.publish(1, ["w1"])
     assert len(_drain(hub)) == 2

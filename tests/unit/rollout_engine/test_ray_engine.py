@@ -184,6 +184,7 @@ def test_a_quickstart_run_overlaps_rollouts_and_survives_a_killed_worker(
     assert len(probe.nodes) == 2  # one worker per node: 2 slots each, 2 per worker
     assert [s["rollout/version"] for s in steps] == [0, 1, 2]
     assert all("loss" in s for s in steps)
+    assert all(0.0 <= s["sampler/signal_frac"] <= 1.0 for s in steps)  # the dispenser's sampler
     assert probe.held >= 0 and steps[-1]["rollout/lost_groups"] == probe.held  # handed out again
     assert all(0 <= s["rollout/staleness_max"] <= 4 for s in steps)
     assert steps[0]["rollout/ratio_lag0_max_dev"] < 1e-4  # step 1's groups are all fresh
@@ -201,8 +202,8 @@ def test_a_quickstart_run_overlaps_rollouts_and_survives_a_killed_worker(
     for step, (learner, workers) in enumerate(probe.checksums, start=1):
         assert workers == {0: (step, learner), 1: (step, learner)}  # step 3: the replacement
     assert len({learner for learner, _ in probe.checksums}) == 3
-    assert steps[0]["rollout/weight_sync_bytes"] == sum(
-        t.numel() * t.element_size() for t in load_model(str(tiny_dir)).state_dict().values()
+    assert steps[0]["rollout/weight_sync_bytes"] == sum(  # each parameter once: the tie too
+        p.numel() * p.element_size() for p in load_model(str(tiny_dir)).parameters()
     )
 
 

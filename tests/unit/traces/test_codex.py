@@ -90,3 +90,50 @@ def test_a_rollback_in_an_event_only_rollout_drops_the_turn(tmp_path) -> None:
     assert states[-1].action.text == "better answer"
     assert _texts(states[-1]) == ["first question", "first answer", "better question"]
     assert run.report.files[0].context_changes["rollback"] == 1
+
+
+def _items(tmp_path, items: list[dict]):
+    import json
+
+    lines = [json.dumps({"type": "session_meta", "payload": {"id": "s1"}})]
+    lines += [json.dumps({"type": "response_item", "payload": it}) for it in items]
+    path = tmp_path / "rollout.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    run = ingest([path], "codex")
+    return list(run), run.report.files[0]
+
+
+def _call(cid: str) -> dict:
+    return {"type": "function_call", "call_id": cid, "name": "shell", "arguments": "{}"}
+
+
+def _out(cid: str, text: str) -> dict:
+    return {"type": "function_call_output", "call_id": cid, "output": text}
+
+
+USER = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}
+DONE = {"type": "message", "role": "assistant",
+        "content": [{"type": "output_text", "text": "done"}]}  # fmt: skip
+
+
+def test_parallel_calls_with_results_between_them_are_one_decision(tmp_path) -> None:
+    """Codex writes a response's parallel calls and their outputs interleaved (call A, call B,
+    output B, call C, output A, output C). The model is sampled again only once every call has
+    its output, so A, B and C are one decision that saw no result (before: B's output split
+    them, A was closed as '[no tool result recorded]' and its output became an orphan)."""
+    reasoning = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "plan"}]}
+    states, rep = _items(tmp_path, [USER, reasoning, _call("A"), _call("B"), _out("B", "b"),
+                                    _call("C"), _out("A", "a"), _out("C", "c"), DONE])  # fmt: skip
+    assert [[c["id"] for c in s.action.tool_calls] for s in states] == [["A", "B", "C"], []]
+    assert states[0].action.thinking == "plan" and _texts(states[0]) == ["go"]
+    assert [(m["role"], m.get("tool_call_id")) for m in states[1].prefix[2:]] == [
+        ("tool", "B"), ("tool", "A"), ("tool", "C")]  # fmt: skip
+    assert not rep.orphans
+
+
+def test_a_call_after_every_result_is_the_next_decision(tmp_path) -> None:
+    states, rep = _items(tmp_path, [USER, _call("A"), _out("A", "a"), _call("B"), _out("B", "b"),
+                                    DONE])  # fmt: skip
+    assert [[c["id"] for c in s.action.tool_calls] for s in states] == [["A"], ["B"], []]
+    assert _texts(states[1])[-1] == "a"
+    assert not rep.orphans
