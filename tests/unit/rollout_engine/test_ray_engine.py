@@ -270,14 +270,14 @@ def test_tool_episodes_on_a_worker(cluster):
     model, turns = _scripted_policy(tok, first.data["expression"], first.data["answer"])
     settings = EngineSettings(num_workers=1, groups_per_step=1, max_staleness=4,
                               force_staleness=None, address="auto", sandbox_slots=1,
-                              timeout_s=120)  # fmt: skip
+                              timeout_s=300)  # fmt: skip
     worker = WorkerSettings(2, Sampling(temperature=0.7, max_new_tokens=64), 0, max_turns=2,
                             max_tool_calls=2, sandbox_slots=1)  # fmt: skip
     tools = tool_functions(env.tools_class()())
     engine = RayRollouts(settings, worker, model, tok, sandboxed_calculator, dispenser, tools)
     try:
         engine.start(publish=True)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # the worker's start: a loaded machine is slow
         while not (gate / "waiting").exists():  # the first episode's tool call runs
             assert time.monotonic() < deadline, "no tool call on the worker"
             done, _ = engine.ray.wait(list(engine.runs.values()), timeout=0)
@@ -326,13 +326,13 @@ def test_a_worker_killed_in_a_sandboxed_tool_call_leaves_nothing(cluster):
     dispenser = TaskDispenser([t.task_id for t in env.tasks("train")], seed=0)
     model, _ = _scripted_policy(tok, "2 + 3", 5)
     settings = EngineSettings(num_workers=1, groups_per_step=1, max_staleness=4,
-                              force_staleness=None, address="auto", timeout_s=120)  # fmt: skip
+                              force_staleness=None, address="auto", timeout_s=300)  # fmt: skip
     worker = WorkerSettings(2, Sampling(temperature=0.7, max_new_tokens=64), 0, max_turns=2,
                             max_tool_calls=2)  # fmt: skip
     engine = RayRollouts(settings, worker, model, tok, workspace_calculator, dispenser)
     try:
         engine.start(publish=True)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         bwrap: list = []
         while not bwrap:  # the tool call's sandbox runs
             assert time.monotonic() < deadline, "no sandboxed tool call on the worker"
