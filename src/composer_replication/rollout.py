@@ -16,8 +16,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from composer_replication.envs.tools import call_tool, tool_functions
+from composer_replication.envs.tools import call_tool, tool_functions, tool_methods
 from composer_replication.lm.generator import Generator, Sampling
+
+MAX_TOOL_THREADS = 64
+"""Threads that run one turn's tool calls (one per rollout up to this); the sandbox slots and
+the OpenEnv connection limit bound the work they start."""
 
 
 def turn_index(tool_mask_BK, completion_mask_BK):
@@ -132,6 +136,22 @@ class TurnCalls:
             self._jobs[i] = self._pool.submit(_run_calls, self._tools[i], calls)
 
 
+@contextlib.contextmanager
+def calls_at_once(
+    completions: list[list[dict[str, Any]]],
+    tool_dicts: list[dict[str, Callable[..., Any]]],
+    max_threads: int,
+) -> Iterator[list[dict[str, Callable[..., Any]]]]:
+    """Tool dicts for TRL's loop whose calls run at once across the batch (:class:`TurnCalls`
+    over a pool of up to ``max_threads`` threads, shut down when the block ends). The one
+    wrapping of TRL's loop: the trainer's ``_tool_call_loop`` and :class:`ToolLoop` use it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = max(1, min(len(completions), max_threads))
+    with ThreadPoolExecutor(threads, thread_name_prefix="cr-tools") as pool:
+        yield TurnCalls(completions, tool_dicts, pool).deferred()
+
+
 def reset_at_once(instances: list[Any], rows: list[dict[str, Any]], pool: Any) -> None:
     """Reset every rollout's environment at once (an OpenEnv reset is a round trip, a
     Feature Deletion reset builds a workspace), then let each instance's next ``reset`` call
@@ -192,6 +212,152 @@ def _run_calls(tools: dict[str, Callable[..., Any]], calls: list[tuple[str, dict
         except Exception as e:  # the rollout's own failure, raised to it by TurnCalls._take
             outcomes.append(e)
     return outcomes
+
+
+TurnFn = Callable[[list[list[int]]], tuple[list[list[int]], list[list[float]], Any]]
+"""Generates one turn for each prompt (token ids): ``(completion ids, their sampling
+log-probs, a tag)``; the tag (a Ray worker: its policy version) is recorded per turn."""
+
+
+@dataclass
+class ToolEpisode:
+    """One rollout of :class:`ToolLoop`, as TRL's trainer records it."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    """Every assistant turn and the tool-result tokens between them (TRL concatenates token
+    ids; nothing is re-tokenized)."""
+    logprobs: list[float]
+    """Sampling log-prob of each completion token; 0.0 on tool-result tokens."""
+    tool_mask: list[int]
+    """1 on the tokens the policy wrote, 0 on tool results."""
+    messages: list[dict[str, Any]]
+    """The completion as messages (assistant turns, tool results): what reward functions
+    grade."""
+    turn_tags: list[Any]
+    """The tag ``generate`` returned for each assistant turn of this rollout."""
+    instance: Any
+    """The tool instance that served it (graded from its state by some environments)."""
+
+
+class ToolLoop:
+    """TRL 1.16's multi-turn tool loop, the one local training runs, outside a trainer.
+
+    TRL's loop is a method of its trainer (``GRPOTrainer._tool_call_loop``). This class holds
+    what that method reads from the trainer (the batch's tool dicts, the token budget, the
+    tokenizer, the number of tool rounds) and the two methods it calls (the chat template's
+    tool suffix, TRL's own; a turn's generation, ``generate``), and runs TRL's method on it:
+    a Ray rollout worker (rollout_engine/worker.py) runs the same loop as the local trainer,
+    not a copy of it. Tool calls of a turn run at once across the batch as in the trainer
+    (:func:`calls_at_once`). Before the loop, as TRL's ``_generate_and_score_completions`` and
+    ``_generate`` do: each instance is reset with its row (the observation a reset returns is
+    appended to the last prompt message), the prompt is rendered with the instance's tools,
+    the first turn generated and parsed (the tokenizer's response template, else its text).
+    Tied to TRL 1.16 (pinned in pyproject.toml); tests/unit/test_rollout.py runs it."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        model_config: Any,
+        generate: TurnFn,
+        max_turns: int,
+        max_completion_length: int,
+        concurrent_tools: bool = True,
+    ):
+        from types import SimpleNamespace
+
+        self.processing_class = self._tokenizer = tokenizer
+        self.model = SimpleNamespace(config=model_config)  # its context length bounds turns
+        self.generate = generate
+        self.max_tool_calling_iterations = max_turns - 1
+        self.max_completion_length = max_completion_length
+        self.concurrent_tools = concurrent_tools
+        self.chat_template, self.chat_template_kwargs = None, {}
+        self.use_vllm, self.vllm_mode, self._is_vlm, self.async_loop = False, None, False, None
+        self.environment_factories = None  # TRL then parses every turn against ``tools``
+        self.tools: list[Callable[..., Any]] = []
+        self._sync_tool_dicts: list[dict[str, Callable[..., Any]]] = []
+        self._async_tool_dicts: list[dict[str, Callable[..., Any]]] = []
+        self.tags: list[Any] = []
+
+    # ---- what TRL's loop calls on its trainer ---------------------------------------------
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations,
+                              has_tool_images=False):  # fmt: skip
+        ids, logprobs, tag = self.generate([list(p) for p in prompt_ids])
+        self.tags.append(tag)
+        return ids, logprobs
+
+    def _get_tool_suffix_ids(self, tool_messages):
+        from trl import GRPOTrainer
+
+        return GRPOTrainer._get_tool_suffix_ids(self, tool_messages)
+
+    # ---- one batch --------------------------------------------------------------------------
+    def run(self, rows: list[dict[str, Any]], instances: list[Any]) -> list[ToolEpisode]:
+        """One episode per row, row ``i`` on ``instances[i]`` (distinct instances)."""
+        from trl import GRPOTrainer
+
+        self.tags = []
+        prompts = _reset_prompts(rows, instances)
+        self.tools = tool_functions(instances[0])
+        self._sync_tool_dicts = [
+            {n: getattr(e, n) for n in tool_methods(type(e))} for e in instances
+        ]
+        self._async_tool_dicts = [{} for _ in instances]
+        prompt_ids = [self._prompt_ids(p) for p in prompts]
+        completion_ids, logprobs = self._generate_single_turn(prompt_ids, None, {}, 1)
+        completions = [[self._parse(c, p)] for c, p in zip(completion_ids, prompt_ids, strict=True)]
+        with contextlib.ExitStack() as stack:
+            if self.concurrent_tools and len(rows) > 1:
+                self._sync_tool_dicts = stack.enter_context(
+                    calls_at_once(completions, self._sync_tool_dicts, MAX_TOOL_THREADS)
+                )
+            masks, completions, completion_ids, logprobs, *_ = GRPOTrainer._tool_call_loop(
+                self, prompts, prompt_ids, completion_ids, completions, logprobs, None, {}
+            )
+        return [
+            ToolEpisode(p, c, lp, m, msgs, self.tags[: max(1, _runs(m))], e)
+            for p, c, lp, m, msgs, e in zip(prompt_ids, completion_ids, logprobs, masks,
+                                            completions, instances, strict=True)
+        ]  # fmt: skip
+
+    def _prompt_ids(self, prompt: list[dict[str, Any]]) -> list[int]:
+        """The prompt's tokens as TRL renders a tool environment's prompt."""
+        return self._tokenizer.apply_chat_template(
+            prompt, tools=self.tools or None, add_generation_prompt=True, tokenize=True,
+            return_dict=True,
+        )["input_ids"]  # fmt: skip
+
+    def _parse(self, ids: list[int], prefix: list[int]) -> dict[str, Any]:
+        from trl.chat_template_utils import parse_response
+
+        tok = self._tokenizer
+        if getattr(tok, "response_template", None) or getattr(tok, "response_schema", None):
+            return parse_response(tok, ids, prefix=prefix, tools=self.tools)
+        return {"role": "assistant", "content": tok.decode(ids, skip_special_tokens=True)}
+
+
+def _reset_prompts(rows: list[dict[str, Any]], instances: list[Any]) -> list[list[dict]]:
+    """Reset every instance with its row at once; each row's prompt messages, a reset's
+    observation (text) appended to the last one's content as TRL does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, min(len(rows), MAX_TOOL_THREADS))) as pool:
+        observations = list(pool.map(lambda e, r: e.reset(**r), instances, rows))
+    prompts = []
+    for row, obs in zip(rows, observations, strict=True):
+        prompt = [dict(m) for m in row["prompt"]]
+        if obs is not None:
+            if not (isinstance(obs, str) and isinstance(prompt[-1]["content"], str)):
+                raise ValueError("ToolLoop: a reset observation that is not text (images?)")
+            prompt[-1]["content"] += obs
+        prompts.append(prompt)
+    return prompts
+
+
+def _runs(mask: list[int]) -> int:
+    """Maximal runs of 1 in ``mask``: the assistant turns that wrote tokens."""
+    return sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
 
 
 def run_agent(

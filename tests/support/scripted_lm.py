@@ -52,3 +52,19 @@ class ScriptedLlama(LlamaForCausalLM):
                 accumulate=True,
             )
         return out
+
+
+class ConfigScriptedLlama(ScriptedLlama):
+    """A :class:`ScriptedLlama` whose script travels in its config (``config.cr_script``, the
+    arguments of ``set_script``): a copy built from the config alone (a Ray rollout worker's
+    policy copy) follows the same script."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        script = getattr(config, "cr_script", None)
+        if script:
+            self.set_script(**script)
+
+    def set_script(self, header_ids: list[int], scripts: list[list[int]], skip: int = 0) -> None:
+        self.config.cr_script = {"header_ids": header_ids, "scripts": scripts, "skip": skip}
+        super().set_script(header_ids, scripts, skip)

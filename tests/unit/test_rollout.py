@@ -143,3 +143,37 @@ def test_wire_snippet_quotes_short_safe_and_never_raises():
     assert wire_snippet("1", 10, repr) == "'1'"
     # an int past str()'s digit limit is named, not raised
     assert wire_snippet(10**5000, 80, repr) == "<unprintable int>"
+
+
+def test_the_tool_loop_outside_a_trainer_gives_the_trainers_tokens(tokenizer, tmp_path):
+    """``ToolLoop`` (what a Ray rollout worker runs) on the local trainer's own scripted
+    generation: prompt ids, completion ids (call, tool result, answer) and tool masks equal
+    the trainer's round, row for row, with concurrent tool calls; each turn's tag is kept."""
+    from support.scripted_policy import ScriptedTrainer, scripted_trainer
+
+    from composer_replication.rollout import ToolLoop
+
+    tok = copy.deepcopy(tokenizer)
+    ensure_tool_template(tok)
+    env = CalculatorEnv(per_kind=4, few_shot=False)
+    rows = [r for r in [env.row(t) for t in env.tasks("train")[:2]] for _ in range(2)]
+    tools = bounded_tools(CalculatorTools, 4)
+    reward = lambda completions, **_: [0.0] * len(completions)  # noqa: E731
+    trainer = scripted_trainer(tok, rows, tools, reward, 1, str(tmp_path), {"": [CALL, ANSWER]})
+    batch = trainer._generate_and_score_completions(rows)
+
+    def generate(prompts):
+        ids, _ = ScriptedTrainer._generate_single_turn(trainer, prompts)
+        return ids, [[-0.5] * len(i) for i in ids], len(prompts)
+
+    loop = ToolLoop(tok, trainer.model.config, generate, max_turns=2, max_completion_length=8192)
+    episodes = loop.run(rows, [tools() for _ in rows])
+    for b, e in enumerate(episodes):
+        keep = batch["completion_mask"][b].bool()
+        assert e.completion_ids == batch["completion_ids"][b][keep].tolist()
+        assert e.tool_mask == batch["tool_mask"][b][keep].tolist()
+        assert e.prompt_ids == batch["prompt_ids"][b][batch["prompt_mask"][b].bool()].tolist()
+        assert [m["role"] for m in e.messages] == ["assistant", "tool", "assistant"]
+        assert e.messages[1]["content"] == "13936"
+        assert e.logprobs == [-0.5 if m else 0.0 for m in e.tool_mask]
+        assert e.turn_tags == [4, 4]  # both turns generated for the whole batch at once

@@ -441,8 +441,8 @@ def _section(data: dict[str, Any], path: tuple[str, ...], create: bool = False) 
 def check_ray_engine(cfg: RunConfig) -> None:
     """``rollout.engine: ray`` with what it does not run (raised as a one-line error naming
     the key): vLLM generation (the workers generate with the shared generator,
-    lm/generator.py), TRL's async path, the agent proxy, DiLoCo, PEFT, tool environments; and a
-    forced staleness past the bound."""
+    lm/generator.py), TRL's async path, the agent proxy, DiLoCo, PEFT, a tool environment
+    served over OpenEnv; and a forced staleness past the bound."""
     r = cfg.rollout
     if r.force_staleness is not None and r.force_staleness > r.max_staleness:
         raise ValueError(f"rollout.force_staleness={r.force_staleness} is above "
@@ -457,8 +457,8 @@ def check_ray_engine(cfg: RunConfig) -> None:
         (cfg.agent_proxy.enabled, "agent_proxy"),
         (cfg.diloco.enabled, "diloco"),
         (cfg.peft.enabled, "peft (workers receive full state dicts; LoRA-only sync is not built)"),
-        (isinstance(cfg.env, ToolEnvConfig), f"tool environments yet (env.name={cfg.env.name}: "
-                                             "the multi-turn worker is not built)"),
+        (isinstance(cfg.env, ToolEnvConfig) and bool(cfg.env.openenv_url),
+         "env.openenv_url (tools and grading on an OpenEnv server) yet"),
     ]  # fmt: skip
     for bad, what in refusals:
         if bad:

@@ -22,10 +22,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from composer_replication.rollout_engine.worker import (
     WorkerSettings,
     distinct_tensors,
     state_checksum,
+    worker_dir,
 )
 
 log = logging.getLogger(__name__)
@@ -90,6 +93,12 @@ class EngineSettings:
     and staleness (``GROUPS_FILE`` in the run directory)."""
 
 
+def local_node_slots(settings: EngineSettings) -> int:
+    """The ``sandbox_slots`` resource of a local Ray's node: ``ray.sandbox_slots_per_node``,
+    else the machine's CPU count."""
+    return settings.sandbox_slots_per_node or os.cpu_count() or 1
+
+
 class RayRollouts:
     """Workers on Ray streaming groups to this learner (module docstring)."""
 
@@ -101,9 +110,22 @@ class RayRollouts:
         tokenizer: Any,
         env_factory: Callable[[], Any],
         dispenser: TaskDispenser,
+        tools: list[Callable[..., Any]] | None = None,
     ):
+        slots = local_node_slots(settings)
+        if settings.address is None and settings.sandbox_slots * settings.num_workers > slots:
+            raise ValueError(f"ray.worker.sandbox_slots={settings.sandbox_slots} x ray.num_workers="
+                             f"{settings.num_workers} is more than the local Ray node's {slots} "
+                             "sandbox slots (ray.sandbox_slots_per_node): some workers could "
+                             "never start")  # fmt: skip
         self.settings = settings
         self.worker_settings = worker
+        self.tools = tools
+        """A tool environment's tools (bound methods of one instance): the schemas the
+        workers render prompts with, for the channels that render them again (hints)."""
+        self.work_dir: str | None = None
+        """The workers' scratch directories' base (``WorkerSettings.work_dir``), made at
+        start and removed at close."""
         self.model = model
         self.tokenizer = tokenizer
         self.env_factory = env_factory
@@ -144,6 +166,9 @@ class RayRollouts:
         )
         if publish:
             self.publish(self.model, 0)
+        self.work_dir = tempfile.mkdtemp(prefix="cr-ray-workers-")
+        os.chmod(self.work_dir, 0o711)  # the sandbox's ``nobody`` passes through to its stage
+        self.worker_settings = replace(self.worker_settings, work_dir=self.work_dir)
         for wid in range(s.num_workers):
             self._start_worker(wid)
 
@@ -151,7 +176,7 @@ class RayRollouts:
         s = self.settings
         if s.address is not None:
             return {"address": s.address, "log_to_driver": False}
-        slots = s.sandbox_slots_per_node or os.cpu_count() or 1
+        slots = local_node_slots(s)
         return {
             "num_cpus": max(s.num_workers * s.num_cpus, 1),
             "object_store_memory": self._object_store_bytes(),
@@ -175,8 +200,8 @@ class RayRollouts:
         actor = self.ray.remote(RolloutWorker).options(
             num_cpus=s.num_cpus, num_gpus=s.num_gpus, resources=resources, max_concurrency=2,
             name=None, **memory,
-        ).remote(wid, self.hub, self.model.config, self.tokenizer, self.env_factory,
-                 self.worker_settings)  # fmt: skip
+        ).remote(wid, self.hub, type(self.model), self.model.config, self.tokenizer,
+                 self.env_factory, self.worker_settings)  # fmt: skip
         self.workers[wid] = actor
         self.runs[wid] = actor.run.remote()
 
@@ -196,6 +221,8 @@ class RayRollouts:
                 ray.kill(actor, no_restart=True)
         self.workers.clear()
         self.runs.clear()
+        if self.work_dir is not None:  # a killed worker's workspaces (on this node) too
+            shutil.rmtree(self.work_dir, ignore_errors=True)
         if self.started_ray:
             ray.shutdown()
 
@@ -285,6 +312,8 @@ class RayRollouts:
             except self.ray.exceptions.RayActorError:
                 lost = self.ray.get(self.hub.worker_lost.remote(wid))
                 self.lost_groups += lost
+                if self.work_dir is not None:  # its workspaces, when it ran on this node
+                    shutil.rmtree(worker_dir(self.work_dir, wid), ignore_errors=True)
                 log.warning("rollout worker %d died; %d in-flight groups handed out again, "
                             "a replacement starts", wid, lost)  # fmt: skip
                 self._start_worker(wid)
@@ -300,6 +329,9 @@ class RayRollouts:
         m["rollout/queue_depth"] = float(stats["queue_depth"])
         m["rollout/dropped_groups"] = float(self.dropped_groups)
         m["rollout/lost_groups"] = float(self.lost_groups)
+        calls = [g.info["tool_calls"] for g in groups if "tool_calls" in g.info]
+        if calls:
+            m["tools/call_frequency"] = sum(calls) / len(calls)
         used = [g.staleness(self.version) for g in groups]
         m["rollout/staleness_mean"] = sum(used) / len(used)
         m["rollout/staleness_max"] = float(max(used))

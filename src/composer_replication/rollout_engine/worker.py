@@ -3,24 +3,37 @@ pulls a ticket from the hub, loads the weights the ticket needs (the newest, or 
 forced-staleness ticket names) from Ray's object store, generates the group, grades it, and
 pushes the group record to the hub; until the hub says stop.
 
-The policy copy is built from the learner's model config (``from_config``) and filled with the
+The policy copy is built from the learner's model class and config and filled with the
 weights the learner publishes, so a worker needs the package and the tokenizer, never the
 model's files. Sampling is seeded per group (run seed and ticket number), so a group's tokens do
-not depend on which worker drew it."""
+not depend on which worker drew it.
+
+A tool environment's group runs TRL's multi-turn loop (rollout.py ``ToolLoop``: the loop local
+training runs) on one instance of the run's tool class per rollout, and is graded here with
+``grade_episodes``; before each later turn the worker loads the newest weights (or the forced
+version), so each turn records its own version. The worker runs at most
+``WorkerSettings.sandbox_slots`` sandboxes at once (its share of its node, which Ray
+accounts), and its temporary files (workspaces) live under its own scratch directory, which
+the learner or its replacement removes: a killed actor runs no ``atexit``, and its bwrap
+processes die with it (``--die-with-parent``)."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from composer_replication.envs.tools import bounded_tools
 from composer_replication.lm.chat import as_messages, render_prompt
 from composer_replication.lm.generator import Generator, Sampling
+from composer_replication.rollout import ToolLoop
 from composer_replication.rollout_engine.dispenser import Ticket
 from composer_replication.rollout_engine.group import GroupRecord, Rollout, Sequence
+from composer_replication.sandbox.sandbox import set_sandbox_slots
 
 POLL_S = 0.02
 """Seconds between asks when the hub has no ticket or no weights yet."""
@@ -33,6 +46,17 @@ class WorkerSettings:
     seed: int
     num_threads: int = 1
     timeout_s: float = 600.0
+    max_turns: int = 1
+    """Assistant turns of a tool environment's episode (``rollout.max_turns``)."""
+    max_tool_calls: int = 0
+    """Tool calls per episode (``rollout.max_tool_calls``, envs/tools.py ``bounded_tools``)."""
+    concurrent_tools: bool = True
+    """The tool calls of a turn run at once across the group (``rollout.concurrent_tools``)."""
+    sandbox_slots: int = 1
+    """Sandboxes the worker runs at once: its share of its node (module docstring)."""
+    work_dir: str | None = None
+    """Per-worker scratch directory base (``TMPDIR`` of the actor): ``<work_dir>/worker-<id>``
+    holds its workspaces and is removed by the learner or by the worker's replacement."""
 
 
 def state_checksum(state: dict[str, Any]) -> str:
@@ -84,24 +108,36 @@ class RolloutWorker:
         self,
         worker_id: int,
         hub: Any,
+        model_class: type,
         model_config: Any,
         tokenizer: Any,
         env_factory: Callable[[], Any],
         settings: WorkerSettings,
     ):
         import torch
-        from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(max(1, settings.num_threads))
+        if settings.work_dir is not None:
+            _own_scratch(worker_dir(settings.work_dir, worker_id))
         self.worker_id = worker_id
         self.hub = hub
         self.settings = settings
         self.tokenizer = tokenizer
-        self.model = AutoModelForCausalLM.from_config(model_config)
+        self.model = model_class(_generation_config(model_config))  # filled by the pushes
         self.version = -1
         self.lock = threading.Lock()
         self.env = env_factory()
+        set_sandbox_slots(settings.sandbox_slots)  # after the env's own (per-process) setting
         self.tasks = {t.task_id: t for t in self.env.tasks("train")}
+        self.tool_loop: ToolLoop | None = None
+        self.instances: list[Any] = []
+        if self.env.tools:
+            tools_class = bounded_tools(self.env.tools_class(), settings.max_tool_calls)
+            self.instances = [tools_class() for _ in range(settings.group_size)]
+            self.tool_loop = ToolLoop(tokenizer, model_config, self._turn, settings.max_turns,
+                                      settings.sampling.max_new_tokens,
+                                      settings.concurrent_tools)  # fmt: skip
+        self._ticket: Ticket | None = None
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         # lm/generator.py, the generator every path shares. Without prefix reuse: with it, the
@@ -133,6 +169,9 @@ class RolloutWorker:
         start = time.monotonic()
         self._load_weights(ticket.version)
         task = self.tasks[ticket.task_id]
+        if self.tool_loop is not None:
+            torch.manual_seed(_group_seed(self.settings.seed, ticket.group_id))
+            return self._tool_group(ticket, task, start)
         prompt = self.env.user_message(task)
         row = {"prompt": as_messages(prompt) if self.chat else prompt, "task_id": task.task_id}
         prompt_ids = self._prompt_ids(row["prompt"])
@@ -153,6 +192,36 @@ class RolloutWorker:
         return GroupRecord(ticket.group_id, task.task_id, row, rollouts, self.worker_id,
                            time.monotonic() - start)  # fmt: skip
 
+    def _tool_group(self, ticket: Ticket, task: Any, start: float) -> GroupRecord:
+        """A tool environment's group: TRL's multi-turn loop (rollout.py ``ToolLoop``) on
+        the worker's instances, graded here with the instances' state (``grade_episodes``)."""
+        assert self.tool_loop is not None
+        row = self.env.row(task)
+        self._ticket = ticket
+        episodes = self.tool_loop.run([row] * len(self.instances), self.instances)
+        results = self.env.grade_episodes(
+            [task] * len(episodes), [e.messages for e in episodes], [e.instance for e in episodes]
+        )
+        rollouts = [
+            Rollout([Sequence(e.prompt_ids, e.completion_ids, e.logprobs, e.tool_mask,
+                              list(e.turn_tags))], r.reward, r, messages=e.messages)
+            for e, r in zip(episodes, results, strict=True)
+        ]  # fmt: skip
+        calls = sum(_tool_calls(e.messages) for e in episodes) / len(episodes)
+        return GroupRecord(ticket.group_id, task.task_id, row, rollouts, self.worker_id,
+                           time.monotonic() - start, {"tool_calls": calls})  # fmt: skip
+
+    def _turn(self, prompts: list[list[int]]) -> tuple[list[list[int]], list[list[float]], int]:
+        """One turn of the tool loop: a later turn first loads the newest weights (or the
+        ticket's forced version), so each turn's version is recorded on its own."""
+        assert self.tool_loop is not None and self._ticket is not None
+        if self.tool_loop.tags:
+            self._load_weights(self._ticket.version)
+        with self.lock:
+            outs = self.generator.generate(prompts, self.settings.sampling)
+            version = self.version
+        return [o.ids for o in outs], [o.logprobs for o in outs], version
+
     def _prompt_ids(self, prompt: Any) -> list[int]:
         """The tokens of the text the model sees (lm/chat.py ``render_prompt``)."""
         text = render_prompt(self.tokenizer, prompt)
@@ -164,6 +233,8 @@ class RolloutWorker:
         for a version not yet published."""
         import ray
 
+        if version is not None and version == self.version:  # held (maybe gone from the hub)
+            return
         deadline = time.monotonic() + self.settings.timeout_s
         while (found := ray.get(self.hub.latest_weights.remote(version))) is None:
             if time.monotonic() > deadline:
@@ -193,6 +264,40 @@ class RolloutWorker:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+
+def _generation_config(model_config: Any) -> Any:
+    """The learner's model config for a copy that only generates: with the KV cache on
+    (transformers' ``Trainer`` turns ``use_cache`` off in the learner's config; a copy built
+    from it would generate without a cache, recomputing every prompt token at every step)."""
+    import copy
+
+    config = copy.deepcopy(model_config)
+    config.use_cache = True
+    return config
+
+
+def worker_dir(base: str, worker_id: int) -> str:
+    """Worker ``worker_id``'s scratch directory under the run's ``base``."""
+    return os.path.join(base, f"worker-{worker_id}")
+
+
+def _own_scratch(path: str) -> None:
+    """Make ``path`` this process's temporary directory (``tempfile`` and the ``TMPDIR`` of
+    what it starts), emptied first: a killed predecessor on this node runs no ``atexit``, so
+    its workspaces are removed here (or by the learner)."""
+    import shutil
+    import tempfile
+
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    os.chmod(path, 0o711)  # the sandbox's ``nobody`` passes through to what is staged here
+    tempfile.tempdir = path
+    os.environ["TMPDIR"] = path
+
+
+def _tool_calls(messages: list[dict[str, Any]]) -> int:
+    return sum(1 for m in messages if m.get("role") == "tool")
 
 
 def _group_seed(seed: int, group_id: int) -> int:

@@ -127,6 +127,7 @@ def build_engine(cfg: RunConfig, model, tokenizer, env: Environment):
     """The Ray rollout engine of ``rollout.engine: ray`` (not started: `run_training` starts
     it, and stops it whatever happens)."""
     from composer_replication.envs.sampler import TaskSampler
+    from composer_replication.envs.tools import tool_functions
     from composer_replication.lm.generator import Sampling
     from composer_replication.rollout_engine.dispenser import TaskDispenser
     from composer_replication.rollout_engine.learner import (
@@ -152,10 +153,25 @@ def build_engine(cfg: RunConfig, model, tokenizer, env: Environment):
     )  # fmt: skip
     sampling = Sampling(temperature=g.temperature, top_p=g.top_p,
                         max_new_tokens=g.max_completion_length)  # fmt: skip
-    worker = WorkerSettings(g.num_generations, sampling, cfg.seed,
-                            num_threads=max(1, int(w.num_cpus)), timeout_s=cfg.ray.timeout_s)  # fmt: skip
+    worker = WorkerSettings(
+        g.num_generations, sampling, cfg.seed, num_threads=max(1, int(w.num_cpus)),
+        timeout_s=cfg.ray.timeout_s, max_turns=r.max_turns, max_tool_calls=r.max_tool_calls,
+        concurrent_tools=r.concurrent_tools, sandbox_slots=worker_sandbox_slots(cfg),
+    )  # fmt: skip
+    tools = tool_kwargs(cfg, env).get("environment_factory")
     return RayRollouts(settings, worker, model, tokenizer, functools.partial(build_env, cfg),
-                       dispenser)  # fmt: skip
+                       dispenser, tools=tool_functions(tools()) if tools else None)  # fmt: skip
+
+
+def worker_sandbox_slots(cfg: RunConfig) -> int:
+    """Sandboxes one rollout worker runs at once: the ``sandbox_slots`` it reserves from its
+    node's Ray resource, else its CPU reservation (at least 1). Either way Ray keeps the sum
+    over a node's workers within the node's budget (its ``sandbox_slots`` resource, or its
+    CPUs): sandboxes are counted per node, not per process. ``sandbox.workers``, when set,
+    caps it further."""
+    w = cfg.ray.worker
+    share = w.sandbox_slots or max(1, int(w.num_cpus))
+    return min(share, cfg.sandbox.workers) if cfg.sandbox.workers else share
 
 
 def checkpointing_arg(config_cls: type, enabled: bool) -> dict[str, bool]:

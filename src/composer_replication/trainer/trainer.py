@@ -56,7 +56,8 @@ from composer_replication.lm.models import HiddenCapture, backbone, pad_token_id
 from composer_replication.lm.prefix import completion_logps_with_prefix, use_prefix
 from composer_replication.losses import compose_loss
 from composer_replication.rollout import (
-    TurnCalls,
+    MAX_TOOL_THREADS,
+    calls_at_once,
     reset_at_once,
     turn_index,
     undo_resets,
@@ -68,10 +69,6 @@ log = logging.getLogger(__name__)
 
 DRAWS_FILE = "task_draws.jsonl"
 """The tasks of each training round (``data.sampler``), one JSON line per round."""
-
-MAX_TOOL_THREADS = 64
-"""Threads that run one turn's tool calls (one per rollout up to this); the sandbox slots and
-the OpenEnv connection limit bound the work they start."""
 
 # tensors of a generation batch padded on the left (prompts) or the right (completions)
 _LEFT_PADDED = ("prompt_ids", "prompt_mask")
@@ -334,9 +331,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
         if not self.concurrent_tools or len(completions) < 2:
             return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, *rest)
         tools = self._sync_tool_dicts
-        threads = min(len(completions), MAX_TOOL_THREADS)
-        with ThreadPoolExecutor(threads, thread_name_prefix="cr-tools") as pool:
-            self._sync_tool_dicts = TurnCalls(completions, tools, pool).deferred()
+        with calls_at_once(completions, tools, MAX_TOOL_THREADS) as deferred:
+            self._sync_tool_dicts = deferred
             try:
                 return super()._tool_call_loop(
                     prompts, prompt_ids, completion_ids, completions, *rest
@@ -442,6 +438,10 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.vllm_importance_sampling_correction = True
         self.add_callback(source.callback(self))
 
+    def _source_tools(self) -> list[Any] | None:
+        """The tools the rollout source's episodes were rendered with (None: no tools)."""
+        return getattr(self.rollout_source, "tools", None) or None
+
     def _source_rows(self, inputs):
         """A step's rows from the rollout source (training only), TRL's weight-sync check
         marked done (the source pushes weights itself)."""
@@ -462,7 +462,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 completions=[getattr(r, "observation", None) for r in results],
                 results=results,
                 group_size=self.num_generations,
-                tools=self.tools or None,
+                tools=self.tools or self._source_tools(),
                 columns=batch.pop("_columns", None),
             )
             for channel in self.channels:

@@ -53,11 +53,21 @@ def test_the_ray_section_and_engine_parse_from_overrides():
         (["rollout.force_staleness=0"], "force_staleness needs rollout.engine=ray"),
         ([*RAY, "generation.backend=vllm"], "rollout.engine=ray does not run generation.backend"),
         ([*RAY, "diloco.enabled=true"], "rollout.engine=ray does not run diloco"),
+        (
+            [*RAY, "env.name=calculator", "env.openenv_url=http://127.0.0.1:9"],
+            "rollout.engine=ray does not run env.openenv_url",
+        ),
     ],
 )
 def test_bad_settings_are_refused_naming_the_key(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(None, overrides)
+
+
+def test_the_agent_quickstart_loads_on_the_ray_engine():
+    """Tool environments run on the Ray engine's workers (multi-turn): no refusal."""
+    cfg = load_config("configs/agent_quickstart.yaml", [*RAY, "ray.num_workers=2"])
+    assert (cfg.env.name, cfg.rollout.engine) == ("calculator", "ray")
 
 
 def test_the_adaptive_sampler_runs_on_the_ray_engine():

@@ -20,13 +20,27 @@ from pathlib import Path
 import pytest
 from support.gated_env import GATE_DIR, gated_env, open_gate
 from support.ray_processes import actor_processes, listening_ips, wait_gone
+from support.ray_tool_env import GATE_DIR as TOOL_GATE
+from support.ray_tool_env import sandboxed_calculator, workspace_calculator
+from support.scripted_lm import ConfigScriptedLlama
 from support.tiny_run import save_tiny_model
 from transformers import TrainerCallback
 
 from composer_replication.config import load_config
-from composer_replication.lm.models import load_model
+from composer_replication.envs.tools import tool_functions
+from composer_replication.lm.chat_templates import ensure_tool_template
+from composer_replication.lm.generator import Sampling
+from composer_replication.lm.models import DEFAULT_MODEL, load_model, load_tokenizer
 from composer_replication.rollout_engine.dispenser import TaskDispenser
-from composer_replication.rollout_engine.learner import GROUPS_FILE, STATE_FILE, import_ray
+from composer_replication.rollout_engine.learner import (
+    GROUPS_FILE,
+    STATE_FILE,
+    EngineSettings,
+    RayRollouts,
+    group_tokens,
+    import_ray,
+)
+from composer_replication.rollout_engine.worker import WorkerSettings
 from composer_replication.run import train as train_module
 from composer_replication.run.train import run_training
 
@@ -40,9 +54,10 @@ def cluster(tmp_path_factory):
     """Two nodes; their workers import ``tests/support`` (the gated environment) and read
     the gate directory from the environment they start with."""
     gate = tmp_path_factory.mktemp("gate")
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", GATE_DIR)}
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", GATE_DIR, TOOL_GATE)}
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO / "tests")])
     os.environ[GATE_DIR] = str(gate)
+    os.environ[TOOL_GATE] = str(tmp_path_factory.mktemp("tool_gate"))
     ray = import_ray()
     from ray.cluster_utils import Cluster
 
@@ -223,3 +238,141 @@ def test_resume_continues_the_task_order_and_the_version(cluster, tiny_dir, tmp_
     order = TaskDispenser(ids, cfg.seed)
     assert all(g["task"] == order.task_at(g["id"]) for g in resumed)
     assert all(t == order.task_at(i) for i, t in tasks.items())
+
+
+def _scripted_policy(tok, expression: str, answer: int):
+    """A tiny model that calls ``calculate(expression)``, then answers ``answer``; its script
+    travels in its config, so the workers' copies follow it."""
+    from conftest import make_tiny_model
+
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    call = json.dumps({"name": "calculate", "arguments": {"expression": expression}})
+    turns = [f"<tool_call>{call}</tool_call><|im_end|>", f"The answer is {answer}.<|im_end|>"]
+    model = make_tiny_model(len(tok), 0, cls=ConfigScriptedLlama, max_positions=1024)
+    model.set_script(enc("<|im_start|>assistant\n"), [enc(t) for t in turns])
+    return model, turns
+
+
+def test_tool_episodes_on_a_worker(cluster):
+    """A tool environment on the Ray engine: a worker runs TRL's tool loop (2 turns), grades
+    in the sandbox, and the group record carries the tool mask (0 exactly on the tool
+    result), behaviour log-probs (0 on the tool result), each turn's policy version (weights
+    published while the first turn's tool call ran: the second turn is version 1), the
+    sandbox's rewards (1 for the task whose answer the script gives, 0 for the next), and the
+    worker's sandbox slots (its reservation: 1, not the machine's cores)."""
+    gate = Path(os.environ[TOOL_GATE])
+    tok = load_tokenizer(DEFAULT_MODEL)
+    ensure_tool_template(tok)
+    env = sandboxed_calculator()
+    tasks = {t.task_id: t for t in env.tasks("train")}
+    dispenser = TaskDispenser(list(tasks), seed=0)
+    first = tasks[dispenser.task_at(0)]
+    model, turns = _scripted_policy(tok, first.data["expression"], first.data["answer"])
+    settings = EngineSettings(num_workers=1, groups_per_step=1, max_staleness=4,
+                              force_staleness=None, address="auto", sandbox_slots=1,
+                              timeout_s=300)  # fmt: skip
+    worker = WorkerSettings(2, Sampling(temperature=0.7, max_new_tokens=64), 0, max_turns=2,
+                            max_tool_calls=2, sandbox_slots=1)  # fmt: skip
+    tools = tool_functions(env.tools_class()())
+    engine = RayRollouts(settings, worker, model, tok, sandboxed_calculator, dispenser, tools)
+    try:
+        engine.start(publish=True)
+        deadline = time.monotonic() + 300  # the worker's start: a loaded machine is slow
+        while not (gate / "waiting").exists():  # the first episode's tool call runs
+            assert time.monotonic() < deadline, "no tool call on the worker"
+            done, _ = engine.ray.wait(list(engine.runs.values()), timeout=0)
+            assert not done, engine.ray.get(done)  # a worker's error, raised
+            time.sleep(0.05)
+        engine.publish(model, 1)
+        (gate / "go").touch()
+        groups = engine.take_groups(2, version=1)
+    finally:
+        engine.close()
+    assert [g.group_id for g in groups] == [0, 1] and groups[0].task_id == first.task_id
+    result = str(first.data["answer"])
+    for g, versions, reward in zip(groups, ([0, 1], [1, 1]), ("1.0", "0.0"), strict=True):
+        for r in g.rollouts:
+            [seq] = r.sequences
+            assert seq.turn_versions == versions
+            assert r.verdict.info["sandbox_said"] == reward and r.reward == float(reward)
+            assert r.verdict.info["slots"] == 1
+            assert [m["role"] for m in r.messages] == ["assistant", "tool", "assistant"]
+            assert r.messages[1]["content"] == result
+            own = [t for t, m in zip(seq.completion_ids, seq.tool_mask, strict=True) if m]
+            inserted = [t for t, m in zip(seq.completion_ids, seq.tool_mask, strict=True) if not m]
+            assert tok.decode(own) == "".join(turns)
+            assert result in tok.decode(inserted) and "tool" in tok.decode(inserted)
+            zeros = [i for i, m in enumerate(seq.tool_mask) if not m]
+            assert zeros == list(range(zeros[0], zeros[-1] + 1))  # one run: the tool result
+            assert all(seq.behaviour_logps[i] == 0.0 for i in zeros)
+            assert len(seq.behaviour_logps) == len(seq.completion_ids)
+            assert all(lp <= 0 for lp in seq.behaviour_logps)
+    batch = group_tokens(groups, 4)
+    assert batch["env_mask"] == [r.sequences[0].tool_mask for g in groups for r in g.rollouts]
+    assert groups[0].staleness(1) == 1 and groups[1].staleness(1) == 0
+
+
+def test_a_worker_killed_in_a_sandboxed_tool_call_leaves_nothing(cluster):
+    """A worker killed while its episode's tool call sleeps in the sandbox: its bwrap
+    processes die with it, the workspaces its resets made (under its scratch directory) are
+    removed, its ticket is handed out again (lost_groups 1) and the replacement makes the
+    group."""
+    import psutil
+
+    gate = Path(os.environ[TOOL_GATE])
+    tok = load_tokenizer(DEFAULT_MODEL)
+    ensure_tool_template(tok)
+    env = workspace_calculator()
+    dispenser = TaskDispenser([t.task_id for t in env.tasks("train")], seed=0)
+    model, _ = _scripted_policy(tok, "2 + 3", 5)
+    settings = EngineSettings(num_workers=1, groups_per_step=1, max_staleness=4,
+                              force_staleness=None, address="auto", timeout_s=300)  # fmt: skip
+    worker = WorkerSettings(2, Sampling(temperature=0.7, max_new_tokens=64), 0, max_turns=2,
+                            max_tool_calls=2)  # fmt: skip
+    engine = RayRollouts(settings, worker, model, tok, workspace_calculator, dispenser)
+    try:
+        engine.start(publish=True)
+        deadline = time.monotonic() + 300
+        bwrap: list = []
+        while not bwrap:  # the tool call's sandbox runs
+            assert time.monotonic() < deadline, "no sandboxed tool call on the worker"
+            if (gate / "sandboxed").exists():
+                pid = int((gate / "sandboxed").read_text())
+                bwrap = [p for p in psutil.Process(pid).children(recursive=True)
+                         if p.name() == "bwrap"]  # fmt: skip
+            time.sleep(0.05)
+        workspaces = (gate / "workspaces").read_text().split()
+        assert workspaces and all(Path(w).is_dir() for w in workspaces)
+        assert all(w.startswith(engine.work_dir) for w in workspaces)
+        engine.ray.kill(engine.workers[0], no_restart=True)
+        [group] = engine.take_groups(1, version=0)
+        assert engine.lost_groups == 1 and group.group_id == 0
+        assert wait_gone(lambda: [p for p in bwrap if p.is_running()]) == []
+        assert not [w for w in workspaces if Path(w).exists()]  # before the run's end
+    finally:
+        engine.close()
+
+
+def test_more_sandbox_slots_than_a_local_node_has_are_refused():
+    """Workers that reserve more sandbox slots than the local node has could never all start
+    (the run would wait until its deadline): refused at once, in one line."""
+    settings = EngineSettings(num_workers=2, groups_per_step=1, max_staleness=1,
+                              force_staleness=None, sandbox_slots=2,
+                              sandbox_slots_per_node=3)  # fmt: skip
+    worker = WorkerSettings(2, Sampling(temperature=1.0, max_new_tokens=4), 0)
+    with pytest.raises(ValueError, match=r"sandbox_slots=2 x ray.num_workers=2 is more than"):
+        RayRollouts(settings, worker, None, None, sandboxed_calculator, TaskDispenser(["a"], 0))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "slots"),
+    [
+        ([], 1),  # the CPU it reserves
+        (["ray.worker.num_cpus=3"], 3),
+        (["ray.worker.sandbox_slots=2", "ray.worker.num_cpus=3"], 2),  # its node-slot share
+        (["ray.worker.sandbox_slots=2", "sandbox.workers=1"], 1),  # capped by sandbox.workers
+    ],
+)
+def test_a_worker_runs_its_share_of_its_node_sandboxes(overrides, slots):
+    cfg = load_config(None, ["rollout.engine=ray", *overrides])
+    assert train_module.worker_sandbox_slots(cfg) == slots

@@ -31,3 +31,22 @@ def test_a_state_missing_a_real_weight_is_refused():
     state.pop("model.norm.weight")
     with pytest.raises(ValueError, match="missing \\['model.norm.weight'\\]"):
         load_distinct(make_tiny_model(64), state)
+
+
+def test_a_worker_generates_with_the_kv_cache_the_learners_config_turned_off(tokenizer):
+    """transformers' ``Trainer`` sets ``use_cache=False`` in the learner's config; a worker's
+    policy copy built from that config still generates with the KV cache (without it every
+    step recomputed the whole prompt), and the learner's config is left as it was."""
+    from transformers import LlamaForCausalLM
+
+    from composer_replication.envs.arithmetic import ArithmeticEnv
+    from composer_replication.lm.generator import Sampling
+    from composer_replication.rollout_engine.worker import RolloutWorker, WorkerSettings
+
+    learner = make_tiny_model(len(tokenizer))
+    learner.config.use_cache = False  # what Trainer's init does
+    settings = WorkerSettings(2, Sampling(temperature=1.0, max_new_tokens=4), 0)
+    worker = RolloutWorker(0, None, LlamaForCausalLM, learner.config, tokenizer, ArithmeticEnv,
+                           settings)  # fmt: skip
+    assert worker.model.generation_config.use_cache is True
+    assert learner.config.use_cache is False
