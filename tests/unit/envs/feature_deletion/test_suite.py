@@ -78,3 +78,11 @@ def test_a_suite_reuses_the_cache_and_reports_each_package(textkit_tasks, tmp_pa
     assert rows[str(shadow)]["tasks"] == 0
     said = "".join(result.output.split())  # rich wraps long paths and titles at any width
     assert "(3sources)" in said and f"per-packagesummary:{out / 'suite.json'}" in said
+    lines = result.output.splitlines()  # a line per package as its work is known and ends
+    n, hidden = textkit["candidates"], textkit["hidden_targets"]
+    assert f"textkit-local: baseline passed, {n} candidates (after " in result.output
+    done = [x for x in lines if x.startswith("textkit-local: done in ")]
+    assert len(done) == 1 and done[0].endswith(f": 9 tasks ({hidden} with hidden targets) of {n} "
+                                               "candidates"), done  # fmt: skip
+    for name in (broken.name, shadow.name):
+        assert sum(x.startswith(f"{name}-local: refused after ") for x in lines) == 1, lines
