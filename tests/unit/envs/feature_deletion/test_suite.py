@@ -29,6 +29,17 @@ def test_specs_file_lines_comments_and_errors(tmp_path):
             read_specs(specs)
 
 
+def test_the_shipped_suite_parses_as_pinned_packages():
+    """configs/suites/*.txt (issue 60's suite): every line a pinned package, at least 8 of
+    them, none repeated (read_specs refuses repeats with the line)."""
+    from composer_replication.config import configs_dir
+
+    shipped = sorted((configs_dir() / "suites").glob("*.txt"))
+    assert [p.name for p in shipped] == ["pure_python.txt"]
+    specs = read_specs(shipped[0])
+    assert len(specs) >= 8 and all("==" in s for s in specs), specs
+
+
 def _failing_package(root):
     (root / "brokenpkg").mkdir(parents=True)
     (root / "brokenpkg" / "__init__.py").write_text("def answer():\n    return 41\n")
