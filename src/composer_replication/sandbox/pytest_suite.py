@@ -37,8 +37,9 @@ import secrets
 import shutil
 import subprocess
 import textwrap
+import threading
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, wraps
 from pathlib import Path
 
 from composer_replication.sandbox import harness
@@ -532,6 +533,22 @@ def require_pytest() -> None:
             raise _missing_tool(name)
 
 
+def _one_at_a_time(fn):
+    """``fn`` (an ``lru_cache``) behind a lock: callers that ask at once (a suite's packages
+    starting together) wait for the first build instead of each building a copy before the
+    cache holds one (issue 60's run built 12 copies, each compiling pytest)."""
+    lock = threading.Lock()
+
+    @wraps(fn)
+    def call(*args):
+        with lock:
+            return fn(*args)
+
+    call.cache_clear = fn.cache_clear
+    return call
+
+
+@_one_at_a_time
 @lru_cache(maxsize=8)
 def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
     """A world-readable copy of pytest and its pure-Python dependencies (bound read-only into

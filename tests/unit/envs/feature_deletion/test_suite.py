@@ -40,6 +40,19 @@ def test_the_shipped_suite_parses_as_pinned_packages():
     assert len(specs) >= 8 and all("==" in s for s in specs), specs
 
 
+def test_packages_asking_for_the_test_tools_at_once_share_one_copy():
+    """A suite's packages start together and each asks for the test tools: one copy is
+    built and every package gets it (issue 60's run built 12, each compiling pytest)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from composer_replication.sandbox.pytest_suite import pytest_tools
+
+    pytest_tools.cache_clear()
+    with ThreadPoolExecutor(4) as pool:
+        paths = set(pool.map(lambda _: pytest_tools(), range(4)))
+    assert len(paths) == 1, paths
+
+
 def _failing_package(root):
     (root / "brokenpkg").mkdir(parents=True)
     (root / "brokenpkg" / "__init__.py").write_text("def answer():\n    return 41\n")
