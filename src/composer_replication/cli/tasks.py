@@ -93,7 +93,7 @@ def _generate_suite(specs_file: Path, out: Path, cfg) -> None:
     """Every source ``specs_file`` lists, at once (envs/feature_deletion/suite.py), then the
     per-package table (also in ``OUT/suite.json``)."""
     from composer_replication.envs.feature_deletion.suite import generate_suite, read_specs
-    from composer_replication.progress import progress_bar
+    from composer_replication.progress import plain_line, progress_bar
 
     specs = read_specs(specs_file)
     kept = f"each package's candidates tried so far are in {out}/<package>/runs.jsonl"
@@ -102,7 +102,8 @@ def _generate_suite(specs_file: Path, out: Path, cfg) -> None:
         exit_on_interrupt(kept),
     ):
         bar = _Bar(advance)
-        rows = generate_suite(specs, out, cfg, progress=bar.step, on_total=bar.total)
+        rows = generate_suite(specs, out, cfg, progress=bar.step, on_total=bar.total,
+                              note=lambda text: plain_line(console, text))  # fmt: skip
     table = Table(title=f"{out} ({len(specs)} sources)")
     for col in ("package", "candidates", "tasks", "hidden targets", "tests/task", "refused"):
         table.add_column(col, justify="left" if col in ("package", "refused") else "right")

@@ -32,12 +32,14 @@ from __future__ import annotations
 import atexit
 import hashlib
 import hmac
+import os
 import secrets
 import shutil
 import subprocess
 import textwrap
+import threading
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, wraps
 from pathlib import Path
 
 from composer_replication.sandbox import harness
@@ -61,7 +63,7 @@ _null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(_null, 0)
 os.close(_null)
 os.dup2(2, 1)  # pytest's terminal output goes to stderr; stdout carries only frames
-sys.path[:0] = [{tools!r}, {repo!r}]
+sys.path[:0] = {paths!r}
 os.chdir({repo!r})
 os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -391,11 +393,24 @@ def run_suite(
     return rep
 
 
+def import_roots(repo: str) -> list[str]:
+    """The directories of a tree its code imports from, as installing it would make them
+    importable: the tree, and for a ``src`` layout (a ``src/`` directory that is no package
+    itself) ``src/`` too: ``src/webcolors`` imports as ``webcolors`` once installed, and the
+    sdist is never installed here (its build would run on the host), so without this its
+    untouched suite fails to import (issue 60: webcolors 24.8.0)."""
+    src = os.path.join(repo, "src")
+    if os.path.isdir(src) and not os.path.exists(os.path.join(src, "__init__.py")):
+        return [repo, src]
+    return [repo]
+
+
 def _runner(tools: str, repo: str, tests, extra, forward, probe=False, screen=0) -> str:
     args = pytest_args(tests, extra)
     code = _PROBE_CODE if probe else ""
-    return _RUNNER.format(tools=tools, repo=repo, args=args, forward=forward, probe=probe,
-                          probe_code=code, screen=int(screen))  # fmt: skip
+    return _RUNNER.format(tools=tools, repo=repo, paths=[tools, *import_roots(repo)], args=args,
+                          forward=forward, probe=probe, probe_code=code,
+                          screen=int(screen))  # fmt: skip
 
 
 _PROBE_CODE = r"""
@@ -518,6 +533,22 @@ def require_pytest() -> None:
             raise _missing_tool(name)
 
 
+def _one_at_a_time(fn):
+    """``fn`` (an ``lru_cache``) behind a lock: callers that ask at once (a suite's packages
+    starting together) wait for the first build instead of each building a copy before the
+    cache holds one (issue 60's run built 12 copies, each compiling pytest)."""
+    lock = threading.Lock()
+
+    @wraps(fn)
+    def call(*args):
+        with lock:
+            return fn(*args)
+
+    call.cache_clear = fn.cache_clear
+    return call
+
+
+@_one_at_a_time
 @lru_cache(maxsize=8)
 def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
     """A world-readable copy of pytest and its pure-Python dependencies (bound read-only into

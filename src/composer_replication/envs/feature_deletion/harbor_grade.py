@@ -41,9 +41,11 @@ import zipfile
 from pathlib import Path
 
 RUNNER = r"""
-import json, sys
+import json, os, sys
 tools, repo, out = sys.argv[1:4]
-sys.path[:0] = [tools, repo]
+src = os.path.join(repo, "src")  # a src layout imports as if installed (pytest_suite.import_roots)
+layout = os.path.isdir(src) and not os.path.exists(os.path.join(src, "__init__.py"))
+sys.path[:0] = [tools, repo, src] if layout else [tools, repo]
 import pytest
 
 

@@ -12,7 +12,9 @@ generates every source a file lists (one spec a line: ``name==version`` or a dir
   a package that shadows the test tools) is reported with its reason and the others go on.
 
 ``DIR/suite.json`` keeps the per-package summary (candidates, tasks, tasks with hidden
-targets, tests per task, why candidates were refused).
+targets, tests per task, why candidates were refused). While it runs, ``note(text)`` gets one
+line per package when its candidates are known (its baseline passed) and when it is done or
+refused, so a log of an hour's run shows which packages are still going.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from composer_replication.config.base import UserError
 from composer_replication.envs.feature_deletion.generate import generate_tasks, load_tasks
 from composer_replication.envs.feature_deletion.source import prepare_source
 from composer_replication.lm.models import write_atomic
+from composer_replication.progress import duration
 from composer_replication.sandbox.sandbox import SLOTS, set_sandbox_slots
 
 SPEC_LINE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
@@ -87,9 +90,11 @@ def generate_suite(
     cfg: TaskGenConfig,
     progress: Callable[..., None] | None = None,
     on_total: Callable[[int], None] | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> list[PackageRow]:
     """Generate every source of ``specs`` under ``out`` (module docstring); ``on_total(n)``
-    is called as each package's candidates are known (n: the running total)."""
+    is called as each package's candidates are known (n: the running total); ``note(text)``
+    gets a line per package as its candidates are known and as it ends (:func:`row_line`)."""
     totals: list[int] = []
 
     def total(n: int) -> None:
@@ -101,7 +106,7 @@ def generate_suite(
     set_sandbox_slots(cfg.workers)  # 0: from the cores and memory
     try:
         with ThreadPoolExecutor(len(specs)) as packages:
-            rows = list(packages.map(lambda s: _package(s, out, cfg, progress, total), specs))
+            rows = list(packages.map(lambda s: _package(s, out, cfg, progress, total, note), specs))
     finally:
         set_sandbox_slots(before)
     write_atomic(Path(out) / "suite.json",
@@ -109,20 +114,38 @@ def generate_suite(
     return rows
 
 
-def _package(spec: str, out: Path, cfg: TaskGenConfig, progress, on_total) -> PackageRow:
+def row_line(row: PackageRow) -> str:
+    """One log line for a package that is done: its counts, or why it was refused."""
+    name = row.label or row.spec
+    if row.error:
+        return f"{name}: refused after {duration(row.seconds)}: {row.error[:300]}"
+    return (f"{name}: done in {duration(row.seconds)}: {row.tasks} tasks "
+            f"({row.hidden_targets} with hidden targets) of {row.candidates} candidates")  # fmt: skip
+
+
+def _package(spec: str, out: Path, cfg: TaskGenConfig, progress, on_total, note) -> PackageRow:
     start, row = time.monotonic(), PackageRow(spec)
+    say = note or (lambda text: None)
+
+    def known(n: int) -> None:
+        say(f"{row.label}: baseline passed, {n} candidates "
+            f"(after {duration(time.monotonic() - start)})")  # fmt: skip
+        on_total(n)
+
     try:
         tree = prepare_source(spec, cfg)
         row.label = tree.label
-        summary = generate_tasks(tree, out, cfg, spec=spec, progress=progress, on_total=on_total)
+        summary = generate_tasks(tree, out, cfg, spec=spec, progress=progress, on_total=known)
         tasks = load_tasks(summary.out_dir)
     except UserError as e:
         row.error = " ".join(str(e).split())[:500]
         row.seconds = round(time.monotonic() - start, 1)
+        say(row_line(row))
         return row
     row.candidates, row.reused, row.tasks = summary.candidates, summary.reused, len(tasks)
     row.hidden_targets = sum(bool(t.get("hidden_tests")) for t in tasks)
     row.tests_per_task = statistics.median([len(t["failing_tests"]) for t in tasks] or [0])
     row.refused = {k: v for k, v in sorted(summary.by_status.items()) if k != "task"}
     row.seconds = round(time.monotonic() - start, 1)
+    say(row_line(row))
     return row

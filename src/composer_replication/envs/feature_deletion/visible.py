@@ -14,7 +14,12 @@ test tools and the source tree itself: Python sources (``.py``, ``.pyw``, script
 ``python`` ``#!`` line), and the ``.py`` members of every zip archive (wheels, eggs,
 zipapps: by content, whatever the name) and tar archive, one level of nesting deep. ELF files
 are skipped after their first four bytes. A file is parsed only if it holds the target's
-rarest identifier (a byte search), so the scan reads the trees once per generation.
+rarest identifier (a byte search), so the scan reads the trees once per generation. What a
+parse found is kept for the process (:data:`SCANNED`, per file, checked against its size and
+mtime): a suite's packages scan the same standard library and tools, one scan at a time
+(:data:`SCAN_LOCK`), and each later scan reuses the earlier ones' parses (issue 60: 10
+packages' scans, each parsing the standard library under one interpreter lock, kept the
+sandboxes idle for the run's first quarter of an hour).
 
 The normalized body: the function's statements after its docstring, as ``ast.dump`` without
 positions, with the function's own name left out, imported module paths cut to their last
@@ -28,10 +33,12 @@ copy only in bytecode, compressed single files (``.py.gz``) and archives nested 
 from __future__ import annotations
 
 import ast
+import hashlib
 import io
 import os
 import re
 import tarfile
+import threading
 import zipfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -221,33 +228,81 @@ def find_visible(
     other than the target itself; ``aliases``: those the targets were normalized with."""
     if not targets:
         return {}
-    by_body: dict[str, list[Target]] = {}
+    by_body: dict[bytes, list[Target]] = {}
     for t in targets:
-        by_body.setdefault(t.body, []).append(t)
+        by_body.setdefault(_digest(t.body), []).append(t)
     pattern = re.compile(
         rb"\b(?:" + b"|".join(re.escape(t.token.encode()) for t in targets) + rb")\b"
     )
     found: dict[str, str] = {}
-    for path in _walk(roots, masks):
-        for label, data in _sources(path):
-            if pattern.search(data) is None:
-                continue
-            for where, body in _bodies(label, data, aliases):
+    with SCAN_LOCK:
+        for path in _walk(roots, masks):
+            for where, body in _file_bodies(path, pattern, aliases):
                 for t in by_body.get(body, ()):
                     if where != t.itself and t.key not in found:
                         found[t.key] = where
     return found
 
 
-def _bodies(label: str, data: bytes, aliases: frozenset[str]) -> Iterator[tuple[str, str]]:
+@dataclass(frozen=True)
+class Scanned:
+    """What the parse of one file found: its ``(size, mtime_ns)``, each function's ``where``
+    and normalized body (without aliases) digest, and every ``Name`` the file uses (a body
+    holding an alias is normalized again with it)."""
+
+    stamp: tuple[int, int]
+    bodies: tuple[tuple[str, bytes], ...]
+    names: frozenset[str]
+
+
+SCANNED: dict[str, Scanned] = {}
+"""The files parsed so far in this process, by path (module docstring)."""
+SCAN_LOCK = threading.Lock()
+"""One scan at a time, so that a scan reuses what the one before it parsed."""
+
+
+def _file_bodies(
+    path: str, pattern: re.Pattern, aliases: frozenset[str]
+) -> list[tuple[str, bytes]]:
+    """(where, body digest) of the functions of the file at ``path``: from :data:`SCANNED`
+    when the file is unchanged (no token test needed: a copy of a target holds its token),
+    else parsed if it holds a token (and kept)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return []
+    stamp = (st.st_size, st.st_mtime_ns)
+    seen = SCANNED.get(path)
+    if seen is None or seen.stamp != stamp:
+        sources = list(_sources(path))
+        if not any(pattern.search(data) for _, data in sources):
+            return []
+        names: set[str] = set()
+        bodies = [b for label, data in sources for b in _bodies(label, data, names)]
+        seen = SCANNED[path] = Scanned(stamp, tuple(bodies), frozenset(names))
+    if seen.names & aliases:  # rare outside the tree itself: normalize with the aliases
+        return [b for label, data in _sources(path) for b in _bodies(label, data, set(), aliases)]
+    return list(seen.bodies)
+
+
+def _digest(body: str) -> bytes:
+    return hashlib.blake2b(body.encode(), digest_size=16).digest()
+
+
+def _bodies(
+    label: str, data: bytes, names: set[str], aliases: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, bytes]]:
+    """(where, digest of the normalized body) of each function of the source ``data``; the
+    ``Name`` ids the source uses are added to ``names``."""
     try:
         tree = pyast.parse(data.decode("utf-8"))
     except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
         return
+    names.update(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
     for node in _functions(tree):
         body = normalized_body(node, aliases)
         if body is not None:
-            yield f"{label}:{node.lineno}", body
+            yield f"{label}:{node.lineno}", _digest(body)
 
 
 def originals_visible(root: Path, cands, aliases: frozenset[str], extra: Iterable[str] = ()):

@@ -766,3 +766,46 @@ def test_a_hidden_classs_own_fixture_goes_though_another_class_has_one_of_its_na
     closures[f"{f}::TestMulToo::test_other"] = ["cases"]
     out = hide_tests(reader(sub), hidden, (), kept_fixtures(closures, hidden))[0][f]
     assert "1234" in out
+
+
+SRC_LAYOUT = {
+    "pyproject.toml": "[project]\nname = 'srckit'\nversion = '1.0'\n",
+    "src/srckit/__init__.py": "from srckit.words import shout, whisper\n",
+    "src/srckit/words.py": (
+        "def shout(text):\n    words = text.split()\n    return ' '.join(w.upper() for w in words) + '!'\n"
+        "\n\ndef whisper(text): return text.lower()\n"  # one line: no candidate
+    ),
+    "tests/test_words.py": (
+        "import pytest\n\nfrom srckit import shout, whisper\n\n\n"
+        "@pytest.mark.parametrize('text, want', [('a b', 'A B!'), ('hi', 'HI!')])\n"
+        "def test_shout(text, want):\n    assert shout(text) == want\n\n\n"
+        "def test_shout_spaces():\n    assert shout('  x   y ') == 'X Y!'\n\n\n"
+        "@pytest.mark.parametrize('text', ['A', 'Bc', 'dE', 'F g'])\n"
+        "def test_whisper(text):\n    assert whisper(text) == text.lower()\n"
+    ),
+}
+"""A ``src`` layout with no ``pythonpath`` setting: its tests import the package as installed."""
+
+
+def test_a_src_layout_suite_runs_and_yields_tasks(tmp_path):
+    """Issue 60: webcolors 24.8.0 (``src/webcolors``, tests importing ``webcolors``, no pytest
+    ``pythonpath``) was refused ("ImportError while importing test module"): the sdist is
+    never installed, and only the tree's root was importable. ``src/`` is now importable too,
+    in the suite's runs, in split grading's served side and in the exported verifier."""
+    from composer_replication.envs.feature_deletion.harbor_grade import run_pytest
+    from composer_replication.sandbox.pytest_suite import import_roots, pytest_tools
+
+    root = tmp_path / "srckit"
+    for rel, text in SRC_LAYOUT.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    assert import_roots(str(root)) == [str(root), str(root / "src")]
+    assert import_roots(str(root / "src")) == [str(root / "src")]  # no src/ under it
+    cfg = TaskGenConfig(workers=2, suite_timeout_s=60, visible_tests=1)
+    summary = generate_tasks(resolve_source(str(root)), tmp_path / "tasks", cfg)
+    tasks = [json.loads(x) for x in (summary.out_dir / "tasks.jsonl").read_text().splitlines()]
+    assert [(t["file"], t["symbol"]) for t in tasks] == [("src/srckit/words.py", "shout")]
+    assert len(tasks[0]["failing_tests"]) == 3 and tasks[0]["hidden_tests"]  # one def shown
+    spec = {"pytest_args": ["-q", "-p", "no:cacheprovider"], "tests": [], "timeout_s": 60.0}
+    outcomes, output = run_pytest(Path(pytest_tools()), root, spec, tmp_path)
+    assert len(outcomes) == 7 and set(outcomes.values()) == {"passed"}, output

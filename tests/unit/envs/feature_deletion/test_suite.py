@@ -29,6 +29,30 @@ def test_specs_file_lines_comments_and_errors(tmp_path):
             read_specs(specs)
 
 
+def test_the_shipped_suite_parses_as_pinned_packages():
+    """configs/suites/*.txt (issue 60's suite): every line a pinned package, at least 8 of
+    them, none repeated (read_specs refuses repeats with the line)."""
+    from composer_replication.config import configs_dir
+
+    shipped = sorted((configs_dir() / "suites").glob("*.txt"))
+    assert [p.name for p in shipped] == ["pure_python.txt"]
+    specs = read_specs(shipped[0])
+    assert len(specs) >= 8 and all("==" in s for s in specs), specs
+
+
+def test_packages_asking_for_the_test_tools_at_once_share_one_copy():
+    """A suite's packages start together and each asks for the test tools: one copy is
+    built and every package gets it (issue 60's run built 12, each compiling pytest)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from composer_replication.sandbox.pytest_suite import pytest_tools
+
+    pytest_tools.cache_clear()
+    with ThreadPoolExecutor(4) as pool:
+        paths = set(pool.map(lambda _: pytest_tools(), range(4)))
+    assert len(paths) == 1, paths
+
+
 def _failing_package(root):
     (root / "brokenpkg").mkdir(parents=True)
     (root / "brokenpkg" / "__init__.py").write_text("def answer():\n    return 41\n")
@@ -78,3 +102,11 @@ def test_a_suite_reuses_the_cache_and_reports_each_package(textkit_tasks, tmp_pa
     assert rows[str(shadow)]["tasks"] == 0
     said = "".join(result.output.split())  # rich wraps long paths and titles at any width
     assert "(3sources)" in said and f"per-packagesummary:{out / 'suite.json'}" in said
+    lines = result.output.splitlines()  # a line per package as its work is known and ends
+    n, hidden = textkit["candidates"], textkit["hidden_targets"]
+    assert f"textkit-local: baseline passed, {n} candidates (after " in result.output
+    done = [x for x in lines if x.startswith("textkit-local: done in ")]
+    assert len(done) == 1 and done[0].endswith(f": 9 tasks ({hidden} with hidden targets) of {n} "
+                                               "candidates"), done  # fmt: skip
+    for name in (broken.name, shadow.name):
+        assert sum(x.startswith(f"{name}-local: refused after ") for x in lines) == 1, lines

@@ -141,3 +141,40 @@ def test_masks_the_target_itself_aliases_and_duplicates_in_the_tree(tmp_path):
     c, target = _target(renamed, frozenset({"pkg_abc123", "toolz"}))
     got = find_visible([target], [str(installed)], aliases=frozenset({"pkg_abc123", "toolz"}))
     assert c.key in got
+
+
+def test_a_later_scan_reuses_the_parses_of_an_earlier_one(tmp_path, monkeypatch):
+    """Issue 60: each package of a suite parsed the same standard library again (ten scans
+    under one interpreter lock kept the sandboxes idle). A file parsed once is not parsed
+    again while unchanged, whatever the later scan looks for; a changed file is; the findings
+    are those of a fresh scan, a body that spells an alias of the later scan included."""
+    from composer_replication.envs import pyast
+    from composer_replication.envs.feature_deletion import visible
+
+    root = tmp_path / "src"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "m.py").write_text(FUNC)
+    c, target = _target(root)
+    uses = FUNC.replace("k = keyfunc(item)", "k = toolz.key(keyfunc, item)")
+    (tmp_path / "renamed" / "pkg_abc123").mkdir(parents=True)
+    (tmp_path / "renamed" / "pkg_abc123" / "m.py").write_text(uses.replace("toolz.", "pkg_abc123."))
+    aliases = frozenset({"pkg_abc123", "toolz"})
+    c2, renamed = _target(tmp_path / "renamed", aliases)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    (seen / "copy.py").write_text(FUNC.replace("def pick", "def other"))
+    (seen / "installed.py").write_text(uses)
+    monkeypatch.setattr(visible, "SCANNED", {})
+    parsed = []
+    real = pyast.parse
+    monkeypatch.setattr(pyast, "parse", lambda text: parsed.append(text) or real(text))
+
+    assert find_visible([target], [str(seen)]) == {c.key: f"{seen / 'copy.py'}:1"}
+    assert len(parsed) == 2  # both files hold the token (``best_key``)
+    assert find_visible([target], [str(seen)]) == {c.key: f"{seen / 'copy.py'}:1"}
+    got = find_visible([renamed], [str(seen)], aliases=aliases)  # another package's scan
+    assert got == {c2.key: f"{seen / 'installed.py'}:1"}
+    assert len(parsed) == 3  # only installed.py again: it spells the alias ``toolz``
+    (seen / "copy.py").write_text(FUNC.replace("best, best_key", "top, top_key"))
+    assert find_visible([target], [str(seen)]) == {}  # the edited copy is no copy
+    assert len(parsed) == 4
