@@ -8,6 +8,7 @@ harness venv and the tool tokenizer are fixtures of tests/conftest.py: ``agent_v
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -46,6 +47,23 @@ class Played:
         text = self.texts.pop(0) if self.texts else bash_call(SUBMIT)
         ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
         return ids, [0.0] * len(ids)
+
+
+class Held(Played):
+    """:class:`Played` behind a busy generator: each request waits ``hold_s`` seconds in the
+    queue (other episodes' batches) before its answer, reported as its ``queued_s``. No CPU
+    is spent meanwhile, as for an agent whose request is queued."""
+
+    def __init__(self, tokenizer, texts: list[str], hold_s: float):
+        super().__init__(tokenizer, texts)
+        self.hold_s = hold_s
+
+    def __call__(self, prompt_ids):
+        from composer_replication.lm.generator import Completion
+
+        time.sleep(self.hold_s)
+        ids, logprobs = super().__call__(prompt_ids)
+        return Completion(ids, logprobs, queued_s=self.hold_s)
 
 
 def trainer_stub(max_completion_length: int = 4096):
