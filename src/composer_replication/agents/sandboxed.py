@@ -36,7 +36,10 @@ requests). The limit is enforced inside the sandbox by an own-time watchdog (``S
 the agent's process group; what it left in ``/repo`` comes back, as after a plain
 ``timeout``) and on the host by the sandbox's deadline, which moves by the same credit: an
 agent that kills the watchdog still dies with its PID namespace (sandbox/shell.py
-``WaitCredit``). Resolution: about 0.25 s.
+``WaitCredit``). Resolution: about 0.25 s. The watchdog is a shell loop as the agent's user:
+an agent that kills it, or that holds every process its limit allows (the loop's ``sleep``
+then cannot start and the loop ends), is killed by the host's deadline instead, at the limit
+plus the credit plus ``COPY_MARGIN_S`` (30 s), and what it left in ``/repo`` is lost.
 """
 
 from __future__ import annotations
