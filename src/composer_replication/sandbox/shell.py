@@ -6,8 +6,9 @@ The workspace never enters the sandbox writable. Per call:
 1. the trusted side copies the workspace (``.git`` included) to a world-readable staging
    directory, bound read-only at ``/cr-in``;
 2. inside, ``sh`` copies it into ``/repo``, a tmpfs capped at ``repo_mb`` (a command cannot
-   fill the host's disk), runs the command there under ``timeout -s KILL`` with stdin from
-   ``/dev/null`` and its output in a file, then writes the exit status and the output's first
+   fill the host's disk), runs the command there under ``timeout -s KILL`` (and, for a
+   command whose waits on the host are credited, an own-time watchdog: :class:`WaitCredit`)
+   with stdin from ``/dev/null`` and its output in a file, then writes the exit status and the output's first
    ``max_output_chars`` bytes to stderr and ``/repo`` as a base64 tar to stdout;
 3. the trusted side reads the tar as untrusted data (:func:`apply_tree`): only regular files
    and directories at clean relative paths come back; symlinks, hard links, devices, FIFOs
