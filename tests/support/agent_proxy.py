@@ -8,8 +8,12 @@ harness venv and the tool tokenizer are fixtures of tests/conftest.py: ``agent_v
 from __future__ import annotations
 
 import json
+import time
+import weakref
 from collections import defaultdict
 from types import SimpleNamespace
+
+import torch
 
 from support.scripted_lm import ScriptedLlama
 
@@ -48,6 +52,23 @@ class Played:
         return ids, [0.0] * len(ids)
 
 
+class Held(Played):
+    """:class:`Played` behind a busy generator: each request waits ``hold_s`` seconds in the
+    queue (other episodes' batches) before its answer, reported as its ``queued_s``. No CPU
+    is spent meanwhile, as for an agent whose request is queued."""
+
+    def __init__(self, tokenizer, texts: list[str], hold_s: float):
+        super().__init__(tokenizer, texts)
+        self.hold_s = hold_s
+
+    def __call__(self, prompt_ids):
+        from composer_replication.lm.generator import Completion
+
+        time.sleep(self.hold_s)
+        ids, logprobs = super().__call__(prompt_ids)
+        return Completion(ids, logprobs, queued_s=self.hold_s)
+
+
 def trainer_stub(max_completion_length: int = 4096):
     """What ``AgentEpisodes`` reads of a trainer when its policy is given explicitly."""
     return SimpleNamespace(max_completion_length=max_completion_length,
@@ -65,6 +86,25 @@ class BranchingLlama(ScriptedLlama):
     def set_branches(self, header_ids: list[int], scripts: list[list[list[int]]]) -> None:
         self.set_script(header_ids, [])
         self._branches = scripts
+        # decoding with a KV cache (~1 k-token prompts: without one each step reran the whole
+        # rows, ~a third of the 8-agent train test's CPU); the rows are rebuilt per cache
+        self.generation_config.use_cache = True
+        self._seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def _rows(self, input_ids, kwargs):
+        """The whole rows: with a KV cache (read after the forward, so it holds
+        ``input_ids`` too), the tokens of its earlier forwards (kept per cache object)
+        followed by ``input_ids``."""
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5.24 / 5.17
+        if cache is None or not kwargs.get("use_cache", True):
+            return input_ids
+        before = cache.get_seq_length() - input_ids.shape[1]
+        held = self._seen.get(cache)
+        if before and (held is None or held.shape[1] != before):
+            raise RuntimeError("a KV cache this model did not fill: its rows are unknown")
+        rows = torch.cat([held, input_ids], dim=1) if before else input_ids
+        self._seen[cache] = rows
+        return rows
 
     def _targets(self, row: list[int]) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in row]

@@ -34,13 +34,17 @@ class ScriptedLlama(LlamaForCausalLM):
                 out[t] = script[len(done)]
         return out
 
+    def _rows(self, input_ids, kwargs):
+        """The whole rows the script reads (``input_ids``: no KV cache)."""
+        return input_ids
+
     def forward(self, input_ids=None, logits_to_keep=0, **kwargs):
         # ``logits_to_keep`` named in the signature: generate() then asks for the last position's
         # logits only (it looks for the name), not a [B, T, V] tensor per decoding step
         out = super().forward(input_ids=input_ids, logits_to_keep=logits_to_keep, **kwargs)
         keep = out.logits.shape[1]
         rows, cols, toks = [], [], []
-        for b, row in enumerate(input_ids.tolist()):
+        for b, row in enumerate(self._rows(input_ids, kwargs).tolist()):
             for t, nxt in enumerate(self._targets(row)[-keep:]):
                 for tok in nxt if isinstance(nxt, list) else [] if nxt is None else [nxt]:
                     rows.append(b), cols.append(t), toks.append(tok)  # (a list: any of them)

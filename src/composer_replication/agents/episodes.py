@@ -25,7 +25,8 @@ Episodes run ``workers`` at once; their requests are generated together, in arri
 the share of episodes whose sequence diverged, refused requests, timed-out agents, failed
 episodes, agent wall seconds, the seconds of it spent waiting for the generator
 (``agent/queued_seconds``) and in the policy (``agent/policy_seconds``: queue and generation),
-the agent's own seconds (wall less policy), and ``env/pass_rate``.
+the agent's own seconds (wall less the time a request of it was in the policy: what
+``agent_proxy.timeout_s`` limits, agents/sandboxed.py), and ``env/pass_rate``.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class Episode:
     """Seconds its requests waited for the generator (other requests' batches)."""
     policy_s: float = 0.0
     """Seconds its requests spent in the policy (queue and generation)."""
+    waited_s: float = 0.0
+    """Seconds with a request of it in the policy: not counted against ``timeout_s``."""
 
 
 def harness_venv(cfg: AgentProxyConfig) -> str:
@@ -167,13 +170,15 @@ class AgentEpisodes:
         command, env = harness_command(self.cfg.harness, self.cfg.command)
         env = (*env, ("OPENAI_API_KEY", key), ("AGENT_TASK", self.env.user_message(task)),
                ("AGENT_STEP_LIMIT", str(self.cfg.step_limit)))  # fmt: skip
-        run = AgentRun(command, self.venv, env, port=self.cfg.port,
-                       timeout_s=self.cfg.timeout_s, max_processes=self.cfg.max_processes)  # fmt: skip
+        run = AgentRun(command, self.venv, env, port=self.cfg.port, timeout_s=self.cfg.timeout_s,
+                       max_wait_s=self.cfg.max_policy_wait_s,
+                       max_processes=self.cfg.max_processes)  # fmt: skip
         reqs = tuple(task.data.get("test_requirements", ()))
         start = time.monotonic()
         try:
             ep.run = run_agent(self.box, ep.tools.workspace, run, self._socket_dir, SOCKET,
-                               python_path=(pytest_tools(reqs),))  # fmt: skip
+                               python_path=(pytest_tools(reqs),),
+                               policy_wait=lambda: self.proxy.policy_wait(key))  # fmt: skip
         except InfraFailure as e:  # the sandbox start or slot wait, before any request
             ep.infra = e
             return
@@ -182,6 +187,7 @@ class AgentEpisodes:
             record = self.proxy.close_episode_record(key)
             ep.turns, ep.refused = record.turns, record.refused
             ep.queued_s, ep.policy_s = record.queued_s, record.policy_s
+            ep.waited_s = record.waited_s
         for rel in ep.run.changed:
             ep.tools._note_write(rel)
         ep.tools.flags.extend(ep.run.refused)
@@ -257,7 +263,7 @@ class AgentEpisodes:
             "agent/failed_frac": sum(bool(e.error) for e in episodes) / n,
             "agent/queued_seconds": sum(e.queued_s for e in episodes) / n,
             "agent/policy_seconds": sum(e.policy_s for e in episodes) / n,
-            "agent/own_seconds": sum(max(e.seconds - e.policy_s, 0.0) for e in episodes) / n,
+            "agent/own_seconds": sum(max(e.seconds - e.waited_s, 0.0) for e in episodes) / n,
         }
         for key, value in values.items():
             trainer._metrics[mode][key].append(float(value))

@@ -19,10 +19,11 @@ socket: agents reach it only through the sandbox's relay, agents/sandboxed.py).
   The recorded turn holds the prompt ids, the completion ids (up to and including the
   end-of-turn token) and their log-probs under the sampling distribution (logits divided by
   the temperature, TRL's convention), recorded by the generation itself.
-* **Time accounting.** Per episode, the seconds its requests queued for the generator and the
-  seconds spent in the policy (queue and generation) are recorded
-  (:meth:`PolicyProxy.close_episode_record`): the agent's own time is its wall time less
-  that.
+* **Time accounting.** Per episode, the seconds its requests queued for the generator, the
+  seconds they spent in the policy (queue and generation) and the seconds with at least one
+  of them there (``waited_s``) are recorded (:meth:`PolicyProxy.close_episode_record`);
+  :meth:`PolicyProxy.policy_wait` reads the last as it accrues: the agent's own-time limit
+  does not count it (agents/sandboxed.py).
 * **Bounded before read** (the agent is model-driven and untrusted; docs/sandbox.md, "Trust
   boundaries"). The socket is ``0600`` (``0660`` with the sandbox's group when the trainer
   is root) inside a directory only the trainer can enter (:func:`private_socket_dir`; the
@@ -108,7 +109,29 @@ class EpisodeRecord:
     queued_s: float = 0.0
     """Seconds its requests waited for the generator (other requests' batches)."""
     policy_s: float = 0.0
-    """Seconds its requests spent in the policy (queue and generation): not the agent's."""
+    """Seconds its requests spent in the policy (queue and generation), summed per request."""
+    waited_s: float = 0.0
+    """Seconds with at least one of its requests in the policy (concurrent requests counted
+    once), up to the last one that left it: the time not counted against the agent's own
+    time limit (agents/sandboxed.py)."""
+    in_policy: int = 0
+    """Its requests in the policy now."""
+    wait_began: float = 0.0
+    """``time.monotonic()`` when the wait in progress (``in_policy > 0``) began."""
+
+    def enter_policy(self, now: float) -> None:
+        if self.in_policy == 0:
+            self.wait_began = now
+        self.in_policy += 1
+
+    def leave_policy(self, now: float) -> None:
+        self.in_policy -= 1
+        if self.in_policy == 0:
+            self.waited_s += now - self.wait_began
+
+    def waited(self, now: float) -> float:
+        """``waited_s`` with the wait in progress so far."""
+        return self.waited_s + (now - self.wait_began if self.in_policy else 0.0)
 
 
 class _Function(BaseModel):
@@ -213,6 +236,17 @@ class PolicyProxy:
             record = self._episodes.pop(key)
         record.refused += self._io_refused.pop(key, 0)
         return record
+
+    def policy_wait(self, key: str) -> tuple[float, bool]:
+        """(seconds the episode of ``key`` has waited for the policy so far, the wait in
+        progress included; whether one of its requests is in the policy now): read as it
+        accrues by the agent's own-time limit (agents/sandboxed.py). (0, False) for a key
+        not open."""
+        with self._lock:
+            ep = self._episodes.get(key)
+            if ep is None:
+                return 0.0, False
+            return ep.waited(time.monotonic()), ep.in_policy > 0
 
     # ---- serving ---------------------------------------------------------------------------
     def start(self) -> "PolicyProxy":
@@ -391,9 +425,15 @@ class PolicyProxy:
             if not isinstance(e, (ValueError, RecursionError)):  # may be a bug of ours
                 logger.warning("proxy: a request refused by %s", type(e).__name__, exc_info=e)
             return 400, _error(f"{type(e).__name__}: {e}"[:500], "invalid_request_error")
-        started = time.monotonic()
-        completion = _as_completion(self.policy(prompt_ids))
-        waited = time.monotonic() - started
+        with self._lock:
+            started = time.monotonic()
+            ep.enter_policy(started)
+        try:
+            completion = _as_completion(self.policy(prompt_ids))
+        finally:
+            with self._lock:
+                waited = time.monotonic() - started
+                ep.leave_policy(started + waited)
         completion_ids, logprobs = completion.ids, completion.logprobs
         with self._text_lock:
             text = self.tokenizer.decode(completion_ids, skip_special_tokens=True)

@@ -18,16 +18,38 @@ regular files only (``apply_tree``). On top of that:
 * **The harness's virtual environment** is bound read-only at its own path (staged for
   ``nobody`` when it lives under ``/root``); its ``bin`` comes after the sandbox's ``python``
   on ``PATH``. Bytecode is read from the venv (trusted, read-only), written nowhere.
-* **A wall limit** for the whole agent (``timeout_s``), after which the namespace is killed.
+* **A limit on the agent's own time** (``timeout_s``): its wall time less the time it waited
+  for the policy (``max_wait_s`` at most), after which it is killed.
+
+**Why own time.** The agent's requests wait for the run's one generator: queued behind other
+episodes' batches, then generated in a batch that runs until its longest row ends. How long
+depends on the other episodes and the machine, not on the agent; a wall limit killed agents
+for their siblings' work (8 agents at once under load). The credit is the time at least one
+of the episode's requests was in the policy (the proxy measures it as it accrues:
+``PolicyProxy.policy_wait``), queue and generation alike: the generator's batches are
+static, so a request's generation also waits for the other rows of its batch. Concurrent
+requests of one episode are credited once (the union of their waits), so sending several at
+once gains nothing; the credit is bounded by what the proxy serves (``max_requests`` answers)
+and by ``max_wait_s``. An agent may compute in a background process while a request of its
+own is in the policy: that time is credited too (at most the policy's time for its
+requests). The limit is enforced inside the sandbox by an own-time watchdog (``SIGKILL`` to
+the agent's process group; what it left in ``/repo`` comes back, as after a plain
+``timeout``) and on the host by the sandbox's deadline, which moves by the same credit: an
+agent that kills the watchdog still dies with its PID namespace (sandbox/shell.py
+``WaitCredit``). Resolution: about 0.25 s. The watchdog is a shell loop as the agent's user:
+an agent that kills it, or that holds every process its limit allows (the loop's ``sleep``
+then cannot start and the loop ends), is killed by the host's deadline instead, at the limit
+plus the credit plus ``COPY_MARGIN_S`` (30 s), and what it left in ``/repo`` is lost.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from composer_replication.sandbox.sandbox import Sandbox
-from composer_replication.sandbox.shell import ShellExtras, ShellResult, run_shell
+from composer_replication.sandbox.shell import ShellExtras, ShellResult, WaitCredit, run_shell
 
 RELAY_READY = "/tmp/.cr-relay-ready"
 
@@ -74,6 +96,9 @@ class AgentRun:
     env: tuple[tuple[str, str], ...] = ()
     port: int = 8000
     timeout_s: float = 300.0
+    """The agent's own time limit (wall less the credited wait for the policy)."""
+    max_wait_s: float = 3600.0
+    """Most seconds of waiting for the policy credited (past it, waiting counts)."""
     max_processes: int = 128
     repo_mb: int = 64
     max_output_chars: int = 20_000
@@ -86,11 +111,14 @@ def run_agent(
     socket_dir: str,
     socket_name: str,
     python_path: tuple[str, ...] = (),
+    policy_wait: Callable[[], tuple[float, bool]] | None = None,
 ) -> ShellResult:
     """Run ``run.command`` on a sandboxed copy of ``workspace`` with the proxy at
     ``http://127.0.0.1:{run.port}/v1`` (module docstring); the workspace gets what the agent
     left in ``/repo``. ``box``'s memory limit applies per process (a harness importing
-    litellm needs ~1-2 GB of address space)."""
+    litellm needs ~1-2 GB of address space). ``policy_wait``: the episode's wait for the
+    policy so far and whether one is in progress (``PolicyProxy.policy_wait``), not counted
+    against ``run.timeout_s``; without it ``timeout_s`` is a wall limit."""
     sock = f"{socket_dir}/{socket_name}"
     script = (
         f'python -I -S -c "$PROXY_RELAY_SOURCE" 127.0.0.1 {run.port} {sock} {RELAY_READY} '
@@ -106,6 +134,12 @@ def run_agent(
         "OPENAI_API_BASE": f"http://127.0.0.1:{run.port}/v1",
     } | dict(run.env)
     extra = ShellExtras(env=tuple(env.items()), binds=(run.venv, socket_dir))
-    return run_shell(box, workspace, script, run.timeout_s, max_output_chars=run.max_output_chars,
-                     repo_mb=run.repo_mb, python_path=python_path,
-                     max_processes=run.max_processes, extra=extra)  # fmt: skip
+    credit = WaitCredit(policy_wait, run.max_wait_s) if policy_wait is not None else None
+    try:
+        return run_shell(box, workspace, script, run.timeout_s,
+                         max_output_chars=run.max_output_chars, repo_mb=run.repo_mb,
+                         python_path=python_path, max_processes=run.max_processes, extra=extra,
+                         credit=credit)  # fmt: skip
+    finally:
+        if credit is not None:
+            credit.close()

@@ -38,7 +38,12 @@ class AgentProxyConfig(StrictModel):
     max_prompt_tokens: int = Field(4096, ge=64, le=1_000_000)
     """Longest rendered request the proxy answers; longer ones are refused (400)."""
     timeout_s: float = Field(300.0, gt=0.0, le=7200.0)
-    """Wall-clock limit of one agent run, after which its sandbox is killed."""
+    """Limit on one agent run's own time: its wall-clock seconds less those it waited for the
+    policy (its requests queued behind other episodes' batches and generated), after which
+    it is killed (agents/sandboxed.py)."""
+    max_policy_wait_s: float = Field(3600.0, gt=0.0, le=86400.0)
+    """Most seconds of one agent run's wait for the policy not counted against ``timeout_s``
+    (past it, waiting counts): the run's wall time is at most their sum."""
     memory_mb: int = Field(4096, ge=512, le=65536)
     """Address-space limit of each process of the agent's sandbox (the harness's Python with
     litellm needs ~1-2 GB)."""
@@ -46,8 +51,8 @@ class AgentProxyConfig(StrictModel):
     """Processes and threads of the agent's sandbox at once (the harness's threads count)."""
     workers: int = Field(0, ge=0, le=256)
     """Episodes run at once (0: the sandbox slots; never more than the slots, since an
-    episode queued for a slot would be masked when its wait times out). Generation is one
-    request at a time."""
+    episode queued for a slot would be masked when its wait times out). Their requests are
+    generated together, in arrival order, by the trainer's generator."""
     port: int = Field(8000, ge=1024, le=65535)
     """The port of the relay inside the sandbox (its own network namespace: any free one)."""
 

@@ -18,10 +18,12 @@ every request behind it (first in, first out) with the same :class:`Sampling`, u
 ``max_batch``, and generates them as one batch: one forward per decoding step for all of
 them (``model.generate`` on the padded batch, the prompt prefix they share run once,
 lm/prefix.py ``generate_with_prefix``). Requests arriving meanwhile wait for that batch to
-end, never longer: no episode's request waits behind more than the batch in progress,
-however many requests another episode sends. Each :class:`Completion` says how long it
-queued (``queued_s``) and how long its batch ran (``generate_s``), which the proxy charges
-to the generator, not to the agent.
+end (at most its ``max_new_tokens`` decoding steps), then go in the next one with everything
+queued before them: no episode's request waits behind more than the batch in progress,
+however many requests another episode sends, unless more than ``max_batch`` requests (or
+requests with other sampling settings) were queued ahead of it. Each :class:`Completion`
+says how long it queued (``queued_s``) and how long its batch ran (``generate_s``); the
+proxy does not count that time against the agent's time limit (agents/sandboxed.py).
 
 **Log-probs** follow TRL's convention: ``log_softmax(logits / T)`` of each sampled token,
 the raw logits of the model (before top-k/top-p truncation), ``T`` the sampling temperature
@@ -39,12 +41,15 @@ in 5.17 and 5.24), evaluated for this: its log-probs are ``log`` of the softmax 
 *processed* scores (after temperature, top-k and top-p: ``ModelRunner._sample``), not TRL's
 convention whenever top-k or top-p truncates; it switches the model's attention to a paged
 implementation (``switch_to_cb_friendly_attn``) and caches a manager on the model, i.e. on
-the very module the trainer trains, between optimizer steps; one manager has one generation
-config; and our shared-prefix forward (lm/prefix.py), the scripted test models that read
+the very module the trainer trains, between optimizer steps; its per-request settings
+cover temperature, top-k and top-p only (``per_request_processors``); a logits processor sees
+one row per scheduled request, in an order that changes as requests join and finish, and is
+not told which request a row is (our raw-logit recorder cannot be attached); and our
+shared-prefix forward (lm/prefix.py), the scripted test models that read
 whole rows (``use_cache=False``) and sliding-window/recurrent models would each need a
 second path. Requests joining a batch in progress (true continuous batching) is what this
-module does not do yet; it is where a paged-cache backend would plug in behind the same
-interface (docs/agents.md).
+module does not do; it is where a paged-cache backend would plug in behind the same
+interface (docs/agents.md, "Not done: joining a batch in progress").
 """
 
 from __future__ import annotations

@@ -914,6 +914,7 @@ class Sandbox:
         pass_fds: tuple[int, ...] = (),
         wall_timeout_s: float | None = None,
         mounts: tuple[str, ...] = (),
+        deadline_extension: Callable[[], float] | None = None,
     ) -> SandboxResult:
         """Run ``code`` as a script; its exit status and capped output (never a verdict).
         ``binds``: host directories (readable by ``nobody`` when the grader is root, see
@@ -922,14 +923,17 @@ class Sandbox:
         :class:`ModuleServer`'s ``client_fds``); ``wall_timeout_s``: a shorter wall (and CPU)
         limit for this run only (never longer than the sandbox's own); ``mounts``: more
         bwrap mount options after the work dir's (a size-capped ``--tmpfs``; trusted callers
-        only, ignored without isolation)."""
+        only, ignored without isolation); ``deadline_extension``: seconds added to the wall
+        limit so far, asked about at least every 50 ms while the script runs (time it spent
+        waiting on the host, not counted against it: sandbox/shell.py ``WaitCredit``)."""
         cfg = self.cfg
         if wall_timeout_s is not None and wall_timeout_s < cfg.wall_timeout_s:
             if wall_timeout_s <= 0:
                 raise ValueError(f"wall_timeout_s must be positive, got {wall_timeout_s}")
             cpu = max(1, min(cfg.cpu_time_s, math.ceil(wall_timeout_s)))
             cfg = cfg.model_copy(update={"wall_timeout_s": wall_timeout_s, "cpu_time_s": cpu})
-        return _run_script(self.bwrap, cfg, code, binds, stdin, pass_fds, mounts)
+        return _run_script(self.bwrap, cfg, code, binds, stdin, pass_fds, mounts,
+                           deadline_extension)  # fmt: skip
 
     def module_server(self, root: str, binds: tuple[str, ...] = ()) -> ModuleServer:
         """Serve calls to a function of the tree ``root`` from another sandbox (use as a
@@ -1028,13 +1032,17 @@ def _run_script(
     stdin=b"",
     pass_fds: tuple[int, ...] = (),
     mounts: tuple[str, ...] = (),
+    deadline_extension: Callable[[], float] | None = None,
 ) -> SandboxResult:
     p = _Process(bwrap, cfg, "script", binds, pass_fds=pass_fds, mounts=mounts)
     returncode = None
+    deadline = p.deadline
     try:
         p.write(len(code.encode("utf-8")).to_bytes(8, "big") + code.encode("utf-8") + stdin)
         p.proc.stdin.close()
         while p.is_open("out") or p.is_open("err"):
+            if deadline_extension is not None:
+                p.deadline = deadline + deadline_extension()
             remaining = p.deadline - time.monotonic()
             if remaining <= 0:
                 p.timed_out = True

@@ -6,8 +6,9 @@ The workspace never enters the sandbox writable. Per call:
 1. the trusted side copies the workspace (``.git`` included) to a world-readable staging
    directory, bound read-only at ``/cr-in``;
 2. inside, ``sh`` copies it into ``/repo``, a tmpfs capped at ``repo_mb`` (a command cannot
-   fill the host's disk), runs the command there under ``timeout -s KILL`` with stdin from
-   ``/dev/null`` and its output in a file, then writes the exit status and the output's first
+   fill the host's disk), runs the command there under ``timeout -s KILL`` (and, for a
+   command whose waits on the host are credited, an own-time watchdog: :class:`WaitCredit`)
+   with stdin from ``/dev/null`` and its output in a file, then writes the exit status and the output's first
    ``max_output_chars`` bytes to stderr and ``/repo`` as a base64 tar to stdout;
 3. the trusted side reads the tar as untrusted data (:func:`apply_tree`): only regular files
    and directories at clean relative paths come back; symlinks, hard links, devices, FIFOs
@@ -40,6 +41,7 @@ import os
 import shutil
 import stat
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -62,16 +64,44 @@ MAX_MEMBERS = 20_000
 COPY_MARGIN_S = 30.0
 """Wall seconds allowed beyond the command's own timeout for the copies in and out."""
 
+CLOCK = "/cr-clock"
+"""Where a :class:`WaitCredit`'s directory is bound read-only inside the sandbox."""
+
 _SCRIPT = r"""
 cp -R /cr-in/. /repo/ || { echo "cr-exit=copy-failed" >&2; exit 97; }
 cd /repo || exit 97
-timeout -s KILL "$CR_TIMEOUT" /bin/sh -c "$CR_COMMAND" </dev/null >/tmp/.cr-out 2>&1 3>&- 4>&-
-status=$?
+if [ -z "$CR_OWN_CS" ]; then
+  timeout -s KILL "$CR_TIMEOUT" /bin/sh -c "$CR_COMMAND" </dev/null >/tmp/.cr-out 2>&1 3>&- 4>&-
+  status=$?
+else
+  read up _ </proc/uptime
+  timeout -s KILL "$CR_TIMEOUT" /bin/sh -c "$CR_COMMAND" </dev/null >/tmp/.cr-out 2>&1 3>&- 4>&- &
+  job=$!
+  (/bin/sh -c "$CR_WATCHDOG" cr-watchdog "$job" "${up%.*}${up#*.}" </dev/null >/dev/null 2>&1 3>&- 4>&- &)
+  { wait "$job"; status=$?; } 2>/dev/null
+fi
 echo "cr-exit=$status cr-size=$(wc -c </tmp/.cr-out)" >&2
 head -c "$CR_OUTPUT" /tmp/.cr-out >&2
 rm -f /tmp/.cr-out
 tar -C /repo -cf - . | base64 -w 0
 """
+
+_WATCHDOG = r"""
+job=$1 start=$2
+while sleep 0.25 && kill -0 "$job" 2>/dev/null; do
+  read credit waiting <"$CR_CLOCK" || continue
+  read up _ </proc/uptime
+  if [ "$waiting" = 0 ] && [ $((${up%.*}${up#*.} - start - credit)) -gt "$CR_OWN_CS" ]; then
+    kill -s KILL -- "-$job"
+    exit 0
+  fi
+done
+"""
+"""The own-time watchdog (:class:`WaitCredit`): every 0.25 s, the command's wall time less the
+credit the host published (centiseconds of ``/proc/uptime``); past the limit, and no wait in
+progress, ``timeout``'s process group (the command's) is killed. Started in a subshell that
+exits at once, so the script never reaps it (dash would report its death on the script's
+stderr, the result channel); it ends by itself when the command has."""
 
 
 @dataclass
@@ -90,6 +120,52 @@ class ShellResult:
     ``special:``, ``path:``)."""
     error: str = ""
     """Why the workspace was left unchanged (cut or malformed stream, limits), or ''."""
+
+
+class WaitCredit:
+    """Time a command spends waiting on the host, not counted against its time limit: an
+    agent's requests to the policy (agents/sandboxed.py), which wait for other episodes'
+    batches. ``waited()`` says (seconds waited so far, a wait in progress included; whether
+    one is in progress); at most ``max_s`` seconds are credited.
+
+    The command's limit is then its own time: its wall time less the credit. Two clocks
+    enforce it, both fed by the host (the command cannot change either):
+
+    * inside the sandbox, the own-time watchdog (:data:`_WATCHDOG`) kills the command's
+      process group with ``SIGKILL`` once its own time passes the limit while no wait is in
+      progress (the script then copies ``/repo`` out, as after ``timeout``); it reads the
+      credit from a file the host rewrites (atomically) whenever it changes, in a directory
+      bound read-only at :data:`CLOCK`. ``timeout -s KILL`` still bounds the command at the
+      limit plus ``max_s``;
+    * on the host, the sandbox's wall deadline (the limit and ``COPY_MARGIN_S``) moves by the
+      credit (``Sandbox.run_python``'s ``deadline_extension``): a command that stops the
+      watchdog (same user) is still killed, with its whole PID namespace, from outside.
+
+    :meth:`seconds` is that extension: each call publishes the credit if it changed."""
+
+    def __init__(self, waited: Callable[[], tuple[float, bool]], max_s: float):
+        self.waited, self.max_s = waited, max_s
+        self.dir = bindable_dir("cr-clock-")
+        self._shown: tuple[int, bool] | None = None
+        self.seconds()
+
+    def seconds(self) -> float:
+        """Seconds credited so far (at most ``max_s``); publishes the credit to the sandbox
+        when it changed (a wait in progress is published once, as such)."""
+        waited, waiting = self.waited()
+        credit = min(max(waited, 0.0), self.max_s)
+        shown = (0 if waiting else round(credit * 100), waiting)
+        if shown != self._shown:
+            tmp = os.path.join(self.dir, ".credit")
+            with open(tmp, "w") as f:
+                f.write(f"{shown[0]} {int(waiting)}\n")
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, os.path.join(self.dir, "credit"))
+            self._shown = shown
+        return credit
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def shell_sandbox(
@@ -115,13 +191,16 @@ def run_shell(
     max_processes: int = 64,
     apply: bool = True,
     extra: ShellExtras | None = None,
+    credit: WaitCredit | None = None,
 ) -> ShellResult:
     """Run ``command`` with ``sh -c`` in a sandboxed copy of ``workspace`` (seen at ``/repo``)
     and bring the resulting tree back (module docstring). ``box`` must not be in unsafe mode:
     without isolation a command would run on the host. Memory per process is ``box``'s;
     ``max_processes`` bounds the command's processes and threads together. ``apply=False``
     leaves the workspace as it was (a search). ``extra``: more environment variables, read-only
-    trees and bwrap mounts for a trusted caller (an agent run, agents/sandboxed.py)."""
+    trees and bwrap mounts for a trusted caller (an agent run, agents/sandboxed.py).
+    ``credit``: time the command waits on the host, not counted against ``timeout_s``
+    (:class:`WaitCredit`: ``timeout_s`` is then the command's own time)."""
     if box.bwrap is None:
         raise RuntimeError("the shell tool needs the bubblewrap sandbox (unsafe mode is refused)")
     if "\x00" in command or len(command) > MAX_COMMAND_CHARS:
@@ -130,7 +209,7 @@ def run_shell(
     stage = _stage(workspace)
     try:
         res = _run(box, stage, command, timeout_s, max_output_chars, repo_mb, python_path,
-                   max_processes, extra or ShellExtras())  # fmt: skip
+                   max_processes, extra or ShellExtras(), credit)  # fmt: skip
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     exit_code, output, size = _parse_stderr(res.stderr)
@@ -172,19 +251,27 @@ class ShellExtras:
     mounts: tuple[str, ...] = ()
 
 
-def _run(box, stage, command, timeout_s, max_output_chars, repo_mb, python_path, nproc, extra):
+def _run(box, stage, command, timeout_s, max_output_chars, repo_mb, python_path, nproc, extra,
+         credit: WaitCredit | None):  # fmt: skip
     cfg = shell_sandbox(timeout_s, box.cfg.memory_mb, nproc, repo_mb)
+    hard_s = timeout_s + (credit.max_s if credit is not None else 0.0)
     interp = sandbox_interpreter()
     env = {"PATH": "/cr-bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/pycache", "PYTHONPATH": ":".join(python_path),
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": "-p no:cacheprovider", "CR_COMMAND": command,
-           "CR_TIMEOUT": str(max(1, int(timeout_s))), "CR_OUTPUT": str(max_output_chars)}  # fmt: skip
+           "CR_TIMEOUT": str(max(1, int(hard_s))), "CR_OUTPUT": str(max_output_chars)}  # fmt: skip
+    if credit is not None:  # the own-time watchdog (WaitCredit)
+        env |= {"CR_OWN_CS": str(max(1, round(timeout_s * 100))), "CR_WATCHDOG": _WATCHDOG,
+                "CR_CLOCK": f"{CLOCK}/credit"}  # fmt: skip
     env |= {k: v for k, v in extra.env if not k.startswith("CR_")}
     code = f"import os\nos.execve('/bin/sh', ['sh', '-c', {_SCRIPT!r}], {env!r})\n"
     mounts = ("--size", str(repo_mb * 2**20), "--tmpfs", REPO, "--ro-bind", stage, STAGE,
               "--symlink", interp, "/cr-bin/python", "--symlink", interp, "/cr-bin/python3")  # fmt: skip
+    if credit is not None:
+        mounts += ("--ro-bind", credit.dir, CLOCK)
     binds = tuple(dict.fromkeys((*python_path, *extra.binds)))
-    return Sandbox(cfg).run_python(code, binds=binds, mounts=mounts + extra.mounts)
+    return Sandbox(cfg).run_python(code, binds=binds, mounts=mounts + extra.mounts,
+                                   deadline_extension=credit.seconds if credit else None)  # fmt: skip
 
 
 def _parse_stderr(stderr: str) -> tuple[int | None, str, int]:

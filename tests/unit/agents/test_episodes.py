@@ -70,7 +70,7 @@ def test_an_episode_error_fails_that_episode_not_the_batch(env, tool_tok, tmp_pa
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
     bad, good = env.tasks("train")[:2]
 
-    def run_agent(box, workspace, run, socket_dir, socket_name, python_path=()):
+    def run_agent(box, workspace, run, socket_dir, socket_name, python_path=(), policy_wait=None):
         if dict(run.env)["AGENT_TASK"] == env.user_message(bad):
             raise OSError(errno.ENAMETOOLONG, "File name too long")
         return ShellResult("", 0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import openai
@@ -279,3 +280,37 @@ def test_no_lock_is_held_across_generation(tool_tok, tmp_path):
         for t in threads:
             t.join()
     assert policy.most == 2
+
+
+def test_an_episode_s_wait_for_the_policy_counts_its_concurrent_requests_once(tool_tok, tmp_path):
+    """The wait not counted against an agent's own time (``policy_wait``, agents/sandboxed.py)
+    is the time at least one of its requests is in the policy, read as it accrues: two
+    requests of one episode in the policy together for 1 s are credited ~1 s, not the 2 s
+    they spent there summed (an agent gains nothing by sending requests in parallel)."""
+    both_in = threading.Barrier(2, timeout=30)
+    seen: list[tuple[float, bool]] = []
+
+    def policy(prompt_ids):
+        both_in.wait()
+        seen.append(proxy.policy_wait(key))  # read while the wait is in progress
+        time.sleep(1.0)
+        return [tool_tok.eos_token_id], [0.0]
+
+    with PolicyProxy(policy, tool_tok, str(tmp_path / "p.sock")) as proxy:
+        key = proxy.open_episode()
+        assert proxy.policy_wait(key) == (0.0, False)
+
+        def ask():
+            _client(proxy, key).chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+
+        threads = [threading.Thread(target=ask) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        waited, waiting = proxy.policy_wait(key)
+        record = proxy.close_episode_record(key)
+    assert all(in_progress for _, in_progress in seen) and not waiting
+    assert len(record.turns) == 2 and record.waited_s == waited
+    assert 1.0 <= waited < 0.75 * record.policy_s, (waited, record.policy_s)

@@ -10,11 +10,13 @@ import io
 import os
 import shutil
 import tarfile
+from pathlib import Path
 
 import pytest
 
+from composer_replication.sandbox import shell
 from composer_replication.sandbox.sandbox import Sandbox
-from composer_replication.sandbox.shell import apply_tree, run_shell
+from composer_replication.sandbox.shell import WaitCredit, apply_tree, run_shell
 
 
 def _tar(*members: tuple[str, str, bytes | str]) -> bytes:
@@ -116,6 +118,38 @@ def test_a_command_runs_in_the_sandbox_on_a_copy_of_the_workspace(ws):
     slow = run_shell(Sandbox(), ws, "echo started; sleep 30", 2)
     assert slow.timed_out and slow.exit_code is None and "started" in slow.output
     assert run_shell(Sandbox(), ws, "x" * 40_000, 5).error.startswith("the command must be")
+
+
+@pytest.mark.parametrize("max_s", [4.0, 1.0])
+def test_time_credited_for_waits_on_the_host_is_not_the_command_s_own(ws, max_s):
+    """The host says the command waited 4 s (``WaitCredit``): 3 s of sleep against a 1 s
+    limit is 3 - 4 s of its own time, and it finishes; with the credit capped at 1 s it is
+    3 - 1 = 2 s and the watchdog kills it inside (what it wrote first still comes back)."""
+    credit = WaitCredit(lambda: (4.0, False), max_s)
+    try:
+        res = run_shell(Sandbox(), ws, "echo a > a.txt; sleep 3; echo b > b.txt", 1, credit=credit)
+    finally:
+        credit.close()
+    assert (Path(credit.dir).exists(), res.error) == (False, "")
+    if max_s == 4.0:
+        assert res.exit_code == 0 and res.changed == ["a.txt", "b.txt"]
+    else:
+        assert res.timed_out and res.exit_code is None and res.changed == ["a.txt"]
+
+
+def test_the_host_kills_a_command_that_stops_the_own_time_watchdog(ws, monkeypatch):
+    """The command kills the watchdog (same user inside), then ignores signals and sleeps:
+    the host's deadline (1 s, no credit, a 2 s margin) kills the whole sandbox; nothing comes
+    back (the watchdog would have let the script copy ``a.txt`` out)."""
+    monkeypatch.setattr(shell, "COPY_MARGIN_S", 2.0)
+    credit = WaitCredit(lambda: (0.0, False), 60.0)
+    command = "pkill -KILL -f 'cr-watchdog [0-9]' && echo a > a.txt; trap '' TERM INT HUP; sleep 60"
+    try:
+        res = run_shell(Sandbox(), ws, command, 1, credit=credit)
+    finally:
+        credit.close()
+    assert res.timed_out and res.exit_code is None and res.changed == []
+    assert res.error.startswith("the sandbox ended before")
 
 
 # ---- all or nothing (issue 55, class 5) ------------------------------------------------------
