@@ -48,11 +48,23 @@ class Played:
         return ids, [0.0] * len(ids)
 
 
-def trainer_stub(max_completion_length: int = 4096):
-    """What ``AgentEpisodes`` reads of a trainer when its policy is given explicitly."""
-    return SimpleNamespace(max_completion_length=max_completion_length,
-                           model=SimpleNamespace(training=True),
-                           _metrics={"train": defaultdict(list), "eval": defaultdict(list)})  # fmt: skip
+class TrainerStub:
+    """What ``AgentEpisodes`` uses of a trainer when its policy is given explicitly: the
+    completion limit, the model's mode and ``log_metric`` (values kept in ``logged``)."""
+
+    def __init__(self, max_completion_length: int = 4096) -> None:
+        self.max_completion_length = max_completion_length
+        self.model = SimpleNamespace(training=True)
+        self.logged: dict[str, defaultdict[str, list[float]]] = {
+            "train": defaultdict(list), "eval": defaultdict(list)}  # fmt: skip
+
+    def log_metric(self, key: str, value: float, mode: str | None = None) -> None:
+        self.logged[mode or "train"][key].append(float(value))
+
+
+def trainer_stub(max_completion_length: int = 4096) -> TrainerStub:
+    """A :class:`TrainerStub`."""
+    return TrainerStub(max_completion_length)
 
 
 class BranchingLlama(ScriptedLlama):

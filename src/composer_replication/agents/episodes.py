@@ -260,7 +260,7 @@ class AgentEpisodes:
             "agent/own_seconds": sum(max(e.seconds - e.policy_s, 0.0) for e in episodes) / n,
         }
         for key, value in values.items():
-            trainer._metrics[mode][key].append(float(value))
+            trainer.log_metric(key, value, mode)
 
 
 def _failed(ep: Episode) -> StepResult:

@@ -251,7 +251,7 @@ def _train_arm(
         )
     )
     if trained:
-        trainer._load_from_checkpoint(resume)  # the weights it ended with; nothing to train
+        trainer.load_checkpoint(resume)  # the weights it ended with; nothing to train
     else:
         trainer.train(resume_from_checkpoint=cfg.resume_from)
     final = evaluate_run(cfg, model, tokenizer, env, f"{arm.name} seed {seed}", console)

@@ -163,6 +163,18 @@ class ComposerReplicationTrainer(GRPOTrainer):
         """The enabled channel called ``name``, if any."""
         return next((c for c in self.channels if c.name == name), None)
 
+    def log_metric(self, key: str, value: float, mode: str | None = None) -> None:
+        """Add one value of ``key`` to this step's logged metrics (TRL averages a key's values
+        over the steps between two logs); ``mode`` ``train`` or ``eval``, by default the
+        model's. What other modules use instead of TRL's private ``_metrics``."""
+        mode = mode or ("train" if self.model.training else "eval")
+        self._metrics[mode][key].append(float(value))
+
+    def load_checkpoint(self, checkpoint: str | Path) -> None:
+        """Load a checkpoint's weights into the model without training (transformers'
+        ``_load_from_checkpoint``, listed in trainer/trl_private.py)."""
+        self._load_from_checkpoint(str(checkpoint))
+
     # ---- checkpoints carry the channels' settings and state --------------------------------
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         if resume_from_checkpoint:

@@ -53,7 +53,7 @@ def test_mini_swe_agent_episodes_are_graded_and_joined(env, tool_tok, agent_venv
             len(first.prompt_ids) + len(first.completion_ids):] + second.completion_ids  # fmt: skip
         assert sum(mask) == len(first.completion_ids) + len(second.completion_ids)
         assert len(ids) == len(mask) == len(out["logprobs"][i])
-    m = trainer._metrics["train"]
+    m = trainer.logged["train"]
     assert m["agent/turns"] == [2.0] and m["agent/dropped_turns"] == [0.0]
     assert m["agent/diverged_frac"] == [0.0]
 
@@ -88,5 +88,5 @@ def test_an_episode_error_fails_that_episode_not_the_batch(env, tool_tok, tmp_pa
     assert failed.reward == 0.0 and "File name too long" in failed.feedback
     assert "episode_failed:OSError" in failed.info["flags"]
     assert "targets" in graded.info and not any("episode_failed" in f for f in graded.info["flags"])
-    assert trainer._metrics["train"]["agent/failed_frac"] == [0.5]
+    assert trainer.logged["train"]["agent/failed_frac"] == [0.5]
     assert not any(e.tools.workspace.exists() for e in episodes.last_episodes)  # removed
