@@ -56,6 +56,7 @@ from composer_replication.envs.base import (
     log_infra_metrics,
     machine_failed,
 )
+from composer_replication.envs.workspace import workspace_episode
 from composer_replication.lm.chat import as_messages, content_text, render_prompt
 from composer_replication.sandbox.infra import InfraFailure
 from composer_replication.sandbox.sandbox import SLOTS, Sandbox
@@ -158,22 +159,20 @@ class AgentEpisodes:
         return ep
 
     def _run(self, ep: Episode) -> None:
-        from composer_replication.sandbox.pytest_suite import pytest_tools
-
         task = ep.task
         ep.tools = self.env.tools_class()()
         ep.tools.reset(task_id=task.task_id)
+        workspace = workspace_episode(ep.tools)
         key = self.proxy.open_episode()
         command, env = harness_command(self.cfg.harness, self.cfg.command)
         env = (*env, ("OPENAI_API_KEY", key), ("AGENT_TASK", self.env.user_message(task)),
                ("AGENT_STEP_LIMIT", str(self.cfg.step_limit)))  # fmt: skip
         run = AgentRun(command, self.venv, env, port=self.cfg.port,
                        timeout_s=self.cfg.timeout_s, max_processes=self.cfg.max_processes)  # fmt: skip
-        reqs = tuple(task.data.get("test_requirements", ()))
         start = time.monotonic()
         try:
-            ep.run = run_agent(self.box, ep.tools.workspace, run, self._socket_dir, SOCKET,
-                               python_path=(pytest_tools(reqs),))  # fmt: skip
+            ep.run = run_agent(self.box, workspace.root, run, self._socket_dir, SOCKET,
+                               python_path=workspace.python_path)  # fmt: skip
         except InfraFailure as e:  # the sandbox start or slot wait, before any request
             ep.infra = e
             return
@@ -183,8 +182,8 @@ class AgentEpisodes:
             ep.turns, ep.refused = record.turns, record.refused
             ep.queued_s, ep.policy_s = record.queued_s, record.policy_s
         for rel in ep.run.changed:
-            ep.tools._note_write(rel)
-        ep.tools.flags.extend(ep.run.refused)
+            workspace.note_write(rel)
+        workspace.flag(*ep.run.refused)
 
     def grade(self, episodes: list[Episode]) -> list[StepResult]:
         """The environment's grading of each episode's workspace (removes the workspaces);
@@ -265,9 +264,10 @@ class AgentEpisodes:
 
 def _failed(ep: Episode) -> StepResult:
     """The verdict of an episode that failed (``ep.error``): 0, flagged; its workspace removed."""
-    flags = list(getattr(ep.tools, "flags", None) or [])
-    if ep.tools is not None and hasattr(ep.tools, "_close"):
-        ep.tools._close()
+    workspace = getattr(ep.tools, "episode", None)
+    flags = list(getattr(workspace, "flags", None) or [])
+    if workspace is not None:
+        workspace.close()
     why = f"the episode failed: {ep.error}"
     kind = ep.error.partition(":")[0]
     return StepResult(

@@ -15,11 +15,14 @@ public documentation and the logs we ingest (traces/) show them, over the same w
 
 A profile is data (:class:`HarnessProfile`) plus a thin adapter class whose public methods
 are the tools (TRL renders their signatures and docstrings as the tool schemas, exactly as for
-the native class). An adapter holds the environment's own tools instance and goes through its
-path check (``_path``: the same refusals and ``outside_workspace`` / ``read_bytecode``
-flags), its write check (``_note_write``: ``wrote_test`` / ``wrote_config``), its workspace,
-its test-time budget and its grading, which reads ``workspace``, ``flags``, ``submitted`` and
-``_close`` from the adapter. Shell commands run under the sandbox (sandbox/shell.py) on a copy of
+the native class). An adapter works on the environment's workspace only through its public
+interface (envs/workspace.py's ``WorkspaceEpisode``, the native tools instance's
+``episode``): the path check (``resolve``: the same refusals and ``outside_workspace`` /
+``read_bytecode`` flags), the write checks (``write_refusal``, ``reserve_write``,
+``note_write``: ``wrote_test`` / ``wrote_config``), the command budget, the sandbox and
+``close``; grading reads the same ``episode`` from the adapter. Any environment whose tools
+class provides that interface gets every profile (:func:`harness_tools_class`).
+Shell commands run under the sandbox (sandbox/shell.py) on a copy of
 the workspace seen at ``/repo``; what they change comes back as regular files only, and is
 flagged like the file tools' writes. Regex search (``Grep``) runs in that sandbox too, never
 in the trainer's process (a policy-written pattern can backtrack for days).
@@ -40,6 +43,7 @@ from typing import Any
 
 from composer_replication.envs.patch import PatchError, apply_patch, summary
 from composer_replication.envs.tools import encode_text, wire_safe, wire_snippet
+from composer_replication.envs.workspace import WorkspaceEpisode, workspace_episode
 from composer_replication.sandbox.journal import TreeJournal
 from composer_replication.sandbox.sandbox import SLOTS
 from composer_replication.sandbox.shell import REPO, ShellResult, run_shell
@@ -98,14 +102,16 @@ def harness_tool(error: Callable[[str], str]) -> Callable:
 
 class WorkspaceTools:
     """Base of the adapters: holds the environment's own tools instance (``_native_cls``, set
-    by :func:`harness_tools_class`) and forwards what grading reads. Public methods of a
-    subclass are its tools."""
+    by :func:`harness_tools_class`) for its ``reset``, and works on its workspace only through
+    the public interface (``episode``: envs/workspace.py's ``WorkspaceEpisode``). Public
+    methods of a subclass are its tools."""
 
     _native_cls: type
     _error_prefix, _error_suffix = "", ""
 
     def __init__(self) -> None:
         self._native = self._native_cls()
+        workspace_episode(self._native)  # a TypeError now, not at the first tool call
         self._lock = threading.Lock()  # one command at a time on a workspace
         self._read: set[str] = set()
 
@@ -114,21 +120,19 @@ class WorkspaceTools:
         self._read = set()
         return self._native.reset(**row)
 
-    # what grading and the metrics read
-    workspace = property(lambda self: self._native.workspace)
-    flags = property(lambda self: self._native.flags)
-    submitted = property(lambda self: self._native.submitted)
-    task = property(lambda self: self._native.task)
-    test_seconds = property(lambda self: self._native.test_seconds)
-    edits = property(lambda self: self._native.edits)
-    probe = property(lambda self: self._native.probe)
+    @property
+    def episode(self) -> WorkspaceEpisode:
+        """The workspace (the environment's own tools instance's): what grading uses."""
+        return workspace_episode(self._native)
 
-    def _close(self) -> None:
-        self._native._close()
+    # what the metrics and tests read
+    workspace = property(lambda self: self.episode.root)
+    flags = property(lambda self: self.episode.flags)
+    task = property(lambda self: self.episode.task)
 
     @property
     def _max_chars(self) -> int:
-        return self._native._env.max_output_chars
+        return self.episode.max_output_chars
 
     def _err(self, text: str) -> str:
         return f"{self._error_prefix}{text}{self._error_suffix}"
@@ -141,7 +145,7 @@ class WorkspaceTools:
             path = "."
         elif path.startswith(REPO + "/"):
             path = path[len(REPO) + 1 :] or "."
-        target = self._native._path(path)
+        target = self.episode.resolve(path)
         if isinstance(target, str):
             return self._err(target.removeprefix("error: "))
         return target
@@ -160,10 +164,10 @@ class WorkspaceTools:
         data = text if isinstance(text, bytes) else encode_text(text)
         if isinstance(data, str):
             return self._err(data.removeprefix("error: "))
-        if refused := self._native._over_write_caps(len(data)):
+        if refused := self.episode.reserve_write(len(data)):
             return self._err(refused.removeprefix("error: "))
         root = self.workspace.resolve()
-        self._native._note_write(target.relative_to(root).as_posix())
+        self.episode.note_write(target.relative_to(root).as_posix())
         if journal is not None:
             journal.makedirs(target.parent)
             journal.write(target, data)
@@ -177,8 +181,8 @@ class WorkspaceTools:
         """Run ``command`` in the sandbox on the workspace; its time, from the moment it has a
         sandbox slot, comes out of the episode's test-time budget (commands are how these
         harnesses run the tests)."""
-        native = self._native
-        if native.workspace is None or native.task is None:
+        ep = self.episode
+        if ep.root is None or ep.task is None:
             return self._err("no workspace")
         try:
             want = float(timeout_s)
@@ -186,30 +190,25 @@ class WorkspaceTools:
             return self._err("the timeout must be a number")
         if want != want:  # NaN
             return self._err("the timeout must be a number")
-        budget = native._env.tests_budget_s
-        left = None if budget is None else budget - native.test_seconds
+        budget = ep.budget_s
+        left = None if budget is None else budget - ep.spent_s
         if left is not None and left < MIN_SHELL_S:
             return self._err(f"this episode's command time ({budget:g} s) is spent")
         limit = min(max(want, MIN_SHELL_S), MAX_SHELL_TIMEOUT_S, left or MAX_SHELL_TIMEOUT_S)
         command = str(command)
-        native.flags.extend(command_flags(command))
+        ep.flag(*command_flags(command))
         with self._lock, SLOTS.held():  # as native run_tests: the wait for a slot is not
             start = time.monotonic()  # this episode's time (it is other rollouts' load)
             try:
-                res = run_shell(native._env.box, native.workspace, command, limit,
-                                max_output_chars=self._max_chars, python_path=self._python_path(),
+                res = run_shell(ep.box, ep.root, command, limit,
+                                max_output_chars=self._max_chars, python_path=ep.python_path,
                                 apply=not read_only)  # fmt: skip
             finally:
-                native.test_seconds += time.monotonic() - start
+                ep.spend(time.monotonic() - start)
         for rel in res.changed:
-            native._note_write(rel)
-        native.flags.extend(res.refused)
+            ep.note_write(rel)
+        ep.flag(*res.refused)
         return res
-
-    def _python_path(self) -> tuple[str, ...]:
-        from composer_replication.sandbox.pytest_suite import pytest_tools
-
-        return (pytest_tools(tuple(self.task.get("test_requirements", ()))),)
 
     def _grep(self, pattern: str, path: str, glob: str, mode: str) -> str | list[str]:
         """``grep -E`` in the sandbox (read-only): matching lines or files, as ``/repo`` paths."""
@@ -254,7 +253,7 @@ class ClaudeCodeTools(WorkspaceTools):
         if isinstance(target, str):
             return target
         if target.suffix in (".pyc", ".pyo") or "__pycache__" in target.parts:
-            self.flags.append(f"read_bytecode:{wire_snippet(file_path, 80)}")
+            self.episode.flag(f"read_bytecode:{wire_snippet(file_path, 80)}")
             return self._err("This tool cannot read binary files.")
         if target.is_dir():
             return self._err("EISDIR: illegal operation on a directory, read")
@@ -331,7 +330,7 @@ class ClaudeCodeTools(WorkspaceTools):
                 f"String: {old}"
             )
         chars = len(text) + count * (len(new) - len(old))
-        if refused := self._native._write_refusal([chars], unit="characters"):
+        if refused := self.episode.write_refusal([chars], unit="characters"):
             return self._err(refused.removeprefix("error: "))  # asked before the text is built
         if err := self._write(target, encode_preserving(text.replace(old, new))):
             return err
@@ -388,32 +387,31 @@ class ClaudeCodeTools(WorkspaceTools):
             pattern: The glob pattern to match files against.
             path: The directory to search in (default: the repository, /repo).
         """
-        return _glob(self, pattern, path) or "No files found"
+        return self._glob(pattern, path) or "No files found"
 
-
-def _glob(tools: WorkspaceTools, pattern: Any, path: Any) -> str:
-    """``Glob`` in the trainer's process (pathlib). Each ``**`` component walks every
-    directory below the one it starts from, so k of them cost the tree's depth to the power
-    k - 1: consecutive ones mean one and are merged, and at most :data:`MAX_GLOB_STARS`
-    remain."""
-    base = tools._resolve(path or REPO)
-    if isinstance(base, str):
-        return base
-    pat = str(pattern)
-    if not pat or pat.startswith("/") or ".." in Path(pat).parts or "\x00" in pat:
-        return tools._err("the pattern must be relative to the directory, without ..")
-    parts: list[str] = []
-    for part in pat.split("/"):
-        if part != "**" or parts[-1:] != ["**"]:
-            parts.append(part)
-    if parts.count("**") > MAX_GLOB_STARS:
-        return tools._err(f"the pattern may hold at most {MAX_GLOB_STARS} ** components")
-    pat = "/".join(parts)
-    if not base.is_dir():
-        return tools._err(f"{wire_snippet(path)} is not a directory")
-    hits = sorted(tools._shown(p) for p in base.glob(pat)
-                  if p.is_file() and ".git" not in p.relative_to(base).parts)  # fmt: skip
-    return "\n".join(hits[:MAX_LISTED])
+    def _glob(self, pattern: Any, path: Any) -> str:
+        """``Glob`` in the trainer's process (pathlib). Each ``**`` component walks every
+        directory below the one it starts from, so k of them cost the tree's depth to the power
+        k - 1: consecutive ones mean one and are merged, and at most :data:`MAX_GLOB_STARS`
+        remain."""
+        base = self._resolve(path or REPO)
+        if isinstance(base, str):
+            return base
+        pat = str(pattern)
+        if not pat or pat.startswith("/") or ".." in Path(pat).parts or "\x00" in pat:
+            return self._err("the pattern must be relative to the directory, without ..")
+        parts: list[str] = []
+        for part in pat.split("/"):
+            if part != "**" or parts[-1:] != ["**"]:
+                parts.append(part)
+        if parts.count("**") > MAX_GLOB_STARS:
+            return self._err(f"the pattern may hold at most {MAX_GLOB_STARS} ** components")
+        pat = "/".join(parts)
+        if not base.is_dir():
+            return self._err(f"{wire_snippet(path)} is not a directory")
+        hits = sorted(self._shown(p) for p in base.glob(pat)
+                      if p.is_file() and ".git" not in p.relative_to(base).parts)  # fmt: skip
+        return "\n".join(hits[:MAX_LISTED])
 
 
 class CodexTools(WorkspaceTools):
@@ -497,7 +495,7 @@ class CodexTools(WorkspaceTools):
             for c in changes:
                 target = self._resolve(c.path)
                 if c.op == "D" or c.move_to:
-                    self._native._note_write(c.path)
+                    self.episode.note_write(c.path)
                     journal.remove(target)
                 if c.op != "D":
                     dest = self._resolve(c.move_to) if c.move_to else target
@@ -508,7 +506,7 @@ class CodexTools(WorkspaceTools):
         """The bytes of ``texts`` (:func:`encode_preserving`); raise :class:`PatchError`
         before anything is written if they would pass the write caps together."""
         data = [encode_preserving(text) for text in texts]  # the patch itself is UTF-8
-        if refused := self._native._write_refusal([len(d) for d in data]):
+        if refused := self.episode.write_refusal([len(d) for d in data]):
             raise PatchError(refused.removeprefix("error: "))
         return data
 

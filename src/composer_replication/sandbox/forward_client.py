@@ -88,23 +88,23 @@ class RemoteFunction:
     """A callable the rebuilt code returned (``compose(f, g)``); it stays over there."""
 
     def __init__(self, handle):
-        self._handle = handle
+        self.handle = handle
 
     def __call__(self, *args, **kwargs):
-        return _exchange(("call", self._handle, args, kwargs), args, "function")
+        return _exchange(("call", self.handle, args, kwargs), args, "function")
 
 
 class RemoteIterator:
     """An iterator the rebuilt code returned (a generator); each ``next`` is one exchange."""
 
     def __init__(self, handle):
-        self._handle = handle
+        self.handle = handle
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        return _exchange(("next", self._handle), (), "iterator")
+        return _exchange(("next", self.handle), (), "iterator")
 
 
 class _Pickler(pickle.Pickler):
@@ -115,7 +115,7 @@ class _Pickler(pickle.Pickler):
 
     def persistent_id(self, obj):
         if isinstance(obj, (RemoteFunction, RemoteIterator)):
-            return ("theirs", obj._handle)
+            return ("theirs", obj.handle)
         if (
             _by_handle(obj)
             or isinstance(obj, types.MethodType)

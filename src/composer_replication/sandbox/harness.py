@@ -313,11 +313,11 @@ class _TheirFunction:
     carries the original's name, qualified name and docstring (code inspects them)."""
 
     def __init__(self, handle, names=("", "", None)):
-        self._handle = handle
+        self.handle = handle
         self.__name__, self.__qualname__, self.__doc__ = names
 
     def __call__(self, *args, **kwargs):
-        return _ask(("callback", self._handle, "call", args, kwargs))
+        return _ask(("callback", self.handle, "call", args, kwargs))
 
 
 class _TheirIterator(_TheirFunction):
@@ -327,7 +327,7 @@ class _TheirIterator(_TheirFunction):
         return self
 
     def __next__(self):
-        return _ask(("callback", self._handle, "next", (), {}))
+        return _ask(("callback", self.handle, "next", (), {}))
 
 
 def _unpickler():
@@ -447,7 +447,7 @@ def _reply(run, args):
         if same:
             return ("argument", same[0], effects)
         if isinstance(value, _TheirFunction):
-            return ("theirs", value._handle, effects)
+            return ("theirs", value.handle, effects)
         plain = type(value) in PLAIN_ATOMS or type(value) in PLAIN_CONTAINERS
         if not plain and (callable(value) or hasattr(value, "__next__")):
             _MINE[len(_MINE)] = value

@@ -569,7 +569,7 @@ def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
 def _warm(tools: str) -> None:
     """Import pytest from ``tools`` and collect an empty directory with the sandbox's flags,
     so pytest's modules and the standard-library modules it needs land in the pycache."""
-    cache = sb._stdlib_pycache()
+    cache = sb.stdlib_pycache()
     empty = sb.bindable_dir("cr-pytest-warm-")
     code = textwrap.dedent(f"""
         import sys
@@ -581,7 +581,7 @@ def _warm(tools: str) -> None:
     """)
     flags = ["-I", "-S", "-X", f"pycache_prefix={cache}"]
     try:
-        subprocess.run([sb._layout().interpreter, *flags, "-c", code], timeout=120,
+        subprocess.run([sb.sandbox_interpreter(), *flags, "-c", code], timeout=120,
                        check=False, capture_output=True,
                        env={"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):

@@ -338,7 +338,7 @@ WARM_MODULES = (
 
 
 @lru_cache(maxsize=1)
-def _stdlib_pycache() -> str:
+def stdlib_pycache() -> str:
     """A world-readable directory holding the bytecode of ``WARM_MODULES`` (and what they
     import) under the layout ``-X pycache_prefix`` expects, written by the trusted interpreter
     with the sandbox's own flags; removed at exit. Empty if the warm-up fails (slower, same
@@ -391,7 +391,7 @@ def _bwrap_argv(
     staged = dict(_staged_binds(tuple(binds)))
     for path in binds:  # extra read-only trees (a repository under test, its test tools)
         argv += ["--ro-bind", staged.get(path, path), path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", _stdlib_pycache(), PYCACHE]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", stdlib_pycache(), PYCACHE]
     argv += ["--size", str(cfg.work_dir_mb * 2**20), "--tmpfs", WORK, "--symlink", WORK, "/tmp"]
     argv += list(mounts)  # more bwrap mount options (the shell tool's size-capped /repo)
     # the root and /dev are tmpfs without a size: read-only, the capped /work is the only
@@ -648,7 +648,7 @@ class _Process:
         self.memory_exceeded = False
         if bwrap is None:  # unsafe: the same harness as a plain subprocess in a temp dir
             self._tmp = tempfile.mkdtemp(prefix="cr-unsafe-")
-            argv = _python_argv(lay.interpreter, _stdlib_pycache(), cfg, mode, root)
+            argv = _python_argv(lay.interpreter, stdlib_pycache(), cfg, mode, root)
             cwd, preexec = self._tmp, None
         else:
             argv = _bwrap_argv(bwrap, cfg, lay, binds, mounts)

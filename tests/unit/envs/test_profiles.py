@@ -121,7 +121,7 @@ def test_paths_outside_and_bytecode_are_refused_and_flagged(env):
         tools.bash("cat /etc/hostname; cat textkit/__pycache__/x.pyc")
     flags = " ".join(tools.flags)
     assert "outside_workspace:" in flags and "read_bytecode:" in flags
-    tools._close()
+    tools.episode.close()
 
 
 def test_claude_code_error_texts_and_formats(task_dir):
@@ -155,7 +155,7 @@ def test_claude_code_error_texts_and_formats(task_dir):
     tools.Write("/repo/a.txt", "a" * 40 + "!")
     tools.Grep("^((a+)+)+$", "/repo/a.txt", "", "content")
     assert time.monotonic() - start < 30
-    tools._close()
+    tools.episode.close()
 
 
 def test_unknown_harness_and_harness_outside_feature_deletion_are_refused(tmp_path):
