@@ -50,9 +50,11 @@ class Played:
 
 class TrainerStub:
     """What ``AgentEpisodes`` uses of a trainer when its policy is given explicitly: the
-    completion limit, the model's mode and ``log_metric`` (values kept in ``logged``)."""
+    completion limit, the model's mode, the dataset rows of the prompts (``rollout_rows``)
+    and ``log_metric`` (values kept in ``logged``)."""
 
-    def __init__(self, max_completion_length: int = 4096) -> None:
+    def __init__(self, rows: list[dict], max_completion_length: int = 4096) -> None:
+        self.rollout_rows = list(rows)
         self.max_completion_length = max_completion_length
         self.model = SimpleNamespace(training=True)
         self.logged: dict[str, defaultdict[str, list[float]]] = {
@@ -62,9 +64,9 @@ class TrainerStub:
         self.logged[mode or "train"][key].append(float(value))
 
 
-def trainer_stub(max_completion_length: int = 4096) -> TrainerStub:
-    """A :class:`TrainerStub`."""
-    return TrainerStub(max_completion_length)
+def trainer_stub(rows: list[dict], max_completion_length: int = 4096) -> TrainerStub:
+    """A :class:`TrainerStub` generating for ``rows``."""
+    return TrainerStub(rows, max_completion_length)
 
 
 class BranchingLlama(ScriptedLlama):

@@ -4,7 +4,8 @@ functions, ``env_mask`` masks the loss like ``tool_mask``).
 
 Per prompt TRL hands over (its batch already repeats each prompt ``num_generations`` times):
 
-1. the task is the environment's task whose user message the prompt ends with;
+1. the task is the one the prompt's dataset row names (``task_id``: the trainer's
+   ``rollout_rows``, in the order of the prompts; two tasks may share one text);
 2. a fresh workspace (the environment's own ``reset``);
 3. the harness runs on it inside the sandbox (agents/sandboxed.py) with a fresh proxy key,
    the proxy answering with the trainer's current policy (agents/policy.py's
@@ -57,7 +58,7 @@ from composer_replication.envs.base import (
     machine_failed,
 )
 from composer_replication.envs.workspace import workspace_episode
-from composer_replication.lm.chat import as_messages, content_text, render_prompt
+from composer_replication.lm.chat import render_prompt
 from composer_replication.sandbox.infra import InfraFailure
 from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 from composer_replication.sandbox.shell import ShellResult
@@ -126,7 +127,7 @@ class AgentEpisodes:
                  policy: Policy | None = None):  # fmt: skip
         self.env, self.cfg, self.tokenizer, self._policy = env, cfg, tokenizer, policy
         self.venv = harness_venv(cfg)
-        self._tasks = {env.user_message(t): t for s in ("train", "heldout") for t in env.tasks(s)}
+        self._tasks = {t.task_id: t for s in ("train", "heldout") for t in env.tasks(s)}
         self.box = Sandbox(SandboxConfig(memory_mb=cfg.memory_mb))
         self.proxy: PolicyProxy | None = None
         self._socket_dir = ""
@@ -134,7 +135,7 @@ class AgentEpisodes:
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         self._start(trainer)
-        tasks = [self._task_of(p) for p in prompts]
+        tasks = self._tasks_of(prompts, getattr(trainer, "rollout_rows", None))
         workers = episode_workers(len(tasks), self.cfg.workers)
         with ThreadPoolExecutor(workers, thread_name_prefix="cr-agent") as pool:
             episodes = list(pool.map(self.run_episode, tasks))
@@ -213,13 +214,17 @@ class AgentEpisodes:
             self.proxy = None
             remove_socket_dir(self._socket_dir)
 
-    def _task_of(self, prompt: Any) -> Task:
-        users = [m for m in as_messages(prompt) if m.get("role") == "user"]
-        text = content_text(users[-1]) if users else ""
-        if text not in self._tasks:
-            raise KeyError(f"agent_proxy: the prompt {text[:80]!r} poses no task of "
-                           f"{self.env.name}")  # fmt: skip
-        return self._tasks[text]
+    def _tasks_of(self, prompts: list[Any], rows: list[dict[str, Any]] | None) -> list[Task]:
+        """The task of each prompt: the ``task_id`` of its dataset row (``rows``, in the order
+        of the prompts: the trainer's ``rollout_rows``)."""
+        if rows is None or len(rows) != len(prompts):
+            raise ValueError(f"agent_proxy: {len(prompts)} prompts came without their dataset "
+                             "rows (the trainer's rollout_rows)")  # fmt: skip
+        ids = [row.get("task_id") for row in rows]
+        unknown = [i for i in ids if i not in self._tasks]
+        if unknown:
+            raise KeyError(f"agent_proxy: task_id {unknown[0]!r} is no task of {self.env.name}")
+        return [self._tasks[i] for i in ids]
 
     def _batch(self, prompts, joined: list[Joined | None], results) -> dict[str, list]:
         eos = self.tokenizer.eos_token_id

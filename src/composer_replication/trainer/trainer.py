@@ -158,6 +158,10 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.infra_budget = InfraBudget(max_infra_failed_frac)
         self._step_kinds: list[str | None] = []
         self._infra_dropped = 0
+        self.rollout_rows: list[dict[str, Any]] = []
+        """The dataset rows of the round being generated, in the order of the prompts TRL
+        hands a ``rollout_func`` (which gets only the prompts): their ``task_id`` and other
+        columns (agents/episodes.py)."""
 
     def channel(self, name: str) -> Channel | None:
         """The enabled channel called ``name``, if any."""
@@ -420,6 +424,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         need kept alongside (lists travel through TRL's shuffle/split like tensors)."""
         if self.rollout_source is not None and self.model.training:
             inputs = self._source_rows(inputs)
+        self.rollout_rows = list(inputs)
         with self._resets_at_once(inputs):
             batch = super()._generate_and_score_completions(inputs)
         self._mask_machine_failures(batch)
