@@ -59,6 +59,17 @@ def test_mini_swe_agent_episodes_are_graded_and_joined(env, tool_tok, agent_venv
     assert m["agent/diverged_frac"] == [0.0]
 
 
+def _command_episodes(env, tok, tmp_path, workers: int = 1) -> AgentEpisodes:
+    """Episodes of the ``command`` harness (``true``) in a stand-in venv, with a policy that
+    answers nothing: for tests that replace ``run_agent``."""
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    cfg = AgentProxyConfig(enabled=True, venv=str(venv), harness="command", command="true",
+                           workers=workers)  # fmt: skip
+    return AgentEpisodes(env, cfg, tok, policy=Played(tok, []))
+
+
 def test_an_episode_error_fails_that_episode_not_the_batch(env, tool_tok, tmp_path, monkeypatch):
     """Issue 55: an exception in one episode (here the read-back's ENAMETOOLONG, as a tree
     past the host's PATH_MAX raised it) escaped ``AgentEpisodes`` and aborted the whole
@@ -66,9 +77,6 @@ def test_an_episode_error_fails_that_episode_not_the_batch(env, tool_tok, tmp_pa
     scores 0, flagged ``episode_failed``, and the others are graded as usual."""
     from composer_replication.sandbox.shell import ShellResult
 
-    venv = tmp_path / "venv"
-    venv.mkdir()
-    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
     bad, good = env.tasks("train")[:2]
 
     def run_agent(box, workspace, run, socket_dir, socket_name, python_path=()):
@@ -77,9 +85,7 @@ def test_an_episode_error_fails_that_episode_not_the_batch(env, tool_tok, tmp_pa
         return ShellResult("", 0)
 
     monkeypatch.setattr(episodes_mod, "run_agent", run_agent)
-    cfg = AgentProxyConfig(enabled=True, venv=str(venv), harness="command", command="true",
-                           workers=2)  # fmt: skip
-    episodes = AgentEpisodes(env, cfg, tool_tok, policy=Played(tool_tok, []))
+    episodes = _command_episodes(env, tool_tok, tmp_path, workers=2)
     rows = [env.row(bad), env.row(good)]
     trainer = trainer_stub(rows)
     try:
@@ -100,9 +106,6 @@ def test_two_tasks_with_one_text_each_get_their_own_episode(env, tool_tok, tmp_p
     the prompt's dataset row (its ``task_id``, the trainer's ``rollout_rows``)."""
     from composer_replication.sandbox.shell import ShellResult
 
-    venv = tmp_path / "venv"
-    venv.mkdir()
-    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
     first, second = env.tasks("train")[:2]
     monkeypatch.setattr(env, "user_message", lambda task: "Fix the repository.")
     seen = []
@@ -112,9 +115,7 @@ def test_two_tasks_with_one_text_each_get_their_own_episode(env, tool_tok, tmp_p
         return ShellResult("", 0)
 
     monkeypatch.setattr(episodes_mod, "run_agent", run_agent)
-    cfg = AgentProxyConfig(enabled=True, venv=str(venv), harness="command", command="true",
-                           workers=1)  # fmt: skip
-    episodes = AgentEpisodes(env, cfg, tool_tok, policy=Played(tool_tok, []))
+    episodes = _command_episodes(env, tool_tok, tmp_path)
     rows = [env.row(first), env.row(second)]
     assert rows[0]["prompt"] == rows[1]["prompt"]  # one text for both
     try:
@@ -128,11 +129,7 @@ def test_two_tasks_with_one_text_each_get_their_own_episode(env, tool_tok, tmp_p
 
 
 def test_prompts_without_their_rows_are_refused(env, tool_tok, tmp_path):
-    venv = tmp_path / "venv"
-    venv.mkdir()
-    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
-    cfg = AgentProxyConfig(enabled=True, venv=str(venv), harness="command", command="true")
-    episodes = AgentEpisodes(env, cfg, tool_tok, policy=Played(tool_tok, []))
+    episodes = _command_episodes(env, tool_tok, tmp_path)
     row = env.row(env.tasks("train")[0])
     try:
         with pytest.raises(ValueError, match="2 prompts came without their dataset rows"):
