@@ -5,11 +5,11 @@ Feature Deletion grades a rebuilt function by the repository's tests. Running th
 the same interpreter as the rebuilt code would let that code rewrite pytest, the report or
 the values the assertions compare (an object whose ``__eq__`` is always true). So the suite
 runs on a copy of the tree in which the deleted function forwards its arguments (pickled) to
-a second sandbox that imports the submitted file; only plain data comes back (harness.py's
+a second sandbox that imports the submitted file; only plain data comes back (wire.py's
 codec: no custom classes, no subclasses, bounded size and depth). The assertions, pytest and
 the report never share a process with code the policy wrote.
 
-This file is copied into the test tools directory as ``_cr_forward`` (with harness.py as
+This file is copied into the test tools directory as ``_cr_forward`` (with wire.py as
 ``_cr_wire``) and imported by the sandboxed suite; it uses only the standard library. The
 forwarding body that calls :func:`call` is written by ``feature_deletion.forward``.
 
@@ -17,7 +17,7 @@ What crosses:
 * To the rebuilt code: arguments by pickle (plain data, instances of the tree's classes,
   module-level functions by reference), except lambdas and nested functions, bound methods
   and iterators, which cross as handles: the rebuilt code gets a proxy, and calling it (or
-  ``next``) asks this process to run the original on plain arguments (harness.py's module
+  ``next``) asks this process to run the original on plain arguments (wire.py's module
   mode).
 * Back: a plain value; which argument was returned (``return self``); a handle for a
   callable or iterator it returned (a :class:`RemoteFunction` / :class:`RemoteIterator`

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from composer_replication.sandbox import harness
 from composer_replication.sandbox import sandbox as sb
+from composer_replication.sandbox import wire
 
 TOOL_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py.py")
 PASSED, FAILED, SKIPPED, ERROR, XFAIL, MISSING = (
@@ -265,7 +265,7 @@ def program_output(text: str, limit: int = PROGRAM_OUTPUT_CHARS) -> str:
     quotation); '' for no text."""
     if not text:
         return ""
-    return " -- program output: " + harness.preview(str(text), limit)
+    return " -- program output: " + wire.preview(str(text), limit)
 
 
 FRAME_FIELDS = {"test": (str, str, str), "tampered": (str,), "collect_error": (str, str),
@@ -286,7 +286,7 @@ def _well_formed(body: str) -> tuple | None:
     32 bits), else None. Code under test may reach the key and sign anything (module
     docstring), so a signed frame must still never make the trusted side raise."""
     try:
-        frame = harness.literal(body)
+        frame = wire.literal(body)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None
     if type(frame) is not tuple or not frame or type(frame[0]) is not str:
@@ -560,7 +560,7 @@ def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
             shutil.copy2(src, Path(dest) / src.name)
     here = Path(__file__).parent
     shutil.copy2(here / "forward_client.py", Path(dest) / "_cr_forward.py")
-    shutil.copy2(here / "harness.py", Path(dest) / "_cr_wire.py")
+    shutil.copy2(here / "wire.py", Path(dest) / "_cr_wire.py")
     _warm(dest)
     sb.world_readable(dest)
     return dest

@@ -2,7 +2,7 @@
 sandbox, and the plain-data codec the trusted grader uses to read what it sends back.
 
 The sandboxed process never sees a test. It loads the candidate program, then answers calls:
-the grader sends the arguments, the harness calls the candidate and sends back the value. The
+the grader sends the arguments, this script calls the candidate and sends back the value. The
 grader runs the dataset's own assertions on those values in its own process (envs/humaneval.py),
 so nothing the candidate does (exit codes, ``atexit``, signal handlers, printing "passed",
 redefining ``check``, objects whose ``__eq__`` is always true) can produce a pass: only values
@@ -17,7 +17,7 @@ would take the grader quadratic time after the sandbox's deadline). Both sides r
 NaN, recursion deeper than ``MAX_DEPTH`` and ints wider than ``MAX_INT_BITS`` (``str()`` of
 one past CPython's 4300-digit limit raises ``ValueError`` in whoever prints it). Text made
 from candidate data on the trusted side goes through :func:`preview` (bounded, never raises).
-Frames from the grader are trusted, so the harness reads them with ``eval`` in an empty
+Frames from the grader are trusted, so this script reads them with ``eval`` in an empty
 namespace.
 
 This file runs inside the sandbox as ``python -I -S -B -c <this source> <limits>``: it imports
