@@ -1,7 +1,7 @@
 """A second workspace environment, as small as one can be: a repository of two files per
 episode, one native tool, and the public workspace interface (envs/workspace.py's
-``WorkspaceEpisode``) and nothing else. It gets every harness profile through
-``harness_tools_class`` (tests/unit/envs/test_workspace.py)."""
+``WorkspaceEpisode``) and nothing else. It gets every tool profile through
+``profile_tools_class`` (tests/unit/envs/test_workspace.py)."""
 
 from __future__ import annotations
 

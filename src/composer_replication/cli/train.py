@@ -173,10 +173,12 @@ def eval_command(
         list[str] | None,
         typer.Option("--task-source", help="feature_deletion: a directory or name==version"),
     ] = None,
-    harness: Annotated[
+    tool_profile: Annotated[
         str,
         typer.Option(
-            "--harness", help="feature_deletion: native, claude_code, codex or bash (tool names)"
+            "--tool-profile",
+            "--harness",  # its name before issue 59
+            help="feature_deletion: native, claude_code, codex or bash (the tools' vocabulary)",
         ),
     ] = "native",
     show: Annotated[int, typer.Option("--show", min=0, help="print this many completions")] = 5,
@@ -200,7 +202,7 @@ def eval_command(
         resolve_model_source(model)  # a bad name fails before the task set is built
         sandbox = SandboxConfig(unsafe_run_without_isolation=unsafe_run_without_isolation)
         section = eval_env_section(env, levels=parse_levels(levels), task_sources=task_source,
-                                   harness=harness)  # fmt: skip
+                                   tool_profile=tool_profile)  # fmt: skip
         check_env_needs(SimpleNamespace(env=section, sandbox=sandbox))
         environment = build_env(section, sandbox)  # as `train` builds its environment
         try:  # an unknown --split: before the model
@@ -221,7 +223,7 @@ def eval_command(
 def eval_env_section(name: str, **options: Any) -> Any:
     """The ``env`` config section ``eval`` runs on: environment ``name`` with those of the
     command's ``options`` its section has (``levels`` for arithmetic, ``task_sources`` and
-    ``harness`` for feature_deletion), validated as a run config's ``env`` is."""
+    ``tool_profile`` for feature_deletion), validated as a run config's ``env`` is."""
     from composer_replication.config.env import ENV_CONFIGS, env_config
 
     fields = ENV_CONFIGS[name].model_fields if name in ENV_CONFIGS else {}

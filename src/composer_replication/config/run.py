@@ -389,7 +389,8 @@ class RunConfig(StrictModel):
 log = logging.getLogger(__name__)
 
 DEPRECATED_KEYS = {
-    ("generation", "vllm", "async_rollouts", "max_staleness"): ("rollout", "max_staleness")
+    ("generation", "vllm", "async_rollouts", "max_staleness"): ("rollout", "max_staleness"),
+    ("env", "harness"): ("env", "tool_profile"),
 }
 """Old key -> its new place: `fold_deprecated_keys` moves a value given under the old key."""
 

@@ -1,5 +1,6 @@
-"""Harness profiles: a workspace environment's tools in the vocabulary of the agent harness a
-model will run in (``env.harness``).
+"""Tool profiles: a workspace environment's tools in the vocabulary of the agent harness a
+model will run in (``env.tool_profile``; ``env.harness`` before issue 59: "harness" now means
+only the agent program, agents/harnesses.py, and the grading script is sandbox/wire.py).
 
 ``native`` is the environment's own tools (``list_files``, ``read_file``, ``search``,
 ``write_file``, ``replace_in_file``, ``run_tests``, ``submit``). The others give the tool
@@ -13,7 +14,7 @@ public documentation and the logs we ingest (traces/) show them, over the same w
   output and exit code) and ``apply_patch`` (Codex's patch format, envs/patch.py);
 * ``bash``: one ``bash`` tool.
 
-A profile is data (:class:`HarnessProfile`) plus a thin adapter class whose public methods
+A profile is data (:class:`ToolProfile`) plus a thin adapter class whose public methods
 are the tools (TRL renders their signatures and docstrings as the tool schemas, exactly as for
 the native class). An adapter works on the environment's workspace only through its public
 interface (envs/workspace.py's ``WorkspaceEpisode``, the native tools instance's
@@ -21,7 +22,7 @@ interface (envs/workspace.py's ``WorkspaceEpisode``, the native tools instance's
 ``read_bytecode`` flags), the write checks (``write_refusal``, ``reserve_write``,
 ``note_write``: ``wrote_test`` / ``wrote_config``), the command budget, the sandbox and
 ``close``; grading reads the same ``episode`` from the adapter. Any environment whose tools
-class provides that interface gets every profile (:func:`harness_tools_class`).
+class provides that interface gets every profile (:func:`profile_tools_class`).
 Shell commands run under the sandbox (sandbox/shell.py) on a copy of
 the workspace seen at ``/repo``; what they change comes back as regular files only, and is
 flagged like the file tools' writes. Regex search (``Grep``) runs in that sandbox too, never
@@ -48,7 +49,8 @@ from composer_replication.sandbox.journal import TreeJournal
 from composer_replication.sandbox.sandbox import SLOTS
 from composer_replication.sandbox.shell import REPO, ShellResult, run_shell
 
-HARNESSES = ("native", "claude_code", "codex", "bash")
+TOOL_PROFILES = ("native", "claude_code", "codex", "bash")
+"""The tool profiles (``env.tool_profile``), ``native`` first."""
 MAX_SHELL_TIMEOUT_S = 600.0
 """Longest a single command may run (Claude Code's own cap on ``Bash``'s timeout)."""
 MIN_SHELL_S = 1.0
@@ -102,7 +104,7 @@ def harness_tool(error: Callable[[str], str]) -> Callable:
 
 class WorkspaceTools:
     """Base of the adapters: holds the environment's own tools instance (``_native_cls``, set
-    by :func:`harness_tools_class`) for its ``reset``, and works on its workspace only through
+    by :func:`profile_tools_class`) for its ``reset``, and works on its workspace only through
     the public interface (``episode``: envs/workspace.py's ``WorkspaceEpisode``). Public
     methods of a subclass are its tools."""
 
@@ -560,8 +562,8 @@ class BashTools(WorkspaceTools):
 
 
 @dataclass(frozen=True)
-class HarnessProfile:
-    """One harness's tool vocabulary over a workspace environment."""
+class ToolProfile:
+    """One agent harness's tool vocabulary over a workspace environment."""
 
     name: str
     tools: type | None
@@ -603,9 +605,9 @@ _TEST = "python -m pytest -q tests/test_ops.py::test_double"
 _PASSED = "1 passed in 0.01s"
 _PATCH = f"*** Begin Patch\n*** Update File: mathy/ops.py\n@@ def double(x):\n-{_STUB}\n+    return 2 * x\n*** End Patch"  # fmt: skip
 
-PROFILES: dict[str, HarnessProfile] = {
-    "native": HarnessProfile("native", None, (), frozenset({"run_tests", "submit"}), system=""),
-    "claude_code": HarnessProfile(
+PROFILES: dict[str, ToolProfile] = {
+    "native": ToolProfile("native", None, (), frozenset({"run_tests", "submit"}), system=""),
+    "claude_code": ToolProfile(
         "claude_code",
         ClaudeCodeTools,
         ("claude_code",),
@@ -628,7 +630,7 @@ PROFILES: dict[str, HarnessProfile] = {
             {"role": "assistant", "content": "Done."},
         ),
     ),  # fmt: skip
-    "codex": HarnessProfile(
+    "codex": ToolProfile(
         "codex",
         CodexTools,
         ("codex",),
@@ -648,7 +650,7 @@ PROFILES: dict[str, HarnessProfile] = {
             {"role": "assistant", "content": "Done."},
         ),
     ),  # fmt: skip
-    "bash": HarnessProfile(
+    "bash": ToolProfile(
         "bash",
         BashTools,
         (),
@@ -667,24 +669,24 @@ PROFILES: dict[str, HarnessProfile] = {
 }
 
 
-def profile(name: str) -> HarnessProfile:
+def profile(name: str) -> ToolProfile:
     """The profile called ``name`` (ValueError naming the known ones)."""
     if name not in PROFILES:
-        raise ValueError(f"unknown harness {name!r}; known: {', '.join(HARNESSES)}")
+        raise ValueError(f"unknown tool profile {name!r}; known: {', '.join(TOOL_PROFILES)}")
     return PROFILES[name]
 
 
-def harness_tools_class(native_cls: type, harness: str) -> type:
-    """The ``environment_factory`` class of ``harness`` over an environment's own tools class
-    (itself for ``native``)."""
-    prof = profile(harness)
+def profile_tools_class(native_cls: type, name: str) -> type:
+    """The ``environment_factory`` class of tool profile ``name`` over an environment's own
+    tools class (itself for ``native``)."""
+    prof = profile(name)
     if prof.tools is None:
         return native_cls
     attrs = {"_native_cls": native_cls, "__doc__": prof.tools.__doc__}
     return type(prof.tools.__name__, (prof.tools,), attrs)
 
 
-def profile_for_format(source_format: str) -> HarnessProfile | None:
+def profile_for_format(source_format: str) -> ToolProfile | None:
     """The profile whose vocabulary a trace format's logs speak, or None."""
     return next((p for p in PROFILES.values() if source_format in p.source_formats), None)
 
@@ -696,20 +698,20 @@ ingestion (traces/harness_tools.py) and replay read them without importing trans
 the environments (seconds); a test checks the file equals the live schemas."""
 
 
-def live_tool_schemas(harness: str) -> list[dict[str, Any]]:
-    """The OpenAI ``tools`` list of a harness built from the adapter's signatures and
+def live_tool_schemas(name: str) -> list[dict[str, Any]]:
+    """The OpenAI ``tools`` list of a tool profile built from the adapter's signatures and
     docstrings by transformers' ``get_json_schema``, as TRL renders them for training."""
     from transformers.utils import get_json_schema
 
     from composer_replication.envs.tools import tool_methods
 
-    prof = profile(harness)
+    prof = profile(name)
     if prof.tools is None:
         raise ValueError("the native tools' schemas belong to each environment's tools class")
     instance = prof.tools.__new__(prof.tools)  # bound methods, no workspace
     out = []
-    for name in tool_methods(prof.tools):
-        schema = get_json_schema(getattr(instance, name))
+    for tool in tool_methods(prof.tools):
+        schema = get_json_schema(getattr(instance, tool))
         schema["function"].pop("return", None)  # not part of OpenAI's function schema
         out.append(schema)
     return out
@@ -720,31 +722,31 @@ def _stored() -> str:
     return SCHEMAS_FILE.read_text(encoding="utf-8")
 
 
-def tool_schemas(harness: str) -> list[dict[str, Any]]:
-    """The OpenAI ``tools`` list of a harness (:data:`SCHEMAS_FILE`): what ingestion keeps on
-    the states of that harness's logs and replay sends teachers."""
-    profile(harness)
+def tool_schemas(name: str) -> list[dict[str, Any]]:
+    """The OpenAI ``tools`` list of a tool profile (:data:`SCHEMAS_FILE`): what ingestion keeps
+    on the states of that harness's logs and replay sends teachers."""
+    profile(name)
     stored = json.loads(_stored())
-    if harness not in stored:
-        raise ValueError(f"harness {harness!r} has no tools of its own")
-    return stored[harness]["tools"]
+    if name not in stored:
+        raise ValueError(f"tool profile {name!r} has no tools of its own")
+    return stored[name]["tools"]
 
 
 def write_schemas() -> None:
     """Regenerate :data:`SCHEMAS_FILE` from the adapters."""
     data = {
         h: {"source_formats": list(PROFILES[h].source_formats), "tools": live_tool_schemas(h)}
-        for h in HARNESSES
+        for h in TOOL_PROFILES
         if PROFILES[h].tools is not None
     }
     SCHEMAS_FILE.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
 
-def tool_names(harness: str) -> frozenset[str]:
+def tool_names(name: str) -> frozenset[str]:
     """The names of a profile's tools (not ``native``: those are each environment's)."""
     from composer_replication.envs.tools import tool_methods
 
-    prof = profile(harness)
+    prof = profile(name)
     return frozenset(tool_methods(prof.tools)) if prof.tools else frozenset()
 
 

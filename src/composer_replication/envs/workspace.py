@@ -1,4 +1,4 @@
-"""The workspace interface: one episode's repository as every harness profile
+"""The workspace interface: one episode's repository as every tool profile
 (envs/profiles.py), grading and the agent episodes (agents/episodes.py) use it.
 
 A workspace environment's tools class (its ``environment_factory``) keeps the episode at a
@@ -9,8 +9,8 @@ stay its tools. TRL 1.16 offers as tools exactly the functions of the class
 attribute holding an object is never offered: the model cannot call ``close`` or
 ``note_write``, and no one needs the tools' private members.
 
-An environment that provides this interface gets every harness profile through
-:func:`composer_replication.envs.profiles.harness_tools_class` (tests/support/tiny_workspace.py
+An environment that provides this interface gets every tool profile through
+:func:`composer_replication.envs.profiles.profile_tools_class` (tests/support/tiny_workspace.py
 is a second, tiny one that does only that).
 """
 

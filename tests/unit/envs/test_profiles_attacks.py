@@ -24,12 +24,12 @@ from composer_replication.envs.feature_deletion import env as fd_env
 
 @pytest.fixture(scope="module")
 def claude(textkit_tasks):
-    return textkit_env(textkit_tasks, harness="claude_code")
+    return textkit_env(textkit_tasks, tool_profile="claude_code")
 
 
 @pytest.fixture(scope="module")
 def codex(textkit_tasks):
-    return textkit_env(textkit_tasks, harness="codex")
+    return textkit_env(textkit_tasks, tool_profile="codex")
 
 
 def _tools(env):

@@ -1,6 +1,6 @@
 """The workspace interface (envs/workspace.py): a second workspace environment
 (tests/support/tiny_workspace.py) that implements only the public ``WorkspaceEpisode`` gets
-every harness profile; each profile's tools read, write and run commands in its repository,
+every tool profile; each profile's tools read, write and run commands in its repository,
 and report writes, refusals and command time through that interface alone."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import pytest
 from support.tiny_workspace import TinyEpisode, TinyTools
 
-from composer_replication.envs.profiles import HARNESSES, harness_tools_class, tool_names
+from composer_replication.envs.profiles import TOOL_PROFILES, profile_tools_class, tool_names
 from composer_replication.envs.tools import tool_methods
 from composer_replication.envs.workspace import WorkspaceEpisode, workspace_episode
 
@@ -44,18 +44,18 @@ SCRIPTS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("harness", [h for h in HARNESSES if h != "native"])
-def test_a_second_workspace_environment_gets_every_harness_profile(harness):
-    cls = harness_tools_class(TinyTools, harness)
-    assert set(tool_methods(cls)) == tool_names(harness)  # the profile's tools, nothing else
+@pytest.mark.parametrize("name", [h for h in TOOL_PROFILES if h != "native"])
+def test_a_second_workspace_environment_gets_every_tool_profile(name):
+    cls = profile_tools_class(TinyTools, name)
+    assert set(tool_methods(cls)) == tool_names(name)  # the profile's tools, nothing else
     tools = cls()
     tools.reset(task_id="tiny-1")
     episode = tools.episode
     assert isinstance(episode, TinyEpisode) and isinstance(episode, WorkspaceEpisode)
     try:
-        for name, args, expected in SCRIPTS[harness]:
-            out = getattr(tools, name)(**args)
-            assert expected in out, (name, out)
+        for tool, args, expected in SCRIPTS[name]:
+            out = getattr(tools, tool)(**args)
+            assert expected in out, (tool, out)
         root = episode.root
         assert (root / "notes/a.txt").read_text() == "alpha\ngamma\n"
         assert (root / "tests/test_b.py").read_text().strip() == "x = 1"
@@ -64,7 +64,7 @@ def test_a_second_workspace_environment_gets_every_harness_profile(harness):
         assert "wrote_test:tests/test_b.py" in episode.flags
         assert any(f.startswith("outside_workspace:") for f in episode.flags)
         assert 0 < episode.spent_s < episode.budget_s  # the commands' time was charged
-        if harness != "bash":  # file tools' writes count against the cap (a shell has its own)
+        if name != "bash":  # file tools' writes count against the cap (a shell has its own)
             assert episode.written > 0
     finally:
         episode.close()
@@ -72,18 +72,18 @@ def test_a_second_workspace_environment_gets_every_harness_profile(harness):
 
 
 def test_the_native_profile_is_the_environments_own_tools():
-    assert harness_tools_class(TinyTools, "native") is TinyTools
+    assert profile_tools_class(TinyTools, "native") is TinyTools
 
 
 def test_the_interface_methods_are_never_offered_as_tools():
     """TRL offers every public function of the class: the workspace is an attribute."""
-    for harness in HARNESSES:
-        offered = set(tool_methods(harness_tools_class(TinyTools, harness)))
+    for name in TOOL_PROFILES:
+        offered = set(tool_methods(profile_tools_class(TinyTools, name)))
         assert not offered & {"episode", "close", "resolve", "note_write", "reserve_write"}
 
 
 def test_a_spent_command_budget_refuses_the_next_command():
-    tools = harness_tools_class(TinyTools, "codex")()
+    tools = profile_tools_class(TinyTools, "codex")()
     tools.reset(task_id="tiny-2")
     try:
         tools.episode.spend(tools.episode.budget_s)
@@ -99,6 +99,6 @@ def test_a_tools_class_without_the_interface_is_refused_naming_it():
             """Start."""
 
     with pytest.raises(TypeError, match="Plain keeps no workspace at `episode`"):
-        harness_tools_class(Plain, "bash")()
+        profile_tools_class(Plain, "bash")()
     with pytest.raises(TypeError, match="Plain"):
         workspace_episode(Plain())

@@ -62,7 +62,7 @@ ATTACKS: dict[str, str] = {
 
 @pytest.fixture(scope="module")
 def env(textkit_tasks):
-    return textkit_env(textkit_tasks, harness="claude_code")
+    return textkit_env(textkit_tasks, tool_profile="claude_code")
 
 
 @pytest.fixture(scope="module")

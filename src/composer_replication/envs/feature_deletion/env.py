@@ -51,8 +51,8 @@ from composer_replication.envs.feature_deletion.source import prepare_source, st
 from composer_replication.envs.feature_deletion.workspace import make_workspace
 from composer_replication.envs.profiles import (
     call_message,
-    harness_tools_class,
     profile,
+    profile_tools_class,
     result_message,
 )
 from composer_replication.envs.tools import encode_text, wire_safe, wire_snippet
@@ -162,7 +162,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         max_output_chars: int = 2000,
         few_shot: bool = True,
         tests_budget_s: float | None = 300.0,
-        harness: str = "native",
+        tool_profile: str = "native",
         min_hidden_tests: int = 0,
         progress=None,
     ):
@@ -172,7 +172,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         self.generation = generation or TaskGenConfig()
         self.reward_mode, self.max_output_chars = reward, max_output_chars
         self.few_shot = few_shot
-        self.harness = profile(harness)  # the tool vocabulary (envs/profiles.py)
+        self.tool_profile = profile(tool_profile)  # the tool vocabulary (envs/profiles.py)
         if tests_budget_s is not None and tests_budget_s < MIN_TEST_RUN_S:
             raise ValueError(f"tests_budget_s must be at least {MIN_TEST_RUN_S} s or None")
         self.tests_budget_s = tests_budget_s
@@ -208,8 +208,8 @@ class FeatureDeletionEnv(ToolEnvironment):
         return self._by_id[task_id]
 
     def row(self, task: Task) -> dict[str, Any]:
-        shots = self.harness.few_shot if self.harness.tools else FEW_SHOT
-        system = self.harness.system or SYSTEM_PROMPT
+        shots = self.tool_profile.few_shot if self.tool_profile.tools else FEW_SHOT
+        system = self.tool_profile.system or SYSTEM_PROMPT
         return {
             "prompt": [
                 {"role": "system", "content": system},
@@ -227,7 +227,7 @@ class FeatureDeletionEnv(ToolEnvironment):
 
         Tools.__doc__ = FeatureDeletionTools.__doc__
         Tools.__name__ = "FeatureDeletionTools"
-        return harness_tools_class(Tools, self.harness.name)
+        return profile_tools_class(Tools, self.tool_profile.name)
 
     def grade(self, task: Task, completion: str | list[dict[str, Any]]) -> StepResult:
         raise TypeError(
@@ -256,7 +256,7 @@ class FeatureDeletionEnv(ToolEnvironment):
 
     def _grade_one(self, task: Task, messages: list[dict[str, Any]], tools) -> StepResult:
         root = self.roots[task.task_id]
-        ep = getattr(tools, "episode", None)  # the native tools' or a harness adapter's
+        ep = getattr(tools, "episode", None)  # the native tools' or a profile adapter's
         if not isinstance(ep, FeatureDeletionEpisode) or ep.root is None:
             return StepResult("", 0.0, True, False, "no workspace (reset was not called)")
         cache_read = showed_probe(ep.probe, messages)
@@ -278,7 +278,7 @@ class FeatureDeletionEnv(ToolEnvironment):
                 "submitted": ep.submitted, "edits": ep.edits,
                 "cache_read": cache_read}  # fmt: skip
         if not v.passed:
-            turn = _blamed_turn(messages, self.harness.command_tools)
+            turn = _blamed_turn(messages, self.tool_profile.command_tools)
             info.update(failed_turn=turn, reason=v.feedback.splitlines()[0] if v.feedback else "")
         ep.close()
         return StepResult(v.feedback, v.reward, True, v.passed, v.feedback, info)
@@ -286,7 +286,7 @@ class FeatureDeletionEnv(ToolEnvironment):
 
 def _blamed_turn(messages: list[dict[str, Any]], names: frozenset[str]) -> int:
     """The last assistant turn that called one of ``names`` (the tools that run the tests or
-    submit, per harness profile), else the last turn."""
+    submit, per tool profile), else the last turn."""
     assistant = [m for m in messages if m.get("role") == "assistant"]
     for i in range(len(assistant) - 1, -1, -1):
         called = {c.get("function", c).get("name") for c in assistant[i].get("tool_calls") or []}
@@ -298,7 +298,7 @@ def _blamed_turn(messages: list[dict[str, Any]], names: frozenset[str]) -> int:
 class FeatureDeletionEpisode:
     """One episode's workspace (envs/workspace.py's ``WorkspaceEpisode``): the repository at
     the task's state, its path and write checks, its test-time budget and its flags; what the
-    harness profiles, grading and the agent episodes use."""
+    tool profiles, grading and the agent episodes use."""
 
     def __init__(self, env: FeatureDeletionEnv) -> None:
         self._env = env
