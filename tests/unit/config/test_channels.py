@@ -12,6 +12,7 @@ from composer_replication.config import RunConfig
 from composer_replication.config.channels import ChannelSection
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "composer_replication"
+SECTIONS = ("sdpo", "replay", "distill")
 
 
 @pytest.mark.parametrize("name", ["sdpo", "replay", "distill"])
@@ -28,17 +29,16 @@ def test_run_config_records_only_the_enabled_sections():
 
 
 def test_no_module_rederives_a_channel_switch_from_its_weight():
-    """``cfg.<section>.weight > 0`` (or ``<= 0``) outside the section itself."""
+    """``cfg.<section>.weight > 0`` (or ``<= 0``, or ``getattr(cfg, name).weight > 0``)
+    outside the section itself; 9 places before issue 59."""
     found = []
     for path in sorted(SRC.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Compare) or not isinstance(node.left, ast.Attribute):
                 continue
-            left = node.left
-            if (
-                left.attr == "weight"
-                and isinstance(left.value, ast.Attribute)
-                and (left.value.attr in ("sdpo", "replay", "distill"))
-            ):
+            owner = node.left.value
+            section = isinstance(owner, ast.Attribute) and owner.attr in SECTIONS
+            looked_up = isinstance(owner, ast.Call) and ast.unparse(owner.func) == "getattr"
+            if node.left.attr == "weight" and (section or looked_up):
                 found.append(f"{path.relative_to(SRC)}:{node.lineno}: {ast.unparse(node)}")
     assert found == []
