@@ -125,7 +125,7 @@ class WorkspaceTools:
     @property
     def episode(self) -> WorkspaceEpisode:
         """The workspace (the environment's own tools instance's): what grading uses."""
-        return workspace_episode(self._native)
+        return self._native.episode  # checked to be one at __init__
 
     # what the metrics and tests read
     workspace = property(lambda self: self.episode.root)
