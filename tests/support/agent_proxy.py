@@ -69,11 +69,25 @@ class Held(Played):
         return Completion(ids, logprobs, queued_s=self.hold_s)
 
 
-def trainer_stub(max_completion_length: int = 4096):
-    """What ``AgentEpisodes`` reads of a trainer when its policy is given explicitly."""
-    return SimpleNamespace(max_completion_length=max_completion_length,
-                           model=SimpleNamespace(training=True),
-                           _metrics={"train": defaultdict(list), "eval": defaultdict(list)})  # fmt: skip
+class TrainerStub:
+    """What ``AgentEpisodes`` uses of a trainer when its policy is given explicitly: the
+    completion limit, the model's mode, the dataset rows of the prompts (``rollout_rows``)
+    and ``log_metric`` (values kept in ``logged``)."""
+
+    def __init__(self, rows: list[dict], max_completion_length: int = 4096) -> None:
+        self.rollout_rows = list(rows)
+        self.max_completion_length = max_completion_length
+        self.model = SimpleNamespace(training=True)
+        self.logged: dict[str, defaultdict[str, list[float]]] = {
+            "train": defaultdict(list), "eval": defaultdict(list)}  # fmt: skip
+
+    def log_metric(self, key: str, value: float, mode: str | None = None) -> None:
+        self.logged[mode or "train"][key].append(float(value))
+
+
+def trainer_stub(rows: list[dict], max_completion_length: int = 4096) -> TrainerStub:
+    """A :class:`TrainerStub` generating for ``rows``."""
+    return TrainerStub(rows, max_completion_length)
 
 
 class BranchingLlama(ScriptedLlama):

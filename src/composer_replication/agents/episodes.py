@@ -4,7 +4,8 @@ functions, ``env_mask`` masks the loss like ``tool_mask``).
 
 Per prompt TRL hands over (its batch already repeats each prompt ``num_generations`` times):
 
-1. the task is the environment's task whose user message the prompt ends with;
+1. the task is the one the prompt's dataset row names (``task_id``: the trainer's
+   ``rollout_rows``, in the order of the prompts; two tasks may share one text);
 2. a fresh workspace (the environment's own ``reset``);
 3. the harness runs on it inside the sandbox (agents/sandboxed.py) with a fresh proxy key,
    the proxy answering with the trainer's current policy (agents/policy.py's
@@ -57,7 +58,8 @@ from composer_replication.envs.base import (
     log_infra_metrics,
     machine_failed,
 )
-from composer_replication.lm.chat import as_messages, content_text, render_prompt
+from composer_replication.envs.workspace import workspace_episode
+from composer_replication.lm.chat import render_prompt
 from composer_replication.sandbox.infra import InfraFailure
 from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 from composer_replication.sandbox.shell import ShellResult
@@ -128,7 +130,7 @@ class AgentEpisodes:
                  policy: Policy | None = None):  # fmt: skip
         self.env, self.cfg, self.tokenizer, self._policy = env, cfg, tokenizer, policy
         self.venv = harness_venv(cfg)
-        self._tasks = {env.user_message(t): t for s in ("train", "heldout") for t in env.tasks(s)}
+        self._tasks = {t.task_id: t for s in ("train", "heldout") for t in env.tasks(s)}
         self.box = Sandbox(SandboxConfig(memory_mb=cfg.memory_mb))
         self.proxy: PolicyProxy | None = None
         self._socket_dir = ""
@@ -136,7 +138,7 @@ class AgentEpisodes:
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         self._start(trainer)
-        tasks = [self._task_of(p) for p in prompts]
+        tasks = self._tasks_of(prompts, getattr(trainer, "rollout_rows", None))
         workers = episode_workers(len(tasks), self.cfg.workers)
         with ThreadPoolExecutor(workers, thread_name_prefix="cr-agent") as pool:
             episodes = list(pool.map(self.run_episode, tasks))
@@ -161,11 +163,10 @@ class AgentEpisodes:
         return ep
 
     def _run(self, ep: Episode) -> None:
-        from composer_replication.sandbox.pytest_suite import pytest_tools
-
         task = ep.task
         ep.tools = self.env.tools_class()()
         ep.tools.reset(task_id=task.task_id)
+        workspace = workspace_episode(ep.tools)
         key = self.proxy.open_episode()
         command, env = harness_command(self.cfg.harness, self.cfg.command)
         env = (*env, ("OPENAI_API_KEY", key), ("AGENT_TASK", self.env.user_message(task)),
@@ -173,11 +174,10 @@ class AgentEpisodes:
         run = AgentRun(command, self.venv, env, port=self.cfg.port, timeout_s=self.cfg.timeout_s,
                        max_wait_s=self.cfg.max_policy_wait_s,
                        max_processes=self.cfg.max_processes)  # fmt: skip
-        reqs = tuple(task.data.get("test_requirements", ()))
         start = time.monotonic()
         try:
-            ep.run = run_agent(self.box, ep.tools.workspace, run, self._socket_dir, SOCKET,
-                               python_path=(pytest_tools(reqs),),
+            ep.run = run_agent(self.box, workspace.root, run, self._socket_dir, SOCKET,
+                               python_path=workspace.python_path,
                                policy_wait=lambda: self.proxy.policy_wait(key))  # fmt: skip
         except InfraFailure as e:  # the sandbox start or slot wait, before any request
             ep.infra = e
@@ -189,8 +189,8 @@ class AgentEpisodes:
             ep.queued_s, ep.policy_s = record.queued_s, record.policy_s
             ep.waited_s = record.waited_s
         for rel in ep.run.changed:
-            ep.tools._note_write(rel)
-        ep.tools.flags.extend(ep.run.refused)
+            workspace.note_write(rel)
+        workspace.flag(*ep.run.refused)
 
     def grade(self, episodes: list[Episode]) -> list[StepResult]:
         """The environment's grading of each episode's workspace (removes the workspaces);
@@ -220,13 +220,17 @@ class AgentEpisodes:
             self.proxy = None
             remove_socket_dir(self._socket_dir)
 
-    def _task_of(self, prompt: Any) -> Task:
-        users = [m for m in as_messages(prompt) if m.get("role") == "user"]
-        text = content_text(users[-1]) if users else ""
-        if text not in self._tasks:
-            raise KeyError(f"agent_proxy: the prompt {text[:80]!r} poses no task of "
-                           f"{self.env.name}")  # fmt: skip
-        return self._tasks[text]
+    def _tasks_of(self, prompts: list[Any], rows: list[dict[str, Any]] | None) -> list[Task]:
+        """The task of each prompt: the ``task_id`` of its dataset row (``rows``, in the order
+        of the prompts: the trainer's ``rollout_rows``)."""
+        if rows is None or len(rows) != len(prompts):
+            raise ValueError(f"agent_proxy: {len(prompts)} prompts came without their dataset "
+                             "rows (the trainer's rollout_rows)")  # fmt: skip
+        ids = [row.get("task_id") for row in rows]
+        unknown = [i for i in ids if i not in self._tasks]
+        if unknown:
+            raise KeyError(f"agent_proxy: task_id {unknown[0]!r} is no task of {self.env.name}")
+        return [self._tasks[i] for i in ids]
 
     def _batch(self, prompts, joined: list[Joined | None], results) -> dict[str, list]:
         eos = self.tokenizer.eos_token_id
@@ -266,14 +270,15 @@ class AgentEpisodes:
             "agent/own_seconds": sum(max(e.seconds - e.waited_s, 0.0) for e in episodes) / n,
         }
         for key, value in values.items():
-            trainer._metrics[mode][key].append(float(value))
+            trainer.log_metric(key, value, mode)
 
 
 def _failed(ep: Episode) -> StepResult:
     """The verdict of an episode that failed (``ep.error``): 0, flagged; its workspace removed."""
-    flags = list(getattr(ep.tools, "flags", None) or [])
-    if ep.tools is not None and hasattr(ep.tools, "_close"):
-        ep.tools._close()
+    workspace = getattr(ep.tools, "episode", None)
+    flags = list(getattr(workspace, "flags", None) or [])
+    if workspace is not None:
+        workspace.close()
     why = f"the episode failed: {ep.error}"
     kind = ep.error.partition(":")[0]
     return StepResult(

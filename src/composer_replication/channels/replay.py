@@ -102,8 +102,8 @@ def vocabulary_mismatch(rows: list[dict[str, Any]], run_tools: set[str]) -> str 
     return (
         f"channel 3's pairs use tools the run's environment does not offer ({shown}; the "
         f"run's tools: {', '.join(sorted(run_tools)) or 'none'}): the preference loss trains "
-        "on a tool vocabulary the rollouts never use. Train with the matching harness "
-        "profile (env.harness=claude_code for Claude Code logs, codex for Codex CLI logs)."
+        "on a tool vocabulary the rollouts never use. Train with the matching tool "
+        "profile (env.tool_profile=claude_code for Claude Code logs, codex for Codex CLI logs)."
     )
 
 

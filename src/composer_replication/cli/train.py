@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from types import SimpleNamespace
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -172,10 +173,12 @@ def eval_command(
         list[str] | None,
         typer.Option("--task-source", help="feature_deletion: a directory or name==version"),
     ] = None,
-    harness: Annotated[
+    tool_profile: Annotated[
         str,
         typer.Option(
-            "--harness", help="feature_deletion: native, claude_code, codex or bash (tool names)"
+            "--tool-profile",
+            "--harness",  # its name before issue 59
+            help="feature_deletion: native, claude_code, codex or bash (the tools' vocabulary)",
         ),
     ] = "native",
     show: Annotated[int, typer.Option("--show", min=0, help="print this many completions")] = 5,
@@ -189,7 +192,7 @@ def eval_command(
 ) -> None:
     """Greedy pass@1 and mean reward with 95% CIs on a task split."""
     from composer_replication.config import SandboxConfig
-    from composer_replication.envs import get_env
+    from composer_replication.envs import build_env
     from composer_replication.evaluation import evaluate
     from composer_replication.lm.models import load_model, load_tokenizer, resolve_model_source
     from composer_replication.progress import progress_bar
@@ -197,21 +200,11 @@ def eval_command(
     quiet_libraries()
     with exit_on(ValueError, FileNotFoundError):
         resolve_model_source(model)  # a bad name fails before the task set is built
-        if env == "feature_deletion":
-            from composer_replication.sandbox.pytest_suite import require_pytest
-
-            require_pytest()
-        if env == "arithmetic":
-            kwargs: dict = {"levels": parse_levels(levels)}
-        elif env == "humaneval":
-            kwargs = {
-                "sandbox": SandboxConfig(unsafe_run_without_isolation=unsafe_run_without_isolation)
-            }
-        elif env == "feature_deletion":
-            kwargs = {"harness": harness, **({"sources": task_source} if task_source else {})}
-        else:
-            kwargs = {}
-        environment = get_env(env, **kwargs)
+        sandbox = SandboxConfig(unsafe_run_without_isolation=unsafe_run_without_isolation)
+        section = eval_env_section(env, levels=parse_levels(levels), task_sources=task_source,
+                                   tool_profile=tool_profile)  # fmt: skip
+        check_env_needs(SimpleNamespace(env=section, sandbox=sandbox))
+        environment = build_env(section, sandbox)  # as `train` builds its environment
         try:  # an unknown --split: before the model
             total = min(n, len(environment.tasks(split)))
         except ValueError as err:
@@ -225,6 +218,17 @@ def eval_command(
         console.print(f"[{'green' if ok else 'red'}]{tid}[/] {comp!r}")
     s = res.summary()
     console.print(f"{model} on {env}/{split}: n={s['n']}  pass@1 {format_eval(s)}")
+
+
+def eval_env_section(name: str, **options: Any) -> Any:
+    """The ``env`` config section ``eval`` runs on: environment ``name`` with those of the
+    command's ``options`` its section has (``levels`` for arithmetic, ``task_sources`` and
+    ``tool_profile`` for feature_deletion), validated as a run config's ``env`` is."""
+    from composer_replication.config.env import ENV_CONFIGS, env_config
+
+    fields = ENV_CONFIGS[name].model_fields if name in ENV_CONFIGS else {}
+    given = {k: v for k, v in options.items() if v is not None and k in fields}
+    return env_config({"name": name, **given})
 
 
 def parse_levels(text: str) -> list[int]:

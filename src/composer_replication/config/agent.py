@@ -9,8 +9,6 @@ from pydantic import Field, model_validator
 
 from composer_replication.config.base import StrictModel
 
-AGENT_HARNESSES = ("mini_swe_agent", "command")
-
 
 class AgentProxyConfig(StrictModel):
     """Per prompt and generation: a fresh workspace of the environment, the harness run in it

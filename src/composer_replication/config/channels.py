@@ -126,7 +126,19 @@ def _default_loss_type(section: str) -> str:
     return {"sdpo": "jsd", "replay": "dpo"}[section]
 
 
-class SdpoConfig(StrictModel):
+class ChannelSection(StrictModel):
+    """A loss channel's config section: it answers whether the channel is on."""
+
+    weight: float
+
+    @property
+    def enabled(self) -> bool:
+        """The one predicate that switches a channel on: ``weight > 0`` (a channel whose
+        weight is 0 is never built and costs nothing)."""
+        return self.weight > 0
+
+
+class SdpoConfig(ChannelSection):
     """Channel 2: hint-conditioned self-distillation (SDPO/OPSD)."""
 
     weight: float = Field(0.0, ge=0.0, le=1000.0)
@@ -200,7 +212,7 @@ class SdpoConfig(StrictModel):
         return self
 
 
-class ReplayChannelConfig(StrictModel):
+class ReplayChannelConfig(ChannelSection):
     """Channel 3: preference loss on pairs from multi-teacher trace replay."""
 
     weight: float = Field(0.0, ge=0.0, le=1000.0)
@@ -226,7 +238,7 @@ class ReplayChannelConfig(StrictModel):
 
     @model_validator(mode="after")
     def _needs_data(self) -> ReplayChannelConfig:
-        if self.weight > 0 and not self.dataset:
+        if self.enabled and not self.dataset:
             raise ValueError("weight > 0 needs dataset (a preference JSONL or directory)")
         return self
 
@@ -387,7 +399,7 @@ def _check_loss_keys(loss: dict[str, Any], defaulted: bool) -> None:
             )
 
 
-class DistillConfig(StrictModel):
+class DistillConfig(ChannelSection):
     """The on-policy distillation channel (``distill``): stronger teachers score the student's
     own completion tokens and the student is pulled toward them (channels/distill.py)."""
 
@@ -444,7 +456,7 @@ class DistillConfig(StrictModel):
         names = [t.name for t in self.teachers]
         if len(set(names)) != len(names):
             raise ValueError(f"teacher names must be unique: {names}")
-        if self.weight > 0 and not self.teachers:
+        if self.enabled and not self.teachers:
             raise ValueError("weight > 0 needs at least one teacher (distill.teachers)")
         route = self.route
         if isinstance(route, SingleRoute) and len(self.teachers) > 1:

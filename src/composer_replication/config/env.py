@@ -224,7 +224,7 @@ class FeatureDeletionEnvConfig(ToolEnvConfig):
     the agent's workspace does not hold). A task whose every target test is visible can be
     passed by a lookup table of the visible tests' expected values; 1 rules that out (the
     shipped ``feature_deletion.yaml`` sets it; 0 keeps every generated task)."""
-    harness: Literal["native", "claude_code", "codex", "bash"] = "native"
+    tool_profile: Literal["native", "claude_code", "codex", "bash"] = "native"
     """The tool vocabulary the agent gets (envs/profiles.py, docs/agents.md): the
     environment's own tools, Claude Code's (``Read``, ``Write``, ``Edit``, ``Bash``, ``Grep``,
     ``Glob``), Codex CLI's (``shell``, ``apply_patch``) or one ``bash`` tool, over the same
@@ -232,10 +232,10 @@ class FeatureDeletionEnvConfig(ToolEnvConfig):
     ``tests_budget_s``."""
 
     @model_validator(mode="after")
-    def _harness_runs_here(self) -> FeatureDeletionEnvConfig:
-        if self.harness != "native" and self.openenv_url:
+    def _profile_runs_here(self) -> FeatureDeletionEnvConfig:
+        if self.tool_profile != "native" and self.openenv_url:
             raise ValueError(
-                f"env.harness={self.harness}: harness profiles wrap the tools of a workspace in "
+                f"env.tool_profile={self.tool_profile}: tool profiles wrap the tools of a workspace in "
                 f"this process, not an OpenEnv server's (openenv_url={self.openenv_url!r})"
             )
         return self
@@ -245,7 +245,7 @@ class FeatureDeletionEnvConfig(ToolEnvConfig):
                 "generation": self.task_generation, "reward": self.reward,
                 "heldout_fraction": self.heldout_fraction,
                 "max_output_chars": self.max_tool_output_chars, "few_shot": self.few_shot,
-                "tests_budget_s": self.tests_budget_s, "harness": self.harness,
+                "tests_budget_s": self.tests_budget_s, "tool_profile": self.tool_profile,
                 "min_hidden_tests": self.min_hidden_tests}  # fmt: skip
 
 

@@ -355,11 +355,7 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _advantage_needs_the_policy_loss(self) -> RunConfig:
         loss = self.distill.loss
-        if (
-            self.distill.weight > 0
-            and getattr(loss, "as_advantage", False)
-            and not self.grpo.weight
-        ):
+        if self.distill.enabled and getattr(loss, "as_advantage", False) and not self.grpo.weight:
             raise ValueError(
                 "distill.loss.as_advantage=true trains through GRPO's loss: grpo.weight must be > 0"
             )
@@ -386,14 +382,15 @@ class RunConfig(StrictModel):
         return {
             name: getattr(self, name).model_dump(mode="json")
             for name in CHANNEL_SECTIONS
-            if getattr(self, name).weight > 0
+            if getattr(self, name).enabled
         }
 
 
 log = logging.getLogger(__name__)
 
 DEPRECATED_KEYS = {
-    ("generation", "vllm", "async_rollouts", "max_staleness"): ("rollout", "max_staleness")
+    ("generation", "vllm", "async_rollouts", "max_staleness"): ("rollout", "max_staleness"),
+    ("env", "harness"): ("env", "tool_profile"),
 }
 """Old key -> its new place: `fold_deprecated_keys` moves a value given under the old key."""
 

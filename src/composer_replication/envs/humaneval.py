@@ -2,7 +2,7 @@
 verifiable environment; reward 1.0 if every assertion holds, else 0.0, and the feedback is the
 failing assertion or error (what the hint channel shows the self-teacher).
 
-Grading is split so that the candidate cannot forge a verdict (sandbox/sandbox.py, harness.py):
+Grading is split so that the candidate cannot forge a verdict (sandbox/sandbox.py, wire.py):
 
 * the candidate program (prompt + completion, no tests) is loaded in a bubblewrap sandbox that
   serves its entry point over a pipe;
@@ -41,9 +41,9 @@ from composer_replication.envs.base import (
     machine_failed,
     unit_hash,
 )
-from composer_replication.sandbox.harness import preview
 from composer_replication.sandbox.infra import InfraFailure, ended_as, recheck
 from composer_replication.sandbox.sandbox import SLOTS, CandidateFailure, CandidateSession, Sandbox
+from composer_replication.sandbox.wire import preview
 
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.DOTALL)
 TEST_FILE = "<humaneval-test>"
@@ -137,7 +137,9 @@ def run_check(task: Task, session: CandidateSession) -> str | None:
         if e.ended:  # the program did not answer: maybe the machine's (HumanEvalEnv.grade)
             raise
         return e.feedback
-    except AssertionError as e:  # candidate values become text only through preview (harness)
+    except (
+        AssertionError
+    ) as e:  # candidate values become text only through preview (sandbox/wire.py)
         got, message = preview(candidate.last, 200), preview(e, 200, str)
         detail = f" ({message})" if message else ""
         return f"failing test: {_assert_line(e, task.data['test'])}{detail} (got {got})"

@@ -1,5 +1,6 @@
-"""Harness profiles: a workspace environment's tools in the vocabulary of the agent harness a
-model will run in (``env.harness``).
+"""Tool profiles: a workspace environment's tools in the vocabulary of the agent harness a
+model will run in (``env.tool_profile``; ``env.harness`` before issue 59: "harness" now means
+only the agent program, agents/harnesses.py, and the grading script is sandbox/wire.py).
 
 ``native`` is the environment's own tools (``list_files``, ``read_file``, ``search``,
 ``write_file``, ``replace_in_file``, ``run_tests``, ``submit``). The others give the tool
@@ -13,13 +14,16 @@ public documentation and the logs we ingest (traces/) show them, over the same w
   output and exit code) and ``apply_patch`` (Codex's patch format, envs/patch.py);
 * ``bash``: one ``bash`` tool.
 
-A profile is data (:class:`HarnessProfile`) plus a thin adapter class whose public methods
+A profile is data (:class:`ToolProfile`) plus a thin adapter class whose public methods
 are the tools (TRL renders their signatures and docstrings as the tool schemas, exactly as for
-the native class). An adapter holds the environment's own tools instance and goes through its
-path check (``_path``: the same refusals and ``outside_workspace`` / ``read_bytecode``
-flags), its write check (``_note_write``: ``wrote_test`` / ``wrote_config``), its workspace,
-its test-time budget and its grading, which reads ``workspace``, ``flags``, ``submitted`` and
-``_close`` from the adapter. Shell commands run under the sandbox (sandbox/shell.py) on a copy of
+the native class). An adapter works on the environment's workspace only through its public
+interface (envs/workspace.py's ``WorkspaceEpisode``, the native tools instance's
+``episode``): the path check (``resolve``: the same refusals and ``outside_workspace`` /
+``read_bytecode`` flags), the write checks (``write_refusal``, ``reserve_write``,
+``note_write``: ``wrote_test`` / ``wrote_config``), the command budget, the sandbox and
+``close``; grading reads the same ``episode`` from the adapter. Any environment whose tools
+class provides that interface gets every profile (:func:`profile_tools_class`).
+Shell commands run under the sandbox (sandbox/shell.py) on a copy of
 the workspace seen at ``/repo``; what they change comes back as regular files only, and is
 flagged like the file tools' writes. Regex search (``Grep``) runs in that sandbox too, never
 in the trainer's process (a policy-written pattern can backtrack for days).
@@ -40,11 +44,13 @@ from typing import Any
 
 from composer_replication.envs.patch import PatchError, apply_patch, summary
 from composer_replication.envs.tools import encode_text, wire_safe, wire_snippet
+from composer_replication.envs.workspace import WorkspaceEpisode, workspace_episode
 from composer_replication.sandbox.journal import TreeJournal
 from composer_replication.sandbox.sandbox import SLOTS
 from composer_replication.sandbox.shell import REPO, ShellResult, run_shell
 
-HARNESSES = ("native", "claude_code", "codex", "bash")
+TOOL_PROFILES = ("native", "claude_code", "codex", "bash")
+"""The tool profiles (``env.tool_profile``), ``native`` first."""
 MAX_SHELL_TIMEOUT_S = 600.0
 """Longest a single command may run (Claude Code's own cap on ``Bash``'s timeout)."""
 MIN_SHELL_S = 1.0
@@ -98,14 +104,16 @@ def harness_tool(error: Callable[[str], str]) -> Callable:
 
 class WorkspaceTools:
     """Base of the adapters: holds the environment's own tools instance (``_native_cls``, set
-    by :func:`harness_tools_class`) and forwards what grading reads. Public methods of a
-    subclass are its tools."""
+    by :func:`profile_tools_class`) for its ``reset``, and works on its workspace only through
+    the public interface (``episode``: envs/workspace.py's ``WorkspaceEpisode``). Public
+    methods of a subclass are its tools."""
 
     _native_cls: type
     _error_prefix, _error_suffix = "", ""
 
     def __init__(self) -> None:
         self._native = self._native_cls()
+        workspace_episode(self._native)  # a TypeError now, not at the first tool call
         self._lock = threading.Lock()  # one command at a time on a workspace
         self._read: set[str] = set()
 
@@ -114,21 +122,19 @@ class WorkspaceTools:
         self._read = set()
         return self._native.reset(**row)
 
-    # what grading and the metrics read
-    workspace = property(lambda self: self._native.workspace)
-    flags = property(lambda self: self._native.flags)
-    submitted = property(lambda self: self._native.submitted)
-    task = property(lambda self: self._native.task)
-    test_seconds = property(lambda self: self._native.test_seconds)
-    edits = property(lambda self: self._native.edits)
-    probe = property(lambda self: self._native.probe)
+    @property
+    def episode(self) -> WorkspaceEpisode:
+        """The workspace (the environment's own tools instance's): what grading uses."""
+        return self._native.episode  # checked to be one at __init__
 
-    def _close(self) -> None:
-        self._native._close()
+    # what the metrics and tests read
+    workspace = property(lambda self: self.episode.root)
+    flags = property(lambda self: self.episode.flags)
+    task = property(lambda self: self.episode.task)
 
     @property
     def _max_chars(self) -> int:
-        return self._native._env.max_output_chars
+        return self.episode.max_output_chars
 
     def _err(self, text: str) -> str:
         return f"{self._error_prefix}{text}{self._error_suffix}"
@@ -141,7 +147,7 @@ class WorkspaceTools:
             path = "."
         elif path.startswith(REPO + "/"):
             path = path[len(REPO) + 1 :] or "."
-        target = self._native._path(path)
+        target = self.episode.resolve(path)
         if isinstance(target, str):
             return self._err(target.removeprefix("error: "))
         return target
@@ -160,10 +166,10 @@ class WorkspaceTools:
         data = text if isinstance(text, bytes) else encode_text(text)
         if isinstance(data, str):
             return self._err(data.removeprefix("error: "))
-        if refused := self._native._over_write_caps(len(data)):
+        if refused := self.episode.reserve_write(len(data)):
             return self._err(refused.removeprefix("error: "))
         root = self.workspace.resolve()
-        self._native._note_write(target.relative_to(root).as_posix())
+        self.episode.note_write(target.relative_to(root).as_posix())
         if journal is not None:
             journal.makedirs(target.parent)
             journal.write(target, data)
@@ -177,8 +183,8 @@ class WorkspaceTools:
         """Run ``command`` in the sandbox on the workspace; its time, from the moment it has a
         sandbox slot, comes out of the episode's test-time budget (commands are how these
         harnesses run the tests)."""
-        native = self._native
-        if native.workspace is None or native.task is None:
+        ep = self.episode
+        if ep.root is None or ep.task is None:
             return self._err("no workspace")
         try:
             want = float(timeout_s)
@@ -186,30 +192,25 @@ class WorkspaceTools:
             return self._err("the timeout must be a number")
         if want != want:  # NaN
             return self._err("the timeout must be a number")
-        budget = native._env.tests_budget_s
-        left = None if budget is None else budget - native.test_seconds
+        budget = ep.budget_s
+        left = None if budget is None else budget - ep.spent_s
         if left is not None and left < MIN_SHELL_S:
             return self._err(f"this episode's command time ({budget:g} s) is spent")
         limit = min(max(want, MIN_SHELL_S), MAX_SHELL_TIMEOUT_S, left or MAX_SHELL_TIMEOUT_S)
         command = str(command)
-        native.flags.extend(command_flags(command))
+        ep.flag(*command_flags(command))
         with self._lock, SLOTS.held():  # as native run_tests: the wait for a slot is not
             start = time.monotonic()  # this episode's time (it is other rollouts' load)
             try:
-                res = run_shell(native._env.box, native.workspace, command, limit,
-                                max_output_chars=self._max_chars, python_path=self._python_path(),
+                res = run_shell(ep.box, ep.root, command, limit,
+                                max_output_chars=self._max_chars, python_path=ep.python_path,
                                 apply=not read_only)  # fmt: skip
             finally:
-                native.test_seconds += time.monotonic() - start
+                ep.spend(time.monotonic() - start)
         for rel in res.changed:
-            native._note_write(rel)
-        native.flags.extend(res.refused)
+            ep.note_write(rel)
+        ep.flag(*res.refused)
         return res
-
-    def _python_path(self) -> tuple[str, ...]:
-        from composer_replication.sandbox.pytest_suite import pytest_tools
-
-        return (pytest_tools(tuple(self.task.get("test_requirements", ()))),)
 
     def _grep(self, pattern: str, path: str, glob: str, mode: str) -> str | list[str]:
         """``grep -E`` in the sandbox (read-only): matching lines or files, as ``/repo`` paths."""
@@ -254,7 +255,7 @@ class ClaudeCodeTools(WorkspaceTools):
         if isinstance(target, str):
             return target
         if target.suffix in (".pyc", ".pyo") or "__pycache__" in target.parts:
-            self.flags.append(f"read_bytecode:{wire_snippet(file_path, 80)}")
+            self.episode.flag(f"read_bytecode:{wire_snippet(file_path, 80)}")
             return self._err("This tool cannot read binary files.")
         if target.is_dir():
             return self._err("EISDIR: illegal operation on a directory, read")
@@ -331,7 +332,7 @@ class ClaudeCodeTools(WorkspaceTools):
                 f"String: {old}"
             )
         chars = len(text) + count * (len(new) - len(old))
-        if refused := self._native._write_refusal([chars], unit="characters"):
+        if refused := self.episode.write_refusal([chars], unit="characters"):
             return self._err(refused.removeprefix("error: "))  # asked before the text is built
         if err := self._write(target, encode_preserving(text.replace(old, new))):
             return err
@@ -388,32 +389,31 @@ class ClaudeCodeTools(WorkspaceTools):
             pattern: The glob pattern to match files against.
             path: The directory to search in (default: the repository, /repo).
         """
-        return _glob(self, pattern, path) or "No files found"
+        return self._glob(pattern, path) or "No files found"
 
-
-def _glob(tools: WorkspaceTools, pattern: Any, path: Any) -> str:
-    """``Glob`` in the trainer's process (pathlib). Each ``**`` component walks every
-    directory below the one it starts from, so k of them cost the tree's depth to the power
-    k - 1: consecutive ones mean one and are merged, and at most :data:`MAX_GLOB_STARS`
-    remain."""
-    base = tools._resolve(path or REPO)
-    if isinstance(base, str):
-        return base
-    pat = str(pattern)
-    if not pat or pat.startswith("/") or ".." in Path(pat).parts or "\x00" in pat:
-        return tools._err("the pattern must be relative to the directory, without ..")
-    parts: list[str] = []
-    for part in pat.split("/"):
-        if part != "**" or parts[-1:] != ["**"]:
-            parts.append(part)
-    if parts.count("**") > MAX_GLOB_STARS:
-        return tools._err(f"the pattern may hold at most {MAX_GLOB_STARS} ** components")
-    pat = "/".join(parts)
-    if not base.is_dir():
-        return tools._err(f"{wire_snippet(path)} is not a directory")
-    hits = sorted(tools._shown(p) for p in base.glob(pat)
-                  if p.is_file() and ".git" not in p.relative_to(base).parts)  # fmt: skip
-    return "\n".join(hits[:MAX_LISTED])
+    def _glob(self, pattern: Any, path: Any) -> str:
+        """``Glob`` in the trainer's process (pathlib). Each ``**`` component walks every
+        directory below the one it starts from, so k of them cost the tree's depth to the power
+        k - 1: consecutive ones mean one and are merged, and at most :data:`MAX_GLOB_STARS`
+        remain."""
+        base = self._resolve(path or REPO)
+        if isinstance(base, str):
+            return base
+        pat = str(pattern)
+        if not pat or pat.startswith("/") or ".." in Path(pat).parts or "\x00" in pat:
+            return self._err("the pattern must be relative to the directory, without ..")
+        parts: list[str] = []
+        for part in pat.split("/"):
+            if part != "**" or parts[-1:] != ["**"]:
+                parts.append(part)
+        if parts.count("**") > MAX_GLOB_STARS:
+            return self._err(f"the pattern may hold at most {MAX_GLOB_STARS} ** components")
+        pat = "/".join(parts)
+        if not base.is_dir():
+            return self._err(f"{wire_snippet(path)} is not a directory")
+        hits = sorted(self._shown(p) for p in base.glob(pat)
+                      if p.is_file() and ".git" not in p.relative_to(base).parts)  # fmt: skip
+        return "\n".join(hits[:MAX_LISTED])
 
 
 class CodexTools(WorkspaceTools):
@@ -497,7 +497,7 @@ class CodexTools(WorkspaceTools):
             for c in changes:
                 target = self._resolve(c.path)
                 if c.op == "D" or c.move_to:
-                    self._native._note_write(c.path)
+                    self.episode.note_write(c.path)
                     journal.remove(target)
                 if c.op != "D":
                     dest = self._resolve(c.move_to) if c.move_to else target
@@ -508,7 +508,7 @@ class CodexTools(WorkspaceTools):
         """The bytes of ``texts`` (:func:`encode_preserving`); raise :class:`PatchError`
         before anything is written if they would pass the write caps together."""
         data = [encode_preserving(text) for text in texts]  # the patch itself is UTF-8
-        if refused := self._native._write_refusal([len(d) for d in data]):
+        if refused := self.episode.write_refusal([len(d) for d in data]):
             raise PatchError(refused.removeprefix("error: "))
         return data
 
@@ -562,8 +562,8 @@ class BashTools(WorkspaceTools):
 
 
 @dataclass(frozen=True)
-class HarnessProfile:
-    """One harness's tool vocabulary over a workspace environment."""
+class ToolProfile:
+    """One agent harness's tool vocabulary over a workspace environment."""
 
     name: str
     tools: type | None
@@ -605,9 +605,9 @@ _TEST = "python -m pytest -q tests/test_ops.py::test_double"
 _PASSED = "1 passed in 0.01s"
 _PATCH = f"*** Begin Patch\n*** Update File: mathy/ops.py\n@@ def double(x):\n-{_STUB}\n+    return 2 * x\n*** End Patch"  # fmt: skip
 
-PROFILES: dict[str, HarnessProfile] = {
-    "native": HarnessProfile("native", None, (), frozenset({"run_tests", "submit"}), system=""),
-    "claude_code": HarnessProfile(
+PROFILES: dict[str, ToolProfile] = {
+    "native": ToolProfile("native", None, (), frozenset({"run_tests", "submit"}), system=""),
+    "claude_code": ToolProfile(
         "claude_code",
         ClaudeCodeTools,
         ("claude_code",),
@@ -630,7 +630,7 @@ PROFILES: dict[str, HarnessProfile] = {
             {"role": "assistant", "content": "Done."},
         ),
     ),  # fmt: skip
-    "codex": HarnessProfile(
+    "codex": ToolProfile(
         "codex",
         CodexTools,
         ("codex",),
@@ -650,7 +650,7 @@ PROFILES: dict[str, HarnessProfile] = {
             {"role": "assistant", "content": "Done."},
         ),
     ),  # fmt: skip
-    "bash": HarnessProfile(
+    "bash": ToolProfile(
         "bash",
         BashTools,
         (),
@@ -669,24 +669,24 @@ PROFILES: dict[str, HarnessProfile] = {
 }
 
 
-def profile(name: str) -> HarnessProfile:
+def profile(name: str) -> ToolProfile:
     """The profile called ``name`` (ValueError naming the known ones)."""
     if name not in PROFILES:
-        raise ValueError(f"unknown harness {name!r}; known: {', '.join(HARNESSES)}")
+        raise ValueError(f"unknown tool profile {name!r}; known: {', '.join(TOOL_PROFILES)}")
     return PROFILES[name]
 
 
-def harness_tools_class(native_cls: type, harness: str) -> type:
-    """The ``environment_factory`` class of ``harness`` over an environment's own tools class
-    (itself for ``native``)."""
-    prof = profile(harness)
+def profile_tools_class(native_cls: type, name: str) -> type:
+    """The ``environment_factory`` class of tool profile ``name`` over an environment's own
+    tools class (itself for ``native``)."""
+    prof = profile(name)
     if prof.tools is None:
         return native_cls
     attrs = {"_native_cls": native_cls, "__doc__": prof.tools.__doc__}
     return type(prof.tools.__name__, (prof.tools,), attrs)
 
 
-def profile_for_format(source_format: str) -> HarnessProfile | None:
+def profile_for_format(source_format: str) -> ToolProfile | None:
     """The profile whose vocabulary a trace format's logs speak, or None."""
     return next((p for p in PROFILES.values() if source_format in p.source_formats), None)
 
@@ -698,20 +698,20 @@ ingestion (traces/harness_tools.py) and replay read them without importing trans
 the environments (seconds); a test checks the file equals the live schemas."""
 
 
-def live_tool_schemas(harness: str) -> list[dict[str, Any]]:
-    """The OpenAI ``tools`` list of a harness built from the adapter's signatures and
+def live_tool_schemas(name: str) -> list[dict[str, Any]]:
+    """The OpenAI ``tools`` list of a tool profile built from the adapter's signatures and
     docstrings by transformers' ``get_json_schema``, as TRL renders them for training."""
     from transformers.utils import get_json_schema
 
     from composer_replication.envs.tools import tool_methods
 
-    prof = profile(harness)
+    prof = profile(name)
     if prof.tools is None:
         raise ValueError("the native tools' schemas belong to each environment's tools class")
     instance = prof.tools.__new__(prof.tools)  # bound methods, no workspace
     out = []
-    for name in tool_methods(prof.tools):
-        schema = get_json_schema(getattr(instance, name))
+    for tool in tool_methods(prof.tools):
+        schema = get_json_schema(getattr(instance, tool))
         schema["function"].pop("return", None)  # not part of OpenAI's function schema
         out.append(schema)
     return out
@@ -722,31 +722,31 @@ def _stored() -> str:
     return SCHEMAS_FILE.read_text(encoding="utf-8")
 
 
-def tool_schemas(harness: str) -> list[dict[str, Any]]:
-    """The OpenAI ``tools`` list of a harness (:data:`SCHEMAS_FILE`): what ingestion keeps on
-    the states of that harness's logs and replay sends teachers."""
-    profile(harness)
+def tool_schemas(name: str) -> list[dict[str, Any]]:
+    """The OpenAI ``tools`` list of a tool profile (:data:`SCHEMAS_FILE`): what ingestion keeps
+    on the states of that harness's logs and replay sends teachers."""
+    profile(name)
     stored = json.loads(_stored())
-    if harness not in stored:
-        raise ValueError(f"harness {harness!r} has no tools of its own")
-    return stored[harness]["tools"]
+    if name not in stored:
+        raise ValueError(f"tool profile {name!r} has no tools of its own")
+    return stored[name]["tools"]
 
 
 def write_schemas() -> None:
     """Regenerate :data:`SCHEMAS_FILE` from the adapters."""
     data = {
         h: {"source_formats": list(PROFILES[h].source_formats), "tools": live_tool_schemas(h)}
-        for h in HARNESSES
+        for h in TOOL_PROFILES
         if PROFILES[h].tools is not None
     }
     SCHEMAS_FILE.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
 
-def tool_names(harness: str) -> frozenset[str]:
+def tool_names(name: str) -> frozenset[str]:
     """The names of a profile's tools (not ``native``: those are each environment's)."""
     from composer_replication.envs.tools import tool_methods
 
-    prof = profile(harness)
+    prof = profile(name)
     return frozenset(tool_methods(prof.tools)) if prof.tools else frozenset()
 
 

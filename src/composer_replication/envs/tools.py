@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from composer_replication.sandbox.harness import preview
+from composer_replication.sandbox.wire import preview
 
 BUDGET_EXHAUSTED = "error: the budget of {n} tool calls for this task is used up; answer now"
 NOT_OFFERED = "_not_offered"
@@ -91,7 +91,7 @@ def encode_text(content: Any) -> bytes | str:
 
 def wire_snippet(value: Any, limit: int = 120, show: Callable[[Any], str] = str) -> str:
     """``value`` quoted inside a message (a refused path, a server's bad reward): ``show(value)``
-    cut to ``limit`` characters by ``sandbox.harness.preview`` (which never raises), then made
+    cut to ``limit`` characters by ``sandbox.wire.preview`` (which never raises), then made
     UTF-8-safe (:func:`wire_safe`)."""
     return wire_safe(preview(value, limit, show))
 

@@ -43,7 +43,7 @@ class LocalChatModel:
         self.tokenizer = load_tokenizer(model_ref)
         self.model = load_model(model_ref, dtype=dtype).eval()
         self.max_prompt_tokens = max_prompt_tokens
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # one forward at a time (generation, scoring)
 
     @classmethod
     def from_objects(cls, model: Any, tokenizer: Any, max_prompt_tokens: int = 2048):
@@ -52,7 +52,7 @@ class LocalChatModel:
         self.model_ref = getattr(model.config, "_name_or_path", "model")
         self.model, self.tokenizer = model.eval(), tokenizer
         self.max_prompt_tokens = max_prompt_tokens
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # one forward at a time (generation, scoring)
         return self
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None):
@@ -79,7 +79,7 @@ class LocalChatModel:
         kwargs: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": temperature > 0}
         if temperature > 0:
             kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
-        with self._lock, torch.no_grad():
+        with self.lock, torch.no_grad():
             if seed is not None:
                 torch.manual_seed(seed)
             out = self.model.generate(

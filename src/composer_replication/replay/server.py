@@ -203,7 +203,7 @@ def score_prompts(
     import torch
 
     out = []
-    with chat_model._lock, torch.no_grad():
+    with chat_model.lock, torch.no_grad():
         for ids in prompts:  # one at a time: no padding, exact per-prompt numbers
             logits = chat_model.model(input_ids=torch.tensor([ids])).logits[0].float()
             logp = torch.log_softmax(logits / temperature, dim=-1)

@@ -107,7 +107,7 @@ def arm_config(acfg: AblationConfig, arm: AblationArm, seed: int) -> RunConfig:
             f"grpo.num_iterations={cfg.grpo.num_iterations}: a run resumed between two "
             "generations would regenerate early and not continue as the same run"
         )
-    if arm.trainer == "trl_sdpo" and cfg.sdpo.weight <= 0:
+    if arm.trainer == "trl_sdpo" and not cfg.sdpo.enabled:
         raise ConfigError(
             f"arm {arm.name!r}: the TRL SDPO peer takes its distillation weight from "
             "sdpo.weight, which is 0 (the peer would not distill); set e.g. sdpo.weight=0.1"
@@ -251,7 +251,7 @@ def _train_arm(
         )
     )
     if trained:
-        trainer._load_from_checkpoint(resume)  # the weights it ended with; nothing to train
+        trainer.load_checkpoint(resume)  # the weights it ended with; nothing to train
     else:
         trainer.train(resume_from_checkpoint=cfg.resume_from)
     final = evaluate_run(cfg, model, tokenizer, env, f"{arm.name} seed {seed}", console)

@@ -90,7 +90,7 @@ def check_teachers(cfg: RunConfig) -> None:
     """The distill channel's teachers share the student's tokenizer (a served teacher: its
     fingerprint, and the model it names is served). Tokenizers and fingerprints only, no model
     loads; refused here so the run has printed and written nothing."""
-    if cfg.distill.weight <= 0:
+    if not cfg.distill.enabled:
         return
     from composer_replication.replay.scoring import check_same_tokenizer
 
@@ -104,7 +104,7 @@ def check_distill_route(cfg: RunConfig, env: Environment) -> None:
     from composer_replication.trainer.data import row_columns
 
     route = cfg.distill.route
-    if cfg.distill.weight <= 0 or not isinstance(route, ColumnRoute):
+    if not cfg.distill.enabled or not isinstance(route, ColumnRoute):
         return
     columns = row_columns(env)
     if route.column not in columns:
@@ -117,7 +117,7 @@ def check_distill_route(cfg: RunConfig, env: Environment) -> None:
 def check_data(cfg: RunConfig) -> None:
     """What the run reads besides its model and tasks, checked without building anything: the
     replay channel's preference data and the agent proxy's harness environment."""
-    if cfg.replay.weight > 0 and cfg.replay.dataset:
+    if cfg.replay.enabled and cfg.replay.dataset:
         load_pairs(cfg.replay.dataset, cfg.replay.max_pairs)
     if cfg.agent_proxy.enabled:
         from composer_replication.agents.episodes import harness_venv
@@ -182,7 +182,7 @@ def check_model_sources(cfg: RunConfig) -> None:
     from composer_replication.lm.models import ModelLoadError, resolve_model_source
 
     resolve_model_source(cfg.model.name)
-    if cfg.distill.weight <= 0:
+    if not cfg.distill.enabled:
         return
     for t in cfg.distill.teachers:
         if isinstance(t, LocalTeacherConfig):

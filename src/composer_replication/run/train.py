@@ -54,7 +54,7 @@ def run_header(cfg: RunConfig) -> list[tuple[str, str]]:
     if getattr(cfg.env, "openenv_url", None):
         env += f", tools on {cfg.env.openenv_url}"
     weights = [f"{name} {getattr(cfg, name).weight:g}" for name in CHANNEL_SECTIONS
-               if getattr(cfg, name).weight > 0]  # fmt: skip
+               if getattr(cfg, name).enabled]  # fmt: skip
     g = cfg.generation
     out = Path(cfg.output_dir)
     return [
@@ -302,7 +302,7 @@ def check_pair_vocabulary(cfg: RunConfig, tools_class: type | None) -> str | Non
     environment (or, with ``agent_proxy``, its harness) does not offer (pairs from Claude Code
     logs on the native tools, say);
     returns the warning's text, or None when the vocabularies match or channel 3 is off."""
-    if cfg.replay.weight <= 0 or not cfg.replay.dataset:
+    if not cfg.replay.enabled or not cfg.replay.dataset:
         return None
     import warnings
 

@@ -5,11 +5,11 @@ Feature Deletion grades a rebuilt function by the repository's tests. Running th
 the same interpreter as the rebuilt code would let that code rewrite pytest, the report or
 the values the assertions compare (an object whose ``__eq__`` is always true). So the suite
 runs on a copy of the tree in which the deleted function forwards its arguments (pickled) to
-a second sandbox that imports the submitted file; only plain data comes back (harness.py's
+a second sandbox that imports the submitted file; only plain data comes back (wire.py's
 codec: no custom classes, no subclasses, bounded size and depth). The assertions, pytest and
 the report never share a process with code the policy wrote.
 
-This file is copied into the test tools directory as ``_cr_forward`` (with harness.py as
+This file is copied into the test tools directory as ``_cr_forward`` (with wire.py as
 ``_cr_wire``) and imported by the sandboxed suite; it uses only the standard library. The
 forwarding body that calls :func:`call` is written by ``feature_deletion.forward``.
 
@@ -17,7 +17,7 @@ What crosses:
 * To the rebuilt code: arguments by pickle (plain data, instances of the tree's classes,
   module-level functions by reference), except lambdas and nested functions, bound methods
   and iterators, which cross as handles: the rebuilt code gets a proxy, and calling it (or
-  ``next``) asks this process to run the original on plain arguments (harness.py's module
+  ``next``) asks this process to run the original on plain arguments (wire.py's module
   mode).
 * Back: a plain value; which argument was returned (``return self``); a handle for a
   callable or iterator it returned (a :class:`RemoteFunction` / :class:`RemoteIterator`
@@ -88,23 +88,23 @@ class RemoteFunction:
     """A callable the rebuilt code returned (``compose(f, g)``); it stays over there."""
 
     def __init__(self, handle):
-        self._handle = handle
+        self.handle = handle
 
     def __call__(self, *args, **kwargs):
-        return _exchange(("call", self._handle, args, kwargs), args, "function")
+        return _exchange(("call", self.handle, args, kwargs), args, "function")
 
 
 class RemoteIterator:
     """An iterator the rebuilt code returned (a generator); each ``next`` is one exchange."""
 
     def __init__(self, handle):
-        self._handle = handle
+        self.handle = handle
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        return _exchange(("next", self._handle), (), "iterator")
+        return _exchange(("next", self.handle), (), "iterator")
 
 
 class _Pickler(pickle.Pickler):
@@ -115,7 +115,7 @@ class _Pickler(pickle.Pickler):
 
     def persistent_id(self, obj):
         if isinstance(obj, (RemoteFunction, RemoteIterator)):
-            return ("theirs", obj._handle)
+            return ("theirs", obj.handle)
         if (
             _by_handle(obj)
             or isinstance(obj, types.MethodType)

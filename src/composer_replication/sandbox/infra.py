@@ -26,7 +26,7 @@ from typing import TypeVar
 
 SANDBOX_START = "sandbox_start"
 """bubblewrap (or the process under it) could not start: ``fork``/``exec`` failed, or bwrap
-exited with its own error before the grader's harness ran."""
+exited with its own error before the grader's wire script ran."""
 GRADER_KILLED = "grader_killed"
 """The host killed or lost a grading that a known-good submission cannot pass either."""
 SLOT_TIMEOUT = "slot_timeout"

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache, wraps
 from pathlib import Path
 
-from composer_replication.sandbox import harness
 from composer_replication.sandbox import sandbox as sb
+from composer_replication.sandbox import wire
 
 TOOL_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py.py")
 PASSED, FAILED, SKIPPED, ERROR, XFAIL, MISSING = (
@@ -267,7 +267,7 @@ def program_output(text: str, limit: int = PROGRAM_OUTPUT_CHARS) -> str:
     quotation); '' for no text."""
     if not text:
         return ""
-    return " -- program output: " + harness.preview(str(text), limit)
+    return " -- program output: " + wire.preview(str(text), limit)
 
 
 FRAME_FIELDS = {"test": (str, str, str), "tampered": (str,), "collect_error": (str, str),
@@ -288,7 +288,7 @@ def _well_formed(body: str) -> tuple | None:
     32 bits), else None. Code under test may reach the key and sign anything (module
     docstring), so a signed frame must still never make the trusted side raise."""
     try:
-        frame = harness.literal(body)
+        frame = wire.literal(body)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None
     if type(frame) is not tuple or not frame or type(frame[0]) is not str:
@@ -591,7 +591,7 @@ def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
             shutil.copy2(src, Path(dest) / src.name)
     here = Path(__file__).parent
     shutil.copy2(here / "forward_client.py", Path(dest) / "_cr_forward.py")
-    shutil.copy2(here / "harness.py", Path(dest) / "_cr_wire.py")
+    shutil.copy2(here / "wire.py", Path(dest) / "_cr_wire.py")
     _warm(dest)
     sb.world_readable(dest)
     return dest
@@ -600,7 +600,7 @@ def pytest_tools(requirements: tuple[str, ...] = ()) -> str:
 def _warm(tools: str) -> None:
     """Import pytest from ``tools`` and collect an empty directory with the sandbox's flags,
     so pytest's modules and the standard-library modules it needs land in the pycache."""
-    cache = sb._stdlib_pycache()
+    cache = sb.stdlib_pycache()
     empty = sb.bindable_dir("cr-pytest-warm-")
     code = textwrap.dedent(f"""
         import sys
@@ -612,7 +612,7 @@ def _warm(tools: str) -> None:
     """)
     flags = ["-I", "-S", "-X", f"pycache_prefix={cache}"]
     try:
-        subprocess.run([sb._layout().interpreter, *flags, "-c", code], timeout=120,
+        subprocess.run([sb.sandbox_interpreter(), *flags, "-c", code], timeout=120,
                        check=False, capture_output=True,
                        env={"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):

@@ -23,7 +23,7 @@ Layers, outermost first:
   enforces it for uid 0). If the interpreter lives under a directory ``nobody`` cannot enter
   (pyenv in ``/root``), the interpreter's prefix is first bind-mounted onto a world-readable
   stage directory (from which the allowlisted parts are bound) inside a private mount namespace of the child (root only, nothing global).
-* **Resource limits**, set by the harness inside the sandbox before the candidate runs, so
+* **Resource limits**, set by the wire script inside the sandbox before the candidate runs, so
   ``RLIMIT_NPROC`` counts only the sandbox's own processes (per user namespace): address
   space, CPU seconds, file size, process count, open files, no core dumps; plus the grader's
   wall-clock deadline and caps on the bytes read back.
@@ -36,16 +36,16 @@ Layers, outermost first:
   from source (~25 ms per grading). Feature Deletion adds the bytecode of its private copy of
   pytest (sandbox/pytest_suite.py), also compiled by the trusted interpreter. Nothing of the code
   under test is ever compiled there.
-* **An audit hook** (PEP 578, in sandbox/harness.py) refusing sockets, processes, native code and
+* **An audit hook** (PEP 578, in sandbox/wire.py) refusing sockets, processes, native code and
   writes outside the work dir: a second layer only, bypassable from Python, never relied on.
 
 Design choice: the trusted grader talks to the candidate function over a pipe and runs the
-tests itself (sandbox/harness.py) instead of running the tests in the sandbox and reading back a
+tests itself (sandbox/wire.py) instead of running the tests in the sandbox and reading back a
 verdict signed with a secret token. A token-signed verdict requires the candidate never to
-observe the harness's memory, which an in-process harness cannot guarantee (frames, ``gc``,
+observe the wire script's memory, which an in-process script cannot guarantee (frames, ``gc``,
 ``/proc/self/mem``); comparing plain values outside needs no secret at all.
 
-``unsafe_run_without_isolation`` runs the same harness as a plain subprocess (limits and the
+``unsafe_run_without_isolation`` runs the same wire script as a plain subprocess (limits and the
 audit hook only) for machines without bubblewrap; it is logged once per process.
 """
 
@@ -77,7 +77,7 @@ from types import TracebackType
 
 from composer_replication.config import SandboxConfig
 from composer_replication.config.base import UserError
-from composer_replication.sandbox import harness
+from composer_replication.sandbox import wire
 from composer_replication.sandbox.cgroup import (
     WATCHDOG,
     MemoryCgroup,
@@ -92,8 +92,9 @@ NOBODY = 65534
 WORK = "/work"
 PYCACHE = "/pycache"
 MAX_FRAME_BYTES = 1 << 20
-MAX_MESSAGE_CHARS = 700  # of a load error or exception the harness reports (its own are ~640)
-HARNESS_SOURCE = Path(harness.__file__).read_text()
+MAX_MESSAGE_CHARS = 700  # of a load error or exception the wire script reports (its own are ~640)
+WIRE_SOURCE = Path(wire.__file__).read_text()
+"""The grading wire's script (sandbox/wire.py), run inside every sandbox."""
 CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE = 0x00020000, 4096, 16384, 1 << 18
 
 INSTALL_HINT = (
@@ -338,7 +339,7 @@ WARM_MODULES = (
 
 
 @lru_cache(maxsize=1)
-def _stdlib_pycache() -> str:
+def stdlib_pycache() -> str:
     """A world-readable directory holding the bytecode of ``WARM_MODULES`` (and what they
     import) under the layout ``-X pycache_prefix`` expects, written by the trusted interpreter
     with the sandbox's own flags; removed at exit. Empty if the warm-up fails (slower, same
@@ -391,7 +392,7 @@ def _bwrap_argv(
     staged = dict(_staged_binds(tuple(binds)))
     for path in binds:  # extra read-only trees (a repository under test, its test tools)
         argv += ["--ro-bind", staged.get(path, path), path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", _stdlib_pycache(), PYCACHE]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", stdlib_pycache(), PYCACHE]
     argv += ["--size", str(cfg.work_dir_mb * 2**20), "--tmpfs", WORK, "--symlink", WORK, "/tmp"]
     argv += list(mounts)  # more bwrap mount options (the shell tool's size-capped /repo)
     # the root and /dev are tmpfs without a size: read-only, the capped /work is the only
@@ -413,7 +414,7 @@ def _python_argv(
     }
     spec = repr((limits, cfg.audit_hook, mode, root))
     flags = ["-I", "-S", "-B", "-X", f"pycache_prefix={pycache}"]
-    return [interpreter, *flags, "-c", HARNESS_SOURCE, spec]
+    return [interpreter, *flags, "-c", WIRE_SOURCE, spec]
 
 
 CGROUP_SLACK_MB = 64
@@ -610,8 +611,8 @@ def set_sandbox_slots(limit: int) -> int:
 
 
 class _Process:
-    """A sandboxed harness with deadline-bounded, capped I/O; killed (with its whole PID
-    namespace) by ``close``. ``wire``: (stdin, stdout) fds to give the harness instead of pipes
+    """A sandboxed wire script with deadline-bounded, capped I/O; killed (with its whole PID
+    namespace) by ``close``. ``wire``: (stdin, stdout) fds to give the wire script instead of pipes
     to this process (module mode talks to another sandbox, not to the grader); ``pass_fds``:
     fds the sandboxed process inherits at the same numbers; ``root``: module mode's tree."""
 
@@ -646,9 +647,9 @@ class _Process:
         lay = _layout()
         self._tmp, self._cgroup, self._watched = None, None, False
         self.memory_exceeded = False
-        if bwrap is None:  # unsafe: the same harness as a plain subprocess in a temp dir
+        if bwrap is None:  # unsafe: the same wire script as a plain subprocess in a temp dir
             self._tmp = tempfile.mkdtemp(prefix="cr-unsafe-")
-            argv = _python_argv(lay.interpreter, _stdlib_pycache(), cfg, mode, root)
+            argv = _python_argv(lay.interpreter, stdlib_pycache(), cfg, mode, root)
             cwd, preexec = self._tmp, None
         else:
             argv = _bwrap_argv(bwrap, cfg, lay, binds, mounts)
@@ -732,7 +733,7 @@ class _Process:
                     raise EOFError from None
 
     def read_frame(self) -> tuple:
-        """The next frame the harness sent; ``EOFError`` if it exited, ``TimeoutError``."""
+        """The next frame the wire script sent; ``EOFError`` if it exited, ``TimeoutError``."""
         while b"\n" not in self.out:
             if len(self.out) > MAX_FRAME_BYTES:
                 raise CandidateFailure(f"sent more than {MAX_FRAME_BYTES} bytes in one reply")
@@ -746,7 +747,7 @@ class _Process:
         line, _, rest = bytes(self.out).partition(b"\n")
         self.out = bytearray(rest)
         try:
-            return harness.decode_frame(line, MAX_FRAME_BYTES)
+            return wire.decode_frame(line, MAX_FRAME_BYTES)
         except ValueError as e:
             raise CandidateFailure(f"the program corrupted the result channel ({e})") from None
 
@@ -827,7 +828,7 @@ class CandidateSession:
             self._send(("load", self._program, self._entry))
             frame = self._recv("before the tests ran")
             if frame[0] == "load_error" and len(frame) == 2:
-                why = harness.preview(frame[1], MAX_MESSAGE_CHARS, str)
+                why = wire.preview(frame[1], MAX_MESSAGE_CHARS, str)
                 raise CandidateFailure(f"the program failed to load: {_printable(why)}")
             if frame != ("ready",):
                 raise CandidateFailure("the program corrupted the result channel")
@@ -853,13 +854,13 @@ class CandidateSession:
         if frame[0] == "value" and len(frame) == 2:
             return frame[1]
         if frame[0] == "raised" and len(frame) == 2:
-            raise CandidateFailure(f"raised {harness.preview(frame[1], MAX_MESSAGE_CHARS, str)}")
+            raise CandidateFailure(f"raised {wire.preview(frame[1], MAX_MESSAGE_CHARS, str)}")
         raise CandidateFailure("the program corrupted the result channel")
 
     def _send(self, frame: tuple) -> None:
         assert self._p is not None
         try:
-            self._p.write((harness.encode(frame) + "\n").encode("utf-8"))
+            self._p.write((wire.encode(frame) + "\n").encode("utf-8"))
         except TimeoutError:
             raise self._timeout() from None
         except EOFError:
@@ -954,8 +955,8 @@ class ModuleServer:
     Two pipes join the processes directly: ``client_fds`` (requests in, replies out) are
     passed to the client's ``run_python``; the server's ends are its stdin and stdout. The
     client sends pickled calls (it is the trusted side's code, so the server may unpickle
-    them); the server sends back only plain-data frames (``harness.encode``), which the client
-    decodes with ``harness.decode_frame``. The two sandboxes share no process, file system or
+    them); the server sends back only plain-data frames (``wire.encode``), which the client
+    decodes with ``wire.decode_frame``. The two sandboxes share no process, file system or
     memory: code in the tree cannot touch the client's interpreter, only the values it returns.
     """
 

@@ -289,7 +289,7 @@ class SessionBuilder:
         self.is_sidechain = is_sidechain
         self.messages: list[Message] = []
         self._digests: list[bytes] = [b""]
-        self._pending: Action | None = None
+        self.pending: Action | None = None
         self._pending_line = 0
         self._pending_model: str | None = None
         self._pending_ts: str | None = None
@@ -328,7 +328,7 @@ class SessionBuilder:
         oldest call still waiting for its result."""
         if not self.ctx.clean_line:
             text = self.ctx.redact(text)
-        act = self._pending
+        act = self.pending
         if act is not None:
             if self._pending_key and call_id and self._is_pending_call(act, call_id):
                 self._held.append((call_id, text, line))
@@ -349,7 +349,7 @@ class SessionBuilder:
         """A call ``call_id`` of this session is still without its result."""
         if not call_id:
             return False
-        if self._pending is not None and call_id in self._pending_ids:
+        if self.pending is not None and call_id in self._pending_ids:
             return True
         return call_id in self._open_calls or bool(self._renamed.get(call_id))
 
@@ -391,7 +391,7 @@ class SessionBuilder:
         key = response_id or response_key
         if self._held and key != self._pending_key:
             self.flush()  # results came in and another response follows: they were seen
-        act = self._pending
+        act = self.pending
         if act is not None and key and self._pending_key != key:
             if self._pending_key:
                 self.flush()
@@ -399,7 +399,7 @@ class SessionBuilder:
         if act is None:
             if self._open_calls:
                 self._close_open_calls()
-            act = self._pending = Action()
+            act = self.pending = Action()
             self._pending_ids.clear()
             self._pending_base.clear()
             self._next_copy.clear()
@@ -531,7 +531,7 @@ class SessionBuilder:
 
     def length_after_pending(self) -> int:
         """Prefix length once the pending action (if any) has joined it."""
-        return len(self.messages) + (1 if self._pending is not None else 0)
+        return len(self.messages) + (1 if self.pending is not None else 0)
 
     # -- internals
     def _redact_arguments(self, arguments: str) -> str:
@@ -552,10 +552,10 @@ class SessionBuilder:
         return arguments if new is value else orjson.dumps(new).decode()
 
     def flush(self) -> None:
-        act = self._pending
+        act = self.pending
         if act is None:
             return
-        self._pending = None
+        self.pending = None
         if act.is_empty():
             return
         ctx, step = self.ctx, self.step
@@ -596,7 +596,7 @@ class SessionBuilder:
                 self._result(cid, text, line)
 
     def _close_turn(self) -> None:
-        if self._pending is not None:
+        if self.pending is not None:
             self.flush()
         if self._open_calls:
             self._close_open_calls()

@@ -228,7 +228,7 @@ class _Session:
         if len(path_len) >= MAX_PATH_ENTRIES:
             path_len.pop(next(iter(path_len)))
         b = self.b  # b.length_after_pending(), inlined: this runs for every record
-        path_len[uuid] = len(b.messages) + (b._pending is not None)
+        path_len[uuid] = len(b.messages) + (b.pending is not None)
 
 
 class _ClaudeReader:

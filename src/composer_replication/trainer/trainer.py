@@ -155,10 +155,26 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.infra_budget = InfraBudget(max_infra_failed_frac)
         self._step_kinds: list[str | None] = []
         self._infra_dropped = 0
+        self.rollout_rows: list[dict[str, Any]] = []
+        """The dataset rows of the round being generated, in the order of the prompts TRL
+        hands a ``rollout_func`` (which gets only the prompts): their ``task_id`` and other
+        columns (agents/episodes.py)."""
 
     def channel(self, name: str) -> Channel | None:
         """The enabled channel called ``name``, if any."""
         return next((c for c in self.channels if c.name == name), None)
+
+    def log_metric(self, key: str, value: float, mode: str | None = None) -> None:
+        """Add one value of ``key`` to this step's logged metrics (TRL averages a key's values
+        over the steps between two logs); ``mode`` ``train`` or ``eval``, by default the
+        model's. What other modules use instead of TRL's private ``_metrics``."""
+        mode = mode or ("train" if self.model.training else "eval")
+        self._metrics[mode][key].append(float(value))
+
+    def load_checkpoint(self, checkpoint: str | Path) -> None:
+        """Load a checkpoint's weights into the model without training (transformers'
+        ``_load_from_checkpoint``, listed in trainer/trl_private.py)."""
+        self._load_from_checkpoint(str(checkpoint))
 
     # ---- checkpoints carry the channels' settings and state --------------------------------
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
@@ -404,6 +420,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         need kept alongside (lists travel through TRL's shuffle/split like tensors)."""
         if self.rollout_source is not None and self.model.training:
             inputs = self._source_rows(inputs)
+        self.rollout_rows = list(inputs)
         with self._resets_at_once(inputs):
             batch = super()._generate_and_score_completions(inputs)
         self._mask_machine_failures(batch)

@@ -78,9 +78,9 @@ def _episode(env, tok, venv, command: str, texts=(), harness: str = "command", *
     cfg = AgentProxyConfig(**{"enabled": True, "harness": harness, "command": command,
                               "venv": venv, "timeout_s": 60, "workers": 1, **cfg})  # fmt: skip
     episodes = AgentEpisodes(env, cfg, tok, policy=Played(tok, list(texts)))
-    prompt = env.row(env.task_by_id(TASK_ID))["prompt"]
+    row = env.row(env.task_by_id(TASK_ID))
     try:
-        out = episodes([prompt], trainer_stub())
+        out = episodes([row["prompt"]], trainer_stub([row]))
     finally:
         episodes.close()
     return episodes.last_episodes[0], out["agent_result"][0]

@@ -31,11 +31,12 @@ def test_mini_swe_agent_episodes_are_graded_and_joined(env, tool_tok, agent_venv
     out."""
     tok, venv = tool_tok, agent_venv
     task = env.task_by_id(TASK_ID)
-    prompt = env.row(task)["prompt"]
+    row = env.row(task)
+    prompt = row["prompt"]
     cfg = AgentProxyConfig(enabled=True, venv=venv, timeout_s=120, workers=1)
     policy = Played(tok, RIGHT + WRONG)  # one episode at a time: the first gets RIGHT
     episodes = AgentEpisodes(env, cfg, tok, policy=policy)
-    trainer = trainer_stub()
+    trainer = trainer_stub([row, row])
     try:
         out = episodes([prompt, prompt], trainer)
     finally:
@@ -53,9 +54,20 @@ def test_mini_swe_agent_episodes_are_graded_and_joined(env, tool_tok, agent_venv
             len(first.prompt_ids) + len(first.completion_ids):] + second.completion_ids  # fmt: skip
         assert sum(mask) == len(first.completion_ids) + len(second.completion_ids)
         assert len(ids) == len(mask) == len(out["logprobs"][i])
-    m = trainer._metrics["train"]
+    m = trainer.logged["train"]
     assert m["agent/turns"] == [2.0] and m["agent/dropped_turns"] == [0.0]
     assert m["agent/diverged_frac"] == [0.0]
+
+
+def _command_episodes(env, tok, tmp_path, workers: int = 1) -> AgentEpisodes:
+    """Episodes of the ``command`` harness (``true``) in a stand-in venv, with a policy that
+    answers nothing: for tests that replace ``run_agent``."""
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    cfg = AgentProxyConfig(enabled=True, venv=str(venv), harness="command", command="true",
+                           workers=workers)  # fmt: skip
+    return AgentEpisodes(env, cfg, tok, policy=Played(tok, []))
 
 
 def test_an_episode_error_fails_that_episode_not_the_batch(env, tool_tok, tmp_path, monkeypatch):
@@ -65,9 +77,6 @@ def test_an_episode_error_fails_that_episode_not_the_batch(env, tool_tok, tmp_pa
     scores 0, flagged ``episode_failed``, and the others are graded as usual."""
     from composer_replication.sandbox.shell import ShellResult
 
-    venv = tmp_path / "venv"
-    venv.mkdir()
-    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
     bad, good = env.tasks("train")[:2]
 
     def run_agent(box, workspace, run, socket_dir, socket_name, python_path=(), policy_wait=None):
@@ -76,17 +85,54 @@ def test_an_episode_error_fails_that_episode_not_the_batch(env, tool_tok, tmp_pa
         return ShellResult("", 0)
 
     monkeypatch.setattr(episodes_mod, "run_agent", run_agent)
-    cfg = AgentProxyConfig(enabled=True, venv=str(venv), harness="command", command="true",
-                           workers=2)  # fmt: skip
-    episodes = AgentEpisodes(env, cfg, tool_tok, policy=Played(tool_tok, []))
-    trainer = trainer_stub()
+    episodes = _command_episodes(env, tool_tok, tmp_path, workers=2)
+    rows = [env.row(bad), env.row(good)]
+    trainer = trainer_stub(rows)
     try:
-        out = episodes([env.row(bad)["prompt"], env.row(good)["prompt"]], trainer)
+        out = episodes([r["prompt"] for r in rows], trainer)
     finally:
         episodes.close()
     failed, graded = out["agent_result"]
     assert failed.reward == 0.0 and "File name too long" in failed.feedback
     assert "episode_failed:OSError" in failed.info["flags"]
     assert "targets" in graded.info and not any("episode_failed" in f for f in graded.info["flags"])
-    assert trainer._metrics["train"]["agent/failed_frac"] == [0.5]
+    assert trainer.logged["train"]["agent/failed_frac"] == [0.5]
     assert not any(e.tools.workspace.exists() for e in episodes.last_episodes)  # removed
+
+
+def test_two_tasks_with_one_text_each_get_their_own_episode(env, tool_tok, tmp_path, monkeypatch):
+    """Issue 59: prompts were mapped back to tasks by their user-message text, so two tasks
+    posed with one text both ran (and were graded as) the same task. The task now comes from
+    the prompt's dataset row (its ``task_id``, the trainer's ``rollout_rows``)."""
+    from composer_replication.sandbox.shell import ShellResult
+
+    first, second = env.tasks("train")[:2]
+    monkeypatch.setattr(env, "user_message", lambda task: "Fix the repository.")
+    seen = []
+
+    def run_agent(box, workspace, run, socket_dir, socket_name, python_path=()):
+        seen.append(dict(run.env)["AGENT_TASK"])
+        return ShellResult("", 0)
+
+    monkeypatch.setattr(episodes_mod, "run_agent", run_agent)
+    episodes = _command_episodes(env, tool_tok, tmp_path)
+    rows = [env.row(first), env.row(second)]
+    assert rows[0]["prompt"] == rows[1]["prompt"]  # one text for both
+    try:
+        out = episodes([r["prompt"] for r in rows], trainer_stub(rows))
+    finally:
+        episodes.close()
+    assert seen == ["Fix the repository."] * 2
+    assert [e.task.task_id for e in episodes.last_episodes] == [first.task_id, second.task_id]
+    targets = [r.info["targets"] for r in out["agent_result"]]
+    assert targets == [len(t.data["failing_tests"]) for t in (first, second)]
+
+
+def test_prompts_without_their_rows_are_refused(env, tool_tok, tmp_path):
+    episodes = _command_episodes(env, tool_tok, tmp_path)
+    row = env.row(env.tasks("train")[0])
+    try:
+        with pytest.raises(ValueError, match="2 prompts came without their dataset rows"):
+            episodes([row["prompt"]] * 2, trainer_stub([row]))
+    finally:
+        episodes.close()

@@ -46,9 +46,9 @@ def _episode(env, tok, venv, command: str, hold_s: float, timeout_s: float):
     cfg = AgentProxyConfig(enabled=True, harness="command", command=command, venv=venv,
                            timeout_s=timeout_s, workers=1, max_requests=4)  # fmt: skip
     episodes = AgentEpisodes(env, cfg, tok, policy=Held(tok, [], hold_s))
-    prompt = env.row(env.task_by_id(TASK_ID))["prompt"]
+    row = env.row(env.task_by_id(TASK_ID))
     try:
-        episodes([prompt], trainer_stub())
+        episodes([row["prompt"]], trainer_stub([row]))
     finally:
         episodes.close()
     return episodes.last_episodes[0]

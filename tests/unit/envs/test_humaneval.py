@@ -5,7 +5,7 @@ import pytest
 
 from composer_replication.config import SandboxConfig
 from composer_replication.envs.humaneval import HumanEvalEnv, build_program, humaneval_path
-from composer_replication.sandbox import harness
+from composer_replication.sandbox import wire
 
 M61 = (1 << 61) - 1  # ints that differ by a multiple of it share one hash
 
@@ -68,14 +68,14 @@ def test_program_assembly():
 PLAIN = [
     (None, True, -3, 2.5, -0.0, 1 + 2j, -1 - 2j, "é\n", b"\x00", (), [], {}, set()),
     ([1, [2, (3, {"k": {4, 5}})]], {(1, 2): {3: 4}}, {-1, -2}, (1 << 13_999) - 1),
-    ({k * M61 for k in range(harness.MAX_EQUAL_HASHES)}, {1: 1.0, "1": b"1"}),
+    ({k * M61 for k in range(wire.MAX_EQUAL_HASHES)}, {1: 1.0, "1": b"1"}),
 ]
 
 
 @pytest.mark.parametrize("value", PLAIN)
 def test_wire_codec_round_trips_plain_data(value):
     frame = ("value", value)
-    assert harness.decode_frame(harness.encode(frame).encode(), 1 << 20) == frame
+    assert wire.decode_frame(wire.encode(frame).encode(), 1 << 20) == frame
 
 
 @pytest.mark.parametrize(
@@ -90,17 +90,17 @@ def test_wire_codec_round_trips_plain_data(value):
 def test_wire_refuses_sets_and_dicts_whose_keys_share_a_hash(text):
     """Building them is quadratic (a 1 MB frame cost the grader ~11 s): refused unbuilt."""
     with pytest.raises(ValueError, match="share one hash"):
-        harness.decode_frame(f"('value', {text})".encode(), 1 << 20)
+        wire.decode_frame(f"('value', {text})".encode(), 1 << 20)
 
 
 def test_wire_refuses_ints_whose_str_would_raise():
     """An int past CPython's 4300-digit limit (a hex literal parses) is refused by its width,
     on both sides of the wire, before anything prints it."""
-    wide = "0x" + "f" * (harness.MAX_INT_BITS // 4 + 1)
+    wide = "0x" + "f" * (wire.MAX_INT_BITS // 4 + 1)
     with pytest.raises(ValueError, match="bits exceeds"):
-        harness.decode_frame(f"('value', [{wide}])".encode(), 1 << 20)
-    with pytest.raises(harness.NotPlainData):
-        harness.encode(("value", 1 << harness.MAX_INT_BITS))
+        wire.decode_frame(f"('value', [{wide}])".encode(), 1 << 20)
+    with pytest.raises(wire.NotPlainData):
+        wire.encode(("value", 1 << wire.MAX_INT_BITS))
 
 
 def test_preview_is_bounded_and_never_raises():
@@ -108,7 +108,7 @@ def test_preview_is_bounded_and_never_raises():
         def __repr__(self):
             raise RuntimeError("no")
 
-    assert harness.preview(1 << 20_000) == "<unprintable int>"
-    assert harness.preview(Loud()) == "<unprintable Loud>"
-    assert harness.preview("x" * 10_000, 300, str) == "x" * 300 + "..."
-    assert harness.preview([1, "a"]) == "[1, 'a']"
+    assert wire.preview(1 << 20_000) == "<unprintable int>"
+    assert wire.preview(Loud()) == "<unprintable Loud>"
+    assert wire.preview("x" * 10_000, 300, str) == "x" * 300 + "..."
+    assert wire.preview([1, "a"]) == "[1, 'a']"

@@ -16,10 +16,10 @@ from composer_replication.config import load_config
 from composer_replication.envs.feature_deletion.candidates import STUB, original_body
 from composer_replication.envs.feature_deletion.workspace import candidate_of
 from composer_replication.envs.profiles import (
-    HARNESSES,
+    TOOL_PROFILES,
     command_flags,
-    harness_tools_class,
     profile,
+    profile_tools_class,
     tool_names,
     tool_schemas,
 )
@@ -31,9 +31,9 @@ def task_dir(textkit_tasks):
     return textkit_tasks
 
 
-@pytest.fixture(scope="module", params=[h for h in HARNESSES if h != "native"])
+@pytest.fixture(scope="module", params=[h for h in TOOL_PROFILES if h != "native"])
 def env(request, task_dir):
-    return textkit_env(task_dir, harness=request.param)
+    return textkit_env(task_dir, tool_profile=request.param)
 
 
 def _episode(env, symbol="titlecase"):
@@ -51,21 +51,21 @@ def _grade(env, task, tools):
 
 def test_only_the_profile_tools_are_offered_and_the_prompt_speaks_them(env):
     cls = env.tools_class()
-    assert set(tool_methods(cls)) == tool_names(env.harness.name)
+    assert set(tool_methods(cls)) == tool_names(env.tool_profile.name)
     task = env.tasks("train")[0]
     row = env.row(task)
     assert "/repo" in row["prompt"][0]["content"] and "submit" not in row["prompt"][0]["content"]
     calls = {c["function"]["name"] for m in row["prompt"] for c in m.get("tool_calls", [])}
-    assert calls and calls <= tool_names(env.harness.name)
-    names = {s["function"]["name"] for s in tool_schemas(env.harness.name)}
-    assert names == tool_names(env.harness.name)
+    assert calls and calls <= tool_names(env.tool_profile.name)
+    names = {s["function"]["name"] for s in tool_schemas(env.tool_profile.name)}
+    assert names == tool_names(env.tool_profile.name)
 
 
 def test_restoring_the_body_with_the_profile_tools_scores_one(env):
     task, tools, body = _episode(env)
     path = f"/repo/{task.data['file']}"
     stub = task.data["indent"] + STUB
-    name = env.harness.name
+    name = env.tool_profile.name
     if name == "claude_code":
         assert "\tdef titlecase" in tools.Read(path)
         assert tools.Edit(path, stub, body) == f"The file {path} has been updated successfully."
@@ -92,7 +92,7 @@ def test_restoring_the_body_with_the_profile_tools_scores_one(env):
 
 def test_a_wrong_body_scores_zero_and_blames_the_command_turn(env):
     task, tools, _ = _episode(env)
-    cmd = {"claude_code": "Bash", "codex": "shell", "bash": "bash"}[env.harness.name]
+    cmd = {"claude_code": "Bash", "codex": "shell", "bash": "bash"}[env.tool_profile.name]
     messages = [
         {"role": "assistant", "content": "",
          "tool_calls": [{"type": "function", "function": {"name": cmd, "arguments": {}}}]},
@@ -105,7 +105,7 @@ def test_a_wrong_body_scores_zero_and_blames_the_command_turn(env):
 
 def test_paths_outside_and_bytecode_are_refused_and_flagged(env):
     task, tools, _ = _episode(env)
-    name = env.harness.name
+    name = env.tool_profile.name
     if name == "claude_code":
         out = tools.Read("/etc/passwd")
         assert out.startswith("<tool_use_error>") and "outside the repository" in out
@@ -121,11 +121,11 @@ def test_paths_outside_and_bytecode_are_refused_and_flagged(env):
         tools.bash("cat /etc/hostname; cat textkit/__pycache__/x.pyc")
     flags = " ".join(tools.flags)
     assert "outside_workspace:" in flags and "read_bytecode:" in flags
-    tools._close()
+    tools.episode.close()
 
 
 def test_claude_code_error_texts_and_formats(task_dir):
-    env = textkit_env(task_dir, harness="claude_code")
+    env = textkit_env(task_dir, tool_profile="claude_code")
     task, tools, _ = _episode(env)
     path = f"/repo/{task.data['file']}"
     assert tools.Edit(path, "def", "DEF") == (
@@ -155,19 +155,37 @@ def test_claude_code_error_texts_and_formats(task_dir):
     tools.Write("/repo/a.txt", "a" * 40 + "!")
     tools.Grep("^((a+)+)+$", "/repo/a.txt", "", "content")
     assert time.monotonic() - start < 30
-    tools._close()
+    tools.episode.close()
 
 
-def test_unknown_harness_and_harness_outside_feature_deletion_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="unknown harness 'cursor'"):
+def test_unknown_profile_and_profile_outside_feature_deletion_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown tool profile 'cursor'"):
         profile("cursor")
-    with pytest.raises(ValueError, match="env.harness: unknown key"):  # the calculator's options
-        load_config("agent_quickstart.yaml", ["env.harness=bash"])
-    with pytest.raises(ValueError, match="harness profiles wrap the tools of a workspace"):
-        load_config("feature_deletion.yaml", ["env.harness=bash", "env.openenv_url=http://x:1"])
-    cfg = load_config("feature_deletion.yaml", ["env.harness=codex"])
-    assert cfg.env.harness == "codex"
-    assert harness_tools_class(dict, "native") is dict
+    with pytest.raises(ValueError, match="env.tool_profile: unknown key"):  # the calculator's
+        load_config("agent_quickstart.yaml", ["env.tool_profile=bash"])
+    with pytest.raises(ValueError, match="tool profiles wrap the tools of a workspace"):
+        load_config(
+            "feature_deletion.yaml", ["env.tool_profile=bash", "env.openenv_url=http://x:1"]
+        )
+    cfg = load_config("feature_deletion.yaml", ["env.tool_profile=codex"])
+    assert cfg.env.tool_profile == "codex"
+    assert profile_tools_class(dict, "native") is dict
+
+
+def test_the_old_key_env_harness_still_loads_with_a_line_naming_the_new_key(caplog):
+    """``env.harness`` (before issue 59) is ``env.tool_profile``: "harness" means the agent
+    program only (``agent_proxy.harness``)."""
+    import logging
+
+    from composer_replication.config import run as run_config
+
+    run_config._warned.discard("env.harness")
+    with caplog.at_level(logging.WARNING):
+        cfg = load_config("feature_deletion.yaml", ["env.harness=codex"])
+    assert cfg.env.tool_profile == "codex"
+    assert "env.harness is deprecated: use env.tool_profile" in caplog.text
+    with pytest.raises(ValueError, match="set env.tool_profile only"):
+        load_config("feature_deletion.yaml", ["env.harness=codex", "env.tool_profile=bash"])
 
 
 def test_command_flags():

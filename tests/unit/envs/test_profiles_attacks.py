@@ -24,12 +24,12 @@ from composer_replication.envs.feature_deletion import env as fd_env
 
 @pytest.fixture(scope="module")
 def claude(textkit_tasks):
-    return textkit_env(textkit_tasks, harness="claude_code")
+    return textkit_env(textkit_tasks, tool_profile="claude_code")
 
 
 @pytest.fixture(scope="module")
 def codex(textkit_tasks):
-    return textkit_env(textkit_tasks, harness="codex")
+    return textkit_env(textkit_tasks, tool_profile="codex")
 
 
 def _tools(env):
@@ -43,14 +43,14 @@ def _tools(env):
 def tools_claude(claude):
     tools = _tools(claude)
     yield tools
-    tools._close()
+    tools.episode.close()
 
 
 @pytest.fixture
 def tools_codex(codex):
     tools = _tools(codex)
     yield tools
-    tools._close()
+    tools.episode.close()
 
 
 def test_edit_replace_all_cannot_multiply_a_file_past_the_cap(tools_claude):
@@ -102,7 +102,7 @@ def test_a_patch_over_the_caps_writes_none_of_its_files(tools_codex):
     out = tools.apply_patch(patch + "*** End Patch")
     assert "more than a file may hold" in out
     assert not (tools.workspace / "small.txt").exists()
-    assert tools._native.written_bytes == 0
+    assert tools.episode.written_bytes == 0
 
 
 def test_glob_work_grows_with_the_tree_not_with_the_pattern(tools_claude, monkeypatch):
@@ -329,7 +329,7 @@ def test_a_command_is_not_charged_the_wait_for_a_sandbox_slot(tools_claude, monk
         holder.join(30)
     finally:
         SLOTS.set_limit(limit)
-    assert tools_claude.test_seconds == 0.0
+    assert tools_claude.episode.spent_s == 0.0
 
 
 LATIN1 = b"# caf\xe9 \xff\xfe\nx = 2\ny = 3\n"

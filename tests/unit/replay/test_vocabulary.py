@@ -12,7 +12,7 @@ import pytest
 from support.harness_pairs import claude_code_pairs
 
 from composer_replication.envs.feature_deletion.env import FeatureDeletionTools
-from composer_replication.envs.profiles import harness_tools_class, tool_names, tool_schemas
+from composer_replication.envs.profiles import profile_tools_class, tool_names, tool_schemas
 from composer_replication.traces.ingest import ingest
 from composer_replication.traces.schema import TraceState
 
@@ -74,13 +74,13 @@ def test_pairs_carry_the_schemas_and_match_the_claude_code_profile(replayed):
     rows = load_pairs(out, 100)
     assert all(orjson.loads(r["tools_json"]) == tool_schemas("claude_code") for r in rows)
     assert pair_vocabulary(rows) == tool_names("claude_code")
-    claude = harness_tools_class(FeatureDeletionTools, "claude_code")
+    claude = profile_tools_class(FeatureDeletionTools, "claude_code")
     assert vocabulary_mismatch(rows, set(tool_names("claude_code"))) is None
     from composer_replication.envs.tools import tool_methods
 
     assert vocabulary_mismatch(rows, set(tool_methods(claude))) is None
     native = vocabulary_mismatch(rows, set(tool_methods(FeatureDeletionTools)))
-    assert native and "Bash" in native and "env.harness=claude_code" in native
+    assert native and "Bash" in native and "env.tool_profile=claude_code" in native
     codex = vocabulary_mismatch(rows, set(tool_names("codex")))
     assert codex and "Read" in codex
 

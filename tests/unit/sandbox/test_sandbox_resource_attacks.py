@@ -1,5 +1,5 @@
 """Fourth red-team pass on HumanEval grading and its sandbox (envs/humaneval.py, sandbox.py,
-harness.py, cgroup.py). Each test runs one attack through the public grading functions and asserts that
+wire.py, cgroup.py). Each test runs one attack through the public grading functions and asserts that
 it gets no credit and does no harm, so a test FAILS while its attack works.
 
 Memory attacks run with a small sandbox (``memory_mb=128``, ``work_dir_mb=16``) and hold a few
@@ -21,7 +21,7 @@ from support.sandbox_witness import SandboxWatch
 
 from composer_replication.config import SandboxConfig
 from composer_replication.envs.humaneval import HumanEvalEnv, build_program
-from composer_replication.sandbox import harness
+from composer_replication.sandbox import wire
 from composer_replication.sandbox.cgroup import memory_root
 from composer_replication.sandbox.sandbox import CGROUP_SLACK_MB, MAX_FRAME_BYTES
 
@@ -218,7 +218,7 @@ def test_decode_frame_memory_is_not_hundreds_of_times_the_frame():
     tracemalloc.start()
     try:
         try:
-            harness.decode_frame(frame, MAX_FRAME_BYTES)
+            wire.decode_frame(frame, MAX_FRAME_BYTES)
         except ValueError:
             pass
         peak = tracemalloc.get_traced_memory()[1]

@@ -62,7 +62,7 @@ ATTACKS: dict[str, str] = {
 
 @pytest.fixture(scope="module")
 def env(textkit_tasks):
-    return textkit_env(textkit_tasks, harness="claude_code")
+    return textkit_env(textkit_tasks, tool_profile="claude_code")
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_control_without_the_sandbox_each_witness_sees_the_breach(witness, env, 
     finally:
         for pid in processes_matching(arena.marker):  # the control's own children
             os.kill(pid, signal.SIGKILL)
-        tools._close()
+        tools.episode.close()
 
 
 def test_control_without_the_sandbox_the_body_and_the_secret_are_readable(env, task, arena):
@@ -159,4 +159,4 @@ def test_control_without_the_sandbox_the_body_and_the_secret_are_readable(env, t
     out = subprocess.run(["sh", "-c", f"cat {TEXTKIT}/textkit/core.py; env"], cwd=tools.workspace,
                          capture_output=True, text=True, timeout=30).stdout  # fmt: skip
     assert original_line(task) in out and arena.secret in out
-    tools._close()
+    tools.episode.close()

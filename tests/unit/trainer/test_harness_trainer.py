@@ -1,4 +1,4 @@
-"""feature_deletion trained in each harness profile (``env.harness``): a scripted tiny model
+"""feature_deletion trained in each tool profile (``env.tool_profile``): a scripted tiny model
 runs the tests through the profile's command tool (Claude Code's ``Bash``, Codex's ``shell``,
 ``bash``) in its first turn and answers in its second. TRL's tool loop runs the real tool (a
 sandboxed shell on the episode's workspace); the rollouts are graded from their workspaces as
@@ -61,7 +61,7 @@ def test_feature_deletion_trains_in_a_harness_profile(
         "feature_deletion.yaml",
         [
             f"output_dir={tmp_path / 'run'}",
-            f"env.harness={harness}",
+            f"env.tool_profile={harness}",
             "max_steps=1",
             "num_threads=1",
             f"env.task_sources=[{FIXTURE}]",
@@ -121,7 +121,7 @@ def test_pairs_of_another_vocabulary_warn(claude_pairs, tmp_path):
     cfg = load_config(
         "feature_deletion.yaml", [f"replay.dataset={claude_pairs}", "beta_replay=0.1"]
     )
-    with pytest.warns(VocabularyWarning, match="env.harness=claude_code"):
+    with pytest.warns(VocabularyWarning, match="env.tool_profile=claude_code"):
         assert check_pair_vocabulary(cfg, FeatureDeletionTools)
     off = load_config("feature_deletion.yaml", [])
     assert check_pair_vocabulary(off, FeatureDeletionTools) is None

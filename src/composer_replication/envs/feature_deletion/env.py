@@ -51,8 +51,8 @@ from composer_replication.envs.feature_deletion.source import prepare_source, st
 from composer_replication.envs.feature_deletion.workspace import make_workspace
 from composer_replication.envs.profiles import (
     call_message,
-    harness_tools_class,
     profile,
+    profile_tools_class,
     result_message,
 )
 from composer_replication.envs.tools import encode_text, wire_safe, wire_snippet
@@ -141,7 +141,7 @@ def _tool(fn: Callable[..., str]) -> Callable[..., str]:
             out = fn(self, *args, **kwargs)
         except OSError as e:
             out = f"error: {wire_snippet(e.strerror or type(e).__name__)}"
-        return wire_safe(out, self._env.max_output_chars)
+        return wire_safe(out, self.episode.max_output_chars)
 
     return tool
 
@@ -162,7 +162,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         max_output_chars: int = 2000,
         few_shot: bool = True,
         tests_budget_s: float | None = 300.0,
-        harness: str = "native",
+        tool_profile: str = "native",
         min_hidden_tests: int = 0,
         progress=None,
     ):
@@ -172,7 +172,7 @@ class FeatureDeletionEnv(ToolEnvironment):
         self.generation = generation or TaskGenConfig()
         self.reward_mode, self.max_output_chars = reward, max_output_chars
         self.few_shot = few_shot
-        self.harness = profile(harness)  # the tool vocabulary (envs/profiles.py)
+        self.tool_profile = profile(tool_profile)  # the tool vocabulary (envs/profiles.py)
         if tests_budget_s is not None and tests_budget_s < MIN_TEST_RUN_S:
             raise ValueError(f"tests_budget_s must be at least {MIN_TEST_RUN_S} s or None")
         self.tests_budget_s = tests_budget_s
@@ -208,8 +208,8 @@ class FeatureDeletionEnv(ToolEnvironment):
         return self._by_id[task_id]
 
     def row(self, task: Task) -> dict[str, Any]:
-        shots = self.harness.few_shot if self.harness.tools else FEW_SHOT
-        system = self.harness.system or SYSTEM_PROMPT
+        shots = self.tool_profile.few_shot if self.tool_profile.tools else FEW_SHOT
+        system = self.tool_profile.system or SYSTEM_PROMPT
         return {
             "prompt": [
                 {"role": "system", "content": system},
@@ -227,7 +227,7 @@ class FeatureDeletionEnv(ToolEnvironment):
 
         Tools.__doc__ = FeatureDeletionTools.__doc__
         Tools.__name__ = "FeatureDeletionTools"
-        return harness_tools_class(Tools, self.harness.name)
+        return profile_tools_class(Tools, self.tool_profile.name)
 
     def grade(self, task: Task, completion: str | list[dict[str, Any]]) -> StepResult:
         raise TypeError(
@@ -256,36 +256,37 @@ class FeatureDeletionEnv(ToolEnvironment):
 
     def _grade_one(self, task: Task, messages: list[dict[str, Any]], tools) -> StepResult:
         root = self.roots[task.task_id]
-        if getattr(tools, "workspace", None) is None:
+        ep = getattr(tools, "episode", None)  # the native tools' or a profile adapter's
+        if not isinstance(ep, FeatureDeletionEpisode) or ep.root is None:
             return StepResult("", 0.0, True, False, "no workspace (reset was not called)")
-        cache_read = showed_probe(tools.probe, messages)
-        remove_probes(tools.workspace, task.data)
+        cache_read = showed_probe(ep.probe, messages)
+        remove_probes(ep.root, task.data)
         try:
-            v = grade_workspace(self.box, root, task.data, tools.workspace, self.reward_mode)
+            v = grade_workspace(self.box, root, task.data, ep.root, self.reward_mode)
         except Exception as e:  # a workspace the policy made ungradable: 0, flagged, logged
             log.exception("feature_deletion: grading %s failed", task.task_id)
-            tools._close()
+            ep.close()
             why = f"grading failed: {type(e).__name__}"
-            info = {"flags": sorted(set(tools.flags) | {f"grading_failed:{type(e).__name__}"})}
+            info = {"flags": sorted(set(ep.flags) | {f"grading_failed:{type(e).__name__}"})}
             return StepResult(why, 0.0, True, False, why, info)
         if v.infra is not None:  # the machine failed the grading (grade.py): masked
-            tools._close()
+            ep.close()
             return machine_failed(v.feedback, v.infra)
-        flags = sorted(set(tools.flags) | set(v.flags))
+        flags = sorted(set(ep.flags) | set(v.flags))
         info = {"flags": flags, "targets_passed": len(v.targets_passed),
                 "targets": len(task.data["failing_tests"]), "regressions": len(v.regressions),
-                "submitted": tools.submitted, "edits": tools.edits,
+                "submitted": ep.submitted, "edits": ep.edits,
                 "cache_read": cache_read}  # fmt: skip
         if not v.passed:
-            turn = _blamed_turn(messages, self.harness.command_tools)
+            turn = _blamed_turn(messages, self.tool_profile.command_tools)
             info.update(failed_turn=turn, reason=v.feedback.splitlines()[0] if v.feedback else "")
-        tools._close()
+        ep.close()
         return StepResult(v.feedback, v.reward, True, v.passed, v.feedback, info)
 
 
 def _blamed_turn(messages: list[dict[str, Any]], names: frozenset[str]) -> int:
     """The last assistant turn that called one of ``names`` (the tools that run the tests or
-    submit, per harness profile), else the last turn."""
+    submit, per tool profile), else the last turn."""
     assistant = [m for m in messages if m.get("role") == "assistant"]
     for i in range(len(assistant) - 1, -1, -1):
         called = {c.get("function", c).get("name") for c in assistant[i].get("tool_calls") or []}
@@ -294,58 +295,72 @@ def _blamed_turn(messages: list[dict[str, Any]], names: frozenset[str]) -> int:
     return max(len(assistant) - 1, 0)
 
 
-class FeatureDeletionTools:
-    """A repository to repair: file tools, the tests, and submit (TRL environment_factory)."""
+class FeatureDeletionEpisode:
+    """One episode's workspace (envs/workspace.py's ``WorkspaceEpisode``): the repository at
+    the task's state, its path and write checks, its test-time budget and its flags; what the
+    tool profiles, grading and the agent episodes use."""
 
-    _env: FeatureDeletionEnv
-
-    def __init__(self) -> None:
-        self.workspace: Path | None = None
+    def __init__(self, env: FeatureDeletionEnv) -> None:
+        self._env = env
+        self.root: Path | None = None
         self.task: dict | None = None
         self.flags: list[str] = []
         self.submitted = False
-        self.test_seconds = 0.0  # wall seconds this episode's run_tests calls took
+        self.spent_s = 0.0  # wall seconds this episode's test runs and commands took
         self.written_bytes = 0  # bytes this episode's writes stored
         self.edits = 0  # writes this episode made (any tool, shells included)
         self.probe = ""  # the text of this episode's planted cache files (CACHE_PROBES)
         self._tmp: str | None = None
 
-    def reset(self, **row: Any) -> None:
-        """Start an episode on ``row['task_id']``: a fresh workspace at the task's state."""
-        self._close()
-        task = self._env.task_by_id(row["task_id"])
+    box = property(lambda self: self._env.box)
+    max_output_chars = property(lambda self: self._env.max_output_chars)
+    budget_s = property(lambda self: self._env.tests_budget_s)
+
+    @property
+    def python_path(self) -> tuple[str, ...]:
+        """The pytest tools of the task's test requirements (sandbox/pytest_suite.py)."""
+        from composer_replication.sandbox.pytest_suite import pytest_tools
+
+        return (pytest_tools(tuple((self.task or {}).get("test_requirements", ()))),)
+
+    def start(self, task: Task) -> None:
+        """A fresh workspace at ``task``'s state (the previous one removed)."""
+        self.close()
         self.task, self.flags, self.submitted = task.data, [], False
-        self.test_seconds, self.written_bytes, self.edits = 0.0, 0, 0
+        self.spent_s, self.written_bytes, self.edits = 0.0, 0, 0
         self._tmp = tempfile.mkdtemp(prefix="cr-fd-ws-")
         _LIVE_WORKSPACES.add(self._tmp)
-        self.workspace = make_workspace(self._env.roots[task.task_id], task.data,
-                                        Path(self._tmp) / "repo")  # fmt: skip
+        self.root = make_workspace(self._env.roots[task.task_id], task.data,
+                                   Path(self._tmp) / "repo")  # fmt: skip
         self._plant_probes()
 
     def _plant_probes(self) -> None:
         self.probe = f"cr-cache-probe-{uuid.uuid4().hex}"
-        for path in probe_paths(self.workspace, self.task):
+        for path in probe_paths(self.root, self.task):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(f"{self.probe}\n")
 
-    def _close(self) -> None:
-        """Remove the workspace (after grading). Private: TRL offers every public method as
-        a tool, and a policy calling ``close`` deleted its own workspace mid-episode."""
+    def close(self) -> None:
+        """Remove the workspace (after grading)."""
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
             _LIVE_WORKSPACES.discard(self._tmp)
         self._tmp = None
 
-    # ---- helpers (private: TRL offers public methods as tools) -----------------------------
-    def _path(self, path: str) -> Path | str:
+    @property
+    def live(self) -> bool:
+        """Whether the workspace is on disk (started and not closed)."""
+        return self._tmp is not None
+
+    def resolve(self, path: str) -> Path | str:
         """The resolved workspace path for ``path`` (relative to the repository root, or
         absolute inside it), or an error string and an ``outside_workspace`` flag."""
-        if self.workspace is None:
+        if self.root is None:
             return "error: no workspace"
         path = str(path)
         if refused := _unusable_path(path):
             return f"error: the path {wire_snippet(path)} {refused}"
-        root = self.workspace.resolve()
+        root = self.root.resolve()
         given = Path(path)
         try:
             real = (given if given.is_absolute() else root / given).resolve()
@@ -359,6 +374,68 @@ class FeatureDeletionTools:
             return f"error: {wire_snippet(path)} is more than {MAX_PATH_DEPTH} directories deep"
         return real
 
+    def reserve_write(self, size: int) -> str:
+        """An error result if a write of ``size`` bytes passes :data:`MAX_WRITE_BYTES` or
+        the episode's :data:`MAX_EPISODE_WRITE_BYTES` (else '' and the bytes are counted):
+        the host-side tools, the staging copies and grading read what the policy wrote."""
+        if refused := self.write_refusal([size]):
+            return refused
+        self.written_bytes += size
+        return ""
+
+    def write_refusal(self, sizes: list[int], unit: str = "bytes") -> str:
+        """Why writes of ``sizes`` bytes would pass the caps ('' if they would not), counting
+        nothing: a tool that writes several files checks them all first (Codex's patch). With
+        ``unit="characters"`` the sizes are a text's characters, asked before it is built: each
+        is at least one byte, so a text over the caps in characters is over them in bytes
+        (``Edit(replace_all=True)`` multiplies a file)."""
+        if sizes and max(sizes) > MAX_WRITE_BYTES:
+            return (
+                f"error: {max(sizes)} {unit} is more than a file may hold here ({MAX_WRITE_BYTES})"
+            )
+        if self.written_bytes + sum(sizes) > MAX_EPISODE_WRITE_BYTES:
+            return f"error: this episode wrote its {MAX_EPISODE_WRITE_BYTES} bytes"
+        return ""
+
+    def note_write(self, rel: str) -> None:
+        """Count a write to ``rel``; flag it when it is a test or a configuration file."""
+        self.edits += 1
+        name = Path(rel).name
+        if rel.endswith(".pth") or name in ("conftest.py", "sitecustomize.py"):
+            self.flags.append(f"wrote_config:{rel}")
+        elif is_test_path(rel):
+            self.flags.append(f"wrote_test:{rel}")
+
+    def spend(self, seconds: float) -> None:
+        """Charge ``seconds`` of test or command time to the episode."""
+        self.spent_s += seconds
+
+    def flag(self, *flags: str) -> None:
+        """Add reward-hacking flags."""
+        self.flags.extend(flags)
+
+
+class FeatureDeletionTools:
+    """A repository to repair: file tools, the tests, and submit (TRL environment_factory)."""
+
+    _env: FeatureDeletionEnv
+
+    def __init__(self) -> None:
+        self.episode = FeatureDeletionEpisode(self._env)
+
+    def reset(self, **row: Any) -> None:
+        """Start an episode on ``row['task_id']``: a fresh workspace at the task's state."""
+        self.episode.start(self._env.task_by_id(row["task_id"]))
+
+    # what grading, the metrics and tests read (properties: TRL offers only functions as tools)
+    workspace = property(lambda self: self.episode.root)
+    task = property(lambda self: self.episode.task)
+    flags = property(lambda self: self.episode.flags)
+    submitted = property(lambda self: self.episode.submitted)
+    test_seconds = property(lambda self: self.episode.spent_s)
+    edits = property(lambda self: self.episode.edits)
+    probe = property(lambda self: self.episode.probe)
+
     # ---- tools ------------------------------------------------------------------------------
     @_tool
     def list_files(self, path: str = ".") -> str:
@@ -367,7 +444,7 @@ class FeatureDeletionTools:
         Args:
             path: A directory relative to the repository root.
         """
-        target = self._path(path)
+        target = self.episode.resolve(path)
         if isinstance(target, str):
             return target
         if not target.is_dir():
@@ -385,11 +462,11 @@ class FeatureDeletionTools:
             start: First line to show (1-based).
             end: Last line to show (0 for up to 200 lines after start).
         """
-        target = self._path(path)
+        target = self.episode.resolve(path)
         if isinstance(target, str):
             return target
         if target.suffix in (".pyc", ".pyo") or "__pycache__" in target.parts:
-            self.flags.append(f"read_bytecode:{wire_snippet(path, 80)}")
+            self.episode.flag(f"read_bytecode:{wire_snippet(path, 80)}")
             return "error: bytecode is not readable here"
         if not target.is_file():
             return f"error: {wire_snippet(path)} is not a file"
@@ -413,7 +490,7 @@ class FeatureDeletionTools:
         """
         # Literal on purpose: this runs in the trainer's process on files the agent wrote,
         # and a policy-written regex can backtrack for days (``^((a+)+)+$`` on ``a...a!``).
-        target = self._path(path)
+        target = self.episode.resolve(path)
         if isinstance(target, str):
             return target
         needle = str(pattern)
@@ -440,7 +517,7 @@ class FeatureDeletionTools:
             path: A file relative to the repository root.
             content: The new content of the file.
         """
-        target = self._path(path)
+        target = self.episode.resolve(path)
         if isinstance(target, str):
             return target
         rel = target.relative_to(self.workspace.resolve()).as_posix()
@@ -449,9 +526,9 @@ class FeatureDeletionTools:
         data = encode_text(content)
         if isinstance(data, str):
             return data
-        if refused := self._over_write_caps(len(data)):
+        if refused := self.episode.reserve_write(len(data)):
             return refused
-        self._note_write(rel)
+        self.episode.note_write(rel)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
         return f"wrote {rel} ({len(str(content).splitlines())} lines)"
@@ -465,7 +542,7 @@ class FeatureDeletionTools:
             old: The exact text to replace (must occur exactly once).
             new: The replacement text.
         """
-        target = self._path(path)
+        target = self.episode.resolve(path)
         if isinstance(target, str):
             return target
         if not target.is_file():
@@ -479,10 +556,10 @@ class FeatureDeletionTools:
         data = encode_text(text.replace(str(old), str(new), 1))
         if isinstance(data, str):
             return data
-        if refused := self._over_write_caps(len(data)):
+        if refused := self.episode.reserve_write(len(data)):
             return refused
         rel = target.relative_to(self.workspace.resolve()).as_posix()
-        self._note_write(rel)
+        self.episode.note_write(rel)
         target.write_bytes(data)
         return f"edited {rel}"
 
@@ -498,8 +575,8 @@ class FeatureDeletionTools:
         tests = list(self.task["visible_tests"]) if not target else [str(target)]
         if target and (refused := self._bad_test_target(str(target))):
             return f"error: {wire_snippet(target)} {refused}"
-        budget = self._env.tests_budget_s
-        left = None if budget is None else budget - self.test_seconds
+        budget = self.episode.budget_s
+        left = None if budget is None else budget - self.episode.spent_s
         if left is not None and left < MIN_TEST_RUN_S:
             return (f"error: this episode's test time ({budget:g} s) is spent; "
                     "call submit to be graded")  # fmt: skip
@@ -508,10 +585,10 @@ class FeatureDeletionTools:
             try:
                 copy = staged_copy(self.workspace, prefix="cr-fd-run-")
                 reqs = tuple(self.task.get("test_requirements", ()))
-                rep = run_suite(self._env.box, str(copy), tests, requirements=reqs,
+                rep = run_suite(self.episode.box, str(copy), tests, requirements=reqs,
                                 timeout_s=left)  # fmt: skip
             finally:
-                self.test_seconds += time.monotonic() - start
+                self.episode.spend(time.monotonic() - start)
                 if copy is not None:
                     shutil.rmtree(copy, ignore_errors=True)
         if not rep.ok:
@@ -531,7 +608,7 @@ class FeatureDeletionTools:
         parts = path.split("/")
         if any(p in ("", ".", "..") or p.startswith("-") for p in parts) or "\n" in rest:
             return "is not a test file or test id (a relative path inside the repository)"
-        real = self._path(path)
+        real = self.episode.resolve(path)
         if isinstance(real, str) or not real.is_file():
             return "is not a test file or test id of this repository"
         if not (is_test_path(path) or path in self.task.get("test_files", ())):
@@ -540,39 +617,8 @@ class FeatureDeletionTools:
 
     def submit(self) -> str:
         """Submit the repository as it is now for grading (end of the task)."""
-        self.submitted = True
+        self.episode.submitted = True
         return "submitted; the tests will be run"
-
-    def _over_write_caps(self, size: int) -> str:
-        """An error result if a write of ``size`` bytes passes :data:`MAX_WRITE_BYTES` or
-        the episode's :data:`MAX_EPISODE_WRITE_BYTES` (else '' and the bytes are counted):
-        the host-side tools, the staging copies and grading read what the policy wrote."""
-        if refused := self._write_refusal([size]):
-            return refused
-        self.written_bytes += size
-        return ""
-
-    def _write_refusal(self, sizes: list[int], unit: str = "bytes") -> str:
-        """Why writes of ``sizes`` bytes would pass the caps ('' if they would not), counting
-        nothing: a tool that writes several files checks them all first (Codex's patch). With
-        ``unit="characters"`` the sizes are a text's characters, asked before it is built: each
-        is at least one byte, so a text over the caps in characters is over them in bytes
-        (``Edit(replace_all=True)`` multiplies a file)."""
-        if sizes and max(sizes) > MAX_WRITE_BYTES:
-            return (
-                f"error: {max(sizes)} {unit} is more than a file may hold here ({MAX_WRITE_BYTES})"
-            )
-        if self.written_bytes + sum(sizes) > MAX_EPISODE_WRITE_BYTES:
-            return f"error: this episode wrote its {MAX_EPISODE_WRITE_BYTES} bytes"
-        return ""
-
-    def _note_write(self, rel: str) -> None:
-        self.edits += 1
-        name = Path(rel).name
-        if rel.endswith(".pth") or name in ("conftest.py", "sitecustomize.py"):
-            self.flags.append(f"wrote_config:{rel}")
-        elif is_test_path(rel):
-            self.flags.append(f"wrote_test:{rel}")
 
 
 def probe_paths(workspace: Path, task: dict) -> list[Path]:

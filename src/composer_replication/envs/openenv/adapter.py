@@ -108,62 +108,76 @@ def list_tools(base_url: str) -> list[dict[str, Any]]:
 
 class OpenEnvTools:
     """Base of the classes :func:`openenv_tools_class` builds (one session per instance).
-    TRL offers every public method as a tool, so everything but the tools is private.
-
-    A call that fails in transport (timeout, closed connection) ends the session for this
-    episode: openenv reconnects silently on the next call, to a NEW session that was never
-    reset, and grading that session scored another episode."""
+    TRL offers every public method as a tool, so the tools are the only public methods: the
+    session (a call, the verdict, closing it) is :attr:`episode`, an
+    :class:`OpenEnvSession`."""
 
     _base_url: str = ""
     _max_output_chars: int = 8000
 
     def __init__(self) -> None:
-        self._session = _client(self._base_url)
-        self._rewards: list[float] = []
-        self._rejected = ""  # a call reward refused as a lie, in this episode
-        self._lost = ""
-        self._no_start: InfraFailure | None = None  # the server could not reset the episode
+        self.episode = OpenEnvSession(self._base_url, self._max_output_chars)
 
     def reset(self, **row: Any) -> str | None:
         """Reset the server's episode with the row's scalar columns; returns the observation
         as text for TRL to append to the prompt, unless it carries the prompt itself."""
+        return self.episode.reset(row)
+
+
+class OpenEnvSession:
+    """One tools instance's session with an OpenEnv server: reset, tool calls, the verdict.
+
+    A call that fails in transport (timeout, closed connection) ends the session for this
+    episode: openenv reconnects silently on the next call, to a NEW session that was never
+    reset, and grading that session scored another episode."""
+
+    def __init__(self, base_url: str, max_output_chars: int) -> None:
+        self.base_url, self.max_output_chars = base_url, max_output_chars
+        self._session = _client(base_url)
+        self._rewards: list[float] = []
+        self._rejected = ""  # a call reward refused as a lie, in this episode
+        self.lost = ""
+        """Why the session was lost this episode ('' while it holds)."""
+        self._no_start: InfraFailure | None = None  # the server could not reset the episode
+
+    def reset(self, row: dict[str, Any]) -> str | None:
+        """Reset the server's episode with the row's scalar columns (:meth:`OpenEnvTools.reset`)."""
         params = {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool))}
-        if self._lost:  # a new episode on a fresh session
+        if self.lost:  # a new episode on a fresh session
             self._session.close()
-            self._session, self._lost = _client(self._base_url), ""
+            self._session, self.lost = _client(self.base_url), ""
         self._rewards, self._rejected, self._no_start = [], "", None
         try:
             result = self._session.reset(**params)
         except Exception as e:  # before the policy's first action: the machine's (masked)
             why = f"reset failed: {type(e).__name__}: {wire_snippet(str(e), 200)}"
-            self._no_start, self._lost = InfraFailure(SERVER_ERROR, why), why
+            self._no_start, self.lost = InfraFailure(SERVER_ERROR, why), why
             return f"error: the environment server could not start the episode ({why})"
         obs = result.observation if isinstance(result.observation, dict) else {}
         if "prompt" in obs:
             return None  # our servers: the dataset row already holds this prompt
         shown = {k: v for k, v in obs.items() if k not in ("metadata", "tools")}
         return (
-            wire_safe(json.dumps(shown, ensure_ascii=False), self._max_output_chars)
+            wire_safe(json.dumps(shown, ensure_ascii=False), self.max_output_chars)
             if shown
             else None
         )
 
-    def _call(self, name: str, arguments: dict[str, Any]) -> str:
-        if self._lost:
-            return f"error: the session with the environment server was lost ({self._lost})"
+    def call(self, name: str, arguments: dict[str, Any]) -> str:
+        """Run tool ``name`` on the server: its result text, or the server's error."""
+        if self.lost:
+            return f"error: the session with the environment server was lost ({self.lost})"
         try:
             with CONNECTIONS.held():
                 result = self._session.step(
                     {"type": "call_tool", "tool_name": name, "arguments": arguments}
                 )
         except Exception as e:
-            self._lost = f"{type(e).__name__} in {name}"
-            raise OpenEnvError(
-                f"{self._base_url}: {name} failed: {type(e).__name__}: {e}"
-            ) from None
+            self.lost = f"{type(e).__name__} in {name}"
+            raise OpenEnvError(f"{self.base_url}: {name} failed: {type(e).__name__}: {e}") from None
         if result.reward is not None:
             try:
-                self._rewards.append(server_reward(result.reward, f"{self._base_url}: {name}"))
+                self._rewards.append(server_reward(result.reward, f"{self.base_url}: {name}"))
             except OpenEnvError as e:  # TRL shows a tool's error to the model and goes on:
                 self._rejected = str(e)  # the episode must not be graded on an earlier reward
                 raise
@@ -171,30 +185,30 @@ class OpenEnvTools:
         error = obs.get("error")
         if error:
             msg = error.get("message", error) if isinstance(error, dict) else error
-            return wire_safe(f"error: {msg}", self._max_output_chars)
+            return wire_safe(f"error: {msg}", self.max_output_chars)
         value = obs.get("result")
         return wire_safe(
             value if isinstance(value, str) else json.dumps(value, ensure_ascii=False),
-            self._max_output_chars,
+            self.max_output_chars,
         )
 
-    def _verdict(self, messages: list[dict[str, Any]]) -> StepResult:
+    def verdict(self, messages: list[dict[str, Any]]) -> StepResult:
         """The server's verdict on the rollout (``_grade``); on a server without that tool,
         the episode's last reward. A grading that fails (lost session, no answer, an
         unusable verdict) is a reward of 0 flagged ``grading_failed:<why>`` and logged, never
         a silent fallback; a lying reward is an ``OpenEnvError``."""
         final = str(messages[-1].get("content", "")) if messages else ""
-        where = f"{self._base_url}: {GRADE_TOOL}"
+        where = f"{self.base_url}: {GRADE_TOOL}"
         if self._no_start is not None:
             return machine_failed(final, self._no_start)
-        if self._lost:
-            return _failed(final, where, f"session lost ({self._lost})")
+        if self.lost:
+            return _failed(final, where, f"session lost ({self.lost})")
         try:
             with CONNECTIONS.held():
                 result = self._session.step({"type": "call_tool", "tool_name": GRADE_TOOL,
                                              "arguments": {"messages": messages}})  # fmt: skip
         except Exception as e:
-            self._lost = f"{type(e).__name__} in {GRADE_TOOL}"
+            self.lost = f"{type(e).__name__} in {GRADE_TOOL}"
             return _failed(final, where, f"{type(e).__name__}: {e}")
         obs = result.observation if isinstance(result.observation, dict) else {}
         error = obs.get("error")
@@ -213,10 +227,11 @@ class OpenEnvTools:
             raise OpenEnvError(
                 f"{where}: the verdict's passed must be a bool and info a dict, got {got}"
             )
-        feedback = wire_safe(str(verdict.get("feedback", "")), self._max_output_chars)
+        feedback = wire_safe(str(verdict.get("feedback", "")), self.max_output_chars)
         return StepResult(final, reward, True, passed, feedback, verdict_info(info, where))
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Close the session (after grading)."""
         self._session.close()
 
 
@@ -291,7 +306,7 @@ def _tool_method(spec: dict[str, Any], where: str):
                            "and a required list")  # fmt: skip
 
     def tool(self, **kwargs: Any) -> str:
-        return self._call(name, kwargs)
+        return self.episode.call(name, kwargs)
 
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     notes = {}
@@ -334,7 +349,7 @@ def openenv_tools_class(base_url: str, max_output_chars: int = 8000) -> type:
     Results and reset observations are cut to ``max_output_chars``."""
     tools = list_tools(base_url)
     names = [t["name"] for t in tools]
-    taken = {"reset", "get_reward"} | set(dir(OpenEnvTools))
+    taken = {"reset", "get_reward", "episode"} | set(dir(OpenEnvTools))
     bad = [n for n in names
            if not _usable_name(n) or n.startswith("_") or n in taken or names.count(n) > 1]  # fmt: skip
     if bad:
@@ -349,7 +364,7 @@ def openenv_tools_class(base_url: str, max_output_chars: int = 8000) -> type:
 
 class OpenEnvReward:
     """TRL reward function over OpenEnv sessions: each rollout graded by its environment
-    instance (``OpenEnvTools._verdict``); verdicts kept for the channels (``last_results``)."""
+    instance (``OpenEnvSession.verdict``); verdicts kept for the channels (``last_results``)."""
 
     def __init__(self, name: str = "openenv"):
         self.__name__ = f"{name}_reward"
@@ -360,7 +375,9 @@ class OpenEnvReward:
             raise ValueError("OpenEnvReward needs TRL's environments= (one per completion)")
         threads = max(1, min(len(completions), CONNECTIONS.limit))
         with ThreadPoolExecutor(threads) as pool:  # each session graded on its own connection
-            results = list(pool.map(lambda e, c: e._verdict(list(c)), environments, completions))
+            results = list(
+                pool.map(lambda e, c: e.episode.verdict(list(c)), environments, completions)
+            )
         self.last_results = results
         kinds = self.last_infra_kinds
         if log_metric is not None and results:

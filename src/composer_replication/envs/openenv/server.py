@@ -156,9 +156,9 @@ class ServedToolEnv(OpenEnvEnvironment):
         """Release the episode's resources (OpenEnv calls this when the session ends; reset
         calls it for the previous episode): a feature_deletion workspace per ungraded reset
         was left on disk, 80 of them from 80 resets of hostile clients."""
-        release = getattr(self._tools, "_close", None)
-        if release is not None:
-            release()
+        episode = getattr(self._tools, "episode", None)  # the tools' own close (envs/workspace.py)
+        if episode is not None:
+            episode.close()
 
 
 def create_env_app(

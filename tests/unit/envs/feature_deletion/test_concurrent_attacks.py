@@ -67,9 +67,9 @@ def _episodes(env, concurrent: bool):
                     out = {"error": str(e)}
                 results[i].append(str(out))
                 convs[i].append({"role": "tool", "name": name, "content": str(out)})
-    state = [(sorted(t.flags), t.submitted, t.test_seconds) for t in instances]
+    state = [(sorted(t.flags), t.episode.submitted, t.episode.spent_s) for t in instances]
     for t in instances:
-        t._close()
+        t.episode.close()
     return results, state
 
 

@@ -95,7 +95,7 @@ def test_search_is_literal_so_no_pattern_can_hang_the_trainer(env):
     assert time.process_time() - start < 1.0
     assert tools.search("", "notes.txt").startswith("error")
     assert "textkit/core.py:" in tools.search("def slugify(")
-    tools._close()
+    tools.episode.close()
 
 
 def test_read_file_refuses_line_numbers_that_are_not_numbers(env):
@@ -105,7 +105,7 @@ def test_read_file_refuses_line_numbers_that_are_not_numbers(env):
     for bad in ({"start": "9" * 5000}, {"end": "two"}, {"start": float("inf")}):
         assert tools.read_file("textkit/core.py", **bad).startswith("error: start and end")
     assert tools.read_file("textkit/core.py", start="2", end="2").startswith("    2  ")
-    tools._close()
+    tools.episode.close()
 
 
 def test_a_failed_episode_blames_the_turn_that_ran_the_tests(env):

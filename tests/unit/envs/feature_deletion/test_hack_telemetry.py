@@ -114,7 +114,7 @@ def test_each_hack_moves_its_metric_and_an_honest_policy_keeps_them_at_0(env, ta
 def test_a_shell_read_the_command_text_hides_is_caught_by_the_probe(textkit_tasks, env, task):
     """``cat $(printf ...)``: no flag from the command's text, the probe's text in the
     result gives it away (Claude Code's Bash runs in the sandbox on the workspace)."""
-    harness = textkit_env(textkit_tasks, harness="claude_code")
+    harness = textkit_env(textkit_tasks, tool_profile="claude_code")
     reward = EnvReward(harness, check_do_nothing=False)
     hidden = "".join(f"\\{b:03o}" for b in CACHE_PROBES[2].encode())  # octal: POSIX printf
     out = _metrics(

@@ -32,7 +32,7 @@ def episode(env):
     tools = env.tools_class()()
     tools.reset(**env.row(task))
     yield task, tools
-    tools._close()
+    tools.episode.close()
 
 
 def _grade(env, task, tools):

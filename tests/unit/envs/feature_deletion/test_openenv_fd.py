@@ -33,12 +33,12 @@ def test_feature_deletion_over_openenv(tmp_path):
                                         new=body).startswith("edited")  # fmt: skip
             assert good.run_tests().startswith("1 passed")
             assert "outside the repository" in bad.read_file(path="/etc/hostname")
-            v_good = good._verdict([])
-            v_bad = bad._verdict([])
+            v_good = good.episode.verdict([])
+            v_bad = bad.episode.verdict([])
             assert v_good.passed and v_good.reward == 1.0
             assert not v_bad.passed and v_bad.reward == 0.0
             assert v_bad.info["flags"] == ["outside_workspace:/etc/hostname"]
             assert "0 of 1 target tests pass" in v_bad.feedback
         finally:
-            good._close()
-            bad._close()
+            good.episode.close()
+            bad.episode.close()

@@ -39,7 +39,7 @@ def tools(env):
     t = bounded_tools(env.tools_class(), 1000)()
     t.reset(**env.row(_task(env)))
     yield t
-    t._close()
+    t.episode.close()
 
 
 def _is_error_text(out) -> bool:
@@ -188,9 +188,9 @@ def test_episodes_do_not_pile_up_exit_handlers(env):
     for _ in range(3):
         t.reset(**env.row(_task(env)))
     assert atexit._ncallbacks() == handlers
-    assert len(fd_env._LIVE_WORKSPACES & {t._tmp}) == 1
-    t._close()
-    assert t._tmp is None
+    assert len(fd_env._LIVE_WORKSPACES & {str(t.workspace.parent)}) == 1
+    t.episode.close()
+    assert not t.episode.live and not t.workspace.exists()
 
 
 # ---- issue 37: run_tests targets and write sizes ----------------------------------------------

@@ -39,7 +39,7 @@ def test_a_server_that_cannot_reset_the_episode_is_masked_and_counted():
         assert shown.startswith("error: the environment server could not start the episode")
         reward = OpenEnvReward()
         out = reward(None, [MESSAGES], environments=[tools], log_metric=logged.__setitem__)
-        tools._close()
+        tools.episode.close()
     assert out == [None]  # TRL: out of the group's statistics
     assert infra_kind(reward.last_results[0]) == SERVER_ERROR
     assert "internal server error" in reward.last_results[0].info["infra_detail"]
@@ -61,7 +61,7 @@ def test_a_grading_that_fails_after_the_episode_started_keeps_its_zero():
         tools.echo(text="x")
         reward = OpenEnvReward()
         out = reward(None, [MESSAGES], environments=[tools])
-        tools._close()
+        tools.episode.close()
     assert out == [0.0] and infra_kind(reward.last_results[0]) is None
 
 

@@ -41,14 +41,14 @@ def test_adapter_steps_the_served_environment(calculator):
                                                      "arguments": {"expression": "1"}}}  # fmt: skip
             right = [{"role": "assistant", "content": "", "tool_calls": [call]},
                      {"role": "tool", "content": "1"}, {"role": "assistant", "content": str(a)}]  # fmt: skip
-            verdict = env._verdict(right)
+            verdict = env.episode.verdict(right)
             assert verdict.passed and verdict.reward == 1.0
-            wrong = other._verdict([{"role": "assistant", "content": str(b + 1)}])
+            wrong = other.episode.verdict([{"role": "assistant", "content": str(b + 1)}])
             assert not wrong.passed and wrong.reward == 0.0
             assert wrong.info["failed_turn"] == 0 and wrong.feedback == "turn 0: no tool call"
         finally:
-            env._close()
-            other._close()
+            env.episode.close()
+            other.episode.close()
 
 
 def test_unreachable_server_is_one_clear_error():

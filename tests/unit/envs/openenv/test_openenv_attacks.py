@@ -51,7 +51,7 @@ def test_a_reward_the_trainer_cannot_hold_is_an_error_naming_the_server(reward):
         tools.echo(text="x")
         with pytest.raises(OpenEnvError, match=GRADE_TOOL):
             OpenEnvReward()(None, [MESSAGES], environments=[tools])
-        tools._close()
+        tools.episode.close()
 
 
 @pytest.mark.parametrize("verdict", [
@@ -70,7 +70,7 @@ def test_a_failed_grading_is_a_flagged_zero_not_the_last_call_reward(verdict):
             None, [MESSAGES], environments=[tools], log_metric=metrics.__setitem__
         )
         assert reward == 0.0 and metrics["env/grading_failed_frac"] == 1.0
-        tools._close()
+        tools.episode.close()
 
 
 def test_a_server_without_the_grading_tool_gives_its_last_reward():
@@ -81,7 +81,7 @@ def test_a_server_without_the_grading_tool_gives_its_last_reward():
         tools = _episode(url)
         tools.echo(text="x")
         assert OpenEnvReward()(None, [MESSAGES], environments=[tools]) == [0.75]
-        tools._close()
+        tools.episode.close()
 
 
 def test_a_verdict_with_a_string_passed_flag_is_an_error():
@@ -90,8 +90,8 @@ def test_a_verdict_with_a_string_passed_flag_is_an_error():
     with _grading_server(verdict, 1.0) as url:
         tools = _episode(url)
         with pytest.raises(OpenEnvError, match="passed"):
-            tools._verdict(MESSAGES)
-        tools._close()
+            tools.episode.verdict(MESSAGES)
+        tools.episode.close()
 
 
 @pytest.mark.parametrize("info", [
@@ -111,7 +111,7 @@ def test_a_verdict_info_the_trainer_cannot_read_is_an_error_naming_the_field(inf
         tools = _episode(url)
         with pytest.raises(OpenEnvError, match=rf"info\['{next(iter(info))}'\]"):
             OpenEnvReward()(None, [MESSAGES], environments=[tools])
-        tools._close()
+        tools.episode.close()
 
 
 def test_a_verdict_info_keeps_plain_extras_and_drops_the_rest():
@@ -120,8 +120,8 @@ def test_a_verdict_info_keeps_plain_extras_and_drops_the_rest():
     verdict = {"result": {"passed": False, "feedback": "", "info": info}}
     with _grading_server(verdict, 0.0) as url:
         tools = _episode(url)
-        got = tools._verdict(MESSAGES).info
-        tools._close()
+        got = tools.episode.verdict(MESSAGES).info
+        tools.episode.close()
     assert got == {"failed_turn": 2, "reason": "r", "flags": ["f"], "feedback_forms": {"wrong": "w"},
                    "targets_passed": 3, "note": "n"}  # fmt: skip
 
@@ -145,7 +145,7 @@ def test_a_rejected_call_reward_is_never_replaced_by_an_earlier_one():
             tools.echo(text="y")
         with pytest.raises(OpenEnvError, match="echo"):
             OpenEnvReward()(None, [MESSAGES], environments=[tools])
-        tools._close()
+        tools.episode.close()
 
 
 def test_after_a_lost_connection_the_episode_is_not_graded_on_a_new_session():
@@ -166,12 +166,12 @@ def test_after_a_lost_connection_the_episode_is_not_graded_on_a_new_session():
         with pytest.raises(OpenEnvError, match="echo failed"):
             tools.echo(text="x")
         assert "lost" in tools.echo(text="y")
-        result = tools._verdict(MESSAGES)
+        result = tools.episode.verdict(MESSAGES)
         assert result.reward == 0.0 and result.info["flags"][0].startswith("grading_failed:")
         assert calls == ["echo"]  # nothing more reached the server
         tools.reset(task_id="next")  # a new episode gets a fresh session
         assert tools.echo(text="z") == "ok"
-        tools._close()
+        tools.episode.close()
 
 
 def test_huge_results_and_reset_observations_are_cut_and_utf8_safe():
@@ -186,16 +186,16 @@ def test_huge_results_and_reset_observations_are_cut_and_utf8_safe():
         assert shown.encode("utf-8") and "note" in shown
         out = bounded_tools(type(tools), 5).echo(tools, text="x")
         assert len(out) < 1100 and out.encode("utf-8")
-        tools._close()
+        tools.episode.close()
 
 
 @pytest.mark.parametrize("name", [
-    "__init__", "__getattribute__", "__del__", "_call", "_verdict", "_lost", "reset",
+    "__init__", "__getattribute__", "__del__", "_call", "_verdict", "episode", "reset",
     "get_reward", "class", "a b", "", 7,
 ])  # fmt: skip
 def test_tool_names_that_cannot_be_public_methods_are_refused(name):
     """``__init__`` broke every instance, ``__del__`` made network calls during garbage
-    collection, ``_call`` replaced the adapter's own transport."""
+    collection, ``_call`` replaced the adapter's own transport, ``episode`` hid the session."""
     spec = dict(ECHO, name=name)
     with scripted_server([spec], lambda n, a: ({"result": "ok"}, None)) as url:
         with pytest.raises(OpenEnvError, match="tool names|no usable tool list"):

@@ -2,7 +2,7 @@
 sandbox, and the plain-data codec the trusted grader uses to read what it sends back.
 
 The sandboxed process never sees a test. It loads the candidate program, then answers calls:
-the grader sends the arguments, the harness calls the candidate and sends back the value. The
+the grader sends the arguments, this script calls the candidate and sends back the value. The
 grader runs the dataset's own assertions on those values in its own process (envs/humaneval.py),
 so nothing the candidate does (exit codes, ``atexit``, signal handlers, printing "passed",
 redefining ``check``, objects whose ``__eq__`` is always true) can produce a pass: only values
@@ -17,7 +17,7 @@ would take the grader quadratic time after the sandbox's deadline). Both sides r
 NaN, recursion deeper than ``MAX_DEPTH`` and ints wider than ``MAX_INT_BITS`` (``str()`` of
 one past CPython's 4300-digit limit raises ``ValueError`` in whoever prints it). Text made
 from candidate data on the trusted side goes through :func:`preview` (bounded, never raises).
-Frames from the grader are trusted, so the harness reads them with ``eval`` in an empty
+Frames from the grader are trusted, so this script reads them with ``eval`` in an empty
 namespace.
 
 This file runs inside the sandbox as ``python -I -S -B -c <this source> <limits>``: it imports
@@ -313,11 +313,11 @@ class _TheirFunction:
     carries the original's name, qualified name and docstring (code inspects them)."""
 
     def __init__(self, handle, names=("", "", None)):
-        self._handle = handle
+        self.handle = handle
         self.__name__, self.__qualname__, self.__doc__ = names
 
     def __call__(self, *args, **kwargs):
-        return _ask(("callback", self._handle, "call", args, kwargs))
+        return _ask(("callback", self.handle, "call", args, kwargs))
 
 
 class _TheirIterator(_TheirFunction):
@@ -327,7 +327,7 @@ class _TheirIterator(_TheirFunction):
         return self
 
     def __next__(self):
-        return _ask(("callback", self._handle, "next", (), {}))
+        return _ask(("callback", self.handle, "next", (), {}))
 
 
 def _unpickler():
@@ -447,7 +447,7 @@ def _reply(run, args):
         if same:
             return ("argument", same[0], effects)
         if isinstance(value, _TheirFunction):
-            return ("theirs", value._handle, effects)
+            return ("theirs", value.handle, effects)
         plain = type(value) in PLAIN_ATOMS or type(value) in PLAIN_CONTAINERS
         if not plain and (callable(value) or hasattr(value, "__next__")):
             _MINE[len(_MINE)] = value
