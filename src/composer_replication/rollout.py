@@ -397,7 +397,9 @@ def run_agent(
             idx = [i for i in range(len(rows)) if done[i] is None]
             if not idx:
                 break
-            ids, prefixes = _generate(gen, tokenizer, [convs[i] for i in idx], schemas, sampling)
+            ids, prefixes = _generate_turns(
+                gen, tokenizer, [convs[i] for i in idx], schemas, sampling
+            )
             calling = []
             for i, out, prefix in zip(idx, ids, prefixes, strict=True):
                 message = parse_response(tokenizer, out, prefix=prefix, tools=schemas)
@@ -456,7 +458,7 @@ def _finish(conv: list[dict[str, Any]], row: dict[str, Any], s: list[int], env) 
                         tool_errors=s[2], instance=env)  # fmt: skip
 
 
-def _generate(generator: Generator, tokenizer, convs, tools, sampling: Sampling):
+def _generate_turns(generator: Generator, tokenizer, convs, tools, sampling: Sampling):
     """One turn for each conversation, all handed to the generator at once (it batches them
     and runs the prompt tokens they share once); returns the new ids and the prompts."""
     texts = [

@@ -1,5 +1,6 @@
 """Every private member of TRL's ``GRPOTrainer`` (and of transformers' ``Trainer`` under it)
-that the adapter to TRL (this folder) overrides, calls or reads, in one table.
+that the adapter to TRL (this folder, and rollout.py's ``ToolLoop``, which runs TRL's tool loop
+outside a trainer for the Ray workers) overrides, calls or reads, in one table.
 
 Nowhere else in the package touches a private member of another object
 (tests/unit/test_private_access.py reads the source and fails on one). TRL does not promise
@@ -63,7 +64,14 @@ TRL_PRIVATE: tuple[PrivateMember, ...] = (
             "images",
             "multimodal_fields",
         ),
-        "overridden: a turn's tool calls run at once (rollout.TurnCalls)",
+        "overridden: a turn's tool calls run at once (rollout.TurnCalls); called unbound by "
+        "rollout.ToolLoop (the Ray worker's tool loop, outside a trainer)",
+    ),
+    PrivateMember(
+        GRPO,
+        "_get_tool_suffix_ids",
+        ("self", "tool_messages"),
+        "called unbound by rollout.ToolLoop: the tokens of tool results between turns",
     ),
     PrivateMember(
         GRPO,
@@ -104,6 +112,11 @@ TRL_PRIVATE: tuple[PrivateMember, ...] = (
     PrivateMember(GRPO, "_sync_tool_dicts", None, "swapped for the concurrent tool calls"),
     PrivateMember(GRPO, "_dist", None, "read: full parameters summoned for generation"),
     PrivateMember(GRPO, "_last_loaded_step", None, "set: the Ray source synced the weights"),
+    PrivateMember(GRPO, "_async_tool_dicts", None, "set by rollout.ToolLoop: no async tools"),
+    PrivateMember(GRPO, "_is_vlm", None, "set by rollout.ToolLoop: text only"),
+    PrivateMember(
+        GRPO, "_tokenizer", None, "set by rollout.ToolLoop: what TRL's loop encodes with"
+    ),
 )
 """The members, each with its recorded parameters (module docstring)."""
 
