@@ -31,12 +31,12 @@ from composer_replication.config.channels import (
     CHANNEL_ALIASES,
     CHANNEL_SECTIONS,
     DistillConfig,
-    LocalTeacherConfig,
     ReplayChannelConfig,
     SdpoConfig,
     move_weight_aliases,
 )
 from composer_replication.config.data import DataConfig
+from composer_replication.config.teachers import LocalTeacherConfig
 from composer_replication.config.diloco import DilocoConfig
 from composer_replication.config.env import (
     ArithmeticEnvConfig,
@@ -355,11 +355,7 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _advantage_needs_the_policy_loss(self) -> RunConfig:
         loss = self.distill.loss
-        if (
-            self.distill.weight > 0
-            and getattr(loss, "as_advantage", False)
-            and not self.grpo.weight
-        ):
+        if self.distill.weight > 0 and loss.as_advantage and not self.grpo.weight:
             raise ValueError(
                 "distill.loss.as_advantage=true trains through GRPO's loss: grpo.weight must be > 0"
             )
