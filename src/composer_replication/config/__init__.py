@@ -53,16 +53,6 @@ from composer_replication.config.channels import (
     move_weight_aliases,
     recorded_channels,
 )
-from composer_replication.config.teachers import (
-    LocalTeacherConfig,
-    PoolError,
-    RemoteTeacherConfig,
-    TeacherBase,
-    TeacherConfig,
-    TeacherPool,
-    load_pool,
-    teacher_shorthand,
-)
 from composer_replication.config.diloco import (
     DilocoConfig,
 )
@@ -107,6 +97,16 @@ from composer_replication.config.run import (
     load_config,
     nested_diffs,
     saved_config_diffs,
+)
+from composer_replication.config.teachers import (
+    LocalTeacherConfig,
+    PoolError,
+    RemoteTeacherConfig,
+    TeacherBase,
+    TeacherConfig,
+    TeacherPool,
+    load_pool,
+    teacher_shorthand,
 )
 
 __all__ = [

@@ -36,7 +36,6 @@ from composer_replication.config.channels import (
     move_weight_aliases,
 )
 from composer_replication.config.data import DataConfig
-from composer_replication.config.teachers import LocalTeacherConfig
 from composer_replication.config.diloco import DilocoConfig
 from composer_replication.config.env import (
     ArithmeticEnvConfig,
@@ -47,6 +46,7 @@ from composer_replication.config.env import (
     env_config,
 )
 from composer_replication.config.ray import RayConfig
+from composer_replication.config.teachers import LocalTeacherConfig
 
 
 class ModelConfig(StrictModel):
