@@ -216,8 +216,13 @@ def load_pool(path: str | os.PathLike[str]) -> TeacherPool:
     try:
         return TeacherPool.model_validate(raw)
     except ValidationError as err:
-        lines = [
-            f"{p}: {'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}"
-            for e in err.errors()
-        ]
+        lines = [f"{p}: {_field(e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()]
         raise PoolError("invalid teacher pool\n" + "\n".join(lines)) from err
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    """A validation error's place as the file spells it (``teachers.0.max_tokens``): the
+    union's tag (``remote``, ``local``) pydantic puts after the index is left out."""
+    kinds = ("local", "remote")
+    parts = [x for i, x in enumerate(loc) if not (x in kinds and i and isinstance(loc[i - 1], int))]
+    return ".".join(str(x) for x in parts)

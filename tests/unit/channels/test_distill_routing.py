@@ -162,7 +162,7 @@ def test_a_resume_by_another_number_of_processes_shares_the_spent_budget(tmp_pat
     from types import SimpleNamespace
 
     from composer_replication.channels import DistillChannel
-    from composer_replication.replay.scoring import ScoreStats
+    from composer_replication.teachers.scoring import ScoreStats
 
     cfg = load_config(None, ["distill.weight=1", "distill.teachers=runs/t/final"]).distill
     saved = [ScoreStats(requests=3, scored_tokens=101, cost_usd=0.5),

@@ -80,7 +80,7 @@ def _same_scores_over_http(base_url, teacher, tokenizer) -> None:
     import asyncio
 
     from composer_replication.config import LocalTeacherConfig, RemoteTeacherConfig
-    from composer_replication.replay.scoring import LocalScorer, RemoteScorer
+    from composer_replication.teachers.scoring import LocalScorer, RemoteScorer
 
     seqs = [tokenizer("What is 2 + 3? The answer is 5.")["input_ids"], [1, 2, 3, 4, 5, 6]]
     plens = [4, 2]
