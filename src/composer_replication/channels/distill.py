@@ -371,9 +371,8 @@ class DistillChannel(Channel):
 
     def _scored_tokens(self, batch, mask, h_BKH, w, divisor: float) -> ScoredTokens:
         """The micro-batch's scored tokens as the variant takes them."""
-        local = {
-            i: (batch[f"distill_hidden_{i}"][mask.to(batch[f"distill_hidden_{i}"].device)],
-                self.scorers[i].head_weight())
+        local = {  # a local teacher's hidden states move to the student's device here
+            i: (batch[f"distill_hidden_{i}"].to(h_BKH.device)[mask], self.scorers[i].head_weight())
             for i, keeps in enumerate(self._keeps_hidden) if keeps
         }  # fmt: skip
         return ScoredTokens(

@@ -169,7 +169,7 @@ class Jsd(Variant):
         t_w = t_w.to(h_NH.device, h_NH.dtype)
         v = t_w.shape[0]  # the teacher's head is cut to the rows both share (channel setup)
         loss, m = chunked_generalized_jsd_loss(
-            h_NH[rows_N], tokens.w_VH[:v], t_NH[rows_N].to(h_NH.device, h_NH.dtype), t_w,
+            h_NH[rows_N], tokens.w_VH[:v], t_NH[rows_N].to(h_NH.dtype), t_w,
             beta=self.cfg.beta, temperature=self.cfg.temperature, divisor=tokens.divisor,
         )  # fmt: skip
         return loss, float(m["jsd_per_token"])
