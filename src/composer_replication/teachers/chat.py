@@ -262,7 +262,8 @@ class OpenAITeacher:
 
 
 class LocalHFTeacher:
-    """A teacher running a Hugging Face model in this process (``base_url: local``).
+    """A teacher running a Hugging Face model in this process (``type: local``), on its
+    ``device`` (``same``: where it loads) in its ``dtype``.
 
     Generation runs in a worker thread so the event loop keeps serving other teachers.
     """
@@ -271,7 +272,9 @@ class LocalHFTeacher:
         from composer_replication.teachers.local_model import LocalChatModel
 
         self.spec = spec
-        self.chat_model = chat_model or LocalChatModel(spec.model, dtype=spec.dtype)
+        self.chat_model = chat_model or LocalChatModel(
+            spec.model, dtype=spec.dtype, device=None if spec.device == "same" else spec.device
+        )
 
     async def complete(
         self,
