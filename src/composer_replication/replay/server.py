@@ -335,5 +335,6 @@ def pool_entry(host: str, port: int, model_id: str) -> str:
         shown = f"[{shown}]"
     name = f"{model_id.split('/')[-1].split(':')[-1]}-{port}"
     name = "".join(c if c.isalnum() or c in "_.:@-" else "-" for c in name)
-    entry = {"name": name, "base_url": f"http://{shown}:{port}/v1", "model": model_id}
+    entry = {"type": "remote", "name": name, "base_url": f"http://{shown}:{port}/v1",
+             "model": model_id}  # fmt: skip
     return "  - " + json.dumps(entry)

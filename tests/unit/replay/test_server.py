@@ -85,7 +85,7 @@ def test_pool_entry_is_a_valid_teacher_pool_line(tmp_path, host, model_id, url):
     path = tmp_path / "pool.yaml"
     path.write_text("teachers:\n" + pool_entry(host, 8101, model_id) + "\n")
     [teacher] = load_pool(path).teachers
-    assert teacher.base_url == url and teacher.model == model_id
+    assert teacher.type == "remote" and teacher.base_url == url and teacher.model == model_id
 
 
 @pytest.mark.parametrize("host", ["", "127.0.0.1", "::1"])
