@@ -1,4 +1,4 @@
-"""Scoring teachers (replay/scoring.py) and the ``prompt_logprobs`` protocol ``serve`` answers
+"""Scoring teachers (teachers/scoring.py) and the ``prompt_logprobs`` protocol ``serve`` answers
 (replay/server.py), over real HTTP on 127.0.0.1: the numbers are the model's own, the sampled
 token is always reported with its true rank, bad requests are refused, a transient failure is
 retried at the edge and a malformed answer becomes a per-row error, never a crash or a 0."""
