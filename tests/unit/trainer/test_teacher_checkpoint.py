@@ -1,28 +1,28 @@
 """A checkpoint written before the teachers renovation (one teacher description for replay and
 distillation) resumes with today's code without ``resume_override_channels``: its channel
 record (``channels.json``) and the distill channel's counters are the files c96d425 wrote
-(tests/fixtures/pre_teachers_checkpoint, README there). The record's form differs from what
-today's config writes (fields added since), not its meaning."""
+(tests/fixtures/pre_teachers_checkpoint, README there), the only parts of a checkpoint the
+renovation touches. The record's form differs from what today's config writes (fields added
+since), not its meaning."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
-from support.tiny_run import save_tiny_model
-
+from composer_replication.channels.distill import DistillChannel
 from composer_replication.config import (
     channel_setting_diffs,
     check_resume_channels,
     load_config,
     recorded_channels,
 )
-from composer_replication.run.train import run_training
-from composer_replication.trainer.callbacks import read_metrics
+from composer_replication.run.preflight import check_channel_state
+from composer_replication.teachers.scoring import ScoreStats
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "pre_teachers_checkpoint"
-OLD_FILES = ("channels.json", "distill_channel.rank0.json")
 
 
 def test_the_old_record_compares_equal_to_the_same_settings_today():
@@ -33,21 +33,15 @@ def test_the_old_record_compares_equal_to_the_same_settings_today():
     assert check_resume_channels(FIXTURE, cfg.channel_settings(), override=False) == []
 
 
-def test_a_checkpoint_written_before_the_renovation_resumes(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # run.yaml names the models `student` and `teacher`
-    save_tiny_model(Path("student"), seed=0)
-    save_tiny_model(Path("teacher"), seed=1)
-    shutil.copy(FIXTURE / "run.yaml", "run.yaml")
-    run_training(load_config("run.yaml", []))  # a checkpoint-1 with weights and optimizer
-    ckpt = Path("out/checkpoint-1")
-    for name in OLD_FILES:  # the channel record and counters as c96d425 wrote them
-        shutil.copy(FIXTURE / name, ckpt / name)
-    run_training(load_config("run.yaml", ["max_steps=2", f"resume_from={ckpt}",
-                                          "output_dir=resumed"]))  # fmt: skip
-    assert [r["step"] for r in read_metrics("resumed/metrics.jsonl")] == [2]
+def test_the_old_distill_counters_load():
+    """What a resume does with the checkpoint before any model loads (preflight) and when the
+    trainer starts (``train(resume_from_checkpoint)``): the channel record compares equal, the
+    per-process state file is found, and the distill channel takes its counters back."""
+    cfg = load_config(FIXTURE / "run.yaml", [])
+    check_channel_state(str(FIXTURE), cfg.channel_settings())
+    channel = DistillChannel(cfg.distill)
+    channel.scorers = [SimpleNamespace(spec=t, stats=ScoreStats()) for t in cfg.distill.teachers]
+    channel.load(str(FIXTURE))
     old = json.loads((FIXTURE / "distill_channel.rank0.json").read_text())
-    now = json.loads(Path("resumed/checkpoint-2/distill_channel.rank0.json").read_text())
-    # the counters came back from the old file and went on counting
-    assert now["near"]["requests"] == old["near"]["requests"] + 1
-    assert now["near"]["scored_tokens"] > old["near"]["scored_tokens"] > 0
-    assert now["far"]["failed_requests"] == old["far"]["failed_requests"] + 1
+    assert {s.spec.name: dataclasses.asdict(s.stats) for s in channel.scorers} == old
+    assert old["near"]["scored_tokens"] > 0 and old["far"]["failed_requests"] == 1
