@@ -13,6 +13,7 @@ import pytest
 import torch
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
+from support.scripted_openai import ServerThread
 
 from composer_replication.config import RemoteTeacherConfig
 from composer_replication.replay.server import create_app
@@ -24,8 +25,6 @@ from composer_replication.teachers.scoring import (
     parse_prompt_logprobs,
     tokenizer_fingerprint,
 )
-
-from support.scripted_openai import ServerThread
 
 
 @pytest.fixture
