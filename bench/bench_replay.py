@@ -42,9 +42,9 @@ ENV = {
 
 from support.scripted_openai import synthetic_states  # noqa: E402
 
+from composer_replication.config import RemoteTeacherConfig  # noqa: E402
 from composer_replication.replay.journal import Journal  # noqa: E402
 from composer_replication.replay.replay import replay_trace  # noqa: E402
-from composer_replication.replay.teachers import TeacherSpec  # noqa: E402
 
 
 def free_port() -> int:
@@ -72,13 +72,13 @@ def stats(port: int) -> dict:
     return orjson.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/stats").read())
 
 
-def spec(url: str, model: str, conc: int, max_tokens: int = 8) -> TeacherSpec:
-    return TeacherSpec(name="t", base_url=url, model=model, max_tokens=max_tokens,
+def spec(url: str, model: str, conc: int, max_tokens: int = 8) -> RemoteTeacherConfig:
+    return RemoteTeacherConfig(name="t", base_url=url, model=model, max_tokens=max_tokens,
                        max_concurrency=conc, price_in_per_mtok=1.0, price_out_per_mtok=4.0,
                        timeout_s=300)  # fmt: skip
 
 
-def timed_replay(states, sp: TeacherSpec, db: str | None = None) -> tuple[float, object]:
+def timed_replay(states, sp: RemoteTeacherConfig, db: str | None = None) -> tuple[float, object]:
     t0 = time.perf_counter()
     with Journal(db or ":memory:") as jr:
         r = asyncio.run(replay_trace(states, [sp], journal=jr, budget_usd=100.0))

@@ -16,6 +16,10 @@ __version__ = "0.1.0"
 _PUBLIC: dict[str, tuple[str, ...]] = {
     "composer_replication.config": (
         "RunConfig", "load_config", "dump_config", "ConfigError", "UserError", "EnvConfig",
+        "LocalTeacherConfig", "RemoteTeacherConfig", "TeacherPool", "load_pool",
+    ),
+    "composer_replication.teachers": (
+        "TeacherError", "build_teacher", "LocalScorer", "RemoteScorer", "check_same_tokenizer",
     ),
     "composer_replication.lm.models": ("load_model", "load_tokenizer"),
     "composer_replication.losses": (
@@ -28,8 +32,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     ),
     "composer_replication.traces": ("TraceState", "Action", "ingest"),
     "composer_replication.replay": (
-        "replay_trace", "ReplayResult", "TeacherSpec", "TeacherPool", "load_pool",
-        "BudgetLedger", "Journal",
+        "replay_trace", "ReplayResult", "BudgetLedger", "Journal",
     ),
     "composer_replication.prefs": (
         "extract_dpo_pairs", "DPOPair", "DJNormalizer", "NormalizeConfig", "normalize_pairs",

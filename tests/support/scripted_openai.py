@@ -178,7 +178,7 @@ class ServerThread:
 def ask_teacher(spec, content: str = "q", sleep=asyncio.sleep):
     """One completion of ``[{"role": "user", "content": content}]`` from an ``OpenAITeacher``
     built from ``spec`` (its client closed after); its errors propagate."""
-    from composer_replication.replay.teachers import OpenAITeacher
+    from composer_replication.teachers.chat import OpenAITeacher
 
     async def go():
         teacher = OpenAITeacher(spec, sleep=sleep)

@@ -11,7 +11,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src"
 PKG = "composer_replication"
 LAYERS = (
-    "config", "progress", "lm", "losses", "sandbox", "envs", "traces", "replay", "prefs",
+    "config", "progress", "lm", "losses", "teachers", "sandbox", "envs", "traces", "replay", "prefs",
     "rollout", "agents", "evaluation", "channels", "rollout_engine", "trainer", "diloco", "run", "recipes", "cli",
 )  # fmt: skip
 """The package's folders (and top-level modules), bottom to top: a module imports only from

@@ -7,6 +7,8 @@ channels and loops over it; it names none (``trainer/trainer.py``)::
 
     setup(model, tokenizer, args)   once, after the trainer is built (teacher copies, references)
     attach(batch, rollouts)         after each generation round is scored (hints, teacher prompts)
+    see_policy_logps(batch, logps)  per micro-batch, right after the policy forward and before
+                                    TRL's loss reads the batch (fold into its advantages)
     term(ctx) -> ChannelTerm        per micro-batch: the unweighted loss over the channel's own
                                     mask / divisor, its metrics; compose_loss weighs and sums
     after_step(model, step)         after each optimizer step (EMA teachers, schedules)
@@ -116,6 +118,13 @@ class Channel(ABC):
     def attach(self, batch: dict[str, Any], rollouts: Rollouts) -> dict[str, Any]:
         """Add what :meth:`term` needs to a scored generation batch (default: nothing)."""
         return batch
+
+    def see_policy_logps(self, batch: dict[str, Any], logps_BK: Tensor) -> None:  # noqa: B027
+        """Called in each loss computation right after the policy forward, before TRL's loss
+        reads ``batch`` (this micro-batch's own dict): ``logps_BK`` are the completion tokens'
+        log-probs under the current weights at the sampling temperature, detached. A channel may
+        change ``batch["advantages"]`` here (distill's ``as_advantage``) at no extra forward
+        (default: nothing)."""
 
     @abstractmethod
     def loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor | float]]:

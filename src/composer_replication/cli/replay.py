@@ -139,9 +139,9 @@ def replay_command(
 ) -> None:
     """Replay states with a teacher pool into a resumable journal, within a hard budget."""
     require_extra("replay,prefs", "openai")
+    from composer_replication.config import load_pool
     from composer_replication.replay.journal import Journal
     from composer_replication.replay.replay import ReplayResult, replay_trace
-    from composer_replication.replay.teachers import load_pool
 
     console = Console(soft_wrap=True)
     with exit_on(FileNotFoundError, ValueError):

@@ -1,7 +1,7 @@
 """Configs: pydantic models loaded from YAML with ``key=value`` overrides, the bottom layer
 (imports no torch and nothing else of ours). ``base`` (strict models, errors, YAML and
 overrides), ``env`` (the ``env:`` section keyed on the environment's name, sandbox, rollout),
-``channels`` (``sdpo``, ``replay``), ``diloco``, ``run`` (the run config), ``ablation``."""
+``channels`` (``sdpo``, ``replay``, ``distill``), ``teachers`` (one teacher description, the replay pool), ``diloco``, ``run`` (the run config), ``ablation``."""
 
 from __future__ import annotations
 
@@ -39,9 +39,7 @@ from composer_replication.config.channels import (
     EntropyOpdLossConfig,
     JsdDistillLoss,
     JsdLossConfig,
-    LocalTeacherConfig,
     PreferenceLossConfig,
-    RemoteTeacherConfig,
     ReplayChannelConfig,
     ReverseKlDistillLoss,
     RouteConfig,
@@ -50,7 +48,6 @@ from composer_replication.config.channels import (
     SimpoLossConfig,
     SingleRoute,
     TaidLossConfig,
-    TeacherConfig,
     channel_setting_diffs,
     check_resume_channels,
     move_weight_aliases,
@@ -100,6 +97,16 @@ from composer_replication.config.run import (
     load_config,
     nested_diffs,
     saved_config_diffs,
+)
+from composer_replication.config.teachers import (
+    LocalTeacherConfig,
+    PoolError,
+    RemoteTeacherConfig,
+    TeacherBase,
+    TeacherConfig,
+    TeacherPool,
+    load_pool,
+    teacher_shorthand,
 )
 
 __all__ = [
@@ -187,5 +194,10 @@ __all__ = [
     "ReverseKlDistillLoss",
     "RouteConfig",
     "SingleRoute",
+    "TeacherBase",
     "TeacherConfig",
+    "TeacherPool",
+    "PoolError",
+    "load_pool",
+    "teacher_shorthand",
 ]

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from composer_replication.config.base import ConfigError, StrictModel
+from composer_replication.config.teachers import TeacherConfig, teacher_shorthand
 
 
 class JsdLossConfig(StrictModel):
@@ -243,70 +244,14 @@ class ReplayChannelConfig(ChannelSection):
         return self
 
 
-TEACHER_NAME = r"^[A-Za-z0-9_.:@-]+$"
-"""Teacher names appear in metric keys (``distill/teacher/<name>/rows``): no slashes."""
-
-
-class LocalTeacherConfig(StrictModel):
-    """A teacher run in this process: a Hugging Face model with the student's vocabulary,
-    frozen, on its own device and in its own dtype (channels/distill.py)."""
-
-    type: Literal["local"] = "local"
-    name: str = Field(min_length=1, max_length=64, pattern=TEACHER_NAME)
-    """Unique name; metrics and routing use it."""
-    model: str = Field(min_length=1)
-    """Hub id, local directory, ``.gguf`` file or ``embedded:NAME`` (models.py)."""
-    device: str = Field("same", pattern=r"^(same|cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$")
-    """Where the teacher runs: ``same`` (the student's device), ``cpu``, ``cuda:1``, ..."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """The teacher's parameter dtype (independent of the student's)."""
-    allow_student_weights: bool = False
-    """A teacher whose ``model`` is the student's own ``model.name`` is refused (it would be a
-    frozen copy of the student, which teaches nothing) unless this is true."""
-
-
-class RemoteTeacherConfig(StrictModel):
-    """A teacher behind an OpenAI-compatible server that returns prompt log-probs for given
-    token ids (vLLM's ``prompt_logprobs`` on ``/v1/completions``; ``composer-replication
-    serve`` answers the same protocol)."""
-
-    type: Literal["remote"] = "remote"
-    name: str = Field(min_length=1, max_length=64, pattern=TEACHER_NAME)
-    """Unique name; metrics and routing use it."""
-    base_url: str = Field(min_length=1, pattern=r"^https?://")
-    """Base URL ending in ``/v1`` (e.g. ``http://127.0.0.1:8101/v1``)."""
-    model: str = ""
-    """Model id sent in each request (empty: the server's only model)."""
-    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    """Name of the environment variable holding the API key (never the key itself)."""
-    top_k: int = Field(8, ge=1, le=1000)
-    """Log-probs per position requested (``prompt_logprobs``); vLLM caps it at 20 unless the
-    server runs with ``--max-logprobs -1``. The sampled token's log-prob always comes back."""
-    rows_per_request: int = Field(8, ge=1, le=4096)
-    """Completions scored per request (a batched token-id prompt)."""
-    max_concurrency: int = Field(4, ge=1, le=1024)
-    """Requests in flight at once."""
-    timeout_s: float = Field(120.0, gt=0, le=3600)
-    """Deadline of one attempt, seconds."""
-    max_retries: int = Field(3, ge=0, le=50)
-    """Retries of a request after 429/5xx/timeouts/connection errors (backoff with jitter)."""
-    price_in_per_mtok: float = Field(0.0, ge=0, le=10_000)
-    """USD per million scored (prompt) tokens, for ``distill.budget_usd``."""
-    check_tokenizer: bool = True
-    """Compare the server's tokenizer fingerprint (``GET /v1/tokenizer``) with the student's
-    before any model loads. A server that does not report one (plain vLLM) is refused while
-    this is true; set false only when you know it serves the student's tokenizer."""
-
-
-TeacherConfig = Annotated[LocalTeacherConfig | RemoteTeacherConfig, Field(discriminator="type")]
-
-
 class ReverseKlDistillLoss(StrictModel):
     """The sampled reverse KL of on-policy distillation (Thinking Machines; MOPD; GKD): the
     per-token advantage ``log q(y) - log p(y)`` in the importance-sampled policy gradient
     (losses/distill.py). Works with every teacher."""
 
     type: Literal["reverse_kl"] = "reverse_kl"
+    full_vocabulary: ClassVar[bool] = False
+    """Compares sampled tokens only: no teacher distribution is needed."""
     as_advantage: bool = False
     """Fold the per-token advantage into GRPO's instead of a loss term of its own: ``A_t =
     A_GRPO + distill.weight * (log q(y_t) - log p_old(y_t))``, trained by the clipped policy
@@ -321,6 +266,8 @@ class JsdDistillLoss(StrictModel):
     a tail bucket for a remote one (losses/distill.py)."""
 
     type: Literal["jsd"] = "jsd"
+    as_advantage: ClassVar[bool] = False
+    """The JSD always trains as a loss term of its own."""
     beta: float = Field(0.0, ge=0.0, le=1.0)
     """0 forward KL(q || p) (mode covering), 1 reverse KL(p || q), in between the JSD."""
     temperature: float = Field(1.0, gt=0.0, le=10.0)
@@ -330,6 +277,11 @@ class JsdDistillLoss(StrictModel):
     one. Remote teachers always use their ``top_k``."""
     add_tail: bool = True
     """Sparse support: add the tail bucket (else renormalise both over the top-k)."""
+
+    @property
+    def full_vocabulary(self) -> bool:
+        """Whole distributions compared (a local teacher through its head): no ``top_k``."""
+        return self.top_k is None
 
 
 DistillLossConfig = Annotated[ReverseKlDistillLoss | JsdDistillLoss, Field(discriminator="type")]
@@ -367,19 +319,6 @@ class BestRoute(StrictModel):
 
 
 RouteConfig = Annotated[SingleRoute | ColumnRoute | BestRoute, Field(discriminator="type")]
-
-
-def _teacher_shorthand(item: Any, index: int) -> Any:
-    """``URL`` -> a remote teacher, any other string -> a local one; a mapping without
-    ``type`` is remote if it has ``base_url``."""
-    if isinstance(item, str):
-        if item.startswith(("http://", "https://")):
-            return {"type": "remote", "name": f"teacher{index}", "base_url": item}
-        return {"type": "local", "name": f"teacher{index}", "model": item}
-    if isinstance(item, dict) and "type" not in item:
-        kind = "remote" if "base_url" in item else "local"
-        return {"type": kind, "name": f"teacher{index}", **item}
-    return item
 
 
 def _check_loss_keys(loss: dict[str, Any], defaulted: bool) -> None:
@@ -442,20 +381,23 @@ class DistillConfig(ChannelSection):
         teachers = data["teachers"]
         teachers = [teachers] if isinstance(teachers, str | dict) else teachers
         if isinstance(teachers, list):
-            data = {**data, "teachers": [_teacher_shorthand(t, i) for i, t in enumerate(teachers)]}
+            data = {**data, "teachers": [teacher_shorthand(t, i, "distill.teachers")
+                                          for i, t in enumerate(teachers)]}  # fmt: skip
         return data
 
     @property
     def full_vocabulary(self) -> bool:
         """The loss compares whole distributions (the JSD without ``top_k``): local teachers
         are scored through their heads, which must cover the tokenizer's ids."""
-        return isinstance(self.loss, JsdDistillLoss) and self.loss.top_k is None
+        return self.loss.full_vocabulary
 
     @model_validator(mode="after")
     def _check(self) -> DistillConfig:
         names = [t.name for t in self.teachers]
         if len(set(names)) != len(names):
             raise ValueError(f"teacher names must be unique: {names}")
+        if slashed := [n for n in names if "/" in n]:
+            raise ValueError(f"teacher names {slashed} hold '/' (metric keys carry the name)")
         if self.enabled and not self.teachers:
             raise ValueError("weight > 0 needs at least one teacher (distill.teachers)")
         route = self.route
@@ -536,13 +478,30 @@ def recorded_channels(checkpoint_dir: str | Path) -> dict[str, Any]:
         raise ChannelSettingsError(f"{path}: unreadable channel record: {err}") from None
 
 
+def normalized(recorded: dict[str, Any]) -> dict[str, Any]:
+    """Recorded channel settings as this version of the config writes them: each section
+    validated again by its model (old keys move to their new place, fields added since get
+    their defaults), so a checkpoint written before a config change compares equal to the same
+    settings written now. A section that no longer validates is kept as recorded (the
+    comparison then names what differs)."""
+    sections = {"sdpo": SdpoConfig, "replay": ReplayChannelConfig, "distill": DistillConfig}
+    out = dict(recorded)
+    for name, section in recorded.items():
+        if name in sections and isinstance(section, dict):
+            try:
+                out[name] = sections[name].model_validate(section).model_dump(mode="json")
+            except ValueError:
+                continue
+    return out
+
+
 def check_resume_channels(
     checkpoint_dir: str | Path, current: dict[str, Any], override: bool
 ) -> list[str]:
     """Compare the checkpoint's recorded channel settings with ``current``. Differences raise
     :class:`ChannelSettingsError` (naming each one) unless ``override``; they are returned
     either way so the caller can warn. A checkpoint without a record counts as no channels."""
-    diffs = channel_setting_diffs(recorded_channels(checkpoint_dir), current)
+    diffs = channel_setting_diffs(normalized(recorded_channels(checkpoint_dir)), current)
     if diffs and not override:
         raise ChannelSettingsError(
             f"resume: {checkpoint_dir} was trained with other channel settings:\n  "

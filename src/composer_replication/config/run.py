@@ -31,7 +31,6 @@ from composer_replication.config.channels import (
     CHANNEL_ALIASES,
     CHANNEL_SECTIONS,
     DistillConfig,
-    LocalTeacherConfig,
     ReplayChannelConfig,
     SdpoConfig,
     move_weight_aliases,
@@ -47,6 +46,7 @@ from composer_replication.config.env import (
     env_config,
 )
 from composer_replication.config.ray import RayConfig
+from composer_replication.config.teachers import LocalTeacherConfig
 
 
 class ModelConfig(StrictModel):
@@ -355,7 +355,7 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _advantage_needs_the_policy_loss(self) -> RunConfig:
         loss = self.distill.loss
-        if self.distill.enabled and getattr(loss, "as_advantage", False) and not self.grpo.weight:
+        if self.distill.enabled and loss.as_advantage and not self.grpo.weight:
             raise ValueError(
                 "distill.loss.as_advantage=true trains through GRPO's loss: grpo.weight must be > 0"
             )

@@ -29,7 +29,8 @@ from typing import Any
 
 import orjson
 
-from .teachers import TeacherResponse, TeacherSpec
+from composer_replication.config import TeacherConfig
+from composer_replication.teachers.chat import TeacherResponse
 
 PER_MESSAGE_OVERHEAD_TOKENS = 8
 PER_REQUEST_OVERHEAD_TOKENS = 256
@@ -78,7 +79,7 @@ def _calls_chars(calls: Any) -> int:
     return n
 
 
-def worst_case_cost(spec: TeacherSpec, prompt_tokens_bound: int) -> float:
+def worst_case_cost(spec: TeacherConfig, prompt_tokens_bound: int) -> float:
     """Dollars of a call if it uses the bound's prompt tokens and all of ``max_tokens``."""
     return spec.cost_usd(prompt_tokens_bound, spec.max_tokens)
 
@@ -93,7 +94,7 @@ class BilledUsage:
 
 
 def billed_usage(
-    spec: TeacherSpec, prompt_bound: int, resp: TeacherResponse, prompt_floor: int = 0
+    spec: TeacherConfig, prompt_bound: int, resp: TeacherResponse, prompt_floor: int = 0
 ) -> BilledUsage:
     """Bound the billed tokens from above by what was asked and from below by what was
     exchanged (``prompt_floor``: `min_tokens` of the prompt; see the module docstring)."""

@@ -23,7 +23,10 @@ from typing import Any
 
 from rich.console import Console
 
+from composer_replication.config import TeacherBase, TeacherConfig
 from composer_replication.progress import progress_bar
+from composer_replication.teachers.chat import INCOMPLETE_FINISH, Teacher, build_teacher
+from composer_replication.teachers.edge import MAYBE_BILLED_KINDS, OnRetry, TeacherError
 from composer_replication.traces.actions import action_key
 from composer_replication.traces.redact import Redactor
 from composer_replication.traces.schema import TraceState
@@ -38,15 +41,6 @@ from .budget import (
     worst_case_prompt_tokens,
 )
 from .journal import CallRecord, Journal, JournalError, Unrecorded, params_hash
-from .teachers import (
-    INCOMPLETE_FINISH,
-    MAYBE_BILLED_KINDS,
-    OnRetry,
-    Teacher,
-    TeacherError,
-    TeacherSpec,
-    build_teacher,
-)
 
 BUDGET = "budget"  # sentinel outcome: not sent, its worst case does not fit the budget left
 JOURNAL = "journal"  # sentinel outcome: not sent because the journal can no longer be written
@@ -294,7 +288,7 @@ class _Replayer:
             by_tier[t.spec.tier].append(t)
         return [by_tier[k] for k in sorted(by_tier)]
 
-    def request(self, state: TraceState, spec: TeacherSpec) -> tuple[list, list | None, str]:
+    def request(self, state: TraceState, spec: TeacherConfig) -> tuple[list, list | None, str]:
         """What is sent to ``spec`` for ``state``: its prefix and tools with every string
         redacted again (states from our ``ingest`` are already clean, so this changes nothing
         for them; states written elsewhere never reach a teacher with a secret in them)."""
@@ -520,7 +514,7 @@ class _Replayer:
 
 async def replay_trace(
     states: Sequence[TraceState],
-    teachers: Sequence[Teacher | TeacherSpec],
+    teachers: Sequence[Teacher | TeacherConfig],
     *,
     journal: Journal | str | os.PathLike[str] = ":memory:",
     budget_usd: float | None = None,
@@ -542,8 +536,8 @@ async def replay_trace(
     ``result``: filled in place and also complete when the run is cancelled (Ctrl-C), so a
     caller can still report what was done.
     """
-    owned = [build_teacher(t) for t in teachers if isinstance(t, TeacherSpec)]
-    clients: list[Teacher] = [t for t in teachers if not isinstance(t, TeacherSpec)] + owned
+    owned = [build_teacher(t) for t in teachers if isinstance(t, TeacherBase)]
+    clients: list[Teacher] = [t for t in teachers if not isinstance(t, TeacherBase)] + owned
     _check_unique(clients)
     jr = journal if isinstance(journal, Journal) else Journal(journal)
     try:

@@ -10,7 +10,7 @@ distillation teachers: a token-id ``prompt`` (or a list of them), ``max_tokens: 
 ``prompt_logprobs: k`` return, per prompt position, the top-k token ids with ``logprob`` and
 ``rank`` plus the token actually there (entry 0 is null), and the greedy next token as
 ``text``. ``GET /v1/tokenizer`` reports the tokenizer's fingerprint, so a distilling student
-can check it shares the vocabulary before loading anything (replay/scoring.py). Generation runs in a worker thread, one request at a time. uvicorn's access
+can check it shares the vocabulary before loading anything (teachers/scoring.py). Generation runs in a worker thread, one request at a time. uvicorn's access
 log writes one line per request. Binds 127.0.0.1 unless told otherwise.
 """
 
@@ -25,8 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from composer_replication.config import UserError
-
-from .local_model import LocalChatModel
+from composer_replication.teachers.local_model import LocalChatModel
 
 
 class ChatRequest(BaseModel):
@@ -125,7 +124,7 @@ def create_app(
 
     @app.get("/v1/tokenizer")
     async def tokenizer() -> dict[str, Any]:
-        from .scoring import tokenizer_fingerprint
+        from composer_replication.teachers.scoring import tokenizer_fingerprint
 
         tok = chat_model.tokenizer
         return {"fingerprint": tokenizer_fingerprint(tok), "vocab_size": len(tok)}
@@ -336,5 +335,6 @@ def pool_entry(host: str, port: int, model_id: str) -> str:
         shown = f"[{shown}]"
     name = f"{model_id.split('/')[-1].split(':')[-1]}-{port}"
     name = "".join(c if c.isalnum() or c in "_.:@-" else "-" for c in name)
-    entry = {"name": name, "base_url": f"http://{shown}:{port}/v1", "model": model_id}
+    entry = {"type": "remote", "name": name, "base_url": f"http://{shown}:{port}/v1",
+             "model": model_id}  # fmt: skip
     return "  - " + json.dumps(entry)

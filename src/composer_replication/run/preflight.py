@@ -92,7 +92,7 @@ def check_teachers(cfg: RunConfig) -> None:
     loads; refused here so the run has printed and written nothing."""
     if not cfg.distill.enabled:
         return
-    from composer_replication.replay.scoring import check_same_tokenizer
+    from composer_replication.teachers.scoring import check_same_tokenizer
 
     check_same_tokenizer(cfg.model.name, cfg.distill.teachers, cfg.distill.full_vocabulary)
 

@@ -149,6 +149,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.concurrent_tools = concurrent_tools
         self.channel_reports: list[str] = []
         self._generator: Generator | None = None
+        self._loss_batch: dict[str, Any] | None = None  # the batch of the loss being computed
         self._refill_rows: Iterator[dict[str, Any]] | None = None
         self.task_sampler = self._check_sampler(task_sampler)
         self._sampler_rows = self._rows_of_tasks()
@@ -269,6 +270,23 @@ class ComposerReplicationTrainer(GRPOTrainer):
         compute_aux_loss=False,
         **multimodal,
     ):
+        """TRL's log-prob forward (through shared prefixes when the switch is on). The policy
+        forward of a loss (:meth:`_compute_loss`) is shown to the channels
+        (``Channel.see_policy_logps``) before TRL's loss reads the batch."""
+        out = self._token_logps(
+            model, input_ids, attention_mask, logits_to_keep, batch_size,
+            compute_entropy, compute_aux_loss, **multimodal,
+        )  # fmt: skip
+        batch, self._loss_batch = self._loss_batch, None
+        if batch is not None:
+            for channel in self.channels:
+                channel.see_policy_logps(batch, out[0].detach())
+        return out
+
+    def _token_logps(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+        compute_aux_loss, **multimodal,
+    ):  # fmt: skip
         if compute_aux_loss or any(v is not None for v in multimodal.values()):
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size,
@@ -389,8 +407,14 @@ class ComposerReplicationTrainer(GRPOTrainer):
         capture = None
         if any(c.needs_student_hidden for c in self.channels):
             capture = HiddenCapture(model)
-        with capture.active() if capture is not None else contextlib.nullcontext():
-            policy_loss = super()._compute_loss(model, inputs)
+        # this micro-batch's own dict: a channel may replace its advantages (see_policy_logps)
+        # without touching the batch TRL keeps for its next iteration
+        inputs = self._loss_batch = dict(inputs)
+        try:
+            with capture.active() if capture is not None else contextlib.nullcontext():
+                policy_loss = super()._compute_loss(model, inputs)
+        finally:
+            self._loss_batch = None
         unweighted = policy_loss.detach()
         if self.policy_weight != 1.0:  # channel 1's weight (0: the extra channels alone)
             policy_loss = policy_loss * self.policy_weight

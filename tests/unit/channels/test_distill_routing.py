@@ -11,7 +11,7 @@ import pytest
 import torch
 from support.distill import socket_closed_port, tiny_student_and_teacher, train_overrides
 
-from composer_replication.channels.distill import EMPTY, SCORED
+from composer_replication.channels.distill import EMPTY, SCORED, Row
 from composer_replication.config import ConfigError, load_config
 from composer_replication.envs.base import machine_failed
 from composer_replication.lm.models import load_model
@@ -138,7 +138,9 @@ def test_the_spent_budget_survives_a_checkpoint(tmp_path, models, tokenizer):
     fresh = _trainer(tmp_path / "fresh", tokenizer, student, {"t": t}, budget)
 
     def admitted(trainer):
-        return trainer.channel("distill")._within_budget(0, [0, 1, 2, 3], sizes)
+        rows = [Row([0] * size, 0, 1, routed=[0]) for size in sizes[:4]]
+        trainer.channel("distill")._within_budget(rows)
+        return [r for r, row in enumerate(rows) if 0 in row.asked]
 
     assert ran.channel("distill").scorers[0].stats.scored_tokens == sizes[0] + sizes[1]
     assert resumed.channel("distill").scorers[0].stats == ran.channel("distill").scorers[0].stats
@@ -162,7 +164,7 @@ def test_a_resume_by_another_number_of_processes_shares_the_spent_budget(tmp_pat
     from types import SimpleNamespace
 
     from composer_replication.channels import DistillChannel
-    from composer_replication.replay.scoring import ScoreStats
+    from composer_replication.teachers.scoring import ScoreStats
 
     cfg = load_config(None, ["distill.weight=1", "distill.teachers=runs/t/final"]).distill
     saved = [ScoreStats(requests=3, scored_tokens=101, cost_usd=0.5),

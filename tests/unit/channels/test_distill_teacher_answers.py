@@ -111,8 +111,8 @@ def test_an_id_past_the_teachers_embedding_fails_its_row_only(tmp_path, tokenize
     """What a student head padded past the teacher's can sample: the row is malformed, read
     as padding (on a GPU an out-of-range index is a device assert that ends the process)."""
     from composer_replication.config import LocalTeacherConfig
-    from composer_replication.replay.scoring import LocalScorer, RowScores
-    from composer_replication.replay.teachers import TeacherError
+    from composer_replication.teachers.edge import TeacherError
+    from composer_replication.teachers.scoring import LocalScorer, RowScores
 
     teacher = _padded(tmp_path, tokenizer, len(tokenizer), seed=1)
     scorer = LocalScorer(LocalTeacherConfig(name="t", model=str(teacher)), "cpu")
@@ -158,7 +158,7 @@ def test_a_head_smaller_than_the_tokenizer_is_refused_before_any_model_loads(
     assert result.exit_code == 2, result.output
     assert "cover the tokenizer's" in " ".join(result.output.split())
     assert loaded == [] and not (tmp_path / "run").exists()
-    from composer_replication.replay.scoring import check_same_tokenizer
+    from composer_replication.teachers.scoring import check_same_tokenizer
 
     cfg = load_config(None, train_overrides(tmp_path / "r2", f"model.name={student}",
                                             "distill.weight=1", f"distill.teachers={teacher}"))  # fmt: skip

@@ -80,7 +80,7 @@ def _same_scores_over_http(base_url, teacher, tokenizer) -> None:
     import asyncio
 
     from composer_replication.config import LocalTeacherConfig, RemoteTeacherConfig
-    from composer_replication.replay.scoring import LocalScorer, RemoteScorer
+    from composer_replication.teachers.scoring import LocalScorer, RemoteScorer
 
     seqs = [tokenizer("What is 2 + 3? The answer is 5.")["input_ids"], [1, 2, 3, 4, 5, 6]]
     plens = [4, 2]
@@ -203,20 +203,29 @@ def test_distillation_alone_policy_weight_zero(tmp_path, models, tokenizer):
 
 
 def test_as_advantage_folds_the_teacher_into_grpo_advantages(tmp_path, models, tokenizer):
-    """``distill.loss.as_advantage``: GRPO's advantages become ``[B, K]`` = its own (all 0
-    here: every reply wrong) + ``weight * (log q(y) - log p(y))`` on the scored tokens, and the
-    policy loss trains it (non-zero although no reply was rewarded); the channel's own term
-    is an exact 0."""
+    """``distill.loss.as_advantage``: the advantages TRL's loss reads become ``[B, K]`` = GRPO's
+    own (all 0 here: every reply wrong) + ``weight * (log q(y) - log p(y))`` on the scored
+    tokens, ``p`` the policy TRL's loss takes as old (here its own forward: the first use of
+    the batch), and the policy loss trains it (non-zero although no reply was rewarded); the
+    channel's own term is an exact 0."""
     student, teacher = models
     cfg = load_config(None, train_overrides(
         tmp_path / "run", f"model.name={student}", "max_steps=1", "distill.weight=0.5",
         f"distill.teachers={teacher}", "distill.loss.as_advantage=true",
     ))  # fmt: skip
-    student_m, teacher_m = load_model(str(student)), load_model(str(teacher))
-    trainer = build_trainer(cfg, student_m, tokenizer, build_env(cfg))
-    rows = [trainer.train_dataset[i] for i in range(2)]
-    trainer.model.train()
-    batch = trainer._generate_and_score_completions([r for r in rows for _ in range(2)])
+    trainer = build_trainer(cfg, load_model(str(student)), tokenizer, build_env(cfg))
+    channel = trainer.channel("distill")
+    seen = []
+
+    def spy(batch, logps_BK):
+        before = batch["advantages"].clone()
+        real(batch, logps_BK)
+        seen.append((dict(batch), before))
+
+    real, channel.see_policy_logps = channel.see_policy_logps, spy
+    trainer.train()
+    ((batch, before),) = seen  # one micro-batch, one loss: one fold
+    student_m, teacher_m = load_model(str(student)), load_model(str(teacher))  # the weights then
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     att = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     k = batch["completion_ids"].shape[1]
@@ -225,10 +234,10 @@ def test_as_advantage_folds_the_teacher_into_grpo_advantages(tmp_path, models, t
               .gather(2, batch["completion_ids"][..., None]).squeeze(2) for m in (student_m, teacher_m)]  # fmt: skip
     mask = batch["completion_mask"].bool()
     want = 0.5 * (lp[1] - lp[0])
+    assert before.dim() == 1 and (before == 0).all()  # GRPO's own, untouched until the loss
     assert batch["advantages"].shape == mask.shape
     torch.testing.assert_close(batch["advantages"][mask], want[mask], atol=2e-4, rtol=0)
     assert (batch["advantages"][~mask] == 0).all()
-    trainer.train()
     row = read_metrics(f"{cfg.output_dir}/metrics.jsonl")[0]
     assert row["reward"] == 0.0 and row["policy/loss"] != 0.0
     assert row["distill/loss"] == 0.0 and row["distill/active"] == 1.0

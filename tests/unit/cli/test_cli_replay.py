@@ -122,7 +122,7 @@ def test_serve_on_a_port_in_use_is_one_line_before_the_model_loads(monkeypatch):
     bound first; an unknown host is refused the same way."""
     import socket
 
-    import composer_replication.replay.local_model as local_model
+    import composer_replication.teachers.local_model as local_model
 
     def loaded(*args, **kwargs):
         raise AssertionError("the model was loaded before the port was bound")

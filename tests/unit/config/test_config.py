@@ -42,7 +42,7 @@ def test_top_level_configs_is_the_packaged_directory():
 
 @pytest.mark.parametrize("path", SHIPPED, ids=SHIPPED_NAMES)
 def test_every_shipped_config_parses(path):
-    from composer_replication.replay.teachers import TeacherPool, load_pool
+    from composer_replication.config import TeacherPool, load_pool
     from composer_replication.run.ablation import arm_config
 
     if path.parent.name == "teachers":
@@ -213,7 +213,7 @@ def test_malformed_ablation_yaml_is_a_config_error(tmp_path):
 
 
 def test_teacher_pool_uses_the_same_loader(tmp_path):
-    from composer_replication.replay.teachers import PoolError, load_pool
+    from composer_replication.config import PoolError, load_pool
 
     bad = tmp_path / "pool.yaml"
     bad.write_text("teachers:\n  - {name: a, base_url: http://x/v1\n")

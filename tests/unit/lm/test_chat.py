@@ -164,7 +164,7 @@ def test_same_tool_call_text_for_replay_serve_and_export(tokenizer, tiny_model):
     from composer_replication.channels.replay import encode_pair
     from composer_replication.prefs.agreement import DPOPair
     from composer_replication.prefs.export import pair_record
-    from composer_replication.replay.local_model import LocalChatModel
+    from composer_replication.teachers.local_model import LocalChatModel
 
     def ids(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -10,6 +10,7 @@ import pytest
 from support.scripted_openai import Script, ServerThread, make_app
 from support.scripted_openai import synthetic_states as make_states
 
+from composer_replication.config import RemoteTeacherConfig
 from composer_replication.prefs.agreement import DPOPair
 from composer_replication.prefs.export import (
     export_pairs,
@@ -21,7 +22,6 @@ from composer_replication.prefs.normalize import (
     normalize_pairs,
     special_char_ratio,
 )
-from composer_replication.replay.teachers import TeacherSpec
 
 
 def _pair(i: int, chosen: dict, rejected: dict | None = None) -> DPOPair:
@@ -100,7 +100,7 @@ def test_replay_and_normalize_in_one_call(tmp_path):
     script = Script()
     states = make_states(6)
     with ServerThread(make_app(script)) as srv:
-        specs = [TeacherSpec(name=f"t{i}", base_url=srv.base_url, model="same", max_tokens=8,
+        specs = [RemoteTeacherConfig(name=f"t{i}", base_url=srv.base_url, model="same", max_tokens=8,
                              price_in_per_mtok=1, price_out_per_mtok=1) for i in range(2)]  # fmt: skip
         result, pairs = asyncio.run(replay_and_normalize_trace(
             states, specs, journal=tmp_path / "r.db", budget_usd=1.0, out_dir=tmp_path / "out",
@@ -126,7 +126,7 @@ def test_pairs_skip_states_with_an_incomplete_context(tmp_path):
     states[1].meta.context_complete = False
     states[1].meta.context_note = "encrypted_compaction"
     with ServerThread(make_app(script)) as srv:
-        specs = [TeacherSpec(name=f"t{i}", base_url=srv.base_url, model="same", max_tokens=8,
+        specs = [RemoteTeacherConfig(name=f"t{i}", base_url=srv.base_url, model="same", max_tokens=8,
                              price_in_per_mtok=1, price_out_per_mtok=1) for i in range(2)]  # fmt: skip
         _, pairs = asyncio.run(replay_and_normalize_trace(
             states, specs, journal=tmp_path / "r.db", budget_usd=1.0,

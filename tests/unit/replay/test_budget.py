@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from composer_replication.config import RemoteTeacherConfig
 from composer_replication.replay.budget import (
     BudgetLedger,
     billed_usage,
@@ -17,7 +18,7 @@ from composer_replication.replay.budget import (
 )
 from composer_replication.replay.journal import Journal
 from composer_replication.replay.replay import replay_trace
-from composer_replication.replay.teachers import TeacherResponse, TeacherSpec
+from composer_replication.teachers.chat import TeacherResponse
 
 from .conftest import make_states
 
@@ -81,7 +82,7 @@ def test_spend_never_exceeds_budget_concurrency_16(scripted, tmp_path):
     rng = random.Random(0)
     states = make_states(24)
     specs = [
-        TeacherSpec(name=f"t{i}", base_url=url, model=f"m{i}", price_in_per_mtok=2.0 + i,
+        RemoteTeacherConfig(name=f"t{i}", base_url=url, model=f"m{i}", price_in_per_mtok=2.0 + i,
                     price_out_per_mtok=8.0, max_tokens=16, max_concurrency=16, timeout_s=5)
         for i in range(2)
     ]  # fmt: skip
@@ -113,7 +114,7 @@ def test_budget_spans_resumed_runs(scripted, tmp_path):
     """A resumed run counts what the journal already spent: two runs with the same budget spend
     no more than that budget in total."""
     _, url = scripted
-    spec = TeacherSpec(name="t", base_url=url, model="m", price_in_per_mtok=5, price_out_per_mtok=5,
+    spec = RemoteTeacherConfig(name="t", base_url=url, model="m", price_in_per_mtok=5, price_out_per_mtok=5,
                        max_tokens=16, max_concurrency=16)  # fmt: skip
     states = make_states(30)
     db = tmp_path / "r.db"
@@ -134,7 +135,7 @@ def _resp(text: str, prompt: int | None, completion: int | None) -> TeacherRespo
 def test_usage_reported_too_low_is_billed_at_the_upper_bound():
     """A server claiming 0 tokens for a 1000-character answer to a non-empty prompt is not free:
     both counts are replaced by the worst-case bound and the call is flagged."""
-    spec = TeacherSpec(name="t", base_url="http://x/v1", model="m", max_tokens=64)
+    spec = RemoteTeacherConfig(name="t", base_url="http://x/v1", model="m", max_tokens=64)
     msgs = [{"role": "user", "content": "word " * 100}]
     bound, floor = worst_case_prompt_tokens(msgs), min_tokens(prompt_chars(msgs))
     assert floor == 500 // 8
@@ -147,7 +148,7 @@ def test_usage_reported_too_low_is_billed_at_the_upper_bound():
 
 def test_plausible_low_usage_is_trusted():
     """Counts at or above characters/8 are real (dense code, a reply cut at max_tokens)."""
-    spec = TeacherSpec(name="t", base_url="http://x/v1", model="m", max_tokens=16)
+    spec = RemoteTeacherConfig(name="t", base_url="http://x/v1", model="m", max_tokens=16)
     bill = billed_usage(spec, 1000, _resp("y" * 400, 50, 16), prompt_floor=50)
     assert (bill.prompt_tokens, bill.completion_tokens, bill.misreport) == (50, 16, None)
     assert billed_usage(spec, 1000, _resp("", 50, 0), prompt_floor=1).misreport is None
@@ -157,7 +158,7 @@ def test_a_state_that_does_not_fit_is_skipped_and_the_rest_replayed(scripted, tm
     """One state whose worst case alone exceeds the budget comes first: it is skipped and
     reported, and the small states after it are still replayed (it used to stop the run)."""
     script, url = scripted
-    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, price_in_per_mtok=1.0,
+    spec = RemoteTeacherConfig(name="t", base_url=url, model="m", max_tokens=8, price_in_per_mtok=1.0,
                        price_out_per_mtok=1.0, timeout_s=5)  # fmt: skip
     states = make_states(5)
     states[0].prefix[1]["content"] = "x" * 20_000  # worst case ~$0.02

@@ -10,22 +10,22 @@ import sqlite3
 
 import pytest
 
+from composer_replication.config import RemoteTeacherConfig
 from composer_replication.replay.budget import worst_case_cost, worst_case_prompt_tokens
 from composer_replication.replay.journal import Journal
 from composer_replication.replay.replay import replay_trace
-from composer_replication.replay.teachers import TeacherSpec
 
 from .conftest import make_states
 
 
-def _spec(url: str, **kw) -> TeacherSpec:
+def _spec(url: str, **kw) -> RemoteTeacherConfig:
     base = {"name": "t", "base_url": url, "model": "m", "max_tokens": 8, "timeout_s": 5,
             "backoff_base_s": 0.01, "backoff_cap_s": 0.05, "price_in_per_mtok": 10.0,
             "price_out_per_mtok": 10.0}  # fmt: skip
-    return TeacherSpec(**{**base, **kw})
+    return RemoteTeacherConfig(**{**base, **kw})
 
 
-def _worst(spec: TeacherSpec, state) -> float:
+def _worst(spec: RemoteTeacherConfig, state) -> float:
     return worst_case_cost(spec, worst_case_prompt_tokens(state.prefix))
 
 

@@ -18,9 +18,10 @@ from typer.testing import CliRunner
 
 from composer_replication.cli.common import CHECK_FAILED
 from composer_replication.cli.replay import replay_command
+from composer_replication.config import RemoteTeacherConfig
 from composer_replication.replay.journal import Journal, JournalBusy
 from composer_replication.replay.replay import replay_trace
-from composer_replication.replay.teachers import TeacherError, TeacherSpec
+from composer_replication.teachers.edge import TeacherError
 
 from .conftest import make_states
 
@@ -30,8 +31,8 @@ app.command("other")(lambda: None)  # two commands: typer keeps the "replay" sub
 runner = CliRunner()
 
 
-def _spec(url: str, **kw) -> TeacherSpec:
-    return TeacherSpec(name="t", base_url=url, model="m", **kw)
+def _spec(url: str, **kw) -> RemoteTeacherConfig:
+    return RemoteTeacherConfig(name="t", base_url=url, model="m", **kw)
 
 
 async def _no_sleep(_s: float) -> None:
@@ -86,7 +87,7 @@ def test_lying_usage_never_overspends_under_concurrency_16(scripted, tmp_path, c
     script.usage_patch, script.no_usage = LYING_USAGE[case]
     states = make_states(40)
     specs = [
-        TeacherSpec(name=f"t{i}", base_url=url, model=f"m{i}", price_in_per_mtok=2.0,
+        RemoteTeacherConfig(name=f"t{i}", base_url=url, model=f"m{i}", price_in_per_mtok=2.0,
                     price_out_per_mtok=8.0, max_tokens=16, max_concurrency=16, timeout_s=5)
         for i in range(2)
     ]  # fmt: skip
@@ -112,7 +113,7 @@ def test_lying_usage_never_overspends_under_concurrency_16(scripted, tmp_path, c
 def test_honest_usage_is_billed_as_reported(scripted, tmp_path):
     """An honest server is billed exactly as it reports and is not flagged."""
     script, url = scripted
-    spec = TeacherSpec(name="t", base_url=url, model="m", price_in_per_mtok=1.0,
+    spec = RemoteTeacherConfig(name="t", base_url=url, model="m", price_in_per_mtok=1.0,
                        price_out_per_mtok=1.0, max_tokens=16, timeout_s=5)  # fmt: skip
     with Journal(tmp_path / "j.db") as jr:
         r = asyncio.run(replay_trace(make_states(3), [spec], journal=jr))
@@ -168,7 +169,7 @@ def test_intent_left_by_a_killed_run_is_reported_as_maybe_paid_twice(scripted, t
     """A run killed between send and record leaves its intent: the next run reports the call as
     possibly paid twice, sends it again and clears the intent; a clean run leaves none."""
     _, url = scripted
-    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5)
+    spec = RemoteTeacherConfig(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5)
     states = make_states(3)
     db = tmp_path / "j.db"
     r = asyncio.run(replay_trace(states, [spec], journal=db))
@@ -206,7 +207,7 @@ def test_no_secret_reaches_a_teacher_from_states_written_elsewhere(scripted, tmp
                        action=Action(text="ok"),
                        meta=StateMeta(source_format="openai_messages", file="x", line=1))  # fmt: skip
     script, url = scripted
-    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5)
+    spec = RemoteTeacherConfig(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5)
     asyncio.run(replay_trace([state], [spec], journal=tmp_path / "j.db"))
     assert script.bodies, "the teacher was never called"
     for raw in script.bodies:
@@ -243,7 +244,7 @@ def test_no_assignment_secret_of_any_spelling_reaches_a_teacher(scripted, tmp_pa
                                  action=Action(text="ok"),
                                  meta=StateMeta(source_format="openai_messages", file="x", line=i + 1)))  # fmt: skip
     script, url = scripted
-    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5)
+    spec = RemoteTeacherConfig(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5)
     asyncio.run(replay_trace(states, [spec], journal=tmp_path / "j.db"))
     assert len(script.bodies) == len(states)
     bodies = "".join(raw.decode() + json.dumps(json.loads(raw)) for raw in script.bodies)
@@ -321,7 +322,7 @@ def test_a_cut_answer_is_paid_for_but_never_a_consensus_answer(scripted, tmp_pat
     generated), journaled as ``incomplete`` with the reason, and left out of the answers."""
     script, url = scripted
     script.finish_by_model = {"cut": finish}
-    specs = [TeacherSpec(name=n, base_url=url, model=n, price_in_per_mtok=1.0,
+    specs = [RemoteTeacherConfig(name=n, base_url=url, model=n, price_in_per_mtok=1.0,
                          price_out_per_mtok=1.0, max_tokens=16, timeout_s=5)
              for n in ("whole", "cut")]  # fmt: skip
     with Journal(tmp_path / "j.db") as jr:
@@ -348,7 +349,7 @@ def test_a_cut_answer_is_paid_for_but_never_a_consensus_answer(scripted, tmp_pat
 def test_keep_cut_answers_keeps_a_length_cut_but_never_a_filtered_one(scripted, tmp_path):
     script, url = scripted
     script.finish_by_model = {"long": "length", "filtered": "content_filter"}
-    specs = [TeacherSpec(name=n, base_url=url, model=n, max_tokens=16, timeout_s=5,
+    specs = [RemoteTeacherConfig(name=n, base_url=url, model=n, max_tokens=16, timeout_s=5,
                          keep_cut_answers=True) for n in ("long", "filtered")]  # fmt: skip
     with Journal(tmp_path / "j.db") as jr:
         r = asyncio.run(replay_trace(make_states(2), specs, journal=jr))

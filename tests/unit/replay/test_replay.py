@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from composer_replication.config import RemoteTeacherConfig
 from composer_replication.replay.journal import Journal
 from composer_replication.replay.replay import (
     TRANSIENT_KINDS,
@@ -14,16 +15,17 @@ from composer_replication.replay.replay import (
     session_tools,
     tier_settled,
 )
-from composer_replication.replay.teachers import TeacherSpec
 
 from .conftest import digest, make_states
 
 
-def _specs(url: str, n: int = 2, **kw) -> list[TeacherSpec]:
+def _specs(url: str, n: int = 2, **kw) -> list[RemoteTeacherConfig]:
     base = {"max_tokens": 16, "timeout_s": 2, "backoff_base_s": 0.01, "backoff_cap_s": 0.05,
             "price_in_per_mtok": 1.0, "price_out_per_mtok": 4.0}  # fmt: skip
     base.update(kw)
-    return [TeacherSpec(name=f"t{i}", base_url=url, model=f"m{i}", **base) for i in range(n)]
+    return [
+        RemoteTeacherConfig(name=f"t{i}", base_url=url, model=f"m{i}", **base) for i in range(n)
+    ]
 
 
 def test_replay_records_everything_and_rerun_sends_nothing(scripted, tmp_path):
@@ -108,7 +110,7 @@ def test_tiers_escalate_only_on_disagreement(scripted):
     tier 1; without it they agree -> tier 1 is never asked and its calls are reported saved."""
     script, url = scripted
     specs = _specs(url, n=2) + [
-        TeacherSpec(name="big", base_url=url, model="big", tier=1, max_tokens=16,
+        RemoteTeacherConfig(name="big", base_url=url, model="big", tier=1, max_tokens=16,
                     price_in_per_mtok=10, price_out_per_mtok=40)
     ]  # fmt: skip
     states = make_states(6)
@@ -144,7 +146,7 @@ def test_duplicate_state_ids_are_replayed_and_paid_once(scripted, tmp_path):
     """The same states twice (e.g. a file ingested twice): each call is sent once, and the
     journal's spend equals what was paid."""
     script, url = scripted
-    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, price_in_per_mtok=1.0,
+    spec = RemoteTeacherConfig(name="t", base_url=url, model="m", max_tokens=8, price_in_per_mtok=1.0,
                        price_out_per_mtok=2.0, timeout_s=5)  # fmt: skip
     states = make_states(4)
     with Journal(tmp_path / "j.db") as jr:
@@ -189,7 +191,7 @@ def test_journal_write_failure_stops_new_calls_and_keeps_paid_answers(scripted, 
     import orjson
 
     script, url = scripted
-    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5,
+    spec = RemoteTeacherConfig(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5,
                        max_concurrency=1)  # fmt: skip
     jr = _refusing_journal(tmp_path / "j.db", nth=3, error="database is locked")
     with jr:
@@ -207,7 +209,7 @@ def test_next_run_imports_saved_answers_and_charges_them_once(scripted, tmp_path
     as a lost call), the file removed."""
 
     script, url = scripted
-    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5,
+    spec = RemoteTeacherConfig(name="t", base_url=url, model="m", max_tokens=8, timeout_s=5,
                        max_concurrency=1, price_in_per_mtok=1.0, price_out_per_mtok=4.0)  # fmt: skip
     states = make_states(4)
     jr = _refusing_journal(tmp_path / "j.db", nth=2, error="disk I/O error")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from composer_replication.config import RemoteTeacherConfig
 from composer_replication.replay.journal import Journal
 from composer_replication.replay.replay import replay_trace
-from composer_replication.replay.teachers import TeacherSpec
 
 from .conftest import digest, make_states
 
@@ -106,7 +106,7 @@ def test_attempts_lost_by_killed_runs_count_against_the_budget(scripted, tmp_pat
     from composer_replication.replay.budget import worst_case_cost, worst_case_prompt_tokens
 
     _, url = scripted
-    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=64,
+    spec = RemoteTeacherConfig(name="t", base_url=url, model="m", max_tokens=64,
                        price_in_per_mtok=1.0, price_out_per_mtok=2.0, timeout_s=5)  # fmt: skip
     states = make_states(4)
     worst = worst_case_cost(spec, worst_case_prompt_tokens(states[0].prefix))
@@ -141,7 +141,7 @@ def test_an_older_journals_pending_intent_is_priced_from_its_state_and_teacher(s
     c.execute("INSERT INTO intents VALUES ('st0000', 't', 'h', 1.0)")
     c.commit()
     c.close()
-    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=8, price_in_per_mtok=1.0,
+    spec = RemoteTeacherConfig(name="t", base_url=url, model="m", max_tokens=8, price_in_per_mtok=1.0,
                        price_out_per_mtok=4.0)  # fmt: skip
     states = make_states(2)
     worst = worst_case_cost(spec, worst_case_prompt_tokens(states[0].prefix))

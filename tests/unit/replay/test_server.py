@@ -10,9 +10,9 @@ import openai
 import pytest
 from support.scripted_openai import ask_teacher
 
-from composer_replication.replay.local_model import LocalChatModel
+from composer_replication.config import RemoteTeacherConfig
 from composer_replication.replay.server import create_app
-from composer_replication.replay.teachers import TeacherSpec
+from composer_replication.teachers.local_model import LocalChatModel
 
 from .conftest import ServerThread
 
@@ -62,7 +62,7 @@ def test_bad_requests_are_http_errors(served):
 
 
 def test_teacher_client_against_server(served):
-    spec = TeacherSpec(name="s", base_url=served, model="tiny", max_tokens=4,
+    spec = RemoteTeacherConfig(name="s", base_url=served, model="tiny", max_tokens=4,
                        price_in_per_mtok=1, price_out_per_mtok=1)  # fmt: skip
 
     resp = ask_teacher(spec, content="hello")
@@ -79,13 +79,13 @@ def test_teacher_client_against_server(served):
 )
 def test_pool_entry_is_a_valid_teacher_pool_line(tmp_path, host, model_id, url):
     """What `serve` prints parses, pasted under `teachers:`, as a pool pointing at the server."""
+    from composer_replication.config import load_pool
     from composer_replication.replay.server import pool_entry
-    from composer_replication.replay.teachers import load_pool
 
     path = tmp_path / "pool.yaml"
     path.write_text("teachers:\n" + pool_entry(host, 8101, model_id) + "\n")
     [teacher] = load_pool(path).teachers
-    assert teacher.base_url == url and teacher.model == model_id
+    assert teacher.type == "remote" and teacher.base_url == url and teacher.model == model_id
 
 
 @pytest.mark.parametrize("host", ["", "127.0.0.1", "::1"])

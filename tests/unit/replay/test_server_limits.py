@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from composer_replication.config import RemoteTeacherConfig
-from composer_replication.replay.local_model import LocalChatModel
-from composer_replication.replay.scoring import RemoteScorer, RowScores
 from composer_replication.replay.server import MAX_PROMPTS_PER_REQUEST, create_app
-from composer_replication.replay.teachers import TeacherError
+from composer_replication.teachers.edge import TeacherError
+from composer_replication.teachers.local_model import LocalChatModel
+from composer_replication.teachers.scoring import RemoteScorer, RowScores
 
 from .conftest import ServerThread
 

@@ -13,13 +13,9 @@ import pytest
 from support.scripted_openai import ask_teacher
 
 from composer_replication.config import RemoteTeacherConfig
-from composer_replication.replay.scoring import RemoteScorer, scoring_byte_limit
-from composer_replication.replay.teachers import (
-    ERROR_BODY_BYTES,
-    TeacherError,
-    TeacherSpec,
-    answer_byte_limit,
-)
+from composer_replication.teachers.chat import answer_byte_limit
+from composer_replication.teachers.edge import ERROR_BODY_BYTES, TeacherError
+from composer_replication.teachers.scoring import RemoteScorer, scoring_byte_limit
 
 
 class _Oversized(BaseHTTPRequestHandler):
@@ -86,7 +82,7 @@ async def _no_sleep(_s: float) -> None:
 
 
 def _complete(url: str) -> TeacherError:
-    spec = TeacherSpec(name="t", base_url=url, model="m", max_tokens=16, max_retries=0)
+    spec = RemoteTeacherConfig(name="t", base_url=url, model="m", max_tokens=16, max_retries=0)
     with pytest.raises(TeacherError) as info:
         ask_teacher(spec, sleep=_no_sleep)
     return info.value

@@ -11,7 +11,7 @@ completions), for on-policy distillation (channels/distill.py).
   at ``t`` (vLLM's documented behaviour; entry 0 is null). ``composer-replication serve``
   answers the same protocol (replay/server.py). Requests are batched (``rows_per_request``),
   concurrent (``max_concurrency``), and retried only here, at the network edge (429, 5xx,
-  timeouts, connection errors; backoff with full jitter, replay/teachers.py). A request that
+  timeouts, connection errors; backoff with full jitter, teachers/edge.py). A request that
   still fails, or a malformed answer, makes its rows a :class:`TeacherError`: the channel
   reports them unscored, never a silent 0.
 
@@ -32,8 +32,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from composer_replication.config import ConfigError, LocalTeacherConfig, RemoteTeacherConfig
-from composer_replication.replay.teachers import (
+from composer_replication.config import (
+    ConfigError,
+    LocalTeacherConfig,
+    RemoteTeacherConfig,
+    TeacherConfig,
+)
+from composer_replication.teachers.edge import (
     TeacherError,
     backoff_delay,
     classify_openai_error,
@@ -450,7 +455,8 @@ class RemoteScorer:
             except TeacherError as err:
                 err.attempts = attempt + 1
                 if err.retryable and attempt < self.spec.max_retries:
-                    await self._sleep(backoff_delay(attempt, err.retry_after))
+                    await self._sleep(backoff_delay(attempt, err.retry_after, self.spec.backoff_base_s,
+                                                   self.spec.backoff_cap_s))  # fmt: skip
                     continue
                 if err.answered:  # an answer arrived (too long to read): billed
                     self._bill(seqs)
@@ -536,3 +542,13 @@ class RemoteScorer:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+def build_scorer(spec: TeacherConfig, student_device: Any, model: Any = None) -> Any:
+    """The scoring client for one teacher: :class:`LocalScorer` on its device (``same``: the
+    student's) for ``type: local``, :class:`RemoteScorer` for ``type: remote``. ``model``: an
+    already loaded local model (tests)."""
+    if isinstance(spec, LocalTeacherConfig):
+        device = student_device if spec.device == "same" else spec.device
+        return LocalScorer(spec, device, model)
+    return RemoteScorer(spec)

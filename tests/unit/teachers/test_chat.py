@@ -13,16 +13,9 @@ import orjson
 import pytest
 from support.scripted_openai import ask_teacher
 
-from composer_replication.replay.teachers import (
-    OpenAITeacher,
-    PoolError,
-    TeacherError,
-    TeacherSpec,
-    backoff_delay,
-    load_pool,
-    parse_completion,
-    parse_retry_after,
-)
+from composer_replication.config import PoolError, RemoteTeacherConfig, load_pool
+from composer_replication.teachers.chat import OpenAITeacher, parse_completion
+from composer_replication.teachers.edge import TeacherError, backoff_delay, parse_retry_after
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -97,7 +90,7 @@ def test_shipped_pools_parse_and_hold_no_keys():
 
 def test_missing_key_env_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("NOPE_KEY", raising=False)
-    spec = TeacherSpec(name="r", base_url="https://example.invalid/v1", model="m",
+    spec = RemoteTeacherConfig(name="r", base_url="https://example.invalid/v1", model="m",
                        api_key_env="NOPE_KEY")  # fmt: skip
     with pytest.raises(PoolError, match="NOPE_KEY is not set"):
         OpenAITeacher(spec)
@@ -149,9 +142,9 @@ def test_parse_completion_rejects_malformed():
         assert ei.value.kind == "malformed" and not ei.value.retryable
 
 
-def _spec(base_url: str, **kw) -> TeacherSpec:
+def _spec(base_url: str, **kw) -> RemoteTeacherConfig:
     kw = {"timeout_s": 0.5, "backoff_base_s": 0.01, "backoff_cap_s": 0.05, **kw}
-    return TeacherSpec(name="t", base_url=base_url, model="m", max_tokens=8, **kw)
+    return RemoteTeacherConfig(name="t", base_url=base_url, model="m", max_tokens=8, **kw)
 
 
 def test_client_retries_429_and_500_then_succeeds(scripted):

@@ -17,8 +17,8 @@ from fastapi.responses import Response
 from support.scripted_openai import ServerThread
 
 from composer_replication.config import ConfigError, RemoteTeacherConfig
-from composer_replication.replay.scoring import RemoteScorer, RowScores
-from composer_replication.replay.teachers import TeacherError
+from composer_replication.teachers.edge import TeacherError
+from composer_replication.teachers.scoring import RemoteScorer, RowScores
 
 SEQ = [5, 7, 9]
 """Each row: a 1-token prompt and two completion tokens (7, then 9)."""

@@ -1,4 +1,4 @@
-"""Scoring teachers (replay/scoring.py) and the ``prompt_logprobs`` protocol ``serve`` answers
+"""Scoring teachers (teachers/scoring.py) and the ``prompt_logprobs`` protocol ``serve`` answers
 (replay/server.py), over real HTTP on 127.0.0.1: the numbers are the model's own, the sampled
 token is always reported with its true rank, bad requests are refused, a transient failure is
 retried at the edge and a malformed answer becomes a per-row error, never a crash or a 0."""
@@ -13,19 +13,18 @@ import pytest
 import torch
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
+from support.scripted_openai import ServerThread
 
 from composer_replication.config import RemoteTeacherConfig
-from composer_replication.replay.local_model import LocalChatModel
-from composer_replication.replay.scoring import (
+from composer_replication.replay.server import create_app
+from composer_replication.teachers.edge import TeacherError
+from composer_replication.teachers.local_model import LocalChatModel
+from composer_replication.teachers.scoring import (
     RemoteScorer,
     RowScores,
     parse_prompt_logprobs,
     tokenizer_fingerprint,
 )
-from composer_replication.replay.server import create_app
-from composer_replication.replay.teachers import TeacherError
-
-from .conftest import ServerThread
 
 
 @pytest.fixture
@@ -146,7 +145,7 @@ def test_a_remote_teacher_whose_model_the_server_does_not_list_is_refused(served
     with or without the tokenizer check; the right name and an empty one pass."""
     from composer_replication.config import ConfigError
     from composer_replication.lm.models import DEFAULT_MODEL
-    from composer_replication.replay.scoring import check_same_tokenizer
+    from composer_replication.teachers.scoring import check_same_tokenizer
 
     base_url, _ = served
     for check in (True, False):
@@ -167,7 +166,7 @@ def test_a_server_without_a_tokenizer_fingerprint_is_refused_unless_told(tokeniz
     the message naming ``check_tokenizer=false``; with that set it is accepted."""
     from composer_replication.config import ConfigError
     from composer_replication.lm.models import DEFAULT_MODEL
-    from composer_replication.replay.scoring import check_same_tokenizer
+    from composer_replication.teachers.scoring import check_same_tokenizer
 
     app = FastAPI()
 

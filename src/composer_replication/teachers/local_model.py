@@ -36,12 +36,20 @@ class LocalChatModel:
     ``usage.prompt_tokens`` counts the tokens actually fed.
     """
 
-    def __init__(self, model_ref: str, max_prompt_tokens: int = 2048, dtype: str = "float32"):
+    def __init__(
+        self,
+        model_ref: str,
+        max_prompt_tokens: int = 2048,
+        dtype: str = "float32",
+        device: str | None = None,
+    ):
         from composer_replication.lm.models import load_model, load_tokenizer
 
         self.model_ref = model_ref
         self.tokenizer = load_tokenizer(model_ref)
         self.model = load_model(model_ref, dtype=dtype).eval()
+        if device is not None:  # else where it loaded
+            self.model = self.model.to(device)
         self.max_prompt_tokens = max_prompt_tokens
         self.lock = threading.Lock()  # one forward at a time (generation, scoring)
 
