@@ -110,7 +110,7 @@ def test_two_tasks_with_one_text_each_get_their_own_episode(env, tool_tok, tmp_p
     monkeypatch.setattr(env, "user_message", lambda task: "Fix the repository.")
     seen = []
 
-    def run_agent(box, workspace, run, socket_dir, socket_name, python_path=()):
+    def run_agent(box, workspace, run, socket_dir, socket_name, python_path=(), policy_wait=None):
         seen.append(dict(run.env)["AGENT_TASK"])
         return ShellResult("", 0)
 
