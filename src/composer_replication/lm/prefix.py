@@ -264,9 +264,13 @@ def generate_with_prefix(
         cache, prefix_mask_R = prefill(net, batch)
         ids = torch.cat([batch.prefix_ids.index_select(0, batch.row_group), batch.suffix_ids], 1)
         mask = torch.cat([prefix_mask_R, batch.suffix_mask], dim=1)
+        # use_cache=True whatever the model's generation config says (transformers' Trainer
+        # turns it off in training): without it generate runs every row from its first token
+        # on top of the prefix cache, i.e. the prefix twice, and the log-probs are wrong.
         out = model.generate(
-            input_ids=ids, attention_mask=mask, **{cache_kwarg(model): cache}, **generate_kwargs
-        )
+            input_ids=ids, attention_mask=mask, **{cache_kwarg(model): cache},
+            **(generate_kwargs | {"use_cache": True}),
+        )  # fmt: skip
     return out[:, ids.shape[1] :]
 
 

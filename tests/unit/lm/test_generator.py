@@ -53,6 +53,23 @@ def test_recorded_logprobs_equal_a_fresh_forward(model, sampling, shared_prefix)
     assert len({tuple(o.ids) for o in outs}) > 1
 
 
+@pytest.mark.parametrize("shared_prefix", [True, False], ids=["prefix", "plain"])
+def test_a_model_whose_config_turns_the_cache_off_still_records_exact_logprobs(shared_prefix):
+    """transformers' Trainer sets ``use_cache=False`` in the policy's config; a rollout
+    worker's copy is built from it. Rows that share their whole prompt (a GRPO group) hand
+    ``generate`` the prefix's cache: with the cache off it ran each row from its first token
+    on top of it (the prefix twice; log-probs off by up to 3.6e-2 before the fix)."""
+    model = make_tiny_model(300, seed=1, max_positions=512).eval()
+    model.generation_config.use_cache = False
+    prompt = SHARED + [19]
+    torch.manual_seed(0)
+    with Generator(model, pad_id=0, eos_ids=[2], shared_prefix=shared_prefix) as gen:
+        outs = gen.generate([prompt] * 4, Sampling(temperature=0.7, max_new_tokens=8))
+    for out in outs:
+        want = forward_logprobs(model, prompt, out.ids, 0.7)
+        torch.testing.assert_close(torch.tensor(out.logprobs), want, atol=1e-5, rtol=1e-5)
+
+
 def test_one_generation_per_request_no_second_forward(model):
     """A request of N new tokens costs N forwards (the prompt's, then one per new token but
     the last), plus one for the shared prefix when it is run apart; eight requests queued

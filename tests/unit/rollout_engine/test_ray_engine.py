@@ -147,6 +147,11 @@ class _Probe(TrainerCallback):
             time.sleep(0.005)
         self.killed = busy[0] if busy else 0
         engine.ray.kill(engine.workers[self.killed], no_restart=True)
+        # Until Ray reports the death, a group the worker sent just before it may still land
+        # (then it was not lost), and the learner's next take may not see the death yet (then
+        # the last step's count lags): wait for it, then read what the dead worker held.
+        done, _ = engine.ray.wait([engine.runs[self.killed]], timeout=60)
+        assert done, "Ray did not report the killed worker's death within 60 s"
         self.held = self._stats()["inflight_by_worker"].get(self.killed, 0)
 
 
