@@ -97,3 +97,39 @@ class GroupRecord:
     @property
     def completion_tokens(self) -> int:
         return sum(r.completion_tokens for r in self.rollouts if r.valid)
+
+    @property
+    def episode_tokens(self) -> float:
+        """Mean length of its valid episodes in tokens after the prompt (the policy's and the
+        tools'): what makes an episode take long, hence arrive stale."""
+        lengths = [sum(len(s.completion_ids) for s in r.sequences) for r in self.rollouts if r.valid]
+        return sum(lengths) / len(lengths) if lengths else 0.0
+
+
+def length_bin(tokens: float) -> int:
+    """The power-of-two bin of an episode length: ``2**k <= tokens < 2**(k+1)`` gives ``2**k``
+    (0 for an empty episode)."""
+    n = int(tokens)
+    return 0 if n < 1 else 1 << (n.bit_length() - 1)
+
+
+@dataclass
+class StalenessByLength:
+    """Groups that arrived at the learner and groups dropped as too stale, counted by episode
+    length (:func:`length_bin`), over the run: a drop rate that grows with the bin is the
+    length bias staleness bounds risk (long episodes grow stale first)."""
+
+    arrived: dict[int, int] = field(default_factory=dict)
+    dropped: dict[int, int] = field(default_factory=dict)
+
+    def count(self, group: GroupRecord, dropped: bool) -> None:
+        b = length_bin(group.episode_tokens)
+        self.arrived[b] = self.arrived.get(b, 0) + 1
+        if dropped:
+            self.dropped[b] = self.dropped.get(b, 0) + 1
+
+    def metrics(self) -> dict[str, float]:
+        """``rollout/arrived_by_tokens/<bin>`` and ``rollout/dropped_by_tokens/<bin>``."""
+        out = {f"rollout/arrived_by_tokens/{b}": float(n) for b, n in self.arrived.items()}
+        out |= {f"rollout/dropped_by_tokens/{b}": float(self.dropped.get(b, 0)) for b in self.arrived}
+        return out

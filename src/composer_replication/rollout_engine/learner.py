@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication.rollout_engine.dispenser import TaskDispenser
-from composer_replication.rollout_engine.group import GroupRecord
+from composer_replication.rollout_engine.group import GroupRecord, StalenessByLength
 from composer_replication.rollout_engine.hub import Hub
 from composer_replication.rollout_engine.worker import (
     POLL_S,
@@ -140,6 +140,7 @@ class RayRollouts:
         self.metrics: dict[str, float] = {}
         self.lost_groups = 0
         self.dropped_groups = 0
+        self.by_length = StalenessByLength()
         self.used: set[int] = set()
         self.produced_at_take = 0
         """Groups the workers had finished when the learner last took a step's groups."""
@@ -274,6 +275,7 @@ class RayRollouts:
                 self.used.add(g.group_id)
                 lag = g.staleness(version)
                 staleness.append(lag)
+                self.by_length.count(g, dropped=lag > s.max_staleness)
                 if lag > s.max_staleness:
                     self.dropped_groups += 1
                 else:
@@ -329,6 +331,7 @@ class RayRollouts:
         m["rollout/queue_depth"] = float(stats["queue_depth"])
         m["rollout/dropped_groups"] = float(self.dropped_groups)
         m["rollout/lost_groups"] = float(self.lost_groups)
+        m.update(self.by_length.metrics())
         calls = [g.info["tool_calls"] for g in groups if "tool_calls" in g.info]
         if calls:
             m["tools/call_frequency"] = sum(calls) / len(calls)
