@@ -102,7 +102,9 @@ class GroupRecord:
     def episode_tokens(self) -> float:
         """Mean length of its valid episodes in tokens after the prompt (the policy's and the
         tools'): what makes an episode take long, hence arrive stale."""
-        lengths = [sum(len(s.completion_ids) for s in r.sequences) for r in self.rollouts if r.valid]
+        lengths = [
+            sum(len(s.completion_ids) for s in r.sequences) for r in self.rollouts if r.valid
+        ]
         return sum(lengths) / len(lengths) if lengths else 0.0
 
 
@@ -131,5 +133,7 @@ class StalenessByLength:
     def metrics(self) -> dict[str, float]:
         """``rollout/arrived_by_tokens/<bin>`` and ``rollout/dropped_by_tokens/<bin>``."""
         out = {f"rollout/arrived_by_tokens/{b}": float(n) for b, n in self.arrived.items()}
-        out |= {f"rollout/dropped_by_tokens/{b}": float(self.dropped.get(b, 0)) for b in self.arrived}
+        out |= {
+            f"rollout/dropped_by_tokens/{b}": float(self.dropped.get(b, 0)) for b in self.arrived
+        }
         return out
