@@ -618,7 +618,7 @@ class ContextLoop:
             active = self._make_room(active)
             if not active:
                 break
-            new = self._generate(active, [self._context(i) for i in active], self.turn_tokens)
+            new = self._request(active, [self._context(i) for i in active], self.turn_tokens)
             for i, (ids, lp, tag) in zip(active, new, strict=True):
                 self._add_turn(i, ids, lp, tag)
                 message = parse_turn(self.tok, ids, self._context(i)[: -len(ids) or None],
@@ -643,7 +643,7 @@ class ContextLoop:
         self._window(i).turn_tags.append(tag)
         self._units[i].append(list(ids))
 
-    def _generate(self, rows: list[int], inputs: list[list[int]], limit: int):
+    def _request(self, rows: list[int], inputs: list[list[int]], limit: int):
         ids, lps, tag = self.generate(inputs, limit)
         lps = lps if lps is not None else [None] * len(ids)
         return [(list(a), b, tag) for a, b in zip(ids, lps, strict=True)]
@@ -704,7 +704,7 @@ class ContextLoop:
         summary. Returns the rows that go on."""
         c, instr, go_on = self.cfg, self.instruction_ids, []
         inputs = [self._context(i) + instr for i in rows]
-        out = self._generate(rows, inputs, c.summary_max_tokens)
+        out = self._request(rows, inputs, c.summary_max_tokens)
         for i, x, (ids, lp, tag) in zip(rows, inputs, out, strict=True):
             room = min(c.summary_max_tokens, c.max_tokens - len(x))
             if room < 1:

@@ -1,7 +1,7 @@
 """Training through summaries (docs/summarization.md): an episode that summarized is ONE
 packed row; its windows are scored with block-diagonal attention; every window's policy
 tokens (its turns, and the summary in its own window) carry the episode's advantage; the loss
-under ``grpo`` and ``dapo`` equals a hand-computed value; two optimizer steps run.
+under ``grpo`` and ``dapo`` equals a hand-computed value; an optimizer step runs.
 
 The policy follows a script (``_generate_single_turn``), so the episode's shape is fixed;
 the model that scores and trains is a tiny random Llama."""
@@ -75,9 +75,16 @@ def build(tok, tmp_path, loss_type: str, max_steps: int = 1):
     return trainer, rows
 
 
-@pytest.fixture
-def scored(tool_tok, tmp_path):
-    trainer, rows = build(tool_tok, tmp_path, "grpo")
+@pytest.fixture(scope="module")
+def scored(tokenizer, tmp_path_factory):
+    """One scored round, shared by the tests of this module (they only read it)."""
+    import copy
+
+    from composer_replication.lm.chat_templates import ensure_tool_template
+
+    tool_tok = copy.deepcopy(tokenizer)
+    ensure_tool_template(tool_tok)
+    trainer, rows = build(tool_tok, tmp_path_factory.mktemp("scored"), "grpo")
     trainer.model.train()
     return trainer, trainer._generate_and_score_completions(rows)
 
@@ -137,8 +144,7 @@ def test_packed_logps_equal_each_window_scored_alone(scored):
     assert torch.allclose(packed[0][: len(w0.completion_ids)], alone0[0], atol=1e-5)
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
-def test_the_loss_equals_the_hand_computed_value(scored, loss_type):
+def test_the_loss_equals_the_hand_computed_value(scored):
     """Ratio r = 1.1 on window 1's tokens (old log-probs set 0.0953 below the new), 1 on the
     others; advantages (a, -a), a = 0.70700; policy tokens n0 = 112 (window 0) and n1 = 6
     (window 1) in row 0, m = 6 in row 1. TRL's per-token loss is -r * A (unclipped: 1.1 is
@@ -149,8 +155,6 @@ def test_the_loss_equals_the_hand_computed_value(scored, loss_type):
     dapo (token level): (-a (n0 + 1.1 n1) + a m) / (n0 + n1 + m) = -112.6 a / 124
     = -0.64201. Under grpo the 2-window episode weighs as much as the 1-window one."""
     trainer, batch = scored
-    trainer.loss_type = loss_type
-    trainer.current_gradient_accumulation_steps = 1  # set by HF's training loop
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     k = batch["completion_ids"].shape[1]
@@ -160,22 +164,30 @@ def test_the_loss_equals_the_hand_computed_value(scored, loss_type):
     trainer._loss_windows = None
     c = math.log(1.1)
     batch = dict(batch, old_per_token_logps=logps - c * (batch["completion_window"] == 1))
-    loss = float(trainer._compute_loss(trainer.model, batch))
     a = 0.5 / (math.sqrt(0.5) + 1e-4)
     n0, n1, m = 112, 6, 6
     expected = {
         "grpo": ((-a * (n0 + 1.1 * n1) / (n0 + n1)) + a) / 2,
         "dapo": (-a * (n0 + 1.1 * n1) + a * m) / (n0 + n1 + m),
-    }[loss_type]
-    assert loss == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    }
+    assert expected["grpo"] == pytest.approx(-0.0017975, abs=1e-6)
+    assert expected["dapo"] == pytest.approx(-0.64201, abs=1e-5)
+    trainer.current_gradient_accumulation_steps = 1  # set by HF's training loop
+    try:
+        for loss_type, value in expected.items():
+            trainer.loss_type = loss_type
+            loss = float(trainer._compute_loss(trainer.model, batch))
+            assert loss == pytest.approx(value, rel=1e-4, abs=1e-6), loss_type
+    finally:
+        trainer.loss_type = "grpo"
 
 
-def test_two_optimizer_steps_through_a_summary(tool_tok, tmp_path):
-    trainer, _ = build(tool_tok, tmp_path, "dapo", max_steps=2)
+def test_an_optimizer_step_through_a_summary(tool_tok, tmp_path):
+    trainer, _ = build(tool_tok, tmp_path, "dapo", max_steps=1)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     logs = [h for h in trainer.state.log_history if "rollout/summaries" in h]
-    assert len(logs) == 2 and all(h["rollout/summaries"] == 0.5 for h in logs)
+    assert len(logs) == 1 and all(h["rollout/summaries"] == 0.5 for h in logs)
     assert all(h["rollout/summary_tokens"] == 13 for h in logs)
     moved = [n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])]
     assert moved
