@@ -623,7 +623,7 @@ class ContextLoop:
                 self._add_turn(i, ids, lp, tag)
                 message = parse_turn(self.tok, ids, self._context(i)[: -len(ids) or None],
                                      self.tools)  # fmt: skip
-                msgs[i].append(message)
+                msgs[i].append(self._mark_window(i, message))
             active = [i for i in active if msgs[i][-1].get("tool_calls")]
         packed = [e.packed() for e in self.episodes]
         return ([p[1] for p in packed], msgs, [p[0] for p in packed],
@@ -631,6 +631,24 @@ class ContextLoop:
                 calls, failures, [[] for _ in range(n)])  # fmt: skip
 
     # ---- one episode's window ------------------------------------------------------------
+    def _mark_window(self, i: int, message: dict[str, Any]) -> dict[str, Any]:
+        """The first message of a new window carries ``context_window``: the window's index
+        and the summary it starts from (or the tokens truncation kept), so a person reading
+        the logged episode sees each summary where it took effect. Graders and chat templates
+        ignore the key."""
+        windows = self.episodes[i].windows
+        if len(windows) > 1 and len(windows[-1].turn_tags) == 1:
+            before = windows[-2]
+            message = dict(message)
+            message["context_window"] = {
+                "window": len(windows) - 1,
+                "summary": before.summary,
+                "summary_tokens": before.summary_tokens,
+                "summary_cut": before.summary_cut,
+                "prompt_tokens": len(windows[-1].prompt_ids),
+            }
+        return message
+
     def _window(self, i: int) -> Window:
         return self.episodes[i].windows[-1]
 

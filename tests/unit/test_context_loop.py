@@ -127,6 +127,10 @@ def test_summaries_fire_when_the_next_turn_and_a_summary_would_not_fit(tool_tok)
     # graded messages: the 7 calls, their results and the answer; no summary, no instruction
     assert [m["role"] for m in msgs[0]] == ["assistant", "tool"] * 7 + ["assistant"]
     assert msgs[0][-1]["content"] == "13936" and (calls, failures) == (7, 0)
+    # each summary is logged where it took effect: on the first message of its next window
+    marks = [(k, m["context_window"]) for k, m in enumerate(msgs[0]) if "context_window" in m]
+    assert [(k, m["window"], m["summary"]) for k, m in marks] == [
+        (6, 1, "208*67=13936"), (10, 2, "208*67=13936"), (14, 3, "208*67=13936")]  # fmt: skip
     # every request fit its window: prompt + at most the limit asked
     assert all(len(x) + lim <= 360 for x, lim in script.requests)
     assert ep.tokens_saved > 0

@@ -581,11 +581,26 @@ class ComposerReplicationTrainer(GRPOTrainer):
             "rollout/summaries_cut": sum(w.summary_cut for w in summaries) / max(len(summaries), 1),
         }
         if summaries:
-            values["rollout/summary_tokens"] = sum(w.summary_tokens for w in summaries) / len(
-                summaries
-            )
+            lengths = [w.summary_tokens for w in summaries]
+            values["rollout/summary_tokens"] = sum(lengths) / len(lengths)
+        rewards = self._graded_rewards(n)
+        if rewards is not None:  # reward by the number of summaries the episode wrote
+            by: dict[int, list[float]] = {}
+            for e, r in zip(eps, rewards, strict=True):
+                by.setdefault(len(e.summaries), []).append(r)
+            for k, rs in by.items():
+                values[f"rollout/reward_by_summaries/{k}"] = sum(rs) / len(rs)
         for key, value in values.items():
             self._metrics[mode][key].append(float(value))
+
+    def _graded_rewards(self, n: int) -> list[float] | None:
+        """The last round's rewards per rollout from a reward function that keeps its
+        verdicts (``last_results``, EnvReward), if one graded ``n`` rollouts."""
+        for f in self.reward_funcs:
+            results = getattr(f, "last_results", None)
+            if results is not None and len(results) == n:
+                return [float(r.reward) for r in results]
+        return None
 
     # ---- rollouts from Ray workers (rollout.engine: ray; rollout_engine/learner.py) ----------
     def _take_rollouts_from(self, source: Any) -> None:
