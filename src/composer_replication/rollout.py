@@ -550,10 +550,12 @@ class ContextLoop:
     (:meth:`ContextEpisode.packed`), keeping each window in :attr:`episodes`.
 
     Before each turn after the first, with ``L`` the window's length, ``T`` the per-turn cap,
-    ``I`` the summary instruction's tokens and ``S`` ``summary_max_tokens``: ``summarize``
-    asks for a summary when ``L + T + I + S > max_tokens`` (at ``max_summaries`` the episode
-    ends instead); ``truncate`` drops the oldest (turn + tool results) units when
-    ``L + T > max_tokens``. Tool calls are run as TRL runs them (same results, same error
+    ``R`` the longest tool result of the episode so far (what the turn's calls may add), ``I``
+    the summary instruction's tokens and ``S`` ``summary_max_tokens``: ``summarize`` asks for
+    a summary when ``L + T + R + I + S > max_tokens`` (at ``max_summaries`` the episode ends
+    instead); ``truncate`` drops the oldest (turn + tool results) units when
+    ``L + T + R > max_tokens``. A tool result longer than any before may still leave less than
+    ``S`` for the summary: it is then cut at the room left (``summary_cut``). Tool calls are run as TRL runs them (same results, same error
     texts, same counts), the rollouts' calls of a turn at once."""
 
     def __init__(
@@ -604,6 +606,7 @@ class ContextLoop:
         self._prompts = [[dict(m) for m in p] for p in prompts]
         self._units: list[list[list[int]]] = [[] for _ in range(n)]  # turns kept (truncate)
         self._summaries = [0] * n
+        self._result_tokens = [0] * n  # the longest tool result so far: what a turn may add
         msgs = [list(c) for c in completions]
         for i in range(n):
             lp = logprobs[i] if logprobs is not None else None
@@ -682,6 +685,7 @@ class ContextLoop:
             msgs[i] += tool_messages
             calls, failures = calls + len(results), failures + sum(f for *_, f in results)
             suffix = self.suffix_ids(tool_messages)
+            self._result_tokens[i] = max(self._result_tokens[i], len(suffix))
             self._window(i).add(suffix, 0)
             self._units[i][-1] += suffix
         return calls, failures
@@ -690,7 +694,7 @@ class ContextLoop:
         """Rows whose next turn fits (after a summary or a truncation); the others end."""
         c, keep, summarize = self.cfg, [], []
         for i in active:
-            if len(self._window(i)) + self.turn_tokens + self._reserve() <= c.max_tokens:
+            if len(self._window(i)) + self._next_turn(i) + self._reserve() <= c.max_tokens:
                 keep.append(i)
             elif c.strategy == "truncate":
                 if self._truncate(i):
@@ -703,13 +707,18 @@ class ContextLoop:
             keep += self._summarize(summarize)
         return sorted(keep)
 
+    def _next_turn(self, i: int) -> int:
+        """Tokens the next turn may add: the per-turn cap and, as its tool results, the
+        longest results this episode has had (so the summary after it still fits)."""
+        return self.turn_tokens + self._result_tokens[i]
+
     def _truncate(self, i: int) -> bool:
         """A new window: the task's prompt and the newest units that fit (at least the latest,
         which holds the tool results the next turn answers)."""
         base, units = self.episodes[i].windows[0].prompt_ids, self._units[i]
         for j in range(1, len(units)):
             kept = [t for u in units[j:] for t in u]
-            if len(base) + len(kept) + self.turn_tokens <= self.cfg.max_tokens:
+            if len(base) + len(kept) + self._next_turn(i) <= self.cfg.max_tokens:
                 self._open(i, base + kept)
                 self._units[i] = [list(u) for u in units[j:]]
                 return True

@@ -70,13 +70,13 @@ def setup(tok, strategy, calls, max_tokens, max_turns=12, max_summaries=4, summa
 
 
 def test_summaries_fire_when_the_next_turn_and_a_summary_would_not_fit(tool_tok):
-    """Lengths (SmolLM2 tokens): prompt P=183, a call turn C=33, its tool result s=15, the
-    instruction I=len(instruction_ids), summary Σ=len(SUMMARY), limits T=40, S=16,
-    max_tokens M=360. Summarize before a turn when L + T + I + S > M, i.e. L > 304 - I.
-    With I=14 the limit is 290: window 0 grows 183 -> 231 -> 279 -> 327 and summarizes after
-    3 calls; the next windows start at P1=203 (prompt + summary) -> 251 -> 299 and summarize
-    after 2 calls: 3 + 2 + 2 calls, 3 summaries, and the answer in window 3. Every window's
-    policy tokens are its turns and its summary."""
+    """Lengths (SmolLM2 tokens): prompt P=183, a call turn C=33, its tool result R=15, the
+    instruction I=len(instruction_ids)=14, summary len(SUMMARY)=13, limits T=40, S=16,
+    max_tokens M=360. Summarize before a turn when L + T + R + I + S > M, i.e. L > 275:
+    window 0 grows 183 -> 231 -> 279 and summarizes after 2 calls; the next windows start at
+    P1=203 (prompt + summary) -> 251 -> 299 and summarize after 2 calls: 2 + 2 + 2 calls,
+    3 summaries, then the 7th call and the answer in window 3. Every window's policy tokens
+    are its turns and its summary."""
     loop, script, rows, prompt_ids, out = setup(tool_tok, "summarize", calls=7, max_tokens=360)
     mask, msgs, ids, logps, calls, failures, _ = out
     ep = loop.episodes[0]
@@ -85,7 +85,7 @@ def test_summaries_fire_when_the_next_turn_and_a_summary_would_not_fit(tool_tok)
     s = ToolLoop(tool_tok, None, None, 2, 64)._get_tool_suffix_ids(
         [{"role": "tool", "name": "calculate", "content": "13936"}])  # fmt: skip
     assert (len(prompt_ids[0]), len(c), len(s)) == (183, 33, 15)
-    limit = 360 - 40 - len(instr) - 16  # the window may hold this much before a turn
+    limit = 360 - 40 - 15 - len(instr) - 16  # the window may hold this much before a turn
     # expected windows, built by the rule: a unit (call + result) at a time
     expected, n_calls, window = [], 0, len(prompt_ids[0])
     turns_in = []
@@ -100,7 +100,7 @@ def test_summaries_fire_when_the_next_turn_and_a_summary_would_not_fit(tool_tok)
                             "content": HEADER + "208*67=13936"}], loop.tools)  # fmt: skip
             window = len(p1)
     assert [len(w.turn_tags) - (w.summary is not None) for w in ep.windows[:-1]] == expected
-    assert expected == [3, 2, 2] and len(ep.summaries) == 3 and ep.ended == "done"
+    assert expected == [2, 2, 2] and len(ep.summaries) == 3 and ep.ended == "done"
     assert ep.summaries == ["208*67=13936"] * len(expected)
     for k, w in enumerate(ep.windows):
         n_turns = len(w.turn_tags) - (w.summary is not None)
@@ -130,7 +130,7 @@ def test_summaries_fire_when_the_next_turn_and_a_summary_would_not_fit(tool_tok)
     # each summary is logged where it took effect: on the first message of its next window
     marks = [(k, m["context_window"]) for k, m in enumerate(msgs[0]) if "context_window" in m]
     assert [(k, m["window"], m["summary"]) for k, m in marks] == [
-        (6, 1, "208*67=13936"), (10, 2, "208*67=13936"), (14, 3, "208*67=13936")]  # fmt: skip
+        (4, 1, "208*67=13936"), (8, 2, "208*67=13936"), (12, 3, "208*67=13936")]  # fmt: skip
     # every request fit its window: prompt + at most the limit asked
     assert all(len(x) + lim <= 360 for x, lim in script.requests)
     assert ep.tokens_saved > 0
@@ -161,8 +161,8 @@ def test_a_long_summary_is_cut_at_its_limit(tool_tok):
 
 
 def test_truncate_drops_the_oldest_turns_and_keeps_the_task(tool_tok):
-    """M=300, T=40: a turn fits while L <= 260. Window 0: 183 -> 231 -> 279 (> 260): the
-    new window keeps the prompt and the newest unit that fits (183 + 48 + 40 <= 300), as
+    """M=300, T=40, R=15: a turn fits while L <= 245. Window 0: 183 -> 231 -> 279 (> 245):
+    the new window keeps the prompt and the newest unit that fits (183 + 48 + 55 <= 300), as
     context (mask 0 in the packed row); no summary is asked for."""
     loop, script, rows, prompt_ids, out = setup(tool_tok, "truncate", calls=4, max_tokens=300)
     ep = loop.episodes[0]

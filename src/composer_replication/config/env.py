@@ -197,6 +197,29 @@ class CalculatorEnvConfig(ToolEnvConfig):
                 "shots": self.shots}  # fmt: skip
 
 
+class MemoryEnvConfig(ToolEnvConfig):
+    """Drawers opened one per turn; the answer needs the first drawer's key and the last
+    drawer's offset (envs/memory.py): a task for ``rollout.context`` (docs/summarization.md)."""
+
+    name: Literal["memory"] = "memory"
+    few_shot: bool = False
+    """No worked exchanges exist for this environment (true is refused)."""
+    drawers: int = Field(6, ge=2, le=64)
+    """Drawers per task (one tool call each)."""
+    filler_words: int = Field(40, ge=0, le=1000)
+    """Filler words in every drawer: what makes the episode outgrow its window."""
+
+    @model_validator(mode="after")
+    def _no_shots(self) -> MemoryEnvConfig:
+        if self.few_shot:
+            raise ValueError("env.few_shot: the memory environment has no worked exchanges")
+        return self
+
+    def env_options(self, sandbox: SandboxConfig) -> dict[str, Any]:
+        return {"heldout_fraction": self.heldout_fraction, "drawers": self.drawers,
+                "filler_words": self.filler_words}  # fmt: skip
+
+
 class FeatureDeletionEnvConfig(ToolEnvConfig):
     """Restore functions deleted from real repositories (envs/feature_deletion/)."""
 
@@ -252,7 +275,7 @@ class FeatureDeletionEnvConfig(ToolEnvConfig):
 ENV_CONFIGS: dict[str, type[EnvConfig]] = {
     c.model_fields["name"].default: c
     for c in (ArithmeticEnvConfig, HumanEvalEnvConfig, CalculatorEnvConfig,
-              FeatureDeletionEnvConfig)
+              FeatureDeletionEnvConfig, MemoryEnvConfig)
 }  # fmt: skip
 """Options class per environment name (``register_env_config`` adds one)."""
 
