@@ -41,8 +41,9 @@ CALL = '<tool_call>{{"name": "open_drawer", "arguments": {{"number": {k}}}}}</to
 
 
 class Reader:
-    """A policy that opens the drawers in order, summarizes as told (``carry``: copy the key
-    into the summary), and answers from what its window shows (0 if it shows no key)."""
+    """A policy that opens the drawers in order, summarizes as told (its progress and the
+    question always; the key only with ``carry``), and answers from what its window shows
+    (0 if it shows no key)."""
 
     def __init__(self, tok, drawers: int, carry: bool):
         self.tok, self.drawers, self.carry = tok, drawers, carry
@@ -60,14 +61,17 @@ class Reader:
                 key = re.findall(r"the key is (\d+)|key=(\d+)", text)
                 fact = next((a or b for a, b in key), None)
                 carried = f"key={fact}; " if self.carry and fact else ""
-                reply = f"{carried}opened up to {done}"
+                plus = re.findall(r"plus (\d+)|plus=(\d+)", text)
+                asked = "".join(f"; plus={a or b}" for a, b in plus[-1:])
+                reply = f"{carried}opened up to {done}{asked}"
             else:
-                if "answer the key plus" in text:
+                plus = re.findall(r"plus (\d+)|plus=(\d+)", text)
+                if plus:
                     self.answer_windows.append(text)
                     key = re.findall(r"the key is (\d+)|key=(\d+)", text)
-                    plus = int(re.findall(r"plus (\d+)", text)[-1])
-                    value = int(next((a or b for a, b in key), 0) or 0)
-                    reply = str(value + plus if value else 0)
+                    a, b = plus[-1]
+                    value = int(next((x or y for x, y in key), 0) or 0)
+                    reply = str(value + int(a or b) if value else 0)
                 else:
                     reply = CALL.format(k=done + 1)
             out.append(self.tok(reply + ("" if reply.endswith("<|im_end|>") else "<|im_end|>"),
@@ -79,7 +83,7 @@ def run(tok, strategy: str, carry: bool):
     env = MemoryEnv(n_tasks=4, drawers=5, filler_words=30)
     task = env.tasks("train")[0]
     row = env.row(task)
-    cfg = SimpleNamespace(strategy=strategy, max_tokens=420, max_summaries=3,
+    cfg = SimpleNamespace(strategy=strategy, max_tokens=420, max_summaries=6,
                           summary_prompt="Summarize.", summary_header="Summary:\n",
                           summary_max_tokens=24)  # fmt: skip
     reader = Reader(tok, 5, carry)
