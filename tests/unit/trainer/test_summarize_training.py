@@ -90,7 +90,7 @@ def scored(tokenizer, tmp_path_factory):
 
 
 def test_the_summarized_episode_is_one_packed_row(scored, tool_tok):
-    """Row 0: window 0 = 3 calls (3 x 33 tokens, results masked), the instruction (masked),
+    """Row 0: window 0 = 2 calls (2 x 33 tokens, results masked), the instruction (masked),
     the summary (13 tokens, trained); window 1 = its prompt (system + task + summary: masked)
     and the answer (6 tokens). Row 1: the answer only. Same advantage on every window."""
     trainer, batch = scored
@@ -101,7 +101,7 @@ def test_the_summarized_episode_is_one_packed_row(scored, tool_tok):
     w0 = (window[0] == 0) & keep[0]
     w1 = (window[0] == 1) & keep[0]
     n0, n1 = int((tool_mask[0] * w0).sum()), int((tool_mask[0] * w1).sum())
-    assert (n0, n1) == (3 * 33 + 13, 6)
+    assert (n0, n1) == (2 * 33 + 13, 6)
     assert int(w1.sum()) == len(ep.windows[1].prompt_ids) + 6  # its prompt, then the answer
     assert tool_mask[0][w1].tolist() == [0] * len(ep.windows[1].prompt_ids) + [1] * 6
     instr = len(tool_tok("\n<|im_start|>user\n" + PROMPT, add_special_tokens=False)["input_ids"])
@@ -146,14 +146,14 @@ def test_packed_logps_equal_each_window_scored_alone(scored):
 
 def test_the_loss_equals_the_hand_computed_value(scored):
     """Ratio r = 1.1 on window 1's tokens (old log-probs set 0.0953 below the new), 1 on the
-    others; advantages (a, -a), a = 0.70700; policy tokens n0 = 112 (window 0) and n1 = 6
-    (window 1) in row 0, m = 6 in row 1. TRL's per-token loss is -r * A (unclipped: 1.1 is
-    inside [0.8, 1.28]).
+    others; advantages (a, -a), a = 0.70700; policy tokens n0 = 79 (window 0: 2 calls and the
+    summary) and n1 = 6 (window 1) in row 0, m = 6 in row 1. TRL's per-token loss is -r * A
+    (unclipped: 1.1 is inside [0.8, 1.28]).
 
     grpo (per-episode mean, then mean over rows): ((-a (n0 + 1.1 n1) / (n0 + n1)) + a) / 2
-    = a (1 - 118.6 / 118) / 2 = -0.0025424 a = -0.0017975.
-    dapo (token level): (-a (n0 + 1.1 n1) + a m) / (n0 + n1 + m) = -112.6 a / 124
-    = -0.64201. Under grpo the 2-window episode weighs as much as the 1-window one."""
+    = a (1 - 85.6 / 85) / 2 = -0.0035294 a = -0.0024953.
+    dapo (token level): (-a (n0 + 1.1 n1) + a m) / (n0 + n1 + m) = -79.6 a / 91
+    = -0.61844. Under grpo the 2-window episode weighs as much as the 1-window one."""
     trainer, batch = scored
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
@@ -165,13 +165,13 @@ def test_the_loss_equals_the_hand_computed_value(scored):
     c = math.log(1.1)
     batch = dict(batch, old_per_token_logps=logps - c * (batch["completion_window"] == 1))
     a = 0.5 / (math.sqrt(0.5) + 1e-4)
-    n0, n1, m = 112, 6, 6
+    n0, n1, m = 79, 6, 6
     expected = {
         "grpo": ((-a * (n0 + 1.1 * n1) / (n0 + n1)) + a) / 2,
         "dapo": (-a * (n0 + 1.1 * n1) + a * m) / (n0 + n1 + m),
     }
-    assert expected["grpo"] == pytest.approx(-0.0017975, abs=1e-6)
-    assert expected["dapo"] == pytest.approx(-0.64201, abs=1e-5)
+    assert expected["grpo"] == pytest.approx(-0.0024953, abs=1e-6)
+    assert expected["dapo"] == pytest.approx(-0.61844, abs=1e-5)
     trainer.current_gradient_accumulation_steps = 1  # set by HF's training loop
     try:
         for loss_type, value in expected.items():
