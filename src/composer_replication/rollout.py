@@ -675,7 +675,7 @@ class ContextLoop:
         from concurrent.futures import ThreadPoolExecutor
 
         def run(i: int) -> list[tuple[str, str, bool]]:
-            return [_call_like_trl(tool_dicts[i], c) for c in msgs[i][-1]["tool_calls"]]
+            return [call_like_trl(tool_dicts[i], c) for c in msgs[i][-1]["tool_calls"]]
 
         with ThreadPoolExecutor(max(1, min(len(active), MAX_TOOL_THREADS))) as pool:
             outcomes = list(pool.map(run, active))
@@ -758,7 +758,7 @@ class ContextLoop:
         episode.windows.append(Window(list(prompt_ids)))
 
 
-def _call_like_trl(tools: dict[str, Callable[..., Any]], call: Any) -> tuple[str, str, bool]:
+def call_like_trl(tools: dict[str, Callable[..., Any]], call: Any) -> tuple[str, str, bool]:
     """One tool call as TRL 1.16's loop makes it: ``(name, result text, failed)``; an unknown
     tool, an exception or a call that is not a function call gives TRL's error result."""
     if not isinstance(call, dict) or call.get("type") != "function":

@@ -12,7 +12,13 @@ import pytest
 
 from composer_replication.envs.calculator import CalculatorEnv, CalculatorTools
 from composer_replication.envs.tools import bounded_tools, tool_functions
-from composer_replication.rollout import ContextLoop, ToolLoop, parse_turn, render_ids
+from composer_replication.rollout import (
+    ContextLoop,
+    ToolLoop,
+    call_like_trl,
+    parse_turn,
+    render_ids,
+)
 
 CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "208 * 67"}}</tool_call><|im_end|>'
 ANSWER = "13936<|im_end|>"
@@ -180,3 +186,19 @@ def test_truncate_drops_the_oldest_turns_and_keeps_the_task(tool_tok):
 def test_a_prompt_without_room_is_refused_in_one_line(tool_tok):
     with pytest.raises(ValueError, match=r"rollout.context.max_tokens=250 leaves no room"):
         setup(tool_tok, "summarize", calls=1, max_tokens=250)
+
+
+def test_tool_calls_fail_as_trl_answers_them():
+    """An unknown tool, an exception and a call that is not a function call give TRL 1.16's
+    error results (its ``_tool_call_loop``: ``{"error": ...}`` as text) and count as failed."""
+
+    def boom(x):
+        raise RuntimeError("bad x")
+
+    tools = {"f": lambda x: x * 2, "boom": boom}
+    call = lambda name, **a: {"type": "function", "function": {"name": name, "arguments": a}}  # noqa: E731
+    assert call_like_trl(tools, call("f", x=3)) == ("f", "6", False)
+    assert call_like_trl(tools, call("g")) == ("g", "{'error': 'Tool g not found.'}", True)
+    assert call_like_trl(tools, call("boom", x=1)) == ("boom", "{'error': 'bad x'}", True)
+    assert call_like_trl(tools, {"type": "code", "name": "f"}) == (
+        "f", "{'error': 'Unsupported tool call type: code'}", True)  # fmt: skip

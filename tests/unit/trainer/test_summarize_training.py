@@ -191,3 +191,22 @@ def test_an_optimizer_step_through_a_summary(tool_tok, tmp_path):
     assert all(h["rollout/summary_tokens"] == 13 for h in logs)
     moved = [n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])]
     assert moved
+
+
+def test_dynamic_sampling_merges_the_windows_with_their_rows():
+    """DAPO's merge re-pads ``completion_window`` on the right with its rows' other tensors."""
+    from composer_replication.trainer.trainer import merge_groups
+
+    def batch(k: int, window: list[list[int]]) -> dict:
+        return {
+            "advantages": torch.tensor([1.0, -1.0]),
+            "completion_ids": torch.ones(2, k, dtype=torch.long),
+            "completion_mask": torch.ones(2, k, dtype=torch.long),
+            "completion_window": torch.tensor(window),
+            "num_items_in_batch": torch.tensor(2 * k),
+        }
+
+    a, b = batch(2, [[0, 0], [0, 1]]), batch(3, [[0, 1, 2], [0, 0, 0]])
+    out = merge_groups([a, b], [(1, 0), (0, 0)], group_size=2)
+    assert out["completion_window"].tolist() == [[0, 1, 2], [0, 0, 0], [0, 0, 0], [0, 1, 0]]
+    assert out["completion_mask"].tolist()[2:] == [[1, 1, 0], [1, 1, 0]]
