@@ -504,6 +504,14 @@ class Window:
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
 
+    def drop_trailing_context(self) -> None:
+        """Drop the tokens after the last one the policy wrote (an episode that ended on a
+        tool result: at the cap, or out of room). Nothing follows them, so nothing is lost
+        for training, and the completion ends with the policy's own end of turn, as TRL's
+        ``mask_truncated_completions`` expects of an episode that was not cut."""
+        last = max((k for k, m in enumerate(self.tool_mask) if m), default=-1)
+        del self.completion_ids[last + 1 :], self.tool_mask[last + 1 :], self.logprobs[last + 1 :]
+
 
 @dataclass
 class ContextEpisode:
@@ -628,6 +636,9 @@ class ContextLoop:
                                      self.tools)  # fmt: skip
                 msgs[i].append(self._mark_window(i, message))
             active = [i for i in active if msgs[i][-1].get("tool_calls")]
+        for e in self.episodes:
+            if e.ended != "done":
+                e.windows[-1].drop_trailing_context()
         packed = [e.packed() for e in self.episodes]
         return ([p[1] for p in packed], msgs, [p[0] for p in packed],
                 [p[2] for p in packed] if logprobs is not None else None,

@@ -150,7 +150,10 @@ def test_the_cap_ends_the_episode_as_it_stands(tool_tok):
     ep = loop.episodes[0]
     assert ep.ended == "cap" and len(ep.summaries) == 1 and len(ep.windows) == 2
     msgs = out[1][0]
-    assert msgs[-1]["role"] == "tool"
+    assert msgs[-1]["role"] == "tool"  # graded as it stands: with its last tool result
+    # the packed row ends with the policy's last end of turn (TRL's truncation check), the
+    # trailing tool result (context no token follows) dropped from the tokens
+    assert out[2][0][-1] == tool_tok.eos_token_id and out[0][0][-1] == 1
     n_summary_requests = sum(x[-len(loop.instruction_ids):] == loop.instruction_ids
                              for x, _ in script.requests)  # fmt: skip
     assert n_summary_requests == 1
