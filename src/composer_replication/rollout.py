@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from composer_replication.envs.tools import call_tool, tool_functions, tool_methods
@@ -468,3 +468,357 @@ def _generate_turns(generator: Generator, tokenizer, convs, tools, sampling: Sam
     prefixes = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     outs = generator.generate(prefixes, sampling)
     return [o.ids for o in outs], prefixes
+
+
+# ---- episodes longer than the context: truncate or summarize (docs/summarization.md) ------
+
+
+@dataclass
+class Window:
+    """One context window of an episode, as its own token sequence: what the policy saw
+    (``prompt_ids``) and what followed (``completion_ids``), with the tool mask and the
+    sampling log-probs of every completion token."""
+
+    prompt_ids: list[int]
+    """Window 0: the task's prompt. Later: system + task + the summary (``summarize``), or
+    system + task + the turns kept (``truncate``), all context."""
+    completion_ids: list[int] = field(default_factory=list)
+    tool_mask: list[int] = field(default_factory=list)
+    """1 on tokens the policy wrote in this window (its turns and its summary), 0 on tool
+    results and on the instruction that asked for the summary."""
+    logprobs: list[float] = field(default_factory=list)
+    """Sampling log-prob per completion token; 0.0 where the mask is 0."""
+    summary: str | None = None
+    """The summary that closed this window (None: the last window, or a truncation)."""
+    summary_tokens: int = 0
+    summary_cut: bool = False
+    """The summary hit its token limit (``summary_max_tokens``, or the room left)."""
+    turn_tags: list[Any] = field(default_factory=list)
+    """The tag (Ray: the policy version) of each turn generated in this window."""
+
+    def add(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
+        self.completion_ids += ids
+        self.tool_mask += [mask] * len(ids)
+        self.logprobs += list(logprobs) if (mask and logprobs is not None) else [0.0] * len(ids)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+    def drop_trailing_context(self) -> None:
+        """Drop the tokens after the last one the policy wrote (an episode that ended on a
+        tool result: at the cap, or out of room). Nothing follows them, so nothing is lost
+        for training, and the completion ends with the policy's own end of turn, as TRL's
+        ``mask_truncated_completions`` expects of an episode that was not cut."""
+        last = max((k for k, m in enumerate(self.tool_mask) if m), default=-1)
+        del self.completion_ids[last + 1 :], self.tool_mask[last + 1 :], self.logprobs[last + 1 :]
+
+
+@dataclass
+class ContextEpisode:
+    """An episode of :class:`ContextLoop`: its windows and how it ended."""
+
+    windows: list[Window]
+    ended: str = "done"
+    """``done`` (answered, or out of turns), ``cap`` (one more summary than
+    ``max_summaries`` was needed), ``no_room`` (not even the latest turn fits the window)."""
+    tokens_saved: int = 0
+    """Context tokens dropped when windows were closed (old length minus new prompt)."""
+
+    def packed(self) -> tuple[list[int], list[int], list[float], list[int]]:
+        """The episode as ONE completion after window 0's prompt: each later window's prompt
+        (context, mask 0) then its completion. Returns ids, tool mask, log-probs and the window
+        index of each token (positions restart at each window: lm/packing.py)."""
+        ids, mask, logps, window = [], [], [], []
+        for k, w in enumerate(self.windows):
+            head = [] if k == 0 else w.prompt_ids
+            ids += head + w.completion_ids
+            mask += [0] * len(head) + w.tool_mask
+            logps += [0.0] * len(head) + w.logprobs
+            window += [k] * (len(head) + len(w.completion_ids))
+        return ids, mask, logps, window
+
+    @property
+    def summaries(self) -> list[str]:
+        return [w.summary for w in self.windows if w.summary is not None]
+
+    @property
+    def turn_tags(self) -> list[Any]:
+        return [t for w in self.windows for t in w.turn_tags]
+
+
+GenerateFn = Callable[[list[list[int]], int], tuple[list[list[int]], list[list[float]] | None, Any]]
+"""Generates one turn per prompt with at most the given number of new tokens: ``(ids,
+log-probs or None, a tag)``."""
+
+
+class ContextLoop:
+    """The multi-turn tool loop under a context budget (``rollout.context``;
+    docs/summarization.md). What replaces TRL's ``_tool_call_loop`` when a strategy is set:
+    it takes the first turn TRL generated and returns TRL's tuple for the packed episodes
+    (:meth:`ContextEpisode.packed`), keeping each window in :attr:`episodes`.
+
+    Before each turn after the first, with ``L`` the window's length, ``T`` the per-turn cap,
+    ``R`` the longest tool result of the episode so far (what the turn's calls may add), ``I``
+    the summary instruction's tokens and ``S`` ``summary_max_tokens``: ``summarize`` asks for
+    a summary when ``L + T + R + I + S > max_tokens`` (at ``max_summaries`` the episode ends
+    instead); ``truncate`` drops the oldest (turn + tool results) units when
+    ``L + T + R > max_tokens``. A tool result longer than any before may still leave less than
+    ``S`` for the summary: it is then cut at the room left (``summary_cut``). Tool calls are run as TRL runs them (same results, same error
+    texts, same counts), the rollouts' calls of a turn at once."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        context: Any,
+        turn_tokens: int,
+        max_turns: int,
+        generate: GenerateFn,
+        suffix_ids: Callable[[list[dict[str, Any]]], list[int]],
+        tools: list[Any] | None = None,
+    ):
+        self.tok, self.cfg, self.turn_tokens = tokenizer, context, turn_tokens
+        self.max_turns, self.generate, self.suffix_ids = max_turns, generate, suffix_ids
+        self.tools = tools or []
+        self.instruction_ids = user_turn_ids(tokenizer, context.summary_prompt)
+        self.episodes: list[ContextEpisode] = []
+
+    def _reserve(self) -> int:
+        """Tokens a window keeps free besides the next turn."""
+        if self.cfg.strategy == "summarize":
+            return len(self.instruction_ids) + self.cfg.summary_max_tokens
+        return 0
+
+    def check_prompt(self, n_prompt: int) -> None:
+        """A prompt that leaves no room for a turn (and a summary, and the next window's
+        summary) is a config error, raised in one line."""
+        c = self.cfg
+        need = n_prompt + self.turn_tokens + self._reserve()
+        if c.strategy == "summarize":  # the next window: prompt + header + summary, same room
+            need += len(self.tok(c.summary_header, add_special_tokens=False)["input_ids"])
+            need += c.summary_max_tokens + 8
+        if need > c.max_tokens:
+            raise ValueError(
+                f"rollout.context.max_tokens={c.max_tokens} leaves no room: a prompt of "
+                f"{n_prompt} tokens needs {need} (a turn of generation.max_completion_length="
+                f"{self.turn_tokens}, the summary and the next window's prompt)"
+            )
+
+    def run(self, prompts, prompt_ids, completion_ids, completions, logprobs, tool_dicts):
+        """TRL's ``_tool_call_loop`` contract: returns ``(tool_mask, completions,
+        completion_ids, logprobs, tool_call_count, tool_failure_count, tool_images)`` with the
+        packed episodes; ``prompts`` are the rows' prompt messages."""
+        for p in prompt_ids:
+            self.check_prompt(len(p))
+        n = len(prompt_ids)
+        self.episodes = [ContextEpisode([Window(list(p))]) for p in prompt_ids]
+        self._prompts = [[dict(m) for m in p] for p in prompts]
+        self._units: list[list[list[int]]] = [[] for _ in range(n)]  # turns kept (truncate)
+        self._summaries = [0] * n
+        self._result_tokens = [0] * n  # the longest tool result so far: what a turn may add
+        msgs = [list(c) for c in completions]
+        for i in range(n):
+            lp = logprobs[i] if logprobs is not None else None
+            self._add_turn(i, completion_ids[i], lp, None)
+        active = [i for i in range(n) if msgs[i] and msgs[i][-1].get("tool_calls")]
+        calls = failures = 0
+        for _ in range(self.max_turns - 1):
+            if not active:
+                break
+            c, f = self._run_tools(active, msgs, tool_dicts)
+            calls, failures = calls + c, failures + f
+            active = self._make_room(active)
+            if not active:
+                break
+            new = self._request(active, [self._context(i) for i in active], self.turn_tokens)
+            for i, (ids, lp, tag) in zip(active, new, strict=True):
+                self._add_turn(i, ids, lp, tag)
+                message = parse_turn(self.tok, ids, self._context(i)[: -len(ids) or None],
+                                     self.tools)  # fmt: skip
+                msgs[i].append(self._mark_window(i, message))
+            active = [i for i in active if msgs[i][-1].get("tool_calls")]
+        for e in self.episodes:
+            if e.ended != "done":
+                e.windows[-1].drop_trailing_context()
+        packed = [e.packed() for e in self.episodes]
+        return ([p[1] for p in packed], msgs, [p[0] for p in packed],
+                [p[2] for p in packed] if logprobs is not None else None,
+                calls, failures, [[] for _ in range(n)])  # fmt: skip
+
+    # ---- one episode's window ------------------------------------------------------------
+    def _mark_window(self, i: int, message: dict[str, Any]) -> dict[str, Any]:
+        """The first message of a new window carries ``context_window``: the window's index
+        and the summary it starts from (or the tokens truncation kept), so a person reading
+        the logged episode sees each summary where it took effect. Graders and chat templates
+        ignore the key."""
+        windows = self.episodes[i].windows
+        if len(windows) > 1 and len(windows[-1].turn_tags) == 1:
+            before = windows[-2]
+            message = dict(message)
+            message["context_window"] = {
+                "window": len(windows) - 1,
+                "summary": before.summary,
+                "summary_tokens": before.summary_tokens,
+                "summary_cut": before.summary_cut,
+                "prompt_tokens": len(windows[-1].prompt_ids),
+            }
+        return message
+
+    def _window(self, i: int) -> Window:
+        return self.episodes[i].windows[-1]
+
+    def _context(self, i: int) -> list[int]:
+        w = self._window(i)
+        return w.prompt_ids + w.completion_ids
+
+    def _add_turn(self, i: int, ids: list[int], lp: list[float] | None, tag: Any) -> None:
+        self._window(i).add(list(ids), 1, lp if lp is not None else [0.0] * len(ids))
+        self._window(i).turn_tags.append(tag)
+        self._units[i].append(list(ids))
+
+    def _request(self, rows: list[int], inputs: list[list[int]], limit: int):
+        ids, lps, tag = self.generate(inputs, limit)
+        lps = lps if lps is not None else [None] * len(ids)
+        return [(list(a), b, tag) for a, b in zip(ids, lps, strict=True)]
+
+    def _run_tools(self, active: list[int], msgs, tool_dicts) -> tuple[int, int]:
+        """Each active rollout's calls in order (the rollouts at once); results appended to
+        its messages and, as TRL's tool suffix tokens, to its window (mask 0)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def run(i: int) -> list[tuple[str, str, bool]]:
+            return [call_like_trl(tool_dicts[i], c) for c in msgs[i][-1]["tool_calls"]]
+
+        with ThreadPoolExecutor(max(1, min(len(active), MAX_TOOL_THREADS))) as pool:
+            outcomes = list(pool.map(run, active))
+        calls = failures = 0
+        for i, results in zip(active, outcomes, strict=True):
+            tool_messages = [{"role": "tool", "name": n, "content": c} for n, c, _ in results]
+            msgs[i] += tool_messages
+            calls, failures = calls + len(results), failures + sum(f for *_, f in results)
+            suffix = self.suffix_ids(tool_messages)
+            self._result_tokens[i] = max(self._result_tokens[i], len(suffix))
+            self._window(i).add(suffix, 0)
+            self._units[i][-1] += suffix
+        return calls, failures
+
+    def _make_room(self, active: list[int]) -> list[int]:
+        """Rows whose next turn fits (after a summary or a truncation); the others end."""
+        c, keep, summarize = self.cfg, [], []
+        for i in active:
+            if len(self._window(i)) + self._next_turn(i) + self._reserve() <= c.max_tokens:
+                keep.append(i)
+            elif c.strategy == "truncate":
+                if self._truncate(i):
+                    keep.append(i)
+            elif self._summaries[i] >= c.max_summaries:
+                self.episodes[i].ended = "cap"
+            else:
+                summarize.append(i)
+        if summarize:
+            keep += self._summarize(summarize)
+        return sorted(keep)
+
+    def _next_turn(self, i: int) -> int:
+        """Tokens the next turn may add: the per-turn cap and, as its tool results, the
+        longest results this episode has had (so the summary after it still fits)."""
+        return self.turn_tokens + self._result_tokens[i]
+
+    def _truncate(self, i: int) -> bool:
+        """A new window: the task's prompt and the newest units that fit (at least the latest,
+        which holds the tool results the next turn answers)."""
+        base, units = self.episodes[i].windows[0].prompt_ids, self._units[i]
+        for j in range(1, len(units)):
+            kept = [t for u in units[j:] for t in u]
+            if len(base) + len(kept) + self._next_turn(i) <= self.cfg.max_tokens:
+                self._open(i, base + kept)
+                self._units[i] = [list(u) for u in units[j:]]
+                return True
+        self.episodes[i].ended = "no_room"
+        return False
+
+    def _summarize(self, rows: list[int]) -> list[int]:
+        """The summary turn of each row (instruction: mask 0; summary: mask 1, cut at the
+        room left), then the next window: the prompt messages and one user message with the
+        summary. Returns the rows that go on."""
+        c, instr, go_on = self.cfg, self.instruction_ids, []
+        inputs = [self._context(i) + instr for i in rows]
+        out = self._request(rows, inputs, c.summary_max_tokens)
+        for i, x, (ids, lp, tag) in zip(rows, inputs, out, strict=True):
+            room = min(c.summary_max_tokens, c.max_tokens - len(x))
+            if room < 1:
+                self.episodes[i].ended = "no_room"
+                continue
+            w = self._window(i)
+            ids, lp = ids[:room], (lp[:room] if lp is not None else [0.0] * min(len(ids), room))
+            w.add(instr, 0)
+            w.add(ids, 1, lp)
+            w.turn_tags.append(tag)
+            text = self.tok.decode(ids, skip_special_tokens=True).strip()
+            w.summary, w.summary_tokens = text, len(ids)
+            w.summary_cut = len(ids) >= room and ids[-1] != self.tok.eos_token_id
+            self._summaries[i] += 1
+            message = {"role": "user", "content": c.summary_header + text}
+            self._open(i, render_ids(self.tok, [*self._prompts[i], message], self.tools))
+            self._units[i] = []
+            go_on.append(i)
+        return go_on
+
+    def _open(self, i: int, prompt_ids: list[int]) -> None:
+        episode = self.episodes[i]
+        episode.tokens_saved += len(episode.windows[-1]) - len(prompt_ids)
+        episode.windows.append(Window(list(prompt_ids)))
+
+
+def call_like_trl(tools: dict[str, Callable[..., Any]], call: Any) -> tuple[str, str, bool]:
+    """One tool call as TRL 1.16's loop makes it: ``(name, result text, failed)``; an unknown
+    tool, an exception or a call that is not a function call gives TRL's error result."""
+    if not isinstance(call, dict) or call.get("type") != "function":
+        kind = call.get("type") if isinstance(call, dict) else type(call).__name__
+        name = call.get("name", "unknown") if isinstance(call, dict) else "unknown"
+        return name, str({"error": f"Unsupported tool call type: {kind}"}), True
+    fn = call.get("function") or {}
+    name = fn.get("name")
+    try:
+        if name not in tools:
+            raise ValueError(f"Tool {name} not found.")
+        return name, str(tools[name](**fn.get("arguments", {}))), False
+    except Exception as e:  # the rollout's own failure, answered as TRL answers it
+        return name, str({"error": str(e)}), True
+
+
+def render_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[Any]) -> list[int]:
+    """A prompt's tokens as TRL renders a tool environment's prompt (generation prompt on)."""
+    return tokenizer.apply_chat_template(
+        messages, tools=tools or None, add_generation_prompt=True, tokenize=True,
+        return_dict=True,
+    )["input_ids"]  # fmt: skip
+
+
+def user_turn_ids(tokenizer: Any, text: str) -> list[int]:
+    """The tokens of a user turn ``text`` and the generation prompt after it, as they follow
+    an assistant turn (the way TRL gets its tool-suffix tokens: a dummy exchange rendered
+    with and without the new turn)."""
+    dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "dummy"}]
+    kw = {"tokenize": True, "return_dict": False}
+    head = tokenizer.apply_chat_template(dummy, add_generation_prompt=False, **kw)
+    full = tokenizer.apply_chat_template(
+        [*dummy, {"role": "user", "content": text}], add_generation_prompt=True, **kw
+    )
+    head = list(head)
+    eos = [k for k, t in enumerate(head) if t == tokenizer.eos_token_id]
+    if eos:  # the turn the policy wrote ends at its EOS; what the template adds after is ours
+        head = head[: eos[-1] + 1]
+    if list(full[: len(head)]) != head:
+        raise ValueError("the chat template renders a conversation differently when a user "
+                         "turn follows: cannot find the summary instruction's tokens")  # fmt: skip
+    return list(full[len(head) :])
+
+
+def parse_turn(tokenizer: Any, ids: list[int], prefix: list[int], tools: list[Any]) -> dict:
+    """One generated turn as a message, parsed as TRL parses it (the tokenizer's response
+    schema; else its text)."""
+    from trl.chat_template_utils import parse_response
+
+    if getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None):
+        return parse_response(tokenizer, ids, prefix=prefix, tools=tools)
+    return {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}

@@ -197,6 +197,29 @@ class CalculatorEnvConfig(ToolEnvConfig):
                 "shots": self.shots}  # fmt: skip
 
 
+class MemoryEnvConfig(ToolEnvConfig):
+    """Drawers opened one per turn; the answer needs the first drawer's key and the last
+    drawer's offset (envs/memory.py): a task for ``rollout.context`` (docs/summarization.md)."""
+
+    name: Literal["memory"] = "memory"
+    few_shot: bool = False
+    """No worked exchanges exist for this environment (true is refused)."""
+    drawers: int = Field(6, ge=2, le=64)
+    """Drawers per task (one tool call each)."""
+    filler_words: int = Field(40, ge=0, le=1000)
+    """Filler words in every drawer: what makes the episode outgrow its window."""
+
+    @model_validator(mode="after")
+    def _no_shots(self) -> MemoryEnvConfig:
+        if self.few_shot:
+            raise ValueError("env.few_shot: the memory environment has no worked exchanges")
+        return self
+
+    def env_options(self, sandbox: SandboxConfig) -> dict[str, Any]:
+        return {"heldout_fraction": self.heldout_fraction, "drawers": self.drawers,
+                "filler_words": self.filler_words}  # fmt: skip
+
+
 class FeatureDeletionEnvConfig(ToolEnvConfig):
     """Restore functions deleted from real repositories (envs/feature_deletion/)."""
 
@@ -252,7 +275,7 @@ class FeatureDeletionEnvConfig(ToolEnvConfig):
 ENV_CONFIGS: dict[str, type[EnvConfig]] = {
     c.model_fields["name"].default: c
     for c in (ArithmeticEnvConfig, HumanEvalEnvConfig, CalculatorEnvConfig,
-              FeatureDeletionEnvConfig)
+              FeatureDeletionEnvConfig, MemoryEnvConfig)
 }  # fmt: skip
 """Options class per environment name (``register_env_config`` adds one)."""
 
@@ -300,6 +323,52 @@ def _old_default(cls: type[EnvConfig], key: str, value: Any) -> bool:
     return False
 
 
+DEFAULT_SUMMARY_PROMPT = (
+    "Your context is almost full. Summarize the work so far for yourself: the task, every "
+    "fact the tools returned that you still need (exact values), what you have done and what "
+    "is left. Write only the summary; it will replace the conversation."
+)
+"""The user turn that asks the policy for its summary (``rollout.context.summary_prompt``)."""
+
+DEFAULT_SUMMARY_HEADER = "Summary of your work so far (written by you):\n"
+"""What precedes the summary in the next window's user message."""
+
+
+class ContextConfig(StrictModel):
+    """A context budget for multi-turn tool rollouts (docs/summarization.md): what happens when
+    the next turn would not fit in ``max_tokens``."""
+
+    strategy: Literal["none", "truncate", "summarize"] = "none"
+    """``none``: today's loop (TRL's), bounded by ``generation.max_completion_length`` for the
+    whole episode. ``truncate``: drop the oldest turns (keeping system + task) when the next
+    turn would not fit. ``summarize``: the policy writes a summary in a turn of its own; the
+    context becomes system + task + summary and the episode goes on; the summary is trained
+    by the episode's reward. With a strategy, ``generation.max_completion_length`` caps each
+    turn (not the episode)."""
+    max_tokens: int = Field(2048, ge=64, le=1_048_576)
+    """Tokens one context window may hold: prompt, turns, tool results, the summary
+    instruction and the summary itself."""
+    max_summaries: int = Field(4, ge=1, le=64)
+    """Summaries per episode (``summarize``). When one more is needed the episode ends and is
+    graded as it stands."""
+    summary_prompt: str = Field(DEFAULT_SUMMARY_PROMPT, min_length=1, max_length=4000)
+    """The user turn asking for the summary; never a policy token."""
+    summary_header: str = Field(DEFAULT_SUMMARY_HEADER, max_length=1000)
+    """Text before the summary in the next window's user message."""
+    summary_max_tokens: int = Field(256, ge=8, le=65_536)
+    """Most tokens a summary may have; a longer one is cut there (and counted)."""
+
+    @model_validator(mode="after")
+    def _room(self) -> ContextConfig:
+        if self.strategy == "summarize" and self.summary_max_tokens >= self.max_tokens // 2:
+            raise ValueError(
+                f"rollout.context.summary_max_tokens={self.summary_max_tokens} must be under "
+                f"half of rollout.context.max_tokens={self.max_tokens}: the next window holds "
+                "the system prompt, the task and the summary, and still needs room to work"
+            )
+        return self
+
+
 class RolloutConfig(StrictModel):
     """Bounds on multi-turn tool rollouts (tool environments; docs/agents.md)."""
 
@@ -327,6 +396,9 @@ class RolloutConfig(StrictModel):
     force_staleness: int | None = Field(None, ge=0, le=1024)
     """Workers generate with exactly this many steps old weights (``rollout.engine: ray``;
     tests and experiments). None: whatever the workers hold."""
+    context: ContextConfig = Field(default_factory=ContextConfig)
+    """A context budget per window and what to do when a turn would not fit: ``truncate`` or
+    ``summarize`` (docs/summarization.md)."""
     correction_cap: float = Field(2.0, ge=1.0, le=1000.0)
     """Truncation ``C`` of the behaviour-policy correction ``min(pi_old / pi_behav, C)``
     (AReaL's decoupled PPO; TRL's truncated importance sampling)."""

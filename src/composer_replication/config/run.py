@@ -316,6 +316,11 @@ class RunConfig(StrictModel):
         check_ray_engine(self)
         return self
 
+    @model_validator(mode="after")
+    def _context_budget(self) -> RunConfig:
+        check_context(self)
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _weight_aliases(cls, data: Any) -> Any:
@@ -460,6 +465,45 @@ def check_ray_engine(cfg: RunConfig) -> None:
     for bad, what in refusals:
         if bad:
             raise ValueError(f"rollout.engine=ray does not run {what}")
+
+
+SUMMARY_ROOM = 64
+"""Tokens ``rollout.context.max_tokens`` must leave, besides a turn and a summary, for the
+system prompt, the task and the summary instruction (checked again on the real prompt once it
+is tokenized: ``rollout.ContextLoop``)."""
+
+
+def check_context(cfg: RunConfig) -> None:
+    """``rollout.context`` against the rest of the run (one-line errors naming the keys): a
+    context strategy needs a tool environment, the transformers backend and the local engine;
+    the window must hold a turn (``generation.max_completion_length``), and with ``summarize``
+    also the summary and ``SUMMARY_ROOM``; the channels and evaluation that do not run on
+    packed episodes yet are refused (docs/summarization.md)."""
+    c = cfg.rollout.context
+    if c.strategy == "none":
+        return
+    key = f"rollout.context.strategy={c.strategy}"
+    turn = cfg.generation.max_completion_length
+    need = turn + (c.summary_max_tokens + SUMMARY_ROOM if c.strategy == "summarize" else 1)
+    refusals = [
+        (not isinstance(cfg.env, ToolEnvConfig),
+         f"needs a tool environment (env.name={cfg.env.name} has no multi-turn loop)"),
+        (cfg.generation.backend != "transformers", "needs generation.backend=transformers"),
+        (cfg.rollout.engine != "local", "runs on rollout.engine=local only (ray: not built yet)"),
+        (cfg.agent_proxy.enabled, "does not compact for the agent proxy (out of scope)"),
+        (cfg.sdpo.enabled or cfg.distill.enabled,
+         "does not run the sdpo/distill channels on packed episodes yet"),
+        (cfg.eval.before_and_after,
+         "is not run by eval yet: set eval.before_and_after=false"),
+        (c.max_tokens < need,
+         f"needs rollout.context.max_tokens >= {need} (a turn of "
+         f"generation.max_completion_length={turn}"
+         + (f" + summary_max_tokens={c.summary_max_tokens} + {SUMMARY_ROOM} for the prompt"
+            if c.strategy == "summarize" else "") + f"), got {c.max_tokens}"),
+    ]  # fmt: skip
+    for bad, what in refusals:
+        if bad:
+            raise ValueError(f"{key} {what}")
 
 
 DYNAMIC_SAMPLING_MULTIPROCESS = (

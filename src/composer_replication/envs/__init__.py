@@ -27,6 +27,7 @@ from composer_replication.envs.base import Environment, StepResult, Task
 from composer_replication.envs.calculator import CalculatorEnv
 from composer_replication.envs.feature_deletion.env import FeatureDeletionEnv
 from composer_replication.envs.humaneval import HumanEvalEnv
+from composer_replication.envs.memory import MemoryEnv
 
 EnvFactory = Callable[..., Environment]
 
@@ -35,6 +36,7 @@ _REGISTRY: dict[str, EnvFactory] = {
     "humaneval": HumanEvalEnv,
     "calculator": CalculatorEnv,
     "feature_deletion": FeatureDeletionEnv,
+    "memory": MemoryEnv,
 }
 
 

@@ -400,6 +400,7 @@ def build_trainer(cfg: RunConfig, model, tokenizer, env, console=None, channel_k
         max_infra_failed_frac=cfg.grpo.max_infra_failed_frac,
         shared_prefix=cfg.generation.shared_prefix,
         concurrent_tools=cfg.rollout.concurrent_tools,
+        context=cfg.rollout.context,
         task_sampler=sampler,
         **tools,
     )

@@ -53,10 +53,13 @@ from composer_replication.config import (
 from composer_replication.envs.sampler import SAMPLER_FILE, TaskSampler
 from composer_replication.lm.generator import Generator, Sampling
 from composer_replication.lm.models import HiddenCapture, backbone, pad_token_id
+from composer_replication.lm.packing import packed_forward, packed_position_ids, pad_windows
 from composer_replication.lm.prefix import completion_logps_with_prefix, use_prefix
 from composer_replication.losses import compose_loss
 from composer_replication.rollout import (
     MAX_TOOL_THREADS,
+    ContextEpisode,
+    ContextLoop,
     calls_at_once,
     reset_at_once,
     turn_index,
@@ -80,6 +83,7 @@ _RIGHT_PADDED = (
     "sampling_per_token_logps",
     "tool_mask",
     "importance_sampling_ratio",
+    "completion_window",
 )
 
 
@@ -107,6 +111,10 @@ class ComposerReplicationTrainer(GRPOTrainer):
             verdicts, logs ``sampler/*`` and travels in checkpoints (``task_sampler.json``).
         max_infra_failed_frac: the run stops when more than this share of a step's rollouts
             were gradings the machine failed (masked, trainer/masking.py) for 3 steps in a row.
+        context: ``rollout.context`` (config/env.py ``ContextConfig``): with a strategy, tool
+            rollouts run :class:`~composer_replication.rollout.ContextLoop` instead of TRL's
+            loop, each episode one packed row whose windows are scored with block-diagonal
+            attention (lm/packing.py; docs/summarization.md).
 
     A channel that needs verdicts (``needs_verdicts``) needs a reward function that keeps them
     (``last_results``, as :class:`~composer_replication.trainer.rewards.EnvReward` does).
@@ -125,9 +133,15 @@ class ComposerReplicationTrainer(GRPOTrainer):
         task_sampler: TaskSampler | None = None,
         max_infra_failed_frac: float = 0.5,
         rollout_source: Any = None,
+        context: Any = None,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
+        self.context = context if context is not None and context.strategy != "none" else None
+        self._round_windows: list[list[int]] | None = None  # the round being generated
+        self._loss_windows: torch.Tensor | None = None  # the micro-batch of the loss
+        self.context_episodes: list[ContextEpisode] = []
+        """The episodes of the last round (``rollout.context``): their windows and summaries."""
         self.rollout_source = None
         if rollout_source is not None:
             self._take_rollouts_from(rollout_source)
@@ -287,6 +301,10 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
         compute_aux_loss, **multimodal,
     ):  # fmt: skip
+        windows = self._windows_for(input_ids, logits_to_keep)
+        if windows is not None:
+            return self._packed_logps(model, input_ids, attention_mask, logits_to_keep,
+                                      batch_size, compute_entropy, windows)  # fmt: skip
         if compute_aux_loss or any(v is not None for v in multimodal.values()):
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size,
@@ -308,6 +326,68 @@ class ComposerReplicationTrainer(GRPOTrainer):
             logps.append(lp)
             entropies.append(ent)
         return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+    # ---- packed episodes (rollout.context; lm/packing.py) -------------------------------------
+    def _windows_for(self, input_ids, logits_to_keep: int) -> torch.Tensor | None:
+        """The window of each completion token of the rows being scored: the loss's
+        micro-batch (``completion_window``), else the round being generated; None when the
+        batch has no packed episodes."""
+        if self._loss_windows is not None:
+            windows = self._loss_windows
+        elif self._round_windows is not None and len(self._round_windows) == input_ids.shape[0]:
+            windows = pad_windows(self._round_windows, logits_to_keep, input_ids.device)
+        else:
+            return None
+        if windows.shape != (input_ids.shape[0], logits_to_keep):
+            raise RuntimeError(f"packed windows {tuple(windows.shape)} for rows "
+                               f"{input_ids.shape[0]} x {logits_to_keep} completion tokens")  # fmt: skip
+        return windows
+
+    def _packed_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size,
+                      compute_entropy, windows):  # fmt: skip
+        """TRL's log-prob forward (its fused LM head, its labels) on packed rows: positions
+        restart at each window, no 2D mask and no cache, so attention is block-diagonal and a
+        window sees only itself (docs/summarization.md). No shared-prefix cache here: a cache
+        turns the packed mask off."""
+        k = logits_to_keep
+        batch_size = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            rows = slice(start, start + batch_size)
+            ids, mask = input_ids[rows], attention_mask[rows]
+            pos = packed_position_ids(mask[:, :-k], mask[:, -k:], windows[rows])
+            labels = ids.masked_fill(mask == 0, -100)
+            labels[:, :-k] = -100
+            with self.accelerator.autocast():
+                out = packed_forward(model, ids, pos, labels=labels, fused_lm_head=True)
+            logps.append(out.log_probs[:, -k:])
+            entropies.append(out.entropy[:, -k:] if compute_entropy else None)
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+    def _context_turns(self, prompt_ids: list[list[int]], limit: int):
+        """One turn for each prompt with at most ``limit`` new tokens, through
+        :meth:`_generate_single_turn` (the trainer's generator), for :class:`ContextLoop`."""
+        config = self.generation_config
+        saved, config.max_new_tokens = config.max_new_tokens, limit
+        try:
+            ids, logps = self._generate_single_turn(prompt_ids, None, {}, 1)
+        finally:
+            config.max_new_tokens = saved
+        return [list(i)[:limit] for i in ids], logps, self.state.global_step
+
+    def _context_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs):
+        """``rollout.context``'s loop in place of TRL's (returns TRL's tuple); the round's
+        windows are kept for the log-prob forwards of this round and for the batch."""
+        loop = ContextLoop(
+            self.processing_class, self.context, self.max_completion_length,
+            self.max_tool_calling_iterations + 1, self._context_turns,
+            self._get_tool_suffix_ids, self.tools,
+        )  # fmt: skip
+        out = loop.run(prompts, prompt_ids, completion_ids, completions, logprobs,
+                       self._sync_tool_dicts)  # fmt: skip
+        self.context_episodes = loop.episodes
+        self._round_windows = [e.packed()[3] for e in loop.episodes]
+        return out
 
     def _generate_single_turn(
         self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
@@ -361,7 +441,10 @@ class ComposerReplicationTrainer(GRPOTrainer):
     # ---- tool calls of a turn run at once across the batch (rollout.TurnCalls) -------------
     def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, *rest):
         """TRL's loop, whose tool functions take the results of calls started together for
-        every rollout of the turn instead of running one rollout after another."""
+        every rollout of the turn instead of running one rollout after another; with a
+        ``rollout.context`` strategy, :class:`ContextLoop` instead (its own concurrent calls)."""
+        if self.context is not None:
+            return self._context_loop(prompts, prompt_ids, completion_ids, completions, rest[0])
         if not self.concurrent_tools or len(completions) < 2:
             return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, *rest)
         tools = self._sync_tool_dicts
@@ -402,6 +485,13 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     # ---- channel composition -------------------------------------------------------------
     def _compute_loss(self, model, inputs):
+        self._loss_windows = inputs.get("completion_window")
+        try:
+            return self._channel_loss(model, inputs)
+        finally:
+            self._loss_windows = None
+
+    def _channel_loss(self, model, inputs):
         if not self.channels and self.policy_weight == 1.0:
             return super()._compute_loss(model, inputs)
         capture = None
@@ -445,8 +535,16 @@ class ComposerReplicationTrainer(GRPOTrainer):
         if self.rollout_source is not None and self.model.training:
             inputs = self._source_rows(inputs)
         self.rollout_rows = list(inputs)
-        with self._resets_at_once(inputs):
-            batch = super()._generate_and_score_completions(inputs)
+        try:
+            with self._resets_at_once(inputs):
+                batch = super()._generate_and_score_completions(inputs)
+            if self._round_windows is not None:
+                k = batch["completion_ids"].shape[1]
+                batch["completion_window"] = pad_windows(self._round_windows, k,
+                                                         batch["completion_ids"].device)  # fmt: skip
+                self._log_context_metrics()
+        finally:
+            self._round_windows = None
         self._mask_machine_failures(batch)
         if self.rollout_source is not None and self.model.training:
             for key, value in self.rollout_source.batch_metrics(batch).items():
@@ -465,6 +563,44 @@ class ComposerReplicationTrainer(GRPOTrainer):
             batch["_prompts"] = [x["prompt"] for x in inputs]
             batch["_results"] = results
         return batch
+
+    def _log_context_metrics(self) -> None:
+        """Per round: summaries and windows per episode, summary length, summaries cut, context
+        tokens the closed windows dropped, episodes ended at the cap (``rollout/*``)."""
+        eps = self.context_episodes
+        if not eps:
+            return
+        n = len(eps)
+        summaries = [w for e in eps for w in e.windows if w.summary is not None]
+        mode = "train" if self.model.training else "eval"
+        values = {
+            "rollout/summaries": sum(len(e.summaries) for e in eps) / n,
+            "rollout/windows": sum(len(e.windows) for e in eps) / n,
+            "rollout/tokens_saved": sum(e.tokens_saved for e in eps) / n,
+            "rollout/ended_at_cap": sum(e.ended == "cap" for e in eps) / n,
+            "rollout/summaries_cut": sum(w.summary_cut for w in summaries) / max(len(summaries), 1),
+        }
+        if summaries:
+            lengths = [w.summary_tokens for w in summaries]
+            values["rollout/summary_tokens"] = sum(lengths) / len(lengths)
+        rewards = self._graded_rewards(n)
+        if rewards is not None:  # reward by the number of summaries the episode wrote
+            by: dict[int, list[float]] = {}
+            for e, r in zip(eps, rewards, strict=True):
+                by.setdefault(len(e.summaries), []).append(r)
+            for k, rs in by.items():
+                values[f"rollout/reward_by_summaries/{k}"] = sum(rs) / len(rs)
+        for key, value in values.items():
+            self._metrics[mode][key].append(float(value))
+
+    def _graded_rewards(self, n: int) -> list[float] | None:
+        """The last round's rewards per rollout from a reward function that keeps its
+        verdicts (``last_results``, EnvReward), if one graded ``n`` rollouts."""
+        for f in self.reward_funcs:
+            results = getattr(f, "last_results", None)
+            if results is not None and len(results) == n:
+                return [float(r.reward) for r in results]
+        return None
 
     # ---- rollouts from Ray workers (rollout.engine: ray; rollout_engine/learner.py) ----------
     def _take_rollouts_from(self, source: Any) -> None:

@@ -1,0 +1,117 @@
+"""The memory task (envs/memory.py): its tools and grading, and the property that makes it a
+memory task under ``rollout.context`` (docs/summarization.md): the first drawer's key never
+appears in the window that answers unless the summary carried it."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from composer_replication.config import load_config
+from composer_replication.envs import build_env
+from composer_replication.envs.memory import DrawerTools, MemoryEnv
+from composer_replication.envs.tools import tool_functions
+from composer_replication.rollout import ContextLoop, ToolLoop, parse_turn, render_ids
+
+
+def test_drawers_hold_the_key_first_and_the_question_last():
+    env = MemoryEnv(n_tasks=20, drawers=4, filler_words=3)
+    task = env.tasks("train")[0]
+    tools = DrawerTools()
+    tools.reset(**env.row(task))
+    key, offset = task.data["key"], task.data["offset"]
+    assert f"the key is {key}." in tools.open_drawer(1)
+    assert "nothing useful" in tools.open_drawer(2)
+    assert f"plus {offset}." in tools.open_drawer(4) and "no drawer" in tools.open_drawer(5)
+    assert tools.opened == [1, 2, 4, 5]
+    right = [{"role": "assistant", "content": str(key + offset)}]
+    assert env.grade(task, right).passed and not env.grade(task, "12").passed
+
+
+def test_the_config_builds_it():
+    cfg = load_config(None, ["env.name=memory", "env.drawers=5", "env.filler_words=7"])
+    env = build_env(cfg.env)
+    assert isinstance(env, MemoryEnv) and env.tasks("train")[0].data["drawers"] == 5
+
+
+CALL = '<tool_call>{{"name": "open_drawer", "arguments": {{"number": {k}}}}}</tool_call><|im_end|>'
+
+
+class Reader:
+    """A policy that opens the drawers in order, summarizes as told (its progress and the
+    question always; the key only with ``carry``), and answers from what its window shows
+    (0 if it shows no key)."""
+
+    def __init__(self, tok, drawers: int, carry: bool):
+        self.tok, self.drawers, self.carry = tok, drawers, carry
+        self.instruction: list[int] = []
+        self.answer_windows: list[str] = []
+
+    def __call__(self, prompts, limit):
+        out = []
+        for ids in prompts:
+            text = self.tok.decode(ids)
+            opened = [int(k) for k in re.findall(r'"number": (\d+)', text)]
+            opened += [int(k) for k in re.findall(r"opened up to (\d+)", text)]
+            done = max(opened, default=0)  # progress is always carried, the key only if told
+            if ids[-len(self.instruction) :] == self.instruction:
+                key = re.findall(r"the key is (\d+)|key=(\d+)", text)
+                fact = next((a or b for a, b in key), None)
+                carried = f"key={fact}; " if self.carry and fact else ""
+                plus = re.findall(r"plus (\d+)|plus=(\d+)", text)
+                asked = "".join(f"; plus={a or b}" for a, b in plus[-1:])
+                reply = f"{carried}opened up to {done}{asked}"
+            else:
+                plus = re.findall(r"plus (\d+)|plus=(\d+)", text)
+                if plus:
+                    self.answer_windows.append(text)
+                    key = re.findall(r"the key is (\d+)|key=(\d+)", text)
+                    a, b = plus[-1]
+                    value = int(next((x or y for x, y in key), 0) or 0)
+                    reply = str(value + int(a or b) if value else 0)
+                else:
+                    reply = CALL.format(k=done + 1)
+            out.append(self.tok(reply + ("" if reply.endswith("<|im_end|>") else "<|im_end|>"),
+                                add_special_tokens=False)["input_ids"][:limit])  # fmt: skip
+        return out, None, None
+
+
+def run(tok, strategy: str, carry: bool):
+    env = MemoryEnv(n_tasks=4, drawers=5, filler_words=30)
+    task = env.tasks("train")[0]
+    row = env.row(task)
+    cfg = SimpleNamespace(strategy=strategy, max_tokens=420, max_summaries=6,
+                          summary_prompt="Summarize.", summary_header="Summary:\n",
+                          summary_max_tokens=24)  # fmt: skip
+    reader = Reader(tok, 5, carry)
+    tools = tool_functions(DrawerTools())
+    suffix = ToolLoop(tok, None, None, 2, 64)._get_tool_suffix_ids
+    loop = ContextLoop(tok, cfg, 40, 12, reader, suffix, tools)
+    reader.instruction = loop.instruction_ids
+    prompt = render_ids(tok, row["prompt"], tools)
+    first, _, _ = reader([prompt], 40)
+    instance = DrawerTools()
+    instance.reset(**row)
+    msgs = [[parse_turn(tok, first[0], prompt, tools)]]
+    out = loop.run([row["prompt"]], [prompt], first, msgs, None,
+                   [{"open_drawer": instance.open_drawer}])  # fmt: skip
+    return env, task, loop.episodes[0], out[1][0], reader, instance
+
+
+@pytest.mark.parametrize("strategy, carry, passes", [
+    ("summarize", True, True), ("summarize", False, False), ("truncate", False, False)])  # fmt: skip
+def test_the_key_reaches_the_answering_window_only_through_the_summary(
+    tool_tok, strategy, carry, passes
+):
+    env, task, ep, msgs, reader, instance = run(tool_tok, strategy, carry)
+    key = str(task.data["key"])
+    assert instance.opened == [1, 2, 3, 4, 5] and len(ep.windows) >= 2
+    (answering,) = reader.answer_windows
+    assert "the key is" not in answering  # drawer 1's result is not in the answering window
+    assert (key in answering) == (strategy == "summarize" and carry)
+    if key in answering:  # and then only inside the summary message
+        assert f"Summary:\\nkey={key}" in json.dumps(answering)
+    assert env.grade(task, msgs).passed == passes

@@ -1,0 +1,212 @@
+"""Training through summaries (docs/summarization.md): an episode that summarized is ONE
+packed row; its windows are scored with block-diagonal attention; every window's policy
+tokens (its turns, and the summary in its own window) carry the episode's advantage; the loss
+under ``grpo`` and ``dapo`` equals a hand-computed value; an optimizer step runs.
+
+The policy follows a script (``_generate_single_turn``), so the episode's shape is fixed;
+the model that scores and trains is a tiny random Llama."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import make_tiny_model
+from datasets import Dataset
+from trl import GRPOConfig
+
+from composer_replication.envs.calculator import CalculatorEnv, CalculatorTools
+from composer_replication.envs.tools import bounded_tools
+from composer_replication.trainer.trainer import ComposerReplicationTrainer
+
+CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "208 * 67"}}</tool_call><|im_end|>'
+ANSWER = "13936<|im_end|>"
+SUMMARY = "208*67=13936<|im_end|>"
+PROMPT, HEADER = "Summarize.", "Summary:\n"
+
+
+class SummarizingTrainer(ComposerReplicationTrainer):
+    """Row 0 of a round calls the tool until the window is full, summarizes, and answers in
+    the next window; row 1 answers at once (one window)."""
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        tok = self.processing_class
+        enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+        out = []
+        for b, ids in enumerate(prompt_ids):
+            text = tok.decode(ids)
+            if text.rstrip().endswith(PROMPT + "<|im_end|>\n<|im_start|>assistant"):
+                out.append(enc(SUMMARY))
+            elif HEADER in text:
+                out.append(enc(ANSWER))
+            elif text.count("<|im_start|>assistant") == 1:  # the first turn of the round
+                out.append(enc(CALL if b % 2 == 0 else ANSWER))
+            else:
+                out.append(enc(CALL))
+        return out, None
+
+
+def build(tok, tmp_path, loss_type: str, max_steps: int = 1):
+    env = CalculatorEnv(per_kind=4, few_shot=False)
+    row = env.row(env.tasks("train")[0])
+    rows = [row, row]
+    args = GRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
+        max_completion_length=40, max_tool_calling_iterations=8, report_to="none",
+        save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True, loss_type=loss_type,
+        beta=0.0, max_steps=max_steps, learning_rate=1e-3, logging_steps=1, bf16=False,
+    )  # fmt: skip
+    context = SimpleNamespace(strategy="summarize", max_tokens=360, max_summaries=2,
+                              summary_prompt=PROMPT, summary_header=HEADER,
+                              summary_max_tokens=16)  # fmt: skip
+    rewards = lambda completions, **_: [1.0 if i % 2 == 0 else 0.0 for i in range(len(completions))]  # noqa: E731
+    model = make_tiny_model(len(tok), max_positions=512)
+    with torch.no_grad():  # larger weights: log-probs that depend on the context visibly
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.mul_(6.0)
+    trainer = SummarizingTrainer(
+        model=model, reward_funcs=rewards, args=args,
+        train_dataset=Dataset.from_list(rows * 4), processing_class=tok,
+        environment_factory=bounded_tools(CalculatorTools, 64), context=context,
+    )  # fmt: skip
+    return trainer, rows
+
+
+@pytest.fixture(scope="module")
+def scored(tokenizer, tmp_path_factory):
+    """One scored round, shared by the tests of this module (they only read it)."""
+    import copy
+
+    from composer_replication.lm.chat_templates import ensure_tool_template
+
+    tool_tok = copy.deepcopy(tokenizer)
+    ensure_tool_template(tool_tok)
+    trainer, rows = build(tool_tok, tmp_path_factory.mktemp("scored"), "grpo")
+    trainer.model.train()
+    return trainer, trainer._generate_and_score_completions(rows)
+
+
+def test_the_summarized_episode_is_one_packed_row(scored, tool_tok):
+    """Row 0: window 0 = 2 calls (2 x 33 tokens, results masked), the instruction (masked),
+    the summary (13 tokens, trained); window 1 = its prompt (system + task + summary: masked)
+    and the answer (6 tokens). Row 1: the answer only. Same advantage on every window."""
+    trainer, batch = scored
+    ep = trainer.context_episodes[0]
+    assert len(ep.windows) == 2 and ep.summaries == ["208*67=13936"]
+    window, tool_mask = batch["completion_window"], batch["tool_mask"]
+    keep = batch["completion_mask"].bool()
+    w0 = (window[0] == 0) & keep[0]
+    w1 = (window[0] == 1) & keep[0]
+    n0, n1 = int((tool_mask[0] * w0).sum()), int((tool_mask[0] * w1).sum())
+    assert (n0, n1) == (2 * 33 + 13, 6)
+    assert int(w1.sum()) == len(ep.windows[1].prompt_ids) + 6  # its prompt, then the answer
+    assert tool_mask[0][w1].tolist() == [0] * len(ep.windows[1].prompt_ids) + [1] * 6
+    instr = len(tool_tok("\n<|im_start|>user\n" + PROMPT, add_special_tokens=False)["input_ids"])
+    assert tool_mask[0][w0].tolist()[-13 - instr - 3 : -13] == [0] * (instr + 3)  # the ask
+    assert (window[1][keep[1]] == 0).all() and int((tool_mask[1] * keep[1]).sum()) == 6
+    a = 0.5 / (math.sqrt(0.5) + 1e-4)  # rewards (1, 0): TRL's group-normalized advantage
+    assert batch["advantages"].tolist() == pytest.approx([a, -a], abs=1e-5)
+
+
+def test_packed_logps_equal_each_window_scored_alone(scored):
+    trainer, batch = scored
+    ep = trainer.context_episodes[0]
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    k = batch["completion_ids"].shape[1]
+    trainer._loss_windows = batch["completion_window"]
+    with torch.no_grad():
+        packed = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, k)[0]
+    trainer._loss_windows = None
+    w1 = ep.windows[1]
+    alone_ids = torch.tensor([w1.prompt_ids + w1.completion_ids])
+    with torch.no_grad():
+        alone = trainer._get_per_token_logps_and_entropies(
+            trainer.model, alone_ids, torch.ones_like(alone_ids), len(w1.completion_ids)
+        )[0]
+    where = (batch["completion_window"][0] == 1) & batch["completion_mask"][0].bool()
+    got = packed[0][where][-len(w1.completion_ids) :]
+    assert torch.allclose(got, alone[0], atol=1e-5)
+    # the control: the packed row scored as one sequence (window 1 sees window 0)
+    with torch.no_grad():
+        leaky = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, k)[0]
+    assert (leaky[0][where][-len(w1.completion_ids) :] - alone[0]).abs().max() > 2e-2
+    # window 0 scored alone too: the prompt and window 0's completion
+    w0 = ep.windows[0]
+    alone0_ids = torch.tensor([w0.prompt_ids + w0.completion_ids])
+    with torch.no_grad():
+        alone0 = trainer._get_per_token_logps_and_entropies(
+            trainer.model, alone0_ids, torch.ones_like(alone0_ids), len(w0.completion_ids)
+        )[0]
+    assert torch.allclose(packed[0][: len(w0.completion_ids)], alone0[0], atol=1e-5)
+
+
+def test_the_loss_equals_the_hand_computed_value(scored):
+    """Ratio r = 1.1 on window 1's tokens (old log-probs set 0.0953 below the new), 1 on the
+    others; advantages (a, -a), a = 0.70700; policy tokens n0 = 79 (window 0: 2 calls and the
+    summary) and n1 = 6 (window 1) in row 0, m = 6 in row 1. TRL's per-token loss is -r * A
+    (unclipped: 1.1 is inside [0.8, 1.28]).
+
+    grpo (per-episode mean, then mean over rows): ((-a (n0 + 1.1 n1) / (n0 + n1)) + a) / 2
+    = a (1 - 85.6 / 85) / 2 = -0.0035294 a = -0.0024953.
+    dapo (token level): (-a (n0 + 1.1 n1) + a m) / (n0 + n1 + m) = -79.6 a / 91
+    = -0.61844. Under grpo the 2-window episode weighs as much as the 1-window one."""
+    trainer, batch = scored
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    k = batch["completion_ids"].shape[1]
+    trainer._loss_windows = batch["completion_window"]
+    with torch.no_grad():
+        logps = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, k)[0]
+    trainer._loss_windows = None
+    c = math.log(1.1)
+    batch = dict(batch, old_per_token_logps=logps - c * (batch["completion_window"] == 1))
+    a = 0.5 / (math.sqrt(0.5) + 1e-4)
+    n0, n1, m = 79, 6, 6
+    expected = {
+        "grpo": ((-a * (n0 + 1.1 * n1) / (n0 + n1)) + a) / 2,
+        "dapo": (-a * (n0 + 1.1 * n1) + a * m) / (n0 + n1 + m),
+    }
+    assert expected["grpo"] == pytest.approx(-0.0024953, abs=1e-6)
+    assert expected["dapo"] == pytest.approx(-0.61844, abs=1e-5)
+    trainer.current_gradient_accumulation_steps = 1  # set by HF's training loop
+    try:
+        for loss_type, value in expected.items():
+            trainer.loss_type = loss_type
+            loss = float(trainer._compute_loss(trainer.model, batch))
+            assert loss == pytest.approx(value, rel=1e-4, abs=1e-6), loss_type
+    finally:
+        trainer.loss_type = "grpo"
+
+
+def test_an_optimizer_step_through_a_summary(tool_tok, tmp_path):
+    trainer, _ = build(tool_tok, tmp_path, "dapo", max_steps=1)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "rollout/summaries" in h]
+    assert len(logs) == 1 and all(h["rollout/summaries"] == 0.5 for h in logs)
+    assert all(h["rollout/summary_tokens"] == 13 for h in logs)
+    moved = [n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])]
+    assert moved
+
+
+def test_dynamic_sampling_merges_the_windows_with_their_rows():
+    """DAPO's merge re-pads ``completion_window`` on the right with its rows' other tensors."""
+    from composer_replication.trainer.trainer import merge_groups
+
+    def batch(k: int, window: list[list[int]]) -> dict:
+        return {
+            "advantages": torch.tensor([1.0, -1.0]),
+            "completion_ids": torch.ones(2, k, dtype=torch.long),
+            "completion_mask": torch.ones(2, k, dtype=torch.long),
+            "completion_window": torch.tensor(window),
+            "num_items_in_batch": torch.tensor(2 * k),
+        }
+
+    a, b = batch(2, [[0, 0], [0, 1]]), batch(3, [[0, 1, 2], [0, 0, 0]])
+    out = merge_groups([a, b], [(1, 0), (0, 0)], group_size=2)
+    assert out["completion_window"].tolist() == [[0, 1, 2], [0, 0, 0], [0, 0, 0], [0, 1, 0]]
+    assert out["completion_mask"].tolist()[2:] == [[1, 1, 0], [1, 1, 0]]
