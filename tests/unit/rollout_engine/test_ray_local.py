@@ -1,7 +1,8 @@
 """The acceptance command on a machine with no Ray running: ``composer-replication train
 -c configs/agent_quickstart.yaml rollout.engine=ray ray.num_workers=2 max_steps=3`` (here 2
 steps; the agent quickstart: a tool environment, multi-turn rollouts on the workers; a tiny
-random model) starts a local Ray, runs end to end with the version and staleness of every
+random model) starts a local Ray of its own (not the one ``RAY_ADDRESS`` or the machine's
+newest cluster names), runs end to end with the version and staleness of every
 step in metrics.jsonl (and hints built from the workers' verdicts), and leaves none of the
 Ray processes it started (the quickstart runs on the engine in test_ray_engine.py); Ctrl-C
 stops a run's workers and its local Ray."""
@@ -29,7 +30,9 @@ def test_the_agent_quickstart_runs_on_a_local_ray_and_stops_it(tmp_path):
         "num_threads=1", "generation.num_generations=2", "generation.prompts_per_step=2",
         "generation.max_completion_length=8", "env.num_train=8", "env.few_shot=false",
         "eval.before_and_after=false", "ray.timeout_s=300", "alpha_sdpo=0.5",
-    ])  # fmt: skip
+    ], RAY_ADDRESS="127.0.0.1:9")  # fmt: skip
+    # RAY_ADDRESS (like the newest cluster another process started on this machine) names a
+    # Ray that is not ours: with ray.address unset the run starts its own all the same
     head = read_until(proc, lambda lines: lines[-1].startswith("step 1/2"))
     assert head and head[-1].startswith("step 1/2"), "\n".join(head)
     started = [p for p in ray_processes() if p.pid not in before]
