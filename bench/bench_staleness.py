@@ -9,7 +9,8 @@ steps old weights (``rollout.force_staleness``), at the same number of samples p
 Runs go seed-major (seed 0: each arm, then seed 1, ...), so a change in the machine's load
 falls on all arms alike. Each run evaluates the greedy held-out pass rate every
 ``--eval-every`` steps and at its last step (``heldout.jsonl`` in its run dir; step 0 is the
-base model, evaluated once: greedy decoding makes it the same for every arm and seed), and
+base model, evaluated once after the runs: greedy decoding makes it the same for every arm and
+seed; ``--no-base`` skips it), and
 keeps TRL's and the engine's per-step metrics (``metrics.jsonl``: ``rollout/ratio_*``,
 ``rollout/staleness_*``, ``clip_ratio/*``). The script then writes a table (``study.md``), the
 rows behind it (``study.json``) and a plot of held-out score vs step per arm (mean and each
@@ -160,13 +161,15 @@ def base_score(a: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
-def report(a: argparse.Namespace, base: dict[str, Any], results: list[dict[str, Any]]) -> str:
+def report(
+    a: argparse.Namespace, base: dict[str, Any] | None, results: list[dict[str, Any]]
+) -> str:
     arms = [x for x in ARMS if any(r["arm"] == x for r in results)]
     seeds = sorted({r["seed"] for r in results})
     by = {(r["arm"], r["seed"]): r for r in results}
     lines = [
         f"Held-out greedy pass rate (n = {a.eval_n}) at step {a.steps}; base model "
-        f"{base['pass_rate']:.3f}.",
+        + (f"{base['pass_rate']:.3f}." if base else "not evaluated."),
         "",
         "| arm | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
         "| --- |" + " --- |" * (len(seeds) + 1),
@@ -190,7 +193,7 @@ def report(a: argparse.Namespace, base: dict[str, Any], results: list[dict[str, 
     return "\n".join(lines)
 
 
-def plot(a: argparse.Namespace, base: dict[str, Any], results: list[dict[str, Any]]) -> None:
+def plot(a: argparse.Namespace, base: dict[str, Any] | None, results: list[dict[str, Any]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -202,7 +205,8 @@ def plot(a: argparse.Namespace, base: dict[str, Any], results: list[dict[str, An
         runs = [r for r in results if r["arm"] == arm]
         curves = []
         for r in runs:
-            pts = [(0, base["pass_rate"])] + [(p["step"], p["pass_rate"]) for p in r["heldout"]]
+            pts = [(0, base["pass_rate"])] if base else []
+            pts += [(p["step"], p["pass_rate"]) for p in r["heldout"]]
             xs, ys = zip(*pts, strict=True)
             ax.plot(xs, ys, color=color, alpha=0.3, lw=1)
             curves.append(dict(pts))
@@ -233,13 +237,13 @@ def main() -> None:
     ap.add_argument("--out", default="runs/staleness_study")
     ap.add_argument("--plot", default=str(REPO / "docs/staleness_study.png"))
     ap.add_argument("--report-only", action="store_true", help="tables and plot of finished runs")
+    ap.add_argument("--no-base", dest="base", action="store_false",
+                    help="skip the base model's evaluation (step 0 of the curves)")  # fmt: skip
     a = ap.parse_args()
     arms = a.arms.split(",")
     unknown = set(arms) - set(ARMS)
     if unknown:
         ap.error(f"unknown arms {sorted(unknown)}; known: {list(ARMS)}")
-    base = base_score(a)
-    print(f"base model: held-out {base['pass_rate']:.3f}", flush=True)
     results = []
     for seed in range(a.seeds):
         for arm in arms:
@@ -250,6 +254,9 @@ def main() -> None:
                 continue
             results.append(run_arm(a, arm, seed))
     results = [r for r in results if r["steps"] == a.steps]
+    base = base_score(a) if a.base else None  # after the runs: they matter more
+    if base is not None:
+        print(f"base model: held-out {base['pass_rate']:.3f}", flush=True)
     text = report(a, base, results)
     Path(a.out, "study.md").write_text(text + "\n")
     Path(a.out, "study.json").write_text(json.dumps({"base": base, "runs": results}, indent=1))
