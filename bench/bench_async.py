@@ -34,10 +34,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -55,7 +55,6 @@ from composer_replication.run import preflight, train  # noqa: E402
 from composer_replication.trainer.trainer import ComposerReplicationTrainer  # noqa: E402
 
 DELAY = {"s": 3.0}
-LOCK = threading.Lock()
 GEN: list[tuple[float, float]] = []
 """(start, end) of each of the local engine's generation calls."""
 WAIT: list[tuple[float, float]] = []
@@ -67,9 +66,8 @@ def _timed(log: list[tuple[float, float]], fn, *args, **kwargs):
     start = time.monotonic()
     try:
         return fn(*args, **kwargs)
-    finally:
-        with LOCK:
-            log.append((start, time.monotonic()))
+    finally:  # list.append is atomic; no lock (Ray pickles this module's globals by value)
+        log.append((start, time.monotonic()))
 
 
 class SlowGradingArithmetic(ArithmeticEnv):
@@ -196,7 +194,7 @@ CASES = {
     "calculator": [
         "env.name=calculator", "env.few_shot=true", "env.num_train=64", "rollout.max_turns=2",
         "rollout.max_tool_calls=2", "generation.max_completion_length=64",
-        "generation.temperature=0.7",
+        "generation.temperature=0.3",  # the fitted call, ~0.02 nats a token, nearly always
     ],
 }  # fmt: skip
 
@@ -259,7 +257,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = save_tiny_model(Path(tmp) / "tiny")
         if a.case == "calculator":
-            fit_tool_caller(model)
+            cached = Path(tempfile.gettempdir()) / "cr-bench-async-tool-caller"
+            if not (cached / "config.json").is_file():  # fitting takes minutes on a loaded CPU
+                fit_tool_caller(model)
+                shutil.copytree(model, cached, dirs_exist_ok=True)
+            model = cached
         results: dict[str, list[dict[str, float]]] = {"local": [], "ray": []}
         for r in range(a.rounds):
             order = ["local", "ray"] if r % 2 == 0 else ["ray", "local"]
