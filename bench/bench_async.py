@@ -10,7 +10,8 @@ tiny model (the time measured is the engines', not a model's). Two cases (``--ca
   waiting ``--delay`` s first; tool calls of a turn run at once on both engines
   (``rollout.concurrent_tools``, the default). The tiny random model is first fitted for a
   few seconds to answer every prompt with a ``calculate`` call (so every rollout makes one
-  call and waits once; a random model never writes a parsable call), 2 turns per episode.
+  call and waits once; a random model never writes a parsable call), 2 turns per episode,
+  on the 2 training tasks it was fitted on (every step draws both).
 * ``feature-deletion``: not here (issue 54's Feature Deletion case needs Feature Deletion on
   the workers: branch i54-tools); the flag is refused with that message.
 
@@ -99,7 +100,18 @@ class SlowCalculatorTools(CalculatorTools):
         return _timed(WAIT, slow)
 
 
+FITTED_TASKS = 2
+"""The calculator's training tasks the tool caller is fitted on: the only ones the case
+trains on (a tiny model fitted on 2 prompts does not call the tool on others)."""
+
+
 class SlowCalculator(CalculatorEnv):
+    """The calculator with :class:`SlowCalculatorTools`, training on the fitted tasks only."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._splits["train"] = self._splits["train"][:FITTED_TASKS]
+
     def tools_class(self) -> type:
         return SlowCalculatorTools
 
@@ -136,7 +148,8 @@ def _within(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
 def fit_tool_caller(model_dir: Path, steps: int = 300) -> None:
     """Fit the tiny model in ``model_dir`` to answer every calculator prompt (the agent
     quickstart's, worked exchanges and tool schema included) with the worked exchanges' call,
-    ``calculate("12 * 34")``: teacher forcing on 2 training prompts, Adam, until the loss is
+    ``calculate("12 * 34")``: teacher forcing on the first ``FITTED_TASKS`` training prompts
+    (the case trains on those only), Adam, until the loss is
     below 0.02 (a few seconds; position ids count from each prompt's first token). A
     harness for timing, not a policy: what it computes is never looked at."""
     import torch
@@ -153,7 +166,7 @@ def fit_tool_caller(model_dir: Path, steps: int = 300) -> None:
     prompts = [
         tok.apply_chat_template(env.row(t)["prompt"], tools=tools, add_generation_prompt=True,
                                 tokenize=True, return_dict=True)["input_ids"]
-        for t in env.tasks("train")[:2]
+        for t in env.tasks("train")[:FITTED_TASKS]
     ]  # fmt: skip
     call = '<tool_call>{"name": "calculate", "arguments": {"expression": "12 * 34"}}</tool_call>'
     target = tok(call, add_special_tokens=False)["input_ids"] + [
