@@ -168,7 +168,8 @@ def report(
     seeds = sorted({r["seed"] for r in results})
     by = {(r["arm"], r["seed"]): r for r in results}
     lines = [
-        f"Held-out greedy pass rate (n = {a.eval_n}) at step {a.steps}; base model "
+        f"Held-out greedy pass rate (n = {results[0]['heldout'][-1]['n'] if results else a.eval_n})"
+        f" at step {a.steps}; base model "
         + (f"{base['pass_rate']:.3f}." if base else "not evaluated."),
         "",
         "| arm | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
