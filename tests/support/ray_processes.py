@@ -20,6 +20,17 @@ def ray_processes() -> list[psutil.Process]:
     return out
 
 
+def started_by(pid: int) -> list[psutil.Process]:
+    """Ray's processes descending from process ``pid`` (a local Ray's services are children
+    of the driver that started it, its workers children of its raylet): on a machine where
+    others run Ray at the same time, the ones a given run started."""
+    try:
+        own = {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return []
+    return [p for p in ray_processes() if p.pid in own]
+
+
 def actor_processes(names=("ray::RolloutWorker", "ray::Hub")) -> list[psutil.Process]:
     """Processes of the rollout engine's actors (Ray titles an actor's process ``ray::Class``)."""
     return [p for p in ray_processes()

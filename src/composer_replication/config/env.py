@@ -402,3 +402,9 @@ class RolloutConfig(StrictModel):
     correction_cap: float = Field(2.0, ge=1.0, le=1000.0)
     """Truncation ``C`` of the behaviour-policy correction ``min(pi_old / pi_behav, C)``
     (AReaL's decoupled PPO; TRL's truncated importance sampling)."""
+    correction: bool = True
+    """Multiply the loss by the behaviour-policy weight ``min(pi_old / pi_behav, C)``
+    (``rollout.engine: ray``). False: the weight is 1 on every token, so stale groups train
+    as if sampled by the learner's policy (the ablation of the staleness study,
+    docs/benchmarks.md); the learner's pre-update forward still runs, so ``rollout/ratio_*``
+    still report what the weight would have been."""

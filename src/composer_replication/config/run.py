@@ -452,6 +452,11 @@ def check_ray_engine(cfg: RunConfig) -> None:
     if r.engine != "ray":
         if r.force_staleness is not None:
             raise ValueError("rollout.force_staleness needs rollout.engine=ray")
+        if not r.correction:
+            raise ValueError(
+                "rollout.correction=false needs rollout.engine=ray (the local "
+                "engine trains on-policy: there is no correction to switch off)"
+            )
         return
     refusals = [
         (cfg.generation.backend != "transformers", "generation.backend=vllm (workers generate "

@@ -88,6 +88,9 @@ class EngineSettings:
     object_store_gb: float | None = None
     weight_sync_steps: int = 1
     timeout_s: float = 600.0
+    correction_cap: float = 2.0
+    """``rollout.correction_cap``: the share of tokens whose behaviour weight exceeds it is
+    reported (``rollout/ratio_*_above_cap``), whether the correction is on or off."""
     groups_log: str | None = None
     """JSON lines, one per step: the learner version and each group's ticket, task, worker
     and staleness (``GROUPS_FILE`` in the run directory)."""
@@ -179,6 +182,9 @@ class RayRollouts:
             return {"address": s.address, "log_to_driver": False}
         slots = local_node_slots(s)
         return {
+            # "local": a new Ray, always; None would join the newest cluster this machine
+            # started (ray 2.60 reads /tmp/ray/ray_current_cluster and RAY_ADDRESS)
+            "address": "local",
             "num_cpus": max(s.num_workers * s.num_cpus, 1),
             "object_store_memory": self._object_store_bytes(),
             "include_dashboard": False,
@@ -367,7 +373,8 @@ class RayRollouts:
         """The step's engine metrics, and the behaviour-correction weight ``pi_old /
         pi_behav`` (before truncation: ``exp(old - sampling)`` on the policy's tokens) split
         by version lag: ``lag0`` is the numerical mismatch between the worker's generation
-        and the learner's forward, ``stale`` what staleness adds."""
+        and the learner's forward, ``stale`` what staleness adds; ``above_cap`` is the share of
+        tokens the truncation at ``correction_cap`` cuts."""
         import torch
 
         out = self.step_metrics()
@@ -386,6 +393,9 @@ class RayRollouts:
                 r = ratio_BT[sel_BT]
                 out[f"rollout/ratio_{name}_mean"] = float(r.mean())
                 out[f"rollout/ratio_{name}_max_dev"] = float((r - 1).abs().max())
+                out[f"rollout/ratio_{name}_above_cap"] = float(
+                    (r > self.settings.correction_cap).float().mean()
+                )
         return out
 
     def callback(self, trainer: Any) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import math
 import random
 import time
 from collections.abc import Callable
@@ -113,13 +114,20 @@ def vllm_args(cfg: RunConfig) -> dict[str, Any]:
 def correction_args(cfg: RunConfig) -> dict[str, Any]:
     """``rollout.engine: ray``: TRL's importance-sampling correction in token-truncate mode,
     capped at ``rollout.correction_cap`` (the behaviour-policy weight of AReaL's decoupled
-    PPO; rollout_engine/learner.py)."""
-    if cfg.rollout.engine != "ray":
+    PPO; rollout_engine/learner.py). ``rollout.correction: false`` truncates it to [1, 1]:
+    a weight of 1, with TRL's forward of the pre-update policy (and the ratio metrics) kept.
+    TRL wants ``clip_min < clip_max``: the upper bound is the next double above 1, which is
+    1 in float32 and bfloat16 (the weight is exactly 1; tests/unit/rollout_engine)."""
+    r = cfg.rollout
+    if r.engine != "ray":
         return {}
     return {
         "vllm_importance_sampling_correction": True,
         "vllm_importance_sampling_mode": "token_truncate",
-        "vllm_importance_sampling_clip_max": cfg.rollout.correction_cap,
+        "vllm_importance_sampling_clip_max": (
+            r.correction_cap if r.correction else math.nextafter(1.0, 2.0)
+        ),
+        "vllm_importance_sampling_clip_min": None if r.correction else 1.0,
     }
 
 
@@ -145,6 +153,7 @@ def build_engine(cfg: RunConfig, model, tokenizer, env: Environment):
     settings = EngineSettings(
         num_workers=cfg.ray.num_workers, groups_per_step=g.prompts_per_step,
         max_staleness=r.max_staleness, force_staleness=r.force_staleness,
+        correction_cap=r.correction_cap,
         address=cfg.ray.address, num_cpus=w.num_cpus, num_gpus=w.num_gpus,
         memory_gb=w.memory_gb, sandbox_slots=w.sandbox_slots,
         sandbox_slots_per_node=cfg.ray.sandbox_slots_per_node,

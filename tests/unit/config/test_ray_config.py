@@ -1,5 +1,5 @@
 """The asynchronous-rollout settings (``rollout.engine``, ``rollout.max_staleness``,
-``rollout.force_staleness``, the ``ray:`` section): ranges and unknown keys refused, what the
+``rollout.force_staleness``, ``rollout.correction``, the ``ray:`` section): ranges and unknown keys refused, what the
 ray engine does not run refused naming the key, the old
 ``generation.vllm.async_rollouts.max_staleness`` folded into ``rollout.max_staleness`` with one
 deprecation line, and a missing Ray refused in one line before any model loads."""
@@ -38,6 +38,23 @@ def test_the_ray_section_and_engine_parse_from_overrides():
     assert (cfg.ray.address, cfg.rollout.force_staleness) == ("auto", 1)
 
 
+def test_the_correction_switch_sets_trl_s_truncation():
+    """On: TRL's token-truncated weight capped at ``correction_cap``; off: truncated to [1, 1]
+    (a weight of 1, the pre-update forward kept); the local engine: none of TRL's switches."""
+    from composer_replication.run.train import correction_args
+
+    on = correction_args(load_config(None, [*RAY, "rollout.correction_cap=3"]))
+    off = correction_args(load_config(None, [*RAY, "rollout.correction=false"]))
+    assert on["vllm_importance_sampling_correction"] and off["vllm_importance_sampling_correction"]
+    assert (on["vllm_importance_sampling_clip_min"], on["vllm_importance_sampling_clip_max"]) == (
+        None,
+        3.0,
+    )
+    assert off["vllm_importance_sampling_clip_min"] == 1.0
+    assert off["vllm_importance_sampling_clip_max"] == pytest.approx(1.0, abs=1e-15)
+    assert correction_args(load_config(None, [])) == {}
+
+
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
@@ -51,6 +68,8 @@ def test_the_ray_section_and_engine_parse_from_overrides():
             "force_staleness=2 is above",
         ),
         (["rollout.force_staleness=0"], "force_staleness needs rollout.engine=ray"),
+        (["rollout.correction=false"], "correction=false needs rollout.engine=ray"),
+        (["rollout.correction=maybe"], "rollout.correction"),
         ([*RAY, "generation.backend=vllm"], "rollout.engine=ray does not run generation.backend"),
         ([*RAY, "diloco.enabled=true"], "rollout.engine=ray does not run diloco"),
         (

@@ -80,6 +80,29 @@ def test_the_decoupled_ratio_and_loss_by_hand(tmp_path, tokenizer, tiny_model):
     assert float(loss) == pytest.approx(-0.35350, abs=1e-4)
 
 
+def test_with_the_correction_off_the_weight_is_one(tmp_path, tokenizer, tiny_model):
+    """``rollout.correction=false``: the same kind of shifted behaviour log-probs (weights 1.5,
+    3 on rollout 0; 0.5, 1, 1 on rollout 1, which is one token longer) leave the loss
+    unweighted: ``-(a * 2 - a * 3) / 5`` (DAPO's sum over the 5 tokens), where the correction
+    would give ``-(a * (1.5 + 2) - a * (0.5 + 1 + 1)) / 5``. The weight before truncation is
+    still reported: mean 7 / 5, one token of 5 above C = 2."""
+    comps = [[5, 6], [7, 8, 9]]
+    old = [_logps(tiny_model, PROMPT, c) for c in comps]
+    shifts = [[math.log(1.5), math.log(3.0)], [-math.log(2.0), 0.0, 0.0]]
+    behaviour = [[o - s for o, s in zip(ol, sh, strict=True)] for ol, sh in zip(old, shifts, strict=True)]  # fmt: skip
+    source = ScriptedRollouts([[_group(comps, behaviour, [1.0, 0.0])]])
+    trainer = _trainer(tmp_path, tiny_model, tokenizer, source, "rollout.correction=false")
+    batch = trainer._generate_and_score_completions([{}] * 2)
+    mask_BT = batch["completion_mask"].bool()
+    assert batch["importance_sampling_ratio"][mask_BT].tolist() == [1.0] * 5
+    a = 0.5 / (math.sqrt(0.5) + 1e-4)
+    loss = trainer._compute_loss(tiny_model, batch)
+    assert float(loss) == pytest.approx(-(a * 2 - a * 3) / 5, abs=1e-5)
+    metrics = trainer._metrics["train"]
+    assert metrics["rollout/ratio_lag0_mean"][-1] == pytest.approx(7 / 5, abs=1e-5)
+    assert metrics["rollout/ratio_lag0_above_cap"][-1] == pytest.approx(1 / 5)
+
+
 def test_at_staleness_zero_the_ratio_is_one(tmp_path, tokenizer, tiny_model):
     """Groups sampled by the worker's generator with the learner's own weights: the learner's
     recomputed log-probs give ``pi_old / pi_behav`` = 1 within 1e-4 on every token (the

@@ -1,7 +1,8 @@
 """The acceptance command on a machine with no Ray running: ``composer-replication train
 -c configs/agent_quickstart.yaml rollout.engine=ray ray.num_workers=2 max_steps=3`` (here 2
 steps; the agent quickstart: a tool environment, multi-turn rollouts on the workers; a tiny
-random model) starts a local Ray, runs end to end with the version and staleness of every
+random model) starts a local Ray of its own (not the one ``RAY_ADDRESS`` or the machine's
+newest cluster names), runs end to end with the version and staleness of every
 step in metrics.jsonl (and hints built from the workers' verdicts), and leaves none of the
 Ray processes it started (the quickstart runs on the engine in test_ray_engine.py); Ctrl-C
 stops a run's workers and its local Ray."""
@@ -13,7 +14,7 @@ import time
 
 import pytest
 from support.cli_process import interrupt, read_until, start_cli
-from support.ray_processes import actor_processes, ray_processes, wait_gone
+from support.ray_processes import actor_processes, started_by, wait_gone
 from support.tiny_run import save_tiny_model
 
 pytestmark = pytest.mark.timeout(600)
@@ -22,17 +23,18 @@ pytestmark = pytest.mark.timeout(600)
 def test_the_agent_quickstart_runs_on_a_local_ray_and_stops_it(tmp_path):
     model = save_tiny_model(tmp_path / "tiny")
     out = tmp_path / "run"
-    before = {p.pid for p in ray_processes()}
     proc = start_cli([
         "train", "-c", "configs/agent_quickstart.yaml", "rollout.engine=ray",
         "ray.num_workers=2", "max_steps=2", f"model.name={model}", f"output_dir={out}",
         "num_threads=1", "generation.num_generations=2", "generation.prompts_per_step=2",
         "generation.max_completion_length=8", "env.num_train=8", "env.few_shot=false",
         "eval.before_and_after=false", "ray.timeout_s=300", "alpha_sdpo=0.5",
-    ])  # fmt: skip
+    ], RAY_ADDRESS="127.0.0.1:9")  # fmt: skip
+    # RAY_ADDRESS (like the newest cluster another process started on this machine) names a
+    # Ray that is not ours: with ray.address unset the run starts its own all the same
     head = read_until(proc, lambda lines: lines[-1].startswith("step 1/2"))
     assert head and head[-1].startswith("step 1/2"), "\n".join(head)
-    started = [p for p in ray_processes() if p.pid not in before]
+    started = started_by(proc.pid)
     assert started  # the run's own Ray: its services and workers
     rest, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, "\n".join(head) + rest
@@ -51,7 +53,6 @@ def test_ctrl_c_stops_the_workers_and_the_local_ray(tmp_path):
     CLI says what it kept and exits 130; its Ray (services, hub, workers) is gone afterwards."""
     model = save_tiny_model(tmp_path / "tiny")
     out = tmp_path / "run"
-    before = {p.pid for p in ray_processes()}
     proc = start_cli([
         "train", "rollout.engine=ray", "ray.num_workers=2", "max_steps=50", f"model.name={model}",
         f"output_dir={out}", "num_threads=1", "generation.num_generations=2",
@@ -59,10 +60,12 @@ def test_ctrl_c_stops_the_workers_and_the_local_ray(tmp_path):
         "env.num_train=8", "eval.before_and_after=false", "ray.timeout_s=300",
     ])  # fmt: skip
     deadline = time.monotonic() + 300
-    while len(actor_processes(("ray::RolloutWorker",))) < 2:
+    while (
+        len([p for p in started_by(proc.pid) if p in actor_processes(("ray::RolloutWorker",))]) < 2
+    ):
         assert proc.poll() is None and time.monotonic() < deadline, "no workers started"
         time.sleep(0.2)
-    started = [p for p in ray_processes() if p.pid not in before]
+    started = started_by(proc.pid)
     assert any("raylet" in " ".join(p.cmdline()) for p in started)
     rest, _ = interrupt(proc, timeout_s=120)
     assert proc.returncode == 130, rest
