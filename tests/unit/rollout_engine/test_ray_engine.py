@@ -23,6 +23,7 @@ from support.ray_processes import actor_processes, listening_ips, wait_gone
 from support.ray_tool_env import GATE_DIR as TOOL_GATE
 from support.ray_tool_env import sandboxed_calculator, workspace_calculator
 from support.scripted_lm import ConfigScriptedLlama
+from support.textkit import TEXTKIT
 from support.tiny_run import save_tiny_model
 from transformers import TrainerCallback
 
@@ -376,3 +377,63 @@ def test_more_sandbox_slots_than_a_local_node_has_are_refused():
 def test_a_worker_runs_its_share_of_its_node_sandboxes(overrides, slots):
     cfg = load_config(None, ["rollout.engine=ray", *overrides])
     assert train_module.worker_sandbox_slots(cfg) == slots
+
+
+FD_CALL = '<tool_call>{"name": "run_tests", "arguments": {}}</tool_call><|im_end|>'
+FD_ANSWER = "done<|im_end|>"
+
+
+def _scripted_fd_policy(tok):
+    """A tiny model that runs the tests through the tool, then answers (its script in its
+    config, so the workers' copies follow it)."""
+    from conftest import make_tiny_model
+
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    model = make_tiny_model(len(tok), 0, cls=ConfigScriptedLlama, max_positions=2048)
+    model.set_script(enc("<|im_start|>assistant\n"), [enc(FD_CALL), enc(FD_ANSWER)])
+    return model
+
+
+def test_feature_deletion_runs_on_a_worker(cluster, tokenizer, textkit_tasks, tmp_path):
+    """Feature Deletion on the Ray engine (textkit tasks, one worker, one step): the worker
+    builds the environment from the run config, resets each rollout's workspace, runs the
+    repository's tests through the tool in its sandbox and grades the hidden tests there; the
+    learner trains on the group with the worker's verdicts (the failing tests' hint at the
+    turn that ran them), and no held-out task reaches a training draw."""
+    import copy
+
+    from composer_replication.run.train import build_env, build_trainer, close_rollouts, start_engine
+    from composer_replication.trainer.callbacks import read_metrics
+
+    tok = copy.deepcopy(tokenizer)
+    ensure_tool_template(tok)
+    out = tmp_path / "run"
+    cfg = load_config("feature_deletion.yaml", [
+        f"output_dir={out}", "max_steps=1", "num_threads=1", f"env.task_sources=[{TEXTKIT}]",
+        f"env.task_dir={textkit_tasks}", "env.task_generation.workers=2",
+        "env.task_generation.suite_timeout_s=30", "generation.num_generations=2",
+        "generation.max_completion_length=160", "env.max_tool_output_chars=200",
+        "env.tests_budget_s=120", "env.few_shot=false", "rollout.max_turns=2",
+        "eval.before_and_after=false", "alpha_sdpo=0.5", "sdpo.hint_sources=[feedback]",
+        "rollout.engine=ray", "ray.num_workers=1", "ray.address=auto", "ray.timeout_s=300",
+    ])  # fmt: skip
+    env = build_env(cfg)
+    trainer = build_trainer(cfg, _scripted_fd_policy(tok), tok, env)
+    try:
+        start_engine(trainer, None)
+        trainer.train()
+    finally:
+        close_rollouts(trainer)
+    [row] = read_metrics(out / "metrics.jsonl")
+    assert row["rollout/version"] == 0 and row["rollout/staleness_max"] == 0
+    assert row["tools/call_frequency"] == 1.0 and row["rollout/turns"] == 2.0
+    assert row["env/pass_rate"] == 0.0  # running the tests rebuilds nothing
+    assert row["sdpo/active"] == 1.0 and row["sdpo/hint_turn_mean"] == 0.0
+    results = trainer.reward_funcs[0].last_results
+    assert len(results) == 2 and all("0 of" in r.feedback for r in results)
+    assert all(r.info["failed_turn"] == 0 for r in results)
+    heldout = {t.task_id for t in env.tasks("heldout")}
+    [line] = [json.loads(x) for x in (out / GROUPS_FILE).read_text().splitlines()]
+    assert heldout and not {g["task"] for g in line["groups"]} & heldout
+    assert all(g["task"] in {t.task_id for t in env.tasks("train")} for g in line["groups"])
+    assert wait_gone(actor_processes) == []
