@@ -44,3 +44,10 @@ def wait_gone(find: Callable[[], list], timeout_s: float = 30.0) -> list:
     while (found := find()) and time.monotonic() < deadline:
         time.sleep(0.2)
     return found
+
+
+def own_actor_processes() -> list[psutil.Process]:
+    """:func:`actor_processes` started under this process (a test's own Ray, e.g. a
+    ``ray.cluster_utils.Cluster`` it runs), not another test run's on the same machine."""
+    mine = {p.pid for p in psutil.Process().children(recursive=True)}
+    return [p for p in actor_processes() if p.pid in mine]

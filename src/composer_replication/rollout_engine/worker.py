@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from composer_replication.envs.telemetry import do_nothing_reward
 from composer_replication.envs.tools import bounded_tools
 from composer_replication.lm.chat import as_messages, render_prompt
 from composer_replication.lm.generator import Generator, Sampling
@@ -138,6 +139,9 @@ class RolloutWorker:
                                       settings.sampling.max_new_tokens,
                                       settings.concurrent_tools)  # fmt: skip
         self._ticket: Ticket | None = None
+        self.checked: set[str] = set()
+        """Tasks whose do-nothing submission this worker graded (the hack telemetry's check,
+        envs/telemetry.py: once per task and worker; the record carries the reward)."""
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         # lm/generator.py, the generator every path shares. Without prefix reuse: with it, the
@@ -207,9 +211,14 @@ class RolloutWorker:
                               list(e.turn_tags))], r.reward, r, messages=e.messages)
             for e, r in zip(episodes, results, strict=True)
         ]  # fmt: skip
-        calls = sum(_tool_calls(e.messages) for e in episodes) / len(episodes)
+        info = {"tool_calls": self.tool_loop.tool_calls,
+                "tool_failures": self.tool_loop.tool_failures}  # fmt: skip
+        if getattr(self.env, "checks_do_nothing", False) and task.task_id not in self.checked:
+            info["do_nothing_reward"] = reward = do_nothing_reward(self.env, task)
+            if reward is not None:  # a failed check is tried again when the task comes back
+                self.checked.add(task.task_id)
         return GroupRecord(ticket.group_id, task.task_id, row, rollouts, self.worker_id,
-                           time.monotonic() - start, {"tool_calls": calls})  # fmt: skip
+                           time.monotonic() - start, info)  # fmt: skip
 
     def _turn(self, prompts: list[list[int]]) -> tuple[list[list[int]], list[list[float]], int]:
         """One turn of the tool loop: a later turn first loads the newest weights (or the
@@ -294,10 +303,6 @@ def _own_scratch(path: str) -> None:
     os.chmod(path, 0o711)  # the sandbox's ``nobody`` passes through to what is staged here
     tempfile.tempdir = path
     os.environ["TMPDIR"] = path
-
-
-def _tool_calls(messages: list[dict[str, Any]]) -> int:
-    return sum(1 for m in messages if m.get("role") == "tool")
 
 
 def _group_seed(seed: int, group_id: int) -> int:

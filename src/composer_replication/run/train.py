@@ -248,9 +248,12 @@ def build_reward_funcs(cfg: RunConfig, env, task_sampler=None) -> list:
 
         funcs: list = [AgentReward()]
     elif cfg.rollout.engine == "ray":  # graded by the rollout workers
+        from composer_replication.envs.tools import tool_methods
         from composer_replication.rollout_engine.learner import WorkerReward
 
-        funcs = [WorkerReward(env.name)]
+        offered = tuple(tool_methods(env.tools_class())) if env.tools else None
+        log = Path(cfg.output_dir) / EPISODES_FILE if env.tools else None
+        funcs = [WorkerReward(env.name, offered, log)]
     elif env.tools and cfg.env.openenv_url:  # the server grades each rollout (openenv/adapter.py)
         from composer_replication.envs.openenv.adapter import OpenEnvReward
 

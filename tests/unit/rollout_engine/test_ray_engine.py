@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from support.gated_env import GATE_DIR, gated_env, open_gate
-from support.ray_processes import actor_processes, listening_ips, wait_gone
+from support.ray_processes import actor_processes, listening_ips, own_actor_processes, wait_gone
 from support.ray_tool_env import GATE_DIR as TOOL_GATE
 from support.ray_tool_env import sandboxed_calculator, workspace_calculator
 from support.scripted_lm import ConfigScriptedLlama
@@ -402,7 +402,12 @@ def test_feature_deletion_runs_on_a_worker(cluster, tokenizer, textkit_tasks, tm
     turn that ran them), and no held-out task reaches a training draw."""
     import copy
 
-    from composer_replication.run.train import build_env, build_trainer, close_rollouts, start_engine
+    from composer_replication.run.train import (
+        build_env,
+        build_trainer,
+        close_rollouts,
+        start_engine,
+    )
     from composer_replication.trainer.callbacks import read_metrics
 
     tok = copy.deepcopy(tokenizer)
@@ -429,6 +434,9 @@ def test_feature_deletion_runs_on_a_worker(cluster, tokenizer, textkit_tasks, tm
     assert row["tools/call_frequency"] == 1.0 and row["rollout/turns"] == 2.0
     assert row["env/pass_rate"] == 0.0  # running the tests rebuilds nothing
     assert row["sdpo/active"] == 1.0 and row["sdpo/hint_turn_mean"] == 0.0
+    # the hack telemetry from the records: the worker graded the task's do-nothing submission
+    assert row["tools/calls/run_tests"] == 1.0 and row["env/flagged_frac"] == 0.0
+    assert row["env/hack/no_edit_frac"] == 1.0 and row["env/hack/do_nothing_nonzero_tasks"] == 0
     results = trainer.reward_funcs[0].last_results
     assert len(results) == 2 and all("0 of" in r.feedback for r in results)
     assert all(r.info["failed_turn"] == 0 for r in results)
@@ -436,4 +444,62 @@ def test_feature_deletion_runs_on_a_worker(cluster, tokenizer, textkit_tasks, tm
     [line] = [json.loads(x) for x in (out / GROUPS_FILE).read_text().splitlines()]
     assert heldout and not {g["task"] for g in line["groups"]} & heldout
     assert all(g["task"] in {t.task_id for t in env.tasks("train")} for g in line["groups"])
-    assert wait_gone(actor_processes) == []
+    assert wait_gone(own_actor_processes) == []
+
+
+def _train_one_step(cfg, model, tok) -> dict:
+    """One step of ``cfg`` in this process (the Ray engine: on the shared cluster); its
+    metrics row."""
+    from composer_replication.run.train import (
+        build_env,
+        build_trainer,
+        close_rollouts,
+        start_engine,
+    )
+    from composer_replication.trainer.callbacks import read_metrics
+
+    trainer = build_trainer(cfg, model, tok, build_env(cfg))
+    try:
+        start_engine(trainer, None)
+        trainer.train()
+    finally:
+        close_rollouts(trainer)
+    [row] = read_metrics(Path(cfg.output_dir) / "metrics.jsonl")
+    return row
+
+
+TELEMETRY = ("tools/", "env/", "rollout/turns")
+"""The learner-side tool telemetry: the local engine's from its reward function and TRL's tool
+loop; the Ray engine's from the group records."""
+
+
+def test_the_ray_engine_logs_the_local_engines_tool_telemetry(cluster, tokenizer, tmp_path):
+    """The calculator agent (a scripted tiny model: one ``calculate`` call, then the answer),
+    one step on each engine: the same tool and environment metric keys (``tools/calls/*``,
+    ``tools/call_frequency|failure_frequency``, ``env/hack/*``, ``env/pass_rate``...), the
+    same values where they do not depend on sampling (one call per rollout, none failed), and
+    the episode log written on both."""
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    ensure_tool_template(tok)
+    rows = {}
+    for engine in ("local", "ray"):
+        out = tmp_path / engine
+        cfg = load_config("agent_quickstart.yaml", [
+            f"output_dir={out}", "max_steps=1", "num_threads=1", f"rollout.engine={engine}",
+            "generation.num_generations=2", "generation.prompts_per_step=1",
+            "generation.max_completion_length=64", "env.num_train=8", "env.few_shot=false",
+            "eval.before_and_after=false", "ray.num_workers=1", "ray.address=auto",
+            "ray.timeout_s=300",
+        ])  # fmt: skip
+        model, _ = _scripted_policy(tok, "2 + 3", 5)
+        rows[engine] = _train_one_step(cfg, model, tok)
+        assert (out / "episodes.jsonl").read_text().strip(), engine
+    keys = {e: {k for k in row if k.startswith(TELEMETRY)} for e, row in rows.items()}
+    assert keys["ray"] == keys["local"]
+    assert {"tools/calls/calculate", "env/hack/invalid_call_rate"} <= keys["ray"]
+    for engine, row in rows.items():
+        assert row["tools/calls/calculate"] == 1.0 and row["tools/call_frequency"] == 1.0, engine
+        assert row["tools/failure_frequency"] == 0.0 and row["env/hack/invalid_call_rate"] == 0.0
+    assert wait_gone(own_actor_processes) == []
