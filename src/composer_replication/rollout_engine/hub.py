@@ -84,8 +84,9 @@ class Hub:
 
     # ---- learner ---------------------------------------------------------------------------
     def publish(self, version: int, refs: list[Any]) -> None:
-        """A new weight version (``refs``: a list holding one object-store reference, so Ray
-        passes the reference, not the weights); old versions beyond ``keep_versions`` go."""
+        """A new weight version (``refs``: a list holding one ``weight_sync.Push`` of
+        object-store references, so Ray passes the references, not the weights); old versions
+        beyond ``keep_versions`` go."""
         self.weights[version] = refs
         self.version = max(self.version, version)
         for v in sorted(self.weights)[: -self.keep_versions]:

@@ -34,6 +34,13 @@ from typing import Any
 from composer_replication.rollout_engine.dispenser import TaskDispenser
 from composer_replication.rollout_engine.group import GroupRecord
 from composer_replication.rollout_engine.hub import Hub
+from composer_replication.rollout_engine.weight_sync import (
+    Codec,
+    Mode,
+    Publisher,
+    Push,
+    payload_bytes,
+)
 from composer_replication.rollout_engine.worker import (
     POLL_S,
     RolloutWorker,
@@ -87,6 +94,9 @@ class EngineSettings:
     sandbox_slots_per_node: int | None = None
     object_store_gb: float | None = None
     weight_sync_steps: int = 1
+    weight_sync: Mode = "full"
+    """``ray.weight_sync``: ``full``, ``lora`` or ``delta`` (rollout_engine/weight_sync.py)."""
+    delta_codec: Codec = "int8"
     timeout_s: float = 600.0
     groups_log: str | None = None
     """JSON lines, one per step: the learner version and each group's ticket, task, worker
@@ -143,6 +153,10 @@ class RayRollouts:
         self.used: set[int] = set()
         self.produced_at_take = 0
         """Groups the workers had finished when the learner last took a step's groups."""
+        self.publisher = Publisher(settings.weight_sync, settings.delta_codec)
+        self.first_full: Any = None
+        """The first push's whole state (its object-store reference): ``lora`` pushes keep
+        pointing at it for workers that hold nothing yet."""
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self, resume_dir: str | None = None, publish: bool = False) -> None:
@@ -197,11 +211,13 @@ class RayRollouts:
         s = self.settings
         resources = {"sandbox_slots": s.sandbox_slots} if s.sandbox_slots else {}
         memory = {"memory": int(s.memory_gb * 2**30)} if s.memory_gb else {}
+        base, peft_config = _base_and_adapter(self.model)
+        worker = replace(self.worker_settings, peft_config=peft_config)
         actor = self.ray.remote(RolloutWorker).options(
             num_cpus=s.num_cpus, num_gpus=s.num_gpus, resources=resources, max_concurrency=2,
             name=None, **memory,
-        ).remote(wid, self.hub, type(self.model), self.model.config, self.tokenizer,
-                 self.env_factory, self.worker_settings)  # fmt: skip
+        ).remote(wid, self.hub, type(base), base.config, self.tokenizer, self.env_factory,
+                 worker)  # fmt: skip
         self.workers[wid] = actor
         self.runs[wid] = actor.run.remote()
 
@@ -228,20 +244,32 @@ class RayRollouts:
 
     # ---- weights -----------------------------------------------------------------------------
     def publish(self, model: Any, version: int) -> None:
-        """Put ``model``'s full state dict (each tied tensor once) into the object store as
-        ``version`` and tell the hub; workers load it before their next group."""
+        """Put ``version``'s push into the object store (``ray.weight_sync``: the whole state
+        dict, each tied tensor once; or after a first whole push, the adapter or the encoded
+        delta, rollout_engine/weight_sync.py) and tell the hub; workers load it before their
+        next group. ``rollout/weight_sync_bytes``: what a worker holding the previous version
+        fetches."""
         start = time.monotonic()
-        state = {k: v.detach().cpu() for k, v in distinct_tensors(model.state_dict()).items()}
-        ref = self.ray.put(state)
-        self.ray.get(self.hub.publish.remote(version, [ref]), timeout=self.settings.timeout_s)
+        after = self.publisher.last
+        full, update = self.publisher.parts(model, version)
+        full_ref = self.ray.put(full) if full is not None else self.first_full
+        if self.first_full is None:
+            self.first_full = full_ref
+        update_ref = self.ray.put(update) if update is not None else None
+        push = Push(self.settings.weight_sync, full_ref, update_ref, after)
+        self.ray.get(self.hub.publish.remote(version, [push]), timeout=self.settings.timeout_s)
         self.version = version
         self.metrics["rollout/weight_sync_s"] = time.monotonic() - start
         self.metrics["rollout/weight_sync_bytes"] = float(
-            sum(t.numel() * t.element_size() for t in state.values())
+            payload_bytes(update if update is not None else full)
         )
 
     def learner_checksum(self) -> str:
-        return state_checksum(self.model.state_dict())
+        """The checksum every worker's weights must have: the learner's (each tied tensor
+        once), or in ``delta`` mode the mirror of what was pushed."""
+        if self.publisher.mirror is not None:
+            return state_checksum(self.publisher.mirror)
+        return state_checksum(distinct_tensors(self.model.state_dict()))
 
     def worker_checksums(self, version: int | None = None) -> dict[int, tuple[int, str]]:
         """Each live worker's ``(version, checksum)`` after loading ``version`` (None: the
@@ -398,6 +426,15 @@ class RayRollouts:
         """The dispenser's state and the policy version, into ``checkpoint_dir``."""
         state = {"dispenser": self.ray.get(self.hub.state_dict.remote()), "version": version}
         Path(checkpoint_dir, STATE_FILE).write_text(json.dumps(state, indent=1))
+
+
+def _base_and_adapter(model: Any) -> tuple[Any, Any]:
+    """``(base model, adapter config)`` of a PEFT model; ``(model, None)`` otherwise."""
+    get_base = getattr(model, "get_base_model", None)
+    configs = getattr(model, "peft_config", None)
+    if get_base is None or not configs:
+        return model, None
+    return get_base(), configs[getattr(model, "active_adapter", "default")]
 
 
 def group_rows(groups: list[GroupRecord]) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from composer_replication.lm.generator import Generator, Sampling
 from composer_replication.rollout import ToolLoop
 from composer_replication.rollout_engine.dispenser import Ticket
 from composer_replication.rollout_engine.group import GroupRecord, Rollout, Sequence
+from composer_replication.rollout_engine.weight_sync import apply_push
 from composer_replication.sandbox.sandbox import set_sandbox_slots
 
 POLL_S = 0.02
@@ -55,6 +56,9 @@ class WorkerSettings:
     """The tool calls of a turn run at once across the group (``rollout.concurrent_tools``)."""
     sandbox_slots: int = 1
     """Sandboxes the worker runs at once: its share of its node (module docstring)."""
+    peft_config: Any = None
+    """The learner's PEFT adapter config (``ray.weight_sync: lora``): the worker wraps its
+    policy copy with the same adapter, unmerged (rollout_engine/weight_sync.py)."""
     work_dir: str | None = None
     """Per-worker scratch directory base (``TMPDIR`` of the actor): ``<work_dir>/worker-<id>``
     holds its workspaces and is removed by the learner or by the worker's replacement."""
@@ -124,9 +128,13 @@ class RolloutWorker:
         self.hub = hub
         self.settings = settings
         self.tokenizer = tokenizer
-        self.model = model_class(_generation_config(model_config))  # filled by the pushes
+        self.model = _policy_copy(model_class, model_config, settings.peft_config)
         self.version = -1
         self.lock = threading.Lock()
+        """Held while the model generates or changes."""
+        self.load_lock = threading.Lock()
+        """Held while a push is fetched and applied: one load at a time (a delta applies to
+        the version it was made after, once)."""
         self.env = env_factory()
         set_sandbox_slots(settings.sandbox_slots)  # after the env's own (per-process) setting
         self.tasks = {t.task_id: t for t in self.env.tasks("train")}
@@ -250,13 +258,14 @@ class RolloutWorker:
                 raise TimeoutError(f"worker {self.worker_id}: weights version {version} never "
                                    f"published within {self.settings.timeout_s:.0f} s")  # fmt: skip
             time.sleep(POLL_S)
-        v, refs = found
-        if v == self.version:
-            return
-        state = ray.get(refs[0])
-        with self.lock:
-            load_distinct(self.model, state)
-            self.version = v
+        v, [push] = found
+        with self.load_lock:  # the loop and a ``sync`` call may load at once: a delta twice
+            if v == self.version:
+                return
+            parts = {name: ray.get(getattr(push, name)) for name in push.needs(self.version)}
+            with self.lock:
+                apply_push(self.model, push, parts, self.version)
+                self.version = v
 
     def sync(self, version: int | None = None) -> tuple[int, str]:
         """Load ``version`` (None: the newest) now, and return :meth:`checksum`."""
@@ -266,13 +275,24 @@ class RolloutWorker:
     def checksum(self) -> tuple[int, str]:
         """``(version, state_checksum)`` of the weights the worker holds."""
         with self.lock:
-            return self.version, state_checksum(self.model.state_dict())
+            return self.version, state_checksum(distinct_tensors(self.model.state_dict()))
 
     def node(self) -> str:
         """The Ray node the worker runs on."""
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+
+def _policy_copy(model_class: type, model_config: Any, peft_config: Any) -> Any:
+    """The worker's policy: ``model_class`` built from the learner's config (weights come with
+    the first push), wrapped with the learner's adapter when it trains one."""
+    model = model_class(_generation_config(model_config))
+    if peft_config is None:
+        return model
+    from peft import get_peft_model
+
+    return get_peft_model(model, peft_config).eval()
 
 
 def _generation_config(model_config: Any) -> Any:

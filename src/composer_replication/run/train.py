@@ -149,6 +149,7 @@ def build_engine(cfg: RunConfig, model, tokenizer, env: Environment):
         memory_gb=w.memory_gb, sandbox_slots=w.sandbox_slots,
         sandbox_slots_per_node=cfg.ray.sandbox_slots_per_node,
         object_store_gb=cfg.ray.object_store_gb, weight_sync_steps=cfg.ray.weight_sync_steps,
+        weight_sync=cfg.ray.weight_sync, delta_codec=cfg.ray.delta_codec,
         timeout_s=cfg.ray.timeout_s, groups_log=str(Path(cfg.output_dir) / GROUPS_FILE),
     )  # fmt: skip
     sampling = Sampling(temperature=g.temperature, top_p=g.top_p,

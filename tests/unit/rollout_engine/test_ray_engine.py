@@ -503,3 +503,45 @@ def test_the_ray_engine_logs_the_local_engines_tool_telemetry(cluster, tokenizer
         assert row["tools/calls/calculate"] == 1.0 and row["tools/call_frequency"] == 1.0, engine
         assert row["tools/failure_frequency"] == 0.0 and row["env/hack/invalid_call_rate"] == 0.0
     assert wait_gone(own_actor_processes) == []
+
+
+class _Checksums(TrainerCallback):
+    """After each step's weight push: the checksum the workers must hold (the learner's, or
+    in ``delta`` mode its mirror), each worker's, and the step's push bytes."""
+
+    def __init__(self, engines: list):
+        self.engines, self.seen = engines, []
+
+    def on_step_end(self, args, state, control, **kw):
+        engine = self.engines[0]
+        bytes_ = engine.metrics.get("rollout/weight_sync_bytes")
+        self.seen.append((engine.learner_checksum(), engine.worker_checksums(state.global_step),
+                          bytes_))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "fraction"),
+    [
+        (["ray.weight_sync=delta", "ray.delta_codec=int8"], 0.25),
+        (["ray.weight_sync=lora", "peft.enabled=true", "peft.r=2", "peft.alpha=4"], 0.1),
+    ],
+    ids=["delta", "lora"],
+)
+def test_delta_and_lora_pushes_leave_the_workers_equal_to_the_learner(
+    cluster, tiny_dir, tmp_path, monkeypatch, extra, fraction
+):
+    """Two steps on the Ray engine with ``ray.weight_sync=delta`` (int8, error feedback) and
+    with a LoRA learner (``lora``): after each push the worker's weights hash to the learner's
+    (``delta``: the learner's mirror of what was pushed), the checksum changes between
+    steps, and a push carries at most ``fraction`` of the whole model's bytes."""
+    engines = _capture_engine(monkeypatch)
+    probe = _Checksums(engines)
+    out = tmp_path / "run"
+    cfg = load_config(None, _overrides(tiny_dir, out, "max_steps=2", "ray.num_workers=1", *extra))
+    run_training(cfg, extra_callbacks=[probe])
+    whole = sum(p.numel() * p.element_size() for p in load_model(str(tiny_dir)).parameters())
+    for step, (learner, workers, pushed) in enumerate(probe.seen, start=1):
+        assert workers == {0: (step, learner)}
+        assert 0 < pushed <= fraction * whole
+    assert len({learner for learner, _, _ in probe.seen}) == 2
+    assert wait_gone(own_actor_processes) == []
