@@ -39,14 +39,14 @@ from composer_replication.rollout_engine.weight_sync import (
     Mode,
     Publisher,
     Push,
+    distinct_tensors,
     payload_bytes,
+    state_checksum,
 )
 from composer_replication.rollout_engine.worker import (
     POLL_S,
     RolloutWorker,
     WorkerSettings,
-    distinct_tensors,
-    state_checksum,
     worker_dir,
 )
 

@@ -27,11 +27,54 @@ fetches the ones :meth:`Push.needs` names and :func:`apply_push` applies them.""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
 Mode = Literal["full", "lora", "delta"]
 Codec = Literal["int8", "bf16"]
+
+
+def state_checksum(state: dict[str, Any]) -> str:
+    """SHA-256 over a state dict's names and tensor bytes (sorted by name): equal on the
+    learner and a worker iff every weight is bit-identical."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous()
+        h.update(name.encode())
+        h.update(tensor.view(-1).view(dtype=_byte_dtype()).numpy().tobytes())
+    return h.hexdigest()
+
+
+def distinct_tensors(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` without the entries that alias an earlier one (a tied embedding and LM head
+    are one tensor under two names): what a weight push needs to send once."""
+    seen: set[tuple[Any, ...]] = set()
+    out = {}
+    for name, tensor in state.items():
+        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+               tuple(tensor.shape), tuple(tensor.stride()))  # fmt: skip
+        if key not in seen:
+            seen.add(key)
+            out[name] = tensor
+    return out
+
+
+def load_distinct(model: Any, state: dict[str, Any]) -> None:
+    """Load a :func:`distinct_tensors` state: the names it lacks must be ``model``'s own
+    aliases (tied weights, filled through the tie), anything else is an error."""
+    own = model.state_dict()
+    aliases = set(own) - set(distinct_tensors(own))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if set(missing) - aliases or unexpected:
+        raise ValueError(f"weights do not fit the worker's model: missing "
+                         f"{sorted(set(missing) - aliases)[:3]}, unexpected {unexpected[:3]}")  # fmt: skip
+
+
+def _byte_dtype():
+    import torch
+
+    return torch.uint8
 
 
 @dataclass(frozen=True)
@@ -119,8 +162,6 @@ class Publisher:
     def parts(self, model: Any, version: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """``(full, update)`` of ``version`` (``full`` None in ``lora`` mode after the first
         push: the first push's stays published); the mirror moves in ``delta`` mode."""
-        from composer_replication.rollout_engine.worker import distinct_tensors
-
         state = {k: v.detach().cpu() for k, v in distinct_tensors(model.state_dict()).items()}
         first, after = self.last is None, self.last
         self.last = version
@@ -143,8 +184,6 @@ class Publisher:
 
 def apply_push(model: Any, push: Push, parts: dict[str, Any], held: int) -> None:
     """Apply the parts :meth:`Push.needs` named for a worker holding ``held`` to ``model``."""
-    from composer_replication.rollout_engine.worker import load_distinct
-
     if "full" in parts:
         load_distinct(model, parts["full"])
     if "update" not in parts:

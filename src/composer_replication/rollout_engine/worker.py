@@ -34,7 +34,11 @@ from composer_replication.lm.generator import Generator, Sampling
 from composer_replication.rollout import ToolLoop
 from composer_replication.rollout_engine.dispenser import Ticket
 from composer_replication.rollout_engine.group import GroupRecord, Rollout, Sequence
-from composer_replication.rollout_engine.weight_sync import apply_push
+from composer_replication.rollout_engine.weight_sync import (
+    apply_push,
+    distinct_tensors,
+    state_checksum,
+)
 from composer_replication.sandbox.sandbox import set_sandbox_slots
 
 POLL_S = 0.02
@@ -62,48 +66,6 @@ class WorkerSettings:
     work_dir: str | None = None
     """Per-worker scratch directory base (``TMPDIR`` of the actor): ``<work_dir>/worker-<id>``
     holds its workspaces and is removed by the learner or by the worker's replacement."""
-
-
-def state_checksum(state: dict[str, Any]) -> str:
-    """SHA-256 over a state dict's names and tensor bytes (sorted by name): equal on the
-    learner and a worker iff every weight is bit-identical."""
-    h = hashlib.sha256()
-    for name in sorted(state):
-        tensor = state[name].detach().cpu().contiguous()
-        h.update(name.encode())
-        h.update(tensor.view(-1).view(dtype=_byte_dtype()).numpy().tobytes())
-    return h.hexdigest()
-
-
-def distinct_tensors(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` without the entries that alias an earlier one (a tied embedding and LM head
-    are one tensor under two names): what a weight push needs to send once."""
-    seen: set[tuple[Any, ...]] = set()
-    out = {}
-    for name, tensor in state.items():
-        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
-               tuple(tensor.shape), tuple(tensor.stride()))  # fmt: skip
-        if key not in seen:
-            seen.add(key)
-            out[name] = tensor
-    return out
-
-
-def load_distinct(model: Any, state: dict[str, Any]) -> None:
-    """Load a :func:`distinct_tensors` state: the names it lacks must be ``model``'s own
-    aliases (tied weights, filled through the tie), anything else is an error."""
-    own = model.state_dict()
-    aliases = set(own) - set(distinct_tensors(own))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if set(missing) - aliases or unexpected:
-        raise ValueError(f"weights do not fit the worker's model: missing "
-                         f"{sorted(set(missing) - aliases)[:3]}, unexpected {unexpected[:3]}")  # fmt: skip
-
-
-def _byte_dtype():
-    import torch
-
-    return torch.uint8
 
 
 class RolloutWorker:

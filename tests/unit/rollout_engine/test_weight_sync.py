@@ -16,9 +16,10 @@ from composer_replication.rollout_engine.weight_sync import (
     Publisher,
     Push,
     apply_push,
+    distinct_tensors,
     payload_bytes,
+    state_checksum,
 )
-from composer_replication.rollout_engine.worker import distinct_tensors, state_checksum
 
 
 def _checksum(state) -> str:
