@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from support.gated_env import GATE_DIR, gated_env, open_gate
-from support.ray_processes import actor_processes, listening_ips, own_actor_processes, wait_gone
+from support.ray_processes import listening_ips, own_actor_processes, wait_gone
 from support.ray_tool_env import GATE_DIR as TOOL_GATE
 from support.ray_tool_env import sandboxed_calculator, workspace_calculator
 from support.scripted_lm import ConfigScriptedLlama
@@ -197,7 +197,7 @@ def test_a_quickstart_run_overlaps_rollouts_and_survives_a_killed_worker(
     assert len(ids) == 6 and len(set(ids)) == 6  # no group used twice
     order = TaskDispenser(engines[0].dispenser.train_ids, cfg.seed)  # the seeded order
     assert all(g["task"] == order.task_at(g["id"]) for line in lines for g in line["groups"])
-    assert wait_gone(actor_processes) == []  # the run's workers and hub are gone
+    assert wait_gone(own_actor_processes) == []  # the run's workers and hub are gone
     # every worker's weights are bit-identical to the learner's after each push (SHA-256 over
     # every tensor), and the weights changed from step to step
     for step, (learner, workers) in enumerate(probe.checksums, start=1):
