@@ -51,3 +51,13 @@ def own_actor_processes() -> list[psutil.Process]:
     ``ray.cluster_utils.Cluster`` it runs), not another test run's on the same machine."""
     mine = {p.pid for p in psutil.Process().children(recursive=True)}
     return [p for p in actor_processes() if p.pid in mine]
+
+
+def started_by(pid: int, found: list[psutil.Process]) -> list[psutil.Process]:
+    """The processes of ``found`` that descend from ``pid`` (a CLI run's own local Ray: its
+    services and workers), not another run's on the same machine."""
+    try:
+        mine = {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return []
+    return [p for p in found if p.pid in mine]

@@ -13,7 +13,7 @@ import time
 
 import pytest
 from support.cli_process import interrupt, read_until, start_cli
-from support.ray_processes import actor_processes, ray_processes, wait_gone
+from support.ray_processes import actor_processes, ray_processes, started_by, wait_gone
 from support.tiny_run import save_tiny_model
 
 pytestmark = pytest.mark.timeout(600)
@@ -59,10 +59,11 @@ def test_ctrl_c_stops_the_workers_and_the_local_ray(tmp_path):
         "env.num_train=8", "eval.before_and_after=false", "ray.timeout_s=300",
     ])  # fmt: skip
     deadline = time.monotonic() + 300
-    while len(actor_processes(("ray::RolloutWorker",))) < 2:
+    while len(started_by(proc.pid, actor_processes(("ray::RolloutWorker",)))) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, "no workers started"
         time.sleep(0.2)
-    started = [p for p in ray_processes() if p.pid not in before]
+    # its own Ray only: another run's on the shared machine starts and stops on its own
+    started = started_by(proc.pid, [p for p in ray_processes() if p.pid not in before])
     assert any("raylet" in " ".join(p.cmdline()) for p in started)
     rest, _ = interrupt(proc, timeout_s=120)
     assert proc.returncode == 130, rest
