@@ -279,6 +279,10 @@ class ToolLoop:
         self._sync_tool_dicts: list[dict[str, Callable[..., Any]]] = []
         self._async_tool_dicts: list[dict[str, Callable[..., Any]]] = []
         self.tags: list[Any] = []
+        self.tool_calls = 0
+        """Tool calls the last :meth:`run` made (TRL's count: ``tools/call_frequency``)."""
+        self.tool_failures = 0
+        """Of those, the ones that failed (TRL's count: ``tools/failure_frequency``)."""
 
     # ---- what TRL's loop calls on its trainer ---------------------------------------------
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations,
@@ -312,9 +316,12 @@ class ToolLoop:
                 self._sync_tool_dicts = stack.enter_context(
                     calls_at_once(completions, self._sync_tool_dicts, MAX_TOOL_THREADS)
                 )
-            masks, completions, completion_ids, logprobs, *_ = GRPOTrainer._tool_call_loop(
-                self, prompts, prompt_ids, completion_ids, completions, logprobs, None, {}
+            masks, completions, completion_ids, logprobs, calls, failures, _ = (
+                GRPOTrainer._tool_call_loop(
+                    self, prompts, prompt_ids, completion_ids, completions, logprobs, None, {}
+                )
             )
+        self.tool_calls, self.tool_failures = int(calls), int(failures)
         return [
             ToolEpisode(p, c, lp, m, msgs, self.tags[: max(1, _runs(m))], e)
             for p, c, lp, m, msgs, e in zip(prompt_ids, completion_ids, logprobs, masks,

@@ -20,17 +20,6 @@ def ray_processes() -> list[psutil.Process]:
     return out
 
 
-def started_by(pid: int) -> list[psutil.Process]:
-    """Ray's processes descending from process ``pid`` (a local Ray's services are children
-    of the driver that started it, its workers children of its raylet): on a machine where
-    others run Ray at the same time, the ones a given run started."""
-    try:
-        own = {c.pid for c in psutil.Process(pid).children(recursive=True)}
-    except psutil.NoSuchProcess:
-        return []
-    return [p for p in ray_processes() if p.pid in own]
-
-
 def actor_processes(names=("ray::RolloutWorker", "ray::Hub")) -> list[psutil.Process]:
     """Processes of the rollout engine's actors (Ray titles an actor's process ``ray::Class``)."""
     return [p for p in ray_processes()
@@ -56,3 +45,21 @@ def wait_gone(find: Callable[[], list], timeout_s: float = 90.0) -> list:
     while (found := find()) and time.monotonic() < deadline:
         time.sleep(0.2)
     return found
+
+
+def own_actor_processes() -> list[psutil.Process]:
+    """:func:`actor_processes` started under this process (a test's own Ray, e.g. a
+    ``ray.cluster_utils.Cluster`` it runs), not another test run's on the same machine."""
+    mine = {p.pid for p in psutil.Process().children(recursive=True)}
+    return [p for p in actor_processes() if p.pid in mine]
+
+
+def started_by(pid: int, found: list[psutil.Process] | None = None) -> list[psutil.Process]:
+    """The processes of ``found`` (default: all of Ray's) that descend from process ``pid``
+    (a local Ray's services are children of the driver that started it, its workers children
+    of its raylet): on a machine where others run Ray at the same time, a given run's own."""
+    try:
+        mine = {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return []
+    return [p for p in (ray_processes() if found is None else found) if p.pid in mine]

@@ -23,7 +23,10 @@ from composer_replication.progress import plain_line
 def train_command(
     overrides: Annotated[
         list[str] | None,
-        typer.Argument(help="key=value overrides, e.g. max_steps=2 optim.learning_rate=1e-5"),
+        typer.Argument(
+            help="[CONFIG.yaml] then key=value overrides, e.g. configs/agent_quickstart.yaml "
+            "max_steps=2 optim.learning_rate=1e-5"
+        ),
     ] = None,
     config: Annotated[
         Path | None,
@@ -35,7 +38,8 @@ def train_command(
     from composer_replication.run.train import run_training
 
     with exit_on():  # bad input: one line, exit 2, before any model loads
-        cfg = load_config(config, overrides or [])
+        config, overrides = config_argument(config, overrides or [])
+        cfg = load_config(config, overrides)
         check_env_needs(cfg)  # a sandbox, a grader, an extra
         check_model_sources(cfg)  # a model path that does not exist, a hub id (also teachers')
         checked = preflight(cfg)  # resume, replay data, task sets and sources
@@ -48,6 +52,23 @@ def train_command(
     with exit_on(), exit_on_interrupt(lambda: interrupted_run(cfg)):
         summary = run_training(cfg, console=console, report=print_result, checked=checked)
     print_train_summary(summary)
+
+
+def config_argument(config: Path | None, args: list[str]) -> tuple[Path | None, list[str]]:
+    """``(config, overrides)`` from ``--config`` and the positional arguments: one that ends
+    in ``.yaml`` or ``.yml`` and has no ``=`` names the run config (``train
+    configs/agent_quickstart.yaml max_steps=3``; a file, or a shipped config's name). Refused
+    in one line: such a file that does not exist, two of them, or one with ``--config``."""
+    from composer_replication.config import ConfigError, resolve_config_path
+
+    files = [a for a in args if "=" not in a and a.lower().endswith((".yaml", ".yml"))]
+    if not files:
+        return config, args
+    if config is not None or len(files) > 1:
+        given = [f"--config {config}"] if config is not None else []
+        raise ConfigError(f"two run configs ({', '.join([*given, *files])}): give one")
+    path = resolve_config_path(files[0])  # not found: one line naming it
+    return path, [a for a in args if a != files[0]]
 
 
 def interrupted_run(cfg) -> str:

@@ -5,6 +5,8 @@ run/preflight.py)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from composer_replication.config.base import StrictModel
@@ -45,6 +47,15 @@ class RayConfig(StrictModel):
     cluster, start each node with ``--resources '{"sandbox_slots": N}'``."""
     weight_sync_steps: int = Field(1, ge=1, le=1024)
     """Optimizer steps between pushes of the learner's weights to the workers."""
+    weight_sync: Literal["full", "lora", "delta"] = "full"
+    """What a push carries (rollout_engine/weight_sync.py): ``full``, the whole state dict;
+    ``lora`` (needs ``peft.enabled``; the only mode PEFT runs with), the adapter's tensors
+    after a first whole push, workers holding the same unmerged PEFT model; ``delta``, the
+    difference from what the workers hold in ``delta_codec``, with error feedback (a learner
+    mirror the workers equal bit for bit)."""
+    delta_codec: Literal["int8", "bf16"] = "int8"
+    """``weight_sync: delta``: ``int8`` (per-tensor absmax scale, ~1/4 of float32 bytes) or
+    ``bf16`` (1/2)."""
     timeout_s: float = Field(600.0, gt=0.0, le=86400.0)
     """Deadline of every wait on Ray (a worker's start, a group, a weight push): past it the
     run stops with a one-line error naming what it waited for."""

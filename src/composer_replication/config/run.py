@@ -443,8 +443,9 @@ def _section(data: dict[str, Any], path: tuple[str, ...], create: bool = False) 
 def check_ray_engine(cfg: RunConfig) -> None:
     """``rollout.engine: ray`` with what it does not run (raised as a one-line error naming
     the key): vLLM generation (the workers generate with the shared generator,
-    lm/generator.py), TRL's async path, the agent proxy, DiLoCo, PEFT, a tool environment
-    served over OpenEnv; and a forced staleness past the bound."""
+    lm/generator.py), TRL's async path, the agent proxy, DiLoCo, PEFT but with
+    ``ray.weight_sync=lora`` (and that mode without PEFT), a tool environment served over
+    OpenEnv; and a forced staleness past the bound."""
     r = cfg.rollout
     if r.force_staleness is not None and r.force_staleness > r.max_staleness:
         raise ValueError(f"rollout.force_staleness={r.force_staleness} is above "
@@ -463,7 +464,11 @@ def check_ray_engine(cfg: RunConfig) -> None:
                                                    "with transformers)"),
         (cfg.agent_proxy.enabled, "agent_proxy"),
         (cfg.diloco.enabled, "diloco"),
-        (cfg.peft.enabled, "peft (workers receive full state dicts; LoRA-only sync is not built)"),
+        (cfg.peft.enabled and cfg.ray.weight_sync != "lora",
+         f"peft with ray.weight_sync={cfg.ray.weight_sync} (workers hold the PEFT model: set "
+         "ray.weight_sync=lora)"),
+        (cfg.ray.weight_sync == "lora" and not cfg.peft.enabled,
+         "ray.weight_sync=lora without peft.enabled=true (no adapter to push)"),
         (isinstance(cfg.env, ToolEnvConfig) and bool(cfg.env.openenv_url),
          "env.openenv_url (tools and grading on an OpenEnv server) yet"),
     ]  # fmt: skip

@@ -15,9 +15,18 @@ Pure Python: no torch.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
+
+import orjson
+
+from composer_replication.envs.base import log_infra_metrics
+from composer_replication.envs.tools import tool_call_counts
+
+log = logging.getLogger(__name__)
 
 PREFIX = "env/hack/"
 LIKELY_THRESHOLD = 0.5
@@ -135,3 +144,105 @@ def hack_metrics(
         if ok:
             out["invalid_call_rate_likely_pass"] = _mean(ok)
     return {PREFIX + k: v for k, v in out.items()}
+
+
+class ToolTelemetry:
+    """What the learner logs about a tool environment's graded rollouts, whichever engine made
+    them (the local trainer's tool loop: :class:`EnvReward`; Ray workers: the group records,
+    rollout_engine/learner.py ``WorkerReward``): ``tools/calls/<name>``, the hack telemetry
+    ``env/hack/*`` (envs/telemetry.py), the do-nothing check's summary, and the first rollout
+    of each batch in the episode log."""
+
+    def __init__(
+        self,
+        offered: tuple[str, ...],
+        episode_log: str | Path | None = None,
+        task_estimates: Callable[[str], tuple[float, int]] | None = None,
+    ):
+        self.offered = tuple(offered)
+        """The tool names the environment offers (others count as ``_not_offered``)."""
+        self.episode_log = Path(episode_log) if episode_log else None
+        """Each batch appends its first rollout (task, messages, reward, flags) here."""
+        self.task_estimates = task_estimates
+        """``task_id -> (pass_rate, scored_rollouts)`` before this step: splits
+        ``env/hack/invalid_call_rate_likely_fail|pass``."""
+        self.do_nothing: dict[str, float] = {}
+        """Per task checked: the reward of its untouched workspace (must be 0)."""
+
+    def log(self, task_id, rollouts, results, kinds, log_metric, step: int | None,
+            estimate: Callable[[str], tuple[float, int]] | None = None) -> None:  # fmt: skip
+        """One graded batch: tool calls, the episode log and ``env/hack/*`` over the
+        rollouts the machine graded (``estimate``: this batch's, default ``task_estimates``)."""
+        self._log_tools(task_id, rollouts, results, log_metric, step)
+        if log_metric is None:
+            return
+        graded = [i for i, k in enumerate(kinds) if k is None]
+        metrics = hack_metrics([task_id[i] for i in graded], [rollouts[i] for i in graded],
+                               [results[i].info for i in graded], self.offered,
+                               estimate or self.task_estimates)  # fmt: skip
+        for key, value in metrics.items():
+            log_metric(key, value)
+
+    def log_do_nothing(self, rewards: dict[str, float | None], log_metric) -> None:
+        """Record the do-nothing rewards of newly checked tasks (None: the check failed,
+        tried again when the task comes back), warn about each that is not 0, and log the
+        summary over every task checked so far."""
+        for task_id, reward in rewards.items():
+            if reward is None or task_id in self.do_nothing:
+                continue
+            self.do_nothing[task_id] = reward
+            if reward != 0:
+                log.warning("do-nothing submission of task %s scores %g (must be 0)",
+                            task_id, reward)  # fmt: skip
+        if not self.do_nothing or log_metric is None:
+            return
+        bad = [r for r in self.do_nothing.values() if r != 0]
+        log_metric(PREFIX + "do_nothing_nonzero_tasks", float(len(bad)))
+        log_metric(PREFIX + "do_nothing_reward_max", max(self.do_nothing.values(), default=0.0))
+
+    def _log_tools(self, task_id, rollouts, results, log_metric, step: int | None) -> None:
+        """``tools/calls/<name>``: calls of each tool per rollout (the vocabulary the policy
+        used; names the environment does not offer summed under ``tools/calls/_not_offered``),
+        and the first rollout of the batch in ``episode_log``, with the optimizer ``step`` it
+        was generated for (a resumed run drops the lines past its checkpoint)."""
+        if log_metric is not None:
+            for name, per_rollout in tool_call_counts(rollouts, self.offered).items():
+                log_metric(f"tools/calls/{name}", per_rollout)
+        if self.episode_log is not None and rollouts:
+            r = results[0]
+            line = {"step": step, "task_id": task_id[0], "messages": rollouts[0],
+                    "reward": r.reward, "passed": r.passed,
+                    "flags": r.info.get("flags", [])}  # fmt: skip
+            self.episode_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.episode_log, "ab") as fh:
+                fh.write(orjson.dumps(line, default=str) + b"\n")
+
+
+def log_verdict_metrics(results: list[Any], kinds: list[str | None], log_metric) -> None:
+    """``env/pass_rate`` over the rollouts the machine graded, the flag rates
+    (``env/flagged_frac``, ``env/flags_per_rollout``) and the machine-failure counts of one
+    graded batch (``results``: ``StepResult``-like verdicts, None for a rollout a group record
+    marks invalid; ``kinds`` their failure kinds)."""
+    if log_metric is None or not results:
+        return
+    graded = [r for r, k in zip(results, kinds, strict=True) if k is None and r is not None]
+    passed = [getattr(r, "passed", None) for r in graded]
+    if passed and None not in passed:  # the pass rate of the rollouts the machine graded
+        log_metric("env/pass_rate", sum(passed) / len(passed))
+    infos = [getattr(r, "info", None) or {} for r in results]
+    flagged = [len(i.get("flags", ())) for i in infos]
+    if any(flagged) or "flags" in infos[0]:
+        log_metric("env/flagged_frac", sum(f > 0 for f in flagged) / len(results))
+        log_metric("env/flags_per_rollout", sum(flagged) / len(results))
+    log_infra_metrics(kinds, log_metric)
+
+
+def do_nothing_reward(env: Any, task: Any) -> float | None:
+    """``env``'s reward of ``task``'s untouched workspace (must be 0); None if computing it
+    failed (tried again when the task comes back): a telemetry check never stops the run."""
+    try:
+        return env.do_nothing_reward(task)
+    except Exception as e:  # noqa: BLE001 - reported, the training step goes on
+        log.warning("do-nothing check of task %s failed: %s: %s", task.task_id,
+                    type(e).__name__, e)  # fmt: skip
+        return None

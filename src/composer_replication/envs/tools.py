@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -41,7 +42,7 @@ def tool_call_counts(
     calls = [
         c.get("function", c)
         for messages in rollouts
-        for m, after in zip(messages, [*messages[1:], None], strict=True)
+        for m, after in itertools.pairwise([*messages, None])  # an empty one: no pair
         if isinstance(m, dict) and isinstance(after, dict) and after.get("role") == "tool"
         for c in m.get("tool_calls") or []
         if isinstance(c, dict)

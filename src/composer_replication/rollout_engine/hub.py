@@ -84,8 +84,9 @@ class Hub:
 
     # ---- learner ---------------------------------------------------------------------------
     def publish(self, version: int, refs: list[Any]) -> None:
-        """A new weight version (``refs``: a list holding one object-store reference, so Ray
-        passes the reference, not the weights); old versions beyond ``keep_versions`` go."""
+        """A new weight version (``refs``: a list holding one ``weight_sync.Push`` of
+        object-store references, so Ray passes the references, not the weights); old versions
+        beyond ``keep_versions`` go."""
         self.weights[version] = refs
         self.version = max(self.version, version)
         for v in sorted(self.weights)[: -self.keep_versions]:
@@ -98,9 +99,14 @@ class Hub:
             self.requested.append(t)
 
     def take(self, n: int) -> list[GroupRecord]:
-        """Up to ``n`` finished groups, oldest first."""
+        """Up to ``n`` finished groups, oldest first, each with its task's pass-rate estimate
+        before its own rewards count (``info["task_estimate"]``: ``(pass_rate, rollouts)``,
+        what the hack telemetry splits invalid tool calls by, envs/telemetry.py)."""
         self.taken_at = self.version
-        return [self.queue.popleft() for _ in range(min(n, len(self.queue)))]
+        groups = [self.queue.popleft() for _ in range(min(n, len(self.queue)))]
+        for g in groups:
+            g.info["task_estimate"] = tuple(self.dispenser.sampler.estimate(g.task_id))
+        return groups
 
     def consume(self, groups: dict[int, list[float]]) -> None:
         """The learner used these groups (trained on, or dropped as stale): group id -> the

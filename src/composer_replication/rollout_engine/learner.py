@@ -34,12 +34,19 @@ from typing import Any
 from composer_replication.rollout_engine.dispenser import TaskDispenser
 from composer_replication.rollout_engine.group import GroupRecord, StalenessByLength
 from composer_replication.rollout_engine.hub import Hub
+from composer_replication.rollout_engine.weight_sync import (
+    Codec,
+    Mode,
+    Publisher,
+    Push,
+    distinct_tensors,
+    payload_bytes,
+    state_checksum,
+)
 from composer_replication.rollout_engine.worker import (
     POLL_S,
     RolloutWorker,
     WorkerSettings,
-    distinct_tensors,
-    state_checksum,
     worker_dir,
 )
 
@@ -87,6 +94,9 @@ class EngineSettings:
     sandbox_slots_per_node: int | None = None
     object_store_gb: float | None = None
     weight_sync_steps: int = 1
+    weight_sync: Mode = "full"
+    """``ray.weight_sync``: ``full``, ``lora`` or ``delta`` (rollout_engine/weight_sync.py)."""
+    delta_codec: Codec = "int8"
     timeout_s: float = 600.0
     correction_cap: float = 2.0
     """``rollout.correction_cap``: the share of tokens whose behaviour weight exceeds it is
@@ -147,6 +157,10 @@ class RayRollouts:
         self.used: set[int] = set()
         self.produced_at_take = 0
         """Groups the workers had finished when the learner last took a step's groups."""
+        self.publisher = Publisher(settings.weight_sync, settings.delta_codec)
+        self.first_full: Any = None
+        """The first push's whole state (its object-store reference): ``lora`` pushes keep
+        pointing at it for workers that hold nothing yet."""
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self, resume_dir: str | None = None, publish: bool = False) -> None:
@@ -204,11 +218,13 @@ class RayRollouts:
         s = self.settings
         resources = {"sandbox_slots": s.sandbox_slots} if s.sandbox_slots else {}
         memory = {"memory": int(s.memory_gb * 2**30)} if s.memory_gb else {}
+        base, peft_config = _base_and_adapter(self.model)
+        worker = replace(self.worker_settings, peft_config=peft_config)
         actor = self.ray.remote(RolloutWorker).options(
             num_cpus=s.num_cpus, num_gpus=s.num_gpus, resources=resources, max_concurrency=2,
             name=None, **memory,
-        ).remote(wid, self.hub, type(self.model), self.model.config, self.tokenizer,
-                 self.env_factory, self.worker_settings)  # fmt: skip
+        ).remote(wid, self.hub, type(base), base.config, self.tokenizer, self.env_factory,
+                 worker)  # fmt: skip
         self.workers[wid] = actor
         self.runs[wid] = actor.run.remote()
 
@@ -235,20 +251,32 @@ class RayRollouts:
 
     # ---- weights -----------------------------------------------------------------------------
     def publish(self, model: Any, version: int) -> None:
-        """Put ``model``'s full state dict (each tied tensor once) into the object store as
-        ``version`` and tell the hub; workers load it before their next group."""
+        """Put ``version``'s push into the object store (``ray.weight_sync``: the whole state
+        dict, each tied tensor once; or after a first whole push, the adapter or the encoded
+        delta, rollout_engine/weight_sync.py) and tell the hub; workers load it before their
+        next group. ``rollout/weight_sync_bytes``: what a worker holding the previous version
+        fetches."""
         start = time.monotonic()
-        state = {k: v.detach().cpu() for k, v in distinct_tensors(model.state_dict()).items()}
-        ref = self.ray.put(state)
-        self.ray.get(self.hub.publish.remote(version, [ref]), timeout=self.settings.timeout_s)
+        after = self.publisher.last
+        full, update = self.publisher.parts(model, version)
+        full_ref = self.ray.put(full) if full is not None else self.first_full
+        if self.first_full is None:
+            self.first_full = full_ref
+        update_ref = self.ray.put(update) if update is not None else None
+        push = Push(self.settings.weight_sync, full_ref, update_ref, after)
+        self.ray.get(self.hub.publish.remote(version, [push]), timeout=self.settings.timeout_s)
         self.version = version
         self.metrics["rollout/weight_sync_s"] = time.monotonic() - start
         self.metrics["rollout/weight_sync_bytes"] = float(
-            sum(t.numel() * t.element_size() for t in state.values())
+            payload_bytes(update if update is not None else full)
         )
 
     def learner_checksum(self) -> str:
-        return state_checksum(self.model.state_dict())
+        """The checksum every worker's weights must have: the learner's (each tied tensor
+        once), or in ``delta`` mode the mirror of what was pushed."""
+        if self.publisher.mirror is not None:
+            return state_checksum(self.publisher.mirror)
+        return state_checksum(distinct_tensors(self.model.state_dict()))
 
     def worker_checksums(self, version: int | None = None) -> dict[int, tuple[int, str]]:
         """Each live worker's ``(version, checksum)`` after loading ``version`` (None: the
@@ -337,10 +365,19 @@ class RayRollouts:
         m["rollout/queue_depth"] = float(stats["queue_depth"])
         m["rollout/dropped_groups"] = float(self.dropped_groups)
         m["rollout/lost_groups"] = float(self.lost_groups)
+<<<<<<< HEAD
         m.update(self.by_length.metrics())
         calls = [g.info["tool_calls"] for g in groups if "tool_calls" in g.info]
         if calls:
             m["tools/call_frequency"] = sum(calls) / len(calls)
+=======
+        tool_groups = [g for g in groups if "tool_calls" in g.info]
+        if tool_groups:  # TRL's two tool metrics, from the workers' counts
+            calls = sum(g.info["tool_calls"] for g in tool_groups)
+            failures = sum(g.info["tool_failures"] for g in tool_groups)
+            m["tools/call_frequency"] = calls / sum(len(g.rollouts) for g in tool_groups)
+            m["tools/failure_frequency"] = failures / calls if calls else 0.0
+>>>>>>> i54-tools
         used = [g.staleness(self.version) for g in groups]
         m["rollout/staleness_mean"] = sum(used) / len(used)
         m["rollout/staleness_max"] = float(max(used))
@@ -410,18 +447,30 @@ class RayRollouts:
         Path(checkpoint_dir, STATE_FILE).write_text(json.dumps(state, indent=1))
 
 
+def _base_and_adapter(model: Any) -> tuple[Any, Any]:
+    """``(base model, adapter config)`` of a PEFT model; ``(model, None)`` otherwise."""
+    get_base = getattr(model, "get_base_model", None)
+    configs = getattr(model, "peft_config", None)
+    if get_base is None or not configs:
+        return model, None
+    return get_base(), configs[getattr(model, "active_adapter", "default")]
+
+
 def group_rows(groups: list[GroupRecord]) -> list[dict[str, Any]]:
     """One TRL row per rollout, group after group: the task's row plus the worker's
     ``worker_reward`` (None for a rollout lost to an infrastructure failure: TRL leaves an
-    unscorable rollout out of its group's baseline and gives it no advantage) and
-    ``worker_verdict``."""
+    unscorable rollout out of its group's baseline and gives it no advantage),
+    ``worker_verdict``, ``worker_messages`` (a tool episode's messages, else None) and
+    ``worker_group`` (the group's ``info``: tool counts, the task's pass-rate estimate, a
+    do-nothing check's reward) for the learner's telemetry (:class:`WorkerReward`)."""
     rows = []
     for g in groups:
         for r in g.rollouts:
             if len(r.sequences) != 1:
                 raise NotImplementedError("several sequences per rollout: not trained yet")
             rows.append({**g.row, "worker_reward": r.reward if r.valid else None,
-                         "worker_verdict": r.verdict})  # fmt: skip
+                         "worker_verdict": r.verdict, "worker_messages": r.messages,
+                         "worker_group": g.info})  # fmt: skip
     return rows
 
 
@@ -453,27 +502,65 @@ class WorkerReward:
     channels, as :class:`~composer_replication.trainer.rewards.EnvReward` keeps them. A
     grading the machine failed (the verdict's mark, envs/base.py ``machine_failed``) or a
     rollout the record marks invalid is None, and its kind is in ``last_infra_kinds``: the
-    trainer masks it as it masks the local engine's (trainer/masking.py, docs/sandbox.md)."""
+    trainer masks it as it masks the local engine's (trainer/masking.py, docs/sandbox.md).
 
-    def __init__(self, env_name: str):
+    It logs what ``EnvReward`` logs on the local engine, from the records: ``env/pass_rate``,
+    the flag rates and machine failures; for a tool environment ``tools/calls/<name>``, the
+    hack telemetry ``env/hack/*`` (invalid calls split by the task estimates the hub attached
+    when the learner took the groups; the do-nothing check the workers ran) and the episode
+    log (envs/telemetry.py ``ToolTelemetry``)."""
+
+    def __init__(self, env_name: str, offered: tuple[str, ...] | None = None,
+                 episode_log: str | Path | None = None):  # fmt: skip
+        from composer_replication.envs.telemetry import ToolTelemetry
+
         self.__name__ = f"{env_name}_reward"
         self.last_results: list[Any] = []
         self.last_infra_kinds: list[str | None] = []
+        self.telemetry = ToolTelemetry(offered, episode_log) if offered is not None else None
+        """A tool environment's telemetry (``offered``: its tool names); None: single-turn."""
 
-    def __call__(self, prompts, completions, worker_reward, worker_verdict, log_metric=None,
+    def __call__(self, prompts, completions, worker_reward, worker_verdict, task_id=None,
+                 worker_messages=None, worker_group=None, log_metric=None, trainer_state=None,
                  **_: Any) -> list[float | None]:  # fmt: skip
-        from composer_replication.envs.base import infra_kind, log_infra_metrics
+        from composer_replication.envs.base import infra_kind
+        from composer_replication.envs.telemetry import log_verdict_metrics
 
         self.last_results = list(worker_verdict)
         kinds = [infra_kind(v) if v is not None else None for v in worker_verdict]
         self.last_infra_kinds = kinds
-        graded = [v for v, k in zip(worker_verdict, kinds, strict=True) if k is None]
-        passed = [getattr(v, "passed", None) for v in graded]
-        if log_metric is not None and passed and None not in passed:
-            log_metric("env/pass_rate", sum(passed) / len(passed))
-        if log_metric is not None and worker_verdict:
-            log_infra_metrics(kinds, log_metric)
+        if self.telemetry is not None and worker_messages is not None and task_id is not None:
+            self._log_tools(list(task_id), list(worker_messages), list(worker_group or []),
+                            kinds, log_metric, trainer_state)  # fmt: skip
+        log_verdict_metrics(self.last_results, kinds, log_metric)
         return [None if k is not None else r for r, k in zip(worker_reward, kinds, strict=True)]
+
+    def _log_tools(self, task_id, messages, groups, kinds, log_metric, trainer_state) -> None:
+        assert self.telemetry is not None
+        infos = groups or [{}] * len(task_id)
+        estimates = {t: tuple(i["task_estimate"]) for t, i in zip(task_id, infos, strict=True)
+                     if "task_estimate" in i}  # fmt: skip
+        # a rollout the record marks invalid has no verdict: left out as a machine failure is
+        graded = [v if v is not None else _NO_VERDICT for v in self.last_results]
+        kinds = [k if v is not None else "invalid" for k, v in zip(kinds, self.last_results,
+                                                                   strict=True)]  # fmt: skip
+        step = trainer_state.global_step + 1 if trainer_state is not None else None
+        estimate = estimates.__getitem__ if len(estimates) == len(set(task_id)) else None
+        self.telemetry.log(task_id, [m or [] for m in messages], graded, kinds, log_metric,
+                           step, estimate)  # fmt: skip
+        checked = {t: i["do_nothing_reward"] for t, i in zip(task_id, infos, strict=True)
+                   if "do_nothing_reward" in i}  # fmt: skip
+        if checked or self.telemetry.do_nothing:
+            self.telemetry.log_do_nothing(checked, log_metric)
+
+
+class _NoVerdict:
+    """The stand-in verdict of a rollout the record marks invalid (no grading)."""
+
+    reward, passed, info = 0.0, False, {}
+
+
+_NO_VERDICT = _NoVerdict()
 
 
 def _callback_base() -> type:

@@ -27,12 +27,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from composer_replication.envs.telemetry import do_nothing_reward
 from composer_replication.envs.tools import bounded_tools
 from composer_replication.lm.chat import as_messages, render_prompt
 from composer_replication.lm.generator import Generator, Sampling
 from composer_replication.rollout import ToolLoop
 from composer_replication.rollout_engine.dispenser import Ticket
 from composer_replication.rollout_engine.group import GroupRecord, Rollout, Sequence
+from composer_replication.rollout_engine.weight_sync import (
+    apply_push,
+    distinct_tensors,
+    state_checksum,
+)
 from composer_replication.sandbox.sandbox import set_sandbox_slots
 
 POLL_S = 0.02
@@ -54,51 +60,12 @@ class WorkerSettings:
     """The tool calls of a turn run at once across the group (``rollout.concurrent_tools``)."""
     sandbox_slots: int = 1
     """Sandboxes the worker runs at once: its share of its node (module docstring)."""
+    peft_config: Any = None
+    """The learner's PEFT adapter config (``ray.weight_sync: lora``): the worker wraps its
+    policy copy with the same adapter, unmerged (rollout_engine/weight_sync.py)."""
     work_dir: str | None = None
     """Per-worker scratch directory base (``TMPDIR`` of the actor): ``<work_dir>/worker-<id>``
     holds its workspaces and is removed by the learner or by the worker's replacement."""
-
-
-def state_checksum(state: dict[str, Any]) -> str:
-    """SHA-256 over a state dict's names and tensor bytes (sorted by name): equal on the
-    learner and a worker iff every weight is bit-identical."""
-    h = hashlib.sha256()
-    for name in sorted(state):
-        tensor = state[name].detach().cpu().contiguous()
-        h.update(name.encode())
-        h.update(tensor.view(-1).view(dtype=_byte_dtype()).numpy().tobytes())
-    return h.hexdigest()
-
-
-def distinct_tensors(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` without the entries that alias an earlier one (a tied embedding and LM head
-    are one tensor under two names): what a weight push needs to send once."""
-    seen: set[tuple[Any, ...]] = set()
-    out = {}
-    for name, tensor in state.items():
-        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
-               tuple(tensor.shape), tuple(tensor.stride()))  # fmt: skip
-        if key not in seen:
-            seen.add(key)
-            out[name] = tensor
-    return out
-
-
-def load_distinct(model: Any, state: dict[str, Any]) -> None:
-    """Load a :func:`distinct_tensors` state: the names it lacks must be ``model``'s own
-    aliases (tied weights, filled through the tie), anything else is an error."""
-    own = model.state_dict()
-    aliases = set(own) - set(distinct_tensors(own))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if set(missing) - aliases or unexpected:
-        raise ValueError(f"weights do not fit the worker's model: missing "
-                         f"{sorted(set(missing) - aliases)[:3]}, unexpected {unexpected[:3]}")  # fmt: skip
-
-
-def _byte_dtype():
-    import torch
-
-    return torch.uint8
 
 
 class RolloutWorker:
@@ -123,9 +90,13 @@ class RolloutWorker:
         self.hub = hub
         self.settings = settings
         self.tokenizer = tokenizer
-        self.model = model_class(_generation_config(model_config))  # filled by the pushes
+        self.model = _policy_copy(model_class, model_config, settings.peft_config)
         self.version = -1
         self.lock = threading.Lock()
+        """Held while the model generates or changes."""
+        self.load_lock = threading.Lock()
+        """Held while a push is fetched and applied: one load at a time (a delta applies to
+        the version it was made after, once)."""
         self.env = env_factory()
         set_sandbox_slots(settings.sandbox_slots)  # after the env's own (per-process) setting
         self.tasks = {t.task_id: t for t in self.env.tasks("train")}
@@ -138,6 +109,9 @@ class RolloutWorker:
                                       settings.sampling.max_new_tokens,
                                       settings.concurrent_tools)  # fmt: skip
         self._ticket: Ticket | None = None
+        self.checked: set[str] = set()
+        """Tasks whose do-nothing submission this worker graded (the hack telemetry's check,
+        envs/telemetry.py: once per task and worker; the record carries the reward)."""
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         # lm/generator.py, the generator every path shares, with prefix reuse (a group's
@@ -206,9 +180,14 @@ class RolloutWorker:
                               list(e.turn_tags))], r.reward, r, messages=e.messages)
             for e, r in zip(episodes, results, strict=True)
         ]  # fmt: skip
-        calls = sum(_tool_calls(e.messages) for e in episodes) / len(episodes)
+        info = {"tool_calls": self.tool_loop.tool_calls,
+                "tool_failures": self.tool_loop.tool_failures}  # fmt: skip
+        if getattr(self.env, "checks_do_nothing", False) and task.task_id not in self.checked:
+            info["do_nothing_reward"] = reward = do_nothing_reward(self.env, task)
+            if reward is not None:  # a failed check is tried again when the task comes back
+                self.checked.add(task.task_id)
         return GroupRecord(ticket.group_id, task.task_id, row, rollouts, self.worker_id,
-                           time.monotonic() - start, {"tool_calls": calls})  # fmt: skip
+                           time.monotonic() - start, info)  # fmt: skip
 
     def _turn(self, prompts: list[list[int]]) -> tuple[list[list[int]], list[list[float]], int]:
         """One turn of the tool loop: a later turn first loads the newest weights (or the
@@ -240,13 +219,14 @@ class RolloutWorker:
                 raise TimeoutError(f"worker {self.worker_id}: weights version {version} never "
                                    f"published within {self.settings.timeout_s:.0f} s")  # fmt: skip
             time.sleep(POLL_S)
-        v, refs = found
-        if v == self.version:
-            return
-        state = ray.get(refs[0])
-        with self.lock:
-            load_distinct(self.model, state)
-            self.version = v
+        v, [push] = found
+        with self.load_lock:  # the loop and a ``sync`` call may load at once: a delta twice
+            if v == self.version:
+                return
+            parts = {name: ray.get(getattr(push, name)) for name in push.needs(self.version)}
+            with self.lock:
+                apply_push(self.model, push, parts, self.version)
+                self.version = v
 
     def sync(self, version: int | None = None) -> tuple[int, str]:
         """Load ``version`` (None: the newest) now, and return :meth:`checksum`."""
@@ -256,13 +236,24 @@ class RolloutWorker:
     def checksum(self) -> tuple[int, str]:
         """``(version, state_checksum)`` of the weights the worker holds."""
         with self.lock:
-            return self.version, state_checksum(self.model.state_dict())
+            return self.version, state_checksum(distinct_tensors(self.model.state_dict()))
 
     def node(self) -> str:
         """The Ray node the worker runs on."""
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+
+def _policy_copy(model_class: type, model_config: Any, peft_config: Any) -> Any:
+    """The worker's policy: ``model_class`` built from the learner's config (weights come with
+    the first push), wrapped with the learner's adapter when it trains one."""
+    model = model_class(_generation_config(model_config))
+    if peft_config is None:
+        return model
+    from peft import get_peft_model
+
+    return get_peft_model(model, peft_config).eval()
 
 
 def _generation_config(model_config: Any) -> Any:
@@ -293,10 +284,6 @@ def _own_scratch(path: str) -> None:
     os.chmod(path, 0o711)  # the sandbox's ``nobody`` passes through to what is staged here
     tempfile.tempdir = path
     os.environ["TMPDIR"] = path
-
-
-def _tool_calls(messages: list[dict[str, Any]]) -> int:
-    return sum(1 for m in messages if m.get("role") == "tool")
 
 
 def _group_seed(seed: int, group_id: int) -> int:

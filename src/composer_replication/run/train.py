@@ -158,6 +158,7 @@ def build_engine(cfg: RunConfig, model, tokenizer, env: Environment):
         memory_gb=w.memory_gb, sandbox_slots=w.sandbox_slots,
         sandbox_slots_per_node=cfg.ray.sandbox_slots_per_node,
         object_store_gb=cfg.ray.object_store_gb, weight_sync_steps=cfg.ray.weight_sync_steps,
+        weight_sync=cfg.ray.weight_sync, delta_codec=cfg.ray.delta_codec,
         timeout_s=cfg.ray.timeout_s, groups_log=str(Path(cfg.output_dir) / GROUPS_FILE),
     )  # fmt: skip
     sampling = Sampling(temperature=g.temperature, top_p=g.top_p,
@@ -257,9 +258,12 @@ def build_reward_funcs(cfg: RunConfig, env, task_sampler=None) -> list:
 
         funcs: list = [AgentReward()]
     elif cfg.rollout.engine == "ray":  # graded by the rollout workers
+        from composer_replication.envs.tools import tool_methods
         from composer_replication.rollout_engine.learner import WorkerReward
 
-        funcs = [WorkerReward(env.name)]
+        offered = tuple(tool_methods(env.tools_class())) if env.tools else None
+        log = Path(cfg.output_dir) / EPISODES_FILE if env.tools else None
+        funcs = [WorkerReward(env.name, offered, log)]
     elif env.tools and cfg.env.openenv_url:  # the server grades each rollout (openenv/adapter.py)
         from composer_replication.envs.openenv.adapter import OpenEnvReward
 

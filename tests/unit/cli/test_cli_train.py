@@ -148,3 +148,64 @@ def test_a_run_without_evaluation_prints_no_empty_results_table(tmp_path, capsys
     out = " ".join(capsys.readouterr().out.split())
     assert "held-out results" not in out and "None" not in out
     assert out.startswith("no held-out evaluation (eval.before_and_after=false); train 4 s")
+
+
+def _train_without_running(monkeypatch, args: list[str]):
+    """``train ARGS`` through the CLI up to the run (checks and training replaced): the
+    config it would run, and the CLI's result."""
+    from typer.testing import CliRunner
+
+    from composer_replication.cli import app
+    from composer_replication.run import preflight as preflight_module
+    from composer_replication.run import train as train_module
+    from composer_replication.run.train import RunSummary
+
+    ran = []
+
+    def run(cfg, **kw):
+        ran.append(cfg)
+        return RunSummary(Path(cfg.output_dir), None, None, None, 0.0, 0.0, Path("final"))
+
+    monkeypatch.setattr(preflight_module, "preflight", lambda cfg: None)
+    monkeypatch.setattr(preflight_module, "check_model_sources", lambda cfg: None)
+    monkeypatch.setattr(train_module, "run_training", run)
+    return ran, CliRunner().invoke(app, ["train", *args])
+
+
+def test_a_positional_yaml_is_the_run_config(monkeypatch, tmp_path):
+    """The acceptance line of issue 54, ``train configs/agent_quickstart.yaml
+    rollout.engine=ray ray.num_workers=2 max_steps=3``: the YAML (a path, or a shipped
+    config's name) is the config and the rest its overrides."""
+    monkeypatch.chdir(tmp_path)
+    own = tmp_path / "mine.yml"
+    own.write_text("max_steps: 7\noutput_dir: x\n")
+    for first, env, steps in (("configs/agent_quickstart.yaml", "calculator", 3),
+                              ("agent_quickstart.yaml", "calculator", 3),
+                              (str(own), "arithmetic", 7)):  # fmt: skip
+        extra = ["max_steps=3"] if steps == 3 else []
+        ran, result = _train_without_running(
+            monkeypatch, [first, "rollout.engine=ray", "ray.num_workers=2", *extra]
+        )
+        assert result.exit_code == 0, result.output
+        [cfg] = ran
+        assert (cfg.env.name, cfg.max_steps, cfg.rollout.engine) == (env, steps, "ray")
+        assert cfg.ray.num_workers == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nope.yaml", "max_steps=1"], "error: config file not found: nope.yaml"),
+        (["-c", "quickstart.yaml", "agent_quickstart.yaml"],
+         "error: two run configs (--config quickstart.yaml, agent_quickstart.yaml): give one"),
+        (["quickstart.yaml", "agent_quickstart.yaml"], "error: two run configs"),
+    ],
+)  # fmt: skip
+def test_a_positional_yaml_that_is_missing_or_twice_is_one_line(
+    args, message, monkeypatch, tmp_path
+):
+    monkeypatch.chdir(tmp_path)
+    ran, result = _train_without_running(monkeypatch, args)
+    assert result.exit_code == 2 and not ran
+    assert result.output.strip().startswith(message), result.output
+    assert len(result.output.strip().splitlines()) == 1

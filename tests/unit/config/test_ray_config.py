@@ -72,6 +72,11 @@ def test_the_correction_switch_sets_trl_s_truncation():
         (["rollout.correction=maybe"], "rollout.correction"),
         ([*RAY, "generation.backend=vllm"], "rollout.engine=ray does not run generation.backend"),
         ([*RAY, "diloco.enabled=true"], "rollout.engine=ray does not run diloco"),
+        ([*RAY, "peft.enabled=true"], "peft with ray.weight_sync=full .* set ray.weight_sync=lora"),
+        ([*RAY, "peft.enabled=true", "ray.weight_sync=delta"], "peft with ray.weight_sync=delta"),
+        ([*RAY, "ray.weight_sync=lora"], "ray.weight_sync=lora without peft.enabled=true"),
+        ([*RAY, "ray.weight_sync=fp8"], "ray.weight_sync"),
+        ([*RAY, "ray.delta_codec=int4"], "ray.delta_codec"),
         (
             [*RAY, "env.name=calculator", "env.openenv_url=http://127.0.0.1:9"],
             "rollout.engine=ray does not run env.openenv_url",

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 from support.gated_env import GATE_DIR, gated_env, open_gate
-from support.ray_processes import actor_processes, listening_ips, wait_gone
+from support.ray_processes import listening_ips, own_actor_processes, wait_gone
 from support.ray_tool_env import GATE_DIR as TOOL_GATE
 from support.ray_tool_env import sandboxed_calculator, workspace_calculator
 from support.scripted_lm import ConfigScriptedLlama
+from support.textkit import TEXTKIT
 from support.tiny_run import save_tiny_model
 from transformers import TrainerCallback
 
@@ -201,7 +202,7 @@ def test_a_quickstart_run_overlaps_rollouts_and_survives_a_killed_worker(
     assert len(ids) == 6 and len(set(ids)) == 6  # no group used twice
     order = TaskDispenser(engines[0].dispenser.train_ids, cfg.seed)  # the seeded order
     assert all(g["task"] == order.task_at(g["id"]) for line in lines for g in line["groups"])
-    assert wait_gone(actor_processes) == []  # the run's workers and hub are gone
+    assert wait_gone(own_actor_processes) == []  # the run's workers and hub are gone
     # every worker's weights are bit-identical to the learner's after each push (SHA-256 over
     # every tensor), and the weights changed from step to step
     for step, (learner, workers) in enumerate(probe.checksums, start=1):
@@ -381,3 +382,171 @@ def test_more_sandbox_slots_than_a_local_node_has_are_refused():
 def test_a_worker_runs_its_share_of_its_node_sandboxes(overrides, slots):
     cfg = load_config(None, ["rollout.engine=ray", *overrides])
     assert train_module.worker_sandbox_slots(cfg) == slots
+
+
+FD_CALL = '<tool_call>{"name": "run_tests", "arguments": {}}</tool_call><|im_end|>'
+FD_ANSWER = "done<|im_end|>"
+
+
+def _scripted_fd_policy(tok):
+    """A tiny model that runs the tests through the tool, then answers (its script in its
+    config, so the workers' copies follow it)."""
+    from conftest import make_tiny_model
+
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    model = make_tiny_model(len(tok), 0, cls=ConfigScriptedLlama, max_positions=2048)
+    model.set_script(enc("<|im_start|>assistant\n"), [enc(FD_CALL), enc(FD_ANSWER)])
+    return model
+
+
+def test_feature_deletion_runs_on_a_worker(cluster, tokenizer, textkit_tasks, tmp_path):
+    """Feature Deletion on the Ray engine (textkit tasks, one worker, one step): the worker
+    builds the environment from the run config, resets each rollout's workspace, runs the
+    repository's tests through the tool in its sandbox and grades the hidden tests there; the
+    learner trains on the group with the worker's verdicts (the failing tests' hint at the
+    turn that ran them), and no held-out task reaches a training draw."""
+    import copy
+
+    from composer_replication.run.train import (
+        build_env,
+        build_trainer,
+        close_rollouts,
+        start_engine,
+    )
+    from composer_replication.trainer.callbacks import read_metrics
+
+    tok = copy.deepcopy(tokenizer)
+    ensure_tool_template(tok)
+    out = tmp_path / "run"
+    cfg = load_config("feature_deletion.yaml", [
+        f"output_dir={out}", "max_steps=1", "num_threads=1", f"env.task_sources=[{TEXTKIT}]",
+        f"env.task_dir={textkit_tasks}", "env.task_generation.workers=2",
+        "env.task_generation.suite_timeout_s=30", "generation.num_generations=2",
+        "generation.max_completion_length=160", "env.max_tool_output_chars=200",
+        "env.tests_budget_s=120", "env.few_shot=false", "rollout.max_turns=2",
+        "eval.before_and_after=false", "alpha_sdpo=0.5", "sdpo.hint_sources=[feedback]",
+        "rollout.engine=ray", "ray.num_workers=1", "ray.address=auto", "ray.timeout_s=300",
+    ])  # fmt: skip
+    env = build_env(cfg)
+    trainer = build_trainer(cfg, _scripted_fd_policy(tok), tok, env)
+    try:
+        start_engine(trainer, None)
+        trainer.train()
+    finally:
+        close_rollouts(trainer)
+    [row] = read_metrics(out / "metrics.jsonl")
+    assert row["rollout/version"] == 0 and row["rollout/staleness_max"] == 0
+    assert row["tools/call_frequency"] == 1.0 and row["rollout/turns"] == 2.0
+    assert row["env/pass_rate"] == 0.0  # running the tests rebuilds nothing
+    assert row["sdpo/active"] == 1.0 and row["sdpo/hint_turn_mean"] == 0.0
+    # the hack telemetry from the records: the worker graded the task's do-nothing submission
+    assert row["tools/calls/run_tests"] == 1.0 and row["env/flagged_frac"] == 0.0
+    assert row["env/hack/no_edit_frac"] == 1.0 and row["env/hack/do_nothing_nonzero_tasks"] == 0
+    results = trainer.reward_funcs[0].last_results
+    assert len(results) == 2 and all("0 of" in r.feedback for r in results)
+    assert all(r.info["failed_turn"] == 0 for r in results)
+    heldout = {t.task_id for t in env.tasks("heldout")}
+    [line] = [json.loads(x) for x in (out / GROUPS_FILE).read_text().splitlines()]
+    assert heldout and not {g["task"] for g in line["groups"]} & heldout
+    assert all(g["task"] in {t.task_id for t in env.tasks("train")} for g in line["groups"])
+    assert wait_gone(own_actor_processes) == []
+
+
+def _train_one_step(cfg, model, tok) -> dict:
+    """One step of ``cfg`` in this process (the Ray engine: on the shared cluster); its
+    metrics row."""
+    from composer_replication.run.train import (
+        build_env,
+        build_trainer,
+        close_rollouts,
+        start_engine,
+    )
+    from composer_replication.trainer.callbacks import read_metrics
+
+    trainer = build_trainer(cfg, model, tok, build_env(cfg))
+    try:
+        start_engine(trainer, None)
+        trainer.train()
+    finally:
+        close_rollouts(trainer)
+    [row] = read_metrics(Path(cfg.output_dir) / "metrics.jsonl")
+    return row
+
+
+TELEMETRY = ("tools/", "env/", "rollout/turns")
+"""The learner-side tool telemetry: the local engine's from its reward function and TRL's tool
+loop; the Ray engine's from the group records."""
+
+
+def test_the_ray_engine_logs_the_local_engines_tool_telemetry(cluster, tokenizer, tmp_path):
+    """The calculator agent (a scripted tiny model: one ``calculate`` call, then the answer),
+    one step on each engine: the same tool and environment metric keys (``tools/calls/*``,
+    ``tools/call_frequency|failure_frequency``, ``env/hack/*``, ``env/pass_rate``...), the
+    same values where they do not depend on sampling (one call per rollout, none failed), and
+    the episode log written on both."""
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    ensure_tool_template(tok)
+    rows = {}
+    for engine in ("local", "ray"):
+        out = tmp_path / engine
+        cfg = load_config("agent_quickstart.yaml", [
+            f"output_dir={out}", "max_steps=1", "num_threads=1", f"rollout.engine={engine}",
+            "generation.num_generations=2", "generation.prompts_per_step=1",
+            "generation.max_completion_length=64", "env.num_train=8", "env.few_shot=false",
+            "eval.before_and_after=false", "ray.num_workers=1", "ray.address=auto",
+            "ray.timeout_s=300",
+        ])  # fmt: skip
+        model, _ = _scripted_policy(tok, "2 + 3", 5)
+        rows[engine] = _train_one_step(cfg, model, tok)
+        assert (out / "episodes.jsonl").read_text().strip(), engine
+    keys = {e: {k for k in row if k.startswith(TELEMETRY)} for e, row in rows.items()}
+    assert keys["ray"] == keys["local"]
+    assert {"tools/calls/calculate", "env/hack/invalid_call_rate"} <= keys["ray"]
+    for engine, row in rows.items():
+        assert row["tools/calls/calculate"] == 1.0 and row["tools/call_frequency"] == 1.0, engine
+        assert row["tools/failure_frequency"] == 0.0 and row["env/hack/invalid_call_rate"] == 0.0
+    assert wait_gone(own_actor_processes) == []
+
+
+class _Checksums(TrainerCallback):
+    """After each step's weight push: the checksum the workers must hold (the learner's, or
+    in ``delta`` mode its mirror), each worker's, and the step's push bytes."""
+
+    def __init__(self, engines: list):
+        self.engines, self.seen = engines, []
+
+    def on_step_end(self, args, state, control, **kw):
+        engine = self.engines[0]
+        bytes_ = engine.metrics.get("rollout/weight_sync_bytes")
+        self.seen.append((engine.learner_checksum(), engine.worker_checksums(state.global_step),
+                          bytes_))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "fraction"),
+    [
+        (["ray.weight_sync=delta", "ray.delta_codec=int8"], 0.25),
+        (["ray.weight_sync=lora", "peft.enabled=true", "peft.r=2", "peft.alpha=4"], 0.1),
+    ],
+    ids=["delta", "lora"],
+)
+def test_delta_and_lora_pushes_leave_the_workers_equal_to_the_learner(
+    cluster, tiny_dir, tmp_path, monkeypatch, extra, fraction
+):
+    """Two steps on the Ray engine with ``ray.weight_sync=delta`` (int8, error feedback) and
+    with a LoRA learner (``lora``): after each push the worker's weights hash to the learner's
+    (``delta``: the learner's mirror of what was pushed), the checksum changes between
+    steps, and a push carries at most ``fraction`` of the whole model's bytes."""
+    engines = _capture_engine(monkeypatch)
+    probe = _Checksums(engines)
+    out = tmp_path / "run"
+    cfg = load_config(None, _overrides(tiny_dir, out, "max_steps=2", "ray.num_workers=1", *extra))
+    run_training(cfg, extra_callbacks=[probe])
+    whole = sum(p.numel() * p.element_size() for p in load_model(str(tiny_dir)).parameters())
+    for step, (learner, workers, pushed) in enumerate(probe.seen, start=1):
+        assert workers == {0: (step, learner)}
+        assert 0 < pushed <= fraction * whole
+    assert len({learner for learner, _, _ in probe.seen}) == 2
+    assert wait_gone(own_actor_processes) == []

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import make_tiny_model
 
-from composer_replication.rollout_engine.worker import (
+from composer_replication.rollout_engine.weight_sync import (
     distinct_tensors,
     load_distinct,
     state_checksum,
