@@ -365,19 +365,13 @@ class RayRollouts:
         m["rollout/queue_depth"] = float(stats["queue_depth"])
         m["rollout/dropped_groups"] = float(self.dropped_groups)
         m["rollout/lost_groups"] = float(self.lost_groups)
-<<<<<<< HEAD
         m.update(self.by_length.metrics())
-        calls = [g.info["tool_calls"] for g in groups if "tool_calls" in g.info]
-        if calls:
-            m["tools/call_frequency"] = sum(calls) / len(calls)
-=======
         tool_groups = [g for g in groups if "tool_calls" in g.info]
         if tool_groups:  # TRL's two tool metrics, from the workers' counts
             calls = sum(g.info["tool_calls"] for g in tool_groups)
             failures = sum(g.info["tool_failures"] for g in tool_groups)
             m["tools/call_frequency"] = calls / sum(len(g.rollouts) for g in tool_groups)
             m["tools/failure_frequency"] = failures / calls if calls else 0.0
->>>>>>> i54-tools
         used = [g.staleness(self.version) for g in groups]
         m["rollout/staleness_mean"] = sum(used) / len(used)
         m["rollout/staleness_max"] = float(max(used))
