@@ -49,6 +49,7 @@ from composer_replication.envs.feature_deletion.paths import (
     record_path_problem,
 )
 from composer_replication.envs.feature_deletion.screen import run_screen
+from composer_replication.envs.feature_deletion.selection import line_key, read_coverage, selected
 from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy, top_package
 from composer_replication.envs.feature_deletion.testcode import TestCode, classify, kept_fixtures
 from composer_replication.envs.feature_deletion.visible import originals_visible
@@ -56,8 +57,11 @@ from composer_replication.lm.models import write_atomic
 from composer_replication.sandbox.pytest_suite import SuiteReport, pytest_tools, run_suite
 from composer_replication.sandbox.sandbox import Sandbox
 
-GENERATOR_VERSION = 6
-"""6: a deletion whose original the sandbox can see (visible.py) is ``original_visible``, a
+GENERATOR_VERSION = 7
+"""7: a property's setter (and any second def of a name) is a candidate of its own
+(``Candidate.variant``; it shared its getter's key, was never run and took its status), and a
+deletion runs only the tests that called the function (selection.py; the baseline records
+per-test call coverage); 6: a deletion whose original the sandbox can see (visible.py) is ``original_visible``, a
 hidden test sharing a parametrize table or data with a visible one is visible, and every path
 of a record is checked at load; 5: the fixtures the kept tests got in the baseline run stay in the workspace (a plugin's
 mark requests one only hidden tests name), and a hidden test a class of another test module
@@ -144,6 +148,9 @@ def generate_tasks(
     cands = find_candidates(source.root, testcode)
     if cfg.max_candidates is not None:
         cands = cands[: cfg.max_candidates]
+    cov = read_coverage(manifest["baseline"].get("coverage"))
+    parsed: dict = {}
+    select = {c.key: _selection(cov, source.root, c, passing, parsed) for c in cands}
     runs_path = out_dir / "runs.jsonl"
     done = read_runs(runs_path)
     todo = [c for c in cands if c.key not in done]
@@ -156,11 +163,13 @@ def generate_tasks(
     pool = ThreadPoolExecutor(workers)
     try:
         with runs_path.open("a", encoding="utf-8") as sink:
-            futures = [pool.submit(_try, box, source, c, passing, cfg, testcode)
-                       for c in todo if c.key not in seen]  # fmt: skip
+            futures = [pool.submit(_try, box, source, c, passing, cfg, testcode, select[c.key])
+                       for c in todo if c.key not in seen and select[c.key] != []]  # fmt: skip
             for c in todo:
                 if c.key in seen:
                     _record(sink, done, _visible_row(c, seen[c.key]), progress)
+                elif select[c.key] == []:
+                    _record(sink, done, _uncalled_row(c), progress)
             for fut in as_completed(futures):
                 _record(sink, done, fut.result(), progress)
     finally:  # on Ctrl-C the queued candidates are dropped (the finished ones are in
@@ -199,6 +208,23 @@ def _visible_row(cand: Candidate, where: str) -> dict:
     """The run of a candidate whose original the sandbox can see: no run, not a task."""
     return {"key": cand.key, "status": "original_visible", "failing": [], "n_failing": 0,
             "seconds": 0.0, "visible_at": where}  # fmt: skip
+
+
+def _selection(cov, root: Path, cand: Candidate, passing: list[str], parsed: dict):
+    """The tests a deletion of ``cand`` runs (selection.selected); None: the whole suite."""
+    if cov is None:
+        return None
+    try:
+        return selected(cov, line_key(root, cand, parsed), passing)
+    except (ValueError, SyntaxError, StopIteration):
+        return None
+
+
+def _uncalled_row(cand: Candidate) -> dict:
+    """The run of a candidate no baseline-passing test called (selection.py): no run, no
+    test can fail."""
+    return {"key": cand.key, "status": "no_failure", "failing": [], "n_failing": 0,
+            "seconds": 0.0, "selected": 0}  # fmt: skip
 
 
 def read_runs(path: Path) -> dict[str, dict]:
@@ -268,27 +294,48 @@ def baseline(box: Sandbox, root: Path, requirements: tuple[str, ...] = ()) -> di
     passing = sorted(reports[0].passing() & reports[1].passing())
     if not passing:
         raise TaskSetError("no test of the untouched suite passes in the sandbox")
+    try:
+        coverage = json.loads(reports[0].probe).get("coverage")
+    except (ValueError, AttributeError):
+        coverage = None
     return {
         "passing": passing,
         "not_passing": sorted(set(reports[0].outcomes) - set(passing)),
         "seconds": round(reports[1].seconds, 3),
         "testcode": classify(root, reports[0].probe).to_dict(),
+        "coverage": coverage,
     }
 
 
-def _run(box: Sandbox, root: Path, overrides: dict[str, str], reqs=(), probe=False) -> SuiteReport:
+def _run(box: Sandbox, root: Path, overrides: dict[str, str], reqs=(), probe=False,
+         tests: list[str] | None = None) -> SuiteReport:  # fmt: skip
     repo = staged_copy(root, overrides)
     try:
-        return run_suite(box, str(repo), requirements=tuple(reqs), probe=probe)
+        return run_suite(box, str(repo), tests, requirements=tuple(reqs), probe=probe)
     finally:
         shutil.rmtree(repo, ignore_errors=True)
 
 
-def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, testcode) -> dict:
+def _selected_run(box, root: Path, overrides: dict[str, str], reqs, tests: list[str] | None):
+    """(report, failing-or-None, whether it was the whole suite): ``tests`` (selection.py) run
+    alone; the whole suite instead for None, or when the selected run is off (not complete,
+    a collection error, a selected test not reported)."""
+    if tests is not None:
+        rep = _run(box, root, overrides, reqs, tests=tests)
+        if rep.ok and not rep.collect_errors and all(t in rep.outcomes for t in tests):
+            return rep, sorted(t for t in tests if not rep.passed(t)), False
+    rep = _run(box, root, overrides, reqs)
+    return rep, None, True
+
+
+def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, testcode,
+         tests: list[str] | None = None) -> dict:  # fmt: skip
     text = (source.root / cand.file).read_text(encoding="utf-8")
     deleted = delete_body(text, cand)
-    rep = _run(box, source.root, {cand.file: deleted}, cfg.test_requirements)
-    failing = sorted(t for t in passing if not rep.passed(t))
+    rep, failing, whole = _selected_run(box, source.root, {cand.file: deleted},
+                                        cfg.test_requirements, tests)  # fmt: skip
+    if failing is None:
+        failing = sorted(t for t in passing if not rep.passed(t))
     if rep.collect_errors:
         status = "collect_error"
     elif not rep.ok:
@@ -302,7 +349,8 @@ def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, test
     else:
         status = TASK
     row = {"key": cand.key, "status": status, "failing": failing if status == TASK else [],
-           "n_failing": len(failing), "seconds": round(rep.seconds, 3)}  # fmt: skip
+           "n_failing": len(failing), "seconds": round(rep.seconds, 3),
+           "selected": len(passing) if whole else len(tests or [])}  # fmt: skip
     if status == TASK:  # the trivial bodies are ours: one sandbox, no forwarding needed
 
         def passes(target_text: str, tests: list[str], n: int) -> dict[str, str] | None:
@@ -401,7 +449,8 @@ def load_tasks(task_dir: Path, root: Path | None = None) -> list[dict]:
     if version != GENERATOR_VERSION:
         raise TaskSetError(
             f"{task_dir} was made by task generator version {version}, this is version "
-            f"{GENERATOR_VERSION} (version 6 refuses deletions whose original the sandbox can "
+            f"{GENERATOR_VERSION} (version 7 runs a property's setter as a candidate of its own, "
+            "which version 6 counted with its getter; version 6 refuses deletions whose original the sandbox can "
             "see and shows hidden tests that share a parametrize table with visible ones; "
             "version 5 keeps the fixtures the kept tests use in the "
             "workspace; version 4 shows a hidden test that a kept test calls or a "
