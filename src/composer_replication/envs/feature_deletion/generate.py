@@ -125,6 +125,41 @@ def refuse_shadowed(root: Path, tools: str) -> None:
         )
 
 
+@dataclass
+class GenerationPlan:
+    """A source's task set before its candidates run: the baseline (run, or read from the
+    set's manifest), the candidates and the tests each deletion runs."""
+
+    box: Sandbox
+    out_dir: Path
+    passing: list[str]
+    testcode: TestCode
+    candidates: list[Candidate]
+    selections: dict[str, list[str] | None]
+    """Candidate key -> the tests its deletion runs (selection.py; None: the whole suite,
+    []: none, a ``no_failure`` without a run)."""
+
+
+def plan_generation(source: SourceTree, out: Path, cfg: TaskGenConfig,
+                    spec: str = "") -> GenerationPlan:  # fmt: skip
+    """The :class:`GenerationPlan` of ``source`` under ``out`` (the baseline runs here if the
+    set has no manifest yet)."""
+    refuse_shadowed(source.root, pytest_tools(tuple(cfg.test_requirements)))
+    box = Sandbox(suite_sandbox(cfg))
+    out_dir = Path(out) / source.label
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = _manifest(out_dir, source, cfg, spec, box)
+    passing = manifest["baseline"]["passing"]
+    testcode = TestCode(**manifest["baseline"]["testcode"])
+    cands = find_candidates(source.root, testcode)
+    if cfg.max_candidates is not None:
+        cands = cands[: cfg.max_candidates]
+    cov = read_coverage(manifest["baseline"].get("coverage"))
+    parsed: dict = {}
+    select = {c.key: _selection(cov, source.root, c, passing, parsed) for c in cands}
+    return GenerationPlan(box, out_dir, passing, testcode, cands, select)
+
+
 def generate_tasks(
     source: SourceTree,
     out: Path,
@@ -138,19 +173,9 @@ def generate_tasks(
     the number of candidates."""
     start = time.monotonic()
     tools = pytest_tools(tuple(cfg.test_requirements))
-    refuse_shadowed(source.root, tools)
-    box = Sandbox(suite_sandbox(cfg))
-    out_dir = Path(out) / source.label
-    out_dir.mkdir(parents=True, exist_ok=True)
-    manifest = _manifest(out_dir, source, cfg, spec, box)
-    passing = manifest["baseline"]["passing"]
-    testcode = TestCode(**manifest["baseline"]["testcode"])
-    cands = find_candidates(source.root, testcode)
-    if cfg.max_candidates is not None:
-        cands = cands[: cfg.max_candidates]
-    cov = read_coverage(manifest["baseline"].get("coverage"))
-    parsed: dict = {}
-    select = {c.key: _selection(cov, source.root, c, passing, parsed) for c in cands}
+    plan = plan_generation(source, out, cfg, spec)
+    box, out_dir, passing, testcode = plan.box, plan.out_dir, plan.passing, plan.testcode
+    cands, select = plan.candidates, plan.selections
     runs_path = out_dir / "runs.jsonl"
     done = read_runs(runs_path)
     todo = [c for c in cands if c.key not in done]
@@ -328,11 +353,16 @@ def _selected_run(box, root: Path, overrides: dict[str, str], reqs, tests: list[
     return rep, None, True
 
 
-def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, testcode,
-         tests: list[str] | None = None) -> dict:  # fmt: skip
+def deletion_outcome(box, source: SourceTree, cand: Candidate, passing: list[str], cfg,
+                     tests: list[str] | None = None) -> dict:  # fmt: skip
+    """What deleting ``cand`` does to the suite, before forwarding and screening (which
+    depend only on the failing tests): ``status`` (``collect_error``, ``broken_run``,
+    ``no_failure``, ``too_broad`` or ``breaks``), ``failing`` (baseline-passing tests that do
+    not pass), ``seconds``, ``whole`` (the whole suite ran). ``tests``: the selection
+    (selection.py), None for the whole suite; ``too_broad`` is always against the whole
+    suite's passing tests."""
     text = (source.root / cand.file).read_text(encoding="utf-8")
-    deleted = delete_body(text, cand)
-    rep, failing, whole = _selected_run(box, source.root, {cand.file: deleted},
+    rep, failing, whole = _selected_run(box, source.root, {cand.file: delete_body(text, cand)},
                                         cfg.test_requirements, tests)  # fmt: skip
     if failing is None:
         failing = sorted(t for t in passing if not rep.passed(t))
@@ -344,23 +374,34 @@ def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, test
         status = "no_failure"
     elif len(failing) > cfg.max_break_share * len(passing):
         status = "too_broad"
-    elif not _forwardable(box, source, _grading_task(cand, cfg, testcode), text, passing):
-        status = "not_forwardable"
     else:
-        status = TASK
+        status = "breaks"
+    return {"status": status, "failing": failing, "seconds": round(rep.seconds, 3),
+            "whole": whole}  # fmt: skip
+
+
+def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, testcode,
+         tests: list[str] | None = None) -> dict:  # fmt: skip
+    text = (source.root / cand.file).read_text(encoding="utf-8")
+    deleted = delete_body(text, cand)
+    got = deletion_outcome(box, source, cand, passing, cfg, tests)
+    status, failing = got["status"], got["failing"]
+    if status == "breaks":
+        ok = _forwardable(box, source, _grading_task(cand, cfg, testcode), text, passing)
+        status = TASK if ok else "not_forwardable"
     row = {"key": cand.key, "status": status, "failing": failing if status == TASK else [],
-           "n_failing": len(failing), "seconds": round(rep.seconds, 3),
-           "selected": len(passing) if whole else len(tests or [])}  # fmt: skip
+           "n_failing": len(failing), "seconds": got["seconds"],
+           "selected": len(passing) if got["whole"] else len(tests or [])}  # fmt: skip
     if status == TASK:  # the trivial bodies are ours: one sandbox, no forwarding needed
 
         def passes(target_text: str, tests: list[str], n: int) -> dict[str, str] | None:
             repo = staged_copy(source.root, {cand.file: target_text})
             try:
-                got = run_suite(box, str(repo), tests, requirements=tuple(cfg.test_requirements),
+                res = run_suite(box, str(repo), tests, requirements=tuple(cfg.test_requirements),
                                 screen=n)  # fmt: skip
             finally:
                 shutil.rmtree(repo, ignore_errors=True)
-            return got.screened if got.ok else None
+            return res.screened if res.ok else None
 
         row["screen"] = run_screen(passes, deleted, cand, failing)
         if row["screen"] is None:
