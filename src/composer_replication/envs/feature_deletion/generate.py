@@ -318,7 +318,11 @@ def baseline(box: Sandbox, root: Path, requirements: tuple[str, ...] = ()) -> di
         )
     passing = sorted(reports[0].passing() & reports[1].passing())
     if not passing:
-        raise TaskSetError("no test of the untouched suite passes in the sandbox")
+        why = (f"pytest collected no test (by its configuration's testpaths and python_files, "
+               "default test_*.py and *_test.py: a suite kept elsewhere, e.g. titlecase's "
+               "titlecase/tests.py, is not collected)" if not reports[0].collected else
+               f"{reports[0].collected} collected, none passed in both runs")  # fmt: skip
+        raise TaskSetError(f"no test of the untouched suite passes in the sandbox: {why}")
     try:
         coverage = json.loads(reports[0].probe).get("coverage")
     except (ValueError, AttributeError):
