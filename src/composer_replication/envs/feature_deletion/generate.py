@@ -179,26 +179,33 @@ def generate_tasks(
     runs_path = out_dir / "runs.jsonl"
     done = read_runs(runs_path)
     todo = [c for c in cands if c.key not in done]
-    seen = originals_visible(source.root, todo, _aliases(source), [tools])
     if on_total is not None:
         on_total(len(cands))
     if progress is not None and len(cands) > len(todo):
         progress(len(cands) - len(todo))
     workers = cfg.workers or os.cpu_count() or 1
-    pool = ThreadPoolExecutor(workers)
+    pool, scan = ThreadPoolExecutor(workers), ThreadPoolExecutor(1)
+    # the visibility scan (minutes for a package of 100+ candidates on a loaded machine) runs
+    # while the candidates do: a candidate whose original it finds is recorded as
+    # original_visible whatever its run said (a run not yet started is skipped)
+    seen_fut = scan.submit(originals_visible, source.root, todo, _aliases(source), [tools])
     try:
         with runs_path.open("a", encoding="utf-8") as sink:
-            futures = [pool.submit(_try, box, source, c, passing, cfg, testcode, select[c.key])
-                       for c in todo if c.key not in seen and select[c.key] != []]  # fmt: skip
+            futures = {pool.submit(_try_unless_seen, seen_fut, box, source, c, passing, cfg,
+                                   testcode, select[c.key]): c
+                       for c in todo if select[c.key] != []}  # fmt: skip
+            seen = seen_fut.result()
             for c in todo:
                 if c.key in seen:
                     _record(sink, done, _visible_row(c, seen[c.key]), progress)
                 elif select[c.key] == []:
                     _record(sink, done, _uncalled_row(c), progress)
             for fut in as_completed(futures):
-                _record(sink, done, fut.result(), progress)
+                if futures[fut].key not in seen:
+                    _record(sink, done, fut.result(), progress)
     finally:  # on Ctrl-C the queued candidates are dropped (the finished ones are in
         pool.shutdown(wait=False, cancel_futures=True)  # runs.jsonl); runs in flight end
+        scan.shutdown(wait=False, cancel_futures=True)
     tasks = [_task(source, c, done[c.key], passing, cfg, testcode) for c in cands]
     tasks = [t for t in tasks if t is not None]
     write_atomic(out_dir / "tasks.jsonl", "".join(json.dumps(t) + "\n" for t in tasks))
@@ -318,7 +325,7 @@ def baseline(box: Sandbox, root: Path, requirements: tuple[str, ...] = ()) -> di
         )
     passing = sorted(reports[0].passing() & reports[1].passing())
     if not passing:
-        why = (f"pytest collected no test (by its configuration's testpaths and python_files, "
+        why = ("pytest collected no test (by its configuration's testpaths and python_files, "
                "default test_*.py and *_test.py: a suite kept elsewhere, e.g. titlecase's "
                "titlecase/tests.py, is not collected)" if not reports[0].collected else
                f"{reports[0].collected} collected, none passed in both runs")  # fmt: skip
@@ -382,6 +389,13 @@ def deletion_outcome(box, source: SourceTree, cand: Candidate, passing: list[str
         status = "breaks"
     return {"status": status, "failing": failing, "seconds": round(rep.seconds, 3),
             "whole": whole}  # fmt: skip
+
+
+def _try_unless_seen(seen_fut, box, source: SourceTree, cand: Candidate, *args) -> dict | None:
+    """:func:`_try`, unless the visibility scan already found the candidate's original."""
+    if seen_fut.done() and not seen_fut.exception() and cand.key in seen_fut.result():
+        return None
+    return _try(box, source, cand, *args)
 
 
 def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, testcode,

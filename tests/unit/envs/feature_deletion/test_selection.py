@@ -10,11 +10,11 @@ import os
 from pathlib import Path
 
 import pytest
+from support.selection_check import compare_selection
 
 from composer_replication.config import TaskGenConfig
 from composer_replication.envs.feature_deletion.selection import decode_ranges, read_coverage
 from composer_replication.envs.feature_deletion.source import prepare_source, resolve_source
-from support.selection_check import compare_selection
 
 FIXTURES = Path(__file__).parents[3] / "fixtures" / "feature_deletion"
 CFG = TaskGenConfig(workers=2, suite_timeout_s=60)
