@@ -177,6 +177,45 @@ class _Reporter:
 _reporter = _Reporter()
 _reporter.watched = _watched()
 _plugins = [_reporter]
+if _probe:
+
+    class _Cover:
+        # the tree's code a test ran (its setup, call and teardown) goes to that test's set;
+        # a fixture shared by several tests (scope above function) is set up and finalized
+        # inside one test's protocol: what it runs goes to "outside", as import-time code does
+        def __init__(self):
+            self.broad_done = False
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_protocol(self, item, nextitem):
+            _BUCKET[0] = _PROBE["by_test"].setdefault(item.nodeid, set())
+            yield
+            _BUCKET[0] = _PROBE["outside"]
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_fixture_setup(self, fixturedef, request):
+            before = _BUCKET[0]
+            if getattr(fixturedef, "scope", "function") != "function":
+                _BUCKET[0] = _PROBE["outside"]
+            try:
+                yield
+            finally:
+                _BUCKET[0] = before
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_teardown(self, item, nextitem):
+            mine, here = _BUCKET[0], set()
+            self.broad_done = False
+            _BUCKET[0] = here
+            yield
+            (_PROBE["outside"] if self.broad_done else mine).update(here)
+            _BUCKET[0] = mine
+
+        def pytest_fixture_post_finalizer(self, fixturedef, request):
+            if getattr(fixturedef, "scope", "function") != "function":
+                self.broad_done = True
+
+    _plugins.append(_Cover())
 if {screen!r}:
     import types as _types
 
@@ -417,7 +456,10 @@ _PROBE_CODE = r"""
 import json as _json, os as _os, re as _re, sys as _sys, threading as _threading
 
 _ROOT = _os.path.realpath(_os.getcwd()) + "/"
-_PROBE = {"current": "", "items": [], "edges": set(), "opens": {}, "fixtures": {}}
+_PROBE = {"current": "", "items": [], "edges": set(), "opens": {}, "fixtures": {},
+          "outside": set(), "by_test": {}, "spawned": set()}
+_BUCKET = [_PROBE["outside"]]  # where a call of the tree's code is counted now: the running
+# test's set, or "outside" (import, collection, a fixture shared by several tests)
 
 
 def _nearest(frame, _root=_ROOT):
@@ -426,13 +468,19 @@ def _nearest(frame, _root=_ROOT):
     return frame.f_code if frame is not None else None
 
 
-def _profile(frame, event, arg, _root=_ROOT, _edges=_PROBE["edges"]):
+def _profile(frame, event, arg, _root=_ROOT, _edges=_PROBE["edges"], _bucket=_BUCKET):
     if event == "call" and frame.f_code.co_filename.startswith(_root):
         _edges.add((frame.f_code, _nearest(frame.f_back)))
+        _bucket[0].add(frame.f_code)
+
+
+_SPAWNS = ("subprocess.Popen", "os.posix_spawn", "os.spawn", "os.exec", "os.fork", "os.system")
 
 
 def _audit(event, args, _root=_ROOT, _probe=_PROBE):
-    if event == "open" and isinstance(args[0], str):
+    if event in _SPAWNS:  # a child process runs the tree's code where no hook counts it
+        _probe["spawned"].add(_probe["current"])
+    elif event == "open" and isinstance(args[0], str):
         path = _os.path.realpath(args[0])
         if path.startswith(_root) and not path.endswith((".py", ".pyc")):
             who = _nearest(_sys._getframe(1))
@@ -460,11 +508,13 @@ def _probe_key(obj):
 def _probe_report(session):
     _sys.setprofile(None)
     _threading.setprofile(None)
-    calls = {}
+    calls, calls_by_line = {}, {}
     for code, caller in list(_PROBE["edges"]):
         key = _rel(code.co_filename) + "::" + code.co_qualname
         who = _rel(caller.co_filename) + "::" + caller.co_qualname if caller is not None else ""
         calls.setdefault(key, set()).add(who)
+        if caller is not None and code.co_name != "<module>":
+            calls_by_line.setdefault(_line_key(code), set()).add(_line_key(caller))
     modules = sorted({_rel(_os.path.realpath(m.__file__)) for m in list(_sys.modules.values())
                       if isinstance(getattr(m, "__file__", None), str)} - {""})
     exported = set()
@@ -492,6 +542,7 @@ def _probe_report(session):
         if by_def[k] == len(closures):
             closures.append(list(names))
     return _json.dumps({
+        "coverage": _coverage(calls_by_line),
         "items": sorted({_rel(_os.path.realpath(p)) for p in _PROBE["items"]} - {""}),
         "conftests": conftests,
         "python_files": list(session.config.getini("python_files")),
@@ -503,6 +554,50 @@ def _probe_report(session):
         "opens": {_rel(p): sorted({(_rel(w), t) for w, t in v})
                   for p, v in _PROBE["opens"].items()},
     }, sort_keys=True)
+
+
+def _line_key(code):
+    return _rel(code.co_filename) + ":" + str(code.co_firstlineno)
+
+
+def _ranges(indices):
+    # sorted ints as "0-4,7,9-12": the tests of one module call the same functions
+    out, run = [], None
+    for i in indices:
+        if run is not None and i == run[1] + 1:
+            run[1] = i
+        else:
+            if run is not None:
+                out.append(run)
+            run = [i, i]
+    if run is not None:
+        out.append(run)
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+_COVERAGE_CHARS = 2_000_000  # the frame stays far under the sandbox's 4 MiB output cap
+
+
+def _coverage(callers):
+    # per function of the tree (file:first line), the tests that called it; what ran outside
+    # a test's own protocol; the tests that started a process; the caller graph (by line)
+    tests = list(_PROBE["by_test"])  # in the order they ran
+    index = {t: i for i, t in enumerate(tests)}
+    per = {}
+    for t, codes in _PROBE["by_test"].items():
+        for code in codes:
+            if code.co_name != "<module>":
+                per.setdefault(_line_key(code), []).append(index[t])
+    out = {
+        "tests": tests,
+        "called": {k: _ranges(sorted(v)) for k, v in sorted(per.items())},
+        "outside": sorted({_line_key(c) for c in _PROBE["outside"] if c.co_name != "<module>"}),
+        "spawned": _ranges(sorted(index[t] for t in _PROBE["spawned"] if t in index)),
+        "unowned_spawn": "" in _PROBE["spawned"],
+        "callers": {k: sorted(v) for k, v in sorted(callers.items())},
+    }
+    size = len(_json.dumps(out))
+    return out if size <= _COVERAGE_CHARS else {"too_large": size}
 
 
 _sys.addaudithook(_audit)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from composer_replication.envs import pyast
@@ -27,7 +27,9 @@ SKIP_DECORATORS = {"overload", "abstractmethod", "abstractproperty"}
 class Candidate:
     """A deletable function: ``file`` (relative, posix), ``symbol`` (``f`` or ``Class.f``),
     the 1-based lines of its body after the docstring (``body_start``..``end``), the body's
-    indentation and the sha256 of the deleted lines."""
+    indentation and the sha256 of the deleted lines. ``variant``: what tells apart defs of one
+    symbol in one file (a property's ``setter``/``deleter``, else ``L<line>`` of a repeated
+    def), '' for the first or only one."""
 
     file: str
     symbol: str
@@ -35,10 +37,14 @@ class Candidate:
     end: int
     indent: str
     body_sha256: str
+    variant: str = ""
 
     @property
     def key(self) -> str:
-        return f"{self.file}::{self.symbol}"
+        """``file::symbol``, with ``@variant`` for a second def of the symbol (``runs.jsonl``
+        and task ids are keyed by it: a property's setter shared its getter's key, was never
+        run and took the getter's status, generator version 6)."""
+        return f"{self.file}::{self.symbol}" + (f"@{self.variant}" if self.variant else "")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,9 +90,17 @@ def find_candidates(root: Path, testcode=None) -> list[Candidate]:
         except SyntaxError:
             continue
         lines = text.splitlines()
+        seen: set[str] = set()
         for node, qual in _functions(tree):
             cand = _candidate(rel, node, qual, lines)
             if cand is not None and cand.key not in helpers:
+                if qual in seen:  # a setter, or a def repeated under one name
+                    role = _decorator_names(node) & {"setter", "deleter", "getter"}
+                    variant = min(role) if role else f"L{node.lineno}"
+                    cand = replace(cand, variant=variant)
+                    if cand.key in {c.key for c in out}:
+                        cand = replace(cand, variant=f"{variant}-L{node.lineno}")
+                seen.add(qual)
                 out.append(cand)
     return out
 

@@ -49,6 +49,7 @@ from composer_replication.envs.feature_deletion.paths import (
     record_path_problem,
 )
 from composer_replication.envs.feature_deletion.screen import run_screen
+from composer_replication.envs.feature_deletion.selection import line_key, read_coverage, selected
 from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy, top_package
 from composer_replication.envs.feature_deletion.testcode import TestCode, classify, kept_fixtures
 from composer_replication.envs.feature_deletion.visible import originals_visible
@@ -56,8 +57,11 @@ from composer_replication.lm.models import write_atomic
 from composer_replication.sandbox.pytest_suite import SuiteReport, pytest_tools, run_suite
 from composer_replication.sandbox.sandbox import Sandbox
 
-GENERATOR_VERSION = 6
-"""6: a deletion whose original the sandbox can see (visible.py) is ``original_visible``, a
+GENERATOR_VERSION = 7
+"""7: a property's setter (and any second def of a name) is a candidate of its own
+(``Candidate.variant``; it shared its getter's key, was never run and took its status), and a
+deletion runs only the tests that called the function (selection.py; the baseline records
+per-test call coverage); 6: a deletion whose original the sandbox can see (visible.py) is ``original_visible``, a
 hidden test sharing a parametrize table or data with a visible one is visible, and every path
 of a record is checked at load; 5: the fixtures the kept tests got in the baseline run stay in the workspace (a plugin's
 mark requests one only hidden tests name), and a hidden test a class of another test module
@@ -121,6 +125,41 @@ def refuse_shadowed(root: Path, tools: str) -> None:
         )
 
 
+@dataclass
+class GenerationPlan:
+    """A source's task set before its candidates run: the baseline (run, or read from the
+    set's manifest), the candidates and the tests each deletion runs."""
+
+    box: Sandbox
+    out_dir: Path
+    passing: list[str]
+    testcode: TestCode
+    candidates: list[Candidate]
+    selections: dict[str, list[str] | None]
+    """Candidate key -> the tests its deletion runs (selection.py; None: the whole suite,
+    []: none, a ``no_failure`` without a run)."""
+
+
+def plan_generation(source: SourceTree, out: Path, cfg: TaskGenConfig,
+                    spec: str = "") -> GenerationPlan:  # fmt: skip
+    """The :class:`GenerationPlan` of ``source`` under ``out`` (the baseline runs here if the
+    set has no manifest yet)."""
+    refuse_shadowed(source.root, pytest_tools(tuple(cfg.test_requirements)))
+    box = Sandbox(suite_sandbox(cfg))
+    out_dir = Path(out) / source.label
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = _manifest(out_dir, source, cfg, spec, box)
+    passing = manifest["baseline"]["passing"]
+    testcode = TestCode(**manifest["baseline"]["testcode"])
+    cands = find_candidates(source.root, testcode)
+    if cfg.max_candidates is not None:
+        cands = cands[: cfg.max_candidates]
+    cov = read_coverage(manifest["baseline"].get("coverage"))
+    parsed: dict = {}
+    select = {c.key: _selection(cov, source.root, c, passing, parsed) for c in cands}
+    return GenerationPlan(box, out_dir, passing, testcode, cands, select)
+
+
 def generate_tasks(
     source: SourceTree,
     out: Path,
@@ -134,37 +173,39 @@ def generate_tasks(
     the number of candidates."""
     start = time.monotonic()
     tools = pytest_tools(tuple(cfg.test_requirements))
-    refuse_shadowed(source.root, tools)
-    box = Sandbox(suite_sandbox(cfg))
-    out_dir = Path(out) / source.label
-    out_dir.mkdir(parents=True, exist_ok=True)
-    manifest = _manifest(out_dir, source, cfg, spec, box)
-    passing = manifest["baseline"]["passing"]
-    testcode = TestCode(**manifest["baseline"]["testcode"])
-    cands = find_candidates(source.root, testcode)
-    if cfg.max_candidates is not None:
-        cands = cands[: cfg.max_candidates]
+    plan = plan_generation(source, out, cfg, spec)
+    box, out_dir, passing, testcode = plan.box, plan.out_dir, plan.passing, plan.testcode
+    cands, select = plan.candidates, plan.selections
     runs_path = out_dir / "runs.jsonl"
     done = read_runs(runs_path)
     todo = [c for c in cands if c.key not in done]
-    seen = originals_visible(source.root, todo, _aliases(source), [tools])
     if on_total is not None:
         on_total(len(cands))
     if progress is not None and len(cands) > len(todo):
         progress(len(cands) - len(todo))
     workers = cfg.workers or os.cpu_count() or 1
-    pool = ThreadPoolExecutor(workers)
+    pool, scan = ThreadPoolExecutor(workers), ThreadPoolExecutor(1)
+    # the visibility scan (minutes for a package of 100+ candidates on a loaded machine) runs
+    # while the candidates do: a candidate whose original it finds is recorded as
+    # original_visible whatever its run said (a run not yet started is skipped)
+    seen_fut = scan.submit(originals_visible, source.root, todo, _aliases(source), [tools])
     try:
         with runs_path.open("a", encoding="utf-8") as sink:
-            futures = [pool.submit(_try, box, source, c, passing, cfg, testcode)
-                       for c in todo if c.key not in seen]  # fmt: skip
+            futures = {pool.submit(_try_unless_seen, seen_fut, box, source, c, passing, cfg,
+                                   testcode, select[c.key]): c
+                       for c in todo if select[c.key] != []}  # fmt: skip
+            seen = seen_fut.result()
             for c in todo:
                 if c.key in seen:
                     _record(sink, done, _visible_row(c, seen[c.key]), progress)
+                elif select[c.key] == []:
+                    _record(sink, done, _uncalled_row(c), progress)
             for fut in as_completed(futures):
-                _record(sink, done, fut.result(), progress)
+                if futures[fut].key not in seen:
+                    _record(sink, done, fut.result(), progress)
     finally:  # on Ctrl-C the queued candidates are dropped (the finished ones are in
         pool.shutdown(wait=False, cancel_futures=True)  # runs.jsonl); runs in flight end
+        scan.shutdown(wait=False, cancel_futures=True)
     tasks = [_task(source, c, done[c.key], passing, cfg, testcode) for c in cands]
     tasks = [t for t in tasks if t is not None]
     write_atomic(out_dir / "tasks.jsonl", "".join(json.dumps(t) + "\n" for t in tasks))
@@ -199,6 +240,23 @@ def _visible_row(cand: Candidate, where: str) -> dict:
     """The run of a candidate whose original the sandbox can see: no run, not a task."""
     return {"key": cand.key, "status": "original_visible", "failing": [], "n_failing": 0,
             "seconds": 0.0, "visible_at": where}  # fmt: skip
+
+
+def _selection(cov, root: Path, cand: Candidate, passing: list[str], parsed: dict):
+    """The tests a deletion of ``cand`` runs (selection.selected); None: the whole suite."""
+    if cov is None:
+        return None
+    try:
+        return selected(cov, line_key(root, cand, parsed), passing)
+    except (ValueError, SyntaxError, StopIteration):
+        return None
+
+
+def _uncalled_row(cand: Candidate) -> dict:
+    """The run of a candidate no baseline-passing test called (selection.py): no run, no
+    test can fail."""
+    return {"key": cand.key, "status": "no_failure", "failing": [], "n_failing": 0,
+            "seconds": 0.0, "selected": 0}  # fmt: skip
 
 
 def read_runs(path: Path) -> dict[str, dict]:
@@ -267,28 +325,58 @@ def baseline(box: Sandbox, root: Path, requirements: tuple[str, ...] = ()) -> di
         )
     passing = sorted(reports[0].passing() & reports[1].passing())
     if not passing:
-        raise TaskSetError("no test of the untouched suite passes in the sandbox")
+        why = ("pytest collected no test (by its configuration's testpaths and python_files, "
+               "default test_*.py and *_test.py: a suite kept elsewhere, e.g. titlecase's "
+               "titlecase/tests.py, is not collected)" if not reports[0].collected else
+               f"{reports[0].collected} collected, none passed in both runs")  # fmt: skip
+        raise TaskSetError(f"no test of the untouched suite passes in the sandbox: {why}")
+    try:
+        coverage = json.loads(reports[0].probe).get("coverage")
+    except (ValueError, AttributeError):
+        coverage = None
     return {
         "passing": passing,
         "not_passing": sorted(set(reports[0].outcomes) - set(passing)),
         "seconds": round(reports[1].seconds, 3),
         "testcode": classify(root, reports[0].probe).to_dict(),
+        "coverage": coverage,
     }
 
 
-def _run(box: Sandbox, root: Path, overrides: dict[str, str], reqs=(), probe=False) -> SuiteReport:
+def _run(box: Sandbox, root: Path, overrides: dict[str, str], reqs=(), probe=False,
+         tests: list[str] | None = None) -> SuiteReport:  # fmt: skip
     repo = staged_copy(root, overrides)
     try:
-        return run_suite(box, str(repo), requirements=tuple(reqs), probe=probe)
+        return run_suite(box, str(repo), tests, requirements=tuple(reqs), probe=probe)
     finally:
         shutil.rmtree(repo, ignore_errors=True)
 
 
-def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, testcode) -> dict:
+def _selected_run(box, root: Path, overrides: dict[str, str], reqs, tests: list[str] | None):
+    """(report, failing-or-None, whether it was the whole suite): ``tests`` (selection.py) run
+    alone; the whole suite instead for None, or when the selected run is off (not complete,
+    a collection error, a selected test not reported)."""
+    if tests is not None:
+        rep = _run(box, root, overrides, reqs, tests=tests)
+        if rep.ok and not rep.collect_errors and all(t in rep.outcomes for t in tests):
+            return rep, sorted(t for t in tests if not rep.passed(t)), False
+    rep = _run(box, root, overrides, reqs)
+    return rep, None, True
+
+
+def deletion_outcome(box, source: SourceTree, cand: Candidate, passing: list[str], cfg,
+                     tests: list[str] | None = None) -> dict:  # fmt: skip
+    """What deleting ``cand`` does to the suite, before forwarding and screening (which
+    depend only on the failing tests): ``status`` (``collect_error``, ``broken_run``,
+    ``no_failure``, ``too_broad`` or ``breaks``), ``failing`` (baseline-passing tests that do
+    not pass), ``seconds``, ``whole`` (the whole suite ran). ``tests``: the selection
+    (selection.py), None for the whole suite; ``too_broad`` is always against the whole
+    suite's passing tests."""
     text = (source.root / cand.file).read_text(encoding="utf-8")
-    deleted = delete_body(text, cand)
-    rep = _run(box, source.root, {cand.file: deleted}, cfg.test_requirements)
-    failing = sorted(t for t in passing if not rep.passed(t))
+    rep, failing, whole = _selected_run(box, source.root, {cand.file: delete_body(text, cand)},
+                                        cfg.test_requirements, tests)  # fmt: skip
+    if failing is None:
+        failing = sorted(t for t in passing if not rep.passed(t))
     if rep.collect_errors:
         status = "collect_error"
     elif not rep.ok:
@@ -297,22 +385,41 @@ def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, test
         status = "no_failure"
     elif len(failing) > cfg.max_break_share * len(passing):
         status = "too_broad"
-    elif not _forwardable(box, source, _grading_task(cand, cfg, testcode), text, passing):
-        status = "not_forwardable"
     else:
-        status = TASK
+        status = "breaks"
+    return {"status": status, "failing": failing, "seconds": round(rep.seconds, 3),
+            "whole": whole}  # fmt: skip
+
+
+def _try_unless_seen(seen_fut, box, source: SourceTree, cand: Candidate, *args) -> dict | None:
+    """:func:`_try`, unless the visibility scan already found the candidate's original."""
+    if seen_fut.done() and not seen_fut.exception() and cand.key in seen_fut.result():
+        return None
+    return _try(box, source, cand, *args)
+
+
+def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, testcode,
+         tests: list[str] | None = None) -> dict:  # fmt: skip
+    text = (source.root / cand.file).read_text(encoding="utf-8")
+    deleted = delete_body(text, cand)
+    got = deletion_outcome(box, source, cand, passing, cfg, tests)
+    status, failing = got["status"], got["failing"]
+    if status == "breaks":
+        ok = _forwardable(box, source, _grading_task(cand, cfg, testcode), text, passing)
+        status = TASK if ok else "not_forwardable"
     row = {"key": cand.key, "status": status, "failing": failing if status == TASK else [],
-           "n_failing": len(failing), "seconds": round(rep.seconds, 3)}  # fmt: skip
+           "n_failing": len(failing), "seconds": got["seconds"],
+           "selected": len(passing) if got["whole"] else len(tests or [])}  # fmt: skip
     if status == TASK:  # the trivial bodies are ours: one sandbox, no forwarding needed
 
         def passes(target_text: str, tests: list[str], n: int) -> dict[str, str] | None:
             repo = staged_copy(source.root, {cand.file: target_text})
             try:
-                got = run_suite(box, str(repo), tests, requirements=tuple(cfg.test_requirements),
+                res = run_suite(box, str(repo), tests, requirements=tuple(cfg.test_requirements),
                                 screen=n)  # fmt: skip
             finally:
                 shutil.rmtree(repo, ignore_errors=True)
-            return got.screened if got.ok else None
+            return res.screened if res.ok else None
 
         row["screen"] = run_screen(passes, deleted, cand, failing)
         if row["screen"] is None:
@@ -401,7 +508,8 @@ def load_tasks(task_dir: Path, root: Path | None = None) -> list[dict]:
     if version != GENERATOR_VERSION:
         raise TaskSetError(
             f"{task_dir} was made by task generator version {version}, this is version "
-            f"{GENERATOR_VERSION} (version 6 refuses deletions whose original the sandbox can "
+            f"{GENERATOR_VERSION} (version 7 runs a property's setter as a candidate of its own, "
+            "which version 6 counted with its getter; version 6 refuses deletions whose original the sandbox can "
             "see and shows hidden tests that share a parametrize table with visible ones; "
             "version 5 keeps the fixtures the kept tests use in the "
             "workspace; version 4 shows a hidden test that a kept test calls or a "

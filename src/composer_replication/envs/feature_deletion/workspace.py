@@ -39,7 +39,7 @@ def IGNORED(dirpath: str, names: list[str]) -> set[str]:  # noqa: N802 - a copyt
 def candidate_of(task: dict) -> Candidate:
     """The :class:`Candidate` fields of a task record."""
     keys = ("file", "symbol", "body_start", "end", "indent", "body_sha256")
-    return Candidate(**{k: task[k] for k in keys})
+    return Candidate(**{k: task[k] for k in keys}, variant=str(task.get("variant", "")))
 
 
 def task_state_text(source_root: Path, task: dict) -> str:

@@ -19,6 +19,7 @@ from composer_replication.envs.feature_deletion.candidates import (
     is_test_path,
 )
 from composer_replication.envs.feature_deletion.generate import (
+    GENERATOR_VERSION,
     TaskSetError,
     generate_tasks,
     read_runs,
@@ -146,13 +147,14 @@ def test_a_task_set_from_another_generator_version_is_refused_with_the_reason(tm
     listed as hidden a test a kept test calls or a class inherits (the workspace keeps it); a
     version-4 workspace lost a fixture the kept tests got from a plugin's mark; a version-5
     set may hold a task whose original the sandbox shows, or a hidden test whose parametrize
-    table a visible one shares: never used."""
+    table a visible one shares; a version-6 set counted a property's setter with its getter:
+    never used."""
     from composer_replication.envs.feature_deletion.generate import TaskSetError, load_tasks
 
     (tmp_path / "tasks.jsonl").write_text('{"task_id": "x"}\n')
-    for old in (2, 3, 4, 5):
+    for old in (2, 3, 4, 5, 6):
         (tmp_path / "manifest.json").write_text(f'{{"generator_version": {old}}}')
-        with pytest.raises(TaskSetError, match=f"version {old}, this is version 6"):
+        with pytest.raises(TaskSetError, match=f"version {old}, this is version 7"):
             load_tasks(tmp_path)
 
 
@@ -192,7 +194,7 @@ def test_a_task_line_of_the_wrong_shape_names_its_line_and_field(tmp_path, line,
     environment was built; a blank line (an editor's trailing one) is now skipped, not refused."""
     from composer_replication.envs.feature_deletion.generate import TaskSetError, load_tasks
 
-    (tmp_path / "manifest.json").write_text('{"generator_version": 6}')
+    (tmp_path / "manifest.json").write_text(f'{{"generator_version": {GENERATOR_VERSION}}}')
     path = tmp_path / "tasks.jsonl"
     path.write_bytes(json.dumps(_task_row()).encode() + b"\n" + line + b"\n\n")
     with pytest.raises(TaskSetError) as info:
@@ -224,3 +226,32 @@ def test_cached_runs_survive_damaged_lines(tmp_path):
     path.write_bytes(b'{"key": "\xff", "status": "task"}\n{"status": "task"}\n'
                      + json.dumps(good).encode() + b"\n")  # fmt: skip
     assert read_runs(path) == {"m.py:f": good}
+
+
+def test_a_property_and_its_setter_are_two_candidates_each_run(tmp_path):
+    """semver's ``Version.major`` and its setter shared one key: the setter was never run and
+    was counted with the getter's status (issue 60's run: 59 runs for 64 candidates)."""
+    (tmp_path / "pv").mkdir()
+    (tmp_path / "pv" / "__init__.py").write_text(
+        "class Box:\n"
+        "    def __init__(self, n):\n        self._n = n\n\n"
+        "    @property\n    def n(self):\n        return self._n\n\n"
+        "    @n.setter\n    def n(self, value):\n        self._n = int(value)\n"
+    )
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_pv.py").write_text(
+        "from pv import Box\n\n"
+        "def test_get():\n    assert Box(3).n == 3\n\n"
+        "def test_set():\n    b = Box(1)\n    b.n = '7'\n    assert b._n == 7\n\n"
+        "def test_other():\n    assert Box(2)._n == 2\n"
+    )
+    cands = find_candidates(tmp_path)
+    assert [c.symbol for c in cands] == ["Box.__init__", "Box.n", "Box.n"]
+    assert len({c.key for c in cands}) == 3
+    summary = generate_tasks(resolve_source(str(tmp_path)), tmp_path / "out", CFG, spec="pv")
+    runs = read_runs(summary.out_dir / "runs.jsonl")
+    assert len(runs) == summary.candidates == 3
+    assert sum(summary.by_status.values()) == 3
+    getter, setter = (runs[c.key] for c in cands[1:])
+    assert getter["status"] != "no_failure" and setter["status"] != "no_failure"
+    assert getter["n_failing"] == 1 and setter["n_failing"] == 1

@@ -63,6 +63,27 @@ def _failing_package(root):
     return root
 
 
+def _uncollected_package(root):
+    """titlecase 2.4.1's layout: the tests in ``pkg/tests.py``, which pytest's default
+    ``python_files`` does not collect."""
+    (root / "tkpkg").mkdir(parents=True)
+    (root / "tkpkg" / "__init__.py").write_text("def answer():\n    return 42\n")
+    (root / "tkpkg" / "tests.py").write_text(
+        "from tkpkg import answer\n\n\ndef test_answer():\n    assert answer() == 42\n"
+    )
+    return root
+
+
+def test_a_suite_pytest_does_not_collect_is_refused_with_that_reason(tmp_path):
+    from composer_replication.config import TaskGenConfig
+    from composer_replication.envs.feature_deletion.generate import TaskSetError, generate_tasks
+    from composer_replication.envs.feature_deletion.source import resolve_source
+
+    tree = resolve_source(str(_uncollected_package(tmp_path / "tk")))
+    with pytest.raises(TaskSetError, match=r"pytest collected no test .*tests\.py"):
+        generate_tasks(tree, tmp_path / "out", TaskGenConfig(workers=1, suite_timeout_s=30))
+
+
 def _shadowing_package(root):
     (root / "pluggy").mkdir(parents=True)
     (root / "pluggy" / "__init__.py").write_text("def hook():\n    return 1\n")
@@ -98,6 +119,7 @@ def test_a_suite_reuses_the_cache_and_reports_each_package(textkit_tasks, tmp_pa
     assert textkit["hidden_targets"] == sum(bool(r["hidden_tests"]) for r in records) > 0
     assert textkit["candidates"] == 9 + sum(textkit["refused"].values()) == textkit["reused"]
     assert "no test of the untouched suite passes" in rows[str(broken)]["error"]
+    assert "1 collected, none passed in both runs" in rows[str(broken)]["error"]
     assert "is also in the sandbox's test tools" in rows[str(shadow)]["error"]
     assert rows[str(shadow)]["tasks"] == 0
     said = "".join(result.output.split())  # rich wraps long paths and titles at any width
