@@ -6,7 +6,8 @@ memory limit, as a user's ``composer-replication ingest`` would.
 Each line: ``name``, ``cpu_s`` (process time of the read), ``states``, ``error`` (the first
 line of an exception that escaped, empty if none), ``valid`` (every state's prefix is valid
 OpenAI chat), ``skipped``, ``warnings``, ``orphans``, ``changes`` (context changes) and
-``last_complete`` (the last state's ``context_complete``).
+``last_complete`` (the last state's ``context_complete``), ``leaked`` (the first state shows a
+planted secret).
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ def claude_code(size: int) -> dict[str, list[Record] | bytes]:
     bad = b'{"type":"user","uuid":"b","parentUuid":"root","sessionId":"S","message":' \
           b'{"role":"user","content":"\xff\xfe \xc3"}}\n\xff\xff\n'  # fmt: skip
     tail = json.dumps(cc_answer("a", "root", "m")).encode() + b"\n"
-    return {"cc_branch_switch_loop": branch, "cc_deep_rewinds": deep, "cc_parent_cycles": cycle,
+    secret = [cc_user("root", None, 'DB_PAſſWORD = "hunter2hunter2" and apı_key=zz9zz9zz9zz9'),
+              cc_answer("a", "root", "m")]  # fmt: skip
+    return {"cc_case_folded_secret": secret, "cc_branch_switch_loop": branch, "cc_deep_rewinds": deep, "cc_parent_cycles": cycle,
             "cc_huge_ids": huge, "cc_cross_session_result": cross,
             "cc_tiny_records": b'{"type":"user"}\n' * (size * 50),
             "cc_non_utf8": good + bad + tail}  # fmt: skip
@@ -169,6 +172,9 @@ for fmt, make in (("claude_code", hostile_logs.claude_code), ("codex", hostile_l
             last = None
             for state in run:
                 out["states"] += 1
+                if out["states"] == 1:
+                    text = json.dumps(state.prefix)
+                    out["leaked"] = "hunter2" in text or "zz9zz9" in text
                 if out["states"] % 50 == 1:  # checking every prefix would cost as much again
                     out["valid"] &= valid(state.prefix)
                 last = state

@@ -4,7 +4,9 @@
 result or a clear one-line report, never a traceback.
 
 Found by this battery and fixed: a Claude Code log switching branch at every record rebuilt the
-branch each time (2000 pairs: 250 s; see test_claude_code.py's budget test)."""
+branch each time (2000 pairs: 250 s; see test_claude_code.py's budget test); a secret named
+with ``ſ`` or ``ı`` (``paſſword``: ``re.IGNORECASE`` matches them as ``s``/``i``, ``str.lower``
+keeps them) passed redaction (test_redact.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def test_hostile_logs_from_a_venv_are_bounded_and_valid() -> None:
     )
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     results = {r["name"]: r for r in map(json.loads, proc.stdout.splitlines())}
-    assert len(results) == 17
+    assert len(results) == 18
     for r in results.values():
         assert not r["error"] and r["valid"] and r["cpu_s"] < CPU_BOUND_S, r
     loop = results["cc_branch_switch_loop"]
@@ -38,3 +40,4 @@ def test_hostile_logs_from_a_venv_are_bounded_and_valid() -> None:
     assert results["cc_tiny_records"]["skipped"] == {"message_not_an_object": 75000}
     assert results["codex_tiny_records"]["skipped"] == {"unknown_record_type": 75000}
     assert results["codex_rollback_loop"]["changes"] == {"rollback": 1500}
+    assert results["cc_case_folded_secret"]["leaked"] is False  # True before: ſ, ı passed
