@@ -20,10 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -61,14 +63,29 @@ def venv_python() -> Path:
     return d / "bin" / "python"
 
 
-def run_in_venv(code: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    """``code`` run by the venv's interpreter (not activated: PATH is the host's)."""
+def run_in_venv(
+    code: str, timeout: float = 180, packages: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    """``code`` run by the venv's interpreter (not activated: PATH is the host's). ``packages``:
+    host packages beyond the shim's that the code imports (e.g. the trace readers' ``orjson``),
+    linked into a directory of their own for this call."""
     python = venv_python()
     path = [str(REPO / "src"), str(REPO / "tests"), str(python.parent.parent / "trainer-shim")]
+    if packages:
+        extra = Path(tempfile.mkdtemp(prefix="venv-packages-"))
+        for name in packages:
+            origin = Path(__import__(name).__spec__.origin)
+            src = origin.parent if origin.name == "__init__.py" else origin
+            (extra / src.name).symlink_to(src)
+        path.append(str(extra))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     env.pop("VIRTUAL_ENV", None)
-    return subprocess.run([str(python), "-c", code], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    try:
+        return subprocess.run([str(python), "-c", code], env=env, cwd=REPO, capture_output=True,
+                              text=True, timeout=timeout)  # fmt: skip
+    finally:
+        if packages:
+            shutil.rmtree(extra, ignore_errors=True)
 
 
 def trainer_package_dirs() -> list[str]:

@@ -64,6 +64,8 @@ from composer_replication.sandbox.infra import InfraFailure
 from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 from composer_replication.sandbox.shell import ShellResult
 
+__all__ = ["AgentEpisodes", "AgentReward", "Episode"]
+
 SOCKET = "proxy.sock"
 log = logging.getLogger(__name__)
 

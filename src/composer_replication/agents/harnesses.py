@@ -9,6 +9,8 @@ Every harness also gets ``AGENT_TASK`` (the task text), ``AGENT_STEP_LIMIT``,
 
 from __future__ import annotations
 
+__all__ = ["HARNESSES", "harness_command", "harness_tools"]
+
 MODEL_NAME = "policy"
 """The model name the proxy serves (harnesses ask for ``openai/policy``)."""
 

@@ -17,6 +17,8 @@ from typing import Any
 from composer_replication.lm.generator import Completion, Generator, Sampling
 from composer_replication.lm.models import pad_token_id
 
+__all__ = ["GeneratorPolicy", "ModelPolicy", "TrainerPolicy"]
+
 
 class GeneratorPolicy:
     """``prompt_ids -> Completion`` on ``generator`` with ``sampling``."""

@@ -62,6 +62,8 @@ from composer_replication.lm.chat import parse_tool_calls, render_prompt
 from composer_replication.lm.generator import Completion
 from composer_replication.sandbox.sandbox import NOBODY
 
+__all__ = ["Policy", "PolicyProxy", "Turn", "EpisodeRecord"]
+
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 << 20

@@ -52,6 +52,8 @@ from composer_replication.lm.models import head_weight, pad_token_id
 from composer_replication.teachers.edge import TeacherError
 from composer_replication.teachers.scoring import RowScores, build_scorer, full_vocab_problem
 
+__all__ = ["Row", "DistillChannel"]
+
 SCORED, UNROUTED, FAILED, OVER_BUDGET, EMPTY = range(5)
 """``distill_status`` per row: why a row was (not) scored."""
 

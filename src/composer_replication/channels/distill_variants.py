@@ -36,6 +36,16 @@ from composer_replication.losses import (
     topk_distill_loss,
 )
 
+__all__ = [
+    "ScoredTokens",
+    "Variant",
+    "SampledReverseKl",
+    "FoldedReverseKl",
+    "Jsd",
+    "VARIANTS",
+    "build_variant",
+]
+
 
 @dataclass
 class ScoredTokens:

@@ -13,7 +13,6 @@ from composer_replication.config.ablation import (
 )
 from composer_replication.config.agent import AgentProxyConfig
 from composer_replication.config.base import (
-    DEFAULT_CONFIG,
     ConfigError,
     StrictModel,
     UserError,
@@ -21,13 +20,10 @@ from composer_replication.config.base import (
     check_output_dir,
     configs_dir,
     default_config_path,
-    format_validation_error,
     load_yaml_mapping,
-    parse_override,
     resolve_config_path,
 )
 from composer_replication.config.channels import (
-    CHANNEL_ALIASES,
     CHANNEL_SECTIONS,
     CHANNELS_FILE,
     BestRoute,
@@ -50,14 +46,12 @@ from composer_replication.config.channels import (
     TaidLossConfig,
     channel_setting_diffs,
     check_resume_channels,
-    move_weight_aliases,
     recorded_channels,
 )
 from composer_replication.config.diloco import (
     DilocoConfig,
 )
 from composer_replication.config.env import (
-    ARITHMETIC_LEVELS,
     ENV_CONFIGS,
     ArithmeticEnvConfig,
     CalculatorEnvConfig,
@@ -70,16 +64,11 @@ from composer_replication.config.env import (
     SandboxConfig,
     TaskGenConfig,
     ToolEnvConfig,
-    env_config,
-    register_env_config,
 )
 from composer_replication.config.ray import RayConfig, RayWorkerResources
 from composer_replication.config.run import (
-    DEPRECATED_KEYS,
-    DYNAMIC_SAMPLING_MULTIPROCESS,
     RERUN_MAY_DIFFER,
     RESUME_MAY_CHANGE,
-    SAVING_FIELDS,
     DynamicSamplingConfig,
     EvalConfig,
     GenerationConfig,
@@ -91,14 +80,9 @@ from composer_replication.config.run import (
     PeftConfig,
     RunConfig,
     VllmConfig,
-    check_context,
     check_processes,
-    check_ray_engine,
     dump_config,
-    fold_deprecated_keys,
-    fresh_env_on_switch,
     load_config,
-    nested_diffs,
     saved_config_diffs,
 )
 from composer_replication.config.teachers import (
@@ -109,25 +93,19 @@ from composer_replication.config.teachers import (
     TeacherConfig,
     TeacherPool,
     load_pool,
-    teacher_shorthand,
 )
 
 __all__ = [
     "AgentProxyConfig",
     "ENV_CONFIGS",
-    "ARITHMETIC_LEVELS",
     "AblationArm",
     "AblationConfig",
     "ArithmeticEnvConfig",
     "CHANNELS_FILE",
-    "CHANNEL_ALIASES",
     "CHANNEL_SECTIONS",
     "CalculatorEnvConfig",
     "ChannelSettingsError",
     "ConfigError",
-    "DEFAULT_CONFIG",
-    "DEPRECATED_KEYS",
-    "DYNAMIC_SAMPLING_MULTIPROCESS",
     "DilocoConfig",
     "DpoLossConfig",
     "DynamicSamplingConfig",
@@ -154,7 +132,6 @@ __all__ = [
     "RunConfig",
     "RERUN_MAY_DIFFER",
     "RESUME_MAY_CHANGE",
-    "SAVING_FIELDS",
     "SandboxConfig",
     "SdpoConfig",
     "SdpoLossConfig",
@@ -170,24 +147,14 @@ __all__ = [
     "channel_setting_diffs",
     "check_output_dir",
     "check_processes",
-    "check_context",
-    "check_ray_engine",
-    "fold_deprecated_keys",
     "check_resume_channels",
     "recorded_channels",
     "configs_dir",
     "default_config_path",
     "dump_config",
-    "env_config",
-    "format_validation_error",
-    "fresh_env_on_switch",
     "load_ablation_config",
     "load_config",
     "load_yaml_mapping",
-    "move_weight_aliases",
-    "nested_diffs",
-    "parse_override",
-    "register_env_config",
     "resolve_config_path",
     "saved_config_diffs",
     "BestRoute",
@@ -205,5 +172,4 @@ __all__ = [
     "TeacherPool",
     "PoolError",
     "load_pool",
-    "teacher_shorthand",
 ]

@@ -49,6 +49,20 @@ from composer_replication.sandbox.journal import TreeJournal
 from composer_replication.sandbox.sandbox import SLOTS
 from composer_replication.sandbox.shell import REPO, ShellResult, run_shell
 
+__all__ = [
+    "TOOL_PROFILES",
+    "PROFILES",
+    "ToolProfile",
+    "WorkspaceTools",
+    "ClaudeCodeTools",
+    "CodexTools",
+    "BashTools",
+    "profile",
+    "profile_tools_class",
+    "profile_for_format",
+    "tool_schemas",
+]
+
 TOOL_PROFILES = ("native", "claude_code", "codex", "bash")
 """The tool profiles (``env.tool_profile``), ``native`` first."""
 MAX_SHELL_TIMEOUT_S = 600.0

@@ -21,6 +21,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from composer_replication.sandbox.sandbox import Sandbox
 
+__all__ = ["WorkspaceEpisode", "workspace_episode"]
+
 
 @runtime_checkable
 class WorkspaceEpisode(Protocol):

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = ["Sequence", "Rollout", "GroupRecord"]
+
 
 @dataclass
 class Sequence:

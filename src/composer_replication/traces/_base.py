@@ -456,12 +456,9 @@ class SessionBuilder:
         """Context was compacted: the prefix restarts from ``replacement`` (e.g. a summary)."""
         self.flush()
         self._close_open_calls(append=False)
-        self.messages = []
-        self._digests = [b""]
-        self._gap = None
-        self.segment += 1
+        self._cut(0, "compaction")
+        self._gap = None  # one marked on an empty prefix too
         self.after_compaction = True
-        self.ctx.report.context_changes["compaction"] += 1
         for msg in replacement:
             content = msg.get("content")
             if isinstance(content, str):
@@ -474,13 +471,7 @@ class SessionBuilder:
         self.flush()
         if n >= len(self.messages):
             return
-        self._close_open_calls(append=False)
-        del self.messages[n:]
-        del self._digests[n + 1 :]
-        if self._gap is not None and n <= self._gap[0]:
-            self._gap = None
-        self.segment += 1
-        self.ctx.report.context_changes[kind] += 1
+        self._cut(n, kind)
         self._reopen_trailing_calls()
 
     def tail(self, n: int) -> list[Message]:
@@ -496,16 +487,26 @@ class SessionBuilder:
         """Go back to a branch a rewind cut off: keep the first ``n`` messages, then ``tail``
         (messages of this builder, already redacted) - a record continued that branch."""
         self.flush()
-        if n < len(self.messages):
-            self.truncate(n, kind="branch_switch")
-        else:
-            self.segment += 1
-            self.ctx.report.context_changes["branch_switch"] += 1
+        self._cut(n, "branch_switch")
         self._open_calls.clear()  # the calls the tail answers, or reopened below
         self._renamed.clear()
         for msg in tail:
             self._append(msg)
         self._reopen_trailing_calls()
+
+    def _cut(self, n: int, kind: str) -> None:
+        """The one place a segment ends: keep the first ``n`` messages (calls left open by the
+        cut are reported orphaned; a lost-context gap cut off is forgotten), start a new segment
+        and count it in the report's ``context_changes`` as ``kind`` (rewind, rollback,
+        branch_switch, compaction)."""
+        if n < len(self.messages):
+            self._close_open_calls(append=False)
+            del self.messages[n:]
+            del self._digests[n + 1 :]
+            if self._gap is not None and n <= self._gap[0]:
+                self._gap = None
+        self.segment += 1
+        self.ctx.report.context_changes[kind] += 1
 
     def _reopen_trailing_calls(self) -> None:
         """After a cut: the last assistant message's calls whose results were cut off wait for

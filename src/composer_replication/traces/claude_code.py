@@ -163,6 +163,14 @@ def _late_line_skip(ctx: ReaderContext) -> Callable[[int, str], None]:
     return skip
 
 
+BRANCH_SWITCH_BUDGET = 500_000
+"""Entries a file's branch switches may scan and messages they may rebuild (each switch pays
+its session's uuid maps and the branch's length; a few seconds at most). Real logs switch
+branches a handful of times; a log written to switch at every record (quadratic work) runs
+out, and its later records continuing a cut-off branch stay on the current prefix, marked
+``context_complete: false``, with one ``branch_switch_budget`` warning."""
+
+
 class _Node(NamedTuple):
     """A record waiting for its parent."""
 
@@ -184,10 +192,11 @@ class _Session:
     """A builder plus the uuid -> prefix-length map used to resolve rewinds, and the branches
     rewinds cut off (uuid -> branch, prefix length after it), to return to one."""
 
-    def __init__(self, builder: SessionBuilder) -> None:
+    def __init__(self, builder: SessionBuilder, budget: list[int]) -> None:
         self.b = builder
         self.path_len: dict[str, int] = {}
         self.cut: dict[str, tuple[_Branch, int]] = {}
+        self.budget = budget  # the file's switch budget left, shared by its sessions
 
     def cut_after(self, n: int) -> None:
         """Rewind to the first ``n`` messages; the records after are kept as a branch."""
@@ -212,6 +221,14 @@ class _Session:
         b = self.b
         if b.prefix_digest(branch.n) != branch.digest:
             return  # a later rewind changed what the branch grew from: not recoverable
+        cost = len(self.path_len) + len(self.cut) + len(branch.tail)
+        if cost > self.budget[0]:
+            if self.budget[0] >= 0:  # the first refusal of the file
+                b.ctx.report.warnings["branch_switch_budget"] += 1
+                self.budget[0] = -1
+            b.mark_incomplete("branch_switch_budget: a cut-off branch was not rebuilt")
+            return
+        self.budget[0] -= cost
         self._keep(branch.n)  # the branch being left can be returned to as well
         b.restore(branch.n, branch.tail[: k - branch.n])
         for u, (br, kk) in list(self.cut.items()):
@@ -235,6 +252,7 @@ class _ClaudeReader:
     def __init__(self, ctx: ReaderContext) -> None:
         self.ctx = ctx
         self.sessions: dict[str, _Session] = {}
+        self.switch_budget = [BRANCH_SWITCH_BUDGET]
         self.side_owner: dict[str, str] = {}  # sidechain uuid -> session key
         self.last_side: dict[str, str] = {}  # main session id -> latest sidechain key
         self.seen: dict[str, None] = {}  # recent uuids read (with each session's path_len)
@@ -307,7 +325,7 @@ class _ClaudeReader:
         s = self.sessions.get(key)
         if s is None:
             b = SessionBuilder(self.ctx, sid, subagent_id=agent, is_sidechain=side)
-            s = self.sessions[key] = _Session(b)
+            s = self.sessions[key] = _Session(b, self.switch_budget)
         return s
 
     # -- records

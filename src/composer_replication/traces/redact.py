@@ -236,6 +236,20 @@ _CHAR_FREQUENCY_ORDER = (
 # Non-ASCII characters whose lowercase (``str.lower``) contains an ASCII letter, and that letter.
 # tests/unit/traces/test_fast_paths.py checks this table against every Unicode code point.
 _LOWERS_TO_ASCII = {"\u0130": "i", "\u212a": "k"}  # LATIN CAPITAL I WITH DOT, KELVIN SIGN
+# Non-ASCII characters ``re.IGNORECASE`` matches as an ASCII letter though ``str.lower`` keeps
+# them (``paſſword`` matches ``password``): `_fold` maps them, so a trigger is found where the
+# case-insensitive patterns match; also checked against every code point.
+_MATCHES_ASCII = {"\u0131": "i", "\u017f": "s"}  # LATIN SMALL DOTLESS I, LATIN SMALL LONG S
+_FOLD_TABLE = str.maketrans(_MATCHES_ASCII)
+_RARE = {**_LOWERS_TO_ASCII, **_MATCHES_ASCII}
+"""Characters the one-regex trigger scan and the raw needles leave to the exact scan."""
+
+
+def _fold(text: str) -> str:
+    """``text.lower()`` with `_MATCHES_ASCII` mapped: the haystack of the lowercase triggers
+    (same length as ``text.lower()``)."""
+    low = text.lower()
+    return low if low.isascii() else low.translate(_FOLD_TABLE)
 
 
 def _minimal(needles: set[str]) -> list[str]:
@@ -245,13 +259,13 @@ def _minimal(needles: set[str]) -> list[str]:
 
 def _any_trigger_regex(case: set[str], lower: set[str]) -> re.Pattern[str] | None:
     """One regex that matches ``text`` whenever a ``case`` needle occurs in ``text`` or a ``lower``
-    needle in ``text.lower()``, provided ``text`` has no character of ``_LOWERS_TO_ASCII``
+    needle in ``text.lower()``, provided ``text`` has no character of ``_RARE``
     (``None`` for no needles).
 
     Exact for case needles. A lowercase needle is matched on the text itself with each letter
     as ``[xX]``: each character of a needle occurrence in ``text.lower()`` comes from one
     character of ``text`` that is the needle character or its uppercase, apart from the
-    characters of ``_LOWERS_TO_ASCII``, which `Redactor.any_trigger` checks separately.
+    characters of ``_RARE``, which `Redactor.any_trigger` checks separately.
 
     Speed: Python's regex engine skips in C over characters that cannot start a match only when
     every alternative starts with a literal; at every other position it runs a full match
@@ -360,7 +374,7 @@ class Redactor:
     def _redact_plain(self, text: str) -> str:
         if len(text) < 8 or not self.any_trigger(text):
             return text
-        low = text.lower() if self._lower_triggers else text
+        low = _fold(text) if self._lower_triggers else text
         todo = self._triggered(text, low)
         if not todo:
             return text
@@ -368,7 +382,7 @@ class Redactor:
             if i < len(PATTERNS):
                 new = self._sub(PATTERNS[i], text, low)
                 if new is not text:
-                    text, low = new, new.lower()
+                    text, low = new, _fold(new)
             else:
                 kind, _triggers, analyze = self._library[i - len(PATTERNS)]
                 text = self._replace_found(kind, text, analyze)
@@ -379,7 +393,7 @@ class Redactor:
         substring scan per trigger; see `_any_trigger_regex`). Equal to it on ASCII text."""
         if self._any is None:
             return False
-        if not text.isascii() and any(c in text for c in _LOWERS_TO_ASCII):
+        if not text.isascii() and any(c in text for c in _RARE):
             return True  # rare: let the exact scan decide
         return self._any.search(text) is not None
 
@@ -395,13 +409,13 @@ class Redactor:
 
     def _triggered(self, text: str, low: str | None = None) -> set[int]:
         """Indexes of detectors (patterns, then library plugins) whose trigger occurs
-        (``low``: ``text.lower()`` when the caller has it)."""
+        (``low``: ``_fold(text)`` when the caller has it)."""
         todo: set[int] = set()
         for trigger, idx in self._case_triggers:
             if trigger in text:
                 todo.update(idx)
         if self._lower_triggers:
-            low = text.lower() if low is None else low
+            low = _fold(text) if low is None else low
             for trigger, idx in self._lower_triggers:
                 if trigger in low:
                     todo.update(idx)
@@ -430,7 +444,7 @@ class Redactor:
         return None if db is None else RawLineScanner(db)
 
     def _sub(self, pat: Pattern, text: str, low: str | None = None) -> str:
-        """``text`` with ``pat``'s matches replaced (``low``: ``text.lower()``, if known)."""
+        """``text`` with ``pat``'s matches replaced (``low``: ``_fold(text)``, if known)."""
         placeholder = PLACEHOLDER.format(pat.kind)
         hits = 0
 
@@ -474,7 +488,7 @@ def _trigger_starts(pat: Pattern, text: str, low: str | None = None) -> list[int
     changed the length, so positions would not align)."""
     if pat.starts is None:
         return None
-    hay = (text.lower() if low is None else low) if pat.lower else text
+    hay = (_fold(text) if low is None else low) if pat.lower else text
     if len(hay) != len(text):
         return None
     starts: set[int] = set()
@@ -573,10 +587,11 @@ def raw_needles(case: set[str], lower: set[str]) -> tuple[list[bytes], list[byte
 
     - the needles themselves, as UTF-8 (a verbatim occurrence);
     - for every character a needle uses (both cases for ``lower`` needles) and every character
-      of ``_LOWERS_TO_ASCII``: its ``\\uXXXX`` escape (hex digits in either case) and, where
+      of ``_RARE``: its ``\\uXXXX`` escape (hex digits in either case) and, where
       JSON has one, its two-character escape: the only ways a JSON string can spell a character
       other than verbatim;
-    - the characters of ``_LOWERS_TO_ASCII`` as UTF-8 (their lowercase contains ASCII letters).
+    - the characters of ``_RARE`` as UTF-8 (their lowercase contains ASCII letters, or the
+      patterns match them as one).
     Triggers are ASCII (checked), so their bytes never fall inside a multi-byte character.
     """
     if not all(n.isascii() for n in case | lower):
@@ -584,7 +599,7 @@ def raw_needles(case: set[str], lower: set[str]) -> tuple[list[bytes], list[byte
     exact = [n.encode() for n in _minimal(case)]
     folded = [n.encode() for n in _minimal(lower)]
     chars = set("".join(case)) | {c for n in lower for c in (n + n.upper())}
-    chars |= set(_LOWERS_TO_ASCII)
+    chars |= set(_RARE)
     for c in sorted(chars):
         folded.append(b"\\u%04x" % ord(c))
         if c in _SHORT_ESCAPES:

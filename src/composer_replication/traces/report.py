@@ -36,7 +36,8 @@ class FileReport:
     file's records are then its items, else its non-blank lines."""
     warnings: Counter[str] = field(default_factory=Counter)
     """Readable but doubtful (``missing_parent``: a Claude Code record whose parent is not in
-    the file was placed in file order; ``parent_cycle``: parent links that loop)."""
+    the file was placed in file order; ``parent_cycle``: parent links that loop; ``branch_switch_budget``: a Claude Code file switched
+    branches more than its budget allows, later switches were not rebuilt)."""
     context_changes: Counter[str] = field(default_factory=Counter)
     """What changed later contexts: ``rewind``, ``rollback``, ``compaction``,
     ``branch_switch`` (a record continued a branch an earlier rewind cut off)."""

@@ -17,6 +17,8 @@ import inspect
 import re
 from dataclasses import dataclass
 
+__all__ = ["TRL_PRIVATE", "PrivateMember", "drift"]
+
 
 @dataclass(frozen=True)
 class PrivateMember:

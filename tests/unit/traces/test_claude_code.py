@@ -276,3 +276,52 @@ def test_any_tree_of_calls_and_results_gives_valid_chat_prefixes(tmp_path_factor
     assert rep.parsed + rep.skipped == rep.total_lines
     for s in states:
         assert_valid_openai_prefix(s.prefix)
+
+
+def _branch_loop(pairs: int) -> list[dict]:
+    """Two branches from one root, extended alternately: every record after the first rewind
+    continues the branch the one before it cut off (a branch switch each)."""
+
+    def user(u: str, parent: str | None, text: str) -> dict:
+        return {"type": "user", "uuid": u, "parentUuid": parent, "sessionId": "P",
+                "message": {"role": "user", "content": text}}  # fmt: skip
+
+    def answer(u: str, parent: str, text: str) -> dict:
+        return {"type": "assistant", "uuid": u, "parentUuid": parent, "sessionId": "P",
+                "message": {"role": "assistant", "id": f"msg_{u}",
+                            "content": [{"type": "text", "text": text}]}}  # fmt: skip
+
+    recs = [user("root", None, "start"), answer("a0", "root", "A"), user("b0", "root", "B")]
+    last = {"a": "a0", "b": "b0"}
+    for i in range(1, pairs):
+        for side in "ab":
+            recs.append(user(f"{side}{i}u", last[side], f"more {side} {i}"))
+            recs.append(answer(f"{side}{i}", f"{side}{i}u", f"{side}{i}"))
+            last[side] = f"{side}{i}"
+    return recs
+
+
+def test_a_branch_switch_loop_is_bounded(tmp_path: Path) -> None:
+    """Attack: two branches written alternately switch branch at every record, and each switch
+    re-built the whole branch (400 pairs: 1.3 s; 2000: 250 s on this machine, superquadratic).
+    Switches are paid from a per-file budget of moved messages and scanned entries; once spent,
+    a record continuing a cut-off branch stays on the current prefix, its states are marked
+    ``context_complete: false`` and the report warns ``branch_switch_budget``. Under the budget
+    (the first switches) the states are those of the branch the record continues."""
+    import time
+
+    recs = _branch_loop(2500)
+    t = time.process_time()
+    states, rep = _states_of(tmp_path, recs)
+    assert time.process_time() - t < 20  # 250+ s before
+    assert rep.parsed == len(recs) and len(states) == 2 * 2500 - 1
+    assert rep.warnings["branch_switch_budget"] == 1
+    assert 0 < rep.context_changes["branch_switch"] < 2 * 2500
+    early = next(s for s in states if s.action.text == "b3")
+    assert [m["content"] for m in early.prefix] == ["start", "B", "more b 1", "b1", "more b 2",
+                                                   "b2", "more b 3"]  # fmt: skip
+    assert early.meta.context_complete
+    late = states[-1]
+    assert not late.meta.context_complete
+    for s in states:
+        assert_valid_openai_prefix(s.prefix)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import random
+import re
 import string
+import sys
 from pathlib import Path
 
 import orjson
@@ -412,3 +414,37 @@ def test_matching_only_near_triggers_equals_a_scan_of_the_whole_text() -> None:
             assert got == want, (pat.kind, text)
             replaced += got != text
     assert replaced > 50  # the texts do hold assignments
+
+
+def test_case_folding_letters_do_not_hide_a_secret_from_the_trigger_offsets() -> None:
+    """Attack on the trigger offsets: Python's ``re.IGNORECASE`` matches ``ſ`` (U+017F) as
+    ``s`` and ``ı`` (U+0131) as ``i``, but ``str.lower`` keeps both, so ``paſſword = ...`` has
+    no ``password`` trigger in the lowercased text and was never tried, while a scan of the
+    whole text redacts it. Also: secrets at the very end, overlapping triggers, and multi-byte
+    characters before them (byte and character offsets differ)."""
+    from composer_replication.traces import redact
+
+    texts = ['paſſword = "hunter2hunter2"', "ſecret_key: 'abcdef123456'", "apı_key='zz9zz9zz9zz9'",
+             "DB_PAſſWD=s3cr3tValue99", 'client_ſecret="abc123abc123"', "credentıal: xK9mQ2pL77",
+             "x ποσό apikey=abc123def456", "token=apikey_api_key=9x9x9x9x9x", "password=abc123abc1",
+             "€€€ secret_key = 'abcdefgh12'"]  # fmt: skip
+    for text in texts:
+        for pat in (p for p in redact.PATTERNS if p.starts is not None):
+            whole = pat.regex.sub("<X>", text)
+            starts = redact._trigger_starts(pat, text)
+            fast = whole if starts is None else redact._sub_at(pat, text, starts, lambda m: "<X>")
+            assert fast == whole, (pat.kind, text)
+    assert "hunter2" not in redact.Redactor().redact(texts[0])
+
+
+def test_the_case_folding_letters_are_all_known() -> None:
+    """Every character ``re.IGNORECASE`` matches as an ASCII letter lowercases to that letter,
+    to text of another length (then no offsets are used), or is folded by ``_fold``."""
+    from composer_replication.traces import redact
+
+    letter = re.compile("[a-z]", re.IGNORECASE)
+    odd = [chr(c) for c in range(0x80, sys.maxunicode + 1) if letter.fullmatch(chr(c))]
+    for ch in odd:
+        low = ch.lower()
+        assert len(low) != 1 or low.isascii() or ch in redact._MATCHES_ASCII, ch
+        assert redact._fold(ch) == ch.lower() if len(low) != 1 else redact._fold(ch).isascii()

@@ -59,6 +59,8 @@ from composer_replication.envs.tools import encode_text, wire_safe, wire_snippet
 from composer_replication.sandbox.pytest_suite import run_suite
 from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 
+__all__ = ["FeatureDeletionEnv", "FeatureDeletionTools", "FeatureDeletionEpisode"]
+
 SYSTEM_PROMPT = (
     "You are a software engineer working in a Python repository through tools. Read the "
     "code, make the change, run the tests, then call submit."

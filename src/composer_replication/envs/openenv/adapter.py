@@ -37,6 +37,8 @@ from composer_replication.envs.tools import wire_safe, wire_snippet
 from composer_replication.sandbox.infra import KINDS, SERVER_ERROR, InfraFailure
 from composer_replication.sandbox.sandbox import Slots
 
+__all__ = ["OpenEnvError", "OpenEnvSession", "OpenEnvTools", "OpenEnvReward", "openenv_tools_class"]
+
 log = logging.getLogger(__name__)
 FLOAT32_MAX = 3.4028234663852886e38
 """TRL holds rewards in float32: a reward finite in Python but past this became ``inf`` there
