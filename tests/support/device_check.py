@@ -316,7 +316,15 @@ def ensure_backend() -> torch.device:
         _LIB.fallback(_factory_fallback, "PrivateUse1")
         _OPS = torch.library.Library("aten", "IMPL")  # noqa: TOR901
         _OPS.impl("copy_", _copy_kernel, "PrivateUse1")
+        # accelerate >= 1.16 frees memory through torch.accelerator for any backend it does
+        # not know, and torch.accelerator.empty_cache asserts on a backend without a caching
+        # allocator (ours holds CPU tensors): nothing to free, so a no-op, in this child only
+        torch.accelerator.empty_cache = _no_cache_to_free
     return torch.device(NAME, 0)
+
+
+def _no_cache_to_free() -> None:
+    return None
 
 
 def to_device(x: Any) -> Any:
