@@ -23,7 +23,6 @@ import random
 import re
 from typing import Any
 
-from composer_replication.envs import pyast
 from composer_replication.envs.base import (
     FEEDBACK_FORMS,
     StepResult,
@@ -32,6 +31,7 @@ from composer_replication.envs.base import (
     answer_int,
     unit_hash,
 )
+from composer_replication.sandbox import pyast
 
 TOOL_NAME = "calculate"
 MAX_EXPRESSION_CHARS = 200

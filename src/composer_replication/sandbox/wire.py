@@ -25,8 +25,14 @@ only builtin modules (``os``, ``sys``, ``resource``) because every other import 
 compiled from source under the sandbox's empty pycache prefix (~80 ms for ``json``).
 """
 
+import _thread
 import os
 import sys
+
+PARSE_LOCK = _thread.allocate_lock()
+"""Held around every ``ast.parse`` of the process (sandbox/pyast.py takes the same lock):
+CPython 3.11 and 3.12 fail concurrent parses with a SystemError. ``_thread``, a builtin
+module, because this file runs in the sandbox too."""
 
 MAX_DEPTH = 64
 MAX_INT_BITS = 14_000  # 4215 decimal digits at most: under CPython's 4300-digit str() limit
@@ -102,7 +108,9 @@ def literal(text: str) -> object:
         return ast.literal_eval(node)  # signed and complex numbers, set(): no keys inside
 
     _precheck(text)
-    return build(ast.parse(text.lstrip(" \t"), mode="eval").body)
+    with PARSE_LOCK:
+        tree = ast.parse(text.lstrip(" \t"), mode="eval")
+    return build(tree.body)
 
 
 MAX_ITEMS = 100_000

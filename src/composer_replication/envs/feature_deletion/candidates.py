@@ -16,7 +16,7 @@ import hashlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from composer_replication.envs import pyast
+from composer_replication.sandbox import pyast
 
 STUB = "raise NotImplementedError  # deleted: rebuild this"
 SKIP_DIRS = {"tests", "test", "testing", "docs", "doc", "examples", "benchmarks", "build", "dist"}

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import ast
 
-from composer_replication.envs import pyast
 from composer_replication.envs.feature_deletion.candidates import STUB, Candidate
+from composer_replication.sandbox import pyast
 
 
 def forwarding_text(deleted_text: str, cand: Candidate) -> str:

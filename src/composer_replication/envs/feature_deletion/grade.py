@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from composer_replication.envs import pyast
 from composer_replication.envs.feature_deletion.forward import forwarding_text
 from composer_replication.envs.feature_deletion.source import staged_copy, suite_files
 from composer_replication.envs.feature_deletion.workspace import (
@@ -39,6 +38,7 @@ from composer_replication.envs.feature_deletion.workspace import (
     task_state_text,
     workspace_flags,
 )
+from composer_replication.sandbox import pyast
 from composer_replication.sandbox.infra import InfraFailure, ended_as, recheck
 from composer_replication.sandbox.pytest_suite import SuiteReport, program_output, run_suite
 from composer_replication.sandbox.sandbox import Sandbox

@@ -24,8 +24,8 @@ import ast
 import re
 from collections.abc import Iterable
 
-from composer_replication.envs import pyast
 from composer_replication.envs.base import unit_hash
+from composer_replication.sandbox import pyast
 
 _PARAMS = re.compile(r"\[.*\]$", re.S)
 

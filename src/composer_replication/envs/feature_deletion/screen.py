@@ -15,8 +15,8 @@ trivial body passes). The per-body counts are recorded in the task (``screen``).
 
 from __future__ import annotations
 
-from composer_replication.envs import pyast
 from composer_replication.envs.feature_deletion.candidates import STUB, Candidate
+from composer_replication.sandbox import pyast
 
 TRIVIAL_BODIES: tuple[str, ...] = (
     "return None",

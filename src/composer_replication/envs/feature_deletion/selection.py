@@ -32,8 +32,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from composer_replication.envs import pyast
 from composer_replication.envs.feature_deletion.candidates import Candidate
+from composer_replication.sandbox import pyast
 
 _RANGES = re.compile(r"^(\d{1,7}(-\d{1,7})?(,\d{1,7}(-\d{1,7})?)*)?$")
 _KEY = re.compile(r"^[^\x00]{1,1000}:\d{1,7}$")

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from composer_replication.envs import pyast
+from composer_replication.sandbox import pyast
 
 MIN_NODES = 12
 """Bodies with fewer AST nodes are not searched (module docstring)."""

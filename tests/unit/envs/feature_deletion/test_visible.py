@@ -148,8 +148,8 @@ def test_a_later_scan_reuses_the_parses_of_an_earlier_one(tmp_path, monkeypatch)
     under one interpreter lock kept the sandboxes idle). A file parsed once is not parsed
     again while unchanged, whatever the later scan looks for; a changed file is; the findings
     are those of a fresh scan, a body that spells an alias of the later scan included."""
-    from composer_replication.envs import pyast
     from composer_replication.envs.feature_deletion import visible
+    from composer_replication.sandbox import pyast
 
     root = tmp_path / "src"
     (root / "pkg").mkdir(parents=True)
