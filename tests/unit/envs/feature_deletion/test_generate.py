@@ -80,15 +80,23 @@ def test_generate_reuses_its_cache_and_resumes_after_a_kill(tmp_path):
 
 
 def test_kill_9_mid_generation_then_resume(tmp_path):
-    """A real kill -9 of a generating process: the re-run reuses what was written."""
+    """A real kill -9 of a generating process: the re-run reuses what was written. The child
+    stops in its progress callback after its second recorded candidate (with test selection
+    most candidates take no run, so a poll alone would see them all written at once)."""
     code = (
-        "import sys\n"
+        "import sys, time\n"
         "from pathlib import Path\n"
         "from composer_replication.config import TaskGenConfig\n"
         "from composer_replication.envs.feature_deletion.source import resolve_source\n"
         "from composer_replication.envs.feature_deletion.generate import generate_tasks\n"
+        "count = [0]\n"
+        "def hold(n):\n"
+        "    count[0] += n\n"
+        "    if count[0] >= 2:\n"
+        "        time.sleep(600)\n"
         f"generate_tasks(resolve_source({str(FIXTURE)!r}), Path({str(tmp_path)!r}),\n"
-        "               TaskGenConfig(workers=1, suite_timeout_s=30), spec='textkit')\n"
+        "               TaskGenConfig(workers=1, suite_timeout_s=30), spec='textkit',\n"
+        "               progress=hold)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code])
     runs = tmp_path / "textkit-local" / "runs.jsonl"
