@@ -111,36 +111,42 @@ def test_the_summarized_episode_is_one_packed_row(scored, tool_tok):
     assert batch["advantages"].tolist() == pytest.approx([a, -a], abs=1e-5)
 
 
-def test_packed_logps_equal_each_window_scored_alone(scored):
-    trainer, batch = scored
-    ep = trainer.context_episodes[0]
+def _batch_logps(trainer, batch, packed: bool = True):
+    """The policy's per-token log-probs of the batch's completions: with the packed windows'
+    positions (the trainer's loss path), or as plain rows (``packed=False``)."""
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     k = batch["completion_ids"].shape[1]
-    trainer._loss_windows = batch["completion_window"]
+    trainer._loss_windows = batch["completion_window"] if packed else None
     with torch.no_grad():
-        packed = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, k)[0]
+        logps = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, k)[0]
     trainer._loss_windows = None
-    w1 = ep.windows[1]
-    alone_ids = torch.tensor([w1.prompt_ids + w1.completion_ids])
+    return logps
+
+
+def _alone_logps(trainer, window):
+    """Log-probs of one window's completion, the window scored as a sequence of its own."""
+    ids = torch.tensor([window.prompt_ids + window.completion_ids])
     with torch.no_grad():
-        alone = trainer._get_per_token_logps_and_entropies(
-            trainer.model, alone_ids, torch.ones_like(alone_ids), len(w1.completion_ids)
+        return trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, torch.ones_like(ids), len(window.completion_ids)
         )[0]
+
+
+def test_packed_logps_equal_each_window_scored_alone(scored):
+    trainer, batch = scored
+    ep = trainer.context_episodes[0]
+    packed = _batch_logps(trainer, batch)
+    w0, w1 = ep.windows[0], ep.windows[1]
+    alone = _alone_logps(trainer, w1)
     where = (batch["completion_window"][0] == 1) & batch["completion_mask"][0].bool()
     got = packed[0][where][-len(w1.completion_ids) :]
     assert torch.allclose(got, alone[0], atol=1e-5)
     # the control: the packed row scored as one sequence (window 1 sees window 0)
-    with torch.no_grad():
-        leaky = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, k)[0]
+    leaky = _batch_logps(trainer, batch, packed=False)
     assert (leaky[0][where][-len(w1.completion_ids) :] - alone[0]).abs().max() > 2e-2
     # window 0 scored alone too: the prompt and window 0's completion
-    w0 = ep.windows[0]
-    alone0_ids = torch.tensor([w0.prompt_ids + w0.completion_ids])
-    with torch.no_grad():
-        alone0 = trainer._get_per_token_logps_and_entropies(
-            trainer.model, alone0_ids, torch.ones_like(alone0_ids), len(w0.completion_ids)
-        )[0]
+    alone0 = _alone_logps(trainer, w0)
     assert torch.allclose(packed[0][: len(w0.completion_ids)], alone0[0], atol=1e-5)
 
 
@@ -155,13 +161,7 @@ def test_the_loss_equals_the_hand_computed_value(scored):
     dapo (token level): (-a (n0 + 1.1 n1) + a m) / (n0 + n1 + m) = -79.6 a / 91
     = -0.61844. Under grpo the 2-window episode weighs as much as the 1-window one."""
     trainer, batch = scored
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-    k = batch["completion_ids"].shape[1]
-    trainer._loss_windows = batch["completion_window"]
-    with torch.no_grad():
-        logps = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, k)[0]
-    trainer._loss_windows = None
+    logps = _batch_logps(trainer, batch)
     c = math.log(1.1)
     batch = dict(batch, old_per_token_logps=logps - c * (batch["completion_window"] == 1))
     a = 0.5 / (math.sqrt(0.5) + 1e-4)
