@@ -38,13 +38,13 @@ import torch
 from torch import Tensor
 
 from composer_replication.channels.base import Channel, LossContext, Rollouts, informative_groups
-from composer_replication.channels.packed import hinted_windows, summary_mask
 from composer_replication.channels.hints import (
     HintTemplates,
     build_hints,
     insert_hint,
     placebo_hint,
 )
+from composer_replication.channels.packed import hinted_windows, summary_mask
 from composer_replication.config import SdpoConfig
 from composer_replication.lm.chat import as_messages, render_prompt, to_text
 from composer_replication.lm.models import (
@@ -306,7 +306,8 @@ class SelfDistillChannel(Channel):
         k = comp_ids.shape[1]
         with self._teacher(model) as (net, weight):
             if f"{prompt}_index" in batch:  # packed episodes: every window alone, hinted
-                c_ids, c_mask = batch[f"{prompt}_comp_ids"][rows], batch[f"{prompt}_comp_mask"][rows]
+                c_ids = batch[f"{prompt}_comp_ids"][rows]
+                c_mask = batch[f"{prompt}_comp_mask"][rows]
                 pos = packed_position_ids(t_mask, c_mask, batch[f"{prompt}_comp_window"][rows])
                 ids = torch.cat([t_ids, c_ids], dim=1)
                 h = packed_forward(net, ids, pos).last_hidden_state[:, -c_ids.shape[1] - 1 : -1]

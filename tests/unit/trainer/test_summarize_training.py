@@ -64,7 +64,7 @@ def build(tok, tmp_path, loss_type: str, max_steps: int = 1, rewards=None, chann
                               summary_prompt=PROMPT, summary_header=HEADER,
                               summary_max_tokens=16)  # fmt: skip
     if rewards is None:
-        rewards = lambda completions, **_: [1.0 if i % 2 == 0 else 0.0 for i in range(len(completions))]  # noqa: E731
+        rewards = lambda completions, **_: [float(i % 2 == 0) for i in range(len(completions))]  # noqa: E731
     model = make_tiny_model(len(tok), max_positions=512)
     with torch.no_grad():  # larger weights: log-probs that depend on the context visibly
         for name, p in model.named_parameters():
