@@ -8,6 +8,10 @@ teacher batches rows per request and keeps ``max_concurrency`` requests in fligh
 is a :class:`Row` that carries its own journey: the teachers its route asks, the ones its
 budget let it reach, their answers, the teacher it is distilled from and its status.
 
+An episode packed from several context windows (``rollout.context``) is scored window by
+window, each as its own prompt + completion, and the answers laid back onto its row
+(channels/packed.py; docs/summarization.md).
+
 The loss (:meth:`DistillChannel.loss`) pulls the student toward its teacher on the completion
 tokens, tool-result tokens excluded, as for the policy loss. Each ``distill.loss`` setting is a
 variant object with its own function (channels/distill_variants.py): the sampled reverse KL,

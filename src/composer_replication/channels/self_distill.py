@@ -21,6 +21,10 @@ With ``sdpo.contrast: placebo`` the teacher also runs on a placebo-hinted prompt
 template with a content-free verdict) and the target becomes the student's logits plus the
 hinted-minus-placebo logits (losses/contrast.py): the template's own effect cancels.
 
+On episodes packed from several context windows (``rollout.context``), the hint goes into
+every window's prompt and the teacher runs the packed forward, each window alone; a summary is
+not a turn for the turn mask (channels/packed.py; docs/summarization.md).
+
 The student side costs no extra forward: TRL's GRPO computes log-probs with a fused LM head
 that never materializes logits, so we capture the backbone's last hidden states from that very
 forward (a forward hook) and feed them, with the LM-head weight, to the chunked fused JSD of
@@ -300,7 +304,8 @@ class SelfDistillChannel(Channel):
     ) -> tuple[Tensor, Tensor]:
         """Teacher hidden states ``[R, K, H]`` on the hinted prompt (``prompt``: the batch's
         ``{prompt}_ids/mask``; ``sdpo_placebo``: the placebo-hinted one) + the same completion,
-        and its head."""
+        and its head. Packed episodes: the teacher's own packed row (every window's prompt
+        hinted), its states gathered back to the student's completion positions."""
         comp_ids, comp_mask = batch["completion_ids"][rows], batch["completion_mask"][rows]
         t_ids, t_mask = batch[f"{prompt}_ids"][rows], batch[f"{prompt}_mask"][rows]
         k = comp_ids.shape[1]
