@@ -502,6 +502,11 @@ class Window:
     """The summary hit its token limit (``summary_max_tokens``, or the room left)."""
     turn_tags: list[Any] = field(default_factory=list)
     """The tag (Ray: the policy version) of each turn generated in this window."""
+    context_message: dict[str, Any] | None = None
+    """The message after the task's prompt messages that opened this window (``summarize``:
+    the user message holding the summary), so a channel can re-render the window's prompt with
+    a hint (channels/packed.py); None for window 0 and ``truncate`` (whose later prompts are
+    window 0's prompt followed by the kept turns' tokens)."""
 
     def add(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
         self.completion_ids += ids
@@ -765,15 +770,15 @@ class ContextLoop:
             w.summary_cut = len(ids) >= room and ids[-1] != self.tok.eos_token_id
             self._summaries[i] += 1
             message = {"role": "user", "content": c.summary_header + text}
-            self._open(i, render_ids(self.tok, [*self._prompts[i], message], self.tools))
+            self._open(i, render_ids(self.tok, [*self._prompts[i], message], self.tools), message)
             self._units[i] = []
             go_on.append(i)
         return go_on
 
-    def _open(self, i: int, prompt_ids: list[int]) -> None:
+    def _open(self, i: int, prompt_ids: list[int], message: dict[str, Any] | None = None) -> None:
         episode = self.episodes[i]
         episode.tokens_saved += len(episode.windows[-1]) - len(prompt_ids)
-        episode.windows.append(Window(list(prompt_ids)))
+        episode.windows.append(Window(list(prompt_ids), context_message=message))
 
 
 def call_like_trl(tools: dict[str, Callable[..., Any]], call: Any) -> tuple[str, str, bool]:

@@ -48,6 +48,10 @@ class Rollouts:
     re-renders a prompt (a hinted teacher's) shows the model the same tool schemas."""
     columns: list[dict[str, Any]] | None = None
     """Per row: the dataset row's other columns (``task_id``, tags), for routing."""
+    windows: list[list[Any]] | None = None
+    """Per row, with a ``rollout.context`` strategy: the episode's context windows
+    (``rollout.Window``), packed into the row's completion; teachers score each window with
+    its own context (channels/packed.py). None: plain rows."""
 
 
 def informative_groups(advantages_B: Tensor, group_size: int, tol: float = 1e-6) -> list[int]:

@@ -8,6 +8,10 @@ teacher batches rows per request and keeps ``max_concurrency`` requests in fligh
 is a :class:`Row` that carries its own journey: the teachers its route asks, the ones its
 budget let it reach, their answers, the teacher it is distilled from and its status.
 
+An episode packed from several context windows (``rollout.context``) is scored window by
+window, each as its own prompt + completion, and the answers laid back onto its row
+(channels/packed.py; docs/summarization.md).
+
 The loss (:meth:`DistillChannel.loss`) pulls the student toward its teacher on the completion
 tokens, tool-result tokens excluded, as for the policy loss. Each ``distill.loss`` setting is a
 variant object with its own function (channels/distill_variants.py): the sampled reverse KL,
@@ -47,6 +51,7 @@ from torch import Tensor
 
 from composer_replication.channels.base import Channel, LossContext, Rollouts
 from composer_replication.channels.distill_variants import ScoredTokens, build_variant
+from composer_replication.channels.packed import window_parts
 from composer_replication.config import ConfigError, DistillConfig
 from composer_replication.lm.models import head_weight, pad_token_id
 from composer_replication.teachers.edge import TeacherError
@@ -79,6 +84,14 @@ class Row:
     """A local teacher's hidden states ``[K, H_t]`` of the row (the full-vocabulary JSD)."""
     teacher: int = -1
     """The teacher it is distilled from (-1: none routed)."""
+    parts: list[tuple[list[int], int, int]] = field(default_factory=list)
+    """A packed episode (``rollout.context``): each window as its own sequence, its prompt
+    length and where its completion starts in the row's (channels/packed.py ``window_parts``);
+    empty: the row is one sequence."""
+
+    def pieces(self) -> list[tuple[list[int], int, int]]:
+        """What a teacher scores for the row: its windows, or the row itself."""
+        return self.parts or [(self.sequence, self.prompt_len, 0)]
 
     def scored_by(self) -> list[int]:
         """The routed teachers that scored it."""
@@ -217,7 +230,7 @@ class DistillChannel(Channel):
     # ---- after rollouts are scored ----------------------------------------------------------
     def attach(self, batch: dict[str, Any], rollouts: Rollouts) -> dict[str, Any]:
         """Score every routed row with its teacher; add ``distill_*`` tensors to ``batch``."""
-        rows = _rows(batch)
+        rows = _rows(batch, rollouts.windows)
         self._route(rows, rollouts)
         self._within_budget(rows)
         started = time.perf_counter()
@@ -307,15 +320,20 @@ class DistillChannel(Channel):
             if not mine:
                 return
             scorer = self.scorers[i]
+            pieces = [p for row in mine for p in row.pieces()]
             try:
-                got = await scorer.ascore([r.sequence for r in mine], [r.prompt_len for r in mine],
+                got = await scorer.ascore([p[0] for p in pieces], [p[1] for p in pieces],
                                           self.top_k, self.pad_id)  # fmt: skip
             finally:
                 await scorer.aclose()
-            for j, (row, answer) in enumerate(zip(mine, got, strict=True)):
-                row.answers[i] = answer
-                if self._keeps_hidden[i] and isinstance(answer, RowScores):
-                    row.hidden[i] = scorer.last_hidden[j]
+            at = 0
+            for row in mine:  # a row's windows laid back onto its packed completion
+                n = len(row.pieces())
+                hidden = scorer.last_hidden[at : at + n] if self._keeps_hidden[i] else None
+                row.answers[i], h = _stitch(got[at : at + n], row.pieces(), row.length, hidden)
+                if h is not None:
+                    row.hidden[i] = h
+                at += n
             self._log_failures(scorer, got)
 
         await asyncio.gather(*(one(i) for i in range(len(self.scorers))))
@@ -418,9 +436,10 @@ class DistillChannel(Channel):
         return out
 
 
-def _rows(batch: dict[str, Any]) -> list[Row]:
+def _rows(batch: dict[str, Any], windows: list[list[Any]] | None = None) -> list[Row]:
     """A :class:`Row` per completion: prompt + completion token ids (unpadded), the prompt
-    length, and the completion length (up to the last token the completion mask keeps)."""
+    length, and the completion length (up to the last token the completion mask keeps); with
+    ``windows`` (packed episodes) also each window as its own sequence."""
     rows = []
     comp_mask = batch["completion_mask"].bool().cpu()
     for p_ids, p_mask, c_ids, c_mask in zip(batch["prompt_ids"].cpu(), batch["prompt_mask"].cpu(),
@@ -429,7 +448,36 @@ def _rows(batch: dict[str, Any]) -> list[Row]:
         kept = c_mask.nonzero()
         n = int(kept[-1]) + 1 if kept.numel() else 0
         rows.append(Row(prompt + c_ids[:n].tolist(), len(prompt), n))
+    if windows is not None:
+        for row, ws in zip(rows, windows, strict=True):
+            row.parts = window_parts(row.sequence[: row.prompt_len], ws, row.length)
     return rows
+
+
+def _stitch(answers: list[Any], pieces: list[tuple[list[int], int, int]], length: int,
+            hidden: Any = None) -> tuple[Any, Tensor | None]:  # fmt: skip
+    """One row's answer from its pieces' (a packed episode's windows): each window's scores at
+    its place in the completion, nothing (NaN, no top-k) on the later windows' prompts; a
+    failed piece fails the row. With ``hidden`` (the pieces' ``[n, K, H_t]``), the row's
+    ``[length, H_t]`` hidden states, zeros between the windows."""
+    failed = next((a for a in answers if isinstance(a, TeacherError)), None)
+    if failed is not None:
+        return failed, None
+    if len(answers) == 1 and pieces[0][2] == 0:
+        return answers[0], hidden[0] if hidden is not None else None
+    actual = [math.nan] * length
+    top_ids: list[list[int]] = [[] for _ in range(length)]
+    top_logps: list[list[float]] = [[] for _ in range(length)]
+    h = torch.zeros(length, hidden.shape[-1], dtype=hidden.dtype,
+                    device=hidden.device) if hidden is not None else None  # fmt: skip
+    for j, (answer, (_, _, start)) in enumerate(zip(answers, pieces, strict=True)):
+        n = min(len(answer.actual), length - start)
+        actual[start : start + n] = answer.actual[:n]
+        top_ids[start : start + n] = answer.top_ids[:n]
+        top_logps[start : start + n] = answer.top_logps[:n]
+        if h is not None:
+            h[start : start + n] = hidden[j, :n]
+    return RowScores(actual, top_ids, top_logps), h
 
 
 def _loss_mask(batch: dict[str, Any]) -> Tensor:

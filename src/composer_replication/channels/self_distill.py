@@ -21,6 +21,10 @@ With ``sdpo.contrast: placebo`` the teacher also runs on a placebo-hinted prompt
 template with a content-free verdict) and the target becomes the student's logits plus the
 hinted-minus-placebo logits (losses/contrast.py): the template's own effect cancels.
 
+On episodes packed from several context windows (``rollout.context``), the hint goes into
+every window's prompt and the teacher runs the packed forward, each window alone; a summary is
+not a turn for the turn mask (channels/packed.py; docs/summarization.md).
+
 The student side costs no extra forward: TRL's GRPO computes log-probs with a fused LM head
 that never materializes logits, so we capture the backbone's last hidden states from that very
 forward (a forward hook) and feed them, with the LM-head weight, to the chunked fused JSD of
@@ -44,6 +48,7 @@ from composer_replication.channels.hints import (
     insert_hint,
     placebo_hint,
 )
+from composer_replication.channels.packed import hinted_windows, summary_mask
 from composer_replication.config import SdpoConfig
 from composer_replication.lm.chat import as_messages, render_prompt, to_text
 from composer_replication.lm.models import (
@@ -54,6 +59,7 @@ from composer_replication.lm.models import (
     strip_accelerate,
     unwrap,
 )
+from composer_replication.lm.packing import packed_forward, packed_position_ids, pad_windows
 from composer_replication.lm.prefix import (
     forward_with_prefix,
     split_prefixes,
@@ -128,12 +134,8 @@ class SelfDistillChannel(Channel):
             masked = batch["infra_masked"].tolist()
             hints = [None if m else h for h, m in zip(hints, masked, strict=True)]
         hinted = torch.tensor([h is not None for h in hints], dtype=torch.bool, device=device)
-        texts = [
-            render_prompt(self.tokenizer, insert_hint(as_messages(p), h.text), tools=rollouts.tools)
-            if h is not None
-            else ""
-            for p, h in zip(prompts, hints, strict=True)
-        ]
+        messages = [insert_hint(as_messages(p), h.text) if h is not None else None
+                    for p, h in zip(prompts, hints, strict=True)]  # fmt: skip
         turns = [
             _failed_turn(r) if h is not None else -1
             for r, h in zip(rollouts.results, hints, strict=True)
@@ -142,26 +144,58 @@ class SelfDistillChannel(Channel):
             batch["advantages"] = batch["advantages"].masked_fill(hinted, 0.0)
         batch["sdpo_hinted"] = hinted
         batch["sdpo_turn"] = torch.tensor(turns, dtype=torch.long, device=device)
-        self._tokenize(batch, "sdpo_prompt", texts)
+        self._teacher_prompts(batch, "sdpo_prompt", messages, rollouts)
         if self.cfg.contrast == "placebo":  # the same template with a content-free verdict
-            placebos = [
-                render_prompt(self.tokenizer, insert_hint(as_messages(p), placebo_hint(r, self.templates)),
-                              tools=rollouts.tools) if h is not None else ""
-                for p, r, h in zip(prompts, rollouts.results, hints, strict=True)
-            ]  # fmt: skip
-            self._tokenize(batch, "sdpo_placebo", placebos)
+            placebos = [insert_hint(as_messages(p), placebo_hint(r, self.templates))
+                        if h is not None else None
+                        for p, r, h in zip(prompts, rollouts.results, hints, strict=True)]  # fmt: skip
+            self._teacher_prompts(batch, "sdpo_placebo", placebos, rollouts)
+        if rollouts.windows is not None:  # summary tokens: not graded turns (channels/packed.py)
+            k = batch["completion_ids"].shape[1]
+            batch["sdpo_summary"] = torch.tensor(
+                [summary_mask(ws, k) for ws in rollouts.windows], dtype=torch.bool, device=device
+            ).view(-1, k)
         batch["sdpo_hint"] = [h.text if h is not None else None for h in hints]
         batch["sdpo_hint_source"] = [h.source if h is not None else None for h in hints]
         return batch
 
-    def _tokenize(self, batch: dict[str, Any], key: str, texts: list[str]) -> None:
-        """Left-padded ``{key}_ids`` / ``{key}_mask`` of the teacher prompts ``texts``."""
+    def _teacher_prompts(self, batch: dict[str, Any], key: str, messages: list[Any],
+                         rollouts: Rollouts) -> None:  # fmt: skip
+        """Left-padded ``{key}_ids`` / ``{key}_mask``: the teacher prompts rendered from
+        ``messages`` (None: a row without a hint). On packed episodes (``rollouts.windows``)
+        also the teacher's own packed completion, every window's prompt hinted
+        (``{key}_comp_ids/_comp_mask/_comp_window``), and ``{key}_index``: per student
+        completion token its teacher position (-1: none; channels/packed.py)."""
+        texts = [render_prompt(self.tokenizer, m, tools=rollouts.tools) if m is not None else ""
+                 for m in messages]  # fmt: skip
         enc = self.tokenizer(
             texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
         )
         device = batch["completion_ids"].device
         batch[f"{key}_ids"] = enc["input_ids"].to(device)
         batch[f"{key}_mask"] = enc["attention_mask"].to(device)
+        if rollouts.windows is None:
+            return
+        k = batch["completion_ids"].shape[1]
+        rows = []
+        for b, (m, ws) in enumerate(zip(messages, rollouts.windows, strict=True)):
+            if m is None:
+                rows.append(([], [], [-1] * k))
+                continue
+            prompt = batch[f"{key}_ids"][b][batch[f"{key}_mask"][b].bool()].tolist()
+            ids, window, index = hinted_windows(self.tokenizer, ws, m, prompt, rollouts.tools)
+            rows.append((ids, window, (index + [-1] * k)[:k]))
+        width = max([1] + [len(r[0]) for r in rows])
+        comp = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for b, (ids, _, _) in enumerate(rows):
+            comp[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask[b, : len(ids)] = 1
+        batch[f"{key}_comp_ids"] = comp.to(device)
+        batch[f"{key}_comp_mask"] = mask.to(device)
+        batch[f"{key}_comp_window"] = pad_windows([r[1] for r in rows], width, device)
+        batch[f"{key}_index"] = torch.tensor([r[2] for r in rows], dtype=torch.long,
+                                             device=device).view(-1, k)  # fmt: skip
 
     # ---- in the loss ------------------------------------------------------------------------
     def token_mask(self, batch: dict[str, Any]) -> Tensor:
@@ -169,16 +203,23 @@ class SelfDistillChannel(Channel):
         rows whose failure is pinned to a turn (``sdpo_turn`` >= 0), only that turn's tokens
         (``turn_scope: turn``) or that turn's and the later ones' (``turn_and_rest``)."""
         mask = batch["completion_mask"].bool() & batch["sdpo_hinted"][:, None]
+        if "sdpo_prompt_index" in batch:  # packed episodes: tokens the teacher scored
+            mask = mask & (batch["sdpo_prompt_index"] >= 0)
         if "tool_mask" not in batch:
             return mask
         mask = mask & batch["tool_mask"].bool()
         turn_B = batch.get("sdpo_turn")
         if turn_B is None or self.cfg.turn_scope == "all":
             return mask
-        index_BK = turn_index(batch["tool_mask"], batch["completion_mask"])
+        turns_BK = batch["tool_mask"].bool()
+        if "sdpo_summary" in batch:  # a summary is not a graded turn: not counted, not pinned
+            turns_BK = turns_BK & ~batch["sdpo_summary"]
+        index_BK = turn_index(turns_BK, batch["completion_mask"])
         pinned_B1 = (turn_B >= 0)[:, None]
-        same_BK = index_BK == turn_B[:, None]
-        keep_BK = same_BK if self.cfg.turn_scope == "turn" else index_BK >= turn_B[:, None]
+        if self.cfg.turn_scope == "turn":
+            keep_BK = index_BK == turn_B[:, None]
+        else:  # that turn and everything the policy wrote after it (summaries included)
+            keep_BK = index_BK.cummax(dim=1).values >= turn_B[:, None]
         return mask & (~pinned_B1 | keep_BK)
 
     def loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor | float]]:
@@ -263,11 +304,20 @@ class SelfDistillChannel(Channel):
     ) -> tuple[Tensor, Tensor]:
         """Teacher hidden states ``[R, K, H]`` on the hinted prompt (``prompt``: the batch's
         ``{prompt}_ids/mask``; ``sdpo_placebo``: the placebo-hinted one) + the same completion,
-        and its head."""
+        and its head. Packed episodes: the teacher's own packed row (every window's prompt
+        hinted), its states gathered back to the student's completion positions."""
         comp_ids, comp_mask = batch["completion_ids"][rows], batch["completion_mask"][rows]
         t_ids, t_mask = batch[f"{prompt}_ids"][rows], batch[f"{prompt}_mask"][rows]
         k = comp_ids.shape[1]
         with self._teacher(model) as (net, weight):
+            if f"{prompt}_index" in batch:  # packed episodes: every window alone, hinted
+                c_ids = batch[f"{prompt}_comp_ids"][rows]
+                c_mask = batch[f"{prompt}_comp_mask"][rows]
+                pos = packed_position_ids(t_mask, c_mask, batch[f"{prompt}_comp_window"][rows])
+                ids = torch.cat([t_ids, c_ids], dim=1)
+                h = packed_forward(net, ids, pos).last_hidden_state[:, -c_ids.shape[1] - 1 : -1]
+                idx = batch[f"{prompt}_index"][rows].clamp(min=0)
+                return h.gather(1, idx[..., None].expand(-1, -1, h.shape[-1])), weight.detach()
             if use_prefix(net, self.shared_prefix):  # a group's problem text is run once
                 prompts = [ids[m.bool()].tolist() for ids, m in zip(t_ids, t_mask, strict=True)]
                 groups = _group_labels(batch["prompt_ids"][rows], batch["prompt_mask"][rows])

@@ -487,8 +487,8 @@ def check_context(cfg: RunConfig) -> None:
     """``rollout.context`` against the rest of the run (one-line errors naming the keys): a
     context strategy needs a tool environment, the transformers backend and the local engine;
     the window must hold a turn (``generation.max_completion_length``), and with ``summarize``
-    also the summary and ``SUMMARY_ROOM``; the channels and evaluation that do not run on
-    packed episodes yet are refused (docs/summarization.md)."""
+    also the summary and ``SUMMARY_ROOM``; what does not run on packed episodes yet is refused
+    (docs/summarization.md)."""
     c = cfg.rollout.context
     if c.strategy == "none":
         return
@@ -501,8 +501,6 @@ def check_context(cfg: RunConfig) -> None:
         (cfg.generation.backend != "transformers", "needs generation.backend=transformers"),
         (cfg.rollout.engine != "local", "runs on rollout.engine=local only (ray: not built yet)"),
         (cfg.agent_proxy.enabled, "does not compact for the agent proxy (out of scope)"),
-        (cfg.sdpo.enabled or cfg.distill.enabled,
-         "does not run the sdpo/distill channels on packed episodes yet"),
         (cfg.eval.before_and_after,
          "is not run by eval yet: set eval.before_and_after=false"),
         (c.max_tokens < need,

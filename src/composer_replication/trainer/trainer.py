@@ -542,6 +542,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 k = batch["completion_ids"].shape[1]
                 batch["completion_window"] = pad_windows(self._round_windows, k,
                                                          batch["completion_ids"].device)  # fmt: skip
+                if self.channels:  # the teachers score each window in its own context
+                    batch["_windows"] = [e.windows for e in self.context_episodes]
                 self._log_context_metrics()
         finally:
             self._round_windows = None
@@ -641,6 +643,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 group_size=self.num_generations,
                 tools=self.tools or self._source_tools(),
                 columns=batch.pop("_columns", None),
+                windows=batch.pop("_windows", None),
             )
             for channel in self.channels:
                 batch = channel.attach(batch, rollouts)

@@ -30,6 +30,14 @@ def test_a_summarize_run_parses():
     )
 
 
+def test_hints_and_distillation_run_on_packed_episodes():
+    """sdpo and the distill channel score packed episodes window by window
+    (channels/packed.py; tests/unit/trainer/test_summarize_channels.py): not refused."""
+    cfg = load_config(None, [*SUMMARIZE, "alpha_sdpo=0.1", "distill.weight=1",
+                             "distill.teachers=runs/t/final"])  # fmt: skip
+    assert cfg.sdpo.enabled and cfg.distill.enabled
+
+
 @pytest.mark.parametrize(
     "override, match",
     [
@@ -52,7 +60,6 @@ def test_ranges_and_unknown_keys_are_refused(override, match):
     [
         (["env.name=arithmetic", "rollout.context.strategy=truncate"], "needs a tool environment"),
         ([*SUMMARIZE, "rollout.engine=ray"], "rollout.engine=local only"),
-        ([*SUMMARIZE, "alpha_sdpo=0.1"], "sdpo/distill"),
         ([*SUMMARIZE, "eval.before_and_after=true"], "eval.before_and_after=false"),
         ([*SUMMARIZE, "rollout.context.summary_max_tokens=600"], "under half"),
         # 64 (turn) + 99 (summary, under half of 200) + 64 (room) = 227 > 200

@@ -48,7 +48,9 @@ class SummarizingTrainer(ComposerReplicationTrainer):
         return out, None
 
 
-def build(tok, tmp_path, loss_type: str, max_steps: int = 1):
+def build(tok, tmp_path, loss_type: str, max_steps: int = 1, rewards=None, channels=()):
+    """The trainer on two rows of one calculator task (``rewards``: by default row 0 passes,
+    row 1 fails; ``channels``: the channels it trains with, as they would come from a run)."""
     env = CalculatorEnv(per_kind=4, few_shot=False)
     row = env.row(env.tasks("train")[0])
     rows = [row, row]
@@ -61,7 +63,8 @@ def build(tok, tmp_path, loss_type: str, max_steps: int = 1):
     context = SimpleNamespace(strategy="summarize", max_tokens=360, max_summaries=2,
                               summary_prompt=PROMPT, summary_header=HEADER,
                               summary_max_tokens=16)  # fmt: skip
-    rewards = lambda completions, **_: [1.0 if i % 2 == 0 else 0.0 for i in range(len(completions))]  # noqa: E731
+    if rewards is None:
+        rewards = lambda completions, **_: [float(i % 2 == 0) for i in range(len(completions))]  # noqa: E731
     model = make_tiny_model(len(tok), max_positions=512)
     with torch.no_grad():  # larger weights: log-probs that depend on the context visibly
         for name, p in model.named_parameters():
@@ -71,6 +74,7 @@ def build(tok, tmp_path, loss_type: str, max_steps: int = 1):
         model=model, reward_funcs=rewards, args=args,
         train_dataset=Dataset.from_list(rows * 4), processing_class=tok,
         environment_factory=bounded_tools(CalculatorTools, 64), context=context,
+        channels=list(channels),
     )  # fmt: skip
     return trainer, rows
 
