@@ -60,7 +60,7 @@ from composer_replication.envs.base import (
 )
 from composer_replication.envs.workspace import workspace_episode
 from composer_replication.lm.chat import render_prompt
-from composer_replication.sandbox.infra import InfraFailure
+from composer_replication.sandbox.infra import HARNESS_START, InfraFailure
 from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 from composer_replication.sandbox.shell import ShellResult
 
@@ -83,8 +83,8 @@ class Episode:
     error: str = ""
     """Why the episode failed before it could be graded ('' if it did not)."""
     infra: InfraFailure | None = None
-    """The agent's sandbox never started (before its first request): the machine's failure,
-    the episode is masked (sandbox/infra.py)."""
+    """The agent's sandbox never started, or its harness ended before its first request: the
+    machine's failure, the episode is masked (sandbox/infra.py)."""
     queued_s: float = 0.0
     """Seconds its requests waited for the generator (other requests' batches)."""
     policy_s: float = 0.0
@@ -190,6 +190,11 @@ class AgentEpisodes:
             ep.turns, ep.refused = record.turns, record.refused
             ep.queued_s, ep.policy_s = record.queued_s, record.policy_s
             ep.waited_s = record.waited_s
+        if not_started(ep):  # the machine's, before the policy's first action
+            ep.infra = harness_not_started(ep.run)
+            log.warning("the harness of %s ended before its first request: %s (output: %s)",
+                        task.task_id, ep.infra.detail, ep.run.output[-500:])  # fmt: skip
+            return
         for rel in ep.run.changed:
             workspace.note_write(rel)
         workspace.flag(*ep.run.refused)
@@ -202,7 +207,7 @@ class AgentEpisodes:
         messages = [e.turns[-1].messages if e.turns else [] for e in ran]
         graded = iter(self.env.grade_episodes([e.task for e in ran], messages,
                                               [e.tools for e in ran]) if ran else [])  # fmt: skip
-        return [_failed(e) if e.error else machine_failed("", e.infra) if e.infra is not None
+        return [_failed(e) if e.error else _not_graded(e) if e.infra is not None
                 else next(graded) for e in episodes]  # fmt: skip
 
     # ---- plumbing --------------------------------------------------------------------------
@@ -255,8 +260,11 @@ class AgentEpisodes:
 
     def _log(self, trainer, episodes: list[Episode], joined, results) -> None:
         mode = "train" if trainer.model.training else "eval"
-        n = len(episodes)
-        usable = [j for j in joined if j is not None]
+        # the episodes the machine failed are masked and counted apart (env/infra_failed*)
+        ran = [(e, j) for e, j in zip(episodes, joined, strict=True) if e.infra is None]
+        episodes = [e for e, _ in ran]
+        n = max(len(episodes), 1)
+        usable = [j for _, j in ran if j is not None]
         values = {
             "agent/turns": sum(len(e.turns) for e in episodes) / n,
             "agent/trained_turns": sum(j.turns for j in usable) / n,
@@ -275,12 +283,47 @@ class AgentEpisodes:
             trainer.log_metric(key, value, mode)
 
 
-def _failed(ep: Episode) -> StepResult:
-    """The verdict of an episode that failed (``ep.error``): 0, flagged; its workspace removed."""
+NOT_STARTED_STATUS = (126, 127)
+"""The shell's exit status for a command it could not execute or did not find (POSIX)."""
+
+
+def not_started(ep: Episode) -> bool:
+    """Whether the episode's harness could not start: its shell found no program to run
+    (exit 126/127) and no request reached the policy. Seen on a loaded machine as ``mini: not
+    found`` from a harness venv that was there before and after (issue 54's CI, 1 episode in
+    ~100); the policy had no part in it, so it is the machine's failure (sandbox/infra.py:
+    before the policy's first action), masked, not a 0 the group learns from. An agent that
+    runs without asking the policy (a ``command`` harness acting on its own) is still graded."""
+    run = ep.run
+    return (run is not None and not ep.turns and not ep.refused and not run.timed_out
+            and run.exit_code in NOT_STARTED_STATUS)  # fmt: skip
+
+
+def harness_not_started(run: ShellResult) -> InfraFailure:
+    """The machine failure of a harness that could not start (:func:`not_started`). The
+    detail is the exit status only (trusted text); the output goes to the log."""
+    return InfraFailure(HARNESS_START, f"the harness could not start (exit status {run.exit_code})")
+
+
+def _close_workspace(ep: Episode) -> list[str]:
+    """Remove the workspace of an episode that is not graded; its flags."""
     workspace = getattr(ep.tools, "episode", None)
     flags = list(getattr(workspace, "flags", None) or [])
     if workspace is not None:
         workspace.close()
+    return flags
+
+
+def _not_graded(ep: Episode) -> StepResult:
+    """The result of an episode the machine failed (``ep.infra``): masked; its workspace
+    removed."""
+    _close_workspace(ep)
+    return machine_failed("", ep.infra)
+
+
+def _failed(ep: Episode) -> StepResult:
+    """The verdict of an episode that failed (``ep.error``): 0, flagged; its workspace removed."""
+    flags = _close_workspace(ep)
     why = f"the episode failed: {ep.error}"
     kind = ep.error.partition(":")[0]
     return StepResult(

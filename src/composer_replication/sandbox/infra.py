@@ -9,7 +9,8 @@ But a mask turns a sure 0 into "no signal", so a policy that can *cause* such a 
 tasks it would fail learns to. The rule (docs/sandbox.md, "Machine failures"):
 
 * a failure is the machine's when it happened **before the policy's first action** (the
-  sandbox start, the wait for a slot, an environment's reset), or
+  sandbox start, the wait for a slot, an environment's reset, an agent harness that could
+  not start), or
 * when the submission's grading ended abnormally, a **control** (a known-good submission, or
   the task's untouched state) graded on the same machine **also fails** and a **retry** of the
   submission in a fresh sandbox fails the same way **as the control** (the same kind), or
@@ -35,7 +36,12 @@ SERVER_ERROR = "server_error"
 """An environment or grading server answered 5xx (or not at all) to a request that does not
 depend on the submission, or that a control request fails the same way."""
 
-KINDS = (SANDBOX_START, GRADER_KILLED, SLOT_TIMEOUT, SERVER_ERROR)
+HARNESS_START = "harness_start"
+"""An agent harness (``agent_proxy``) could not start: its shell found no program to run
+(exit 126/127) before any request reached the policy. The policy had not acted yet, so the
+outcome says nothing about it (agents/episodes.py ``not_started``)."""
+
+KINDS = (SANDBOX_START, GRADER_KILLED, SLOT_TIMEOUT, SERVER_ERROR, HARNESS_START)
 """Every failure kind, in the order metrics and messages list them."""
 
 T = TypeVar("T")

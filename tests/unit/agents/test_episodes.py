@@ -100,6 +100,42 @@ def test_an_episode_error_fails_that_episode_not_the_batch(env, tool_tok, tmp_pa
     assert not any(e.tools.workspace.exists() for e in episodes.last_episodes)  # removed
 
 
+def test_a_harness_that_could_not_start_is_the_machines_failure(
+    env, tool_tok, tmp_path, monkeypatch
+):
+    """Issue 54's CI: on a loaded machine one of 8 mini-swe-agent episodes ended at once with
+    ``mini: not found`` (exit 127), no request made, and was graded as the policy's 0 (a
+    group's advantages learned from a machine fault; ``agent/turns`` 1.75 where every episode
+    that ran took 2). A harness whose shell finds no program, before any request, is now the
+    machine's failure (``harness_start``): masked, its workspace removed, left out of the
+    agent metrics; one that ran and asked nothing is still graded."""
+    from composer_replication.envs.base import infra_kind
+    from composer_replication.sandbox.shell import ShellResult
+
+    lost, ran = env.tasks("train")[:2]
+
+    def run_agent(box, workspace, run, socket_dir, socket_name, python_path=(), policy_wait=None):
+        if dict(run.env)["AGENT_TASK"] == env.user_message(lost):
+            return ShellResult("/bin/sh: 3: mini: not found\n", 127)
+        return ShellResult("", 0)
+
+    monkeypatch.setattr(episodes_mod, "run_agent", run_agent)
+    episodes = _command_episodes(env, tool_tok, tmp_path, workers=2)
+    rows = [env.row(lost), env.row(ran)]
+    trainer = trainer_stub(rows)
+    try:
+        out = episodes([r["prompt"] for r in rows], trainer)
+    finally:
+        episodes.close()
+    masked, graded = out["agent_result"]
+    assert infra_kind(masked) == "harness_start" and "exit status 127" in masked.feedback
+    assert infra_kind(graded) is None and "targets" in graded.info
+    assert not any(e.tools.workspace.exists() for e in episodes.last_episodes)  # removed
+    m = trainer.logged["train"]
+    assert m["agent/failed_frac"] == [0.0] and m["agent/seconds"][0] >= 0
+    assert len(out["completion_ids"][0]) == 1  # one masked token, as any unusable episode
+
+
 def test_two_tasks_with_one_text_each_get_their_own_episode(env, tool_tok, tmp_path, monkeypatch):
     """Issue 59: prompts were mapped back to tasks by their user-message text, so two tasks
     posed with one text both ran (and were graded as) the same task. The task now comes from

@@ -86,7 +86,10 @@ def test_two_grpo_steps_through_mini_swe_agent(tool_tok, agent_venv, textkit_tas
         agent
     )
     # both turns of every episode trained as one sequence (the harness's result masked out)
-    assert all(r["agent/turns"] == 2 and r["agent/trained_turns"] == 2 for r in rows), agent
+    turns = [
+        (r["agent/turns"], r["agent/trained_turns"], r["agent/refused_requests"]) for r in rows
+    ]
+    assert all(r["agent/turns"] == 2 and r["agent/trained_turns"] == 2 for r in rows), turns
     # the generator's time is accounted per episode, apart from the agent's own
     assert all(r["agent/policy_seconds"] >= r["agent/queued_seconds"] >= 0 for r in rows), rows
     assert all(0 < r["agent/own_seconds"] <= r["agent/seconds"] for r in rows), rows

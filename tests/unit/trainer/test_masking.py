@@ -14,6 +14,7 @@ from composer_replication.envs.base import StepResult, machine_failed
 from composer_replication.run.train import build_trainer
 from composer_replication.sandbox.infra import (
     GRADER_KILLED,
+    HARNESS_START,
     KINDS,
     SANDBOX_START,
     SERVER_ERROR,
@@ -141,7 +142,7 @@ def test_each_machine_failure_is_masked_counted_and_out_of_the_group_statistics(
     assert metrics["env/infra_failed_frac"] == [pytest.approx(7 / 12)]
     counts = {k: metrics[f"env/infra_failed/{k}"] for k in KINDS}
     assert counts == {SANDBOX_START: [3.0], GRADER_KILLED: [2.0], SLOT_TIMEOUT: [1.0],
-                      SERVER_ERROR: [1.0]}  # fmt: skip
+                      SERVER_ERROR: [1.0], HARNESS_START: [0.0]}  # fmt: skip
     assert metrics["env/pass_rate"] == [pytest.approx(3 / 5)]  # of the 5 graded rollouts
     assert metrics["reward"] == [pytest.approx(3 / 5)]  # TRL's mean leaves the NaN rows out
     _assert_masked_rows_do_not_move_the_loss(trainer, batch, kept)
