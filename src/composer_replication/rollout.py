@@ -259,7 +259,9 @@ class ToolLoop:
     the first turn generated and parsed (the tokenizer's response template, else its text).
     With ``context`` (``rollout.context`` with a strategy) the turns after the first run in
     :class:`ContextLoop` instead of TRL's loop, as in the trainer's ``_tool_call_loop``:
-    ``generate`` then also takes a token limit. Tied to TRL 1.16 (pinned in pyproject.toml); tests/unit/test_rollout.py runs it."""
+    ``generate`` then also takes a token limit. Tied to TRL 1.16 (pinned in pyproject.toml);
+    tests/unit/test_rollout.py runs it (with a context:
+    tests/unit/rollout_engine/test_packed_windows.py)."""
 
     def __init__(
         self,

@@ -5,8 +5,9 @@ whose rewards are normalized together. Each rollout may hold several *sequences*
 that was summarized, or split at a context reset, trains on each part), and carries a ``valid``
 flag: a rollout lost to an infrastructure failure stays in its group, masked out, instead of
 silently shrinking it. An episode run under ``rollout.context`` holds one sequence per context
-window (``rollout.Window``; the learner packs them into one row: docs/summarization.md). Each sequence records, per assistant turn, the policy version that
-generated it, so the learner measures staleness from the oldest turn.
+window (``rollout.Window``; the learner packs them into one row: docs/summarization.md). Each
+sequence records, per assistant turn, the policy version that generated it, so the learner
+measures staleness from the oldest turn.
 
 Plain dataclasses of lists (no tensors): cheap to pickle through Ray's object store, and
 independent of torch."""
@@ -37,6 +38,7 @@ class Sequence:
     summary: str | None = None
     """The summary that closed this window (``rollout.Window.summary``; None: none did)."""
     summary_tokens: int = 0
+    """The summary's length in tokens."""
     summary_cut: bool = False
     """The summary hit its token limit."""
 
