@@ -214,9 +214,10 @@ def _run_calls(tools: dict[str, Callable[..., Any]], calls: list[tuple[str, dict
     return outcomes
 
 
-TurnFn = Callable[[list[list[int]]], tuple[list[list[int]], list[list[float]], Any]]
+TurnFn = Callable[..., tuple[list[list[int]], list[list[float]], Any]]
 """Generates one turn for each prompt (token ids): ``(completion ids, their sampling
-log-probs, a tag)``; the tag (a Ray worker: its policy version) is recorded per turn."""
+log-probs, a tag)``; the tag (a Ray worker: its policy version) is recorded per turn. Under a
+context strategy it also takes the turn's token limit (:data:`GenerateFn`)."""
 
 
 @dataclass
@@ -238,6 +239,9 @@ class ToolEpisode:
     """The tag ``generate`` returned for each assistant turn of this rollout."""
     instance: Any
     """The tool instance that served it (graded from its state by some environments)."""
+    context: ContextEpisode | None = None
+    """Under a context strategy: the episode's windows (the fields above are its packed
+    row, :meth:`ContextEpisode.packed`)."""
 
 
 class ToolLoop:
@@ -253,7 +257,11 @@ class ToolLoop:
     ``_generate`` do: each instance is reset with its row (the observation a reset returns is
     appended to the last prompt message), the prompt is rendered with the instance's tools,
     the first turn generated and parsed (the tokenizer's response template, else its text).
-    Tied to TRL 1.16 (pinned in pyproject.toml); tests/unit/test_rollout.py runs it."""
+    With ``context`` (``rollout.context`` with a strategy) the turns after the first run in
+    :class:`ContextLoop` instead of TRL's loop, as in the trainer's ``_tool_call_loop``:
+    ``generate`` then also takes a token limit. Tied to TRL 1.16 (pinned in pyproject.toml);
+    tests/unit/test_rollout.py runs it (with a context:
+    tests/unit/rollout_engine/test_ray_packed_windows.py)."""
 
     def __init__(
         self,
@@ -263,6 +271,7 @@ class ToolLoop:
         max_turns: int,
         max_completion_length: int,
         concurrent_tools: bool = True,
+        context: Any = None,
     ):
         from types import SimpleNamespace
 
@@ -272,6 +281,7 @@ class ToolLoop:
         self.max_tool_calling_iterations = max_turns - 1
         self.max_completion_length = max_completion_length
         self.concurrent_tools = concurrent_tools
+        self.context = context if context is not None and context.strategy != "none" else None
         self.chat_template, self.chat_template_kwargs = None, {}
         self.use_vllm, self.vllm_mode, self._is_vlm, self.async_loop = False, None, False, None
         self.environment_factories = None  # TRL then parses every turn against ``tools``
@@ -311,6 +321,9 @@ class ToolLoop:
         prompt_ids = [self._prompt_ids(p) for p in prompts]
         completion_ids, logprobs = self._generate_single_turn(prompt_ids, None, {}, 1)
         completions = [[self._parse(c, p)] for c, p in zip(completion_ids, prompt_ids, strict=True)]
+        if self.context is not None:
+            return self._run_context(prompts, prompt_ids, completion_ids, completions, logprobs,
+                                     instances)  # fmt: skip
         with contextlib.ExitStack() as stack:
             if self.concurrent_tools and len(rows) > 1:
                 self._sync_tool_dicts = stack.enter_context(
@@ -326,6 +339,24 @@ class ToolLoop:
             ToolEpisode(p, c, lp, m, msgs, self.tags[: max(1, _runs(m))], e)
             for p, c, lp, m, msgs, e in zip(prompt_ids, completion_ids, logprobs, masks,
                                             completions, instances, strict=True)
+        ]  # fmt: skip
+
+    def _run_context(self, prompts, prompt_ids, completion_ids, completions, logprobs,
+                     instances) -> list[ToolEpisode]:  # fmt: skip
+        """The turns after the first in :class:`ContextLoop` (its own concurrent calls); each
+        episode's windows kept in :attr:`ToolEpisode.context`."""
+        loop = ContextLoop(self._tokenizer, self.context, self.max_completion_length,
+                           self.max_tool_calling_iterations + 1, self.generate,
+                           self._get_tool_suffix_ids, self.tools)  # fmt: skip
+        masks, msgs, ids, logps, calls, failures, _ = loop.run(
+            prompts, prompt_ids, completion_ids, completions, logprobs, self._sync_tool_dicts,
+            first_tag=self.tags[0],
+        )  # fmt: skip
+        self.tool_calls, self.tool_failures = int(calls), int(failures)
+        return [
+            ToolEpisode(p, c, lp, m, ms, e.turn_tags, inst, e)
+            for p, c, lp, m, ms, inst, e in zip(prompt_ids, ids, logps, masks, msgs, instances,
+                                                loop.episodes, strict=True)
         ]  # fmt: skip
 
     def _prompt_ids(self, prompt: list[dict[str, Any]]) -> list[int]:
@@ -615,10 +646,12 @@ class ContextLoop:
                 f"{self.turn_tokens}, the summary and the next window's prompt)"
             )
 
-    def run(self, prompts, prompt_ids, completion_ids, completions, logprobs, tool_dicts):
+    def run(self, prompts, prompt_ids, completion_ids, completions, logprobs, tool_dicts,
+            first_tag: Any = None):  # fmt: skip
         """TRL's ``_tool_call_loop`` contract: returns ``(tool_mask, completions,
         completion_ids, logprobs, tool_call_count, tool_failure_count, tool_images)`` with the
-        packed episodes; ``prompts`` are the rows' prompt messages."""
+        packed episodes; ``prompts`` are the rows' prompt messages, ``first_tag`` the tag of
+        the first turn (generated before the loop: a Ray worker's policy version)."""
         for p in prompt_ids:
             self.check_prompt(len(p))
         n = len(prompt_ids)
@@ -630,7 +663,7 @@ class ContextLoop:
         msgs = [list(c) for c in completions]
         for i in range(n):
             lp = logprobs[i] if logprobs is not None else None
-            self._add_turn(i, completion_ids[i], lp, None)
+            self._add_turn(i, completion_ids[i], lp, first_tag)
         active = [i for i in range(n) if msgs[i] and msgs[i][-1].get("tool_calls")]
         calls = failures = 0
         for _ in range(self.max_turns - 1):

@@ -485,7 +485,7 @@ is tokenized: ``rollout.ContextLoop``)."""
 
 def check_context(cfg: RunConfig) -> None:
     """``rollout.context`` against the rest of the run (one-line errors naming the keys): a
-    context strategy needs a tool environment, the transformers backend and the local engine;
+    context strategy needs a tool environment and the transformers backend (either engine);
     the window must hold a turn (``generation.max_completion_length``), and with ``summarize``
     also the summary and ``SUMMARY_ROOM``; what does not run on packed episodes yet is refused
     (docs/summarization.md)."""
@@ -499,7 +499,6 @@ def check_context(cfg: RunConfig) -> None:
         (not isinstance(cfg.env, ToolEnvConfig),
          f"needs a tool environment (env.name={cfg.env.name} has no multi-turn loop)"),
         (cfg.generation.backend != "transformers", "needs generation.backend=transformers"),
-        (cfg.rollout.engine != "local", "runs on rollout.engine=local only (ray: not built yet)"),
         (cfg.agent_proxy.enabled, "does not compact for the agent proxy (out of scope)"),
         (cfg.eval.before_and_after,
          "is not run by eval yet: set eval.before_and_after=false"),

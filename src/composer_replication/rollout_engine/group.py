@@ -4,8 +4,10 @@ A *group* is GRPO's unit: the rollouts of one task (``generation.num_generations
 whose rewards are normalized together. Each rollout may hold several *sequences* (an episode
 that was summarized, or split at a context reset, trains on each part), and carries a ``valid``
 flag: a rollout lost to an infrastructure failure stays in its group, masked out, instead of
-silently shrinking it. Each sequence records, per assistant turn, the policy version that
-generated it, so the learner measures staleness from the oldest turn.
+silently shrinking it. An episode run under ``rollout.context`` holds one sequence per context
+window (``rollout.Window``; the learner packs them into one row: docs/summarization.md). Each
+sequence records, per assistant turn, the policy version that generated it, so the learner
+measures staleness from the oldest turn.
 
 Plain dataclasses of lists (no tensors): cheap to pickle through Ray's object store, and
 independent of torch."""
@@ -33,6 +35,12 @@ class Sequence:
     ``tool_mask``)."""
     turn_versions: list[int]
     """Policy version (optimizer steps the weights had taken) of each assistant turn."""
+    summary: str | None = None
+    """The summary that closed this window (``rollout.Window.summary``; None: none did)."""
+    summary_tokens: int = 0
+    """The summary's length in tokens."""
+    summary_cut: bool = False
+    """The summary hit its token limit."""
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -57,6 +65,10 @@ class Rollout:
     """False: lost to an infrastructure failure; kept for the group's shape, never trained."""
     messages: list[dict[str, Any]] | None = None
     """The episode as chat messages (tool environments), for logs and hint channels."""
+    ended: str = "done"
+    """How a ``rollout.context`` episode ended (``rollout.ContextEpisode.ended``)."""
+    tokens_saved: int = 0
+    """Context tokens its closed windows dropped (``rollout.ContextEpisode.tokens_saved``)."""
 
     @property
     def oldest_version(self) -> int:

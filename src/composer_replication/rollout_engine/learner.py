@@ -47,6 +47,7 @@ from composer_replication.rollout_engine.worker import (
     POLL_S,
     RolloutWorker,
     WorkerSettings,
+    rollout_episode,
     worker_dir,
 )
 
@@ -396,6 +397,22 @@ class RayRollouts:
         self.pending = self.take_groups(n_groups, version)
         return group_rows(self.pending)
 
+    def packed_windows(self) -> list[list[int]] | None:
+        """The window of each completion token of the pending groups' rows (:func:`group_tokens`'
+        order), when the run has a ``rollout.context`` strategy or a rollout holds several
+        sequences: the trainer then scores those rows packed (``completion_window``,
+        lm/packing.py), as the local engine does; None otherwise."""
+        ws = self.worker_settings
+        several = any(len(r.sequences) > 1 for g in self.pending for r in g.rollouts)
+        if not several and (ws is None or ws.context is None):
+            return None
+        return [rollout_episode(r).packed()[3] for g in self.pending for r in g.rollouts]
+
+    def context_episodes(self) -> list[Any]:
+        """The pending groups' rollouts as ``rollout.ContextEpisode`` (their windows and
+        summaries), one per row: what the trainer's ``rollout/summaries`` metrics read."""
+        return [rollout_episode(r) for g in self.pending for r in g.rollouts]
+
     def rollout_func(self, prompts: list[Any], trainer: Any = None) -> dict[str, Any]:
         """TRL's ``rollout_func`` for the pending groups (:func:`group_tokens`)."""
         return group_tokens(self.pending, len(prompts))
@@ -460,8 +477,6 @@ def group_rows(groups: list[GroupRecord]) -> list[dict[str, Any]]:
     rows = []
     for g in groups:
         for r in g.rollouts:
-            if len(r.sequences) != 1:
-                raise NotImplementedError("several sequences per rollout: not trained yet")
             rows.append({**g.row, "worker_reward": r.reward if r.valid else None,
                          "worker_verdict": r.verdict, "worker_messages": r.messages,
                          "worker_group": g.info})  # fmt: skip
@@ -470,15 +485,20 @@ def group_rows(groups: list[GroupRecord]) -> list[dict[str, Any]]:
 
 def group_tokens(groups: list[GroupRecord], n_prompts: int) -> dict[str, Any]:
     """TRL's ``rollout_func`` output for ``groups`` (in :func:`group_rows`' order): prompt
-    and completion ids, behaviour log-probs and tool masks (``env_mask``)."""
-    seqs = [r.sequences[0] for g in groups for r in g.rollouts]
-    if len(seqs) != n_prompts:
-        raise RuntimeError(f"rollout engine: {len(seqs)} rollouts for {n_prompts} prompts")
+    and completion ids, behaviour log-probs and tool masks (``env_mask``). A rollout of
+    several sequences (context windows) is ONE row, packed as the local engine packs an
+    episode (``rollout.ContextEpisode.packed``): window 0's prompt, then each window's
+    completion, each later window preceded by its prompt (mask 0, log-prob 0.0); the window
+    of each token is :meth:`RayRollouts.packed_windows`."""
+    rollouts = [r for g in groups for r in g.rollouts]
+    if len(rollouts) != n_prompts:
+        raise RuntimeError(f"rollout engine: {len(rollouts)} rollouts for {n_prompts} prompts")
+    packed = [rollout_episode(r).packed() for r in rollouts]
     return {
-        "prompt_ids": [s.prompt_ids for s in seqs],
-        "completion_ids": [s.completion_ids for s in seqs],
-        "logprobs": [s.behaviour_logps for s in seqs],
-        "env_mask": [s.tool_mask for s in seqs],
+        "prompt_ids": [r.sequences[0].prompt_ids for r in rollouts],
+        "completion_ids": [p[0] for p in packed],
+        "logprobs": [p[2] for p in packed],
+        "env_mask": [p[1] for p in packed],
     }
 
 

@@ -11,7 +11,11 @@ not depend on which worker drew it.
 A tool environment's group runs TRL's multi-turn loop (rollout.py ``ToolLoop``: the loop local
 training runs) on one instance of the run's tool class per rollout, and is graded here with
 ``grade_episodes``; before each later turn the worker loads the newest weights (or the forced
-version), so each turn records its own version. The worker runs at most
+version), so each turn records its own version. With ``rollout.context``
+(``WorkerSettings.context``) the loop is the local engine's ``ContextLoop`` (through
+``ToolLoop``), and each context window of an episode travels as its own ``Sequence`` with its
+turns' versions; the learner packs them into one row (learner.py ``group_tokens``;
+docs/summarization.md). The worker runs at most
 ``WorkerSettings.sandbox_slots`` sandboxes at once (its share of its node, which Ray
 accounts), and its temporary files (workspaces) live under its own scratch directory, which
 the learner or its replacement removes: a killed actor runs no ``atexit``, and its bwrap
@@ -24,14 +28,14 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from composer_replication.envs.telemetry import do_nothing_reward
 from composer_replication.envs.tools import bounded_tools
 from composer_replication.lm.chat import as_messages, render_prompt
 from composer_replication.lm.generator import Generator, Sampling
-from composer_replication.rollout import ToolLoop
+from composer_replication.rollout import ContextEpisode, ToolLoop, Window
 from composer_replication.rollout_engine.dispenser import Ticket
 from composer_replication.rollout_engine.group import GroupRecord, Rollout, Sequence
 from composer_replication.rollout_engine.weight_sync import (
@@ -66,6 +70,9 @@ class WorkerSettings:
     work_dir: str | None = None
     """Per-worker scratch directory base (``TMPDIR`` of the actor): ``<work_dir>/worker-<id>``
     holds its workspaces and is removed by the learner or by the worker's replacement."""
+    context: Any = None
+    """``rollout.context`` when it sets a strategy (config/env.py ``ContextConfig``): tool
+    episodes run ``rollout.ContextLoop`` and carry one sequence per window."""
 
 
 class RolloutWorker:
@@ -107,7 +114,7 @@ class RolloutWorker:
             self.instances = [tools_class() for _ in range(settings.group_size)]
             self.tool_loop = ToolLoop(tokenizer, model_config, self._turn, settings.max_turns,
                                       settings.sampling.max_new_tokens,
-                                      settings.concurrent_tools)  # fmt: skip
+                                      settings.concurrent_tools, settings.context)  # fmt: skip
         self._ticket: Ticket | None = None
         self.checked: set[str] = set()
         """Tasks whose do-nothing submission this worker graded (the hack telemetry's check,
@@ -175,11 +182,16 @@ class RolloutWorker:
         results = self.env.grade_episodes(
             [task] * len(episodes), [e.messages for e in episodes], [e.instance for e in episodes]
         )
-        rollouts = [
-            Rollout([Sequence(e.prompt_ids, e.completion_ids, e.logprobs, e.tool_mask,
-                              list(e.turn_tags))], r.reward, r, messages=e.messages)
-            for e, r in zip(episodes, results, strict=True)
-        ]  # fmt: skip
+        rollouts = []
+        for e, r in zip(episodes, results, strict=True):
+            if e.context is None:
+                rollouts.append(Rollout([Sequence(e.prompt_ids, e.completion_ids, e.logprobs,
+                                                  e.tool_mask, list(e.turn_tags))],
+                                        r.reward, r, messages=e.messages))  # fmt: skip
+            else:
+                rollouts.append(Rollout(window_sequences(e.context), r.reward, r,
+                                        messages=e.messages, ended=e.context.ended,
+                                        tokens_saved=e.context.tokens_saved))  # fmt: skip
         info = {"tool_calls": self.tool_loop.tool_calls,
                 "tool_failures": self.tool_loop.tool_failures}  # fmt: skip
         if getattr(self.env, "checks_do_nothing", False) and task.task_id not in self.checked:
@@ -189,14 +201,20 @@ class RolloutWorker:
         return GroupRecord(ticket.group_id, task.task_id, row, rollouts, self.worker_id,
                            time.monotonic() - start, info)  # fmt: skip
 
-    def _turn(self, prompts: list[list[int]]) -> tuple[list[list[int]], list[list[float]], int]:
-        """One turn of the tool loop: a later turn first loads the newest weights (or the
-        ticket's forced version), so each turn's version is recorded on its own."""
+    def _turn(
+        self, prompts: list[list[int]], limit: int | None = None
+    ) -> tuple[list[list[int]], list[list[float]], int]:
+        """One turn of the tool loop (``limit``: at most that many new tokens, a context
+        loop's summary turn): a later turn first loads the newest weights (or the ticket's
+        forced version), so each turn's version is recorded on its own."""
         assert self.tool_loop is not None and self._ticket is not None
         if self.tool_loop.tags:
             self._load_weights(self._ticket.version)
+        sampling = self.settings.sampling
+        if limit is not None:
+            sampling = replace(sampling, max_new_tokens=limit)
         with self.lock:
-            outs = self.generator.generate(prompts, self.settings.sampling)
+            outs = self.generator.generate(prompts, sampling)
             version = self.version
         return [o.ids for o in outs], [o.logprobs for o in outs], version
 
@@ -243,6 +261,28 @@ class RolloutWorker:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+
+def window_sequences(episode: ContextEpisode) -> list[Sequence]:
+    """A context episode's windows as the record's sequences, one per window: its prompt, its
+    completion, tool mask, behaviour log-probs, its turns' versions and its summary."""
+    return [
+        Sequence(w.prompt_ids, w.completion_ids, w.logprobs, w.tool_mask, list(w.turn_tags),
+                 w.summary, w.summary_tokens, w.summary_cut)
+        for w in episode.windows
+    ]  # fmt: skip
+
+
+def rollout_episode(rollout: Rollout) -> ContextEpisode:
+    """A record's rollout as the context episode it was (:func:`window_sequences`' inverse),
+    for the learner: its packed row (``ContextEpisode.packed``, the local engine's) and its
+    metrics. A rollout of one sequence is an episode of one window."""
+    windows = [
+        Window(s.prompt_ids, s.completion_ids, s.tool_mask, s.behaviour_logps, s.summary,
+               s.summary_tokens, s.summary_cut, list(s.turn_versions))
+        for s in rollout.sequences
+    ]  # fmt: skip
+    return ContextEpisode(windows, rollout.ended, rollout.tokens_saved)
 
 
 def _policy_copy(model_class: type, model_config: Any, peft_config: Any) -> Any:

@@ -167,6 +167,7 @@ def build_engine(cfg: RunConfig, model, tokenizer, env: Environment):
         g.num_generations, sampling, cfg.seed, num_threads=max(1, int(w.num_cpus)),
         timeout_s=cfg.ray.timeout_s, max_turns=r.max_turns, max_tool_calls=r.max_tool_calls,
         concurrent_tools=r.concurrent_tools, sandbox_slots=worker_sandbox_slots(cfg),
+        context=r.context if r.context.strategy != "none" else None,
     )  # fmt: skip
     tools = tool_kwargs(cfg, env).get("environment_factory")
     return RayRollouts(settings, worker, model, tokenizer, functools.partial(build_env, cfg),

@@ -384,7 +384,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             self._get_tool_suffix_ids, self.tools,
         )  # fmt: skip
         out = loop.run(prompts, prompt_ids, completion_ids, completions, logprobs,
-                       self._sync_tool_dicts)  # fmt: skip
+                       self._sync_tool_dicts, first_tag=self.state.global_step)  # fmt: skip
         self.context_episodes = loop.episodes
         self._round_windows = [e.packed()[3] for e in loop.episodes]
         return out
@@ -589,19 +589,21 @@ class ComposerReplicationTrainer(GRPOTrainer):
         if rewards is not None:  # reward by the number of summaries the episode wrote
             by: dict[int, list[float]] = {}
             for e, r in zip(eps, rewards, strict=True):
-                by.setdefault(len(e.summaries), []).append(r)
+                if r is not None:
+                    by.setdefault(len(e.summaries), []).append(r)
             for k, rs in by.items():
                 values[f"rollout/reward_by_summaries/{k}"] = sum(rs) / len(rs)
         for key, value in values.items():
             self._metrics[mode][key].append(float(value))
 
-    def _graded_rewards(self, n: int) -> list[float] | None:
+    def _graded_rewards(self, n: int) -> list[float | None] | None:
         """The last round's rewards per rollout from a reward function that keeps its
-        verdicts (``last_results``, EnvReward), if one graded ``n`` rollouts."""
+        verdicts (``last_results``, EnvReward), if one graded ``n`` rollouts (None for a
+        rollout without a verdict: one the Ray engine's record marks invalid)."""
         for f in self.reward_funcs:
             results = getattr(f, "last_results", None)
             if results is not None and len(results) == n:
-                return [float(r.reward) for r in results]
+                return [float(r.reward) if r is not None else None for r in results]
         return None
 
     # ---- rollouts from Ray workers (rollout.engine: ray; rollout_engine/learner.py) ----------
@@ -623,10 +625,15 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     def _source_rows(self, inputs):
         """A step's rows from the rollout source (training only), TRL's weight-sync check
-        marked done (the source pushes weights itself)."""
+        marked done (the source pushes weights itself). Episodes of several context windows
+        (``rollout.context`` on the workers) come packed: their windows are kept for this
+        round's forwards and batch, as the local engine's loop keeps them."""
         n_groups = len(inputs) // self.num_generations
         rows = self.rollout_source.next_rows(n_groups, self.state.global_step)
         self._last_loaded_step = self.state.global_step
+        self._round_windows = self.rollout_source.packed_windows()
+        if self._round_windows is not None:
+            self.context_episodes = self.rollout_source.context_episodes()
         return rows
 
     def _generate_and_score_completions(self, inputs):

@@ -28,6 +28,8 @@ def test_a_summarize_run_parses():
         2,
         128,
     )
+    ray = load_config(None, [*SUMMARIZE, "rollout.engine=ray"]).rollout  # the workers run it
+    assert (ray.engine, ray.context.strategy) == ("ray", "summarize")
 
 
 def test_hints_and_distillation_run_on_packed_episodes():
@@ -59,7 +61,6 @@ def test_ranges_and_unknown_keys_are_refused(override, match):
     "overrides, match",
     [
         (["env.name=arithmetic", "rollout.context.strategy=truncate"], "needs a tool environment"),
-        ([*SUMMARIZE, "rollout.engine=ray"], "rollout.engine=local only"),
         ([*SUMMARIZE, "eval.before_and_after=true"], "eval.before_and_after=false"),
         ([*SUMMARIZE, "rollout.context.summary_max_tokens=600"], "under half"),
         # 64 (turn) + 99 (summary, under half of 200) + 64 (room) = 227 > 200

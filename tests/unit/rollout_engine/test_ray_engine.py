@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -549,4 +550,44 @@ def test_delta_and_lora_pushes_leave_the_workers_equal_to_the_learner(
         assert workers == {0: (step, learner)}
         assert 0 < pushed <= fraction * whole
     assert len({learner for learner, _, _ in probe.seen}) == 2
+    assert wait_gone(own_actor_processes) == []
+
+
+def test_summaries_on_the_workers(cluster, tokenizer, tmp_path):
+    """``rollout.context.strategy=summarize`` on the Ray engine, one step: the worker runs the
+    local engine's ``ContextLoop`` (a scripted tiny model: 2 calls fill window 0, then its
+    summary; window 1 calls again and would need a second summary, past
+    ``max_summaries=1``: the episode ends at the cap), the record carries the 2 windows, the
+    learner packs and trains them, and the step logs the summaries; the episode log shows
+    each summary."""
+    import copy
+
+    from conftest import make_tiny_model
+
+    tok = copy.deepcopy(tokenizer)
+    ensure_tool_template(tok)
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    call = json.dumps({"name": "calculate", "arguments": {"expression": "208 * 67"}})
+    call = f"<tool_call>{call}</tool_call><|im_end|>"
+    model = make_tiny_model(len(tok), 0, cls=ConfigScriptedLlama, max_positions=1024)
+    # the summary is asked for after the tool suffix's assistant header (the 3rd, where
+    # nothing is written): it is the 4th assistant turn of window 0
+    model.set_script(enc("<|im_start|>assistant\n"),
+                     [enc(call), enc(call), enc(call), enc("208*67=13936<|im_end|>")])  # fmt: skip
+    out = tmp_path / "run"
+    cfg = load_config("agent_quickstart.yaml", [
+        f"output_dir={out}", "max_steps=1", "num_threads=1", "rollout.engine=ray",
+        "generation.num_generations=2", "generation.prompts_per_step=1",
+        "generation.max_completion_length=40", "env.num_train=8", "env.few_shot=false",
+        "eval.before_and_after=false", "ray.num_workers=1", "ray.address=auto",
+        "ray.timeout_s=300", "alpha_sdpo=0", "beta_replay=0", "rollout.max_turns=8",
+        "rollout.max_tool_calls=8", "rollout.context.strategy=summarize",
+        "rollout.context.max_tokens=360", "rollout.context.summary_max_tokens=16",
+        "rollout.context.max_summaries=1", "rollout.context.summary_prompt=Summarize.",
+    ])  # fmt: skip
+    row = _train_one_step(cfg, model, tok)
+    assert row["rollout/summaries"] == 1.0 and row["rollout/windows"] == 2.0
+    assert row["rollout/ended_at_cap"] == 1.0 and row["rollout/summary_tokens"] == 13
+    assert row["rollout/tokens_saved"] > 0 and math.isfinite(row["loss"])
+    assert "208*67=13936" in (out / "episodes.jsonl").read_text()
     assert wait_gone(own_actor_processes) == []
