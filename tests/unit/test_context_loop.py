@@ -95,7 +95,8 @@ def test_summaries_fire_when_the_next_turn_and_a_summary_would_not_fit(tool_tok)
     assert (len(prompt_ids[0]), len(c), len(s)) == (183, 33, 15)
     gen = loop.generation_prompt_ids
     assert tool_tok.decode(gen) == "<|im_start|>assistant\n" and s[-len(gen) :] == gen
-    assert tool_tok.decode(instr) == f"<|im_start|>user\n{PROMPT}<|im_end|>\n" + tool_tok.decode(gen)
+    user = f"<|im_start|>user\n{PROMPT}<|im_end|>\n"
+    assert tool_tok.decode(instr) == user + tool_tok.decode(gen)
     limit = 360 - 40 - 15 - len(instr) - 16  # the window may hold this much before a turn
     # expected windows, built by the rule: a unit (call + result) at a time
     expected, n_calls, window = [], 0, len(prompt_ids[0])
