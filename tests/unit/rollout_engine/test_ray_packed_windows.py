@@ -98,6 +98,8 @@ def test_the_learner_packs_a_records_windows_as_the_local_engine_does(tool_tok):
         [3, 4, 5], [6], [3])  # fmt: skip
     assert group.oldest_version == 3 and group.staleness(6) == 3
     assert s0.summary == "208*67=13936" and s0.summary_tokens == 13 and s1.summary is None
+    ask = f"13936<|im_end|>\n<|im_start|>user\n{PROMPT}<|im_end|>\n<|im_start|>assistant\n"
+    assert tool_tok.decode(s0.completion_ids[:-13]).endswith(ask)  # result, then the ask
     assert tool_tok.decode(s1.prompt_ids).endswith(HEADER + "208*67=13936<|im_end|>\n"
                                                    "<|im_start|>assistant\n")  # fmt: skip
     rows = group_rows([group])
