@@ -15,7 +15,9 @@ from composer_replication.envs.tools import bounded_tools, tool_functions
 from composer_replication.rollout import (
     ContextLoop,
     ToolLoop,
+    Window,
     call_like_trl,
+    instruction_after_tools,
     parse_turn,
     render_ids,
 )
@@ -231,3 +233,26 @@ def test_the_summary_request_is_the_templates_own_rendering(tool_tok):
     assert tool_tok.decode(asks[0]) == want
     w = loop.episodes[0].windows[0]  # the window holds the same tokens, then the summary
     assert w.prompt_ids + w.completion_ids[: -w.summary_tokens] == asks[0]
+
+
+def test_a_template_that_rewrites_the_tool_turn_is_refused_in_one_line():
+    """A template whose rendering of the tool message changes when a user turn follows it has
+    no instruction tokens to append to a window: one-line error."""
+
+    class Tok:  # one token per message (its length); the tool message grows before a user turn
+        def apply_chat_template(self, messages, add_generation_prompt=False, **_):
+            ids = [len(m["content"]) for m in messages]
+            if messages[-1]["role"] == "user" and len(messages) > 3:
+                ids[2] += 100
+            return ids + [7] * add_generation_prompt
+
+    with pytest.raises(ValueError, match="renders a conversation differently when a user"):
+        instruction_after_tools(Tok(), PROMPT)
+
+
+def test_only_context_is_dropped_from_a_windows_tail():
+    w = Window([1], [2, 3, 4], [1, 0, 0], [-0.5, 0.0, 0.0])
+    w.drop_context_tail(2)
+    assert (w.completion_ids, w.tool_mask, w.logprobs, len(w)) == ([2], [1], [-0.5], 2)
+    with pytest.raises(ValueError, match="not all context"):
+        w.drop_context_tail(1)
