@@ -555,6 +555,15 @@ class Window:
         last = max((k for k, m in enumerate(self.tool_mask) if m), default=-1)
         del self.completion_ids[last + 1 :], self.tool_mask[last + 1 :], self.logprobs[last + 1 :]
 
+    def drop_context_tail(self, n: int) -> None:
+        """Drop the completion's last ``n`` tokens, which must be context (mask 0): the
+        generation prompt after tool results, when a user turn (the summary instruction)
+        follows them instead of the policy's turn."""
+        if n > len(self.completion_ids) or any(self.tool_mask[len(self.tool_mask) - n :]):
+            raise ValueError(f"cannot drop the window's last {n} tokens: not all context")
+        if n:
+            del self.completion_ids[-n:], self.tool_mask[-n:], self.logprobs[-n:]
+
 
 @dataclass
 class ContextEpisode:
@@ -622,7 +631,9 @@ class ContextLoop:
         self.tok, self.cfg, self.turn_tokens = tokenizer, context, turn_tokens
         self.max_turns, self.generate, self.suffix_ids = max_turns, generate, suffix_ids
         self.tools = tools or []
-        self.instruction_ids = user_turn_ids(tokenizer, context.summary_prompt)
+        self.generation_prompt_ids, self.instruction_ids = instruction_after_tools(
+            tokenizer, context.summary_prompt
+        )
         self.episodes: list[ContextEpisode] = []
 
     def _reserve(self) -> int:
@@ -785,7 +796,12 @@ class ContextLoop:
         """The summary turn of each row (instruction: mask 0; summary: mask 1, cut at the
         room left), then the next window: the prompt messages and one user message with the
         summary. Returns the rows that go on."""
-        c, instr, go_on = self.cfg, self.instruction_ids, []
+        c, instr, gen, go_on = self.cfg, self.instruction_ids, self.generation_prompt_ids, []
+        for i in rows:  # the user turn follows the tool results, not an empty assistant turn
+            if gen and self._context(i)[-len(gen) :] != gen:
+                raise ValueError("the tool results do not end with the chat template's "
+                                 "generation prompt: cannot place the summary instruction")  # fmt: skip
+            self._window(i).drop_context_tail(len(gen))
         inputs = [self._context(i) + instr for i in rows]
         out = self._request(rows, inputs, c.summary_max_tokens)
         for i, x, (ids, lp, tag) in zip(rows, inputs, out, strict=True):
@@ -839,24 +855,30 @@ def render_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[Any])
     )["input_ids"]  # fmt: skip
 
 
-def user_turn_ids(tokenizer: Any, text: str) -> list[int]:
-    """The tokens of a user turn ``text`` and the generation prompt after it, as they follow
-    an assistant turn (the way TRL gets its tool-suffix tokens: a dummy exchange rendered
-    with and without the new turn)."""
-    dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "dummy"}]
+def instruction_after_tools(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
+    """``(generation prompt, user turn)`` as they follow tool results: the tokens the chat
+    template's generation prompt adds after a tool message (the end of TRL's tool-suffix
+    tokens), and the tokens of a user turn ``text`` and the generation prompt after it. A
+    context that ends with tool results, less that generation prompt, then the user turn, is
+    the template's own rendering of ``[..., tool results, user(text)]`` with the generation
+    prompt. Found as TRL finds its tool suffix (``GRPOTrainer._get_tool_suffix_ids``): a
+    dummy exchange rendered with and without what follows."""
+    call = {"type": "function", "function": {"name": "dummy", "arguments": {}}}
+    dummy = [
+        {"role": "user", "content": "dummy"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "dummy", "content": "dummy"},
+    ]
     kw = {"tokenize": True, "return_dict": False}
-    head = tokenizer.apply_chat_template(dummy, add_generation_prompt=False, **kw)
-    full = tokenizer.apply_chat_template(
+    head = list(tokenizer.apply_chat_template(dummy, add_generation_prompt=False, **kw))
+    with_gen = list(tokenizer.apply_chat_template(dummy, add_generation_prompt=True, **kw))
+    full = list(tokenizer.apply_chat_template(
         [*dummy, {"role": "user", "content": text}], add_generation_prompt=True, **kw
-    )
-    head = list(head)
-    eos = [k for k, t in enumerate(head) if t == tokenizer.eos_token_id]
-    if eos:  # the turn the policy wrote ends at its EOS; what the template adds after is ours
-        head = head[: eos[-1] + 1]
-    if list(full[: len(head)]) != head:
+    ))  # fmt: skip
+    if with_gen[: len(head)] != head or full[: len(head)] != head:
         raise ValueError("the chat template renders a conversation differently when a user "
                          "turn follows: cannot find the summary instruction's tokens")  # fmt: skip
-    return list(full[len(head) :])
+    return with_gen[len(head) :], full[len(head) :]
 
 
 def parse_turn(tokenizer: Any, ids: list[int], prefix: list[int], tools: list[Any]) -> dict:

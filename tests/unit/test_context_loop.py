@@ -15,7 +15,9 @@ from composer_replication.envs.tools import bounded_tools, tool_functions
 from composer_replication.rollout import (
     ContextLoop,
     ToolLoop,
+    Window,
     call_like_trl,
+    instruction_after_tools,
     parse_turn,
     render_ids,
 )
@@ -77,8 +79,10 @@ def setup(tok, strategy, calls, max_tokens, max_turns=12, max_summaries=4, summa
 
 def test_summaries_fire_when_the_next_turn_and_a_summary_would_not_fit(tool_tok):
     """Lengths (SmolLM2 tokens): prompt P=183, a call turn C=33, its tool result R=15, the
-    instruction I=len(instruction_ids)=14, summary len(SUMMARY)=13, limits T=40, S=16,
-    max_tokens M=360. Summarize before a turn when L + T + R + I + S > M, i.e. L > 275:
+    instruction I=len(instruction_ids)=13 (``<|im_start|>user\nSummarize.<|im_end|>\n`` and
+    the generation prompt ``<|im_start|>assistant\n``, G=4 tokens, which also ends R and is
+    dropped before the instruction), summary len(SUMMARY)=13, limits T=40, S=16, max_tokens
+    M=360. Summarize before a turn when L + T + R + I + S > M, i.e. L > 276:
     window 0 grows 183 -> 231 -> 279 and summarizes after 2 calls; the next windows start at
     P1=203 (prompt + summary) -> 251 -> 299 and summarize after 2 calls: 2 + 2 + 2 calls,
     3 summaries, then the 7th call and the answer in window 3. Every window's policy tokens
@@ -91,6 +95,10 @@ def test_summaries_fire_when_the_next_turn_and_a_summary_would_not_fit(tool_tok)
     s = ToolLoop(tool_tok, None, None, 2, 64)._get_tool_suffix_ids(
         [{"role": "tool", "name": "calculate", "content": "13936"}])  # fmt: skip
     assert (len(prompt_ids[0]), len(c), len(s)) == (183, 33, 15)
+    gen = loop.generation_prompt_ids
+    assert tool_tok.decode(gen) == "<|im_start|>assistant\n" and s[-len(gen) :] == gen
+    user = f"<|im_start|>user\n{PROMPT}<|im_end|>\n"
+    assert tool_tok.decode(instr) == user + tool_tok.decode(gen)
     limit = 360 - 40 - 15 - len(instr) - 16  # the window may hold this much before a turn
     # expected windows, built by the rule: a unit (call + result) at a time
     expected, n_calls, window = [], 0, len(prompt_ids[0])
@@ -116,7 +124,8 @@ def test_summaries_fire_when_the_next_turn_and_a_summary_would_not_fit(tool_tok)
             answer = last and t == n_turns - 1
             body += enc(ANSWER) if answer else c + s
             body_mask += [1] * len(enc(ANSWER)) if answer else [1] * len(c) + [0] * len(s)
-        if w.summary is not None:
+        if w.summary is not None:  # the last result's generation prompt gives way to the user turn
+            body, body_mask = body[: -len(gen)], body_mask[: -len(gen)]
             body += instr + sigma
             body_mask += [0] * len(instr) + [1] * len(sigma)
         assert w.completion_ids == body and w.tool_mask == body_mask
@@ -205,3 +214,45 @@ def test_tool_calls_fail_as_trl_answers_them():
     assert call_like_trl(tools, call("boom", x=1)) == ("boom", "{'error': 'bad x'}", True)
     assert call_like_trl(tools, {"type": "code", "name": "f"}) == (
         "f", "{'error': 'Unsupported tool call type: code'}", True)  # fmt: skip
+
+
+def test_the_summary_request_is_the_templates_own_rendering(tool_tok):
+    """The summary is asked for with exactly what the chat template renders for the task,
+    the call, its result and the instruction as a user turn, generation prompt on: no empty
+    assistant turn between the tool result and the instruction (the generation prompt that
+    followed the result is dropped from the window, not left as context)."""
+    loop, script, rows, prompt_ids, _ = setup(tool_tok, "summarize", calls=7, max_tokens=360)
+    instr = loop.instruction_ids
+    asks = [x for x, _ in script.requests if x[-len(instr) :] == instr]
+    assert len(asks) == 3
+    call = parse_turn(tool_tok, script.enc(CALL), prompt_ids[0], loop.tools)
+    unit = [call, {"role": "tool", "name": "calculate", "content": "13936"}]
+    messages = [*rows[0]["prompt"], *unit, *unit, {"role": "user", "content": PROMPT}]
+    want = tool_tok.apply_chat_template(messages, tools=loop.tools, add_generation_prompt=True,
+                                        tokenize=False)  # fmt: skip
+    assert tool_tok.decode(asks[0]) == want
+    w = loop.episodes[0].windows[0]  # the window holds the same tokens, then the summary
+    assert w.prompt_ids + w.completion_ids[: -w.summary_tokens] == asks[0]
+
+
+def test_a_template_that_rewrites_the_tool_turn_is_refused_in_one_line():
+    """A template whose rendering of the tool message changes when a user turn follows it has
+    no instruction tokens to append to a window: one-line error."""
+
+    class Tok:  # one token per message (its length); the tool message grows before a user turn
+        def apply_chat_template(self, messages, add_generation_prompt=False, **_):
+            ids = [len(m["content"]) for m in messages]
+            if messages[-1]["role"] == "user" and len(messages) > 3:
+                ids[2] += 100
+            return ids + [7] * add_generation_prompt
+
+    with pytest.raises(ValueError, match="renders a conversation differently when a user"):
+        instruction_after_tools(Tok(), PROMPT)
+
+
+def test_only_context_is_dropped_from_a_windows_tail():
+    w = Window([1], [2, 3, 4], [1, 0, 0], [-0.5, 0.0, 0.0])
+    w.drop_context_tail(2)
+    assert (w.completion_ids, w.tool_mask, w.logprobs, len(w)) == ([2], [1], [-0.5], 2)
+    with pytest.raises(ValueError, match="not all context"):
+        w.drop_context_tail(1)

@@ -570,10 +570,11 @@ def test_summaries_on_the_workers(cluster, tokenizer, tmp_path):
     call = json.dumps({"name": "calculate", "arguments": {"expression": "208 * 67"}})
     call = f"<tool_call>{call}</tool_call><|im_end|>"
     model = make_tiny_model(len(tok), 0, cls=ConfigScriptedLlama, max_positions=1024)
-    # the summary is asked for after the tool suffix's assistant header (the 3rd, where
-    # nothing is written): it is the 4th assistant turn of window 0
+    # window 0's assistant headers: the prompt's and the first result's (the 2 calls), then
+    # the summary instruction's (the second result's generation prompt gives way to the
+    # instruction's user turn): the summary is the 3rd assistant turn of window 0
     model.set_script(enc("<|im_start|>assistant\n"),
-                     [enc(call), enc(call), enc(call), enc("208*67=13936<|im_end|>")])  # fmt: skip
+                     [enc(call), enc(call), enc("208*67=13936<|im_end|>")])  # fmt: skip
     out = tmp_path / "run"
     cfg = load_config("agent_quickstart.yaml", [
         f"output_dir={out}", "max_steps=1", "num_threads=1", "rollout.engine=ray",

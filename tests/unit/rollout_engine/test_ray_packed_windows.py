@@ -25,7 +25,7 @@ from composer_replication.envs.base import StepResult
 from composer_replication.envs.calculator import CalculatorEnv, CalculatorTools
 from composer_replication.envs.tools import bounded_tools
 from composer_replication.lm.packing import pad_windows
-from composer_replication.rollout import ToolLoop, user_turn_ids
+from composer_replication.rollout import ToolLoop, instruction_after_tools
 from composer_replication.rollout_engine.group import GroupRecord, Rollout
 from composer_replication.rollout_engine.learner import WorkerReward, group_rows, group_tokens
 from composer_replication.rollout_engine.worker import window_sequences
@@ -71,7 +71,7 @@ def _worker_group(tok) -> tuple[list, GroupRecord]:
     row = env.row(task)
     script = Script(tok)
     loop = ToolLoop(tok, None, script, 12, 40, True, CONTEXT)
-    script.instruction = user_turn_ids(tok, PROMPT)
+    script.instruction = instruction_after_tools(tok, PROMPT)[1]
     instances = [bounded_tools(CalculatorTools, 64)() for _ in range(2)]
     episodes = loop.run([row, row], instances)
     rollouts = [
@@ -98,6 +98,8 @@ def test_the_learner_packs_a_records_windows_as_the_local_engine_does(tool_tok):
         [3, 4, 5], [6], [3])  # fmt: skip
     assert group.oldest_version == 3 and group.staleness(6) == 3
     assert s0.summary == "208*67=13936" and s0.summary_tokens == 13 and s1.summary is None
+    ask = f"13936<|im_end|>\n<|im_start|>user\n{PROMPT}<|im_end|>\n<|im_start|>assistant\n"
+    assert tool_tok.decode(s0.completion_ids[:-13]).endswith(ask)  # result, then the ask
     assert tool_tok.decode(s1.prompt_ids).endswith(HEADER + "208*67=13936<|im_end|>\n"
                                                    "<|im_start|>assistant\n")  # fmt: skip
     rows = group_rows([group])

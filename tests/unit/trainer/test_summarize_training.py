@@ -108,8 +108,12 @@ def test_the_summarized_episode_is_one_packed_row(scored, tool_tok):
     assert (n0, n1) == (2 * 33 + 13, 6)
     assert int(w1.sum()) == len(ep.windows[1].prompt_ids) + 6  # its prompt, then the answer
     assert tool_mask[0][w1].tolist() == [0] * len(ep.windows[1].prompt_ids) + [1] * 6
-    instr = len(tool_tok("\n<|im_start|>user\n" + PROMPT, add_special_tokens=False)["input_ids"])
-    assert tool_mask[0][w0].tolist()[-13 - instr - 3 : -13] == [0] * (instr + 3)  # the ask
+    # the ask (masked): the tool result's end of turn, then the instruction as the template
+    # renders a user turn after a tool message; no empty assistant turn between them
+    ask = f"<|im_end|>\n<|im_start|>user\n{PROMPT}<|im_end|>\n<|im_start|>assistant\n"
+    n_ask = len(tool_tok(ask, add_special_tokens=False)["input_ids"])
+    assert tool_tok.decode(batch["completion_ids"][0][w0].tolist()[-13 - n_ask : -13]) == ask
+    assert tool_mask[0][w0].tolist()[-13 - n_ask : -13] == [0] * n_ask
     assert (window[1][keep[1]] == 0).all() and int((tool_mask[1] * keep[1]).sum()) == 6
     a = 0.5 / (math.sqrt(0.5) + 1e-4)  # rewards (1, 0): TRL's group-normalized advantage
     assert batch["advantages"].tolist() == pytest.approx([a, -a], abs=1e-5)
