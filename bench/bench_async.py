@@ -58,9 +58,9 @@ from support.tiny_run import save_tiny_model  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from composer_replication.config import load_config  # noqa: E402
+from composer_replication.envs import FeatureDeletionEnv  # noqa: E402
 from composer_replication.envs.arithmetic import ArithmeticEnv  # noqa: E402
 from composer_replication.envs.calculator import CalculatorEnv, CalculatorTools  # noqa: E402
-from composer_replication.envs.feature_deletion import FeatureDeletionEnv  # noqa: E402
 from composer_replication.envs.tools import tool_functions, tool_methods  # noqa: E402
 from composer_replication.run import preflight, train  # noqa: E402
 from composer_replication.sandbox.sandbox import set_sandbox_slots  # noqa: E402
