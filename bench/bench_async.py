@@ -1,7 +1,7 @@
 """Rollouts that never wait for the learner: samples/min of ``rollout.engine: ray`` (2
 workers, ``rollout.max_staleness=1``) vs ``local`` (the trainer generates, runs tools or grades,
 then trains) with an environment that waits ``--delay`` seconds like a remote sandbox, on a
-tiny model (the time measured is the engines', not a model's). Two cases (``--case``):
+tiny model (the time measured is the engines', not a model's). Three cases (``--case``):
 
 * ``arithmetic``: the quickstart's task; every grading call waits (a call grades all the
   rollouts it is given at once: the local engine's one call per step, a worker's one per
@@ -12,8 +12,13 @@ tiny model (the time measured is the engines', not a model's). Two cases (``--ca
   few seconds to answer every prompt with a ``calculate`` call (so every rollout makes one
   call and waits once; a random model never writes a parsable call), 2 turns per episode,
   on the 2 training tasks it was fitted on (every step draws both).
-* ``feature-deletion``: not here (issue 54's Feature Deletion case needs Feature Deletion on
-  the workers: branch i54-tools); the flag is refused with that message.
+* ``feature-deletion``: Feature Deletion (envs/feature_deletion/) on the textkit fixture
+  repository (tests/fixtures/feature_deletion/textkit; its tasks generated at first use into
+  ``$TMPDIR/cr-bench-async-textkit-tasks``, then cached), every tool waiting ``--delay`` s
+  first; grading runs the hidden tests in the sandbox (real time, counted in w, as are the
+  tool calls). The tiny model is fitted as for the calculator, to answer every prompt of the
+  2 training tasks it trains on with ``list_files`` (no arguments: the tool's own work is
+  negligible, so a call's time is the delay), 2 turns per episode.
 
 For the local engine it prints the step's generation, update and wait times (g, t, w, from
 timestamps inside each step: the generation calls, the tool calls or gradings, the rest) and
@@ -26,6 +31,7 @@ default, 15 more, lets any other load on the machine starve them).
     PYTHONPATH=src python bench/bench_async.py                       # arithmetic, 2 rounds
     PYTHONPATH=src python bench/bench_async.py --delay 3 --steps 8 --rounds 3
     PYTHONPATH=src python bench/bench_async.py --case calculator --steps 6 --rounds 2
+    PYTHONPATH=src python bench/bench_async.py --case feature-deletion --steps 6 --rounds 2
 
 The quickstart staleness study (``force_staleness`` 0 vs 4, with and without the correction,
 held-out scores over 3 seeds) is bench/bench_staleness.py."""
@@ -33,6 +39,7 @@ held-out scores over 3 seeds) is bench/bench_staleness.py."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -46,13 +53,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]  # the package; tests/support harnesses
 os.environ.setdefault("RAY_worker_niceness", "0")  # read by the raylet a local Ray starts
 
+from support.textkit import TEXTKIT  # noqa: E402
 from support.tiny_run import save_tiny_model  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from composer_replication.config import load_config  # noqa: E402
+from composer_replication.envs import FeatureDeletionEnv  # noqa: E402
 from composer_replication.envs.arithmetic import ArithmeticEnv  # noqa: E402
 from composer_replication.envs.calculator import CalculatorEnv, CalculatorTools  # noqa: E402
+from composer_replication.envs.tools import tool_functions, tool_methods  # noqa: E402
 from composer_replication.run import preflight, train  # noqa: E402
+from composer_replication.sandbox.sandbox import set_sandbox_slots  # noqa: E402
 from composer_replication.trainer.trainer import ComposerReplicationTrainer  # noqa: E402
 
 DELAY = {"s": 3.0}
@@ -116,9 +127,51 @@ class SlowCalculator(CalculatorEnv):
         return SlowCalculatorTools
 
 
+def _slowed(tool):
+    """``tool`` after a ``DELAY`` s wait, timed into ``WAIT``; its signature and docstring kept
+    (TRL builds the tool's schema from them)."""
+
+    @functools.wraps(tool)
+    def slow_tool(self, *args, **kwargs):
+        def slow():
+            time.sleep(DELAY["s"])
+            return tool(self, *args, **kwargs)
+
+        return _timed(WAIT, slow)
+
+    return slow_tool
+
+
+TEXTKIT_TASKS = Path(tempfile.gettempdir()) / "cr-bench-async-textkit-tasks"
+"""Where the textkit Feature Deletion tasks are generated at first use (then cached)."""
+
+
+class SlowFeatureDeletion(FeatureDeletionEnv):
+    """Feature Deletion whose every tool waits ``DELAY`` s first and whose gradings (the hidden
+    tests in the sandbox) are timed into ``WAIT``, training on the fitted tasks only."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._splits["train"] = self._splits["train"][:FITTED_TASKS]
+
+    def tools_class(self) -> type:
+        base = super().tools_class()
+        slowed = {name: _slowed(fn) for name, fn in tool_methods(base).items()}
+        return type(base.__name__, (base,), {**slowed, "__doc__": base.__doc__})
+
+    def grade_episodes(self, tasks, rollouts, instances):
+        return _timed(WAIT, super().grade_episodes, tasks, rollouts, instances)
+
+    def do_nothing_reward(self, task):
+        return _timed(WAIT, super().do_nothing_reward, task)
+
+
 def slow_env(cfg):
     if cfg.env.name == "calculator":
         return SlowCalculator(few_shot=cfg.env.few_shot)
+    if cfg.env.name == "feature_deletion":
+        set_sandbox_slots(cfg.sandbox.workers)  # as preflight.build_env does
+        return SlowFeatureDeletion(**cfg.env.env_options(cfg.sandbox))
     return SlowGradingArithmetic(levels=cfg.env.levels)
 
 
@@ -145,30 +198,28 @@ def _within(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
     return total
 
 
-def fit_tool_caller(model_dir: Path, steps: int = 300) -> None:
-    """Fit the tiny model in ``model_dir`` to answer every calculator prompt (the agent
-    quickstart's, worked exchanges and tool schema included) with the worked exchanges' call,
-    ``calculate("12 * 34")``: teacher forcing on the first ``FITTED_TASKS`` training prompts
-    (the case trains on those only), Adam, until the loss is
-    below 0.02 (a few seconds; position ids count from each prompt's first token). A
-    harness for timing, not a policy: what it computes is never looked at."""
+def fit_tool_caller(model_dir: Path, env, tools, call: str, steps: int = 300) -> None:
+    """Fit the tiny model in ``model_dir`` to answer every prompt of ``env`` (as training
+    renders it: its worked exchanges, if any, and the schemas of ``tools``, an instance of its
+    tools class) with ``call``, one tool call: teacher forcing on the first ``FITTED_TASKS``
+    training prompts (the cases train on those only), Adam, until the loss is below 0.02
+    (position ids count from each prompt's first token; the ~800-token Feature Deletion
+    prompts took 218 steps, ~10 min on the loaded 2-core machine). A harness for timing,
+    not a policy: what it computes is never looked at."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from composer_replication.envs.tools import tool_functions
     from composer_replication.lm.chat_templates import ensure_tool_template
     from composer_replication.lm.models import load_tokenizer
 
     tok = load_tokenizer(str(model_dir))
     ensure_tool_template(tok)
-    env = CalculatorEnv(few_shot=True)
-    tools = tool_functions(CalculatorTools())
+    schemas = tool_functions(tools)
     prompts = [
-        tok.apply_chat_template(env.row(t)["prompt"], tools=tools, add_generation_prompt=True,
+        tok.apply_chat_template(env.row(t)["prompt"], tools=schemas, add_generation_prompt=True,
                                 tokenize=True, return_dict=True)["input_ids"]
         for t in env.tasks("train")[:FITTED_TASKS]
     ]  # fmt: skip
-    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "12 * 34"}}</tool_call>'
     target = tok(call, add_special_tokens=False)["input_ids"] + [
         tok.convert_tokens_to_ids("<|im_end|>")
     ]
@@ -196,8 +247,25 @@ def fit_tool_caller(model_dir: Path, steps: int = 300) -> None:
         out = model.generate(torch.tensor([prompts[0]]), max_new_tokens=n, do_sample=False)
     print(f"tool caller fitted in {_done} steps: loss {float(loss):.4f}, greedy reply "
           f"{tok.decode(out[0, len(prompts[0]):])!r}", flush=True)  # fmt: skip
-    model.config.max_position_embeddings = 2048  # the prompts are ~400 tokens
+    model.config.max_position_embeddings = 2048  # the prompts are ~400 to ~900 tokens
     model.save_pretrained(model_dir)
+
+
+def _call(name: str, arguments: dict[str, str]) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def fit_case_caller(case: str, model_dir: Path) -> None:
+    """Fit the tool caller of a tool case: the calculator's worked exchanges' call,
+    ``calculate("12 * 34")``, or Feature Deletion's ``list_files()``."""
+    if case == "calculator":
+        env = CalculatorEnv(few_shot=True)
+        fit_tool_caller(model_dir, env, CalculatorTools(),
+                        _call("calculate", {"expression": "12 * 34"}))  # fmt: skip
+        return
+    cfg = load_config(None, [f"model.name={model_dir}", *CASES[case]])
+    env = FeatureDeletionEnv(**cfg.env.env_options(cfg.sandbox))
+    fit_tool_caller(model_dir, env, env.tools_class()(), _call("list_files", {}))
 
 
 CASES = {
@@ -208,6 +276,13 @@ CASES = {
         "env.name=calculator", "env.few_shot=true", "env.num_train=64", "rollout.max_turns=2",
         "rollout.max_tool_calls=2", "generation.max_completion_length=64",
         "generation.temperature=0.3",  # the fitted call, ~0.02 nats a token, nearly always
+    ],
+    "feature-deletion": [
+        "env.name=feature_deletion", f"env.task_sources=[{TEXTKIT}]",
+        f"env.task_dir={TEXTKIT_TASKS}", "env.task_generation.workers=2",
+        "env.task_generation.suite_timeout_s=30", "env.few_shot=false", "env.num_train=64",
+        "env.max_tool_output_chars=200", "rollout.max_turns=2", "rollout.max_tool_calls=2",
+        "generation.max_completion_length=64", "generation.temperature=0.3",
     ],
 }  # fmt: skip
 
@@ -252,16 +327,11 @@ def run(case: str, engine: str, model: Path, out: Path, steps: int) -> dict[str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--case", choices=[*CASES, "feature-deletion"], default="arithmetic")
+    ap.add_argument("--case", choices=list(CASES), default="arithmetic")
     ap.add_argument("--delay", type=float, default=3.0)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
-    if a.case == "feature-deletion":
-        # FEATURE-DELETION CASE: left for the branch that runs Feature Deletion on the workers
-        # (i54-tools); add its slow environment to slow_env and its overrides to CASES.
-        ap.error("--case feature-deletion: not built here (Feature Deletion on Ray workers is "
-                 "branch i54-tools)")  # fmt: skip
     DELAY["s"] = a.delay
     preflight.build_env = train.build_env = slow_env  # both engines wait in the same env
     ComposerReplicationTrainer._generate_single_turn = timed_generation(
@@ -269,10 +339,11 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         model = save_tiny_model(Path(tmp) / "tiny")
-        if a.case == "calculator":
-            cached = Path(tempfile.gettempdir()) / "cr-bench-async-tool-caller"
+        if a.case != "arithmetic":  # a tool case: its fitted tool caller
+            name = {"calculator": "tool-caller"}.get(a.case, f"{a.case}-caller")
+            cached = Path(tempfile.gettempdir()) / f"cr-bench-async-{name}"
             if not (cached / "config.json").is_file():  # fitting takes minutes on a loaded CPU
-                fit_tool_caller(model)
+                fit_case_caller(a.case, model)
                 shutil.copytree(model, cached, dirs_exist_ok=True)
             model = cached
         results: dict[str, list[dict[str, float]]] = {"local": [], "ray": []}
