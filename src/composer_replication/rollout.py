@@ -49,6 +49,8 @@ class AgentRollout:
     tool_errors: int
     instance: Any = None
     """The tool instance that served the episode (its state, e.g. an edited repository)."""
+    context: ContextEpisode | None = None
+    """Its windows and summaries, when it ran under a ``rollout.context`` strategy."""
 
 
 @dataclass
@@ -214,9 +216,11 @@ def _run_calls(tools: dict[str, Callable[..., Any]], calls: list[tuple[str, dict
     return outcomes
 
 
-TurnFn = Callable[[list[list[int]]], tuple[list[list[int]], list[list[float]], Any]]
+TurnFn = Callable[..., tuple[list[list[int]], list[list[float]], Any]]
 """Generates one turn for each prompt (token ids): ``(completion ids, their sampling
-log-probs, a tag)``; the tag (a Ray worker: its policy version) is recorded per turn."""
+log-probs, a tag)``; the tag (a Ray worker: its policy version) is recorded per turn. With a
+``rollout.context`` strategy it is also called with ``max_new_tokens=`` (the summary turn's
+own limit: :class:`ContextLoop`)."""
 
 
 @dataclass
@@ -253,7 +257,12 @@ class ToolLoop:
     ``_generate`` do: each instance is reset with its row (the observation a reset returns is
     appended to the last prompt message), the prompt is rendered with the instance's tools,
     the first turn generated and parsed (the tokenizer's response template, else its text).
-    Tied to TRL 1.16 (pinned in pyproject.toml); tests/unit/test_rollout.py runs it."""
+    Tied to TRL 1.16 (pinned in pyproject.toml); tests/unit/test_rollout.py runs it.
+
+    With a ``rollout.context`` strategy (``context``), the loop after the first turn is
+    :class:`ContextLoop`, the one the trainer's ``_tool_call_loop`` runs in its place: held-out
+    evaluation (evaluation.py) runs it here, so its scores mean what training rewards mean.
+    The episodes' windows are kept in :attr:`context_episodes`."""
 
     def __init__(
         self,
@@ -263,6 +272,7 @@ class ToolLoop:
         max_turns: int,
         max_completion_length: int,
         concurrent_tools: bool = True,
+        context: Any = None,
     ):
         from types import SimpleNamespace
 
@@ -283,6 +293,9 @@ class ToolLoop:
         """Tool calls the last :meth:`run` made (TRL's count: ``tools/call_frequency``)."""
         self.tool_failures = 0
         """Of those, the ones that failed (TRL's count: ``tools/failure_frequency``)."""
+        self.context = context if context is not None and context.strategy != "none" else None
+        self.context_episodes: list[ContextEpisode] = []
+        """The last :meth:`run`'s episodes with their windows (a ``context`` strategy)."""
 
     # ---- what TRL's loop calls on its trainer ---------------------------------------------
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations,
@@ -311,22 +324,40 @@ class ToolLoop:
         prompt_ids = [self._prompt_ids(p) for p in prompts]
         completion_ids, logprobs = self._generate_single_turn(prompt_ids, None, {}, 1)
         completions = [[self._parse(c, p)] for c, p in zip(completion_ids, prompt_ids, strict=True)]
-        with contextlib.ExitStack() as stack:
-            if self.concurrent_tools and len(rows) > 1:
-                self._sync_tool_dicts = stack.enter_context(
-                    calls_at_once(completions, self._sync_tool_dicts, MAX_TOOL_THREADS)
-                )
-            masks, completions, completion_ids, logprobs, calls, failures, _ = (
-                GRPOTrainer._tool_call_loop(
-                    self, prompts, prompt_ids, completion_ids, completions, logprobs, None, {}
-                )
+        if self.context is not None:
+            loop = ContextLoop(
+                self._tokenizer, self.context, self.max_completion_length,
+                self.max_tool_calling_iterations + 1, self._context_turn,
+                self._get_tool_suffix_ids, self.tools,
+            )  # fmt: skip
+            masks, completions, completion_ids, logprobs, calls, failures, _ = loop.run(
+                prompts, prompt_ids, completion_ids, completions, logprobs, self._sync_tool_dicts
             )
+            self.context_episodes = loop.episodes
+            tags = [[self.tags[0], *e.turn_tags[1:]] for e in loop.episodes]
+        else:
+            with contextlib.ExitStack() as stack:
+                if self.concurrent_tools and len(rows) > 1:
+                    self._sync_tool_dicts = stack.enter_context(
+                        calls_at_once(completions, self._sync_tool_dicts, MAX_TOOL_THREADS)
+                    )
+                masks, completions, completion_ids, logprobs, calls, failures, _ = (
+                    GRPOTrainer._tool_call_loop(
+                        self, prompts, prompt_ids, completion_ids, completions, logprobs, None, {}
+                    )
+                )
+            tags = [self.tags[: max(1, _runs(m))] for m in masks]
         self.tool_calls, self.tool_failures = int(calls), int(failures)
         return [
-            ToolEpisode(p, c, lp, m, msgs, self.tags[: max(1, _runs(m))], e)
-            for p, c, lp, m, msgs, e in zip(prompt_ids, completion_ids, logprobs, masks,
-                                            completions, instances, strict=True)
+            ToolEpisode(p, c, lp, m, msgs, t, e)
+            for p, c, lp, m, msgs, t, e in zip(prompt_ids, completion_ids, logprobs, masks,
+                                               completions, tags, instances, strict=True)
         ]  # fmt: skip
+
+    def _context_turn(self, prompt_ids: list[list[int]], limit: int):
+        """A turn of :class:`ContextLoop` (at most ``limit`` new tokens) through ``generate``."""
+        ids, logprobs, tag = self.generate([list(p) for p in prompt_ids], max_new_tokens=limit)
+        return [list(i)[:limit] for i in ids], logprobs, tag
 
     def _prompt_ids(self, prompt: list[dict[str, Any]]) -> list[int]:
         """The prompt's tokens as TRL renders a tool environment's prompt."""
@@ -379,6 +410,7 @@ def run_agent(
     temperature: float = 0.0,
     shared_prefix: bool = True,
     generator: Generator | None = None,
+    context: Any = None,
 ) -> list[AgentRollout]:
     """Multi-turn episodes, one per row (greedy, or sampled at ``temperature`` > 0 with
     top-p 1 and no top-k, as in training): generate a turn for every open episode, run the
@@ -387,9 +419,18 @@ def run_agent(
     has had ``max_turns`` turns. ``tools_class`` is instantiated once per row and ``reset`` with
     the row, as TRL's trainer does. Turns are generated by ``generator`` (lm/generator.py;
     default: one over ``model`` with batches of ``batch_size``, ``shared_prefix``: the prompt
-    tokens a batch shares run once)."""
+    tokens a batch shares run once).
+
+    With a ``rollout.context`` strategy (``context``, config/env.py ``ContextConfig``) the
+    episodes run as training runs them: :class:`ToolLoop` with :class:`ContextLoop` (the same
+    windows, summaries and budget; ``max_new_tokens`` is the per-turn cap of the budget, as
+    ``generation.max_completion_length`` is in training), see :func:`run_context_agent`."""
     from trl.chat_template_utils import parse_response
 
+    if context is not None and context.strategy != "none":
+        return run_context_agent(model, tokenizer, rows, tools_class, context, max_turns,
+                                 max_new_tokens, batch_size, temperature, shared_prefix,
+                                 generator)  # fmt: skip
     envs = [tools_class() for _ in rows]
     for env, row in zip(envs, rows, strict=True):
         env.reset(**row)
@@ -424,6 +465,63 @@ def run_agent(
         r if r is not None else _finish(convs[i], rows[i], stats[i], envs[i])
         for i, r in enumerate(done)
     ]
+
+
+def run_context_agent(
+    model: Any,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    tools_class: type,
+    context: Any,
+    max_turns: int,
+    max_new_tokens: int,
+    batch_size: int,
+    temperature: float = 0.0,
+    shared_prefix: bool = True,
+    generator: Generator | None = None,
+) -> list[AgentRollout]:
+    """:func:`run_agent` under a ``rollout.context`` strategy: :class:`ToolLoop` running
+    :class:`ContextLoop` (the loop the trainer runs in place of TRL's), turns of at most
+    ``max_new_tokens`` tokens, greedy or sampled at ``temperature``. Each rollout keeps its
+    windows and summaries (``context``); its messages carry ``context_window`` where a window
+    starts. A call written in the last allowed turn is not run, as in training."""
+    instances = [tools_class() for _ in rows]
+    model.eval()
+    with _own_generator(generator, model, tokenizer, batch_size, shared_prefix) as gen:
+
+        def turn(prompts: list[list[int]], max_new_tokens: int = max_new_tokens):
+            sampling = Sampling(temperature=temperature, max_new_tokens=max_new_tokens)
+            outs = gen.generate(prompts, sampling)
+            return [o.ids for o in outs], [o.logprobs for o in outs], None
+
+        loop = ToolLoop(tokenizer, model.config, turn, max_turns, max_new_tokens,
+                        context=context)  # fmt: skip
+        episodes = loop.run(rows, instances) if rows else []
+    out = []
+    for ep, ctx in zip(episodes, loop.context_episodes, strict=True):
+        turns = sum(m.get("role") == "assistant" for m in ep.messages)
+        out.append(AgentRollout(ep.messages, turns, ctx.tool_calls, ctx.tool_failures,
+                                instance=ep.instance, context=ctx))  # fmt: skip
+    return out
+
+
+def context_stats(episodes: list[ContextEpisode]) -> dict[str, float]:
+    """Per batch of :class:`ContextLoop` episodes: summaries and windows per episode,
+    context tokens the closed windows dropped, episodes ended at the cap, the share of
+    summaries cut at their limit, and (when there were summaries) their mean length. The
+    trainer logs them under ``rollout/``; ``eval`` reports them."""
+    n = max(len(episodes), 1)
+    summaries = [w for e in episodes for w in e.windows if w.summary is not None]
+    values = {
+        "summaries": sum(len(e.summaries) for e in episodes) / n,
+        "windows": sum(len(e.windows) for e in episodes) / n,
+        "tokens_saved": sum(e.tokens_saved for e in episodes) / n,
+        "ended_at_cap": sum(e.ended == "cap" for e in episodes) / n,
+        "summaries_cut": sum(w.summary_cut for w in summaries) / max(len(summaries), 1),
+    }
+    if summaries:
+        values["summary_tokens"] = sum(w.summary_tokens for w in summaries) / len(summaries)
+    return values
 
 
 @contextlib.contextmanager
@@ -530,6 +628,9 @@ class ContextEpisode:
     ``max_summaries`` was needed), ``no_room`` (not even the latest turn fits the window)."""
     tokens_saved: int = 0
     """Context tokens dropped when windows were closed (old length minus new prompt)."""
+    tool_calls: int = 0
+    tool_failures: int = 0
+    """Of its tool calls, those that failed (TRL's error result)."""
 
     def packed(self) -> tuple[list[int], list[int], list[float], list[int]]:
         """The episode as ONE completion after window 0's prompt: each later window's prompt
@@ -702,6 +803,8 @@ class ContextLoop:
             tool_messages = [{"role": "tool", "name": n, "content": c} for n, c, _ in results]
             msgs[i] += tool_messages
             calls, failures = calls + len(results), failures + sum(f for *_, f in results)
+            self.episodes[i].tool_calls += len(results)
+            self.episodes[i].tool_failures += sum(f for *_, f in results)
             suffix = self.suffix_ids(tool_messages)
             self._result_tokens[i] = max(self._result_tokens[i], len(suffix))
             self._window(i).add(suffix, 0)

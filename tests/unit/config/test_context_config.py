@@ -30,6 +30,12 @@ def test_a_summarize_run_parses():
     )
 
 
+def test_before_and_after_evaluation_runs_with_a_strategy():
+    """Evaluation runs the same loop (evaluation.py), so it is no longer refused."""
+    cfg = load_config(None, [*SUMMARIZE, "eval.before_and_after=true"])
+    assert cfg.eval.before_and_after and cfg.rollout.context.strategy == "summarize"
+
+
 @pytest.mark.parametrize(
     "override, match",
     [
@@ -53,7 +59,6 @@ def test_ranges_and_unknown_keys_are_refused(override, match):
         (["env.name=arithmetic", "rollout.context.strategy=truncate"], "needs a tool environment"),
         ([*SUMMARIZE, "rollout.engine=ray"], "rollout.engine=local only"),
         ([*SUMMARIZE, "alpha_sdpo=0.1"], "sdpo/distill"),
-        ([*SUMMARIZE, "eval.before_and_after=true"], "eval.before_and_after=false"),
         ([*SUMMARIZE, "rollout.context.summary_max_tokens=600"], "under half"),
         # 64 (turn) + 99 (summary, under half of 200) + 64 (room) = 227 > 200
         (

@@ -5,10 +5,10 @@ appears in the window that answers unless the summary carried it."""
 from __future__ import annotations
 
 import json
-import re
 from types import SimpleNamespace
 
 import pytest
+from support.memory_policy import Reader
 
 from composer_replication.config import load_config
 from composer_replication.envs import build_env
@@ -35,48 +35,6 @@ def test_the_config_builds_it():
     cfg = load_config(None, ["env.name=memory", "env.drawers=5", "env.filler_words=7"])
     env = build_env(cfg.env)
     assert isinstance(env, MemoryEnv) and env.tasks("train")[0].data["drawers"] == 5
-
-
-CALL = '<tool_call>{{"name": "open_drawer", "arguments": {{"number": {k}}}}}</tool_call><|im_end|>'
-
-
-class Reader:
-    """A policy that opens the drawers in order, summarizes as told (its progress and the
-    question always; the key only with ``carry``), and answers from what its window shows
-    (0 if it shows no key)."""
-
-    def __init__(self, tok, drawers: int, carry: bool):
-        self.tok, self.drawers, self.carry = tok, drawers, carry
-        self.instruction: list[int] = []
-        self.answer_windows: list[str] = []
-
-    def __call__(self, prompts, limit):
-        out = []
-        for ids in prompts:
-            text = self.tok.decode(ids)
-            opened = [int(k) for k in re.findall(r'"number": (\d+)', text)]
-            opened += [int(k) for k in re.findall(r"opened up to (\d+)", text)]
-            done = max(opened, default=0)  # progress is always carried, the key only if told
-            if ids[-len(self.instruction) :] == self.instruction:
-                key = re.findall(r"the key is (\d+)|key=(\d+)", text)
-                fact = next((a or b for a, b in key), None)
-                carried = f"key={fact}; " if self.carry and fact else ""
-                plus = re.findall(r"plus (\d+)|plus=(\d+)", text)
-                asked = "".join(f"; plus={a or b}" for a, b in plus[-1:])
-                reply = f"{carried}opened up to {done}{asked}"
-            else:
-                plus = re.findall(r"plus (\d+)|plus=(\d+)", text)
-                if plus:
-                    self.answer_windows.append(text)
-                    key = re.findall(r"the key is (\d+)|key=(\d+)", text)
-                    a, b = plus[-1]
-                    value = int(next((x or y for x, y in key), 0) or 0)
-                    reply = str(value + int(a or b) if value else 0)
-                else:
-                    reply = CALL.format(k=done + 1)
-            out.append(self.tok(reply + ("" if reply.endswith("<|im_end|>") else "<|im_end|>"),
-                                add_special_tokens=False)["input_ids"][:limit])  # fmt: skip
-        return out, None, None
 
 
 def run(tok, strategy: str, carry: bool):
