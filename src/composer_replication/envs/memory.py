@@ -25,6 +25,19 @@ WORDS = ("dust", "paper", "string", "button", "coin", "ribbon", "thread", "penci
          "marble", "shell", "feather", "pin", "cork", "bead", "clip")  # fmt: skip
 
 
+def _shot() -> list[dict[str, Any]]:
+    """One worked exchange (3 drawers, no filler; key 512 is no task's: keys are 1000-9999):
+    the base 135M model calls no tool from the tool schema alone (docs/summarization.md)."""
+    data = {"key": 512, "offset": 7, "drawers": 3, "filler_words": 0}
+    out: list[dict[str, Any]] = [{"role": "user", "content": PROMPT.format(n=3)}]
+    for k in (1, 2, 3):
+        call = {"type": "function", "function": {"name": "open_drawer", "arguments": {"number": k}}}
+        out += [{"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "open_drawer",
+                 "content": drawer_text(data, k).replace(" Also in it: .", "")}]  # fmt: skip
+    return [*out, {"role": "assistant", "content": "519"}]
+
+
 def drawer_text(data: dict[str, Any], number: int) -> str:
     """What drawer ``number`` of a task holds (its fact, then its filler)."""
     n = data["drawers"]
@@ -41,14 +54,19 @@ def drawer_text(data: dict[str, Any], number: int) -> str:
     return f"Drawer {number}: {fact} Also in it: {filler}."
 
 
+FEW_SHOT = _shot()
+"""The worked exchange ``few_shot`` puts before each task."""
+
+
 class MemoryEnv(ToolEnvironment):
     """Drawers: the answer needs a fact from the first tool result and one from the last."""
 
     name = "memory"
 
     def __init__(self, n_tasks: int = 2000, drawers: int = 6, filler_words: int = 40,
-                 heldout_fraction: float = 0.2):  # fmt: skip
+                 heldout_fraction: float = 0.2, few_shot: bool = False):  # fmt: skip
         super().__init__()
+        self.few_shot = few_shot
         if drawers < 2:
             raise ValueError(f"drawers={drawers}: the key and the question need 2 drawers")
         rng = random.Random("memory")
@@ -68,6 +86,7 @@ class MemoryEnv(ToolEnvironment):
     def row(self, task: Task) -> dict[str, Any]:
         return {
             "prompt": [{"role": "system", "content": SYSTEM_PROMPT},
+                       *(FEW_SHOT if self.few_shot else []),
                        {"role": "user", "content": task.prompt}],
             "answer": task.data["answer"], "task_id": task.task_id, "memory": task.data,
         }  # fmt: skip

@@ -5,6 +5,7 @@ appears in the window that answers unless the summary carried it."""
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +13,8 @@ from support.memory_policy import Reader
 
 from composer_replication.config import load_config
 from composer_replication.envs import build_env
-from composer_replication.envs.memory import DrawerTools, MemoryEnv
+from composer_replication.envs.base import Task
+from composer_replication.envs.memory import FEW_SHOT, DrawerTools, MemoryEnv
 from composer_replication.envs.tools import tool_functions
 from composer_replication.rollout import ContextLoop, ToolLoop, parse_turn, render_ids
 
@@ -35,6 +37,19 @@ def test_the_config_builds_it():
     cfg = load_config(None, ["env.name=memory", "env.drawers=5", "env.filler_words=7"])
     env = build_env(cfg.env)
     assert isinstance(env, MemoryEnv) and env.tasks("train")[0].data["drawers"] == 5
+
+
+def test_the_worked_exchange_precedes_the_task_and_is_right():
+    env = build_env(load_config(None, ["env.name=memory", "env.few_shot=true"]).env)
+    task = env.tasks("train")[0]
+    prompt = env.row(task)["prompt"]
+    assert prompt[1:-1] == FEW_SHOT and prompt[-1]["content"] == task.prompt
+    tool_results = " ".join(m["content"] for m in FEW_SHOT if m["role"] == "tool")
+    key = int(re.search(r"the key is (\d+)", tool_results).group(1))
+    offset = int(re.search(r"plus (\d+)", tool_results).group(1))
+    shot_task = Task("shot", "", "train", {"answer": key + offset})
+    assert env.grade(shot_task, FEW_SHOT[1:]).passed  # its answer is what its drawers say
+    assert all(t.data["key"] != key for s in ("train", "heldout") for t in env.tasks(s))
 
 
 def run(tok, strategy: str, carry: bool):
