@@ -6,10 +6,14 @@ task passes only when its summary carries the first drawer's key."""
 from __future__ import annotations
 
 import pytest
+import yaml
 from conftest import make_tiny_model
 from support.memory_policy import ReaderGenerator
+from support.tiny_run import save_tiny_model
+from typer.testing import CliRunner
 
-from composer_replication.config import load_config
+from composer_replication.cli import app
+from composer_replication.config import configs_dir, load_config
 from composer_replication.config.env import ContextConfig
 from composer_replication.envs.memory import MemoryEnv
 from composer_replication.evaluation import evaluate
@@ -61,3 +65,23 @@ def test_the_eval_turn_is_the_training_turn():
     ctx = ["rollout.context.strategy=summarize", "rollout.context.max_tokens=420",
            "rollout.context.summary_max_tokens=24"]  # fmt: skip
     assert eval_turn_tokens(load_config(None, [*base, *ctx])) == 40
+
+
+def test_the_eval_command_runs_a_configs_strategy(tool_tok, tmp_path, monkeypatch):
+    """``eval --config`` on the shipped memory config (its worked exchange off: the scripted
+    policy counts the drawers its window shows): the same loop, summaries in the transcripts."""
+    import composer_replication.rollout as rollout
+
+    raw = yaml.safe_load((configs_dir() / "memory_summarize.yaml").read_text())
+    raw["env"]["few_shot"] = False
+    config = tmp_path / "memory.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    policy = ReaderGenerator(tool_tok, 6, True, load_config(config).rollout.context.summary_prompt)
+    monkeypatch.setattr(rollout, "Generator", lambda *a, **k: policy)
+    model = save_tiny_model(tmp_path / "tiny", max_positions=1024)
+    args = ["eval", "--model", str(model), "--config", str(config), "--n", "2", "--show", "2"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "pass@1 100.0%" in text and "[window 1; summary: " in text and "key=" in text
+    assert policy.reader.summaries >= 2

@@ -234,6 +234,8 @@ def eval_command(
     """Greedy pass@1 and mean reward with 95% CIs on a task split (sampled with
     ``--temperature``); with ``--config``, on a run config's environment and rollout settings
     (a ``rollout.context`` strategy runs the loop training runs: docs/summarization.md)."""
+    from rich.markup import escape
+
     from composer_replication.config import SandboxConfig
     from composer_replication.envs import build_env
     from composer_replication.evaluation import evaluate
@@ -271,7 +273,7 @@ def eval_command(
                        temperature=temperature or 0.0, seed=seed, shared_prefix=shared_prefix,
                        context=context)  # fmt: skip
     for tid, comp, ok in list(zip(res.task_ids, res.completions, res.passed, strict=True))[:show]:
-        console.print(f"[{'green' if ok else 'red'}]{tid}[/] {comp!r}")
+        console.print(f"[{'green' if ok else 'red'}]{tid}[/] {escape(repr(comp))}")
     s = res.summary()
     console.print(f"{model} on {env}/{split}: n={s['n']}  pass@1 {format_eval(s)}")
 

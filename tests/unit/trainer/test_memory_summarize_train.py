@@ -12,23 +12,17 @@ from pathlib import Path
 import orjson
 import pytest
 from support.memory_policy import ReaderGenerator
+from support.tiny_run import save_tiny_model
 from typer.testing import CliRunner
 
 from composer_replication.cli import app
 from composer_replication.config.env import DEFAULT_SUMMARY_PROMPT
-from composer_replication.lm.models import DEFAULT_MODEL, load_tokenizer
 from composer_replication.trainer.callbacks import read_metrics
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from conftest import make_tiny_model
-
-    out = tmp_path_factory.mktemp("tiny")
-    tok = load_tokenizer(DEFAULT_MODEL)
-    make_tiny_model(len(tok), max_positions=1024).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"), max_positions=1024)
 
 
 def test_train_memory_summarize_two_steps(model_dir, tool_tok, tmp_path, monkeypatch):
