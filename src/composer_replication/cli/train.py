@@ -116,7 +116,8 @@ def print_result(tag: str, summary: dict) -> None:
 
 def format_eval(s: dict) -> str:
     """``pass% [CI]   reward r`` for an evaluation summary (plus turns and tool calls per
-    rollout for a tool environment)."""
+    rollout for a tool environment, and summaries and windows per rollout under a
+    ``rollout.context`` strategy)."""
     text = (
         f"{s['pass_rate']:.1%} [{s['pass_ci95_low']:.1%}, {s['pass_ci95_high']:.1%}]"
         f"   reward {s['mean_reward']:.3f}"
@@ -125,6 +126,11 @@ def format_eval(s: dict) -> str:
         text += (
             f"   turns {s['turns_per_rollout']:.2f}  tool calls {s['tool_calls_per_rollout']:.2f}"
             f"  failed calls {s['tool_error_frac']:.0%}"
+        )
+    if "context/summaries" in s:  # a rollout.context strategy (docs/summarization.md)
+        text += (
+            f"   summaries {s['context/summaries']:.2f}  windows {s['context/windows']:.2f}"
+            f"  ended at cap {s['context/ended_at_cap']:.0%}"
         )
     return text
 

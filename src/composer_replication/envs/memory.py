@@ -20,7 +20,10 @@ SYSTEM_PROMPT = (
     "You search drawers with the open_drawer tool, one drawer per turn, from drawer 1 to the "
     "last. When the last drawer tells you what to answer, reply with only that number."
 )
-PROMPT = "There are {n} drawers. Open them in order, 1 to {n}; the last one says what to answer."
+PROMPT = (
+    "There are {n} drawers. Open them in order, starting with drawer 1; the last one says what "
+    "to answer."
+)
 WORDS = ("dust", "paper", "string", "button", "coin", "ribbon", "thread", "pencil", "stamp",
          "marble", "shell", "feather", "pin", "cork", "bead", "clip")  # fmt: skip
 
@@ -51,7 +54,8 @@ def drawer_text(data: dict[str, Any], number: int) -> str:
         fact = "nothing useful."
     rng = random.Random(f"{data['key']}:{number}")
     filler = " ".join(rng.choice(WORDS) for _ in range(data["filler_words"]))
-    return f"Drawer {number}: {fact} Also in it: {filler}."
+    after = f" Open drawer {number + 1} next." if number < n else ""
+    return f"Drawer {number}: {fact}{after} Also in it: {filler}."
 
 
 FEW_SHOT = _shot()
