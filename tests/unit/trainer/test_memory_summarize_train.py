@@ -38,7 +38,8 @@ def test_train_memory_summarize_two_steps(model_dir, tool_tok, tmp_path, monkeyp
         f"output_dir={out}", "max_steps=2", "num_threads=1", "generation.num_generations=2",
         "generation.prompts_per_step=1", "optim.warmup_steps=0", "eval.n=2",
         "eval.batch_size=2", "env.filler_words=10", "env.few_shot=false", "rollout.context.max_tokens=480",
-        "rollout.context.summary_max_tokens=32",  # shorter rows: the same loop, cheaper
+        "rollout.context.summary_max_tokens=32", "rollout.context.max_summaries=6",
+        # shorter rows: the same loop, cheaper (more summaries, so no episode ends at the cap)
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     rows = read_metrics(out / "metrics.jsonl")
