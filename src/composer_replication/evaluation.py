@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from composer_replication.envs.base import Environment, Task
 
@@ -212,6 +213,8 @@ def evaluate(
     temperature: float = 0.0,
     seed: int = 1234,
     shared_prefix: bool = True,
+    context: Any = None,
+    generator: Any = None,
 ) -> EvalResult:
     """Pass@1 and mean reward of ``model`` on the first ``n`` tasks of ``split``: greedy, or
     one sample per task at ``temperature`` > 0 (torch seeded with ``seed`` first).
@@ -219,7 +222,15 @@ def evaluate(
     A tool environment runs multi-turn episodes the same way (``rollout.run_agent``: at most
     ``max_turns`` turns and ``max_tool_calls`` tool calls, ``max_new_tokens`` per turn) and
     reports turns and tool calls per rollout in ``tool_stats``. ``shared_prefix``: the run's
-    ``generation.shared_prefix`` (prompt tokens a batch shares run once)."""
+    ``generation.shared_prefix`` (prompt tokens a batch shares run once).
+
+    ``context``: the run's ``rollout.context`` (config/env.py ``ContextConfig``). With a
+    strategy, a tool environment's episodes run the loop training runs (``rollout.ContextLoop``
+    through ``rollout.ToolLoop``: same budget, same summaries; ``max_new_tokens`` is the
+    per-turn cap of the budget), and ``tool_stats`` adds ``context/*`` (``rollout.context_stats``:
+    summaries and windows per rollout, summary length, ...); docs/summarization.md.
+    ``generator``: a tool environment's turns are handed to it (lm/generator.py's interface;
+    default: one over ``model``)."""
     tasks = select_tasks(env, split, n)
     if temperature > 0:
         import torch
@@ -228,7 +239,7 @@ def evaluate(
     if env.tools:
         return _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_size,
                                progress, max_turns, max_tool_calls, temperature,
-                               shared_prefix)  # fmt: skip
+                               shared_prefix, context, generator)  # fmt: skip
     completions = generate_greedy(
         model, tokenizer, [t.prompt for t in tasks], max_new_tokens, batch_size, progress,
         temperature, shared_prefix,
@@ -251,16 +262,17 @@ def _result(env, split, tasks, results, completions, temperature, tool_stats=Non
 
 
 def _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_size, progress,
-                    max_turns, max_tool_calls, temperature, shared_prefix=True) -> EvalResult:  # fmt: skip
+                    max_turns, max_tool_calls, temperature, shared_prefix=True,
+                    context=None, generator=None) -> EvalResult:  # fmt: skip
     from composer_replication.envs.tools import bounded_tools, tool_call_counts, tool_methods
     from composer_replication.lm.chat_templates import ensure_tool_template
-    from composer_replication.rollout import RolloutStats, run_agent
+    from composer_replication.rollout import RolloutStats, context_stats, run_agent
 
     ensure_tool_template(tokenizer)
     tools = bounded_tools(env.tools_class(), max_tool_calls)
     rows = [env.row(t) for t in tasks]
     rollouts = run_agent(model, tokenizer, rows, tools, max_turns, max_new_tokens, batch_size,
-                         progress, temperature, shared_prefix)  # fmt: skip
+                         progress, temperature, shared_prefix, generator, context)  # fmt: skip
     results = env.grade_episodes(tasks, [r.messages for r in rollouts],
                                  [r.instance for r in rollouts])  # fmt: skip
     st = RolloutStats.of(rollouts)
@@ -271,6 +283,9 @@ def _evaluate_agent(model, tokenizer, env, split, tasks, max_new_tokens, batch_s
     }
     counts = tool_call_counts([r.messages for r in rollouts], tool_methods(env.tools_class()))
     stats.update({f"calls/{name}": n for name, n in counts.items()})
+    episodes = [r.context for r in rollouts if r.context is not None]
+    if episodes:
+        stats.update({f"context/{k}": v for k, v in context_stats(episodes).items()})
     texts = [_transcript(r.messages) for r in rollouts]
     return _result(env, split, tasks, results, texts, temperature, stats)
 
@@ -279,6 +294,10 @@ def _transcript(messages: list[dict]) -> str:
     """A one-line view of a rollout: text, ``calculate(...)`` calls and ``-> result``s."""
     parts = []
     for m in messages:
+        if m.get("context_window"):  # a new window (rollout.ContextLoop): what it starts from
+            w = m["context_window"]
+            said = "" if w.get("summary") is None else f"; summary: {w['summary']!r}"
+            parts.append(f"[window {w['window']}{said}]")
         if m.get("role") == "tool":
             parts.append(f"-> {m.get('content', '')}")
             continue

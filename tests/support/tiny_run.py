@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def save_tiny_model(out: Path, seed: int = 0) -> Path:
+def save_tiny_model(out: Path, seed: int = 0, max_positions: int = 256) -> Path:
     """The embedded tokenizer plus a 2-layer random Llama of its vocabulary in ``out``: a
     directory ``model.name`` accepts."""
     from conftest import make_tiny_model
@@ -14,7 +14,7 @@ def save_tiny_model(out: Path, seed: int = 0) -> Path:
     from composer_replication.lm.models import DEFAULT_MODEL, load_tokenizer
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)
-    make_tiny_model(len(tokenizer), seed=seed).save_pretrained(out)
+    make_tiny_model(len(tokenizer), seed=seed, max_positions=max_positions).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 

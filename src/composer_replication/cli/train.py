@@ -116,7 +116,8 @@ def print_result(tag: str, summary: dict) -> None:
 
 def format_eval(s: dict) -> str:
     """``pass% [CI]   reward r`` for an evaluation summary (plus turns and tool calls per
-    rollout for a tool environment)."""
+    rollout for a tool environment, and summaries and windows per rollout under a
+    ``rollout.context`` strategy)."""
     text = (
         f"{s['pass_rate']:.1%} [{s['pass_ci95_low']:.1%}, {s['pass_ci95_high']:.1%}]"
         f"   reward {s['mean_reward']:.3f}"
@@ -125,6 +126,11 @@ def format_eval(s: dict) -> str:
         text += (
             f"   turns {s['turns_per_rollout']:.2f}  tool calls {s['tool_calls_per_rollout']:.2f}"
             f"  failed calls {s['tool_error_frac']:.0%}"
+        )
+    if "context/summaries" in s:  # a rollout.context strategy (docs/summarization.md)
+        text += (
+            f"   summaries {s['context/summaries']:.2f}  windows {s['context/windows']:.2f}"
+            f"  ended at cap {s['context/ended_at_cap']:.0%}"
         )
     return text
 
@@ -203,6 +209,26 @@ def eval_command(
         ),
     ] = "native",
     show: Annotated[int, typer.Option("--show", min=0, help="print this many completions")] = 5,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="a run config: evaluate on its env with its rollout settings (max_turns, "
+            "max_tool_calls, rollout.context: the loop and budget training runs), its "
+            "sandbox and its eval temperature and seed, as its run's own evaluation does; "
+            "--env, --levels, --max-* and the feature_deletion options are then not used",
+        ),
+    ] = None,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            "--temperature",
+            min=0.0,
+            max=5.0,
+            help="sample at this temperature (default: greedy, or the config's)",
+        ),
+    ] = None,
     unsafe_run_without_isolation: Annotated[
         bool,
         typer.Option(
@@ -211,19 +237,34 @@ def eval_command(
         ),
     ] = False,
 ) -> None:
-    """Greedy pass@1 and mean reward with 95% CIs on a task split."""
+    """Greedy pass@1 and mean reward with 95% CIs on a task split (sampled with
+    ``--temperature``); with ``--config``, on a run config's environment and rollout settings
+    (a ``rollout.context`` strategy runs the loop training runs: docs/summarization.md)."""
+    from rich.markup import escape
+
     from composer_replication.config import SandboxConfig
     from composer_replication.envs import build_env
     from composer_replication.evaluation import evaluate
     from composer_replication.lm.models import load_model, load_tokenizer, resolve_model_source
     from composer_replication.progress import progress_bar
+    from composer_replication.run.train import eval_turn_tokens
 
     quiet_libraries()
+    context, seed, shared_prefix = None, 1234, True
     with exit_on(ValueError, FileNotFoundError):
         resolve_model_source(model)  # a bad name fails before the task set is built
-        sandbox = SandboxConfig(unsafe_run_without_isolation=unsafe_run_without_isolation)
-        section = eval_env_section(env, levels=parse_levels(levels), task_sources=task_source,
-                                   tool_profile=tool_profile)  # fmt: skip
+        if config is not None:  # the run's own settings, as its evaluation uses them
+            cfg = load_config(config, [])
+            section, sandbox, env = cfg.env, cfg.sandbox, cfg.env.name
+            max_turns, max_tool_calls = cfg.rollout.max_turns, cfg.rollout.max_tool_calls
+            max_new_tokens, context = eval_turn_tokens(cfg), cfg.rollout.context
+            seed, shared_prefix = cfg.eval.seed, cfg.generation.shared_prefix
+            temperature = cfg.eval.temperature if temperature is None else temperature
+        else:
+            sandbox = SandboxConfig(unsafe_run_without_isolation=unsafe_run_without_isolation)
+            section = eval_env_section(env, levels=parse_levels(levels),
+                                       task_sources=task_source,
+                                       tool_profile=tool_profile)  # fmt: skip
         check_env_needs(SimpleNamespace(env=section, sandbox=sandbox))
         environment = build_env(section, sandbox)  # as `train` builds its environment
         try:  # an unknown --split: before the model
@@ -234,9 +275,11 @@ def eval_command(
         lm = load_model(model)
     with progress_bar(console, f"eval {env}/{split}", total) as adv:
         res = evaluate(lm, tok, environment, split, n, max_new_tokens, batch_size, progress=adv,
-                       max_turns=max_turns, max_tool_calls=max_tool_calls)  # fmt: skip
+                       max_turns=max_turns, max_tool_calls=max_tool_calls,
+                       temperature=temperature or 0.0, seed=seed, shared_prefix=shared_prefix,
+                       context=context)  # fmt: skip
     for tid, comp, ok in list(zip(res.task_ids, res.completions, res.passed, strict=True))[:show]:
-        console.print(f"[{'green' if ok else 'red'}]{tid}[/] {comp!r}")
+        console.print(f"[{'green' if ok else 'red'}]{tid}[/] {escape(repr(comp))}")
     s = res.summary()
     console.print(f"{model} on {env}/{split}: n={s['n']}  pass@1 {format_eval(s)}")
 

@@ -234,7 +234,9 @@ class EvalConfig(StrictModel):
     split: Literal["train", "heldout"] = "heldout"
     """Which split to evaluate on."""
     max_new_tokens: int = Field(16, ge=1)
-    """Decoding length for evaluation (per turn in tool environments)."""
+    """Decoding length for evaluation (per turn in tool environments). With a
+    ``rollout.context`` strategy the per-turn cap is ``generation.max_completion_length``
+    instead, the one the training budget uses (run/train.py ``eval_turn_tokens``)."""
     batch_size: int = Field(32, ge=1)
     """Prompts decoded together."""
     temperature: float = Field(0.0, ge=0.0, le=5.0)
@@ -487,8 +489,8 @@ def check_context(cfg: RunConfig) -> None:
     """``rollout.context`` against the rest of the run (one-line errors naming the keys): a
     context strategy needs a tool environment and the transformers backend (either engine);
     the window must hold a turn (``generation.max_completion_length``), and with ``summarize``
-    also the summary and ``SUMMARY_ROOM``; what does not run on packed episodes yet is refused
-    (docs/summarization.md)."""
+    also the summary and ``SUMMARY_ROOM`` (docs/summarization.md). Evaluation runs the same
+    loop (evaluation.py)."""
     c = cfg.rollout.context
     if c.strategy == "none":
         return
@@ -500,8 +502,6 @@ def check_context(cfg: RunConfig) -> None:
          f"needs a tool environment (env.name={cfg.env.name} has no multi-turn loop)"),
         (cfg.generation.backend != "transformers", "needs generation.backend=transformers"),
         (cfg.agent_proxy.enabled, "does not compact for the agent proxy (out of scope)"),
-        (cfg.eval.before_and_after,
-         "is not run by eval yet: set eval.before_and_after=false"),
         (c.max_tokens < need,
          f"needs rollout.context.max_tokens >= {need} (a turn of "
          f"generation.max_completion_length={turn}"

@@ -20,9 +20,25 @@ SYSTEM_PROMPT = (
     "You search drawers with the open_drawer tool, one drawer per turn, from drawer 1 to the "
     "last. When the last drawer tells you what to answer, reply with only that number."
 )
-PROMPT = "There are {n} drawers. Open them in order, 1 to {n}; the last one says what to answer."
+PROMPT = (
+    "There are {n} drawers. Open them in order, starting with drawer 1; the last one says what "
+    "to answer."
+)
 WORDS = ("dust", "paper", "string", "button", "coin", "ribbon", "thread", "pencil", "stamp",
          "marble", "shell", "feather", "pin", "cork", "bead", "clip")  # fmt: skip
+
+
+def _shot() -> list[dict[str, Any]]:
+    """One worked exchange (3 drawers, no filler; key 512 is no task's: keys are 1000-9999):
+    the base 135M model calls no tool from the tool schema alone (docs/summarization.md)."""
+    data = {"key": 512, "offset": 7, "drawers": 3, "filler_words": 0}
+    out: list[dict[str, Any]] = [{"role": "user", "content": PROMPT.format(n=3)}]
+    for k in (1, 2, 3):
+        call = {"type": "function", "function": {"name": "open_drawer", "arguments": {"number": k}}}
+        out += [{"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "open_drawer",
+                 "content": drawer_text(data, k).replace(" Also in it: .", "")}]  # fmt: skip
+    return [*out, {"role": "assistant", "content": "519"}]
 
 
 def drawer_text(data: dict[str, Any], number: int) -> str:
@@ -38,7 +54,12 @@ def drawer_text(data: dict[str, Any], number: int) -> str:
         fact = "nothing useful."
     rng = random.Random(f"{data['key']}:{number}")
     filler = " ".join(rng.choice(WORDS) for _ in range(data["filler_words"]))
-    return f"Drawer {number}: {fact} Also in it: {filler}."
+    after = f" Open drawer {number + 1} next." if number < n else ""
+    return f"Drawer {number}: {fact}{after} Also in it: {filler}."
+
+
+FEW_SHOT = _shot()
+"""The worked exchange ``few_shot`` puts before each task."""
 
 
 class MemoryEnv(ToolEnvironment):
@@ -47,8 +68,9 @@ class MemoryEnv(ToolEnvironment):
     name = "memory"
 
     def __init__(self, n_tasks: int = 2000, drawers: int = 6, filler_words: int = 40,
-                 heldout_fraction: float = 0.2):  # fmt: skip
+                 heldout_fraction: float = 0.2, few_shot: bool = False):  # fmt: skip
         super().__init__()
+        self.few_shot = few_shot
         if drawers < 2:
             raise ValueError(f"drawers={drawers}: the key and the question need 2 drawers")
         rng = random.Random("memory")
@@ -68,6 +90,7 @@ class MemoryEnv(ToolEnvironment):
     def row(self, task: Task) -> dict[str, Any]:
         return {
             "prompt": [{"role": "system", "content": SYSTEM_PROMPT},
+                       *(FEW_SHOT if self.few_shot else []),
                        {"role": "user", "content": task.prompt}],
             "answer": task.data["answer"], "task_id": task.task_id, "memory": task.data,
         }  # fmt: skip

@@ -221,7 +221,12 @@ def _reuse(cfg: RunConfig, arm: AblationArm, seed: int, console) -> dict[str, An
 def _train_arm(
     acfg: AblationConfig, arm: AblationArm, seed: int, cfg: RunConfig, console
 ) -> dict[str, Any]:
-    from composer_replication.run.train import build_trainer, evaluate_run, prepare
+    from composer_replication.run.train import (
+        build_trainer,
+        eval_turn_tokens,
+        evaluate_run,
+        prepare,
+    )
     from composer_replication.trainer.callbacks import HeldoutEvalCallback
 
     done = Path(cfg.output_dir, FINAL_EVAL)
@@ -243,11 +248,12 @@ def _train_arm(
             tokenizer,
             acfg.eval_every,
             acfg.eval_n_during,
-            cfg.eval.max_new_tokens,
+            eval_turn_tokens(cfg),
             cfg.eval.batch_size,
             max_turns=cfg.rollout.max_turns,
             max_tool_calls=cfg.rollout.max_tool_calls,
             shared_prefix=cfg.generation.shared_prefix,
+            context=cfg.rollout.context,
         )
     )
     if trained:

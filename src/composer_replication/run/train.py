@@ -447,10 +447,21 @@ def prepare(cfg: RunConfig, env: Environment | None = None):
     return model, tokenizer, env
 
 
+def eval_turn_tokens(cfg: RunConfig) -> int:
+    """Tokens per turn of a held-out evaluation: ``eval.max_new_tokens``; with a
+    ``rollout.context`` strategy, ``generation.max_completion_length``, the per-turn cap the
+    training budget is computed with, so that evaluation splits episodes into the same windows
+    (docs/summarization.md)."""
+    if cfg.rollout.context.strategy != "none":
+        return cfg.generation.max_completion_length
+    return cfg.eval.max_new_tokens
+
+
 def evaluate_run(
     cfg: RunConfig, model, tokenizer, env, tag: str, console=None, n: int | None = None
 ):
-    """Held-out evaluation of ``model`` as configured in ``cfg.eval`` (greedy by default)."""
+    """Held-out evaluation of ``model`` as configured in ``cfg.eval`` (greedy by default),
+    episodes under the run's ``rollout.context`` as in training."""
     from composer_replication.evaluation import evaluate
 
     n = n or cfg.eval.n
@@ -461,7 +472,7 @@ def evaluate_run(
             env,
             cfg.eval.split,
             n,
-            cfg.eval.max_new_tokens,
+            eval_turn_tokens(cfg),
             cfg.eval.batch_size,
             progress=adv,
             max_turns=cfg.rollout.max_turns,
@@ -469,6 +480,7 @@ def evaluate_run(
             temperature=cfg.eval.temperature,
             seed=cfg.eval.seed,
             shared_prefix=cfg.generation.shared_prefix,
+            context=cfg.rollout.context,
         )
 
 

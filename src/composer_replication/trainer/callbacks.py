@@ -323,7 +323,8 @@ class HeldoutEvalCallback(TrainerCallback):
     ``heldout.jsonl`` in the run dir: the data of score-vs-step curves (on resume, rows after
     the checkpoint's step are dropped first). Tool environments run
     episodes of at most ``max_turns`` turns and ``max_tool_calls`` calls (the run's
-    ``rollout`` budget, as its final evaluation)."""
+    ``rollout`` budget, as its final evaluation), under ``context`` (the run's
+    ``rollout.context``) as in training."""
 
     def __init__(
         self,
@@ -338,9 +339,10 @@ class HeldoutEvalCallback(TrainerCallback):
         max_turns: int,
         max_tool_calls: int,
         shared_prefix: bool = True,
+        context: Any = None,
     ):
         self.path = Path(run_dir) / HELDOUT_FILE
-        self.shared_prefix = shared_prefix
+        self.shared_prefix, self.context = shared_prefix, context
         self.env, self.tokenizer = env, tokenizer
         self.every, self.n = every, n
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
@@ -353,7 +355,7 @@ class HeldoutEvalCallback(TrainerCallback):
         res = evaluate(
             model, self.tokenizer, self.env, "heldout", self.n, self.max_new_tokens,
             self.batch_size, max_turns=self.max_turns, max_tool_calls=self.max_tool_calls,
-            shared_prefix=self.shared_prefix,
+            shared_prefix=self.shared_prefix, context=self.context,
         )  # fmt: skip
         model.train(was_training)
         lo, hi = res.pass_ci()

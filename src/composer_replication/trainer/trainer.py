@@ -61,6 +61,7 @@ from composer_replication.rollout import (
     ContextEpisode,
     ContextLoop,
     calls_at_once,
+    context_stats,
     reset_at_once,
     turn_index,
     undo_resets,
@@ -573,18 +574,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
         if not eps:
             return
         n = len(eps)
-        summaries = [w for e in eps for w in e.windows if w.summary is not None]
         mode = "train" if self.model.training else "eval"
-        values = {
-            "rollout/summaries": sum(len(e.summaries) for e in eps) / n,
-            "rollout/windows": sum(len(e.windows) for e in eps) / n,
-            "rollout/tokens_saved": sum(e.tokens_saved for e in eps) / n,
-            "rollout/ended_at_cap": sum(e.ended == "cap" for e in eps) / n,
-            "rollout/summaries_cut": sum(w.summary_cut for w in summaries) / max(len(summaries), 1),
-        }
-        if summaries:
-            lengths = [w.summary_tokens for w in summaries]
-            values["rollout/summary_tokens"] = sum(lengths) / len(lengths)
+        values = {f"rollout/{k}": v for k, v in context_stats(eps).items()}
         rewards = self._graded_rewards(n)
         if rewards is not None:  # reward by the number of summaries the episode wrote
             by: dict[int, list[float]] = {}

@@ -40,6 +40,12 @@ def test_hints_and_distillation_run_on_packed_episodes():
     assert cfg.sdpo.enabled and cfg.distill.enabled
 
 
+def test_before_and_after_evaluation_runs_with_a_strategy():
+    """Evaluation runs the same loop (evaluation.py), so it is no longer refused."""
+    cfg = load_config(None, [*SUMMARIZE, "eval.before_and_after=true"])
+    assert cfg.eval.before_and_after and cfg.rollout.context.strategy == "summarize"
+
+
 @pytest.mark.parametrize(
     "override, match",
     [
@@ -61,7 +67,6 @@ def test_ranges_and_unknown_keys_are_refused(override, match):
     "overrides, match",
     [
         (["env.name=arithmetic", "rollout.context.strategy=truncate"], "needs a tool environment"),
-        ([*SUMMARIZE, "eval.before_and_after=true"], "eval.before_and_after=false"),
         ([*SUMMARIZE, "rollout.context.summary_max_tokens=600"], "under half"),
         # 64 (turn) + 99 (summary, under half of 200) + 64 (room) = 227 > 200
         (

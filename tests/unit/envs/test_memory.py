@@ -9,10 +9,12 @@ import re
 from types import SimpleNamespace
 
 import pytest
+from support.memory_policy import Reader
 
 from composer_replication.config import load_config
 from composer_replication.envs import build_env
-from composer_replication.envs.memory import DrawerTools, MemoryEnv
+from composer_replication.envs.base import Task
+from composer_replication.envs.memory import FEW_SHOT, DrawerTools, MemoryEnv
 from composer_replication.envs.tools import tool_functions
 from composer_replication.rollout import ContextLoop, ToolLoop, parse_turn, render_ids
 
@@ -37,46 +39,17 @@ def test_the_config_builds_it():
     assert isinstance(env, MemoryEnv) and env.tasks("train")[0].data["drawers"] == 5
 
 
-CALL = '<tool_call>{{"name": "open_drawer", "arguments": {{"number": {k}}}}}</tool_call><|im_end|>'
-
-
-class Reader:
-    """A policy that opens the drawers in order, summarizes as told (its progress and the
-    question always; the key only with ``carry``), and answers from what its window shows
-    (0 if it shows no key)."""
-
-    def __init__(self, tok, drawers: int, carry: bool):
-        self.tok, self.drawers, self.carry = tok, drawers, carry
-        self.instruction: list[int] = []
-        self.answer_windows: list[str] = []
-
-    def __call__(self, prompts, limit):
-        out = []
-        for ids in prompts:
-            text = self.tok.decode(ids)
-            opened = [int(k) for k in re.findall(r'"number": (\d+)', text)]
-            opened += [int(k) for k in re.findall(r"opened up to (\d+)", text)]
-            done = max(opened, default=0)  # progress is always carried, the key only if told
-            if ids[-len(self.instruction) :] == self.instruction:
-                key = re.findall(r"the key is (\d+)|key=(\d+)", text)
-                fact = next((a or b for a, b in key), None)
-                carried = f"key={fact}; " if self.carry and fact else ""
-                plus = re.findall(r"plus (\d+)|plus=(\d+)", text)
-                asked = "".join(f"; plus={a or b}" for a, b in plus[-1:])
-                reply = f"{carried}opened up to {done}{asked}"
-            else:
-                plus = re.findall(r"plus (\d+)|plus=(\d+)", text)
-                if plus:
-                    self.answer_windows.append(text)
-                    key = re.findall(r"the key is (\d+)|key=(\d+)", text)
-                    a, b = plus[-1]
-                    value = int(next((x or y for x, y in key), 0) or 0)
-                    reply = str(value + int(a or b) if value else 0)
-                else:
-                    reply = CALL.format(k=done + 1)
-            out.append(self.tok(reply + ("" if reply.endswith("<|im_end|>") else "<|im_end|>"),
-                                add_special_tokens=False)["input_ids"][:limit])  # fmt: skip
-        return out, None, None
+def test_the_worked_exchange_precedes_the_task_and_is_right():
+    env = build_env(load_config(None, ["env.name=memory", "env.few_shot=true"]).env)
+    task = env.tasks("train")[0]
+    prompt = env.row(task)["prompt"]
+    assert prompt[1:-1] == FEW_SHOT and prompt[-1]["content"] == task.prompt
+    tool_results = " ".join(m["content"] for m in FEW_SHOT if m["role"] == "tool")
+    key = int(re.search(r"the key is (\d+)", tool_results).group(1))
+    offset = int(re.search(r"plus (\d+)", tool_results).group(1))
+    shot_task = Task("shot", "", "train", {"answer": key + offset})
+    assert env.grade(shot_task, FEW_SHOT[1:]).passed  # its answer is what its drawers say
+    assert all(t.data["key"] != key for s in ("train", "heldout") for t in env.tasks(s))
 
 
 def run(tok, strategy: str, carry: bool):
