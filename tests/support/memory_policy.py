@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from composer_replication.lm.generator import Completion
-from composer_replication.rollout import user_turn_ids
+from composer_replication.rollout import instruction_after_tools
 
 CALL = '<tool_call>{{"name": "open_drawer", "arguments": {{"number": {k}}}}}</tool_call><|im_end|>'
 
@@ -61,7 +61,7 @@ class ReaderGenerator:
     hand turns to. Log-probs are 0.0 (the script is certain)."""
 
     def __init__(self, tok, drawers: int, carry: bool, summary_prompt: str):
-        self.reader = Reader(tok, drawers, carry, user_turn_ids(tok, summary_prompt))
+        self.reader = Reader(tok, drawers, carry, instruction_after_tools(tok, summary_prompt)[1])
         self.calls = 0
 
     def generate(self, prompts, sampling) -> list[Completion]:

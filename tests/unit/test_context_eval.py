@@ -30,8 +30,8 @@ def test_evaluate_scores_the_context_loops_episodes(tool_tok, monkeypatch, carry
     runs = []
     real = ContextLoop.run
 
-    def spy(self, *args):
-        out = real(self, *args)
+    def spy(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
         runs.append((self, out))
         return out
 
