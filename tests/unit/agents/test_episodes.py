@@ -70,29 +70,43 @@ def _command_episodes(env, tok, tmp_path, workers: int = 1) -> AgentEpisodes:
     return AgentEpisodes(env, cfg, tok, policy=Played(tok, []))
 
 
-def test_an_episode_error_fails_that_episode_not_the_batch(env, tool_tok, tmp_path, monkeypatch):
-    """Issue 55: an exception in one episode (here the read-back's ENAMETOOLONG, as a tree
-    past the host's PATH_MAX raised it) escaped ``AgentEpisodes`` and aborted the whole
-    rollout batch: one shell command of the model stopped a training step. Now that episode
-    scores 0, flagged ``episode_failed``, and the others are graded as usual."""
+def _first_of_two(env, tok, tmp_path, monkeypatch, first, outcome):
+    """Two episodes (``first``, then another training task) whose ``run_agent`` is replaced:
+    ``outcome()`` for ``first`` (a result, or an exception it raises), an empty run for the
+    other. Returns (the episodes, the stand-in trainer, their results)."""
     from composer_replication.sandbox.shell import ShellResult
 
-    bad, good = env.tasks("train")[:2]
+    other = next(t for t in env.tasks("train") if t.task_id != first.task_id)
 
     def run_agent(box, workspace, run, socket_dir, socket_name, python_path=(), policy_wait=None):
-        if dict(run.env)["AGENT_TASK"] == env.user_message(bad):
-            raise OSError(errno.ENAMETOOLONG, "File name too long")
+        if dict(run.env)["AGENT_TASK"] == env.user_message(first):
+            return outcome()
         return ShellResult("", 0)
 
     monkeypatch.setattr(episodes_mod, "run_agent", run_agent)
-    episodes = _command_episodes(env, tool_tok, tmp_path, workers=2)
-    rows = [env.row(bad), env.row(good)]
+    episodes = _command_episodes(env, tok, tmp_path, workers=2)
+    rows = [env.row(first), env.row(other)]
     trainer = trainer_stub(rows)
     try:
         out = episodes([r["prompt"] for r in rows], trainer)
     finally:
         episodes.close()
-    failed, graded = out["agent_result"]
+    return episodes, trainer, out["agent_result"], out
+
+
+def test_an_episode_error_fails_that_episode_not_the_batch(env, tool_tok, tmp_path, monkeypatch):
+    """Issue 55: an exception in one episode (here the read-back's ENAMETOOLONG, as a tree
+    past the host's PATH_MAX raised it) escaped ``AgentEpisodes`` and aborted the whole
+    rollout batch: one shell command of the model stopped a training step. Now that episode
+    scores 0, flagged ``episode_failed``, and the others are graded as usual."""
+
+    def outcome():
+        raise OSError(errno.ENAMETOOLONG, "File name too long")
+
+    bad = env.tasks("train")[0]
+    episodes, trainer, (failed, graded), _ = _first_of_two(
+        env, tool_tok, tmp_path, monkeypatch, bad, outcome
+    )
     assert failed.reward == 0.0 and "File name too long" in failed.feedback
     assert "episode_failed:OSError" in failed.info["flags"]
     assert "targets" in graded.info and not any("episode_failed" in f for f in graded.info["flags"])
@@ -112,22 +126,11 @@ def test_a_harness_that_could_not_start_is_the_machines_failure(
     from composer_replication.envs.base import infra_kind
     from composer_replication.sandbox.shell import ShellResult
 
-    lost, ran = env.tasks("train")[:2]
-
-    def run_agent(box, workspace, run, socket_dir, socket_name, python_path=(), policy_wait=None):
-        if dict(run.env)["AGENT_TASK"] == env.user_message(lost):
-            return ShellResult("/bin/sh: 3: mini: not found\n", 127)
-        return ShellResult("", 0)
-
-    monkeypatch.setattr(episodes_mod, "run_agent", run_agent)
-    episodes = _command_episodes(env, tool_tok, tmp_path, workers=2)
-    rows = [env.row(lost), env.row(ran)]
-    trainer = trainer_stub(rows)
-    try:
-        out = episodes([r["prompt"] for r in rows], trainer)
-    finally:
-        episodes.close()
-    masked, graded = out["agent_result"]
+    lost = env.tasks("train")[0]
+    not_found = ShellResult("/bin/sh: 3: mini: not found\n", 127)
+    episodes, trainer, (masked, graded), out = _first_of_two(
+        env, tool_tok, tmp_path, monkeypatch, lost, lambda: not_found
+    )
     assert infra_kind(masked) == "harness_start" and "exit status 127" in masked.feedback
     assert infra_kind(graded) is None and "targets" in graded.info
     assert not any(e.tools.workspace.exists() for e in episodes.last_episodes)  # removed
