@@ -264,8 +264,8 @@ class ToolLoop:
     ``generate`` then also takes a token limit. Tied to TRL 1.16 (pinned in pyproject.toml);
     tests/unit/test_rollout.py runs it (with a context:
     tests/unit/rollout_engine/test_ray_packed_windows.py). Held-out evaluation (evaluation.py)
-    runs the same loop, so its scores mean what training rewards mean; the episodes' windows
-    are kept in :attr:`context_episodes`."""
+    runs the same loop, so its scores mean what training rewards mean; each episode's windows
+    are its :attr:`ToolEpisode.context`."""
 
     def __init__(
         self,
@@ -297,9 +297,6 @@ class ToolLoop:
         """Tool calls the last :meth:`run` made (TRL's count: ``tools/call_frequency``)."""
         self.tool_failures = 0
         """Of those, the ones that failed (TRL's count: ``tools/failure_frequency``)."""
-        self.context = context if context is not None and context.strategy != "none" else None
-        self.context_episodes: list[ContextEpisode] = []
-        """The last :meth:`run`'s episodes with their windows (a ``context`` strategy)."""
 
     # ---- what TRL's loop calls on its trainer ---------------------------------------------
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations,
@@ -359,7 +356,6 @@ class ToolLoop:
             prompts, prompt_ids, completion_ids, completions, logprobs, self._sync_tool_dicts,
             first_tag=self.tags[0],
         )  # fmt: skip
-        self.context_episodes = loop.episodes
         self.tool_calls, self.tool_failures = int(calls), int(failures)
         return [
             ToolEpisode(p, c, lp, m, ms, e.turn_tags, inst, e)
@@ -506,8 +502,9 @@ def run_context_agent(
                         context=context)  # fmt: skip
         episodes = loop.run(rows, instances) if rows else []
     out = []
-    for ep, ctx in zip(episodes, loop.context_episodes, strict=True):
+    for ep in episodes:
         turns = sum(m.get("role") == "assistant" for m in ep.messages)
+        ctx = ep.context
         out.append(AgentRollout(ep.messages, turns, ctx.tool_calls, ctx.tool_failures,
                                 instance=ep.instance, context=ctx))  # fmt: skip
     return out

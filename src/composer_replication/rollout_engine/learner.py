@@ -406,7 +406,7 @@ class RayRollouts:
         several = any(len(r.sequences) > 1 for g in self.pending for r in g.rollouts)
         if not several and (ws is None or ws.context is None):
             return None
-        return [rollout_episode(r).packed()[3] for g in self.pending for r in g.rollouts]
+        return [e.packed()[3] for e in self.context_episodes()]
 
     def context_episodes(self) -> list[Any]:
         """The pending groups' rollouts as ``rollout.ContextEpisode`` (their windows and
