@@ -64,10 +64,17 @@ def tokenizer(request):
 
 
 def make_tiny_model(
-    vocab_size: int, seed: int = 0, layers: int = 2, cls=None, max_positions: int = 256
+    vocab_size: int,
+    seed: int = 0,
+    layers: int = 2,
+    cls=None,
+    max_positions: int = 256,
+    weight_scale: float = 1.0,
 ):
     """A random 2-layer Llama with the real tokenizer's vocabulary (fast on CPU); ``cls`` a
-    ``LlamaForCausalLM`` subclass (default: the class itself)."""
+    ``LlamaForCausalLM`` subclass (default: the class itself). ``weight_scale``: every weight
+    but the norms' multiplied by it (larger weights: log-probs that depend on the context
+    visibly, for tests that tell a leaking context from a clean one)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -83,7 +90,13 @@ def make_tiny_model(
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
     )
-    return cls(cfg)
+    model = cls(cfg)
+    if weight_scale != 1.0:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" not in name:
+                    p.mul_(weight_scale)
+    return model
 
 
 @pytest.fixture

@@ -154,11 +154,7 @@ def test_a_packed_ray_row_is_scored_with_its_windows(tmp_path, tool_tok):
         "grpo.mask_truncated_completions=false", "rollout.engine=ray", "env.num_train=4",
         "optim.gradient_checkpointing=false",
     ])  # fmt: skip
-    model = make_tiny_model(len(tool_tok), max_positions=1024)
-    with torch.no_grad():  # larger weights: log-probs that depend on the context visibly
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.mul_(6.0)
+    model = make_tiny_model(len(tool_tok), max_positions=1024, weight_scale=6.0)
     trainer = ComposerReplicationTrainer(
         model=model, reward_funcs=[WorkerReward("calculator")], args=build_grpo_args(cfg),
         train_dataset=build_prompt_dataset(get_env("arithmetic", levels=[1]), "train", 4, 0,

@@ -46,11 +46,7 @@ class Verdicts:
 
 def channels(tok_len: int) -> list:
     distill = load_config(None, ["distill.weight=1", "distill.teachers=runs/t/final"]).distill
-    teacher = make_tiny_model(tok_len, seed=1, max_positions=512)
-    with torch.no_grad():  # as the policy's: log-probs that depend on the context visibly
-        for name, p in teacher.named_parameters():
-            if "norm" not in name:
-                p.mul_(6.0)
+    teacher = make_tiny_model(tok_len, seed=1, max_positions=512, weight_scale=6.0)  # as the policy
     return [SelfDistillChannel(SdpoConfig(weight=0.1, hint_sources=["feedback"])),
             DistillChannel(distill, models={"teacher0": teacher})]  # fmt: skip
 

@@ -65,11 +65,7 @@ def build(tok, tmp_path, loss_type: str, max_steps: int = 1, rewards=None, chann
                               summary_max_tokens=16)  # fmt: skip
     if rewards is None:
         rewards = lambda completions, **_: [float(i % 2 == 0) for i in range(len(completions))]  # noqa: E731
-    model = make_tiny_model(len(tok), max_positions=512)
-    with torch.no_grad():  # larger weights: log-probs that depend on the context visibly
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.mul_(6.0)
+    model = make_tiny_model(len(tok), max_positions=512, weight_scale=6.0)
     trainer = SummarizingTrainer(
         model=model, reward_funcs=rewards, args=args,
         train_dataset=Dataset.from_list(rows * 4), processing_class=tok,
