@@ -239,7 +239,9 @@ class RolloutWorker:
             time.sleep(POLL_S)
         v, [push] = found
         with self.load_lock:  # the loop and a ``sync`` call may load at once: a delta twice
-            if v == self.version:
+            # held, or (asked for the newest) older than what a concurrent load just took: the
+            # newest looked up before the lock must not roll the weights back
+            if v == self.version or (version is None and v < self.version):
                 return
             parts = {name: ray.get(getattr(push, name)) for name in push.needs(self.version)}
             with self.lock:

@@ -50,3 +50,44 @@ def test_a_worker_generates_with_the_kv_cache_the_learners_config_turned_off(tok
                            settings)  # fmt: skip
     assert worker.model.generation_config.use_cache is True
     assert learner.config.use_cache is False
+
+
+def test_a_newest_lookup_older_than_a_concurrent_load_does_not_roll_back(monkeypatch):
+    """Seen in CI (``test_delta_and_lora_pushes...[lora]``: a worker at version 1 after
+    ``sync(2)``): the run loop looked up the newest weights (version 1), then waited for the
+    load lock while a ``sync`` call loaded version 2; once it got the lock it applied version 1
+    over 2. Here the lookup returns 1 while a concurrent load moves the worker to 2: the worker
+    keeps 2 and applies nothing. A version asked for by number (``force_staleness``) is still
+    loaded, older or not."""
+    import threading
+    from types import SimpleNamespace
+
+    import ray
+
+    from composer_replication.rollout_engine import worker as worker_mod
+
+    applied = []
+    monkeypatch.setattr(ray, "get", lambda ref, **_: ref)
+    monkeypatch.setattr(
+        worker_mod, "apply_push", lambda model, push, parts, held: applied.append(push)
+    )
+    w = object.__new__(worker_mod.RolloutWorker)
+    push = SimpleNamespace(needs=lambda held: [])
+
+    def latest(version):  # the lookup answers, then another thread loads version 2
+        w.version = 2
+        return (1, [push])
+
+    w.hub = SimpleNamespace(latest_weights=SimpleNamespace(remote=latest))
+    w.settings = SimpleNamespace(timeout_s=5.0)
+    w.lock, w.load_lock, w.model, w.worker_id, w.version = (
+        threading.Lock(),
+        threading.Lock(),
+        None,
+        0,
+        1,
+    )
+    w._load_weights(None)
+    assert w.version == 2 and applied == []
+    w._load_weights(1)  # asked for by number: loaded
+    assert w.version == 1 and applied == [push]
