@@ -404,12 +404,18 @@ def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, test
     deleted = delete_body(text, cand)
     got = deletion_outcome(box, source, cand, passing, cfg, tests)
     status, failing = got["status"], got["failing"]
+    forward_s, forward_whole = 0.0, False
     if status == "breaks":
-        ok = _forwardable(box, source, _grading_task(cand, cfg, testcode), text, passing)
+        begin = time.monotonic()
+        ok, forward_whole = _forwardable(box, source, _grading_task(cand, cfg, testcode), text,
+                                         passing, failing)  # fmt: skip
+        forward_s = time.monotonic() - begin
         status = TASK if ok else "not_forwardable"
     row = {"key": cand.key, "status": status, "failing": failing if status == TASK else [],
            "n_failing": len(failing), "seconds": got["seconds"],
-           "selected": len(passing) if got["whole"] else len(tests or [])}  # fmt: skip
+           "selected": len(passing) if got["whole"] else len(tests or []),
+           "forward_seconds": round(forward_s, 3), "forward_whole": forward_whole,
+           "screen_seconds": 0.0}  # fmt: skip
     if status == TASK:  # the trivial bodies are ours: one sandbox, no forwarding needed
 
         def passes(target_text: str, tests: list[str], n: int) -> dict[str, str] | None:
@@ -421,7 +427,9 @@ def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, test
                 shutil.rmtree(repo, ignore_errors=True)
             return res.screened if res.ok else None
 
+        begin = time.monotonic()
         row["screen"] = run_screen(passes, deleted, cand, failing)
+        row["screen_seconds"] = round(time.monotonic() - begin, 3)
         if row["screen"] is None:
             row["status"], row["failing"] = "screen_failed", []
         elif not row["screen"]["strong"]:
@@ -435,12 +443,33 @@ def _grading_task(cand: Candidate, cfg, testcode: TestCode) -> dict:
             "served": testcode.served}  # fmt: skip
 
 
-def _forwardable(box, source: SourceTree, task: dict, text: str, passing) -> bool:
-    """The original code passes every baseline test under split grading (grade.split_run):
-    only such a deletion can be graded (a function taking callables or returning its own
-    objects cannot cross between the two sandboxes)."""
+def _forwardable(box, source: SourceTree, task: dict, text: str, passing,
+                 calling: list[str]) -> tuple[bool, bool]:  # fmt: skip
+    """(whether the original code passes every baseline test under split grading
+    (grade.split_run), whether the whole-suite split run was made): only such a deletion can
+    be graded (a function taking callables or returning its own objects cannot cross between
+    the two sandboxes).
+
+    ``calling`` (the deletion's failing tests: those that call the function) runs first, alone
+    under split grading: one of them not passing refuses the candidate without the whole-suite
+    run (most ``not_forwardable`` candidates fail there, and the whole suite cost them the
+    most time of the generator, issue 60). That refusal is conservative: a task is kept only
+    by the whole-suite run below, as before, so the early exit can lose a task (a calling test
+    that passes forwarded only after other tests ran first), never keep a bad one. A subset run
+    that is off (did not finish, a collection error, a test not reported) refuses nothing: the
+    whole suite runs as if there had been none.
+
+    The whole-suite run must see every baseline-passing test, not only the calling ones: a
+    test reading state the forwarded function changed (a module's registry, a class
+    attribute) sees the suite's process, where the function no longer runs, and must fail
+    there, or the task would be one split grading fails for every submission."""
+    if calling:
+        rep = split_run(box, source.root, task, text, tests=list(calling))
+        complete = rep.ok and not rep.collect_errors and all(t in rep.outcomes for t in calling)
+        if complete and not all(rep.passed(t) for t in calling):
+            return False, False
     rep = split_run(box, source.root, task, text)
-    return all(rep.passed(t) for t in passing)
+    return all(rep.passed(t) for t in passing), True
 
 
 def hidden_split(
