@@ -1,8 +1,9 @@
-"""The generator's forwarding check (generate._forwardable, issue 60): the tests that call the
+"""The generator's forwarding check (generate.forwardable, issue 60): the tests that call the
 deleted function run under split grading first, and a candidate they refuse costs no
 whole-suite split run; a candidate they pass (or whose subset run is off) still gets the
 whole-suite run, which alone can see a test reading state the forwarded function changed
-in the other process. Each candidate's row records the forwarding and screening time."""
+in the other process. Each candidate's row records the forwarding and screening time and
+the wait for a sandbox slot."""
 
 from __future__ import annotations
 
@@ -85,14 +86,14 @@ def test_a_refusal_by_the_calling_tests_costs_no_whole_suite_run(tmp_path, split
     assert calls["double"] == [[TEST + "test_double"], None]
     assert runs["register"]["forward_whole"] is True and runs["double"]["forward_whole"] is True
     for row in runs.values():
-        assert row["forward_seconds"] > 0 and row["seconds"] > 0
+        assert row["forward_seconds"] > 0 and row["seconds"] > 0 and row["wait_seconds"] >= 0
     assert runs["double"]["screen_seconds"] > 0  # only a forwardable one is screened
     assert runs["make"]["screen_seconds"] == runs["register"]["screen_seconds"] == 0.0
     # rows written before these fields existed still load and are reused: the same tasks
     path, tasks_path = summary.out_dir / "runs.jsonl", summary.out_dir / "tasks.jsonl"
     tasks = [json.loads(line) for line in tasks_path.read_text().splitlines()]
     old = [{k: v for k, v in json.loads(line).items()
-            if k not in ("forward_seconds", "forward_whole", "screen_seconds")}
+            if not k.endswith("_seconds") and k != "forward_whole"}
            for line in path.read_text().splitlines()]  # fmt: skip
     path.write_text("".join(json.dumps(r) + "\n" for r in old))
     calls.clear()
