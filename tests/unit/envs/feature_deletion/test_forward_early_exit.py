@@ -28,19 +28,19 @@ def _tree(root: Path) -> Path:
     back: its calling test fails forwarded), ``double`` crosses, ``register`` crosses but
     changes a module list that a test not calling it reads (only the whole suite sees it)."""
     (root / "pk").mkdir(parents=True)
-    (root / "pk" / "__init__.py").write_text(
-        "class Box:\n    pass\n\n\n"
-        "def make(v):\n    b = Box()\n    b.v = v\n    return b\n\n\n"
-        "def double(x):\n    y = x * 2\n    return y\n\n\n"
+    (root / "pk" / "__init__.py").write_text(  # bodies under visible.MIN_NODES: no scan
+        "class Box:\n    def __init__(self, v): self.v = v\n\n\n"
+        "def make(v):\n    return Box(v)\n\n\n"
+        "def double(x):\n    return x * 2\n\n\n"
         "REG = []\n\n\n"
-        "def register(x):\n    REG.append(x)\n    return len(REG)\n"
+        "def register(x):\n    REG.append(x)\n"
     )
     (root / "tests").mkdir()
     (root / "tests" / "test_pk.py").write_text(
         "from pk import REG, double, make, register\n\n\n"
         "def test_make():\n    assert make(3).v == 3\n\n\n"
         "def test_double():\n    assert double(2) == 4 and double(5) == 10\n\n\n"
-        "def test_register():\n    assert register('a') == 1\n\n\n"
+        "def test_register():\n    register('a')\n\n\n"
         "def test_registered():\n    assert REG == ['a']\n"
     )
     return root
