@@ -9,7 +9,9 @@ Output (``<out>/<name>-<version>/``, a versioned task set):
   version, the settings, the baseline (tests passing in two clean runs; flaky ones dropped).
 * ``runs.jsonl``: one line per candidate as soon as its run ends (the cache: a second run, or
   a run resumed after ``kill -9``, skips every candidate already there; a torn last line is
-  dropped).
+  dropped), with what it cost: ``seconds`` (the deletion run), ``forward_seconds``,
+  ``screen_seconds`` and ``wait_seconds`` (the wait for sandbox slots, kept out of the
+  others; :func:`_step`); rows written before these fields existed load as they are.
 * ``tasks.jsonl``: the tasks, written atomically at the end.
 
 A task records the file, the symbol, the deleted lines' span and sha256, the failing test ids
