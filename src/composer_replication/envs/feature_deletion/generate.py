@@ -9,7 +9,9 @@ Output (``<out>/<name>-<version>/``, a versioned task set):
   version, the settings, the baseline (tests passing in two clean runs; flaky ones dropped).
 * ``runs.jsonl``: one line per candidate as soon as its run ends (the cache: a second run, or
   a run resumed after ``kill -9``, skips every candidate already there; a torn last line is
-  dropped).
+  dropped), with what it cost: ``seconds`` (the deletion run), ``forward_seconds``,
+  ``screen_seconds`` and ``wait_seconds`` (the wait for sandbox slots, kept out of the
+  others; :func:`_step`); rows written before these fields existed load as they are.
 * ``tasks.jsonl``: the tasks, written atomically at the end.
 
 A task records the file, the symbol, the deleted lines' span and sha256, the failing test ids
@@ -25,7 +27,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +57,7 @@ from composer_replication.envs.feature_deletion.testcode import TestCode, classi
 from composer_replication.envs.feature_deletion.visible import originals_visible
 from composer_replication.lm.models import write_atomic
 from composer_replication.sandbox.pytest_suite import SuiteReport, pytest_tools, run_suite
-from composer_replication.sandbox.sandbox import Sandbox
+from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 
 GENERATOR_VERSION = 7
 """7: a property's setter (and any second def of a name) is a candidate of its own
@@ -402,14 +404,20 @@ def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, test
          tests: list[str] | None = None) -> dict:  # fmt: skip
     text = (source.root / cand.file).read_text(encoding="utf-8")
     deleted = delete_body(text, cand)
-    got = deletion_outcome(box, source, cand, passing, cfg, tests)
+    costs = dict.fromkeys(("wait_seconds", "forward_seconds", "screen_seconds"), 0.0)
+    with _step(costs):
+        got = deletion_outcome(box, source, cand, passing, cfg, tests)
     status, failing = got["status"], got["failing"]
+    forward_whole = False
     if status == "breaks":
-        ok = _forwardable(box, source, _grading_task(cand, cfg, testcode), text, passing)
+        with _step(costs, "forward_seconds"):
+            ok, forward_whole = forwardable(box, source, grading_task(cand, cfg, testcode),
+                                            text, passing, failing)  # fmt: skip
         status = TASK if ok else "not_forwardable"
     row = {"key": cand.key, "status": status, "failing": failing if status == TASK else [],
            "n_failing": len(failing), "seconds": got["seconds"],
-           "selected": len(passing) if got["whole"] else len(tests or [])}  # fmt: skip
+           "selected": len(passing) if got["whole"] else len(tests or []),
+           "forward_whole": forward_whole}  # fmt: skip
     if status == TASK:  # the trivial bodies are ours: one sandbox, no forwarding needed
 
         def passes(target_text: str, tests: list[str], n: int) -> dict[str, str] | None:
@@ -421,26 +429,69 @@ def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, test
                 shutil.rmtree(repo, ignore_errors=True)
             return res.screened if res.ok else None
 
-        row["screen"] = run_screen(passes, deleted, cand, failing)
+        with _step(costs, "screen_seconds"):
+            row["screen"] = run_screen(passes, deleted, cand, failing)
         if row["screen"] is None:
             row["status"], row["failing"] = "screen_failed", []
         elif not row["screen"]["strong"]:
             row["status"], row["failing"] = "trivial", []
-    return row
+    return {**row, **{k: round(v, 3) for k, v in costs.items()}}
 
 
-def _grading_task(cand: Candidate, cfg, testcode: TestCode) -> dict:
+@contextlib.contextmanager
+def _step(costs: dict[str, float], key: str | None = None) -> Iterator[None]:
+    """Run a step of a candidate holding one sandbox slot (sandbox.SLOTS: its runs take no
+    other) and add to ``costs`` its wait for the slot (``wait_seconds``) and, under ``key``,
+    the step's time once the slot is held (its sandbox runs and tree copies). Holding the slot
+    around the deletion step also keeps that wait out of the run's own ``seconds``. The wait
+    has no deadline (``SandboxConfig.slot_wait_s`` bounds a grading's wait, which a trainer
+    masks; a generator's candidate waits its turn)."""
+    begin = time.monotonic()
+    with SLOTS.held():
+        start = time.monotonic()
+        costs["wait_seconds"] += start - begin
+        try:
+            yield
+        finally:
+            if key is not None:
+                costs[key] += time.monotonic() - start
+
+
+def grading_task(cand: Candidate, cfg, testcode: TestCode) -> dict:
     """What split grading needs of a task before it is one."""
     return {**cand.to_dict(), "test_requirements": list(cfg.test_requirements),
             "served": testcode.served}  # fmt: skip
 
 
-def _forwardable(box, source: SourceTree, task: dict, text: str, passing) -> bool:
-    """The original code passes every baseline test under split grading (grade.split_run):
-    only such a deletion can be graded (a function taking callables or returning its own
-    objects cannot cross between the two sandboxes)."""
+def forwardable(box, source: SourceTree, task: dict, text: str, passing: list[str],
+                calling: Sequence[str] = ()) -> tuple[bool, bool]:  # fmt: skip
+    """(whether the original code ``text`` passes every baseline test (``passing``) under
+    split grading (grade.split_run), whether the whole-suite split run was made): only such a
+    deletion can be graded (a function taking callables or returning its own objects cannot
+    cross between the two sandboxes). ``task``: :func:`grading_task`.
+
+    ``calling`` (the deletion's failing tests: those that call the function; empty: the
+    whole-suite run alone, the check before issue 60's early exit) runs first, alone under
+    split grading: one of them not passing refuses the candidate without the whole-suite
+    run (most ``not_forwardable`` candidates fail there, and the whole suite cost them the
+    most time of the generator, issue 60). That refusal is conservative: a task is kept only
+    by the whole-suite run below, as before, so the early exit can lose a task (a calling test
+    that passes forwarded only after other tests ran first), never keep a bad one. A subset run
+    that is off (did not finish, a collection error, a test not reported) refuses nothing: the
+    whole suite runs as if there had been none.
+
+    The whole-suite run must see every baseline-passing test, not only the calling ones: a
+    test reading state the forwarded function changed (a module's registry, a class
+    attribute) sees the suite's process, where the function no longer runs, and must fail
+    there, or the task would keep a test that split grading fails for every submission, the
+    original included."""
+    if calling:
+        rep = split_run(box, source.root, task, text, tests=list(calling))
+        complete = rep.ok and not rep.collect_errors and all(t in rep.outcomes for t in calling)
+        if complete and not all(rep.passed(t) for t in calling):
+            return False, False
     rep = split_run(box, source.root, task, text)
-    return all(rep.passed(t) for t in passing)
+    return all(rep.passed(t) for t in passing), True
 
 
 def hidden_split(
