@@ -3,7 +3,7 @@ their session's messages (`traces.schema.PrefixView`, now), in the same run.
 
     PYTHONPATH=src python bench/bench_trace_states.py [--sizes 2000,5000,10000,20000]
         [--formats claude_code,codex,gemini_cli] [--modes stream,keep,json] [--json-max 5000]
-        [--reps 1]
+        [--old-keep-max 10000] [--reps 1]
 
 One synthetic session per format and size (``--sizes``: turns), made of the record shapes of
 tests/support/hostile_logs.py: Claude Code (user text, an answer with one tool call, its
@@ -12,7 +12,8 @@ result), Codex (user message, function call, its output, assistant message), Gem
 fresh subprocess, the two variants interleaved (old first, then new first, ...):
 
 - ``stream``: iterate every state and drop it (``for s in ingest(...)``);
-- ``keep``: ``list(ingest(...))``: every state held at once;
+- ``keep``: ``list(ingest(...))``: every state held at once (the old variant only up to
+  ``--old-keep-max`` turns: a Codex session of 20,000 turns would hold about 13 GB of copies);
 - ``json``: ``s.to_json()`` of every state (what ``composer-replication ingest --out`` does;
   its output is O(n^2) bytes by design, so only up to ``--json-max`` turns).
 
@@ -106,6 +107,7 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(SESSIONS))
     ap.add_argument("--modes", default="stream,keep,json")
     ap.add_argument("--json-max", type=int, default=5000)
+    ap.add_argument("--old-keep-max", type=int, default=10000)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--child", nargs=4, metavar=("PATH", "FORMAT", "MODE", "VARIANT"))
     args = ap.parse_args()
@@ -124,16 +126,20 @@ def main() -> None:
                 for mode in args.modes.split(","):
                     if mode == "json" and turns > args.json_max:
                         continue
-                    got: dict[str, list[dict]] = {"old": [], "new": []}
+                    variants = ["old", "new"]
+                    if mode == "keep" and turns > args.old_keep_max:
+                        variants = ["new"]
+                    got: dict[str, list[dict]] = {v: [] for v in variants}
                     for _ in range(args.reps):
-                        order = ("new", "old") if flip else ("old", "new")
                         flip = not flip
-                        for variant in order:
+                        for variant in variants[::-1] if flip else variants:
                             got[variant].append(run_cell(path, fmt, mode, variant))
                     med = {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
                            for v, rs in got.items()}  # fmt: skip
-                    o, n = med["old"], med["new"]
-                    assert o["states"] == n["states"] and o["out_mb"] == n["out_mb"]
+                    n = med["new"]
+                    o = med.get("old", {k: float("nan") for k in n})
+                    if "old" in med:
+                        assert o["states"] == n["states"] and o["out_mb"] == n["out_mb"]
                     print(f"{fmt:<12} {turns:>6} {mode:<6} {int(n['states']):>7} "
                           f"{o['cpu_s']:>8.2f} {n['cpu_s']:>8.2f} "
                           f"{o['cpu_s'] / max(n['cpu_s'], 1e-3):>6.1f} "
