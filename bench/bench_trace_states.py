@@ -18,7 +18,8 @@ fresh subprocess, the two variants interleaved (old first, then new first, ...):
   its output is O(n^2) bytes by design, so only up to ``--json-max`` turns).
 
 Printed per cell: process CPU seconds of the read, peak RSS growth over the subprocess's RSS
-before the read (``ru_maxrss``), and old/new ratios. "old" is the product with
+before the read (``VmHWM`` of /proc/self/status, Linux: unlike ``ru_maxrss`` it starts afresh
+at exec, not at the parent's size), and old/new ratios. "old" is the product with
 ``_base.PrefixView`` replaced by a copy (``messages[:n]``, what ``SessionBuilder.flush`` did
 before); it exists only inside this script.
 """
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -72,13 +72,21 @@ def gemini_cli(turns: int) -> list[dict]:
 SESSIONS = {"claude_code": claude_code, "codex": codex, "gemini_cli": gemini_cli}
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM), MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
+
+
 def child(path: str, fmt: str, mode: str, variant: str) -> None:
     """One cell, in its own process: print a JSON line."""
     from composer_replication.traces import _base, ingest
 
     if variant == "old":  # every state copies its prefix, as SessionBuilder.flush did
         _base.PrefixView = lambda messages, n: messages[:n]  # type: ignore[assignment]
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = peak_rss_mb()
     start = time.process_time()
     states = out_bytes = 0
     if mode == "keep":
@@ -90,8 +98,7 @@ def child(path: str, fmt: str, mode: str, variant: str) -> None:
             if mode == "json":
                 out_bytes += len(s.to_json())
     cpu = time.process_time() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"cpu_s": cpu, "peak_mb": (peak - before) / 1024, "states": states,
+    print(json.dumps({"cpu_s": cpu, "peak_mb": peak_rss_mb() - before, "states": states,
                       "out_mb": out_bytes / 2**20}))  # fmt: skip
 
 

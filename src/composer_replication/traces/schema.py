@@ -155,7 +155,7 @@ class TraceState(_SharedPrefix):
         if type(prefix) is PrefixView:
             self._prefix_view = prefix  # ``prefix`` stays unset: `__getattr__` makes it
         else:
-            self.prefix = prefix  # type: ignore[assignment]
+            self.prefix = prefix
         self.action = action
         self.meta = meta
         self.schema_version = schema_version
