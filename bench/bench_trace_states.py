@@ -2,7 +2,7 @@
 their session's messages (`traces.schema.PrefixView`, now), in the same run.
 
     PYTHONPATH=src python bench/bench_trace_states.py [--sizes 2000,5000,10000,20000]
-        [--formats claude_code,codex,gemini_cli] [--modes stream,keep,json] [--json-max 5000]
+        [--formats claude_code,codex,gemini_cli] [--modes stream,keep,json,ser] [--json-max 5000]
         [--old-keep-max 10000] [--reps 1]
 
 One synthetic session per format and size (``--sizes``: turns), made of the record shapes of
@@ -15,7 +15,9 @@ fresh subprocess, the two variants interleaved (old first, then new first, ...):
 - ``keep``: ``list(ingest(...))``: every state held at once (the old variant only up to
   ``--old-keep-max`` turns: a Codex session of 20,000 turns would hold about 13 GB of copies);
 - ``json``: ``s.to_json()`` of every state (what ``composer-replication ingest --out`` does;
-  its output is O(n^2) bytes by design, so only up to ``--json-max`` turns).
+  its output is O(n^2) bytes by design, so only up to ``--json-max`` turns);
+- ``ser``: ``s.to_json()`` of every state of ``list(ingest(...))``, timed alone (serialization
+  from a view against serialization of a held copy; up to ``--json-max`` turns too).
 
 Printed per cell: process CPU seconds of the read, peak RSS growth over the subprocess's RSS
 before the read (``VmHWM`` of /proc/self/status, Linux: unlike ``ru_maxrss`` it starts afresh
@@ -89,9 +91,12 @@ def child(path: str, fmt: str, mode: str, variant: str) -> None:
     before = peak_rss_mb()
     start = time.process_time()
     states = out_bytes = 0
-    if mode == "keep":
+    if mode in ("keep", "ser"):
         kept = list(ingest([path], fmt))
         states = len(kept)
+        if mode == "ser":
+            start = time.process_time()
+            out_bytes = sum(len(s.to_json()) for s in kept)
     else:
         for s in ingest([path], fmt):
             states += 1
@@ -112,7 +117,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="2000,5000,10000,20000")
     ap.add_argument("--formats", default=",".join(SESSIONS))
-    ap.add_argument("--modes", default="stream,keep,json")
+    ap.add_argument("--modes", default="stream,keep,json,ser")
     ap.add_argument("--json-max", type=int, default=5000)
     ap.add_argument("--old-keep-max", type=int, default=10000)
     ap.add_argument("--reps", type=int, default=1)
@@ -131,7 +136,7 @@ def main() -> None:
                 path = Path(tmp) / f"{fmt}-{turns}.jsonl"
                 path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in SESSIONS[fmt](turns)))
                 for mode in args.modes.split(","):
-                    if mode == "json" and turns > args.json_max:
+                    if mode in ("json", "ser") and turns > args.json_max:
                         continue
                     variants = ["old", "new"]
                     if mode == "keep" and turns > args.old_keep_max:
