@@ -61,9 +61,6 @@ class _SharedPrefix:
     __slots__ = ("_prefix_view",)
 
 
-_VIEW_SLOT = _SharedPrefix._prefix_view  # its member descriptor (get, set, delete)
-
-
 @dataclass(slots=True)
 class Action:
     """What the agent produced at one step: visible text, tool calls, and hidden thinking."""
@@ -171,12 +168,12 @@ class TraceState(_SharedPrefix):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         prefix = view.materialize()
         self.prefix = prefix
-        _VIEW_SLOT.__delete__(self)  # this state no longer holds on to the session's list
+        del self._prefix_view  # this state no longer holds on to the session's list
         return prefix
 
     def _view(self) -> PrefixView | None:
         try:
-            return _VIEW_SLOT.__get__(self)
+            return self._prefix_view  # unset: `__getattr__` raises AttributeError
         except AttributeError:
             return None
 
