@@ -172,10 +172,17 @@ class TraceState(_SharedPrefix):
         return prefix
 
     def _view(self) -> PrefixView | None:
+        """The `PrefixView` this state holds while its ``prefix`` is unset, else None."""
         try:
-            return self._prefix_view  # unset: `__getattr__` raises AttributeError
+            view = self._prefix_view  # unset: `__getattr__` raises AttributeError
         except AttributeError:
             return None
+        try:
+            _PREFIX_SLOT.__get__(self)  # set: a prefix assigned after the state was made wins
+        except AttributeError:
+            return view
+        del self._prefix_view
+        return None
 
     def _prefix_list(self) -> list[Message]:
         """``prefix`` without keeping the list a `PrefixView` makes."""
@@ -225,6 +232,7 @@ class TraceState(_SharedPrefix):
 
 
 _FIELDS = tuple(f.name for f in fields(TraceState))
+_PREFIX_SLOT = TraceState.prefix  # the slot's descriptor: reads it without `__getattr__`
 
 STATE_TYPES: dict[str, tuple[type, ...]] = {
     "state_id": (str,),

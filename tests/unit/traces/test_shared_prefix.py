@@ -140,3 +140,8 @@ def test_a_read_prefix_is_the_states_own_list(tmp_path: Path) -> None:
     assert len(pickle.dumps(fresh)) == len(pickle.dumps(short))  # not the whole session
     assert pickle.loads(pickle.dumps(fresh)) == fresh == copy.deepcopy(fresh)
     assert copy.copy(fresh).prefix == fresh.prefix
+    unread = list(ingest([_gemini(tmp_path / "g.jsonl", 50)], "gemini_cli"))[1]
+    unread.prefix = []  # assigned before it was ever read: the assigned list is the prefix
+    assert (
+        orjson.loads(unread.to_json())["prefix"] == [] == pickle.loads(pickle.dumps(unread)).prefix
+    )
