@@ -168,8 +168,14 @@ class TraceState(_SharedPrefix):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         prefix = view.materialize()
         self.prefix = prefix
-        del self._prefix_view  # this state no longer holds on to the session's list
+        self._drop_view()  # this state no longer holds on to the session's list
         return prefix
+
+    def _drop_view(self) -> None:
+        try:
+            del self._prefix_view
+        except AttributeError:  # another thread read the prefix at the same time
+            pass
 
     def _view(self) -> PrefixView | None:
         """The `PrefixView` this state holds while its ``prefix`` is unset, else None."""
@@ -181,7 +187,7 @@ class TraceState(_SharedPrefix):
             _PREFIX_SLOT.__get__(self)  # set: a prefix assigned after the state was made wins
         except AttributeError:
             return view
-        del self._prefix_view
+        self._drop_view()
         return None
 
     def _prefix_list(self) -> list[Message]:
