@@ -33,6 +33,7 @@ def ingest_command(
     console = Console()
     check_out(out, paths)
     tmp = out.with_name(out.name + ".partial")
+    written: dict[tuple[str, str], list[int]] = {}  # (file, session) -> [bytes, states]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -41,8 +42,12 @@ def ingest_command(
         run = ingest(paths, format, exclude=[out])
         with open(tmp, "wb") as fh:
             for state in run:
-                fh.write(state.to_json())
+                line = state.to_json()
+                fh.write(line)
                 fh.write(b"\n")
+                w = written.setdefault((state.meta.file, state.session_id), [0, 0])
+                w[0] += len(line) + 1
+                w[1] += 1
     except (UnknownFormatError, FileNotFoundError, ValueError) as exc:
         tmp.unlink(missing_ok=True)
         fail(str(exc))
@@ -54,6 +59,7 @@ def ingest_command(
         raise
     tmp.replace(out)
     print_summary(run.report, out, console)
+    print_size(written, console)
     if not run.report.files:
         looked = ", ".join(str(p.resolve()) for p in paths)
         console.print(
@@ -156,6 +162,26 @@ def print_summary(report: IngestReport, out: Path, console: Console) -> None:
         console.print(f"read once (given more than once): {shown}", markup=False, soft_wrap=True)
     if report.not_traces:
         console.print(f"not agent logs (ignored): {', '.join(report.not_traces)}")
+
+
+def print_size(written: dict[tuple[str, str], list[int]], console: Console) -> None:
+    """Bytes written, and the session that wrote the most: each state holds its conversation
+    so far, so a session's share of the file grows as the square of its length."""
+    if not written:
+        return
+    total = sum(b for b, _ in written.values())
+    (file, session), (size, states) = max(written.items(), key=lambda kv: kv[1][0])
+    console.print(
+        f"wrote {_mb(total)}; the largest session, {session} ({file}), {_mb(size)} in {states} "
+        "states (each state repeats its session's conversation so far: a session's share "
+        "grows as the square of its length; docs/ingestion.md)",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
 
 
 def _counter(console: Console, title: str, counts) -> None:

@@ -21,6 +21,7 @@ from .schema import (
     SCHEMA_VERSION,
     Action,
     Message,
+    PrefixView,
     StateMeta,
     TraceState,
     compute_state_id,
@@ -272,7 +273,10 @@ class SessionBuilder:
       chose B before it saw A's result, so A and B are one action (issue 57);
     - ``mark_incomplete`` flags every later state of the segment ``context_complete: false``
       (the context holds something the log lost), until a rewind cuts the gap off;
-    - all text is redacted here, the single entry point for content.
+    - all text is redacted here, the single entry point for content;
+    - states hold views of ``messages`` (`PrefixView`), not copies: the list is only ever
+      appended to once a view of it exists; a cut (rewind, rollback, branch switch,
+      compaction) starts a new list, so states made before it keep their prefixes.
     """
 
     def __init__(
@@ -287,7 +291,8 @@ class SessionBuilder:
         self.session_id = session_id
         self.subagent_id = subagent_id
         self.is_sidechain = is_sidechain
-        self.messages: list[Message] = []
+        self.messages: list[Message] = []  # append only while ``_viewed`` (see `_cut`)
+        self._viewed = False  # a state holds a view of ``messages``
         self._digests: list[bytes] = [b""]
         self.pending: Action | None = None
         self._pending_line = 0
@@ -501,7 +506,11 @@ class SessionBuilder:
         branch_switch, compaction)."""
         if n < len(self.messages):
             self._close_open_calls(append=False)
-            del self.messages[n:]
+            if self._viewed:  # states hold views of this list: cut a copy, never the list
+                self.messages = self.messages[:n]
+                self._viewed = False
+            else:
+                del self.messages[n:]
             del self._digests[n + 1 :]
             if self._gap is not None and n <= self._gap[0]:
                 self._gap = None
@@ -579,8 +588,10 @@ class SessionBuilder:
             note,  # context_note
             self._pending_rid,  # response_id
         )
-        state = TraceState(state_id, self.session_id, step, self.messages[:], act, meta,
-                           SCHEMA_VERSION, ctx.tools)  # fmt: skip
+        messages = self.messages
+        self._viewed = True
+        state = TraceState(state_id, self.session_id, step, PrefixView(messages, len(messages)),
+                           act, meta, SCHEMA_VERSION, ctx.tools)  # fmt: skip
         ctx.out.append(state)
         self.step = step + 1
         if act.text or act.tool_calls:

@@ -128,6 +128,8 @@ class _CodexReader:
         self.hosted: dict[str, Any] | None = None  # a hosted call waiting for its real id
         self.search_ids: dict[str, None] = {}  # web_search_* call ids not yet given to a call
         self.given_ids: set[str] = set()  # ... and those given
+        self.unanswered: set[str] = set()  # calls of the current model response w/o result
+        self.responses = 0
 
     # -- sessions
     def builder(self) -> SessionBuilder:
@@ -150,7 +152,7 @@ class _CodexReader:
         self.turns = []
         self.search_ids = {}
         self.given_ids = set()
-        self.unanswered: set[str] = set()  # calls of the current model response w/o result
+        self.unanswered = set()
         self.responses = 0
 
     def _session_meta(self, payload: dict[str, Any]) -> None:

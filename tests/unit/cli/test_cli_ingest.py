@@ -89,3 +89,24 @@ def test_cli_exits_1_on_a_directory_with_nothing_readable(tmp_path: Path) -> Non
     res = CliRunner().invoke(app, ["ingest", str(tmp_path / "in"), "--out", str(out)])
     assert res.exit_code == 1, res.output
     assert out.exists()
+
+
+def test_cli_names_the_session_that_wrote_the_most(tmp_path: Path) -> None:
+    """Each state repeats its conversation so far: the summary says how much was written and
+    which session wrote the most of it (the size grows as the square of a session's length)."""
+    logs = []
+    for name, turns in (("short", 3), ("long", 60)):
+        recs = [{"sessionId": name, "projectHash": "h", "startTime": "2026-01-01T00:00:00Z"}]
+        for i in range(turns):
+            recs += [{"id": f"u{i}", "type": "user", "content": [{"text": f"q{i}"}]},
+                     {"id": f"g{i}", "type": "gemini", "content": "x"}]  # fmt: skip
+        logs.append(tmp_path / f"{name}.jsonl")
+        logs[-1].write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    out = tmp_path / "o.jsonl"
+    res = CliRunner().invoke(app, ["ingest", *map(str, logs), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    lines = out.read_bytes().splitlines(keepends=True)
+    long = sum(len(ln) for ln in lines if TraceState.from_json(ln).session_id == "long")
+    size = " ".join(res.output.split())  # rich may wrap the line
+    assert f"wrote {len(b''.join(lines)) / 2**20:.1f} MB" in size
+    assert f"the largest session, long ({logs[1]}), {long / 2**20:.1f} MB in 60 states" in size

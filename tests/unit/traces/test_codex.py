@@ -137,3 +137,16 @@ def test_a_call_after_every_result_is_the_next_decision(tmp_path) -> None:
     assert [[c["id"] for c in s.action.tool_calls] for s in states] == [["A"], ["B"], []]
     assert _texts(states[1])[-1] == "a"
     assert not rep.orphans
+
+
+def test_a_call_before_any_session_record_is_read(tmp_path: Path) -> None:
+    """A legacy item first in the file (no ``session_meta`` yet) met the reader's response
+    bookkeeping unset: ``reader_error:AttributeError`` (hypothesis found it in
+    test_robustness)."""
+    path = tmp_path / "rollout.jsonl"
+    path.write_bytes(b'{"type":"function_call"}\n')
+    run = ingest([path], "codex")
+    (state,) = run  # the call is a decision, as any legacy item's
+    assert state.action.tool_calls[0]["function"]["name"] == "function"
+    rep = run.report.files[0]
+    assert (rep.parsed, rep.skipped, dict(rep.skipped_by_reason)) == (1, 0, {})
