@@ -1,5 +1,5 @@
 """A scripted policy for the memory task (envs/memory.py; docs/summarization.md): it opens the
-drawers in order, summarizes when told to (its progress and the question always; the key only
+drawers in order, summarizes when told to (its progress and the last drawer's number (code or offset) always; the key only
 with ``carry``) and answers from what its window shows (0 when it shows no key). Used as a
 turn function of ``rollout.ContextLoop`` and, through :class:`ReaderGenerator`, as the
 generator of an evaluation or of a training run (no model forward decides what happens)."""
@@ -38,17 +38,20 @@ class Reader:
             key = re.findall(r"the key is (\d+)|key=(\d+)", text)
             fact = next((a or b for a, b in key), None)
             carried = f"key={fact}; " if self.carry and fact else ""
-            plus = re.findall(r"plus (\d+)|plus=(\d+)", text)
-            asked = "".join(f"; plus={a or b}" for a, b in plus[-1:])
+            plus = re.findall(r"(plus|code is) (\d+)|(plus|code)=(\d+)", text)
+            asked = "".join(f"; {(a or c).split()[0]}={b or d}" for a, b, c, d in plus[-1:])
             reply = f"{carried}opened up to {done}{asked}"
         else:
-            plus = re.findall(r"plus (\d+)|plus=(\d+)", text)
+            plus = re.findall(r"(plus|code is) (\d+)|(plus|code)=(\d+)", text)
             if plus:
                 self.answer_windows.append(text)
                 key = re.findall(r"the key is (\d+)|key=(\d+)", text)
-                a, b = plus[-1]
+                a, b, c, d = plus[-1]
                 value = int(next((x or y for x, y in key), 0) or 0)
-                reply = str(value + int(a or b) if value else 0)
+                if (a or c).startswith("code"):  # answer: copy (the key, a dash, the code)
+                    reply = f"{value}-{b or d}"
+                else:  # answer: sum
+                    reply = str(value + int(b or d) if value else 0)
             else:
                 reply = CALL.format(k=done + 1)
         end = "" if reply.endswith("<|im_end|>") else "<|im_end|>"
