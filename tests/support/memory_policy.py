@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from composer_replication.envs.memory import NEXT_CALL
 from composer_replication.lm.generator import Completion
 from composer_replication.rollout import instruction_after_tools
 
@@ -19,8 +20,13 @@ class Reader:
     function). ``instruction``: the summary instruction's tokens (how it knows it is asked for
     a summary); ``answer_windows``: the text of each window it answered in."""
 
-    def __init__(self, tok, drawers: int, carry: bool, instruction: list[int] | None = None):
+    def __init__(self, tok, drawers: int, carry: bool, instruction: list[int] | None = None,
+                 sequential: bool = False, after: str | None = None):  # fmt: skip
+        """``sequential``: call ``open_next_drawer`` (env.sequential); ``after``: read only the
+        text after the last occurrence of this string (the task's prompt: a worked exchange
+        before it is not this episode)."""
         self.tok, self.drawers, self.carry = tok, drawers, carry
+        self.sequential, self.after = sequential, after
         self.instruction: list[int] = list(instruction or [])
         self.answer_windows: list[str] = []
         self.summaries = 0
@@ -30,7 +36,10 @@ class Reader:
 
     def turn(self, ids: list[int], limit: int) -> list[int]:
         text = self.tok.decode(ids)
-        opened = [int(k) for k in re.findall(r'"number": (\d+)', text)]
+        if self.after and self.after in text:
+            text = text[text.rindex(self.after) :]
+        found = re.findall(r'"number": (\d+)|Drawer (\d+):', text)
+        opened = [int(a or b) for a, b in found]
         opened += [int(k) for k in re.findall(r"opened up to (\d+)", text)]
         done = max(opened, default=0)  # progress is always carried, the key only if told
         if self.instruction and ids[-len(self.instruction) :] == self.instruction:
@@ -53,7 +62,7 @@ class Reader:
                 else:  # answer: sum
                     reply = str(value + int(b or d) if value else 0)
             else:
-                reply = CALL.format(k=done + 1)
+                reply = NEXT_CALL + "<|im_end|>" if self.sequential else CALL.format(k=done + 1)
         end = "" if reply.endswith("<|im_end|>") else "<|im_end|>"
         return self.tok(reply + end, add_special_tokens=False)["input_ids"][:limit]
 
@@ -63,8 +72,9 @@ class ReaderGenerator:
     sampling)``): what ``evaluate(..., generator=)`` and a trainer's ``rollout_generator``
     hand turns to. Log-probs are 0.0 (the script is certain)."""
 
-    def __init__(self, tok, drawers: int, carry: bool, summary_prompt: str):
-        self.reader = Reader(tok, drawers, carry, instruction_after_tools(tok, summary_prompt)[1])
+    def __init__(self, tok, drawers: int, carry: bool, summary_prompt: str, **options):
+        self.reader = Reader(tok, drawers, carry, instruction_after_tools(tok, summary_prompt)[1],
+                             **options)  # fmt: skip
         self.calls = 0
 
     def generate(self, prompts, sampling) -> list[Completion]:

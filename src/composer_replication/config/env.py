@@ -215,7 +215,7 @@ class MemoryEnvConfig(ToolEnvConfig):
     """The tool is ``open_next_drawer()`` (drawer 1, then 2, ...: the order cannot go wrong)
     instead of ``open_drawer(number)``."""
     drawers: int = Field(6, ge=2, le=64)
-    """Drawers per task (one tool call each)."""
+    """Drawers per task (one tool call each): drawer 1 holds the key, the last the code."""
     filler_words: int = Field(40, ge=0, le=1000)
     """Filler words in every drawer: what makes the episode outgrow its window."""
 
@@ -369,6 +369,11 @@ class ContextConfig(StrictModel):
     """Text before the summary in the next window's user message."""
     summary_max_tokens: int = Field(256, ge=8, le=65_536)
     """Most tokens a summary may have; a longer one is cut there (and counted)."""
+    train_summaries: bool = True
+    """``summarize``: the summary is a policy token (tool mask 1) in its own window, trained
+    by the episode's advantage. False: mask 0 there too (no gradient through summaries: the
+    control arm of the summarization study, docs/results.md); the summary still replaces the
+    context."""
 
     @model_validator(mode="after")
     def _room(self) -> ContextConfig:

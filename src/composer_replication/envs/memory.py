@@ -22,8 +22,7 @@ from composer_replication.envs.base import StepResult, Task, ToolEnvironment, un
 ANSWERS = ("copy", "sum")
 """``copy``: answer ``KEY-CODE``; ``sum``: answer the key plus the code."""
 SYSTEM_PROMPT = (
-    "You search drawers with the {tool} tool, one drawer per turn, from drawer 1 to the "
-    "last. {how}"
+    "You search drawers with the {tool} tool, one drawer per turn, from drawer 1 to the last. {how}"
 )
 HOW = {
     "copy": "Keep opening drawers until the last one tells you what to answer.",
@@ -42,6 +41,11 @@ NEXT_CALL = '<tool_call>{"name": "open_next_drawer", "arguments": {}}</tool_call
 PAIR = re.compile(r"(\d+)\s*-\s*(\d+)")
 
 
+def task_prompt(drawers: int) -> str:
+    """The task's user message."""
+    return PROMPT.format(n=drawers)
+
+
 def answer_of(answer: str, key: int, code: int) -> str:
     """The right final answer for a key and a code."""
     return f"{key}-{code:02d}" if answer == "copy" else str(key + code)
@@ -52,15 +56,14 @@ def drawer_text(data: dict[str, Any], number: int) -> str:
     n = data["drawers"]
     if not 1 <= number <= n:
         return f"There is no drawer {number}: the drawers are 1 to {n}."
-    code = data["offset"]
+    code, facts = data["offset"], []
     if number == 1:
-        fact = f"the key is {data['key']}."
-    elif number < n:
-        fact = "nothing useful."
-    elif data.get("answer_kind", "sum") == "copy":
-        fact = f"the code is {code:02d}. Now answer: the key, a dash, the code."
-    else:
-        fact = f"answer the key plus {code}."
+        facts.append(f"the key is {data['key']}.")
+    if number == n and data.get("answer_kind", "sum") == "copy":
+        facts.append(f"the code is {code:02d}. Now answer: the key, a dash, the code.")
+    elif number == n:
+        facts.append(f"answer the key plus {code}.")
+    fact = " ".join(facts) or "nothing useful."
     after = ("" if number == n else f" To open drawer {number + 1}, write {NEXT_CALL}"
              if data.get("sequential") else f" Open drawer {number + 1} next.")  # fmt: skip
     rng = random.Random(f"{data['key']}:{number}")
@@ -70,39 +73,53 @@ def drawer_text(data: dict[str, Any], number: int) -> str:
     return f"Drawer {number}: " + (f"{filler}; " if filler else "") + f"{fact}{after}"
 
 
-def _call(k: int, sequential: bool, note: str = "") -> dict[str, Any]:
+def _call(k: int, sequential: bool) -> dict[str, Any]:
     fn = ({"name": "open_next_drawer", "arguments": {}} if sequential
           else {"name": "open_drawer", "arguments": {"number": k}})  # fmt: skip
-    return {"role": "assistant", "content": note, "tool_calls": [{"type": "function", "function": fn}]}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": fn}],
+    }
 
 
-def worked_exchange(answer: str = "copy", drawers: int = 3, summary_after: int = 2,
-                    sequential: bool = False, notes: bool = False,
-                    summary_prompt: str = DEFAULT_SUMMARY_PROMPT,
+def worked_exchange(answer: str = "copy", drawers: int = 3, summary_after: int = 0,
+                    sequential: bool = False, summary_prompt: str = DEFAULT_SUMMARY_PROMPT,
                     summary_header: str = DEFAULT_SUMMARY_HEADER) -> list[dict[str, Any]]:  # fmt: skip
-    """One worked exchange (``drawers`` drawers without filler, the key ``SHOT_KEY``). With
-    ``summary_after`` > 0 it shows a summary turn after that drawer, as ``rollout.ContextLoop``
-    renders one (``summary_prompt`` as a user turn after the tool result, the summary, then the
-    summary as a user message after ``summary_header``; the rollout.context defaults), so the
-    policy sees that the key must go into its summary; 0: no summary turn."""
+    """A worked episode (``drawers`` drawers without filler, the key ``SHOT_KEY``): with
+    ``summary_after`` k (1 <= k < drawers) it is summarized after drawer k as
+    ``rollout.ContextLoop`` renders a summary turn (``summary_prompt`` as a user turn after
+    the tool result, the summary, which carries the key, then the summary as a user message
+    after ``summary_header``; the ``rollout.context`` defaults), and goes on to the answer;
+    0: no summary turn. (The later window is shown after the summary as a continuation, not
+    as the loop's window, which repeats the task first: the base 135M model stopped calling
+    the tool when the worked exchange showed the task followed by a summary,
+    docs/summarization.md.)"""
     data = {"key": SHOT_KEY, "offset": SHOT_CODE, "drawers": drawers, "filler_words": 0,
             "answer_kind": answer, "sequential": sequential}  # fmt: skip
-    out: list[dict[str, Any]] = [{"role": "user", "content": PROMPT.format(n=drawers)}]
-    for k in range(1, drawers + 1):
-        name = "open_next_drawer" if sequential else "open_drawer"
-        note = (f"The key is {SHOT_KEY}. " if k == 2 else "") if notes else ""
-        out += [_call(k, sequential, note),
-                {"role": "tool", "name": name, "content": drawer_text(data, k)}]  # fmt: skip
-        if k == summary_after and k < drawers:
-            step = f"write {NEXT_CALL}" if sequential else f"call open_drawer with {k + 1}"
-            summary = f"The key is {SHOT_KEY}. To open drawer {k + 1}, {step}"
-            out += [{"role": "user", "content": summary_prompt},
-                    {"role": "assistant", "content": summary},
-                    {"role": "user", "content": summary_header + summary}]  # fmt: skip
-    return [*out, {"role": "assistant", "content": answer_of(answer, SHOT_KEY, SHOT_CODE)}]
+    name = "open_next_drawer" if sequential else "open_drawer"
+
+    def drawers_from(first: int, last: int) -> list[dict[str, Any]]:
+        return [m for k in range(first, last + 1) for m in (
+            _call(k, sequential), {"role": "tool", "name": name, "content": drawer_text(data, k)})]  # fmt: skip
+
+    task = {"role": "user", "content": task_prompt(drawers)}
+    final = {"role": "assistant", "content": answer_of(answer, SHOT_KEY, SHOT_CODE)}
+    if not summary_after:
+        return [task, *drawers_from(1, drawers), final]
+    if not 1 <= summary_after < drawers:
+        raise ValueError(
+            f"summary_after={summary_after}: between 1 and drawers - 1 = {drawers - 1}"
+        )
+    step = "call open_next_drawer" if sequential else f"open drawer {summary_after + 1}"
+    summary = f"The key is {SHOT_KEY}. I opened {summary_after} of {drawers} drawers. Next: {step}."
+    return [task, *drawers_from(1, summary_after), {"role": "user", "content": summary_prompt},
+            {"role": "assistant", "content": summary},
+            {"role": "user", "content": summary_header + summary},
+            *drawers_from(summary_after + 1, drawers), final]  # fmt: skip
 
 
-FEW_SHOT = worked_exchange("sum", summary_after=0)
+FEW_SHOT = worked_exchange("sum")
 """The first worked exchange (3 drawers, no summary turn, ``answer: sum``)."""
 
 
@@ -116,11 +133,11 @@ class MemoryEnv(ToolEnvironment):
                  shot_summary: bool = False, sequential: bool = False) -> None:  # fmt: skip
         super().__init__()
         if drawers < 2:
-            raise ValueError(f"drawers={drawers}: the key and the question need 2 drawers")
+            raise ValueError(f"drawers={drawers}: the key and the code need 2 drawers")
         if answer not in ANSWERS:
             raise ValueError(f"answer={answer!r}: one of {', '.join(ANSWERS)}")
         self.answer, self.sequential = answer, sequential
-        shot = {"drawers": 2, "summary_after": 1} if shot_summary else {"summary_after": 0}
+        shot = {"drawers": 2, "summary_after": 1} if shot_summary else {}
         self.shot = worked_exchange(answer, sequential=sequential, **shot) if few_shot else []
         rng = random.Random("memory")
         seen: set[tuple[int, int]] = set()
@@ -132,7 +149,7 @@ class MemoryEnv(ToolEnvironment):
             data = {"key": key, "offset": offset, "drawers": drawers, "answer_kind": answer,
                     "sequential": sequential,
                     "filler_words": filler_words, "answer": answer_of(answer, key, offset)}  # fmt: skip
-            self._splits[split].append(Task(task_id, PROMPT.format(n=drawers), split, data))
+            self._splits[split].append(Task(task_id, task_prompt(drawers), split, data))
 
     def tools_class(self) -> type:
         return NextDrawerTools if self.sequential else DrawerTools
