@@ -118,13 +118,13 @@ def test_the_worked_exchange_shows_a_summary_turn_as_the_loop_renders_it():
     assert shot[-1] == {"role": "assistant", "content": "512-64"}
 
 
-def run(tok, strategy: str, carry: bool):
+def run(tok, strategy: str, carry: bool, train_summaries: bool = True):
     env = MemoryEnv(n_tasks=4, drawers=5, filler_words=30)
     task = env.tasks("train")[0]
     row = env.row(task)
     cfg = SimpleNamespace(strategy=strategy, max_tokens=420, max_summaries=6,
                           summary_prompt="Summarize.", summary_header="Summary:\n",
-                          summary_max_tokens=24)  # fmt: skip
+                          summary_max_tokens=24, train_summaries=train_summaries)  # fmt: skip
     reader = Reader(tok, 5, carry)
     tools = tool_functions(DrawerTools())
     suffix = ToolLoop(tok, None, None, 2, 64)._get_tool_suffix_ids
@@ -198,3 +198,21 @@ def test_the_shipped_config_needs_the_summary(tool_tok, strategy, carry, passes)
     # the loop could not keep the episode in one window (its rule: the context, the next
     # turn and a result as long as the longest so far must fit), and every window fits
     assert all(len(w) <= cfg.rollout.context.max_tokens for w in ep.windows)
+
+
+@pytest.mark.parametrize("train_summaries", [True, False])
+def test_masked_summaries_are_context_in_their_own_window(tool_tok, train_summaries):
+    """``rollout.context.train_summaries=false`` (the study's masked arm): the summary tokens
+    get tool mask 0 (and log-prob 0.0) in the window that wrote them; the episode is the same."""
+    flag = f"rollout.context.train_summaries={str(train_summaries).lower()}"
+    assert load_config(None, [flag]).rollout.context.train_summaries is train_summaries
+    env, task, ep, msgs, reader, instance = run(tool_tok, "summarize", True, train_summaries)
+    assert env.grade(task, msgs).passed and ep.summaries
+    for w in ep.windows:
+        if w.summary is None:
+            continue
+        span = slice(len(w.completion_ids) - w.summary_tokens, len(w.completion_ids))
+        assert set(w.tool_mask[span]) == {int(train_summaries)}
+        if not train_summaries:
+            assert set(w.logprobs[span]) == {0.0}
+        assert 1 in w.tool_mask  # the turns are still policy tokens
