@@ -55,5 +55,6 @@ def test_train_memory_summarize_two_steps(model_dir, tool_tok, tmp_path, monkeyp
     # the before/after evaluation ran the same loop: its episodes summarized as well
     evals = [orjson.loads(x) for x in (out / "eval_episodes.jsonl").read_bytes().splitlines()]
     assert {e.get("tag") for e in evals} >= {"base", "trained"}, evals[0].keys()
-    assert all("[window 1; summary: 'key=" in str(e) for e in evals)
+    # (JSON, not repr: a transcript with both quote kinds is repr'd with escaped ' marks)
+    assert all("[window 1; summary: 'key=" in orjson.dumps(e).decode() for e in evals)
     assert Path(out / "final").is_dir()
