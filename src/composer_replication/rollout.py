@@ -870,8 +870,8 @@ class ContextLoop:
         return False
 
     def _summarize(self, rows: list[int]) -> list[int]:
-        """The summary turn of each row (instruction: mask 0; summary: mask 1, cut at the
-        room left), then the next window: the prompt messages and one user message with the
+        """The summary turn of each row (instruction: mask 0; summary: mask 1, or 0 with
+        ``train_summaries`` off, cut at the room left), then the next window: the prompt messages and one user message with the
         summary. Returns the rows that go on."""
         c, instr, gen, go_on = self.cfg, self.instruction_ids, self.generation_prompt_ids, []
         for i in rows:  # the user turn follows the tool results, not an empty assistant turn
@@ -889,7 +889,7 @@ class ContextLoop:
             w = self._window(i)
             ids, lp = ids[:room], (lp[:room] if lp is not None else [0.0] * min(len(ids), room))
             w.add(instr, 0)
-            w.add(ids, 1, lp)
+            w.add(ids, int(getattr(c, "train_summaries", True)), lp)
             w.turn_tags.append(tag)
             text = self.tok.decode(ids, skip_special_tokens=True).strip()
             w.summary, w.summary_tokens = text, len(ids)

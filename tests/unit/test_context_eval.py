@@ -6,7 +6,6 @@ task passes only when its summary carries the first drawer's key."""
 from __future__ import annotations
 
 import pytest
-import yaml
 from conftest import make_tiny_model
 from support.memory_policy import ReaderGenerator
 from support.tiny_run import save_tiny_model
@@ -15,7 +14,7 @@ from typer.testing import CliRunner
 from composer_replication.cli import app
 from composer_replication.config import configs_dir, load_config
 from composer_replication.config.env import ContextConfig
-from composer_replication.envs.memory import MemoryEnv
+from composer_replication.envs.memory import MemoryEnv, task_prompt
 from composer_replication.evaluation import evaluate
 from composer_replication.rollout import ContextLoop
 from composer_replication.run.train import eval_turn_tokens
@@ -68,15 +67,14 @@ def test_the_eval_turn_is_the_training_turn():
 
 
 def test_the_eval_command_runs_a_configs_strategy(tool_tok, tmp_path, monkeypatch):
-    """``eval --config`` on the shipped memory config (its worked exchange off: the scripted
-    policy counts the drawers its window shows): the same loop, summaries in the transcripts."""
+    """``eval --config`` on the shipped memory config (the scripted policy reads its window
+    after the task, not the worked exchange): the same loop, summaries in the transcripts."""
     import composer_replication.rollout as rollout
 
-    raw = yaml.safe_load((configs_dir() / "memory_summarize.yaml").read_text())
-    raw["env"]["few_shot"] = False
-    config = tmp_path / "memory.yaml"
-    config.write_text(yaml.safe_dump(raw))
-    policy = ReaderGenerator(tool_tok, 6, True, load_config(config).rollout.context.summary_prompt)
+    config = configs_dir() / "memory_summarize.yaml"
+    cfg = load_config(config)
+    policy = ReaderGenerator(tool_tok, cfg.env.drawers, True, cfg.rollout.context.summary_prompt,
+                             sequential=True, after=task_prompt(cfg.env.drawers))  # fmt: skip
     monkeypatch.setattr(rollout, "Generator", lambda *a, **k: policy)
     model = save_tiny_model(tmp_path / "tiny", max_positions=1024)
     args = ["eval", "--model", str(model), "--config", str(config), "--n", "2", "--show", "2"]

@@ -203,16 +203,33 @@ class MemoryEnvConfig(ToolEnvConfig):
 
     name: Literal["memory"] = "memory"
     few_shot: bool = False
-    """One worked exchange (3 short drawers, envs/memory.py ``FEW_SHOT``) before each task:
-    the base 135M model calls no tool without it (docs/summarization.md)."""
+    """One worked exchange (3 short drawers, envs/memory.py ``worked_exchange``) before each
+    task: the base 135M model calls no tool without it (docs/summarization.md)."""
+    shot_summary: bool = False
+    """With ``few_shot``: the worked exchange shows a summary turn after its drawer 2 (the
+    ``rollout.context`` default summary prompt and header, the key carried in the summary)."""
+    answer: Literal["copy", "sum"] = "copy"
+    """``copy``: the answer is the key, a dash, the code (``4821-37``: both facts copied);
+    ``sum``: the key plus the code (``4858``: the model adds them in its head)."""
+    sequential: bool = False
+    """The tool is ``open_next_drawer()`` (drawer 1, then 2, ...: the order cannot go wrong)
+    instead of ``open_drawer(number)``."""
     drawers: int = Field(6, ge=2, le=64)
-    """Drawers per task (one tool call each)."""
+    """Drawers per task (one tool call each): drawer 1 holds the key, the last the code."""
     filler_words: int = Field(40, ge=0, le=1000)
     """Filler words in every drawer: what makes the episode outgrow its window."""
 
+    @model_validator(mode="after")
+    def _shot_summary_needs_few_shot(self) -> MemoryEnvConfig:
+        if self.shot_summary and not self.few_shot:
+            raise ValueError("env.shot_summary=true: the summary turn is part of few_shot")
+        return self
+
     def env_options(self, sandbox: SandboxConfig) -> dict[str, Any]:
         return {"heldout_fraction": self.heldout_fraction, "drawers": self.drawers,
-                "filler_words": self.filler_words, "few_shot": self.few_shot}  # fmt: skip
+                "filler_words": self.filler_words, "few_shot": self.few_shot,
+                "answer": self.answer, "shot_summary": self.shot_summary,
+                "sequential": self.sequential}  # fmt: skip
 
 
 class FeatureDeletionEnvConfig(ToolEnvConfig):
@@ -352,6 +369,11 @@ class ContextConfig(StrictModel):
     """Text before the summary in the next window's user message."""
     summary_max_tokens: int = Field(256, ge=8, le=65_536)
     """Most tokens a summary may have; a longer one is cut there (and counted)."""
+    train_summaries: bool = True
+    """``summarize``: the summary is a policy token (tool mask 1) in its own window, trained
+    by the episode's advantage. False: mask 0 there too (no gradient through summaries: the
+    control arm of the summarization study, docs/results.md); the summary still replaces the
+    context."""
 
     @model_validator(mode="after")
     def _room(self) -> ContextConfig:

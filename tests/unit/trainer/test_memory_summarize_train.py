@@ -29,7 +29,7 @@ def test_train_memory_summarize_two_steps(model_dir, tool_tok, tmp_path, monkeyp
     import composer_replication.rollout as rollout
     import composer_replication.trainer.trainer as trainer_module
 
-    policy = ReaderGenerator(tool_tok, 6, True, DEFAULT_SUMMARY_PROMPT)
+    policy = ReaderGenerator(tool_tok, 6, True, DEFAULT_SUMMARY_PROMPT, sequential=True)
     for module in (rollout, trainer_module):  # the trainer's generator and evaluation's
         monkeypatch.setattr(module, "Generator", lambda *a, **k: policy)
     out = tmp_path / "run"
@@ -37,7 +37,7 @@ def test_train_memory_summarize_two_steps(model_dir, tool_tok, tmp_path, monkeyp
         "train", "configs/memory_summarize.yaml", f"model.name={model_dir}",
         f"output_dir={out}", "max_steps=2", "num_threads=1", "generation.num_generations=2",
         "generation.prompts_per_step=1", "optim.warmup_steps=0", "eval.n=2",
-        "eval.batch_size=2", "env.filler_words=10", "env.few_shot=false", "rollout.context.max_tokens=480",
+        "eval.batch_size=2", "env.filler_words=10", "env.drawers=6", "env.few_shot=false", "env.shot_summary=false", "rollout.context.max_tokens=480",
         "rollout.context.summary_max_tokens=32", "rollout.context.max_summaries=6",
         # shorter rows: the same loop, cheaper (more summaries, so no episode ends at the cap)
     ])  # fmt: skip
@@ -55,5 +55,6 @@ def test_train_memory_summarize_two_steps(model_dir, tool_tok, tmp_path, monkeyp
     # the before/after evaluation ran the same loop: its episodes summarized as well
     evals = [orjson.loads(x) for x in (out / "eval_episodes.jsonl").read_bytes().splitlines()]
     assert {e.get("tag") for e in evals} >= {"base", "trained"}, evals[0].keys()
-    assert all("[window 1; summary: 'key=" in str(e) for e in evals)
+    # (JSON, not repr: a transcript with both quote kinds is repr'd with escaped ' marks)
+    assert all("[window 1; summary: 'key=" in orjson.dumps(e).decode() for e in evals)
     assert Path(out / "final").is_dir()
