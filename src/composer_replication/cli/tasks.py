@@ -36,6 +36,10 @@ def generate_command(
     ] = 0.5,
     visible_tests: Annotated[int, typer.Option(help="Failing tests the agent may see.")] = 3,
     suite_timeout_s: Annotated[float, typer.Option(help="Limit of one suite run.")] = 120.0,
+    time_limit_s: Annotated[
+        float | None,
+        typer.Option(help="Start no candidate run after this many seconds (a re-run goes on)."),
+    ] = None,
     test_requirement: Annotated[
         list[str] | None,
         typer.Option(help="A test dependency of the suite (pip requirement; repeatable)."),
@@ -57,7 +61,7 @@ def generate_command(
     try:
         cfg = TaskGenConfig(workers=workers, max_candidates=max_candidates,
                             max_break_share=max_break_share, visible_tests=visible_tests,
-                            suite_timeout_s=suite_timeout_s,
+                            suite_timeout_s=suite_timeout_s, time_limit_s=time_limit_s,
                             test_requirements=test_requirement or [],
                             rename_package=rename_package)  # fmt: skip
     except ValidationError as e:
@@ -87,6 +91,8 @@ def generate_command(
     console.print(
         "by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.by_status.items()))
     )
+    if summary.left:
+        console.print(f"{summary.left} candidates not tried: the time limit passed; {kept}")
 
 
 def _generate_suite(specs_file: Path, out: Path, cfg) -> None:
@@ -115,6 +121,8 @@ def _generate_suite(specs_file: Path, out: Path, cfg) -> None:
                   str(sum(r.hidden_targets for r in rows)), "", "")  # fmt: skip
     console.print(table)
     console.print(f"per-package summary: {out / 'suite.json'}", soft_wrap=True)  # whole path
+    if left := sum(r.left for r in rows):
+        console.print(f"{left} candidates not tried: the time limit passed; {kept}", soft_wrap=True)
 
 
 @tasks_app.command("export")

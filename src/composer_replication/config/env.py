@@ -57,6 +57,11 @@ class TaskGenConfig(StrictModel):
     """Address-space limit of one run of the suite."""
     max_candidates: int | None = Field(None, ge=1)
     """Try only the first N candidate functions (file order); None: all."""
+    time_limit_s: float | None = Field(None, gt=0.0, le=7 * 86400.0)
+    """Start no candidate run this many seconds after generation began (a suite: after the
+    suite began); the runs in flight end, the task set is written from the candidates tried,
+    and a re-run continues with the rest. None: no limit. Not part of the task set's
+    identity."""
     test_requirements: list[str] = Field(default_factory=list)
     """The suite's own test dependencies (PEP 508 requirements by name, e.g. ``freezegun``;
     no pip option, path or URL), installed next to pytest for the sandboxed runs from the

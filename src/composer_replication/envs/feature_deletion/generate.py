@@ -59,6 +59,9 @@ from composer_replication.lm.models import write_atomic
 from composer_replication.sandbox.pytest_suite import SuiteReport, pytest_tools, run_suite
 from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 
+RUN_SETTINGS = frozenset({"workers", "time_limit_s"})
+"""Settings of how a run goes, not of what it makes: left out of the manifest's identity."""
+
 GENERATOR_VERSION = 7
 """7: a property's setter (and any second def of a name) is a candidate of its own
 (``Candidate.variant``; it shared its getter's key, was never run and took its status), and a
@@ -102,6 +105,8 @@ class GenerationSummary:
     tasks: int
     by_status: dict[str, int]
     seconds: float
+    left: int = 0
+    """Candidates not tried because the time limit passed (a re-run tries them)."""
 
 
 def top_level_names(root: Path) -> set[str]:
@@ -169,11 +174,15 @@ def generate_tasks(
     spec: str = "",
     progress: Callable[..., None] | None = None,
     on_total: Callable[[int], None] | None = None,
+    deadline: float | None = None,
 ) -> GenerationSummary:
     """Generate (or resume, or reuse) the task set of ``source`` under ``out`` (module
     docstring). ``progress(n)`` is called per finished candidate, ``on_total(n)`` once with
-    the number of candidates."""
+    the number of candidates. ``deadline``: the ``time.monotonic()`` after which no candidate
+    run starts (default: ``cfg.time_limit_s`` from now; a suite passes its own)."""
     start = time.monotonic()
+    if deadline is None and cfg.time_limit_s is not None:
+        deadline = start + cfg.time_limit_s
     tools = pytest_tools(tuple(cfg.test_requirements))
     plan = plan_generation(source, out, cfg, spec)
     box, out_dir, passing, testcode = plan.box, plan.out_dir, plan.passing, plan.testcode
@@ -193,8 +202,8 @@ def generate_tasks(
     seen_fut = scan.submit(originals_visible, source.root, todo, _aliases(source), [tools])
     try:
         with runs_path.open("a", encoding="utf-8") as sink:
-            futures = {pool.submit(_try_unless_seen, seen_fut, box, source, c, passing, cfg,
-                                   testcode, select[c.key]): c
+            futures = {pool.submit(_try_unless_seen, seen_fut, deadline, box, source, c,
+                                   passing, cfg, testcode, select[c.key]): c
                        for c in todo if select[c.key] != []}  # fmt: skip
             seen = seen_fut.result()
             for c in todo:
@@ -203,20 +212,22 @@ def generate_tasks(
                 elif select[c.key] == []:
                     _record(sink, done, _uncalled_row(c), progress)
             for fut in as_completed(futures):
-                if futures[fut].key not in seen:
-                    _record(sink, done, fut.result(), progress)
+                if futures[fut].key not in seen and (row := fut.result()) is not None:
+                    _record(sink, done, row, progress)
     finally:  # on Ctrl-C the queued candidates are dropped (the finished ones are in
         pool.shutdown(wait=False, cancel_futures=True)  # runs.jsonl); runs in flight end
         scan.shutdown(wait=False, cancel_futures=True)
-    tasks = [_task(source, c, done[c.key], passing, cfg, testcode) for c in cands]
+    tried = [c for c in cands if c.key in done]  # all, unless the time limit passed
+    tasks = [_task(source, c, done[c.key], passing, cfg, testcode) for c in tried]
     tasks = [t for t in tasks if t is not None]
     write_atomic(out_dir / "tasks.jsonl", "".join(json.dumps(t) + "\n" for t in tasks))
     by_status: dict[str, int] = {}
-    for c in cands:
+    for c in tried:
         status = done[c.key]["status"]
         by_status[status] = by_status.get(status, 0) + 1
-    return GenerationSummary(out_dir, len(cands), len(cands) - len(todo), len(todo), len(tasks),
-                             by_status, time.monotonic() - start)  # fmt: skip
+    return GenerationSummary(out_dir, len(cands), len(cands) - len(todo),
+                             len(tried) - (len(cands) - len(todo)), len(tasks), by_status,
+                             time.monotonic() - start, left=len(cands) - len(tried))  # fmt: skip
 
 
 def _record(sink, done: dict[str, dict], row: dict, progress) -> None:
@@ -295,7 +306,7 @@ def _manifest(out_dir: Path, source: SourceTree, cfg: TaskGenConfig, spec: str, 
             "version": source.version,
             "sha256": source.digest,
         },  # fmt: skip
-        "settings": cfg.model_dump(exclude={"workers"}),
+        "settings": cfg.model_dump(exclude=set(RUN_SETTINGS)),
     }
     if path.exists():
         have = read_manifest(path)
@@ -393,8 +404,12 @@ def deletion_outcome(box, source: SourceTree, cand: Candidate, passing: list[str
             "whole": whole}  # fmt: skip
 
 
-def _try_unless_seen(seen_fut, box, source: SourceTree, cand: Candidate, *args) -> dict | None:
-    """:func:`_try`, unless the visibility scan already found the candidate's original."""
+def _try_unless_seen(seen_fut, deadline: float | None, box, source: SourceTree,
+                     cand: Candidate, *args) -> dict | None:  # fmt: skip
+    """:func:`_try`, unless the visibility scan already found the candidate's original or
+    the time limit passed (None: not tried, not recorded)."""
+    if deadline is not None and time.monotonic() >= deadline:
+        return None
     if seen_fut.done() and not seen_fut.exception() and cand.key in seen_fut.result():
         return None
     return _try(box, source, cand, *args)

@@ -63,6 +63,8 @@ class PackageRow:
     error: str = ""
     """Why the whole package was refused ('' if it was generated)."""
     seconds: float = 0.0
+    left: int = 0
+    """Candidates not tried because the suite's time limit passed (a re-run tries them)."""
 
 
 def read_specs(path: Path) -> list[str]:
@@ -102,11 +104,17 @@ def generate_suite(
         if on_total is not None:
             on_total(sum(totals))
 
+    # one limit for the whole suite: no package starts a candidate run after it
+    deadline = None if cfg.time_limit_s is None else time.monotonic() + cfg.time_limit_s
     before = SLOTS.limit
     set_sandbox_slots(cfg.workers)  # 0: from the cores and memory
     try:
         with ThreadPoolExecutor(len(specs)) as packages:
-            rows = list(packages.map(lambda s: _package(s, out, cfg, progress, total, note), specs))
+
+            def one(spec: str) -> PackageRow:
+                return _package(spec, out, cfg, progress, total, note, deadline)
+
+            rows = list(packages.map(one, specs))
     finally:
         set_sandbox_slots(before)
     write_atomic(Path(out) / "suite.json",
@@ -119,11 +127,14 @@ def row_line(row: PackageRow) -> str:
     name = row.label or row.spec
     if row.error:
         return f"{name}: refused after {duration(row.seconds)}: {row.error[:300]}"
+    left = f" ({row.left} not tried: the time limit passed)" if row.left else ""
     return (f"{name}: done in {duration(row.seconds)}: {row.tasks} tasks "
-            f"({row.hidden_targets} with hidden targets) of {row.candidates} candidates")  # fmt: skip
+            f"({row.hidden_targets} with hidden targets) of {row.candidates} candidates"
+            f"{left}")  # fmt: skip
 
 
-def _package(spec: str, out: Path, cfg: TaskGenConfig, progress, on_total, note) -> PackageRow:
+def _package(spec: str, out: Path, cfg: TaskGenConfig, progress, on_total, note,
+             deadline: float | None = None) -> PackageRow:  # fmt: skip
     start, row = time.monotonic(), PackageRow(spec)
     say = note or (lambda text: None)
 
@@ -135,7 +146,8 @@ def _package(spec: str, out: Path, cfg: TaskGenConfig, progress, on_total, note)
     try:
         tree = prepare_source(spec, cfg)
         row.label = tree.label
-        summary = generate_tasks(tree, out, cfg, spec=spec, progress=progress, on_total=known)
+        summary = generate_tasks(tree, out, cfg, spec=spec, progress=progress, on_total=known,
+                                 deadline=deadline)  # fmt: skip
         tasks = load_tasks(summary.out_dir)
     except UserError as e:
         row.error = " ".join(str(e).split())[:500]
@@ -143,6 +155,7 @@ def _package(spec: str, out: Path, cfg: TaskGenConfig, progress, on_total, note)
         say(row_line(row))
         return row
     row.candidates, row.reused, row.tasks = summary.candidates, summary.reused, len(tasks)
+    row.left = summary.left
     row.hidden_targets = sum(bool(t.get("hidden_tests")) for t in tasks)
     row.tests_per_task = statistics.median([len(t["failing_tests"]) for t in tasks] or [0])
     row.refused = {k: v for k, v in sorted(summary.by_status.items()) if k != "task"}

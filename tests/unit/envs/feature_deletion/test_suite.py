@@ -132,3 +132,35 @@ def test_a_suite_reuses_the_cache_and_reports_each_package(textkit_tasks, tmp_pa
                                                "candidates"), done  # fmt: skip
     for name in (broken.name, shadow.name):
         assert sum(x.startswith(f"{name}-local: refused after ") for x in lines) == 1, lines
+
+
+def test_a_time_limit_stops_new_runs_and_a_rerun_goes_on(textkit_tasks, tmp_path):
+    """``time_limit_s`` (``--time-limit-s``): with two candidates' runs missing from the
+    copied textkit set and a limit already passed, the suite starts no run (runs.jsonl keeps
+    its lines), writes the task set of the candidates tried and reports the two as left (the
+    manifest still matches: the limit is not part of the set's identity); a re-run without a
+    limit runs exactly those two and ends with the whole set."""
+    out = tmp_path / "suite"
+    shutil.copytree(textkit_tasks, out)
+    runs = out / "textkit-local" / "runs.jsonl"
+    whole = (out / "textkit-local" / "tasks.jsonl").read_text()
+    rows = runs.read_text().splitlines()
+    dropped = [i for i, x in enumerate(rows) if json.loads(x)["status"] == "task"][:2]
+    runs.write_text("".join(x + "\n" for i, x in enumerate(rows) if i not in dropped))
+    specs = tmp_path / "suite.txt"
+    specs.write_text(f"{TEXTKIT}\n")
+    args = ["tasks", "generate", str(specs), "--out", str(out), "--workers", "2",
+            "--suite-timeout-s", "30"]  # fmt: skip
+    result = CliRunner().invoke(app, [*args, "--time-limit-s", "0.001"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert len(runs.read_text().splitlines()) == len(rows) - 2
+    (row,) = json.loads((out / "suite.json").read_text())
+    assert (row["left"], row["tasks"]) == (2, 7)
+    assert "(2 not tried: the time limit passed)" in result.output
+    assert "2 candidates not tried: the time limit passed" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, args, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads((out / "suite.json").read_text())
+    assert (row["left"], row["tasks"], row["reused"]) == (0, 9, len(rows) - 2)
+    assert len(runs.read_text().splitlines()) == len(rows)
+    assert (out / "textkit-local" / "tasks.jsonl").read_text() == whole
