@@ -23,6 +23,7 @@ from composer_replication.envs.feature_deletion.generate import (
     TaskSetError,
     generate_tasks,
     read_runs,
+    yield_order,
 )
 from composer_replication.envs.feature_deletion.source import (
     SourceError,
@@ -263,3 +264,22 @@ def test_a_property_and_its_setter_are_two_candidates_each_run(tmp_path):
     getter, setter = (runs[c.key] for c in cands[1:])
     assert getter["status"] != "no_failure" and setter["status"] != "no_failure"
     assert getter["n_failing"] == 1 and setter["n_failing"] == 1
+
+
+def test_yield_order_runs_functions_first_and_hidden_targets_before_visible_only():
+    """Module-level functions before methods; within each, a candidate whose selected tests
+    outnumber the visible ones (or whose run is the whole suite) before one selecting at most
+    ``visible_tests``; otherwise file order (stable)."""
+    from composer_replication.envs.feature_deletion.candidates import Candidate
+
+    def cand(symbol: str) -> Candidate:
+        return Candidate("m.py", symbol, 1, 2, "    ", "0" * 64)
+
+    names = ["A.few", "few", "A.many", "whole", "many", "A.whole", "also_few"]
+    select = {"m.py::few": ["t1", "t2"], "m.py::A.few": ["t1"], "m.py::also_few": ["t1", "t2", "t3"],
+              "m.py::many": ["t1", "t2", "t3", "t4"], "m.py::A.many": ["t1", "t2", "t3", "t4"],
+              "m.py::whole": None, "m.py::A.whole": None}  # fmt: skip
+    got = [c.symbol for c in yield_order([cand(n) for n in names], select, visible_tests=3)]
+    assert got == ["whole", "many", "few", "also_few", "A.many", "A.whole", "A.few"]
+    got = [c.symbol for c in yield_order([cand(n) for n in names], select, visible_tests=1)]
+    assert got == ["few", "whole", "many", "also_few", "A.many", "A.whole", "A.few"]
