@@ -283,3 +283,49 @@ def test_yield_order_runs_functions_first_and_hidden_targets_before_visible_only
     assert got == ["whole", "many", "few", "also_few", "A.many", "A.whole", "A.few"]
     got = [c.symbol for c in yield_order([cand(n) for n in names], select, visible_tests=1)]
     assert got == ["few", "whole", "many", "also_few", "A.many", "A.whole", "A.few"]
+
+
+def test_a_candidate_whose_slot_comes_after_the_time_limit_runs_nothing(tmp_path):
+    """A suite's candidate threads queue for the sandbox slots long before they run: one that
+    started before the time limit but got its slot after it returns None (not tried, not
+    recorded) without running a sandbox."""
+    import threading
+    import time
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from composer_replication.envs.feature_deletion import generate
+    from composer_replication.envs.feature_deletion.candidates import find_candidates
+    from composer_replication.sandbox.sandbox import SLOTS, set_sandbox_slots
+
+    (tmp_path / "m.py").write_text("def f(x):\n    y = x + 1\n    return y * 2\n")
+    (cand,) = find_candidates(tmp_path)
+    seen = Future()
+    seen.set_result({})
+
+    class NoBox:
+        def __getattr__(self, name):
+            raise AssertionError(f"the sandbox was used ({name})")
+
+    before = SLOTS.limit
+    set_sandbox_slots(1)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with SLOTS.held():
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        held.wait(10)
+        deadline = time.monotonic() + 0.3
+        threading.Timer(0.6, release.set).start()  # the slot comes free after the limit
+        got = generate._try_unless_seen(seen, deadline, NoBox(), SimpleNamespace(root=tmp_path),
+                                        cand, [], None, None, None)  # fmt: skip
+        assert got is None and time.monotonic() >= deadline
+    finally:
+        release.set()
+        holder.join(10)
+        set_sandbox_slots(before)
