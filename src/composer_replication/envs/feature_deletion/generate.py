@@ -454,20 +454,21 @@ def _try_unless_seen(seen_fut, deadline: float | None, box, source: SourceTree,
         return None
     if seen_fut.done() and not seen_fut.exception() and cand.key in seen_fut.result():
         return None
-    return _try(box, source, cand, *args, share=share, deadline=deadline)
+    return _try(box, source, cand, *args, deadline=deadline, share=share)
 
 
 def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, testcode,
-         tests: list[str] | None = None, share: PackageShare | None = None,
-         deadline: float | None = None) -> dict | None:  # fmt: skip
-    """One candidate's run: its deletion step, then forwarding and screening for one that
-    breaks tests. None: its slot came after ``deadline`` (the time limit), nothing ran."""
+         tests: list[str] | None = None, deadline: float | None = None,
+         share: PackageShare | None = None) -> dict | None:  # fmt: skip
+    """One candidate's steps (``runs.jsonl``'s row); None if ``deadline`` passed while it
+    waited for its first slot (a suite's threads queue for the slots long before they run).
+    ``share``: its package's part of a suite's slot scheduler (schedule.py; None: SLOTS)."""
     text = (source.root / cand.file).read_text(encoding="utf-8")
     deleted = delete_body(text, cand)
     costs = dict.fromkeys(("wait_seconds", "forward_seconds", "screen_seconds"), 0.0)
     with _step(costs, share=share):
         if deadline is not None and time.monotonic() >= deadline:
-            return None  # waited past the time limit for the slot: no run starts after it
+            return None
         got = deletion_outcome(box, source, cand, passing, cfg, tests)
     status, failing = got["status"], got["failing"]
     forward_whole = False

@@ -136,9 +136,13 @@ class YieldScheduler:
         with self._cond:
             return len(self._waiting)
 
+    def rank(self, share: PackageShare, continuing: bool = False) -> tuple[bool, bool, float]:
+        """How a step of ``share`` ranks now (the highest goes first; ties: who asked
+        first): ``(continuing, share.begun < first_tries, share.rate())``."""
+        return continuing, share.begun < self.first_tries, share.rate()
+
     def _best(self) -> tuple[bool, int, PackageShare]:
-        return max(self._waiting, key=lambda w: (w[0], w[2].begun < self.first_tries,
-                                                 w[2].rate(), -w[1]))  # fmt: skip
+        return max(self._waiting, key=lambda w: (*self.rank(w[2], w[0]), -w[1]))
 
     @contextlib.contextmanager
     def held(self, share: PackageShare, continuing: bool = False) -> Iterator[None]:

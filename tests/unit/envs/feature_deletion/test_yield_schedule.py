@@ -166,7 +166,7 @@ def test_may_hide_is_split_visible_hiding_something(failing, expected):
         assert bool(split_visible(failing, 3)[1]) is expected
 
 
-def test_a_candidate_whose_slot_comes_after_the_time_limit_does_not_run(tmp_path):
+def test_through_the_scheduler_a_slot_after_the_time_limit_runs_nothing(tmp_path):
     """A candidate asked for its slot before the suite's time limit and got it after (another
     package's step held the only slot): generate's candidate run gives up without running
     anything (its sandbox is None here: a run would fail) and is not recorded (None)."""
