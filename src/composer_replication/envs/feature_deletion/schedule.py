@@ -11,18 +11,21 @@ et al., *Bayesian Data Analysis*, 3rd ed., section 2.6, "Poisson model" with a
 slot-seconds has rate ``(prior_tasks + k) / (prior_seconds + T)``, i.e. ``alpha =
 prior_tasks``, ``beta = prior_seconds``. A package that has begun fewer than ``first_tries``
 (2) candidates goes before the others whatever the estimates, so every package gets its first
-tries; after them the prior keeps it optimistic: one task per ``prior_seconds`` = 5 s (0.2 per slot-second) is above every
-package of the suite run of 2026-12-03 at 39 minutes (generator version 7; a candidate's
-recorded run took a median of about 4 slot-seconds; the best, pyhumps, idna and webcolors,
-found about 0.14-0.17 per slot-second), and it weighs one task, so a package's own results
-outweigh it after a few candidates. Ranking by the posterior mean is greedy: a package whose
-first tries came to nothing waits until the others' estimates fall below its own (they fall
-as a package goes down its own ``yield_order``) or they have nothing left to run.
+tries; after them the prior keeps it optimistic: one task per ``prior_seconds`` = 5 s (0.2
+per slot-second) is above every package of the suite run of 2026-12-03 (generator version 7;
+a candidate's recorded run took a median of about 4 slot-seconds; the best, webencodings,
+pyhumps and webcolors, found 0.15-0.19 per slot-second), and it weighs one task, so a
+package's own results outweigh it after a few candidates. A replay of that run and of the
+night before (bench/replay_suite_schedule.py) found the same counts within a few percent for
+``prior_seconds`` from 1 to 20 and ``first_tries`` from 0 to 5. Ranking by the posterior
+mean is greedy: a package whose first tries came to nothing waits until the others'
+estimates fall below its own (they fall as a package goes down its own ``yield_order``) or
+they have nothing left to run.
 
 Why it matters beyond counting tries: first come, first served gives each package about the
-same number of *steps*, so a package with slow runs took the most slot time (mistune, 105
-slot-seconds a candidate, held 2414 slot-seconds for 2 tasks with hidden targets by then;
-idna, 3.4 a candidate, held 85 for 12).
+same number of *steps*, so a package with slow runs took the most slot time (in that run
+mistune held 4996 of the 15,380 recorded slot-seconds, about 156 a candidate, for 8 tasks
+with hidden targets; idna 177, about 5 a candidate, for 12).
 
 It changes no outcome: every candidate's steps run as before, only the order in which
 packages' steps get a slot. ``T`` is measured here (the time a step held its sandbox slot);
