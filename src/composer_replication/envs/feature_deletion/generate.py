@@ -50,6 +50,7 @@ from composer_replication.envs.feature_deletion.paths import (
     manifest_path_problem,
     record_path_problem,
 )
+from composer_replication.envs.feature_deletion.schedule import PackageShare, may_hide
 from composer_replication.envs.feature_deletion.screen import run_screen
 from composer_replication.envs.feature_deletion.selection import line_key, read_coverage, selected
 from composer_replication.envs.feature_deletion.source import SourceTree, staged_copy, top_package
@@ -175,11 +176,15 @@ def generate_tasks(
     progress: Callable[..., None] | None = None,
     on_total: Callable[[int], None] | None = None,
     deadline: float | None = None,
+    share: PackageShare | None = None,
 ) -> GenerationSummary:
     """Generate (or resume, or reuse) the task set of ``source`` under ``out`` (module
     docstring). ``progress(n)`` is called per finished candidate, ``on_total(n)`` once with
     the number of candidates. ``deadline``: the ``time.monotonic()`` after which no candidate
-    run starts (default: ``cfg.time_limit_s`` from now; a suite passes its own)."""
+    run starts (default: ``cfg.time_limit_s`` from now; a suite passes its own). ``share``:
+    this package's part of a suite's slot scheduler (schedule.py; its steps take their slots
+    through it and it is told of each candidate that ends, the reused ones included); None:
+    the sandbox slots, first come, first served."""
     start = time.monotonic()
     if deadline is None and cfg.time_limit_s is not None:
         deadline = start + cfg.time_limit_s
@@ -189,6 +194,9 @@ def generate_tasks(
     cands, select = plan.candidates, plan.selections
     runs_path = out_dir / "runs.jsonl"
     done = read_runs(runs_path)
+    if share is not None:  # the reused runs: their cost and yield rank the package
+        for row in (done[c.key] for c in cands if c.key in done):
+            share.finished(_hidden_task(row, cfg), _slot_seconds(row))
     todo = yield_order([c for c in cands if c.key not in done], select, cfg.visible_tests)
     if on_total is not None:
         on_total(len(cands))
@@ -203,7 +211,7 @@ def generate_tasks(
     try:
         with runs_path.open("a", encoding="utf-8") as sink:
             futures = {pool.submit(_try_unless_seen, seen_fut, deadline, box, source, c,
-                                   passing, cfg, testcode, select[c.key]): c
+                                   passing, cfg, testcode, select[c.key], share=share): c
                        for c in todo if select[c.key] != []}  # fmt: skip
             seen = seen_fut.result()
             for c in todo:
@@ -214,6 +222,8 @@ def generate_tasks(
             for fut in as_completed(futures):
                 if futures[fut].key not in seen and (row := fut.result()) is not None:
                     _record(sink, done, row, progress)
+                    if share is not None:
+                        share.finished(_hidden_task(row, cfg))
     finally:  # on Ctrl-C the queued candidates are dropped (the finished ones are in
         pool.shutdown(wait=False, cancel_futures=True)  # runs.jsonl); runs in flight end
         scan.shutdown(wait=False, cancel_futures=True)
@@ -246,6 +256,19 @@ def yield_order(cands: list[Candidate], select: dict[str, list[str] | None],
         return "." in c.symbol, tests is not None and len(tests) <= visible_tests
 
     return sorted(cands, key=rank)
+
+
+def _hidden_task(row: dict, cfg: TaskGenConfig) -> bool:
+    """Whether a candidate's run made a task with hidden targets, by the cheap test of
+    schedule.may_hide (an upper bound of what hidden_split keeps hidden at the package's
+    end, which reads the test files): enough to rank packages."""
+    return row.get("status") == TASK and may_hide(row.get("failing") or [], cfg.visible_tests)
+
+
+def _slot_seconds(row: dict) -> float:
+    """The slot time a recorded run took (its steps' times, without its waits)."""
+    return sum(float(row.get(k) or 0.0) for k in ("seconds", "forward_seconds",
+                                                  "screen_seconds"))  # fmt: skip
 
 
 def _record(sink, done: dict[str, dict], row: dict, progress) -> None:
@@ -423,31 +446,34 @@ def deletion_outcome(box, source: SourceTree, cand: Candidate, passing: list[str
 
 
 def _try_unless_seen(seen_fut, deadline: float | None, box, source: SourceTree,
-                     cand: Candidate, *args) -> dict | None:  # fmt: skip
+                     cand: Candidate, *args, share: PackageShare | None = None
+                     ) -> dict | None:  # fmt: skip
     """:func:`_try`, unless the visibility scan already found the candidate's original or
     the time limit passed (None: not tried, not recorded)."""
     if deadline is not None and time.monotonic() >= deadline:
         return None
     if seen_fut.done() and not seen_fut.exception() and cand.key in seen_fut.result():
         return None
-    return _try(box, source, cand, *args, deadline=deadline)
+    return _try(box, source, cand, *args, deadline=deadline, share=share)
 
 
 def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, testcode,
-         tests: list[str] | None = None, deadline: float | None = None) -> dict | None:  # fmt: skip
+         tests: list[str] | None = None, deadline: float | None = None,
+         share: PackageShare | None = None) -> dict | None:  # fmt: skip
     """One candidate's steps (``runs.jsonl``'s row); None if ``deadline`` passed while it
-    waited for its first slot (a suite's threads queue for the slots long before they run)."""
+    waited for its first slot (a suite's threads queue for the slots long before they run).
+    ``share``: its package's part of a suite's slot scheduler (schedule.py; None: SLOTS)."""
     text = (source.root / cand.file).read_text(encoding="utf-8")
     deleted = delete_body(text, cand)
     costs = dict.fromkeys(("wait_seconds", "forward_seconds", "screen_seconds"), 0.0)
-    with _step(costs):
+    with _step(costs, share=share):
         if deadline is not None and time.monotonic() >= deadline:
             return None
         got = deletion_outcome(box, source, cand, passing, cfg, tests)
     status, failing = got["status"], got["failing"]
     forward_whole = False
     if status == "breaks":
-        with _step(costs, "forward_seconds"):
+        with _step(costs, "forward_seconds", share):
             ok, forward_whole = forwardable(box, source, grading_task(cand, cfg, testcode),
                                             text, passing, failing)  # fmt: skip
         status = TASK if ok else "not_forwardable"
@@ -466,7 +492,7 @@ def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, test
                 shutil.rmtree(repo, ignore_errors=True)
             return res.screened if res.ok else None
 
-        with _step(costs, "screen_seconds"):
+        with _step(costs, "screen_seconds", share):
             row["screen"] = run_screen(passes, deleted, cand, failing)
         if row["screen"] is None:
             row["status"], row["failing"] = "screen_failed", []
@@ -476,15 +502,18 @@ def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, test
 
 
 @contextlib.contextmanager
-def _step(costs: dict[str, float], key: str | None = None) -> Iterator[None]:
+def _step(costs: dict[str, float], key: str | None = None,
+          share: PackageShare | None = None) -> Iterator[None]:  # fmt: skip
     """Run a step of a candidate holding one sandbox slot (sandbox.SLOTS: its runs take no
     other) and add to ``costs`` its wait for the slot (``wait_seconds``) and, under ``key``,
     the step's time once the slot is held (its sandbox runs and tree copies). Holding the slot
     around the deletion step also keeps that wait out of the run's own ``seconds``. The wait
     has no deadline (``SandboxConfig.slot_wait_s`` bounds a grading's wait, which a trainer
-    masks; a generator's candidate waits its turn)."""
+    masks; a generator's candidate waits its turn). ``share`` (a suite's scheduler,
+    schedule.py) decides when the step's turn comes; a step with a ``key`` continues a
+    candidate already begun."""
     begin = time.monotonic()
-    with SLOTS.held():
+    with SLOTS.held() if share is None else share.held(continuing=key is not None):
         start = time.monotonic()
         costs["wait_seconds"] += start - begin
         try:

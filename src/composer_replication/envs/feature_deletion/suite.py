@@ -7,7 +7,9 @@ generates every source a file lists (one spec a line: ``name==version`` or a dir
   (or a run killed half-way) continues where it stopped;
 * one worker pool: every package's candidates go through this process's sandbox slots
   (sandbox.SLOTS, set to ``--workers``), so a package still in its baseline runs while
-  another's candidates fill the other slots;
+  another's candidates fill the other slots; when more steps wait than slots are free, a
+  free slot goes to the package with the best estimated yield of tasks with hidden targets
+  per slot-second (schedule.YieldScheduler), not first come, first served;
 * a package that cannot be used (an sdist that does not exist, a suite that fails untouched,
   a package that shadows the test tools) is reported with its reason and the others go on.
 
@@ -31,6 +33,7 @@ from pathlib import Path
 from composer_replication.config import TaskGenConfig
 from composer_replication.config.base import UserError
 from composer_replication.envs.feature_deletion.generate import generate_tasks, load_tasks
+from composer_replication.envs.feature_deletion.schedule import PackageShare, YieldScheduler
 from composer_replication.envs.feature_deletion.source import prepare_source
 from composer_replication.lm.models import write_atomic
 from composer_replication.progress import duration
@@ -65,6 +68,11 @@ class PackageRow:
     seconds: float = 0.0
     left: int = 0
     """Candidates not tried because the suite's time limit passed (a re-run tries them)."""
+    slot_seconds: float = 0.0
+    """Sandbox slot-seconds its candidates' steps held in this run (schedule.py)."""
+    yield_per_ks: float = 0.0
+    """The scheduler's last estimate of its tasks with hidden targets per 1000 slot-seconds
+    (schedule.PackageShare.rate, reused runs included)."""
 
 
 def read_specs(path: Path) -> list[str]:
@@ -108,11 +116,13 @@ def generate_suite(
     deadline = None if cfg.time_limit_s is None else time.monotonic() + cfg.time_limit_s
     before = SLOTS.limit
     set_sandbox_slots(cfg.workers)  # 0: from the cores and memory
+    scheduler = YieldScheduler(SLOTS)
     try:
         with ThreadPoolExecutor(len(specs)) as packages:
 
             def one(spec: str) -> PackageRow:
-                return _package(spec, out, cfg, progress, total, note, deadline)
+                return _package(spec, out, cfg, progress, total, note, deadline,
+                                scheduler.share(spec))  # fmt: skip
 
             rows = list(packages.map(one, specs))
     finally:
@@ -128,13 +138,16 @@ def row_line(row: PackageRow) -> str:
     if row.error:
         return f"{name}: refused after {duration(row.seconds)}: {row.error[:300]}"
     left = f" ({row.left} not tried: the time limit passed)" if row.left else ""
+    slots = (f"; {row.slot_seconds:.0f} slot-s, {row.yield_per_ks:.1f} with hidden targets "
+             "per 1000 slot-s" if row.slot_seconds else "")  # fmt: skip
     return (f"{name}: done in {duration(row.seconds)}: {row.tasks} tasks "
             f"({row.hidden_targets} with hidden targets) of {row.candidates} candidates"
-            f"{left}")  # fmt: skip
+            f"{left}{slots}")  # fmt: skip
 
 
 def _package(spec: str, out: Path, cfg: TaskGenConfig, progress, on_total, note,
-             deadline: float | None = None) -> PackageRow:  # fmt: skip
+             deadline: float | None = None,
+             share: PackageShare | None = None) -> PackageRow:  # fmt: skip
     start, row = time.monotonic(), PackageRow(spec)
     say = note or (lambda text: None)
 
@@ -147,7 +160,7 @@ def _package(spec: str, out: Path, cfg: TaskGenConfig, progress, on_total, note,
         tree = prepare_source(spec, cfg)
         row.label = tree.label
         summary = generate_tasks(tree, out, cfg, spec=spec, progress=progress, on_total=known,
-                                 deadline=deadline)  # fmt: skip
+                                 deadline=deadline, share=share)  # fmt: skip
         tasks = load_tasks(summary.out_dir)
     except UserError as e:
         row.error = " ".join(str(e).split())[:500]
@@ -159,6 +172,9 @@ def _package(spec: str, out: Path, cfg: TaskGenConfig, progress, on_total, note,
     row.hidden_targets = sum(bool(t.get("hidden_tests")) for t in tasks)
     row.tests_per_task = statistics.median([len(t["failing_tests"]) for t in tasks] or [0])
     row.refused = {k: v for k, v in sorted(summary.by_status.items()) if k != "task"}
+    if share is not None:
+        row.slot_seconds = round(share.run_seconds, 1)
+        row.yield_per_ks = round(1000 * share.rate(), 2)
     row.seconds = round(time.monotonic() - start, 1)
     say(row_line(row))
     return row
