@@ -221,8 +221,8 @@ class MemoryEnvConfig(ToolEnvConfig):
     opens_after_summary: bool = False
     """With ``sequential`` and ``rollout.context.strategy: summarize``: right after each
     summary the environment opens the next drawer itself, and the window the summary opens
-    shows the summary, then that drawer's text (one user message); the worked exchange
-    (``shot_summary``) shows it so. The policy opens drawer 1, writes the summary (the key
+    shows the summary, then that drawer's text (one user message; the worked exchange of
+    ``shot_summary`` is unchanged). The policy opens drawer 1, writes the summary (the key
     must be in it) and answers; the code is only seen after the summary, the key only
     through it. False: the policy opens every drawer (the 135M base model scores 0: after
     a summary it writes text instead of the call, docs/summarization.md). No effect under

@@ -90,8 +90,7 @@ def _call(k: int, sequential: bool) -> dict[str, Any]:
 
 def worked_exchange(answer: str = "copy", drawers: int = 3, summary_after: int = 0,
                     sequential: bool = False, summary_prompt: str = DEFAULT_SUMMARY_PROMPT,
-                    summary_header: str = DEFAULT_SUMMARY_HEADER,
-                    opens_after_summary: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+                    summary_header: str = DEFAULT_SUMMARY_HEADER) -> list[dict[str, Any]]:  # fmt: skip
     """A worked episode (``drawers`` drawers without filler, the key ``SHOT_KEY``): with
     ``summary_after`` k (1 <= k < drawers) it is summarized after drawer k as
     ``rollout.ContextLoop`` renders a summary turn (``summary_prompt`` as a user turn after
@@ -100,9 +99,9 @@ def worked_exchange(answer: str = "copy", drawers: int = 3, summary_after: int =
     0: no summary turn. (The later window is shown after the summary as a continuation, not
     as the loop's window, which repeats the task first: the base 135M model stopped calling
     the tool when the worked exchange showed the task followed by a summary,
-    docs/summarization.md.) ``opens_after_summary`` (``sequential`` only): the environment
-    opens drawer k + 1 after the summary, as ``rollout.ContextLoop`` shows it (its text after
-    the summary in the same user message), and the policy's next turn follows it."""
+    docs/summarization.md.) With ``opens_after_summary`` the exchange is the same (the policy
+    opens drawer k + 1 after the summary there): an exchange showing the environment open it
+    made the base 135M model write a summary as its first turn (0/10, docs/summarization.md)."""
     data = {"key": SHOT_KEY, "offset": SHOT_CODE, "drawers": drawers, "filler_words": 0,
             "answer_kind": answer, "sequential": sequential}  # fmt: skip
     name = "open_next_drawer" if sequential else "open_drawer"
@@ -119,20 +118,12 @@ def worked_exchange(answer: str = "copy", drawers: int = 3, summary_after: int =
         raise ValueError(
             f"summary_after={summary_after}: between 1 and drawers - 1 = {drawers - 1}"
         )
-    if opens_after_summary and not sequential:
-        raise ValueError("opens_after_summary: the environment opens the next drawer only "
-                         "with open_next_drawer (sequential)")  # fmt: skip
     step = "call open_next_drawer" if sequential else f"open drawer {summary_after + 1}"
-    summary = f"The key is {SHOT_KEY}. I opened {summary_after} of {drawers} drawers."
-    carried, first = summary_header + summary, summary_after + 1
-    if opens_after_summary:  # the loop's rendering: the summary, a blank line, the result
-        carried, first = f"{carried}\n\n{drawer_text(data, first)}", first + 1
-    else:
-        summary += f" Next: {step}."
-        carried = summary_header + summary
+    summary = f"The key is {SHOT_KEY}. I opened {summary_after} of {drawers} drawers. Next: {step}."
     return [task, *drawers_from(1, summary_after), {"role": "user", "content": summary_prompt},
-            {"role": "assistant", "content": summary}, {"role": "user", "content": carried},
-            *drawers_from(first, drawers), final]  # fmt: skip
+            {"role": "assistant", "content": summary},
+            {"role": "user", "content": summary_header + summary},
+            *drawers_from(summary_after + 1, drawers), final]  # fmt: skip
 
 
 FEW_SHOT = worked_exchange("sum")
@@ -156,9 +147,7 @@ class MemoryEnv(ToolEnvironment):
         if opens_after_summary and not sequential:
             raise ValueError("opens_after_summary=True needs sequential=True (open_next_drawer)")
         self.answer, self.sequential = answer, sequential
-        shot: dict[str, Any] = {}
-        if shot_summary:
-            shot = {"drawers": 2, "summary_after": 1, "opens_after_summary": opens_after_summary}
+        shot = {"drawers": 2, "summary_after": 1} if shot_summary else {}
         self.shot = worked_exchange(answer, sequential=sequential, **shot) if few_shot else []
         rng = random.Random("memory")
         seen: set[tuple[int, int]] = set()

@@ -119,25 +119,17 @@ def test_the_worked_exchange_shows_a_summary_turn_as_the_loop_renders_it():
     assert shot[-1] == {"role": "assistant", "content": "512-64"}
 
 
-def test_the_worked_exchange_shows_the_environment_opening_after_the_summary():
-    """``opens_after_summary``: the exchange's summary is followed, in the same user message,
-    by drawer 2's text (as the loop renders it: a blank line between), then the answer; no
-    call after the summary. Without ``sequential`` it is refused."""
+def test_the_shipped_config_lets_the_environment_open_drawer_2():
+    """``opens_after_summary`` (the shipped config) needs ``sequential``; the worked exchange
+    stays the one where the policy opens drawer 2 after the summary (the exchange showing the
+    environment open it made the base model write a summary first, docs/summarization.md)."""
     cfg = load_config(configs_dir() / "memory_summarize.yaml")
-    assert cfg.env.opens_after_summary and cfg.env.sequential
+    assert cfg.env.opens_after_summary and cfg.env.sequential and cfg.env.drawers == 2
     env = build_env(cfg.env)
     shot = env.row(env.tasks("train")[0])["prompt"][1:-1]
-    calls = [m for m in shot if m.get("tool_calls")]
-    assert len(calls) == 1  # drawer 1 only: the environment opens drawer 2
-    summary, carried, final = shot[-3:]
-    header = cfg.rollout.context.summary_header
-    assert carried["content"] == (f"{header}{summary['content']}\n\nDrawer 2: the code is 64. "
-                                  "Now answer: the key, a dash, the code.")  # fmt: skip
-    assert final == {"role": "assistant", "content": "512-64"}
+    assert shot == worked_exchange("copy", drawers=2, summary_after=1, sequential=True)
     with pytest.raises(ValueError, match="sequential"):
         MemoryEnv(n_tasks=2, opens_after_summary=True)
-    with pytest.raises(ValueError, match="sequential"):
-        worked_exchange(drawers=2, summary_after=1, opens_after_summary=True)
 
 
 def test_after_summary_names_one_of_the_instances_tools():
