@@ -298,6 +298,8 @@ def _transcript(messages: list[dict]) -> str:
             w = m["context_window"]
             said = "" if w.get("summary") is None else f"; summary: {w['summary']!r}"
             parts.append(f"[window {w['window']}{said}]")
+            if w.get("observation") is not None:  # the environment's turn after the summary
+                parts.append(f"-> {w['observation']}")
         if m.get("role") == "tool":
             parts.append(f"-> {m.get('content', '')}")
             continue

@@ -16,7 +16,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from composer_replication.envs.tools import call_tool, tool_functions, tool_methods
+from composer_replication.envs.tools import (
+    after_summary_tool,
+    call_tool,
+    tool_functions,
+    tool_methods,
+)
 from composer_replication.lm.generator import Generator, Sampling
 
 MAX_TOOL_THREADS = 64
@@ -354,7 +359,7 @@ class ToolLoop:
                            self._get_tool_suffix_ids, self.tools)  # fmt: skip
         masks, msgs, ids, logps, calls, failures, _ = loop.run(
             prompts, prompt_ids, completion_ids, completions, logprobs, self._sync_tool_dicts,
-            first_tag=self.tags[0],
+            first_tag=self.tags[0], environments=instances,
         )  # fmt: skip
         self.tool_calls, self.tool_failures = int(calls), int(failures)
         return [
@@ -513,7 +518,8 @@ def run_context_agent(
 def context_stats(episodes: list[ContextEpisode]) -> dict[str, float]:
     """Per batch of :class:`ContextLoop` episodes: summaries and windows per episode,
     context tokens the closed windows dropped, episodes ended at the cap, the share of
-    summaries cut at their limit, and (when there were summaries) their mean length. The
+    summaries cut at their limit, (when there were summaries) their mean length, and (when
+    any) the tool calls the loop ran for the environment after a summary. The
     trainer logs them under ``rollout/``; ``eval`` reports them."""
     n = max(len(episodes), 1)
     summaries = [w for e in episodes for w in e.windows if w.summary is not None]
@@ -526,6 +532,8 @@ def context_stats(episodes: list[ContextEpisode]) -> dict[str, float]:
     }
     if summaries:
         values["summary_tokens"] = sum(w.summary_tokens for w in summaries) / len(summaries)
+    if any(e.environment_calls for e in episodes):  # envs/tools.py AFTER_SUMMARY
+        values["environment_calls"] = sum(e.environment_calls for e in episodes) / n
     return values
 
 
@@ -610,6 +618,10 @@ class Window:
     the user message holding the summary), so a channel can re-render the window's prompt with
     a hint (channels/packed.py); None for window 0 and ``truncate`` (whose later prompts are
     window 0's prompt followed by the kept turns' tokens)."""
+    observation: str | None = None
+    """What the environment showed at the start of this window, after the summary (the result
+    of the tool its instance asks to be run after a summary, envs/tools.py ``AFTER_SUMMARY``;
+    also in :attr:`context_message`), or None."""
 
     def add(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
         self.completion_ids += ids
@@ -650,6 +662,9 @@ class ContextEpisode:
     tool_calls: int = 0
     tool_failures: int = 0
     """Of its tool calls, those that failed (TRL's error result)."""
+    environment_calls: int = 0
+    """Tool calls the loop ran for the environment after a summary (envs/tools.py
+    ``AFTER_SUMMARY``), not in :attr:`tool_calls`."""
 
     def packed(self) -> tuple[list[int], list[int], list[float], list[int]]:
         """The episode as ONE completion after window 0's prompt: each later window's prompt
@@ -733,14 +748,19 @@ class ContextLoop:
             )
 
     def run(self, prompts, prompt_ids, completion_ids, completions, logprobs, tool_dicts,
-            first_tag: Any = None):  # fmt: skip
+            first_tag: Any = None, environments: list[Any] | None = None):  # fmt: skip
         """TRL's ``_tool_call_loop`` contract: returns ``(tool_mask, completions,
         completion_ids, logprobs, tool_call_count, tool_failure_count, tool_images)`` with the
         packed episodes; ``prompts`` are the rows' prompt messages, ``first_tag`` the tag of
-        the first turn (generated before the loop: a Ray worker's policy version)."""
+        the first turn (generated before the loop: a Ray worker's policy version).
+        ``environments``: the rollouts' environment instances (TRL's ``environments``), read
+        for the tool each asks to be run after a summary (envs/tools.py ``AFTER_SUMMARY``);
+        None: none asks."""
         for p in prompt_ids:
             self.check_prompt(len(p))
         n = len(prompt_ids)
+        self._tool_dicts = tool_dicts
+        self._after = [after_summary_tool(e) for e in environments or [None] * n]
         self.episodes = [ContextEpisode([Window(list(p))]) for p in prompt_ids]
         self._prompts = [[dict(m) for m in p] for p in prompts]
         self._units: list[list[list[int]]] = [[] for _ in range(n)]  # turns kept (truncate)
@@ -792,6 +812,8 @@ class ContextLoop:
                 "summary_cut": before.summary_cut,
                 "prompt_tokens": len(windows[-1].prompt_ids),
             }
+            if windows[-1].observation is not None:  # what the environment showed after it
+                message["context_window"]["observation"] = windows[-1].observation
         return message
 
     def _window(self, i: int) -> Window:
@@ -895,11 +917,26 @@ class ContextLoop:
             w.summary, w.summary_tokens = text, len(ids)
             w.summary_cut = len(ids) >= room and ids[-1] != self.tok.eos_token_id
             self._summaries[i] += 1
-            message = {"role": "user", "content": c.summary_header + text}
+            seen = self._environment_turn(i)
+            content = c.summary_header + text + (f"\n\n{seen}" if seen is not None else "")
+            message = {"role": "user", "content": content}
             self._open(i, render_ids(self.tok, [*self._prompts[i], message], self.tools), message)
+            self._window(i).observation = seen
             self._units[i] = []
             go_on.append(i)
         return go_on
+
+    def _environment_turn(self, i: int) -> str | None:
+        """The result of the tool row ``i``'s environment asks to be run after a summary (no
+        arguments, run as TRL runs a call; counted in the episode's ``environment_calls``,
+        not its ``tool_calls``), or None when it asks for none."""
+        name = self._after[i]
+        if name is None:
+            return None
+        call = {"type": "function", "function": {"name": name, "arguments": {}}}
+        _, result, _ = call_like_trl(self._tool_dicts[i], call)
+        self.episodes[i].environment_calls += 1
+        return result
 
     def _open(self, i: int, prompt_ids: list[int], message: dict[str, Any] | None = None) -> None:
         episode = self.episodes[i]

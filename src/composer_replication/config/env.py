@@ -223,18 +223,31 @@ class MemoryEnvConfig(ToolEnvConfig):
     """Drawers per task (one tool call each): drawer 1 holds the key, the last the code."""
     filler_words: int = Field(40, ge=0, le=1000)
     """Filler words in every drawer: what makes the episode outgrow its window."""
+    opens_after_summary: bool = False
+    """With ``sequential`` and ``rollout.context.strategy: summarize``: right after each
+    summary the environment opens the next drawer itself, and the window the summary opens
+    shows the summary, then that drawer's text (one user message; the worked exchange of
+    ``shot_summary`` is unchanged). The policy opens drawer 1, writes the summary (the key
+    must be in it) and answers; the code is only seen after the summary, the key only
+    through it. False: the policy opens every drawer (the 135M base model scores 0: after
+    a summary it writes text instead of the call, docs/summarization.md). No effect under
+    ``truncate`` (no summary)."""
 
     @model_validator(mode="after")
     def _shot_summary_needs_few_shot(self) -> MemoryEnvConfig:
         if self.shot_summary and not self.few_shot:
             raise ValueError("env.shot_summary=true: the summary turn is part of few_shot")
+        if self.opens_after_summary and not self.sequential:
+            raise ValueError("env.opens_after_summary=true needs env.sequential=true (the "
+                             "environment opens the next drawer with open_next_drawer)")  # fmt: skip
         return self
 
     def env_options(self, sandbox: SandboxConfig) -> dict[str, Any]:
         return {"heldout_fraction": self.heldout_fraction, "drawers": self.drawers,
                 "filler_words": self.filler_words, "few_shot": self.few_shot,
                 "answer": self.answer, "shot_summary": self.shot_summary,
-                "sequential": self.sequential}  # fmt: skip
+                "sequential": self.sequential,
+                "opens_after_summary": self.opens_after_summary}  # fmt: skip
 
 
 class FeatureDeletionEnvConfig(ToolEnvConfig):

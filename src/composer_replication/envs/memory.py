@@ -8,6 +8,11 @@ Every drawer's text is padded with filler words, so with a small
 ``rollout.context.max_tokens`` the episode does not fit one window: by the time the last drawer
 speaks, drawer 1's result has been summarized away (``summarize``) or dropped (``truncate``).
 Carrying one ``key=value`` fact into the summary is enough to answer.
+
+With ``opens_after_summary`` (``sequential`` only) the environment, not the policy, opens the
+next drawer right after each summary: the window a summary opens shows the summary, then that
+drawer's text (``rollout.ContextLoop`` runs the tool the instance names in ``after_summary``).
+The policy then has three things to do: open drawer 1, carry the key into its summary, answer.
 """
 
 from __future__ import annotations
@@ -94,7 +99,9 @@ def worked_exchange(answer: str = "copy", drawers: int = 3, summary_after: int =
     0: no summary turn. (The later window is shown after the summary as a continuation, not
     as the loop's window, which repeats the task first: the base 135M model stopped calling
     the tool when the worked exchange showed the task followed by a summary,
-    docs/summarization.md.)"""
+    docs/summarization.md.) With ``opens_after_summary`` the exchange is the same (the policy
+    opens drawer k + 1 after the summary there): an exchange showing the environment open it
+    made the base 135M model write a summary as its first turn (0/10, docs/summarization.md)."""
     data = {"key": SHOT_KEY, "offset": SHOT_CODE, "drawers": drawers, "filler_words": 0,
             "answer_kind": answer, "sequential": sequential}  # fmt: skip
     name = "open_next_drawer" if sequential else "open_drawer"
@@ -130,12 +137,15 @@ class MemoryEnv(ToolEnvironment):
 
     def __init__(self, n_tasks: int = 2000, drawers: int = 6, filler_words: int = 40,
                  heldout_fraction: float = 0.2, few_shot: bool = False, answer: str = "copy",
-                 shot_summary: bool = False, sequential: bool = False) -> None:  # fmt: skip
+                 shot_summary: bool = False, sequential: bool = False,
+                 opens_after_summary: bool = False) -> None:  # fmt: skip
         super().__init__()
         if drawers < 2:
             raise ValueError(f"drawers={drawers}: the key and the code need 2 drawers")
         if answer not in ANSWERS:
             raise ValueError(f"answer={answer!r}: one of {', '.join(ANSWERS)}")
+        if opens_after_summary and not sequential:
+            raise ValueError("opens_after_summary=True needs sequential=True (open_next_drawer)")
         self.answer, self.sequential = answer, sequential
         shot = {"drawers": 2, "summary_after": 1} if shot_summary else {}
         self.shot = worked_exchange(answer, sequential=sequential, **shot) if few_shot else []
@@ -147,7 +157,7 @@ class MemoryEnv(ToolEnvironment):
             task_id = f"memory:{key}+{offset}"
             split = "heldout" if unit_hash(task_id) < heldout_fraction else "train"
             data = {"key": key, "offset": offset, "drawers": drawers, "answer_kind": answer,
-                    "sequential": sequential,
+                    "sequential": sequential, "opens_after_summary": opens_after_summary,
                     "filler_words": filler_words, "answer": answer_of(answer, key, offset)}  # fmt: skip
             self._splits[split].append(Task(task_id, task_prompt(drawers), split, data))
 
@@ -201,10 +211,15 @@ class _Drawers:
     def __init__(self) -> None:
         self.data: dict[str, Any] = {}
         self.opened: list[int] = []
+        self.after_summary: str | None = None
+        """The tool the context loop runs for this rollout after each summary (envs/tools.py
+        ``AFTER_SUMMARY``): ``open_next_drawer`` with ``opens_after_summary``, else None."""
 
     def reset(self, **row: Any) -> None:
         """Start a rollout on a dataset row (its ``memory`` column)."""
         self.data, self.opened = dict(row["memory"]), []
+        opens = self.data.get("opens_after_summary")  # MemoryEnv: only with open_next_drawer
+        self.after_summary = "open_next_drawer" if opens else None
 
     def _open(self, number: int) -> str:
         self.opened.append(number)

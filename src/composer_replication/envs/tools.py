@@ -29,6 +29,27 @@ def tool_methods(cls: type) -> dict[str, Callable[..., Any]]:
     }
 
 
+AFTER_SUMMARY = "after_summary"
+"""The attribute through which an environment instance asks the context loop
+(``rollout.ContextLoop``, ``rollout.context.strategy: summarize``) to run one of its tools for
+it, without arguments, right after each summary: the name of that tool, or None (the default:
+the policy acts first in every window). The result is shown in the next window's first
+message, after the summary (docs/summarization.md). An instance attribute, not a method:
+TRL makes every public method of the class a tool."""
+
+
+def after_summary_tool(instance: Any) -> str | None:
+    """The tool ``instance`` asks the context loop to run after a summary
+    (:data:`AFTER_SUMMARY`), or None. A name that is not one of its tools is an error."""
+    name = getattr(instance, AFTER_SUMMARY, None)
+    if name is None:
+        return None
+    if name not in tool_methods(type(instance)):
+        raise ValueError(f"{type(instance).__name__}.{AFTER_SUMMARY}={name!r} is not one of "
+                         f"its tools ({', '.join(tool_methods(type(instance)))})")  # fmt: skip
+    return str(name)
+
+
 def tool_call_counts(
     rollouts: list[list[dict[str, Any]]], offered: Iterable[str]
 ) -> dict[str, float]:

@@ -385,7 +385,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
             self._get_tool_suffix_ids, self.tools,
         )  # fmt: skip
         out = loop.run(prompts, prompt_ids, completion_ids, completions, logprobs,
-                       self._sync_tool_dicts, first_tag=self.state.global_step)  # fmt: skip
+                       self._sync_tool_dicts, first_tag=self.state.global_step,
+                       environments=self.environments)  # fmt: skip
         self.context_episodes = loop.episodes
         self._round_windows = [e.packed()[3] for e in loop.episodes]
         return out

@@ -22,7 +22,7 @@ from composer_replication.envs.memory import (
     answer_of,
     worked_exchange,
 )
-from composer_replication.envs.tools import tool_functions
+from composer_replication.envs.tools import after_summary_tool, tool_functions
 from composer_replication.rollout import ContextLoop, ToolLoop, parse_turn, render_ids
 
 
@@ -74,7 +74,8 @@ def test_the_config_builds_it():
     assert env.tools_class() is NextDrawerTools and env.answer == "sum"
     assert build_env(load_config(None, ["env.name=memory"]).env).tools_class() is DrawerTools
     for bad, key in [("env.answer=add", "env.answer"), ("env.shot_summary=true", "shot_summary"),
-                     ("env.drawer=3", "drawer")]:  # fmt: skip
+                     ("env.drawer=3", "drawer"),
+                     ("env.opens_after_summary=true", "opens_after_summary")]:  # fmt: skip
         with pytest.raises(ConfigError, match=key):
             load_config(None, ["env.name=memory", bad])
 
@@ -116,6 +117,30 @@ def test_the_worked_exchange_shows_a_summary_turn_as_the_loop_renders_it():
     later = " ".join(str(m.get("content")) for m in shot[i + 4 :] if m["role"] == "tool")
     assert "512" not in later and "the code is 64" in later
     assert shot[-1] == {"role": "assistant", "content": "512-64"}
+
+
+def test_the_shipped_config_lets_the_environment_open_drawer_2():
+    """``opens_after_summary`` (the shipped config) needs ``sequential``; the worked exchange
+    stays the one where the policy opens drawer 2 after the summary (the exchange showing the
+    environment open it made the base model write a summary first, docs/summarization.md)."""
+    cfg = load_config(configs_dir() / "memory_summarize.yaml")
+    assert cfg.env.opens_after_summary and cfg.env.sequential and cfg.env.drawers == 2
+    env = build_env(cfg.env)
+    shot = env.row(env.tasks("train")[0])["prompt"][1:-1]
+    assert shot == worked_exchange("copy", drawers=2, summary_after=1, sequential=True)
+    with pytest.raises(ValueError, match="sequential"):
+        MemoryEnv(n_tasks=2, opens_after_summary=True)
+
+
+def test_after_summary_names_one_of_the_instances_tools():
+    tools = NextDrawerTools()
+    assert after_summary_tool(tools) is None  # before reset, and without the option
+    env = MemoryEnv(n_tasks=2, drawers=2, sequential=True, opens_after_summary=True)
+    tools.reset(**env.row(env.tasks("train")[0]))
+    assert after_summary_tool(tools) == "open_next_drawer"
+    tools.after_summary = "open_drawer"
+    with pytest.raises(ValueError, match="not one of its tools"):
+        after_summary_tool(tools)
 
 
 def run(tok, strategy: str, carry: bool, train_summaries: bool = True):
@@ -178,7 +203,8 @@ def shipped(tok, strategy: str, carry: bool):
     instance.reset(**row)
     msgs = [[parse_turn(tok, first[0], prompt, tools)]]
     out = loop.run([row["prompt"]], [prompt], first, msgs, None,
-                   [{"open_next_drawer": instance.open_next_drawer}])  # fmt: skip
+                   [{"open_next_drawer": instance.open_next_drawer}],
+                   environments=[instance])  # fmt: skip
     return cfg, env, task, loop.episodes[0], out[1][0], reader, instance
 
 
@@ -192,6 +218,13 @@ def test_the_shipped_config_needs_the_summary(tool_tok, strategy, carry, passes)
     key = str(task.data["key"])
     assert instance.opened == list(range(1, cfg.env.drawers + 1)) and len(ep.windows) == 2
     assert len(ep.summaries) == (strategy == "summarize")
+    # env.opens_after_summary: after the summary the environment opened drawer 2, not the
+    # policy (one call of its own); under truncate the policy opened both
+    summarize = strategy == "summarize"
+    assert (ep.environment_calls, ep.tool_calls) == ((1, 1) if summarize else (0, 2))
+    if summarize:
+        mark = next(m["context_window"] for m in msgs if m.get("context_window"))
+        assert "the code is" in mark["observation"] and key not in mark["observation"]
     (answering,) = reader.answer_windows
     assert "the key is" not in answering and (key in answering) == passes
     assert env.grade(task, msgs).passed == passes

@@ -46,6 +46,9 @@ def test_train_memory_summarize_two_steps(model_dir, tool_tok, tmp_path, monkeyp
     train = [r for r in rows if "rollout/summaries" in r]
     assert [r["step"] for r in train] == [1, 2]
     assert all(r["rollout/summaries"] >= 1 and r["rollout/windows"] >= 2 for r in train)
+    # env.opens_after_summary (the shipped config): the trainer's loop ran the environment's
+    # call after each summary (TRL's `environments` reach the loop)
+    assert all(r["rollout/environment_calls"] == r["rollout/summaries"] for r in train)
     episodes = [orjson.loads(x) for x in (out / "episodes.jsonl").read_bytes().splitlines()]
     assert episodes and {e["step"] for e in episodes} == {1, 2}
     for e in episodes:  # each episode's summaries, readable where they took effect
