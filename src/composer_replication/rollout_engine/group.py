@@ -69,6 +69,9 @@ class Rollout:
     """How a ``rollout.context`` episode ended (``rollout.ContextEpisode.ended``)."""
     tokens_saved: int = 0
     """Context tokens its closed windows dropped (``rollout.ContextEpisode.tokens_saved``)."""
+    environment_calls: int = 0
+    """Tool calls run for the environment after a summary
+    (``rollout.ContextEpisode.environment_calls``)."""
 
     @property
     def oldest_version(self) -> int:

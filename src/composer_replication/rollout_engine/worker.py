@@ -182,16 +182,7 @@ class RolloutWorker:
         results = self.env.grade_episodes(
             [task] * len(episodes), [e.messages for e in episodes], [e.instance for e in episodes]
         )
-        rollouts = []
-        for e, r in zip(episodes, results, strict=True):
-            if e.context is None:
-                rollouts.append(Rollout([Sequence(e.prompt_ids, e.completion_ids, e.logprobs,
-                                                  e.tool_mask, list(e.turn_tags))],
-                                        r.reward, r, messages=e.messages))  # fmt: skip
-            else:
-                rollouts.append(Rollout(window_sequences(e.context), r.reward, r,
-                                        messages=e.messages, ended=e.context.ended,
-                                        tokens_saved=e.context.tokens_saved))  # fmt: skip
+        rollouts = [episode_rollout(e, r) for e, r in zip(episodes, results, strict=True)]
         info = {"tool_calls": self.tool_loop.tool_calls,
                 "tool_failures": self.tool_loop.tool_failures}  # fmt: skip
         if getattr(self.env, "checks_do_nothing", False) and task.task_id not in self.checked:
@@ -275,6 +266,20 @@ def window_sequences(episode: ContextEpisode) -> list[Sequence]:
     ]  # fmt: skip
 
 
+def episode_rollout(episode: Any, result: Any) -> Rollout:
+    """A tool loop's episode graded ``result`` (a ``StepResult``) as the record's rollout: one
+    sequence, or (a ``rollout.context`` episode) one per window with how it ended, the tokens
+    it saved and the environment's calls after summaries (:func:`rollout_episode`'s inverse)."""
+    if episode.context is None:
+        seq = Sequence(episode.prompt_ids, episode.completion_ids, episode.logprobs,
+                       episode.tool_mask, list(episode.turn_tags))  # fmt: skip
+        return Rollout([seq], result.reward, result, messages=episode.messages)
+    ctx = episode.context
+    return Rollout(window_sequences(ctx), result.reward, result, messages=episode.messages,
+                   ended=ctx.ended, tokens_saved=ctx.tokens_saved,
+                   environment_calls=ctx.environment_calls)  # fmt: skip
+
+
 def rollout_episode(rollout: Rollout) -> ContextEpisode:
     """A record's rollout as the context episode it was (:func:`window_sequences`' inverse),
     for the learner: its packed row (``ContextEpisode.packed``, the local engine's) and its
@@ -284,7 +289,8 @@ def rollout_episode(rollout: Rollout) -> ContextEpisode:
                s.summary_tokens, s.summary_cut, list(s.turn_versions))
         for s in rollout.sequences
     ]  # fmt: skip
-    return ContextEpisode(windows, rollout.ended, rollout.tokens_saved)
+    return ContextEpisode(windows, rollout.ended, rollout.tokens_saved,
+                          environment_calls=rollout.environment_calls)  # fmt: skip
 
 
 def _policy_copy(model_class: type, model_config: Any, peft_config: Any) -> Any:

@@ -25,10 +25,10 @@ from composer_replication.envs.base import StepResult
 from composer_replication.envs.calculator import CalculatorEnv, CalculatorTools
 from composer_replication.envs.tools import bounded_tools
 from composer_replication.lm.packing import pad_windows
-from composer_replication.rollout import ToolLoop, instruction_after_tools
-from composer_replication.rollout_engine.group import GroupRecord, Rollout
+from composer_replication.rollout import ToolLoop, context_stats, instruction_after_tools
+from composer_replication.rollout_engine.group import GroupRecord
 from composer_replication.rollout_engine.learner import WorkerReward, group_rows, group_tokens
-from composer_replication.rollout_engine.worker import window_sequences
+from composer_replication.rollout_engine.worker import episode_rollout
 
 CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "208 * 67"}}</tool_call><|im_end|>'
 ANSWER = "13936<|im_end|>"
@@ -74,11 +74,9 @@ def _worker_group(tok) -> tuple[list, GroupRecord]:
     script.instruction = instruction_after_tools(tok, PROMPT)[1]
     instances = [bounded_tools(CalculatorTools, 64)() for _ in range(2)]
     episodes = loop.run([row, row], instances)
-    rollouts = [
-        Rollout(window_sequences(e.context), r, None, messages=e.messages, ended=e.context.ended,
-                tokens_saved=e.context.tokens_saved)
-        for e, r in zip(episodes, (1.0, 0.0), strict=True)
-    ]  # fmt: skip
+    episodes[0].context.environment_calls = 2  # as the memory env's after-summary calls count
+    results = [StepResult("", r, True, r > 0, "") for r in (1.0, 0.0)]
+    rollouts = [episode_rollout(e, r) for e, r in zip(episodes, results, strict=True)]
     record = GroupRecord(7, task.task_id, row, rollouts)
     assert loop.tool_calls == 2 and script.limits == [None, 40, 16, 40]
     return episodes, pickle.loads(pickle.dumps(record))
@@ -132,6 +130,8 @@ def test_the_learner_packs_a_records_windows_as_the_local_engine_does(tool_tok):
     back = source.context_episodes()
     assert [len(e.summaries) for e in back] == [1, 0] and back[0].tokens_saved > 0
     assert back[0].tokens_saved == episodes[0].context.tokens_saved
+    assert [e.environment_calls for e in back] == [2, 0]
+    assert context_stats(back)["environment_calls"] == 1.0  # the trainer's rollout/ metric
 
 
 def test_a_packed_ray_row_is_scored_with_its_windows(tmp_path, tool_tok):
@@ -146,8 +146,6 @@ def test_a_packed_ray_row_is_scored_with_its_windows(tmp_path, tool_tok):
     from composer_replication.trainer.trainer import ComposerReplicationTrainer
 
     episodes, group = _worker_group(tool_tok)
-    for r in group.rollouts:
-        r.verdict = StepResult("", r.reward, True, r.reward > 0, "")
     cfg = load_config(None, [
         f"output_dir={tmp_path}", "max_steps=1", "generation.num_generations=2",
         "generation.prompts_per_step=1", "generation.max_completion_length=40",
