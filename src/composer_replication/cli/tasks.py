@@ -36,6 +36,9 @@ def generate_command(
     ] = 0.5,
     visible_tests: Annotated[int, typer.Option(help="Failing tests the agent may see.")] = 3,
     suite_timeout_s: Annotated[float, typer.Option(help="Limit of one suite run.")] = 120.0,
+    screen_test_timeout_s: Annotated[
+        float, typer.Option(help="Limit of one test under one trivial body (the screen).")
+    ] = 10.0,
     time_limit_s: Annotated[
         float | None,
         typer.Option(help="Start no candidate run after this many seconds (a re-run goes on)."),
@@ -62,6 +65,7 @@ def generate_command(
         cfg = TaskGenConfig(workers=workers, max_candidates=max_candidates,
                             max_break_share=max_break_share, visible_tests=visible_tests,
                             suite_timeout_s=suite_timeout_s, time_limit_s=time_limit_s,
+                            screen_test_timeout_s=screen_test_timeout_s,
                             test_requirements=test_requirement or [],
                             rename_package=rename_package)  # fmt: skip
     except ValidationError as e:

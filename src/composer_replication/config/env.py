@@ -55,6 +55,11 @@ class TaskGenConfig(StrictModel):
     """Wall-clock (and CPU-seconds) limit of one run of the suite."""
     memory_mb: int = Field(2048, ge=256, le=65536)
     """Address-space limit of one run of the suite."""
+    screen_test_timeout_s: float = Field(10.0, ge=0.1, le=3600.0)
+    """The triviality screen's limit for one test under one trivial body (screen.py): a body
+    that makes a test loop (a lexer whose ``_consume`` returns None) fails that test at the
+    limit, and the screen goes on, instead of the screening run reaching the suite's timeout
+    (``screen_failed``: a lost candidate, and 240 s of a sandbox slot)."""
     max_candidates: int | None = Field(None, ge=1)
     """Try only the first N candidate functions (file order); None: all."""
     time_limit_s: float | None = Field(None, gt=0.0, le=7 * 86400.0)

@@ -222,19 +222,38 @@ if {screen!r}:
     _SCREEN = _types.SimpleNamespace(BODY=[0])
     sys.modules["_cr_screen"] = _SCREEN
 
+    import signal as _signal
+
+    class _ScreenTimeout(BaseException):
+        # not an Exception: a test's ``except Exception`` does not swallow it (pytest
+        # reports any BaseException of a test's call as its failure)
+        pass
+
+    def _on_alarm(signum, frame):
+        _SCREEN.fired = True
+        raise _ScreenTimeout("the test ran past the screen's limit under this body")
+
     class _Screen:
-        # every test once per body (the target's dispatch reads _cr_screen.BODY)
+        # every test once per body (the target's dispatch reads _cr_screen.BODY); a test that
+        # runs past the limit under a body fails for that body (the alarm repeats, so a test
+        # that catches the exception and loops on is interrupted again)
         @pytest.hookimpl(tryfirst=True)
         def pytest_runtest_protocol(self, item, nextitem):
             from _pytest.runner import runtestprotocol
 
             bits = ""
+            _signal.signal(_signal.SIGALRM, _on_alarm)
             for body in range({screen!r}):
-                _SCREEN.BODY[0] = body
-                reports = runtestprotocol(item, nextitem=None, log=False)
+                _SCREEN.BODY[0], _SCREEN.fired = body, False
+                _signal.setitimer(_signal.ITIMER_REAL, {screen_test_s!r}, 0.25)
+                try:
+                    reports = runtestprotocol(item, nextitem=None, log=False)
+                finally:
+                    _signal.setitimer(_signal.ITIMER_REAL, 0)
                 calls = [r for r in reports if r.when == "call"]
                 ok = calls and all(r.passed and not hasattr(r, "wasxfail") for r in calls)
-                bits += "1" if ok and not any(r.failed for r in reports) else "0"
+                ok = ok and not any(r.failed for r in reports) and not _SCREEN.fired
+                bits += "1" if ok else "0"
             _emit("screened", item.nodeid, bits)
             return True
 
@@ -394,6 +413,7 @@ def run_suite(
     probe: bool = False,
     screen: int = 0,
     call_deadline_s: float | None = None,
+    screen_test_s: float = 10.0,
 ) -> SuiteReport:
     """Run pytest on ``repo`` (a bindable directory, see ``sandbox.bindable_dir``) inside the
     sandbox and return the accepted per-test report; ``requirements``: the suite's own test
@@ -410,7 +430,8 @@ def run_suite(
     (``item.fixturenames``: those a plugin's mark or hook adds included, and what its request
     set up, ``request.getfixturevalue`` of a name built at run time too); about 2x slower);
     ``screen``: run every test once per body 0..n-1 of a target file whose body dispatches
-    on ``_cr_screen.BODY[0]`` (feature_deletion/screen.py; ``SuiteReport.screened``);
+    on ``_cr_screen.BODY[0]`` (feature_deletion/screen.py; ``SuiteReport.screened``), a
+    test that runs past ``screen_test_s`` under a body failing for that body (SIGALRM);
     ``call_deadline_s``: with ``served``, the longest wait for one answer of the served side
     (a looping body fails its call and every later one at once)."""
     import time
@@ -419,7 +440,7 @@ def run_suite(
     key = secrets.token_bytes(32)
     start = time.monotonic()
     if served is None:
-        code = _runner(tools, repo, tests, extra, None, probe, screen)
+        code = _runner(tools, repo, tests, extra, None, probe, screen, screen_test_s)
         res = box.run_python(code, binds=(tools, repo), stdin=key, wall_timeout_s=timeout_s)
     else:
         with box.module_server(served, binds=(tools,)) as server:
@@ -444,12 +465,13 @@ def import_roots(repo: str) -> list[str]:
     return [repo]
 
 
-def _runner(tools: str, repo: str, tests, extra, forward, probe=False, screen=0) -> str:
+def _runner(tools: str, repo: str, tests, extra, forward, probe=False, screen=0,
+            screen_test_s: float = 10.0) -> str:  # fmt: skip
     args = pytest_args(tests, extra)
     code = _PROBE_CODE if probe else ""
     return _RUNNER.format(tools=tools, repo=repo, paths=[tools, *import_roots(repo)], args=args,
-                          forward=forward, probe=probe, probe_code=code,
-                          screen=int(screen))  # fmt: skip
+                          forward=forward, probe=probe, probe_code=code, screen=int(screen),
+                          screen_test_s=float(screen_test_s))  # fmt: skip
 
 
 _PROBE_CODE = r"""

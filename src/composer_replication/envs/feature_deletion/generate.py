@@ -63,8 +63,10 @@ from composer_replication.sandbox.sandbox import SLOTS, Sandbox
 RUN_SETTINGS = frozenset({"workers", "time_limit_s"})
 """Settings of how a run goes, not of what it makes: left out of the manifest's identity."""
 
-GENERATOR_VERSION = 7
-"""7: a property's setter (and any second def of a name) is a candidate of its own
+GENERATOR_VERSION = 8
+"""8: the triviality screen limits each test under each body (``screen_test_timeout_s``): a
+body that loops fails the test at the limit instead of the screening run reaching the suite's
+timeout (``screen_failed``); 7: a property's setter (and any second def of a name) is a candidate of its own
 (``Candidate.variant``; it shared its getter's key, was never run and took its status), and a
 deletion runs only the tests that called the function (selection.py; the baseline records
 per-test call coverage); 6: a deletion whose original the sandbox can see (visible.py) is ``original_visible``, a
@@ -487,7 +489,7 @@ def _try(box, source: SourceTree, cand: Candidate, passing: list[str], cfg, test
             repo = staged_copy(source.root, {cand.file: target_text})
             try:
                 res = run_suite(box, str(repo), tests, requirements=tuple(cfg.test_requirements),
-                                screen=n)  # fmt: skip
+                                screen=n, screen_test_s=cfg.screen_test_timeout_s)  # fmt: skip
             finally:
                 shutil.rmtree(repo, ignore_errors=True)
             return res.screened if res.ok else None
