@@ -138,8 +138,9 @@ def row_line(row: PackageRow) -> str:
     if row.error:
         return f"{name}: refused after {duration(row.seconds)}: {row.error[:300]}"
     left = f" ({row.left} not tried: the time limit passed)" if row.left else ""
-    slots = (f"; {row.slot_seconds:.0f} slot-s, {row.yield_per_ks:.1f} with hidden targets "
-             "per 1000 slot-s" if row.slot_seconds else "")  # fmt: skip
+    slots = (f"; {row.slot_seconds:.0f} slot-s (the scheduler's last estimate: "
+             f"{row.yield_per_ks:.1f} with hidden targets per 1000 slot-s)"
+             if row.slot_seconds else "")  # fmt: skip
     return (f"{name}: done in {duration(row.seconds)}: {row.tasks} tasks "
             f"({row.hidden_targets} with hidden targets) of {row.candidates} candidates"
             f"{left}{slots}")  # fmt: skip
