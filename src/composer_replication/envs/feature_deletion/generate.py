@@ -76,6 +76,10 @@ mark requests one only hidden tests name), and a hidden test a class of another 
 inherits is visible at generation as in the workspace; 4: a hidden test that a kept test calls or a class of the module inherits is visible (it
 stays in the workspace; a version-3 set listed it hidden); 3: test code from the suite's run (testcode.py), hidden tests out of the workspace
 (hidden.py), the triviality screen (screen.py); 2: only tasks split grading can grade."""
+LOADABLE_VERSIONS = frozenset({7, GENERATOR_VERSION})
+"""Generator versions whose task sets load: version 8 only recovers candidates version 7 lost
+to a looping trivial body (``screen_failed``); every task of a version-7 set is one of version
+8 too (a screening run that finished saw no loop, so its bits are the same)."""
 TASK = "task"
 STATUSES = ("task", "no_failure", "too_broad", "collect_error", "broken_run", "not_forwardable",
             "trivial", "screen_failed", "original_visible")  # fmt: skip
@@ -624,10 +628,10 @@ def load_tasks(task_dir: Path, root: Path | None = None) -> list[dict]:
         raise TaskSetError(f"{path} does not exist: generate the task set first")
     manifest = Path(task_dir) / "manifest.json"
     version = read_manifest(manifest).get("generator_version") if manifest.exists() else None
-    if version != GENERATOR_VERSION:
+    if version not in LOADABLE_VERSIONS:
         raise TaskSetError(
             f"{task_dir} was made by task generator version {version}, this is version "
-            f"{GENERATOR_VERSION} (version 7 runs a property's setter as a candidate of its own, "
+            f"{GENERATOR_VERSION}, which loads versions {sorted(LOADABLE_VERSIONS)} (version 7 runs a property's setter as a candidate of its own, "
             "which version 6 counted with its getter; version 6 refuses deletions whose original the sandbox can "
             "see and shows hidden tests that share a parametrize table with visible ones; "
             "version 5 keeps the fixtures the kept tests use in the "

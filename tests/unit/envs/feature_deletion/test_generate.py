@@ -157,14 +157,18 @@ def test_a_task_set_from_another_generator_version_is_refused_with_the_reason(tm
     version-4 workspace lost a fixture the kept tests got from a plugin's mark; a version-5
     set may hold a task whose original the sandbox shows, or a hidden test whose parametrize
     table a visible one shares; a version-6 set counted a property's setter with its getter:
-    never used."""
+    never used. A version-7 set loads: version 8 only recovers candidates a looping trivial
+    body cost version 7."""
     from composer_replication.envs.feature_deletion.generate import TaskSetError, load_tasks
 
     (tmp_path / "tasks.jsonl").write_text('{"task_id": "x"}\n')
     for old in (2, 3, 4, 5, 6):
         (tmp_path / "manifest.json").write_text(f'{{"generator_version": {old}}}')
-        with pytest.raises(TaskSetError, match=f"version {old}, this is version 7"):
+        with pytest.raises(TaskSetError, match=f"version {old}, this is version 8"):
             load_tasks(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"generator_version": 7}')
+    with pytest.raises(TaskSetError, match="tasks.jsonl:1"):  # past the version: the record
+        load_tasks(tmp_path)
 
 
 def test_a_source_that_is_also_a_test_tool_is_refused(tmp_path):
