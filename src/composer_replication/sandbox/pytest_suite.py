@@ -219,7 +219,7 @@ if _probe:
 if {screen!r}:
     import types as _types
 
-    _SCREEN = _types.SimpleNamespace(BODY=[0])
+    _SCREEN = _types.SimpleNamespace(BODY=[0], fired=False, in_call=False)
     sys.modules["_cr_screen"] = _SCREEN
 
     import signal as _signal
@@ -230,13 +230,24 @@ if {screen!r}:
         pass
 
     def _on_alarm(signum, frame):
+        # raised only inside the test's call: a repeat landing in pytest's own reporting or
+        # teardown after the call ended would break the run (the screen lost, as before)
         _SCREEN.fired = True
-        raise _ScreenTimeout("the test ran past the screen's limit under this body")
+        if _SCREEN.in_call:
+            raise _ScreenTimeout("the test ran past the screen's limit under this body")
 
     class _Screen:
         # every test once per body (the target's dispatch reads _cr_screen.BODY); a test that
         # runs past the limit under a body fails for that body (the alarm repeats, so a test
         # that catches the exception and loops on is interrupted again)
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_call(self, item):
+            _SCREEN.in_call = True
+            try:
+                yield
+            finally:
+                _SCREEN.in_call = False
+
         @pytest.hookimpl(tryfirst=True)
         def pytest_runtest_protocol(self, item, nextitem):
             from _pytest.runner import runtestprotocol
