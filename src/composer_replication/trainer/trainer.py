@@ -53,7 +53,12 @@ from composer_replication.config import (
 from composer_replication.envs.sampler import SAMPLER_FILE, TaskSampler
 from composer_replication.lm.generator import Generator, Sampling
 from composer_replication.lm.models import HiddenCapture, backbone, pad_token_id
-from composer_replication.lm.packing import packed_forward, packed_position_ids, pad_windows
+from composer_replication.lm.packing import (
+    packed_forward,
+    packed_logps_with_prefix,
+    packed_position_ids,
+    pad_windows,
+)
 from composer_replication.lm.prefix import completion_logps_with_prefix, use_prefix
 from composer_replication.losses import compose_loss
 from composer_replication.rollout import (
@@ -348,9 +353,19 @@ class ComposerReplicationTrainer(GRPOTrainer):
                       compute_entropy, windows):  # fmt: skip
         """TRL's log-prob forward (its fused LM head, its labels) on packed rows: positions
         restart at each window, no 2D mask and no cache, so attention is block-diagonal and a
-        window sees only itself (docs/summarization.md). No shared-prefix cache here: a cache
-        turns the packed mask off."""
+        window sees only itself (docs/summarization.md). With shared prefixes on (and the model
+        able to cache them) the prefix every window repeats runs once instead
+        (:func:`~composer_replication.lm.packing.packed_logps_with_prefix`: the same values)."""
         k = logits_to_keep
+        hidden = self._loss_batch is not None and any(
+            c.needs_student_hidden for c in self.channels
+        )  # a channel reads the packed rows' hidden states: they come from the packed forward
+        if self._prefix_ok(model) and not hidden:
+            with self.accelerator.autocast():
+                shared = packed_logps_with_prefix(model, input_ids, attention_mask, k, windows,
+                                                  compute_entropy)  # fmt: skip
+            if shared is not None:
+                return shared[0], shared[1], None
         batch_size = batch_size or input_ids.size(0)
         logps, entropies = [], []
         for start in range(0, input_ids.size(0), batch_size):

@@ -48,7 +48,7 @@ class SummarizingTrainer(ComposerReplicationTrainer):
         return out, None
 
 
-def build(tok, tmp_path, loss_type: str, max_steps: int = 1, rewards=None, channels=()):
+def build(tok, tmp_path, loss_type: str, max_steps: int = 1, rewards=None, channels=(), **args):
     """The trainer on two rows of one calculator task (``rewards``: by default row 0 passes,
     row 1 fails; ``channels``: the channels it trains with, as they would come from a run)."""
     env = CalculatorEnv(per_kind=4, few_shot=False)
@@ -58,7 +58,7 @@ def build(tok, tmp_path, loss_type: str, max_steps: int = 1, rewards=None, chann
         output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
         max_completion_length=40, max_tool_calling_iterations=8, report_to="none",
         save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True, loss_type=loss_type,
-        beta=0.0, max_steps=max_steps, learning_rate=1e-3, logging_steps=1, bf16=False,
+        beta=0.0, max_steps=max_steps, learning_rate=1e-3, logging_steps=1, bf16=False, **args,
     )  # fmt: skip
     context = SimpleNamespace(strategy="summarize", max_tokens=360, max_summaries=2,
                               summary_prompt=PROMPT, summary_header=HEADER,
@@ -214,3 +214,34 @@ def test_dynamic_sampling_merges_the_windows_with_their_rows():
     out = merge_groups([a, b], [(1, 0), (0, 0)], group_size=2)
     assert out["completion_window"].tolist() == [[0, 1, 2], [0, 0, 0], [0, 0, 0], [0, 1, 0]]
     assert out["completion_mask"].tolist()[2:] == [[1, 1, 0], [1, 1, 0]]
+
+
+def test_the_loss_through_a_shared_prefix_equals_the_packed_loss(tool_tok, tmp_path, monkeypatch):
+    """Gradient checkpointing off (the memory config's setting), the loss forward runs the
+    prefix every window repeats once (lm/packing.py ``packed_logps_with_prefix``); the loss
+    and every gradient equal the packed forward's (``shared_prefix`` off)."""
+    import composer_replication.trainer.trainer as trainer_module
+
+    calls = []
+    real = trainer_module.packed_logps_with_prefix
+    monkeypatch.setattr(trainer_module, "packed_logps_with_prefix",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))  # fmt: skip
+    trainer, rows = build(tool_tok, tmp_path, "dapo", gradient_checkpointing=False)
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions(rows)
+    assert (batch["completion_window"] > 0).any()  # a summarized episode is in the batch
+    trainer.current_gradient_accumulation_steps = 1
+    results = []
+    for shared in (False, True):
+        trainer.shared_prefix = shared
+        trainer.model.zero_grad()
+        before = len(calls)
+        loss = trainer._compute_loss(trainer.model, dict(batch))
+        loss.backward()
+        assert (len(calls) > before) == shared  # the path taken
+        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+        results.append((float(loss), grads))
+    (loss0, g0), (loss1, g1) = results
+    assert loss0 != 0.0 and loss1 == pytest.approx(loss0, rel=1e-5, abs=1e-7)
+    for name, g in g0.items():
+        torch.testing.assert_close(g1[name], g, rtol=1e-4, atol=1e-6, msg=name)
