@@ -13,6 +13,7 @@ padding) is a sequence of its own: no real token attends to padding, none to ano
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -82,6 +83,7 @@ def window_sequences(
     return out
 
 
+@capture_suspended()
 def packed_logps_with_prefix(
     model: Any,
     ids_BL: Tensor,
@@ -107,62 +109,74 @@ def packed_logps_with_prefix(
     :func:`~composer_replication.lm.prefix.forward_with_prefix`. Its forwards are not seen by
     :class:`~composer_replication.lm.models.HiddenCapture` (their rows are windows, not the
     packed rows a channel expects): a caller that needs the hidden states packs instead."""
-    with capture_suspended():
-        return _packed_logps_with_prefix(model, ids_BL, mask_BL, logits_to_keep, windows_BK,
-                                         entropy)  # fmt: skip
-
-
-def _packed_logps_with_prefix(
-    model: Any,
-    ids_BL: Tensor,
-    mask_BL: Tensor,
-    logits_to_keep: int,
-    windows_BK: Tensor,
-    entropy: bool,
-) -> tuple[Tensor, Tensor | None] | None:
     k = logits_to_keep
-    first_scored = ids_BL.shape[1] - k
     windows = window_sequences(mask_BL, k, windows_BK)
     rows = ids_BL.tolist()
     seqs = [[rows[b][c] for c in cols] for b, cols in windows]
     shared = min(common_prefix_len(seqs), min(map(len, seqs)) - 1)
     if shared < 2:
         return None
-    n = shared - 1  # cached positions: the suffix starts with the last shared token
-
-    def next_label(b: int, col: int) -> int:
-        nxt = col + 1
-        ok = nxt < ids_BL.shape[1] and nxt >= first_scored and bool(mask_BL[b, nxt])
-        return rows[b][nxt] if ok else -100
-
+    n = shared - 1  # cached positions: each suffix starts with the last shared token
+    first = ids_BL.shape[1] - k  # the first completion column
+    parts = _head_scores(model, seqs, windows, n, first, entropy, ids_BL.device)
+    parts += _suffix_scores(model, ids_BL, mask_BL, seqs, windows, n, first, entropy)
     logps_BK = ids_BL.new_zeros(ids_BL.shape[0], k, dtype=torch.float32)
     ent_BK = torch.zeros_like(logps_BK) if entropy else None
-    device = ids_BL.device
-    # the prefix's own positions 0 .. n-1 predict tokens 1 .. n of every window
-    head_ids = torch.tensor([seqs[0][:n]], device=device)
-    head_labels = torch.tensor([seqs[0][1 : n + 1]], device=device)
-    head_cols = [[cols[t + 1] for t in range(n)] for _, cols in windows]
-    scored_head = [(w, t) for w, hc in enumerate(head_cols) for t in range(n)
-                   if hc[t] >= first_scored]  # fmt: skip
-    parts: list[tuple[list[int], list[int], Tensor, Tensor | None]] = []
-    if scored_head:
-        out = model(input_ids=head_ids, shift_labels=head_labels, fused_lm_head=True)
-        ws, ts = zip(*scored_head, strict=True)
-        parts.append((
-            [windows[w][0] for w in ws],
-            [head_cols[w][t] - first_scored for w, t in zip(ws, ts, strict=True)],
-            out.log_probs[0, list(ts)],
-            out.entropy[0, list(ts)] if entropy else None,
-        ))  # fmt: skip
-    prefix_ids = head_ids
+    for part in parts:
+        index = (torch.tensor(part.rows, device=ids_BL.device),
+                 torch.tensor(part.cols, device=ids_BL.device) - first)  # fmt: skip
+        logps_BK = logps_BK.index_put(index, part.logps.float())
+        if ent_BK is not None:
+            ent_BK = ent_BK.index_put(index, part.entropy.float())
+    return logps_BK, ent_BK
+
+
+@dataclass
+class _Scored:
+    """Log-probs (and entropies) of some tokens, with the row and column each one scores."""
+
+    rows: list[int]
+    cols: list[int]
+    logps: Tensor
+    entropy: Tensor | None
+
+
+def _head_scores(model, seqs, windows, n: int, first: int, entropy: bool, device) -> list[_Scored]:
+    """The shared prefix's positions ``0 .. n-1`` predict tokens ``1 .. n`` of every window:
+    one forward scores them for the windows where those tokens are completion tokens (the
+    windows after a summary, whose prompt is in the completion)."""
+    scored = [(w, t) for w, (_, cols) in enumerate(windows) for t in range(n)
+              if cols[t + 1] >= first]  # fmt: skip
+    if not scored:
+        return []
+    out = model(input_ids=torch.tensor([seqs[0][:n]], device=device),
+                shift_labels=torch.tensor([seqs[0][1 : n + 1]], device=device),
+                fused_lm_head=True)  # fmt: skip
+    ts = [t for _, t in scored]
+    return [_Scored(rows=[windows[w][0] for w, _ in scored],
+                    cols=[windows[w][1][t + 1] for w, t in scored],
+                    logps=out.log_probs[0, ts],
+                    entropy=out.entropy[0, ts] if entropy else None)]  # fmt: skip
+
+
+def _suffix_scores(
+    model, ids_BL, mask_BL, seqs, windows, n: int, first: int, entropy: bool
+) -> list[_Scored]:
+    """Each window's suffix (after the ``n`` cached prefix tokens) against the prefix's cache,
+    in chunks of equal window index; each position scores the row's next token when that one
+    is a real completion token (the next window's first token after a window's last)."""
+    device, rows = ids_BL.device, ids_BL.tolist()
+    scored = [[bool(m) and c >= first for c, m in enumerate(r)] for r in mask_BL.tolist()]
     chunks: dict[int, list[int]] = {}
     for w, (b, _) in enumerate(windows):
-        index = sum(1 for b2, _ in windows[:w] if b2 == b)
-        chunks.setdefault(index, []).append(w)
+        chunks.setdefault(sum(1 for b2, _ in windows[:w] if b2 == b), []).append(w)
+    prefix_ids = torch.tensor([seqs[0][:n]], device=device)
+    parts = []
     for members in chunks.values():
-        suffixes = [seqs[w][n:] for w in members]
-        labels = [[next_label(windows[w][0], c) for c in windows[w][1][n:]] for w in members]
-        suffix_ids, suffix_mask = pad_rows(suffixes, 0, left=False)
+        labels = [
+            _next_tokens(rows[b], scored[b], cols[n:]) for b, cols in (windows[w] for w in members)
+        ]
+        suffix_ids, suffix_mask = pad_rows([seqs[w][n:] for w in members], 0, left=False)
         label_ids, _ = pad_rows(labels, -100, left=False)
         batch = PrefixBatch(
             prefix_ids=prefix_ids, prefix_mask=torch.ones_like(prefix_ids),
@@ -172,18 +186,16 @@ def _packed_logps_with_prefix(
         out = forward_with_prefix(backbone(model), model, batch,
                                   shift_labels=label_ids.to(device), fused_lm_head=True)  # fmt: skip
         for r, w in enumerate(members):
-            b, cols = windows[w]
             hits = [i for i, lab in enumerate(labels[r]) if lab != -100]
             if hits:
-                parts.append((
-                    [b] * len(hits),
-                    [cols[n + i] + 1 - first_scored for i in hits],
-                    out.log_probs[r, hits],
-                    out.entropy[r, hits] if entropy else None,
-                ))  # fmt: skip
-    for bs, js, lp, ent in parts:
-        index = (torch.tensor(bs, device=device), torch.tensor(js, device=device))
-        logps_BK = logps_BK.index_put(index, lp.float())
-        if ent_BK is not None:
-            ent_BK = ent_BK.index_put(index, ent.float())
-    return logps_BK, ent_BK
+                b, cols = windows[w]
+                parts.append(_Scored(rows=[b] * len(hits), cols=[cols[n + i] + 1 for i in hits],
+                                     logps=out.log_probs[r, hits],
+                                     entropy=out.entropy[r, hits] if entropy else None))  # fmt: skip
+    return parts
+
+
+def _next_tokens(row: list[int], scored: list[bool], cols: list[int]) -> list[int]:
+    """At each of ``cols``, the row's next token when it is scored, else -100 (TRL's
+    pre-shifted labels)."""
+    return [row[c + 1] if c + 1 < len(row) and scored[c + 1] else -100 for c in cols]
