@@ -49,6 +49,11 @@ class StepReport(StrictModel):
     periodic held-out score is compared: its score at the last evaluated step whose cumulative
     step time is <= the fraction of ``T``."""
 
+    pairs: list[tuple[str, str]] = Field(default_factory=list)
+    """Further paired comparisons ``(arm, against)`` on the primary and the final metric,
+    beside each arm against ``reference_arm`` (two treatments against each other, e.g.
+    ``[summarize, summarize-masked]``); each is its own pre-registered comparison."""
+
     @model_validator(mode="after")
     def _fractions_in_range(self) -> StepReport:
         bad = [f for f in self.wall_fractions if not 0.0 < f <= 1.0]
@@ -112,6 +117,10 @@ class AblationConfig(StrictModel):
             raise ValueError(f"arm names must be unique: {names}")
         if self.reference_arm is not None and self.reference_arm not in names:
             raise ValueError(f"reference_arm {self.reference_arm!r} is not an arm: {names}")
+        stray = [a for pair in (self.report.pairs if self.report else []) for a in pair
+                 if a not in names]  # fmt: skip
+        if stray:
+            raise ValueError(f"report.pairs names {stray[0]!r}, not an arm: {names}")
         if self.report is not None and self.report.primary_step % self.eval_every:
             raise ValueError(
                 f"report.primary_step={self.report.primary_step} is not a multiple of "

@@ -20,7 +20,7 @@ import bisect
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -170,6 +170,8 @@ class Metric:
     values: dict[str, dict[int, float]]
     notes: dict[str, dict[int, str]] = field(default_factory=dict)
     paired: dict[str, Paired | None] = field(default_factory=dict)
+    ref: str | None = None
+    """The arm the others are paired against, when not the analysis's reference arm."""
 
 
 def compare(
@@ -214,11 +216,21 @@ def step_analysis(
     """Every metric of ``report`` from the finished runs' curves and final pass rates."""
     k = report.primary_step
     at_k = {a: {s: c.scores[k] for s, c in by.items() if k in c.scores} for a, by in curves.items()}
+    primary, final = (
+        f"held-out pass@1 at step {k} (primary)",
+        "final held-out pass@1 (final evaluation)",
+    )
     metrics = [
-        compare(f"held-out pass@1 at step {k} (primary)", at_k, ref),
-        compare("final held-out pass@1 (final evaluation)", finals, ref),
+        compare(primary, at_k, ref),
+        compare(final, finals, ref),
         steps_to_metric(curves, ref, report.threshold, every),
     ]
+    for arm, against in report.pairs:
+        for label, values in ((primary, at_k), (final, finals)):
+            pair = {against: values.get(against, {}), arm: values.get(arm, {})}
+            metrics.append(
+                replace(compare(f"{label}, {arm} against {against}", pair, against), ref=against)
+            )
     budget = wall_budget(curves.get(ref, {}))
     if budget is not None:
         metrics += [at_time_metric(curves, ref, f, budget) for f in report.wall_fractions]
@@ -333,7 +345,8 @@ def verdict_cell(p: Paired | None, unit: Unit) -> str:
 
 
 def metric_rows(m: Metric, ref: str) -> list[str]:
-    """One Markdown table row per arm of a metric."""
+    """One Markdown table row per arm of a metric (paired against ``m.ref`` if it has one)."""
+    ref = m.ref or ref
     lines = []
     for arm, by_seed in m.values.items():
         if not by_seed:
@@ -380,7 +393,9 @@ def curve_rows(an: StepAnalysis) -> list[str]:
 def analysis_markdown(an: StepAnalysis, plot: Path) -> str:
     """The per-step analysis as a Markdown subsection (``plot``: the difference curve PNG,
     relative to the Markdown file)."""
-    others = len({a for m in an.metrics for a in m.values if a != an.ref})
+    others = len({a for m in an.metrics if m.ref is None for a in m.values if a != an.ref})
+    pairs = sorted({f"`{a}` against `{m.ref}`" for m in an.metrics if m.ref for a in m.values
+                    if a != m.ref})  # fmt: skip
     wall = (
         f"Wall time: `T` = median over `{an.ref}`'s seeds of the summed per-step `step_time` "
         f"(metrics.jsonl; periodic evaluations do not count) = {an.budget_s:.0f} s; a run's "
@@ -397,7 +412,9 @@ def analysis_markdown(an: StepAnalysis, plot: Path) -> str:
         '0 (above for pass@1, below for steps), "hurts" if on the worse side, otherwise "no '
         'difference detected"; the half-width is the effect this experiment could have seen. '
         f"{others} arm{'s' * (others != 1)} compared with `{an.ref}`, with unadjusted 95% "
-        "intervals. Scores "
+        "intervals"
+        + (f"; also paired (rows named so, the same rule): {', '.join(pairs)}" if pairs else "")
+        + ". Scores "
         "are the periodic held-out evaluations (heldout.jsonl), the final row excepted "
         "(final_eval.json). " + wall + " " + load_sentence(an.load),
         "",

@@ -290,3 +290,36 @@ def test_report_config_is_checked():
         AblationConfig(arms=arms, report={"primary_step": 0, "wall_fractions": [1.5]})
     with pytest.raises(ValidationError, match="Extra inputs"):
         AblationConfig(arms=arms, report={"primary_step": 0, "threshhold": 0.8})
+
+
+def test_a_pre_registered_pair_of_two_arms_is_reported_with_the_same_rule(finished, tmp_path):
+    """``report.pairs: [[mix, distill]]``: final mix minus distill per seed +0.10, +0.10,
+    +0.10, +0.11, +0.09 -> mean 0.10, sd 0.00707, half-width 2.776 * 0.00707 / sqrt(5) =
+    0.0088 -> [+9.1%, +10.9%]: helps; the rows against the reference arm are unchanged."""
+    acfg = AblationConfig.model_validate({
+        "seeds": [1, 2, 3, 4, 5], "output_dir": str(finished / "out"), "section": "ev",
+        "eval_every": 5, "results_md": str(tmp_path / "results.md"), "reference_arm": "grpo",
+        "arms": [{"name": "grpo"}, {"name": "distill"}, {"name": "mix"}],
+        "report": {"primary_step": 10, "pairs": [["mix", "distill"]]},
+    })  # fmt: skip
+    run_ablation(acfg, "composer-replication ablate --report", train=False)
+    md = (tmp_path / "results.md").read_text()
+    label = "final held-out pass@1 (final evaluation), mix against distill"
+    assert _row(md, label, "mix").endswith(
+        "| +10.0%, +10.0%, +10.0%, +11.0%, +9.0% | +10.0% [+9.1%, +10.9%] "
+        "| helps (half-width 0.9 points) |"
+    )
+    assert _row(md, label, "distill").endswith("| - | - | reference |")
+    assert "also paired (rows named so, the same rule): `mix` against `distill`." in md
+    before = (finished / "docs" / "results.md").read_text()
+    final = "final held-out pass@1 (final evaluation) |"  # not the pair's rows
+    assert _row(md, final, "distill") == _row(before, final, "distill")
+
+
+def test_a_pair_must_name_two_arms():
+    with pytest.raises(ValueError, match="report.pairs names 'masked', not an arm"):
+        AblationConfig.model_validate({
+            "seeds": [1], "output_dir": "/tmp/x", "section": "ev", "eval_every": 5,
+            "arms": [{"name": "a"}, {"name": "b"}],
+            "report": {"primary_step": 10, "pairs": [["a", "masked"]]},
+        })  # fmt: skip
