@@ -91,6 +91,8 @@ def packed_logps_with_prefix(
     logits_to_keep: int,
     windows_BK: Tensor,
     entropy: bool,
+    checkpoint: bool = False,
+    chunk_tokens: int = 4096,
 ) -> tuple[Tensor, Tensor | None] | None:
     """The packed rows' per-token log-probs (and entropies) of their last ``logits_to_keep``
     tokens, equal to :func:`packed_forward`'s (each window sees only itself), with the prefix
@@ -104,11 +106,16 @@ def packed_logps_with_prefix(
     ``prefix (cached) + suffix`` with TRL's fused head scoring pre-shifted labels: at each
     suffix position the row's next token (the next window's first token after a window's
     last), -100 outside the completion. The prefix's own positions predict the same tokens in
-    every window and are scored once. Windows are run in chunks of equal window index (their
-    lengths are alike: less padding). Gradients reach the prefix through the cache, as in
+    every window and are scored once. Windows are run in chunks of alike lengths (little
+    padding: activations are kept for the backward, so padding costs memory). Gradients reach the prefix through the cache, as in
     :func:`~composer_replication.lm.prefix.forward_with_prefix`. Its forwards are not seen by
     :class:`~composer_replication.lm.models.HiddenCapture` (their rows are windows, not the
-    packed rows a channel expects): a caller that needs the hidden states packs instead."""
+    packed rows a channel expects): a caller that needs the hidden states packs instead.
+
+    ``chunk_tokens`` caps a chunk's padded suffix tokens. ``checkpoint``: each chunk's forward
+    runs under ``torch.utils.checkpoint`` (non-reentrant) and is recomputed in the backward, so
+    only one chunk's activations live at a time; this is gradient checkpointing for this path
+    (transformers' per-layer checkpointing would drop the prefix's cache in training mode)."""
     k = logits_to_keep
     windows = window_sequences(mask_BL, k, windows_BK)
     rows = ids_BL.tolist()
@@ -119,7 +126,8 @@ def packed_logps_with_prefix(
     n = shared - 1  # cached positions: each suffix starts with the last shared token
     first = ids_BL.shape[1] - k  # the first completion column
     parts = _head_scores(model, seqs, windows, n, first, entropy, ids_BL.device)
-    parts += _suffix_scores(model, ids_BL, mask_BL, seqs, windows, n, first, entropy)
+    parts += _suffix_scores(model, ids_BL, mask_BL, seqs, windows, n, first, entropy,
+                            checkpoint, chunk_tokens)  # fmt: skip
     logps_BK = ids_BL.new_zeros(ids_BL.shape[0], k, dtype=torch.float32)
     ent_BK = torch.zeros_like(logps_BK) if entropy else None
     for part in parts:
@@ -160,38 +168,45 @@ def _head_scores(model, seqs, windows, n: int, first: int, entropy: bool, device
 
 
 def _suffix_scores(
-    model, ids_BL, mask_BL, seqs, windows, n: int, first: int, entropy: bool
-) -> list[_Scored]:
+    model, ids_BL, mask_BL, seqs, windows, n: int, first: int, entropy: bool,
+    checkpoint: bool, chunk_tokens: int,
+) -> list[_Scored]:  # fmt: skip
     """Each window's suffix (after the ``n`` cached prefix tokens) against the prefix's cache,
-    in chunks of equal window index; each position scores the row's next token when that one
+    in chunks of alike lengths (:func:`length_chunks`); each position scores the row's next token when that one
     is a real completion token (the next window's first token after a window's last)."""
     device, rows = ids_BL.device, ids_BL.tolist()
     scored = [[bool(m) and c >= first for c, m in enumerate(r)] for r in mask_BL.tolist()]
-    chunks: dict[int, list[int]] = {}
-    for w, (b, _) in enumerate(windows):
-        chunks.setdefault(sum(1 for b2, _ in windows[:w] if b2 == b), []).append(w)
     prefix_ids = torch.tensor([seqs[0][:n]], device=device)
     parts = []
-    for members in chunks.values():
+
+    def run(suffix_ids: Tensor, suffix_mask: Tensor, label_ids: Tensor):
+        batch = PrefixBatch(
+            prefix_ids=prefix_ids, prefix_mask=torch.ones_like(prefix_ids),
+            row_group=torch.zeros(suffix_ids.shape[0], dtype=torch.long, device=device),
+            suffix_ids=suffix_ids, suffix_mask=suffix_mask,
+        )  # fmt: skip
+        out = forward_with_prefix(backbone(model), model, batch, shift_labels=label_ids,
+                                  fused_lm_head=True)  # fmt: skip
+        return out.log_probs, out.entropy if entropy else None
+
+    for members in length_chunks([len(s) - n for s in seqs], max_tokens=chunk_tokens):
         labels = [
             _next_tokens(rows[b], scored[b], cols[n:]) for b, cols in (windows[w] for w in members)
         ]
         suffix_ids, suffix_mask = pad_rows([seqs[w][n:] for w in members], 0, left=False)
         label_ids, _ = pad_rows(labels, -100, left=False)
-        batch = PrefixBatch(
-            prefix_ids=prefix_ids, prefix_mask=torch.ones_like(prefix_ids),
-            row_group=torch.zeros(len(members), dtype=torch.long, device=device),
-            suffix_ids=suffix_ids.to(device), suffix_mask=suffix_mask.to(device),
-        )  # fmt: skip
-        out = forward_with_prefix(backbone(model), model, batch,
-                                  shift_labels=label_ids.to(device), fused_lm_head=True)  # fmt: skip
+        tensors = (suffix_ids.to(device), suffix_mask.to(device), label_ids.to(device))
+        if checkpoint:  # this chunk's activations are recomputed in the backward, not kept
+            lp, ent = torch.utils.checkpoint.checkpoint(run, *tensors, use_reentrant=False)
+        else:
+            lp, ent = run(*tensors)
         for r, w in enumerate(members):
             hits = [i for i, lab in enumerate(labels[r]) if lab != -100]
             if hits:
                 b, cols = windows[w]
                 parts.append(_Scored(rows=[b] * len(hits), cols=[cols[n + i] + 1 for i in hits],
-                                     logps=out.log_probs[r, hits],
-                                     entropy=out.entropy[r, hits] if entropy else None))  # fmt: skip
+                                     logps=lp[r, hits],
+                                     entropy=ent[r, hits] if entropy else None))  # fmt: skip
     return parts
 
 
@@ -199,3 +214,21 @@ def _next_tokens(row: list[int], scored: list[bool], cols: list[int]) -> list[in
     """At each of ``cols``, the row's next token when it is scored, else -100 (TRL's
     pre-shifted labels)."""
     return [row[c + 1] if c + 1 < len(row) and scored[c + 1] else -100 for c in cols]
+
+
+def length_chunks(
+    lengths: list[int], ratio: float = 0.75, max_tokens: int | None = None
+) -> list[list[int]]:
+    """Indices of ``lengths`` in chunks, longest first, each chunk's lengths at least ``ratio``
+    of its longest, so a chunk right-padded to its longest is at least ``ratio`` real tokens;
+    with ``max_tokens``, a chunk's rows times its longest stays within it (a longer row alone
+    is a chunk of its own)."""
+    chunks: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
+        top = lengths[chunks[-1][0]] if chunks else 0
+        fits = max_tokens is None or (len(chunks[-1]) + 1) * top <= max_tokens if chunks else False
+        if chunks and fits and lengths[i] >= ratio * top:
+            chunks[-1].append(i)
+        else:
+            chunks.append([i])
+    return chunks

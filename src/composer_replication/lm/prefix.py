@@ -117,11 +117,12 @@ def pad_rows(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[Tensor, Te
     return ids, mask
 
 
-def supports_prefix_cache(net) -> bool:
+def supports_prefix_cache(net, checkpointing_ok: bool = False) -> bool:
     """True for decoders with only full-attention layers whose forward takes explicit
     ``position_ids`` and ``past_key_values`` (Llama, Qwen2/3, Mistral without a window...).
     A model whose forward must see whole rows (e.g. a logit rule that reads the prompt) opts
-    out with ``config.prefix_cache = False``."""
+    out with ``config.prefix_cache = False``. ``checkpointing_ok``: the caller checkpoints its
+    own forwards (lm/packing.py), so a checkpointing model in training does not refuse."""
     cfg = getattr(net, "config", None)
     if cfg is None or getattr(cfg, "prefix_cache", True) is False:
         return False
@@ -130,7 +131,7 @@ def supports_prefix_cache(net) -> bool:
         return False
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         return False
-    if torch.is_grad_enabled() and checkpointing_active(net):
+    if not checkpointing_ok and torch.is_grad_enabled() and checkpointing_active(net):
         return False
     params = inspect.signature(net.forward).parameters
     return "position_ids" in params and cache_kwarg(net) in params

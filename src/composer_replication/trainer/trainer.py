@@ -59,7 +59,12 @@ from composer_replication.lm.packing import (
     packed_position_ids,
     pad_windows,
 )
-from composer_replication.lm.prefix import completion_logps_with_prefix, use_prefix
+from composer_replication.lm.prefix import (
+    checkpointing_active,
+    completion_logps_with_prefix,
+    supports_prefix_cache,
+    use_prefix,
+)
 from composer_replication.losses import compose_loss
 from composer_replication.rollout import (
     MAX_TOOL_THREADS,
@@ -355,15 +360,18 @@ class ComposerReplicationTrainer(GRPOTrainer):
         restart at each window, no 2D mask and no cache, so attention is block-diagonal and a
         window sees only itself (docs/summarization.md). With shared prefixes on (and the model
         able to cache them) the prefix every window repeats runs once instead
-        (:func:`~composer_replication.lm.packing.packed_logps_with_prefix`: the same values)."""
+        (:func:`~composer_replication.lm.packing.packed_logps_with_prefix`: the same values),
+        under gradient checkpointing with its chunks checkpointed."""
         k = logits_to_keep
         hidden = self._loss_batch is not None and any(
             c.needs_student_hidden for c in self.channels
         )  # a channel reads the packed rows' hidden states: they come from the packed forward
-        if self._prefix_ok(model) and not hidden:
+        net = backbone(model)
+        if self.shared_prefix and supports_prefix_cache(net, checkpointing_ok=True) and not hidden:
+            checkpoint = torch.is_grad_enabled() and checkpointing_active(net)
             with self.accelerator.autocast():
                 shared = packed_logps_with_prefix(model, input_ids, attention_mask, k, windows,
-                                                  compute_entropy)  # fmt: skip
+                                                  compute_entropy, checkpoint=checkpoint)  # fmt: skip
             if shared is not None:
                 return shared[0], shared[1], None
         batch_size = batch_size or input_ids.size(0)

@@ -88,11 +88,14 @@ def _fused_model(impl: str):
     return model.train()
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
-def test_windows_over_a_shared_prefix_score_as_the_packed_forward(impl):
+@pytest.mark.parametrize(
+    ("impl", "checkpoint"), [("sdpa", False), ("eager", False), ("sdpa", True)]
+)
+def test_windows_over_a_shared_prefix_score_as_the_packed_forward(impl, checkpoint):
     """:func:`packed_logps_with_prefix` (the prefix every window repeats run once) gives the
     packed forward's log-probs and entropies at every real completion token (window starts,
-    predicted by the window before, included) and the same gradients."""
+    predicted by the window before, included) and the same gradients; also with each chunk
+    checkpointed (the model's own gradient checkpointing on, chunks of at most 8 tokens)."""
     from composer_replication.lm.packing import packed_logps_with_prefix
 
     ids, mask, k, window = _packed_batch()
@@ -100,8 +103,11 @@ def test_windows_over_a_shared_prefix_score_as_the_packed_forward(impl):
     results = []
     for shared in (False, True):
         model = _fused_model(impl)
+        if checkpoint:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
         if shared:
-            lp, ent = packed_logps_with_prefix(model, ids, mask, k, window, entropy=True)
+            lp, ent = packed_logps_with_prefix(model, ids, mask, k, window, entropy=True,
+                                               checkpoint=checkpoint, chunk_tokens=8)  # fmt: skip
         else:
             pos = packed_position_ids(mask[:, :-k], mask[:, -k:], window)
             labels = ids.masked_fill(mask == 0, -100)
@@ -146,3 +152,14 @@ def test_every_real_token_is_in_exactly_one_window():
     for b in range(ids.shape[0]):
         cols = sorted(c for r, cs in seqs for c in cs if r == b)
         assert cols == mask[b].nonzero().flatten().tolist()
+
+
+def test_length_chunks_keep_padding_under_a_quarter():
+    from composer_replication.lm.packing import length_chunks
+
+    lengths = [316, 40, 90, 300, 41, 35, 310, 88]
+    chunks = length_chunks(lengths)
+    assert chunks == [[0, 6, 3], [2, 7], [4, 1, 5]]
+    assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+    for c in chunks:
+        assert min(lengths[i] for i in c) >= 0.75 * max(lengths[i] for i in c)

@@ -216,17 +216,20 @@ def test_dynamic_sampling_merges_the_windows_with_their_rows():
     assert out["completion_mask"].tolist()[2:] == [[1, 1, 0], [1, 1, 0]]
 
 
-def test_the_loss_through_a_shared_prefix_equals_the_packed_loss(tool_tok, tmp_path, monkeypatch):
-    """Gradient checkpointing off (the memory config's setting), the loss forward runs the
-    prefix every window repeats once (lm/packing.py ``packed_logps_with_prefix``); the loss
-    and every gradient equal the packed forward's (``shared_prefix`` off)."""
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_loss_through_a_shared_prefix_equals_the_packed_loss(
+    tool_tok, tmp_path, monkeypatch, checkpointing
+):
+    """The loss forward runs the prefix every window repeats once (lm/packing.py
+    ``packed_logps_with_prefix``; under gradient checkpointing with its chunks checkpointed);
+    the loss and every gradient equal the packed forward's (``shared_prefix`` off)."""
     import composer_replication.trainer.trainer as trainer_module
 
     calls = []
     real = trainer_module.packed_logps_with_prefix
     monkeypatch.setattr(trainer_module, "packed_logps_with_prefix",
                         lambda *a, **k: calls.append(1) or real(*a, **k))  # fmt: skip
-    trainer, rows = build(tool_tok, tmp_path, "dapo", gradient_checkpointing=False)
+    trainer, rows = build(tool_tok, tmp_path, "dapo", gradient_checkpointing=checkpointing)
     trainer.model.train()
     batch = trainer._generate_and_score_completions(rows)
     assert (batch["completion_window"] > 0).any()  # a summarized episode is in the batch
