@@ -1,7 +1,8 @@
 """Time and peak memory of the policy's loss forward + backward on packed episodes (issue 61):
 the packed forward (every window's tokens run, positions restarting per window: what a
 packing trainer does) against ``packed_logps_with_prefix`` (the prefix every window repeats
-run once, lm/packing.py), same model, rows and tokens, measured in one run.
+run once, lm/packing.py; also with each chunk checkpointed), same model, rows and tokens,
+measured in one run.
 
 The batch has the memory task's shape (configs/memory_summarize.yaml, its first training
 step: 16 episodes, 6 of them summarized): every window starts with the same prompt
@@ -11,8 +12,9 @@ summary) and its window 1 for ``--tail1`` after the prefix (the summary, drawer 
 answer); an episode that did not summarize answers in ``--short`` tokens.
 
 Each variant runs in a fresh subprocess (so peak RSS is its own); subprocesses alternate
-(packed, prefix, packed, ...) so a noisy machine slows both alike; the table gives medians of
-the timed repeats (the first of each subprocess dropped) and the ratio packed / prefix.
+(packed, prefix, prefix_checkpointed, packed, ...) so a noisy machine slows all alike; the
+table gives medians of the timed repeats (the first of each subprocess dropped) and the
+ratios packed / prefix.
 
     python bench/bench_packed_windows.py                      # the embedded SmolLM2-135M, 2 rounds
     python bench/bench_packed_windows.py --smoke              # a tiny random model, seconds
@@ -28,7 +30,9 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("packed", "prefix")
+VARIANTS = ("packed", "prefix", "prefix_checkpointed")
+"""The packed forward; the prefix run once; the same with each chunk checkpointed (what runs
+under ``optim.gradient_checkpointing``)."""
 
 
 def build_batch(args, vocab: int):
@@ -88,8 +92,9 @@ def worker(variant: str, args) -> dict:
     for _ in range(args.repeats + 1):
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        if variant == "prefix":
-            lp = packed_logps_with_prefix(model, ids, mask, k, window, entropy=False)[0]
+        if variant.startswith("prefix"):
+            lp = packed_logps_with_prefix(model, ids, mask, k, window, entropy=False,
+                                          checkpoint=variant.endswith("checkpointed"))[0]  # fmt: skip
         else:
             pos = packed_position_ids(mask[:, :-k], mask[:, -k:], window)
             labels = ids.masked_fill(mask == 0, -100)
@@ -141,8 +146,9 @@ def main() -> None:
     print("| --- | --- | --- |")
     for v in VARIANTS:
         print(f"| {v} | {med[v]:.2f} | {peak[v]:.0f} |")
-    print(f"| **ratio packed / prefix** | **{med['packed'] / med['prefix']:.2f}x** | "
-          f"**{peak['packed'] / peak['prefix']:.2f}x** |")  # fmt: skip
+    for v in VARIANTS[1:]:
+        print(f"| **ratio packed / {v}** | **{med['packed'] / med[v]:.2f}x** | "
+              f"**{peak['packed'] / peak[v]:.2f}x** |")  # fmt: skip
 
 
 if __name__ == "__main__":
