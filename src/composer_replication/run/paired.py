@@ -394,8 +394,8 @@ def analysis_markdown(an: StepAnalysis, plot: Path) -> str:
     """The per-step analysis as a Markdown subsection (``plot``: the difference curve PNG,
     relative to the Markdown file)."""
     others = len({a for m in an.metrics if m.ref is None for a in m.values if a != an.ref})
-    pairs = sorted({f"`{a}` against `{m.ref}`" for m in an.metrics if m.ref for a in m.values
-                    if a != m.ref})  # fmt: skip
+    pairs = sorted({f"`{a}` against `{m.ref}`" for m in an.metrics if m.ref
+                    for a, by_seed in m.values.items() if a != m.ref and by_seed})  # fmt: skip
     wall = (
         f"Wall time: `T` = median over `{an.ref}`'s seeds of the summed per-step `step_time` "
         f"(metrics.jsonl; periodic evaluations do not count) = {an.budget_s:.0f} s; a run's "
