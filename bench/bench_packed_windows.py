@@ -128,7 +128,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.worker, args)))
         return
-    passed = [a for a in sys.argv[1:]]
+    passed = sys.argv[1:]
     results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
         for v in VARIANTS:

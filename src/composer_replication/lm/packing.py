@@ -107,7 +107,8 @@ def packed_logps_with_prefix(
     suffix position the row's next token (the next window's first token after a window's
     last), -100 outside the completion. The prefix's own positions predict the same tokens in
     every window and are scored once. Windows are run in chunks of alike lengths (little
-    padding: activations are kept for the backward, so padding costs memory). Gradients reach the prefix through the cache, as in
+    padding: activations are kept for the backward, so padding costs memory). Gradients reach
+    the prefix through the cache, as in
     :func:`~composer_replication.lm.prefix.forward_with_prefix`. Its forwards are not seen by
     :class:`~composer_replication.lm.models.HiddenCapture` (their rows are windows, not the
     packed rows a channel expects): a caller that needs the hidden states packs instead.
@@ -126,8 +127,9 @@ def packed_logps_with_prefix(
     n = shared - 1  # cached positions: each suffix starts with the last shared token
     first = ids_BL.shape[1] - k  # the first completion column
     parts = _head_scores(model, seqs, windows, n, first, entropy, ids_BL.device)
-    parts += _suffix_scores(model, ids_BL, mask_BL, seqs, windows, n, first, entropy,
-                            checkpoint, chunk_tokens)  # fmt: skip
+    scored = [[bool(m) and c >= first for c, m in enumerate(r)] for r in mask_BL.tolist()]
+    parts += _suffix_scores(model, rows, scored, seqs, windows, n, entropy, checkpoint,
+                            chunk_tokens, ids_BL.device)  # fmt: skip
     logps_BK = ids_BL.new_zeros(ids_BL.shape[0], k, dtype=torch.float32)
     ent_BK = torch.zeros_like(logps_BK) if entropy else None
     for part in parts:
@@ -168,14 +170,13 @@ def _head_scores(model, seqs, windows, n: int, first: int, entropy: bool, device
 
 
 def _suffix_scores(
-    model, ids_BL, mask_BL, seqs, windows, n: int, first: int, entropy: bool,
-    checkpoint: bool, chunk_tokens: int,
+    model, rows, scored, seqs, windows, n: int, entropy: bool, checkpoint: bool,
+    chunk_tokens: int, device,
 ) -> list[_Scored]:  # fmt: skip
     """Each window's suffix (after the ``n`` cached prefix tokens) against the prefix's cache,
-    in chunks of alike lengths (:func:`length_chunks`); each position scores the row's next token when that one
-    is a real completion token (the next window's first token after a window's last)."""
-    device, rows = ids_BL.device, ids_BL.tolist()
-    scored = [[bool(m) and c >= first for c, m in enumerate(r)] for r in mask_BL.tolist()]
+    in chunks of alike lengths (:func:`length_chunks`); each position scores the row's next
+    token when that one is scored (``scored[b][c]``: a real completion token; the next
+    window's first token after a window's last)."""
     prefix_ids = torch.tensor([seqs[0][:n]], device=device)
     parts = []
 
@@ -225,10 +226,11 @@ def length_chunks(
     is a chunk of its own)."""
     chunks: list[list[int]] = []
     for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
-        top = lengths[chunks[-1][0]] if chunks else 0
-        fits = max_tokens is None or (len(chunks[-1]) + 1) * top <= max_tokens if chunks else False
-        if chunks and fits and lengths[i] >= ratio * top:
-            chunks[-1].append(i)
-        else:
-            chunks.append([i])
+        if chunks:
+            top = lengths[chunks[-1][0]]
+            room = max_tokens is None or (len(chunks[-1]) + 1) * top <= max_tokens
+            if room and lengths[i] >= ratio * top:
+                chunks[-1].append(i)
+                continue
+        chunks.append([i])
     return chunks

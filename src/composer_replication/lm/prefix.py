@@ -137,11 +137,12 @@ def supports_prefix_cache(net, checkpointing_ok: bool = False) -> bool:
     return "position_ids" in params and cache_kwarg(net) in params
 
 
-def use_prefix(net, shared_prefix: bool) -> bool:
+def use_prefix(net, shared_prefix: bool, checkpointing_ok: bool = False) -> bool:
     """Whether a forward runs shared prefixes once: the run's switch
-    (``generation.shared_prefix``) and the model's support. The one decision the trainer, the
-    channels and evaluation all ask."""
-    return shared_prefix and supports_prefix_cache(net)
+    (``generation.shared_prefix``) and the model's support (``checkpointing_ok``: as in
+    :func:`supports_prefix_cache`). The one decision the trainer, the channels and evaluation
+    all ask."""
+    return shared_prefix and supports_prefix_cache(net, checkpointing_ok)
 
 
 def cache_kwarg(net) -> str:

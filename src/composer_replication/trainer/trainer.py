@@ -62,7 +62,6 @@ from composer_replication.lm.packing import (
 from composer_replication.lm.prefix import (
     checkpointing_active,
     completion_logps_with_prefix,
-    supports_prefix_cache,
     use_prefix,
 )
 from composer_replication.losses import compose_loss
@@ -367,7 +366,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             c.needs_student_hidden for c in self.channels
         )  # a channel reads the packed rows' hidden states: they come from the packed forward
         net = backbone(model)
-        if self.shared_prefix and supports_prefix_cache(net, checkpointing_ok=True) and not hidden:
+        if use_prefix(net, self.shared_prefix, checkpointing_ok=True) and not hidden:
             checkpoint = torch.is_grad_enabled() and checkpointing_active(net)
             with self.accelerator.autocast():
                 shared = packed_logps_with_prefix(model, input_ids, attention_mask, k, windows,
