@@ -146,3 +146,37 @@ def branching_model(tokenizer, seed: int = 0) -> BranchingLlama:
     model.set_branches(enc("<|im_start|>assistant\n"),
                        [[enc(RIGHT[0]) + end, enc(WRONG[0]) + end], [enc(RIGHT[1]) + end]])  # fmt: skip
     return model
+
+
+def record_episodes(monkeypatch) -> list:
+    """Every episode ``AgentEpisodes`` runs from now on, in the order they end (the test's
+    view of each one: its turns, the harness's exit status and output)."""
+    from composer_replication.agents.episodes import AgentEpisodes
+
+    ran: list = []
+    run_episode = AgentEpisodes.run_episode
+
+    def recorded(self, task):
+        ep = run_episode(self, task)
+        ran.append(ep)
+        return ep
+
+    monkeypatch.setattr(AgentEpisodes, "run_episode", recorded)
+    return ran
+
+
+def describe(episodes: list) -> str:
+    """One line per episode that did not take the scripted two turns: turns, refused
+    requests, error, machine failure, the harness's exit status and the end of its output."""
+    lines = []
+    for e in episodes:
+        if len(e.turns) == 2:
+            continue
+        run = e.run
+        tail = (run.output[-600:] if run is not None else "").replace("\n", " | ")
+        lines.append(
+            f"turns={len(e.turns)} refused={e.refused} error={e.error!r} "
+            f"infra={e.infra!r} exit={getattr(run, 'exit_code', None)} "
+            f"timed_out={getattr(run, 'timed_out', None)} s={e.seconds:.1f} output={tail}"
+        )
+    return f"{len(lines)} of {len(episodes)} episodes:\n" + "\n".join(lines)

@@ -24,7 +24,7 @@ reward 0, flag ``episode_failed:<type>``, never the batch's.
 Episodes run ``workers`` at once; their requests are generated together, in arrival order
 (lm/generator.py). Metrics per step (``agent/``): turns per episode, dropped turns and tokens,
 the share of episodes whose sequence diverged, refused requests, timed-out agents, failed
-episodes, agent wall seconds, the seconds of it spent waiting for the generator
+episodes, harnesses that exited with a non-zero status (their output goes to the log), agent wall seconds, the seconds of it spent waiting for the generator
 (``agent/queued_seconds``) and in the policy (``agent/policy_seconds``: queue and generation),
 the agent's own seconds (wall less the time a request of it was in the policy: what
 ``agent_proxy.timeout_s`` limits, agents/sandboxed.py), and ``env/pass_rate``.
@@ -195,6 +195,10 @@ class AgentEpisodes:
             log.warning("the harness of %s ended before its first request: %s (output: %s)",
                         task.task_id, ep.infra.detail, ep.run.output[-500:])  # fmt: skip
             return
+        if harness_failed(ep):
+            log.warning("the harness of %s exited with status %s after %d turn(s) (output: %s)",
+                        task.task_id, ep.run.exit_code, len(ep.turns),
+                        ep.run.output[-1500:])  # fmt: skip
         for rel in ep.run.changed:
             workspace.note_write(rel)
         workspace.flag(*ep.run.refused)
@@ -275,6 +279,7 @@ class AgentEpisodes:
             "agent/timed_out_frac": sum(bool(e.run and e.run.timed_out) for e in episodes) / n,
             "agent/seconds": sum(e.seconds for e in episodes) / n,
             "agent/failed_frac": sum(bool(e.error) for e in episodes) / n,
+            "agent/harness_failed_frac": sum(harness_failed(e) for e in episodes) / n,
             "agent/queued_seconds": sum(e.queued_s for e in episodes) / n,
             "agent/policy_seconds": sum(e.policy_s for e in episodes) / n,
             "agent/own_seconds": sum(max(e.seconds - e.waited_s, 0.0) for e in episodes) / n,
@@ -297,6 +302,16 @@ def not_started(ep: Episode) -> bool:
     run = ep.run
     return (run is not None and not ep.turns and not ep.refused and not run.timed_out
             and run.exit_code in NOT_STARTED_STATUS)  # fmt: skip
+
+
+def harness_failed(ep: Episode) -> bool:
+    """Whether the episode's harness ended with a non-zero exit status of its own (not
+    stopped by the time limit, not :func:`not_started`): graded as it stands, like any agent
+    that gives up, and counted (``agent/harness_failed_frac``) with its output in the log, so
+    a harness that crashes (an exception of its model client, a limit of the sandbox) is seen
+    rather than read as the policy's choice."""
+    run = ep.run
+    return bool(run is not None and ep.infra is None and not run.timed_out and run.exit_code)
 
 
 def harness_not_started(run: ShellResult) -> InfraFailure:

