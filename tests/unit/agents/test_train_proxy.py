@@ -18,11 +18,11 @@ any draw but the unlikely one where all 8 episodes of both steps choose alike. B
 harness venv on first use (``tests/support/agent_venv.py``, ~2 min from PyPI, then
 cached).
 
-The harness is third-party code on a shared machine: in CI, twice in about ten runs, one of
-the 16 episodes ended early (``agent/turns`` 1.75 in a step; once ``mini: not found``,
-exit 127, since then the machine's ``harness_start`` failure; the other's cause not shown by
-the test then). 296 episodes here under load, 3 concurrent runs and a sandbox-test load
-beside them, never did. So one episode whose harness crashed (a non-zero exit status of its
+The harness is third-party code on a shared machine: in CI, twice so far, one of the 16
+episodes ended early (``agent/turns`` 1.75 in a step; once ``mini: not found``, exit 127,
+since then the machine's ``harness_start`` failure; the other's cause not shown by the test
+then). Here, 224 episodes beside a training run and a sandbox-test load (2026-12-03) never
+did. So one episode whose harness crashed (a non-zero exit status of its
 own, ``agent/harness_failed_frac``) or never started is tolerated and its output shown;
 one that ended cleanly must have taken both turns."""
 
