@@ -581,12 +581,16 @@ def markdown_table(
     partial = done is not None and done[0] < done[1]
     heading = f" (in progress: {done[0]} of {done[1]} runs finished)" if partial else ""
     wall = "sum of the finished runs' wall times" if partial else "total wall time"
+    base_note = ""
+    if base is not None:  # base_result evaluates with the first arm's config
+        base_note = (" The base row is the untrained model evaluated with the first arm's "
+                     f"settings (`{acfg.arms[0].name}`).")  # fmt: skip
     lines = [
         begin,
         f"## {acfg.title}{heading}",
         "",
         f"Command: `{command}` (config `{acfg.base_config}` + {acfg.base_overrides}); "
-        f"seeds {acfg.seeds}; {wall} {wall_s / 60:.1f} min on this machine.",
+        f"seeds {acfg.seeds}; {wall} {wall_s / 60:.1f} min on this machine.{base_note}",
         "",
         f"| arm | final held-out pass@1, mean over seeds [95% t-CI] | per seed | minus {ref}, "
         "per seed | minus " + ref + ", mean [95% t-CI] | held-out mean reward | "

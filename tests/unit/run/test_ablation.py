@@ -79,6 +79,7 @@ def test_ablation_runs_every_arm_and_writes_results(tmp_path, tiny_dir):
     metrics = (tmp_path / "out" / "all" / "seed0" / "metrics.jsonl").read_text()
     assert "sdpo/active" in metrics and "replay/loss" in metrics
     assert "| base (untrained) |" in md
+    assert f"evaluated with the first arm's settings (`{acfg.arms[0].name}`)" in md
     run_md = (tmp_path / "out" / "results.md").read_text()  # always written in the run dir
     assert "| grpo |" in run_md and "heldout_vs_step.png" in run_md
     assert not list((tmp_path / "out").glob("*/seed0/checkpoint-*"))  # not kept by default
