@@ -24,9 +24,9 @@ reward 0, flag ``episode_failed:<type>``, never the batch's.
 Episodes run ``workers`` at once; their requests are generated together, in arrival order
 (lm/generator.py). Metrics per step (``agent/``): turns per episode, dropped turns and tokens,
 the share of episodes whose sequence diverged, refused requests, timed-out agents, failed
-episodes, harnesses that exited with a non-zero status (their output goes to the log), agent wall seconds, the seconds of it spent waiting for the generator
-(``agent/queued_seconds``) and in the policy (``agent/policy_seconds``: queue and generation),
-the agent's own seconds (wall less the time a request of it was in the policy: what
+episodes, harnesses that exited with a non-zero status (their output goes to the log), agent
+wall seconds, the seconds of it spent waiting for the generator (``agent/queued_seconds``)
+and in the policy (``agent/policy_seconds``: queue and generation), the agent's own seconds (wall less the time a request of it was in the policy: what
 ``agent_proxy.timeout_s`` limits, agents/sandboxed.py), and ``env/pass_rate``.
 """
 

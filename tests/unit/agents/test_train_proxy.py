@@ -22,9 +22,9 @@ The harness is third-party code on a shared machine: in CI, twice so far, one of
 episodes ended early (``agent/turns`` 1.75 in a step; once ``mini: not found``, exit 127,
 since then the machine's ``harness_start`` failure; the other's cause not shown by the test
 then). Here, 224 episodes beside a training run and a sandbox-test load (2026-12-03) never
-did. So one episode whose harness crashed (a non-zero exit status of its
-own, ``agent/harness_failed_frac``) or never started is tolerated and its output shown;
-one that ended cleanly must have taken both turns."""
+did. So one episode whose harness crashed (a non-zero exit status of its own,
+``agent/harness_failed_frac``) or never started is tolerated and its output shown; one that
+ended cleanly must have taken both turns."""
 
 from __future__ import annotations
 
