@@ -26,8 +26,9 @@ Episodes run ``workers`` at once; their requests are generated together, in arri
 the share of episodes whose sequence diverged, refused requests, timed-out agents, failed
 episodes, harnesses that exited with a non-zero status (their output goes to the log), agent
 wall seconds, the seconds of it spent waiting for the generator (``agent/queued_seconds``)
-and in the policy (``agent/policy_seconds``: queue and generation), the agent's own seconds (wall less the time a request of it was in the policy: what
-``agent_proxy.timeout_s`` limits, agents/sandboxed.py), and ``env/pass_rate``.
+and in the policy (``agent/policy_seconds``: queue and generation), the agent's own seconds
+(wall less the time a request of it was in the policy: what ``agent_proxy.timeout_s`` limits,
+agents/sandboxed.py), and ``env/pass_rate``.
 """
 
 from __future__ import annotations
