@@ -82,6 +82,13 @@ class AblationConfig(StrictModel):
     results_md: str | None = None
     """Also (re)write the ablation section of this Markdown file and put the plot beside it
     (``results_md=docs/results.md`` updates the project's docs); None = only the run dir."""
+    records_dir: str | None = None
+    """Also keep the small files of every finished arm/seed run (its config, final and periodic
+    held-out results, per-step metrics: ``run.ablation.RECORD_FILES``) under
+    ``records_dir/<arm>/seed<N>/``, copied as soon as the run finishes, and copy them back into
+    ``output_dir`` where it lacks them: committed (docs/evidence_runs), the finished runs of an
+    experiment split over sessions or machines survive a fresh clone, which resumes from them
+    and reports them. None = only under ``output_dir``."""
     checkpoint_every: int = Field(0, ge=0)
     """Save a resumable checkpoint (weights, optimizer, scheduler, RNG and channel state; only
     the newest kept) every N optimizer steps, so a killed ``ablate`` continues an unfinished
@@ -105,10 +112,10 @@ class AblationConfig(StrictModel):
     """Also report the per-step analysis (a fixed early step, the difference at every
     evaluated step, steps to a threshold, fixed wall time); None = the final scores only."""
 
-    @field_validator("output_dir")
+    @field_validator("output_dir", "records_dir")
     @classmethod
-    def _home(cls, value: str) -> str:
-        return home_expanded(value)
+    def _home(cls, value: str | None) -> str | None:
+        return None if value is None else home_expanded(value)
 
     @model_validator(mode="after")
     def _reference_is_an_arm(self) -> AblationConfig:
@@ -121,6 +128,10 @@ class AblationConfig(StrictModel):
                  if a not in names]  # fmt: skip
         if stray:
             raise ValueError(f"report.pairs names {stray[0]!r}, not an arm: {names}")
+        if self.records_dir is not None and (
+            Path(self.records_dir).resolve() == Path(self.output_dir).resolve()
+        ):
+            raise ValueError(f"records_dir is output_dir ({self.output_dir}): name another folder")
         if self.report is not None and self.report.primary_step % self.eval_every:
             raise ValueError(
                 f"report.primary_step={self.report.primary_step} is not a multiple of "

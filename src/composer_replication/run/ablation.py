@@ -38,6 +38,13 @@ from composer_replication.run.paired import (
 FINAL_EVAL = "final_eval.json"
 """An arm/seed run's final held-out result; its presence marks the run as finished."""
 
+BASE_EVAL = "base_eval.json"
+"""The untrained model's held-out result, in ``output_dir`` (:func:`base_result`)."""
+
+RECORD_FILES = ("config.yaml", FINAL_EVAL, "heldout.jsonl", "metrics.jsonl", "trl_sdpo_config.json")
+"""The small files of a finished run that ``records_dir`` keeps (a few hundred kB; no weights):
+enough to reuse it (``check_reusable``), tabulate it and draw its curves."""
+
 TRAIN_REWARD_KEYS = ("reward", "self_distillation/reward_mean")
 """A step's mean training reward in metrics.jsonl: our trainer's key, then TRL SDPOTrainer's."""
 
@@ -96,6 +103,47 @@ def arm_dir(acfg: AblationConfig, arm: str) -> Path:
 def seed_dir(acfg: AblationConfig, arm: str, seed: int) -> Path:
     """The run directory of one arm and seed (its ``output_dir``)."""
     return arm_dir(acfg, arm) / f"seed{seed}"
+
+
+def sync_records(acfg: AblationConfig) -> tuple[int, int]:
+    """With ``records_dir``: copy the :data:`RECORD_FILES` of every finished run under
+    ``output_dir`` that its record lacks or holds differently into the record, and restore every
+    recorded finished run that ``output_dir`` lacks (whatever an unfinished attempt left there is
+    replaced: the record is the finished run). Returns ``(recorded, restored)``."""
+    if acfg.records_dir is None:
+        return 0, 0
+    recorded = restored = 0
+    if (Path(acfg.output_dir) / BASE_EVAL).is_file():
+        _copy_record(Path(acfg.output_dir), Path(acfg.records_dir), (BASE_EVAL,))
+    else:
+        _copy_record(Path(acfg.records_dir), Path(acfg.output_dir), (BASE_EVAL,))
+    for arm in acfg.arms:
+        for seed in acfg.seeds:
+            run = seed_dir(acfg, arm.name, seed)
+            record = Path(acfg.records_dir) / run.relative_to(acfg.output_dir)
+            if (run / FINAL_EVAL).is_file():
+                recorded += _copy_record(run, record, RECORD_FILES)
+            elif (record / FINAL_EVAL).is_file():
+                restored += _copy_record(record, run, RECORD_FILES)
+    return recorded, restored
+
+
+def _copy_record(src: Path, dst: Path, names: tuple[str, ...]) -> int:
+    """Copy the files of ``names`` that ``src`` holds into ``dst`` (final_eval.json last, as it
+    marks a run finished); 1 if any file changed in ``dst``."""
+    from composer_replication.lm.models import write_atomic
+
+    changed = 0
+    for name in sorted(names, key=lambda n: n == FINAL_EVAL):
+        if not (src / name).is_file():
+            continue
+        data = (src / name).read_bytes()
+        if (dst / name).is_file() and (dst / name).read_bytes() == data:
+            continue
+        dst.mkdir(parents=True, exist_ok=True)
+        write_atomic(dst / name, data)
+        changed = 1
+    return changed
 
 
 def arm_config(acfg: AblationConfig, arm: AblationArm, seed: int) -> RunConfig:
@@ -299,7 +347,7 @@ def base_result(acfg: AblationConfig, console=None) -> dict[str, Any]:
     from composer_replication.lm.models import fill_once, write_atomic
     from composer_replication.run.train import evaluate_run, prepare
 
-    path = Path(acfg.output_dir) / "base_eval.json"
+    path = Path(acfg.output_dir) / BASE_EVAL
 
     def fill() -> None:  # once, whichever of several `ablate` processes gets here first
         cfg = arm_config(acfg, acfg.arms[0], acfg.seeds[0])
@@ -684,6 +732,7 @@ def run_ablation(
     t0 = time.monotonic()
     out = Path(acfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    _sync_and_say(acfg, console)
     if train:
         base = base_result(acfg, console)
         results = []
@@ -696,6 +745,7 @@ def run_ablation(
                 elsewhere += 1
                 continue
             results.append(result)
+            _sync_and_say(acfg, console)
             if only is None:
                 (out / "results.json").write_text(json.dumps(results, indent=2))
         if only is not None or elsewhere:  # the table is of every finished run, as --report's
@@ -705,7 +755,7 @@ def run_ablation(
                 console.print(f"no run finished yet ({elsewhere} held by other processes)")
             return []
     else:
-        base_path = out / "base_eval.json"
+        base_path = out / BASE_EVAL
         base = json.loads(base_path.read_text()) if base_path.is_file() else None
         results = finished_results(acfg)
         if not results:
@@ -731,6 +781,15 @@ def run_ablation(
 
     publish(acfg, out, plots, render)
     return rows
+
+
+def _sync_and_say(acfg: AblationConfig, console) -> None:
+    recorded, restored = sync_records(acfg)
+    if console is not None and (recorded or restored):
+        console.print(
+            f"[dim]records in {acfg.records_dir}: {recorded} finished run(s) kept, "
+            f"{restored} restored into {acfg.output_dir}"
+        )
 
 
 def finished_curves(acfg: AblationConfig, arms: list[str]) -> dict[str, dict[int, RunCurve]]:

@@ -435,3 +435,96 @@ def test_arm_directories_need_no_quoting():
     acfg = AblationConfig(arms=[{"name": "a"}], output_dir="o")
     assert arm_dir(acfg, "trl-sdpo (peer)") == Path("o/trl-sdpo-peer")
     assert arm_dir(acfg, "grpo+sdpo routed lr=1.0e-5") == Path("o/grpo+sdpo-routed-lr=1.0e-5")
+
+
+def _finish_fake_run(acfg, arm, seed, rate: float) -> Path:
+    """Write what a finished run leaves (its real config, results, metrics, a checkpoint)."""
+    from composer_replication.config import dump_config
+    from composer_replication.run.ablation import arm_config, seed_dir
+
+    run = seed_dir(acfg, arm.name, seed)
+    (run / "checkpoint-3").mkdir(parents=True)
+    (run / "checkpoint-3" / "model.safetensors").write_bytes(b"weights")
+    (run / "config.yaml").write_text(dump_config(arm_config(acfg, arm, seed)))
+    (run / "heldout.jsonl").write_text(json.dumps({"step": 0, "pass_rate": rate}) + "\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward": rate}) + "\n")
+    res = {"arm": arm.name, "seed": seed, "pass_rate": rate, "n": 10, "mean_reward": rate,
+           "wall_s": 60.0}  # fmt: skip
+    (run / "final_eval.json").write_text(json.dumps(res))
+    return run
+
+
+def test_records_dir_keeps_finished_runs_and_a_fresh_clone_resumes_from_them(tmp_path, monkeypatch):
+    """With ``records_dir`` a finished run's small files (no weights) are copied there as soon
+    as it finishes; from an empty ``output_dir`` (a fresh clone), ``ablate`` restores them,
+    reuses those runs (only the missing one trains) and the report holds them all; a record
+    replaces an unfinished attempt of the same run."""
+    from typer.testing import CliRunner
+
+    from composer_replication.cli import app
+    from composer_replication.run import ablation
+
+    out, rec, md = tmp_path / "out", tmp_path / "records", tmp_path / "results.md"
+    cfg_path = tmp_path / "a.yaml"
+    cfg_path.write_text(yaml.safe_dump({
+        "seeds": [1], "output_dir": str(out), "records_dir": str(rec), "results_md": str(md),
+        "section": "ev",
+        "arms": [{"name": "grpo"}, {"name": "sd", "overrides": ["sdpo.weight=0.1"]}],
+    }))  # fmt: skip
+    acfg = load_ablation_config(cfg_path)
+    first = _finish_fake_run(acfg, acfg.arms[0], 1, 0.5)
+    base = {"arm": "base (untrained)", "n": 10, "pass_rate": 0.1, "pass_ci95_low": 0.0,
+            "pass_ci95_high": 0.4, "mean_reward": 0.1}  # fmt: skip
+    (out / "base_eval.json").write_text(json.dumps(base))
+    r = CliRunner().invoke(app, ["ablate", "--config", str(cfg_path), "--report"])
+    assert r.exit_code == 0, r.output
+    kept = rec / "grpo" / "seed1"
+    assert sorted(p.name for p in kept.iterdir()) == [
+        "config.yaml", "final_eval.json", "heldout.jsonl", "metrics.jsonl"]  # fmt: skip
+    assert (kept / "config.yaml").read_bytes() == (first / "config.yaml").read_bytes()
+    assert (rec / "base_eval.json").is_file()
+
+    trained = []
+
+    def fake_train_arm(acfg, arm, seed, cfg, console):  # the real run_arm, training faked
+        trained.append(arm.name)
+        _finish_fake_run(acfg, arm, seed, 0.75)
+        return ablation.load_result(Path(cfg.output_dir, "final_eval.json"))
+
+    monkeypatch.setattr(ablation, "_train_arm", fake_train_arm)
+    monkeypatch.setattr(ablation, "base_result", lambda acfg, console=None: None)
+    import shutil
+
+    shutil.rmtree(out)  # a fresh clone: only the records are there
+    (out / "sd" / "seed1").mkdir(parents=True)  # ... and an unfinished attempt of `sd`
+    (out / "sd" / "seed1" / "metrics.jsonl").write_text("{}\n")
+    r = CliRunner().invoke(app, ["ablate", "--config", str(cfg_path)])
+    assert r.exit_code == 0, r.output
+    assert trained == ["sd"]  # grpo was restored and reused, not trained again
+    assert (out / "grpo" / "seed1" / "final_eval.json").is_file()
+    assert json.loads((rec / "sd" / "seed1" / "final_eval.json").read_text())["pass_rate"] == 0.75
+    assert not (rec / "sd" / "seed1" / "checkpoint-3").exists()
+    text = md.read_text()
+    assert "| grpo |" in text and "| sd |" in text and "in progress" not in text
+    assert json.loads((out / "base_eval.json").read_text()) == base  # restored too
+    r = CliRunner().invoke(app, ["ablate", "--config", str(cfg_path), "--report"])
+    assert r.exit_code == 0, r.output
+    assert "| base (untrained) | 10.0%" in md.read_text()
+
+    shutil.rmtree(out / "sd")  # an unfinished attempt beside a record: the record wins
+    (out / "sd" / "seed1").mkdir(parents=True)
+    (out / "sd" / "seed1" / "metrics.jsonl").write_text("{}\n")
+    assert ablation.sync_records(acfg) == (0, 1)
+    assert (out / "sd" / "seed1" / "metrics.jsonl").read_text() == json.dumps(
+        {"step": 1, "reward": 0.75}) + "\n"  # fmt: skip
+
+
+def test_records_dir_must_not_be_the_output_dir(tmp_path):
+    with pytest.raises(ValueError, match="records_dir is output_dir"):
+        AblationConfig.model_validate(
+            {
+                "output_dir": str(tmp_path / "o"),
+                "records_dir": str(tmp_path / "o" / "."),
+                "arms": [{"name": "a"}],
+            }  # fmt: skip
+        )

@@ -15,11 +15,9 @@ from composer_replication.config.ablation import load_ablation_config
 from composer_replication.run.ablation import arm_config, arm_dir, check_reusable
 
 REPO = Path(__file__).resolve().parents[3]
-RECORDS = REPO / "docs" / "evidence_runs"
+CONFIGS = sorted((REPO / "configs" / "evidence").glob("*.yaml"))
 EXPERIMENTS = sorted(
-    p.stem
-    for p in (REPO / "configs" / "evidence").glob("*.yaml")
-    if (RECORDS / Path(load_ablation_config(p).output_dir).name).is_dir()
+    p.stem for p in CONFIGS if (REPO / str(load_ablation_config(p).records_dir)).is_dir()
 )
 
 
@@ -27,10 +25,19 @@ def test_some_experiments_have_records():
     assert {"evidence_a", "evidence_b", "evidence_c"} <= set(EXPERIMENTS)
 
 
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_experiment_keeps_its_finished_runs_in_the_repository(path):
+    """Each shipped experiment names its record folder under docs/evidence_runs (relative to the
+    repository root, as its output_dir), so a run finished in one session survives the next
+    session's fresh clone (``records_dir``)."""
+    acfg = load_ablation_config(path)
+    assert acfg.records_dir == f"docs/evidence_runs/{Path(acfg.output_dir).name}"
+
+
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_recorded_run_matches_its_arm_config_today(name):
     acfg = load_ablation_config(resolve_config_path(f"evidence/{name}.yaml"))
-    record = RECORDS / Path(acfg.output_dir).name
+    record = REPO / str(acfg.records_dir)
     checked = 0
     for arm in acfg.arms:
         for seed in acfg.seeds:
