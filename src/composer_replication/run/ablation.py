@@ -41,9 +41,17 @@ FINAL_EVAL = "final_eval.json"
 BASE_EVAL = "base_eval.json"
 """The untrained model's held-out result, in ``output_dir`` (:func:`base_result`)."""
 
-RECORD_FILES = ("config.yaml", FINAL_EVAL, "heldout.jsonl", "metrics.jsonl", "trl_sdpo_config.json")
-"""The small files of a finished run that ``records_dir`` keeps (a few hundred kB; no weights):
-enough to reuse it (``check_reusable``), tabulate it and draw its curves."""
+RECORD_FILES = (
+    "config.yaml",
+    FINAL_EVAL,
+    "heldout.jsonl",
+    "metrics.jsonl",
+    "episodes.jsonl",
+    "trl_sdpo_config.json",
+)
+"""The small files of a finished run that ``records_dir`` keeps (tens of kB; no weights): enough
+to reuse it (``check_reusable``), tabulate it and draw its curves, and the episodes it logged
+for a person to read."""
 
 TRAIN_REWARD_KEYS = ("reward", "self_distillation/reward_mean")
 """A step's mean training reward in metrics.jsonl: our trainer's key, then TRL SDPOTrainer's."""
