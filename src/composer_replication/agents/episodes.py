@@ -297,7 +297,8 @@ def not_started(ep: Episode) -> bool:
     """Whether the episode's harness could not start: its shell found no program to run
     (exit 126/127) and no request reached the policy. Seen on a loaded machine as ``mini: not
     found`` from a harness venv that was there before and after (issue 54's CI, 1 episode in
-    ~100); the policy had no part in it, so it is the machine's failure (sandbox/infra.py:
+    ~100), or ``the proxy relay did not start`` (agents/sandboxed.py, the same status); the
+    policy had no part in it, so it is the machine's failure (sandbox/infra.py:
     before the policy's first action), masked, not a 0 the group learns from. An agent that
     runs without asking the policy (a ``command`` harness acting on its own) is still graded."""
     run = ep.run

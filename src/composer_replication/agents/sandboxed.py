@@ -14,7 +14,9 @@ regular files only (``apply_tree``). On top of that:
   the sandbox's own network namespace and pipes each connection to that socket, so the agent
   uses a plain ``http://127.0.0.1:PORT/v1`` base URL. No other host socket is bound in, and the
   abstract unix socket namespace belongs to the network namespace, so the host's abstract
-  sockets are out of reach too.
+  sockets are out of reach too. The agent starts once the relay listens; a relay that dies or
+  does not listen in time ends the run with exit 126 before the agent starts (the machine's
+  failure, not the policy's: :data:`RELAY_FAILED_STATUS`).
 * **The harness's virtual environment** is bound read-only at its own path (staged for
   ``nobody`` when it lives under ``/root``); its ``bin`` comes after the sandbox's ``python``
   on ``PATH``. Bytecode is read from the venv (trusted, read-only), written nowhere.
@@ -52,6 +54,18 @@ from composer_replication.sandbox.sandbox import Sandbox
 from composer_replication.sandbox.shell import ShellExtras, ShellResult, WaitCredit, run_shell
 
 RELAY_READY = "/tmp/.cr-relay-ready"
+
+RELAY_START_S = 60.0
+"""How long the agent's command waits for the relay to listen (polled every 0.05 s; it takes
+well under a second on an idle machine, but 8 sandboxes starting their harnesses at once on 2
+loaded cores are slower). An agent started before the relay would see its first request
+refused and end with 0 turns, graded as the policy's failure."""
+
+RELAY_FAILED = "composer-replication: the proxy relay did not start; the agent was not run"
+RELAY_FAILED_STATUS = 126
+"""The exit status when the relay died or did not listen within :data:`RELAY_START_S`: the
+shell's "could not execute", so the episode is the machine's failure, not the policy's
+(agents/episodes.py ``not_started``)."""
 
 RELAY = r"""
 import asyncio, sys
@@ -120,11 +134,15 @@ def run_agent(
     policy so far and whether one is in progress (``PolicyProxy.policy_wait``), not counted
     against ``run.timeout_s``; without it ``timeout_s`` is a wall limit."""
     sock = f"{socket_dir}/{socket_name}"
+    polls = int(RELAY_START_S / 0.05)
     script = (
         f'python -I -S -c "$PROXY_RELAY_SOURCE" 127.0.0.1 {run.port} {sock} {RELAY_READY} '
         ">/dev/null 2>&1 &\n"
-        f"i=0; while [ ! -e {RELAY_READY} ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n"
-        + run.command
+        f"relay=$!; i=0; while [ ! -e {RELAY_READY} ]; do\n"
+        f'  if [ $i -ge {polls} ] || ! kill -0 "$relay" 2>/dev/null; then\n'
+        f'    echo "{RELAY_FAILED}" >&2; exit {RELAY_FAILED_STATUS}\n'
+        "  fi; sleep 0.05; i=$((i+1))\n"
+        "done\n" + run.command
     )
     env = {
         "PATH": f"/cr-bin:{run.venv}/bin:/usr/bin:/bin",

@@ -291,3 +291,28 @@ def test_the_sandbox_reaches_the_proxy_in_its_private_directory(tool_tok, tmp_pa
         remove_socket_dir(path)
         os.rmdir(venv)
     assert res.exit_code == 0 and '"id":"policy"' in res.output, res.output
+
+
+def test_an_agent_is_not_started_when_its_relay_cannot_listen(tmp_path):
+    """A relay that dies (here: a port no socket can have) ends the run with the shell's
+    could-not-execute status and says why, and the agent's command never runs: its episode
+    is the machine's failure (``not_started``), not a 0 the policy is trained on."""
+    from composer_replication.agents.sandboxed import (
+        RELAY_FAILED,
+        RELAY_FAILED_STATUS,
+        AgentRun,
+        run_agent,
+    )
+    from composer_replication.sandbox.sandbox import Sandbox, bindable_dir
+
+    path = private_socket_dir()
+    venv, ws = bindable_dir("cr-test-venv-"), tmp_path / "ws"
+    ws.mkdir()
+    try:
+        res = run_agent(Sandbox(), ws, AgentRun("echo ran > /repo/ran", str(venv), port=99999,
+                                                timeout_s=60), path, "proxy.sock")  # fmt: skip
+    finally:
+        remove_socket_dir(path)
+        os.rmdir(venv)
+    assert res.exit_code == RELAY_FAILED_STATUS and RELAY_FAILED in res.output, res.output
+    assert not (ws / "ran").exists()
