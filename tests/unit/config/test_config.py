@@ -398,7 +398,7 @@ def test_an_old_flat_env_section_still_loads():
     saved = sorted((REPO / "docs" / "evidence_runs").glob("*/*/seed*/config.yaml"))
     assert len(saved) > 100
     for path in saved:
-        assert load_config(path).env.name in ("arithmetic", "calculator")
+        assert load_config(path).env.name in ("arithmetic", "calculator", "memory")
     flat = {
         "name": "arithmetic",
         "levels": [1],
