@@ -55,11 +55,14 @@ from composer_replication.sandbox.shell import ShellExtras, ShellResult, WaitCre
 
 RELAY_READY = "/tmp/.cr-relay-ready"
 
+RELAY_POLL_S = 0.05
+"""How often the agent's command looks whether the relay listens."""
+
 RELAY_START_S = 60.0
-"""How long the agent's command waits for the relay to listen (polled every 0.05 s; it takes
-well under a second on an idle machine, but 8 sandboxes starting their harnesses at once on 2
-loaded cores are slower). An agent started before the relay would see its first request
-refused and end with 0 turns, graded as the policy's failure."""
+"""How long the agent's command waits for the relay to listen (polled every
+:data:`RELAY_POLL_S`; it takes well under a second on an idle machine, but 8 sandboxes starting
+their harnesses at once on 2 loaded cores are slower). An agent started before the relay would
+see its first request refused and end with 0 turns, graded as the policy's failure."""
 
 RELAY_FAILED = "composer-replication: the proxy relay did not start; the agent was not run"
 RELAY_FAILED_STATUS = 126
@@ -134,14 +137,14 @@ def run_agent(
     policy so far and whether one is in progress (``PolicyProxy.policy_wait``), not counted
     against ``run.timeout_s``; without it ``timeout_s`` is a wall limit."""
     sock = f"{socket_dir}/{socket_name}"
-    polls = int(RELAY_START_S / 0.05)
+    polls = int(RELAY_START_S / RELAY_POLL_S)
     script = (
         f'python -I -S -c "$PROXY_RELAY_SOURCE" 127.0.0.1 {run.port} {sock} {RELAY_READY} '
         ">/dev/null 2>&1 &\n"
         f"relay=$!; i=0; while [ ! -e {RELAY_READY} ]; do\n"
         f'  if [ $i -ge {polls} ] || ! kill -0 "$relay" 2>/dev/null; then\n'
         f'    echo "{RELAY_FAILED}" >&2; exit {RELAY_FAILED_STATUS}\n'
-        "  fi; sleep 0.05; i=$((i+1))\n"
+        f"  fi; sleep {RELAY_POLL_S}; i=$((i+1))\n"
         "done\n" + run.command
     )
     env = {

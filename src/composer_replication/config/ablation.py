@@ -84,7 +84,7 @@ class AblationConfig(StrictModel):
     (``results_md=docs/results.md`` updates the project's docs); None = only the run dir."""
     records_dir: str | None = None
     """Also keep the small files of every finished arm/seed run (its config, final and periodic
-    held-out results, per-step metrics: ``run.ablation.RECORD_FILES``) under
+    held-out results, per-step metrics: ``run.ablation.record_files``) under
     ``records_dir/<arm>/seed<N>/``, copied as soon as the run finishes, and copy them back into
     ``output_dir`` where it lacks them: committed (docs/evidence_runs), the finished runs of an
     experiment split over sessions or machines survive a fresh clone, which resumes from them

@@ -41,17 +41,6 @@ FINAL_EVAL = "final_eval.json"
 BASE_EVAL = "base_eval.json"
 """The untrained model's held-out result, in ``output_dir`` (:func:`base_result`)."""
 
-RECORD_FILES = (
-    "config.yaml",
-    FINAL_EVAL,
-    "heldout.jsonl",
-    "metrics.jsonl",
-    "episodes.jsonl",
-    "trl_sdpo_config.json",
-)
-"""The small files of a finished run that ``records_dir`` keeps (tens of kB; no weights): enough
-to reuse it (``check_reusable``), tabulate it and draw its curves, and the episodes it logged
-for a person to read."""
 
 TRAIN_REWARD_KEYS = ("reward", "self_distillation/reward_mean")
 """A step's mean training reward in metrics.jsonl: our trainer's key, then TRL SDPOTrainer's."""
@@ -113,14 +102,25 @@ def seed_dir(acfg: AblationConfig, arm: str, seed: int) -> Path:
     return arm_dir(acfg, arm) / f"seed{seed}"
 
 
+def record_files() -> tuple[str, ...]:
+    """The small files of a finished run that ``records_dir`` keeps (tens of kB; no weights):
+    enough to reuse it (``check_reusable``), tabulate it and draw its curves, and the episodes
+    it logged for a person to read; named where they are written."""
+    from composer_replication.run.preflight import CONFIG_FILE
+    from composer_replication.trainer.callbacks import EPISODES_FILE, HELDOUT_FILE, METRICS_FILE
+
+    return (CONFIG_FILE, FINAL_EVAL, HELDOUT_FILE, METRICS_FILE, EPISODES_FILE, TRL_SDPO_SETTINGS)
+
+
 def sync_records(acfg: AblationConfig) -> tuple[int, int]:
-    """With ``records_dir``: copy the :data:`RECORD_FILES` of every finished run under
+    """With ``records_dir``: copy the :func:`record_files` of every finished run under
     ``output_dir`` that its record lacks or holds differently into the record, and restore every
     recorded finished run that ``output_dir`` lacks (whatever an unfinished attempt left there is
     replaced: the record is the finished run). Returns ``(recorded, restored)``."""
     if acfg.records_dir is None:
         return 0, 0
     recorded = restored = 0
+    names = record_files()
     if (Path(acfg.output_dir) / BASE_EVAL).is_file():
         _copy_record(Path(acfg.output_dir), Path(acfg.records_dir), (BASE_EVAL,))
     else:
@@ -130,9 +130,9 @@ def sync_records(acfg: AblationConfig) -> tuple[int, int]:
             run = seed_dir(acfg, arm.name, seed)
             record = Path(acfg.records_dir) / run.relative_to(acfg.output_dir)
             if (run / FINAL_EVAL).is_file():
-                recorded += _copy_record(run, record, RECORD_FILES)
+                recorded += _copy_record(run, record, names)
             elif (record / FINAL_EVAL).is_file():
-                restored += _copy_record(record, run, RECORD_FILES)
+                restored += _copy_record(record, run, names)
     return recorded, restored
 
 
