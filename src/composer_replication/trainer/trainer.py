@@ -215,7 +215,10 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 if channel.name in recorded:
                     channel.load(str(resume_from_checkpoint))
             self._load_sampler(resume_from_checkpoint)
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        try:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            self.close_generator()
 
     def _save_checkpoint(self, model, trial):
         """The channels' settings and state go into the checkpoint first; the trainer's own
@@ -446,6 +449,15 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 shared_prefix=self.shared_prefix, model_context=self._generation_model,
             )  # fmt: skip
         return self._generator
+
+    def close_generator(self) -> None:
+        """Stop the generator's worker thread (done when :meth:`train` ends, however it
+        ends); the next :meth:`rollout_generator` makes a new one. A worker left waiting
+        keeps the generator, the model and this trainer (optimizer state included) alive
+        for the rest of the process: four runs of one ``ablate`` process held four models."""
+        if self._generator is not None:
+            self._generator.close()
+            self._generator = None
 
     @contextlib.contextmanager
     def _generation_model(self) -> Iterator[Any]:

@@ -258,6 +258,33 @@ def test_shared_prefix_generation_draws_what_grpo_draws(
     assert len({tuple(x) for x in out[0]}) > 1 and max(map(len, out[0])) > 1
 
 
+def test_training_ends_with_the_generator_stopped_and_the_trainer_collectable(
+    tmp_path, tokenizer, tiny_model, monkeypatch
+):
+    """The generator's worker thread stops when ``train`` ends: a waiting worker kept the
+    generator, the model and the trainer alive, so each run of one ``ablate`` process added a
+    model and its optimizer state to the process (issue 61's study was killed for memory)."""
+    import gc
+    import weakref
+
+    from composer_replication.lm.generator import Sampling
+
+    used, made = [], ComposerReplicationTrainer.rollout_generator
+    monkeypatch.setattr(
+        ComposerReplicationTrainer, "rollout_generator", lambda t: used.append(made(t)) or used[-1]
+    )
+    trainer = build_trainer(_cfg(tmp_path), tiny_model, tokenizer, get_env("arithmetic"))
+    trainer.train()
+    assert used and used[0].batches > 0  # the step generated through it
+    with pytest.raises(RuntimeError, match="closed"):
+        used[0].submit([1], Sampling())
+    used.clear()  # a generator refers to its trainer
+    alive = weakref.ref(trainer)
+    del trainer
+    gc.collect()
+    assert alive() is None
+
+
 def test_loss_metrics_are_the_step_loss_under_gradient_accumulation(
     tmp_path, tokenizer, tiny_model
 ):
