@@ -54,3 +54,22 @@ def gated_context(model, gate):
         yield model
 
     return context
+
+
+def record_generators(monkeypatch) -> list:
+    """The generators trainers hand out (``rollout_generator``), in order, each kept after its
+    trainer closes it at the end of ``train`` (its ``batches`` still readable). A generator
+    refers to its trainer: clear the list before checking that the trainer is collected."""
+    from composer_replication.trainer.trainer import ComposerReplicationTrainer
+
+    made = ComposerReplicationTrainer.rollout_generator
+    seen: list = []
+
+    def recording(trainer):
+        generator = made(trainer)
+        if not any(g is generator for g in seen):
+            seen.append(generator)
+        return generator
+
+    monkeypatch.setattr(ComposerReplicationTrainer, "rollout_generator", recording)
+    return seen

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 from support.agent_proxy import TASK_ID, branching_model, describe, record_episodes
+from support.generation import record_generators
 from support.textkit import TEXTKIT
 
 import composer_replication
@@ -70,6 +71,7 @@ def test_two_grpo_steps_through_mini_swe_agent(
 ):
     tok, venv = tool_tok, agent_venv
     ran = record_episodes(monkeypatch)
+    generators = record_generators(monkeypatch)
     cfg = _cfg(tmp_path, venv, textkit_tasks)  # the session's textkit tasks (tests/conftest.py)
     env = build_env(cfg)
     model = branching_model(tok, seed=0)
@@ -108,4 +110,5 @@ def test_two_grpo_steps_through_mini_swe_agent(
     # the generator's time is accounted per episode, apart from the agent's own
     assert all(r["agent/policy_seconds"] >= r["agent/queued_seconds"] >= 0 for r in rows), rows
     assert all(0 < r["agent/own_seconds"] <= r["agent/seconds"] for r in rows), rows
-    assert trainer.rollout_generator().batches > 0
+    # the agents' requests went through the trainer's one generator (closed when train ended)
+    assert len(generators) == 1 and generators[0].batches > 0

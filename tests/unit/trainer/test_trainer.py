@@ -8,7 +8,7 @@ import fnmatch
 
 import pytest
 import torch
-from support.generation import forward_logprobs
+from support.generation import forward_logprobs, record_generators
 from trl import GRPOTrainer
 
 from composer_replication.config import load_config
@@ -269,13 +269,10 @@ def test_training_ends_with_the_generator_stopped_and_the_trainer_collectable(
 
     from composer_replication.lm.generator import Sampling
 
-    used, made = [], ComposerReplicationTrainer.rollout_generator
-    monkeypatch.setattr(
-        ComposerReplicationTrainer, "rollout_generator", lambda t: used.append(made(t)) or used[-1]
-    )
+    used = record_generators(monkeypatch)
     trainer = build_trainer(_cfg(tmp_path), tiny_model, tokenizer, get_env("arithmetic"))
     trainer.train()
-    assert used and used[0].batches > 0  # the step generated through it
+    assert len(used) == 1 and used[0].batches > 0  # the steps generated through it
     with pytest.raises(RuntimeError, match="closed"):
         used[0].submit([1], Sampling())
     used.clear()  # a generator refers to its trainer
