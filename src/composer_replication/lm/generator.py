@@ -248,12 +248,13 @@ class Generator:
         with self._cond:
             return len(self._queue)
 
-    def close(self) -> None:
-        """Finish what is queued, then stop the worker thread."""
+    def close(self, wait: bool = True) -> None:
+        """Finish what is queued, then stop the worker thread; ``wait``: until it has stopped
+        (else it stops by itself once the queue is served: no new request is taken)."""
         with self._cond:
             self._closed = True
             self._cond.notify()
-        if self._thread is not None:
+        if wait and self._thread is not None:
             self._thread.join()
 
     def __enter__(self) -> Generator:

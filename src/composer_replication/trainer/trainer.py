@@ -216,9 +216,12 @@ class ComposerReplicationTrainer(GRPOTrainer):
                     channel.load(str(resume_from_checkpoint))
             self._load_sampler(resume_from_checkpoint)
         try:
-            return super().train(resume_from_checkpoint, *args, **kwargs)
-        finally:
-            self.close_generator()
+            out = super().train(resume_from_checkpoint, *args, **kwargs)
+        except BaseException:  # Ctrl-C, a failed step: do not wait for a batch being generated
+            self.close_generator(wait=False)
+            raise
+        self.close_generator()
+        return out
 
     def _save_checkpoint(self, model, trial):
         """The channels' settings and state go into the checkpoint first; the trainer's own
@@ -450,13 +453,14 @@ class ComposerReplicationTrainer(GRPOTrainer):
             )  # fmt: skip
         return self._generator
 
-    def close_generator(self) -> None:
+    def close_generator(self, wait: bool = True) -> None:
         """Stop the generator's worker thread (done when :meth:`train` ends, however it
-        ends); the next :meth:`rollout_generator` makes a new one. A worker left waiting
-        keeps the generator, the model and this trainer (optimizer state included) alive
-        for the rest of the process: four runs of one ``ablate`` process held four models."""
+        ends; ``wait``: until it has stopped); the next :meth:`rollout_generator` makes a new
+        one. A worker left waiting keeps the generator, the model and this trainer (optimizer
+        state included) alive for the rest of the process: four runs of one ``ablate``
+        process held four models."""
         if self._generator is not None:
-            self._generator.close()
+            self._generator.close(wait)
             self._generator = None
 
     @contextlib.contextmanager

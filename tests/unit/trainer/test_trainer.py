@@ -281,6 +281,20 @@ def test_training_ends_with_the_generator_stopped_and_the_trainer_collectable(
     gc.collect()
     assert alive() is None
 
+    # a run that fails mid-step closes it too (without waiting for the worker)
+    trainer = build_trainer(_cfg(tmp_path), tiny_model, tokenizer, get_env("arithmetic"))
+
+    def broken(prompts, completions, **kw):
+        raise ValueError("the reward failed")
+
+    broken.__name__ = "broken"
+    trainer.reward_funcs, trainer.reward_func_names = [broken], ["broken"]
+    with pytest.raises(ValueError, match="the reward failed"):
+        trainer.train()
+    assert len(used) == 1 and used[0].batches > 0  # it generated before the reward failed
+    with pytest.raises(RuntimeError, match="closed"):
+        used[0].submit([1], Sampling())
+
 
 def test_loss_metrics_are_the_step_loss_under_gradient_accumulation(
     tmp_path, tokenizer, tiny_model
