@@ -84,8 +84,8 @@ class ReaderGenerator:
             for ids in (self.reader.turn(list(p), sampling.max_new_tokens) for p in prompts)
         ]
 
-    def close(self) -> None:
-        pass
+    def close(self, wait: bool = True) -> None:
+        """Nothing to stop (no worker thread); the signature is lm/generator.py's."""
 
     def __enter__(self) -> ReaderGenerator:
         return self
