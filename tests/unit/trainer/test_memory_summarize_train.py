@@ -61,3 +61,17 @@ def test_train_memory_summarize_two_steps(model_dir, tool_tok, tmp_path, monkeyp
     # (JSON, not repr: a transcript with both quote kinds is repr'd with escaped ' marks)
     assert all("[window 1; summary: 'key=" in orjson.dumps(e).decode() for e in evals)
     assert Path(out / "final").is_dir()
+
+
+def test_the_scripted_generator_has_the_generators_interface():
+    """The stand-in is called as lm/generator.py's Generator is (the trainer closes its
+    generator with ``close(wait)``): a drifted signature failed the end-to-end test above
+    only after training had finished."""
+    import inspect
+
+    from composer_replication.lm.generator import Generator
+
+    for name in ("generate", "close"):
+        real, scripted = (list(inspect.signature(getattr(c, name)).parameters)
+                          for c in (Generator, ReaderGenerator))  # fmt: skip
+        assert scripted == real, name
