@@ -25,6 +25,7 @@ from composer_replication.config import (
     resolve_config_path,
     saved_config_diffs,
 )
+from composer_replication.run.context_report import context_markdown, context_signal
 from composer_replication.run.paired import (
     RunCurve,
     analysis_markdown,
@@ -81,8 +82,10 @@ def training_signal(run_dir: Path) -> dict[str, Any]:
 
 
 def load_result(final_eval: Path) -> dict[str, Any]:
-    """A finished run's result (its ``final_eval.json``) with its training signal."""
-    return {**json.loads(final_eval.read_text()), **training_signal(final_eval.parent)}
+    """A finished run's result (its ``final_eval.json``) with its training signal and, when it
+    used a context strategy, its training reward by number of summaries."""
+    run = final_eval.parent
+    return {**json.loads(final_eval.read_text()), **training_signal(run), **context_signal(run)}
 
 
 def markers(section: str) -> tuple[str, str]:
@@ -783,8 +786,11 @@ def run_ablation(
     wall = time.monotonic() - t0 if whole else sum(r.get("wall_s", 0.0) for r in results)
     done = (len(results), len(acfg.arms) * len(acfg.seeds))
 
+    context = context_markdown(results, names)
+
     def render(paths: list[Path]) -> str:
-        extra = analysis_markdown(analysis, paths[1]) if analysis is not None else None
+        parts = [analysis_markdown(analysis, paths[1]) if analysis is not None else None, context]
+        extra = "\n\n".join(p for p in parts if p is not None) or None
         return markdown_table(rows, acfg, command, wall, paths[0], base, done, extra)
 
     publish(acfg, out, plots, render)
