@@ -130,25 +130,47 @@ def main() -> None:
         return
     passed = sys.argv[1:]
     results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    killed: dict[str, int] = {}  # variant -> the signal that ended its subprocess
     for r in range(args.rounds):
         for v in VARIANTS:
+            if v in killed:  # it would die again: the machine is the same
+                continue
             out = subprocess.run([sys.executable, __file__, *passed, "--worker", v],
-                                 capture_output=True, text=True, check=True)  # fmt: skip
+                                 capture_output=True, text=True)  # fmt: skip
+            if out.returncode < 0:  # SIGKILL: the kernel's out-of-memory killer, as a rule
+                killed[v] = -out.returncode
+                print(f"round {r + 1} {v}: killed by signal {killed[v]}", flush=True)
+                continue
+            if out.returncode != 0:
+                raise SystemExit(f"{v} failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
             res = json.loads(out.stdout.strip().splitlines()[-1])
             results[v].append(res)
             print(f"round {r + 1} {v}: {', '.join(f'{t:.2f}' for t in res['times'])} s, "
                   f"peak {res['peak_mb']:.0f} MB", flush=True)  # fmt: skip
-    med = {v: statistics.median(t for res in results[v] for t in res["times"]) for v in VARIANTS}
-    peak = {v: statistics.median(res["peak_mb"] for res in results[v]) for v in VARIANTS}
-    print(f"\nrows {args.rows} ({args.summarized} summarized), real tokens "
-          f"{results['packed'][0]['tokens']}, {args.threads} threads")  # fmt: skip
-    print("| variant | median forward + backward (s) | peak RSS (MB) |")
-    print("| --- | --- | --- |")
+    print(table(args, results, killed))
+
+
+def table(args, results: dict[str, list[dict]], killed: dict[str, int]) -> str:
+    """The Markdown table of medians and the ratios packed / each prefix variant (a variant
+    killed before it finished, e.g. for memory, is named so and has no ratio)."""
+    done = [v for v in VARIANTS if results[v]]
+    med = {v: statistics.median(t for res in results[v] for t in res["times"]) for v in done}
+    peak = {v: statistics.median(res["peak_mb"] for res in results[v]) for v in done}
+    tokens = next(iter(results[v][0]["tokens"] for v in done), "?")
+    lines = [f"\nrows {args.rows} ({args.summarized} summarized), real tokens {tokens}, "
+             f"{args.threads} threads", "| variant | median forward + backward (s) | peak RSS (MB) |",
+             "| --- | --- | --- |"]  # fmt: skip
     for v in VARIANTS:
-        print(f"| {v} | {med[v]:.2f} | {peak[v]:.0f} |")
+        if v in med:
+            lines.append(f"| {v} | {med[v]:.2f} | {peak[v]:.0f} |")
+        else:
+            lines.append(f"| {v} | killed by signal {killed.get(v, '?')} (SIGKILL: out of "
+                         "memory, as a rule) | - |")  # fmt: skip
     for v in VARIANTS[1:]:
-        print(f"| **ratio packed / {v}** | **{med['packed'] / med[v]:.2f}x** | "
-              f"**{peak['packed'] / peak[v]:.2f}x** |")  # fmt: skip
+        if "packed" in med and v in med:
+            lines.append(f"| **ratio packed / {v}** | **{med['packed'] / med[v]:.2f}x** | "
+                         f"**{peak['packed'] / peak[v]:.2f}x** |")  # fmt: skip
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

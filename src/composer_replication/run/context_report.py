@@ -62,8 +62,9 @@ def _reward_cell(results: list[dict[str, Any]], k: int) -> str:
     return f"{mean:.3f} ({_count(len(per_seed), 'seed')}, {_count(steps, 'step')})"
 
 
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """``n`` and the word in its number ("1 seed", "2 seeds", "0 summaries")."""
+    return f"{n} {one}" if n == 1 else f"{n} {many or one + 's'}"
 
 
 def context_markdown(results: list[dict[str, Any]], arms: list[str]) -> str | None:
@@ -74,7 +75,7 @@ def context_markdown(results: list[dict[str, Any]], arms: list[str]) -> str | No
         return None
     ks = sorted({int(k) for r in results for k in r.get("reward_by_summaries", {})})
     head = [c for _, c, _ in CONTEXT_COLUMNS] + [
-        f"training reward, episodes with {k} summaries" for k in ks
+        f"training reward, episodes with {_count(k, 'summary', 'summaries')}" for k in ks
     ]
     lines = [
         "### What each arm did with the context budget",

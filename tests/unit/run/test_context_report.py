@@ -52,7 +52,7 @@ def test_table_means_over_seeds_and_marks_what_an_arm_never_had():
     header = next(x for x in lines if x.startswith("| arm |"))
     assert header.endswith(
         "| training reward, episodes with 0 summaries | training reward, episodes with 1 "
-        "summaries |"
+        "summary |"
     )
     assert "| t | 0.00 | 1.00 | - | 0.0% | 0 | 0.0% | 0.250 (1 seed, 4 steps) | - |" in lines
     assert (
