@@ -1,7 +1,8 @@
 """Training through summaries (docs/summarization.md): an episode that summarized is ONE
 packed row; its windows are scored with block-diagonal attention; every window's policy
 tokens (its turns, and the summary in its own window) carry the episode's advantage; the loss
-under ``grpo`` and ``dapo`` equals a hand-computed value; an optimizer step runs.
+under ``grpo`` and ``dapo`` equals a hand-computed value, on a 2-window episode and on one of
+three budgets (4 windows); an optimizer step runs.
 
 The policy follows a script (``_generate_single_turn``), so the episode's shape is fixed;
 the model that scores and trains is a tiny random Llama."""
@@ -9,6 +10,7 @@ the model that scores and trains is a tiny random Llama."""
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -48,7 +50,32 @@ class SummarizingTrainer(ComposerReplicationTrainer):
         return out, None
 
 
-def build(tok, tmp_path, loss_type: str, max_steps: int = 1, rewards=None, channels=(), **args):
+class LongSummarizingTrainer(SummarizingTrainer):
+    """Row 0 calls the tool in every window until it has written ``SUMMARIES`` summaries
+    (numbered ``#1``, ``#2``, ...: the next window's prompt shows the last one), then answers;
+    row 1 answers at once."""
+
+    SUMMARIES = 3
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        tok = self.processing_class
+        enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+        out = []
+        for b, ids in enumerate(prompt_ids):
+            text = tok.decode(ids)
+            written = [int(k) for k in re.findall(r"13936 #(\d)", text)]
+            done = max(written, default=0)
+            if text.rstrip().endswith(PROMPT + "<|im_end|>\n<|im_start|>assistant"):
+                out.append(enc(f"208*67=13936 #{done + 1}<|im_end|>"))
+            elif text.count("<|im_start|>assistant") == 1 and b % 2 == 1:
+                out.append(enc(ANSWER))
+            else:
+                out.append(enc(ANSWER if done >= self.SUMMARIES else CALL))
+        return out, None
+
+
+def build(tok, tmp_path, loss_type: str, max_steps: int = 1, rewards=None, channels=(),
+          trainer_class=SummarizingTrainer, max_summaries: int = 2, **args):  # fmt: skip
     """The trainer on two rows of one calculator task (``rewards``: by default row 0 passes,
     row 1 fails; ``channels``: the channels it trains with, as they would come from a run)."""
     env = CalculatorEnv(per_kind=4, few_shot=False)
@@ -60,13 +87,13 @@ def build(tok, tmp_path, loss_type: str, max_steps: int = 1, rewards=None, chann
         save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True, loss_type=loss_type,
         beta=0.0, max_steps=max_steps, learning_rate=1e-3, logging_steps=1, bf16=False, **args,
     )  # fmt: skip
-    context = SimpleNamespace(strategy="summarize", max_tokens=360, max_summaries=2,
+    context = SimpleNamespace(strategy="summarize", max_tokens=360, max_summaries=max_summaries,
                               summary_prompt=PROMPT, summary_header=HEADER,
                               summary_max_tokens=16)  # fmt: skip
     if rewards is None:
         rewards = lambda completions, **_: [float(i % 2 == 0) for i in range(len(completions))]  # noqa: E731
     model = make_tiny_model(len(tok), max_positions=512, weight_scale=6.0)
-    trainer = SummarizingTrainer(
+    trainer = trainer_class(
         model=model, reward_funcs=rewards, args=args,
         train_dataset=Dataset.from_list(rows * 4), processing_class=tok,
         environment_factory=bounded_tools(CalculatorTools, 64), context=context,
@@ -248,3 +275,58 @@ def test_the_loss_through_a_shared_prefix_equals_the_packed_loss(
     assert loss0 != 0.0 and loss1 == pytest.approx(loss0, rel=1e-5, abs=1e-7)
     for name, g in g0.items():
         torch.testing.assert_close(g1[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_an_episode_of_three_budgets_trains_as_one_row(tool_tok, tmp_path):
+    """Row 0 runs 3.2x the 360-token budget (1,164 tokens over its 4 windows): 6 calls, 3
+    summaries, the answer in window 3;
+    row 1 answers at once. Per window: its policy tokens are its calls and its summary (tool
+    results, the instruction and the window's prompt masked), and every token of the row has
+    the episode's advantage. The loss with ratio r_k on window k's policy tokens (old
+    log-probs set log r_k below the new; r = 1, 1.05, 1.1, 1.2, inside the clip range
+    [0.8, 1.28], so TRL's per-token loss is -r A), n_k policy tokens per window, m in row 1,
+    advantages (a, -a):
+    grpo (per-episode mean, then mean over rows): (-a sum_k r_k n_k / sum_k n_k + a) / 2;
+    dapo (token level): (-a sum_k r_k n_k + a m) / (sum_k n_k + m)."""
+    trainer, rows = build(tool_tok, tmp_path, "grpo", trainer_class=LongSummarizingTrainer,
+                          max_summaries=3)  # fmt: skip
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions(rows)
+    ep = trainer.context_episodes[0]
+    assert len(ep.windows) == 4 and ep.summaries == [f"208*67=13936 #{k}" for k in (1, 2, 3)]
+    assert ep.ended == "done" and sum(len(w) for w in ep.windows) > 3 * 360
+    enc = lambda s: tool_tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    window, tool_mask = batch["completion_window"], batch["tool_mask"]
+    keep = batch["completion_mask"].bool()
+    n = []
+    for k, w in enumerate(ep.windows):
+        calls = len(w.turn_tags) - (w.summary is not None) - (k == 3)
+        assert calls == (2 if k < 3 else 0)  # 2 calls fill a window; window 3 answers
+        policy = calls * len(enc(CALL)) + (len(enc(f"{w.summary}<|im_end|>")) if k < 3 else 0)
+        policy += len(enc(ANSWER)) if k == 3 else 0
+        where = (window[0] == k) & keep[0]
+        n.append(int((tool_mask[0] * where).sum()))
+        assert n[-1] == policy
+        if k:  # the window's prompt (system, task, the last summary) is context: mask 0
+            assert tool_mask[0][where].tolist()[: len(w.prompt_ids)] == [0] * len(w.prompt_ids)
+    assert n == [2 * 33 + 15] * 3 + [6]  # a call 33 tokens, a summary 15
+    m = int((tool_mask[1] * keep[1]).sum())
+    assert m == 6 and (window[1][keep[1]] == 0).all()
+    a = 0.5 / (math.sqrt(0.5) + 1e-4)  # rewards (1, 0): TRL's group-normalized advantage
+    assert batch["advantages"].tolist() == pytest.approx([a, -a], abs=1e-5)
+    r = [1.0, 1.05, 1.1, 1.2]
+    logps = _batch_logps(trainer, batch)
+    shift = torch.zeros_like(logps)
+    for k, rk in enumerate(r):
+        shift += math.log(rk) * (window == k) * keep
+    batch = dict(batch, old_per_token_logps=logps - shift)
+    rn = sum(rk * nk for rk, nk in zip(r, n, strict=True))
+    expected = {"grpo": (-a * rn / sum(n) + a) / 2, "dapo": (-a * rn + a * m) / (sum(n) + m)}
+    # by hand: n = (81, 81, 81, 6), sum 249; sum r n = 81 (1 + 1.05 + 1.1) + 1.2 * 6 = 262.35
+    assert rn == pytest.approx(262.35) and expected["dapo"] == pytest.approx(-256.35 * a / 255)
+    assert expected["grpo"] == pytest.approx((1 - 262.35 / 249) * a / 2)
+    trainer.current_gradient_accumulation_steps = 1
+    for loss_type, value in expected.items():
+        trainer.loss_type = loss_type
+        loss = float(trainer._compute_loss(trainer.model, batch))
+        assert loss == pytest.approx(value, rel=1e-4, abs=1e-6), loss_type
