@@ -35,19 +35,18 @@ class SummarizingTrainer(ComposerReplicationTrainer):
 
     def _generate_single_turn(self, prompt_ids, *args, **kwargs):
         tok = self.processing_class
-        enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-        out = []
-        for b, ids in enumerate(prompt_ids):
-            text = tok.decode(ids)
-            if text.rstrip().endswith(PROMPT + "<|im_end|>\n<|im_start|>assistant"):
-                out.append(enc(SUMMARY))
-            elif HEADER in text:
-                out.append(enc(ANSWER))
-            elif text.count("<|im_start|>assistant") == 1:  # the first turn of the round
-                out.append(enc(CALL if b % 2 == 0 else ANSWER))
-            else:
-                out.append(enc(CALL))
-        return out, None
+        turns = [self.turn(tok.decode(ids), b) for b, ids in enumerate(prompt_ids)]
+        return [tok(t, add_special_tokens=False)["input_ids"] for t in turns], None
+
+    def turn(self, text: str, b: int) -> str:
+        """The scripted turn of row ``b`` after its context ``text``."""
+        if text.rstrip().endswith(PROMPT + "<|im_end|>\n<|im_start|>assistant"):
+            return SUMMARY
+        if HEADER in text:
+            return ANSWER
+        if text.count("<|im_start|>assistant") == 1:  # the first turn of the round
+            return CALL if b % 2 == 0 else ANSWER
+        return CALL
 
 
 class LongSummarizingTrainer(SummarizingTrainer):
@@ -57,21 +56,13 @@ class LongSummarizingTrainer(SummarizingTrainer):
 
     SUMMARIES = 3
 
-    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
-        tok = self.processing_class
-        enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-        out = []
-        for b, ids in enumerate(prompt_ids):
-            text = tok.decode(ids)
-            written = [int(k) for k in re.findall(r"13936 #(\d)", text)]
-            done = max(written, default=0)
-            if text.rstrip().endswith(PROMPT + "<|im_end|>\n<|im_start|>assistant"):
-                out.append(enc(f"208*67=13936 #{done + 1}<|im_end|>"))
-            elif text.count("<|im_start|>assistant") == 1 and b % 2 == 1:
-                out.append(enc(ANSWER))
-            else:
-                out.append(enc(ANSWER if done >= self.SUMMARIES else CALL))
-        return out, None
+    def turn(self, text: str, b: int) -> str:
+        done = max((int(k) for k in re.findall(r"13936 #(\d)", text)), default=0)
+        if text.rstrip().endswith(PROMPT + "<|im_end|>\n<|im_start|>assistant"):
+            return f"208*67=13936 #{done + 1}<|im_end|>"
+        if text.count("<|im_start|>assistant") == 1 and b % 2 == 1:
+            return ANSWER
+        return ANSWER if done >= self.SUMMARIES else CALL
 
 
 def build(tok, tmp_path, loss_type: str, max_steps: int = 1, rewards=None, channels=(),
