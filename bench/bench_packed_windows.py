@@ -156,7 +156,7 @@ def table(args, results: dict[str, list[dict]], killed: dict[str, int]) -> str:
     done = [v for v in VARIANTS if results[v]]
     med = {v: statistics.median(t for res in results[v] for t in res["times"]) for v in done}
     peak = {v: statistics.median(res["peak_mb"] for res in results[v]) for v in done}
-    tokens = next(iter(results[v][0]["tokens"] for v in done), "?")
+    tokens = next((results[v][0]["tokens"] for v in done), "?")
     lines = [f"\nrows {args.rows} ({args.summarized} summarized), real tokens {tokens}, "
              f"{args.threads} threads", "| variant | median forward + backward (s) | peak RSS (MB) |",
              "| --- | --- | --- |"]  # fmt: skip

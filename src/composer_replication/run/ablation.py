@@ -29,6 +29,7 @@ from composer_replication.run.context_report import context_markdown, context_si
 from composer_replication.run.paired import (
     RunCurve,
     analysis_markdown,
+    mean_known,
     paired_differences,
     plot_differences,
     step_analysis,
@@ -525,7 +526,7 @@ def summarize(
                 "per_seed": vals,
                 "n_heldout": rs[0]["n"] if rs else 0,
                 "reward": statistics.fmean(r["mean_reward"] for r in rs),
-                "train_reward": _mean_known(r.get("train_reward") for r in rs),
+                "train_reward": mean_known(r.get("train_reward") for r in rs),
                 "first_rewarded": [_first_rewarded(r) for r in rs],
                 "flat_steps": [r.get("flat_steps") for r in rs],
                 "wall_s": statistics.fmean(r["wall_s"] for r in rs),
@@ -538,12 +539,6 @@ def _minus(result: dict[str, Any], ref_rates: dict[int, float]) -> float | None:
     """A run's final pass rate minus the reference's on its seed (None: no reference run)."""
     ref = ref_rates.get(result["seed"])
     return None if ref is None else result["pass_rate"] - ref
-
-
-def _mean_known(values) -> float | None:
-    """The mean of the values that are not None (None when none is known)."""
-    known = [v for v in values if v is not None]
-    return statistics.fmean(known) if known else None
 
 
 def _num(value: float | None) -> str:

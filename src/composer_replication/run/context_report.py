@@ -10,6 +10,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from composer_replication.run.paired import mean_known
+
 CONTEXT_COLUMNS = (
     ("context/summaries", "summaries per episode", "{:.2f}"),
     ("context/windows", "windows per episode", "{:.2f}"),
@@ -43,11 +45,6 @@ def context_signal(run_dir: Path) -> dict[str, Any]:
 
     by_k = reward_by_summaries(list(read_metrics(run_dir / METRICS_FILE)))
     return {"reward_by_summaries": {str(k): list(v) for k, v in by_k.items()}} if by_k else {}
-
-
-def _mean_of(results: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in results if key in r]
-    return statistics.fmean(values) if values else None
 
 
 def _reward_cell(results: list[dict[str, Any]], k: int) -> str:
@@ -92,7 +89,7 @@ def context_markdown(results: list[dict[str, Any]], arms: list[str]) -> str | No
         rs = [r for r in results if r["arm"] == arm]
         cells = []
         for key, _, fmt in CONTEXT_COLUMNS:
-            value = _mean_of(rs, key)
+            value = mean_known(r.get(key) for r in rs)
             cells.append("-" if value is None else fmt.format(value))
         cells += [_reward_cell(rs, k) for k in ks]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")

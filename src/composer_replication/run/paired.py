@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -32,6 +32,12 @@ HELPS, HURTS, NO_DIFFERENCE = "helps", "hurts", "no difference detected"
 
 STEP_TIME_KEY = "step_time"
 """A step's training seconds in metrics.jsonl (logged by TRL's GRPOTrainer)."""
+
+
+def mean_known(values: Iterable[float | None]) -> float | None:
+    """The mean of the values that are not None (None when none is known)."""
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
 
 
 def t_interval(vals: list[float]) -> tuple[float, float, float]:

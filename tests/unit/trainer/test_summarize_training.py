@@ -172,6 +172,20 @@ def test_packed_logps_equal_each_window_scored_alone(scored):
     assert torch.allclose(packed[0][: len(w0.completion_ids)], alone0[0], atol=1e-5)
 
 
+def assert_losses(trainer, batch, expected: dict[str, float]) -> None:
+    """The trainer's loss on ``batch`` under each loss type equals ``expected[type]``; the
+    trainer's loss type is restored afterwards."""
+    trainer.current_gradient_accumulation_steps = 1  # set by HF's training loop
+    before = trainer.loss_type
+    try:
+        for loss_type, value in expected.items():
+            trainer.loss_type = loss_type
+            loss = float(trainer._compute_loss(trainer.model, batch))
+            assert loss == pytest.approx(value, rel=1e-4, abs=1e-6), loss_type
+    finally:
+        trainer.loss_type = before
+
+
 def test_the_loss_equals_the_hand_computed_value(scored):
     """Ratio r = 1.1 on window 1's tokens (old log-probs set 0.0953 below the new), 1 on the
     others; advantages (a, -a), a = 0.70700; policy tokens n0 = 79 (window 0: 2 calls and the
@@ -194,14 +208,7 @@ def test_the_loss_equals_the_hand_computed_value(scored):
     }
     assert expected["grpo"] == pytest.approx(-0.0024953, abs=1e-6)
     assert expected["dapo"] == pytest.approx(-0.61844, abs=1e-5)
-    trainer.current_gradient_accumulation_steps = 1  # set by HF's training loop
-    try:
-        for loss_type, value in expected.items():
-            trainer.loss_type = loss_type
-            loss = float(trainer._compute_loss(trainer.model, batch))
-            assert loss == pytest.approx(value, rel=1e-4, abs=1e-6), loss_type
-    finally:
-        trainer.loss_type = "grpo"
+    assert_losses(trainer, batch, expected)
 
 
 def test_an_optimizer_step_through_a_summary(tool_tok, tmp_path):
@@ -270,10 +277,9 @@ def test_the_loss_through_a_shared_prefix_equals_the_packed_loss(
 
 def test_an_episode_of_three_budgets_trains_as_one_row(tool_tok, tmp_path):
     """Row 0 runs 3.2x the 360-token budget (1,164 tokens over its 4 windows): 6 calls, 3
-    summaries, the answer in window 3;
-    row 1 answers at once. Per window: its policy tokens are its calls and its summary (tool
-    results, the instruction and the window's prompt masked), and every token of the row has
-    the episode's advantage. The loss with ratio r_k on window k's policy tokens (old
+    summaries, the answer in window 3; row 1 answers at once. Per window: its policy tokens
+    are its calls and its summary (tool results, the instruction and the window's prompt
+    masked), and every token of the row has the episode's advantage. The loss with ratio r_k on window k's policy tokens (old
     log-probs set log r_k below the new; r = 1, 1.05, 1.1, 1.2, inside the clip range
     [0.8, 1.28], so TRL's per-token loss is -r A), n_k policy tokens per window, m in row 1,
     advantages (a, -a):
@@ -316,8 +322,4 @@ def test_an_episode_of_three_budgets_trains_as_one_row(tool_tok, tmp_path):
     # by hand: n = (81, 81, 81, 6), sum 249; sum r n = 81 (1 + 1.05 + 1.1) + 1.2 * 6 = 262.35
     assert rn == pytest.approx(262.35) and expected["dapo"] == pytest.approx(-256.35 * a / 255)
     assert expected["grpo"] == pytest.approx((1 - 262.35 / 249) * a / 2)
-    trainer.current_gradient_accumulation_steps = 1
-    for loss_type, value in expected.items():
-        trainer.loss_type = loss_type
-        loss = float(trainer._compute_loss(trainer.model, batch))
-        assert loss == pytest.approx(value, rel=1e-4, abs=1e-6), loss_type
+    assert_losses(trainer, batch, expected)
